@@ -1,0 +1,63 @@
+# gpumeter: the README's two commands are `make demo` and `make test`.
+# Both do their own set-up on a fresh Debian machine: Debian tools, a virtual env, the package.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the tests and the demo drive for real (binary:package).
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus \
+	prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager \
+	psql:postgresql-client pg_ctlcluster:postgresql
+STAMP := $(VENV)/.installed
+
+.PHONY: all setup tools venv test lint unit demo bench proto docs dashboards clean
+
+all: test
+
+tools:
+	@missing=""; for pair in $(DEBIAN_TOOLS); do bin=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || [ -x /usr/bin/$$bin ] || missing="$$missing $$pkg"; done; \
+	  if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
+	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u) >/dev/null; fi
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv >/dev/null; }
+
+$(STAMP): pyproject.toml
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+setup: tools venv
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check --diff exporter billing reports dashboards tests gpumeter.py || \
+	  { echo "run: $(BIN)/ruff format ."; exit 1; }
+
+unit: setup
+	$(BIN)/pytest -q
+
+test: setup lint
+	$(BIN)/pytest -q
+
+demo: setup
+	$(BIN)/gpumeter demo
+
+bench: setup
+	$(BIN)/python -m tests.bench
+
+proto: venv
+	$(BIN)/python -m exporter.kubelet.generate
+
+docs: venv
+	$(BIN)/gpumeter docs metrics > docs/metrics.md
+
+dashboards: venv
+	$(BIN)/gpumeter dashboards build
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis var .bench
