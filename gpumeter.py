@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 # (module, ...) each exposing register(subparsers); imported lazily so a subcommand's heavy
 # dependencies load only when it runs.
-PARTS = ("exporter.cli", "billing.cli", "reports.cli", "dashboards.cli", "deploy_cli")
+PARTS = ("exporter.cli", "billing.cli", "reports.cli", "dashboards.cli", "alerts.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,199 @@
+"""Real servers for tests: Prometheus, Alertmanager, promtool and amtool from Debian's packages.
+
+Each server runs on a free loopback port in a temporary directory and is stopped by its context
+manager. A missing binary fails the test loudly (`make test` installs them); it is never skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+__all__ = [
+    "AlertmanagerServer",
+    "PrometheusServer",
+    "free_port",
+    "require_binary",
+    "wait_http_ok",
+]
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if Path(p).exists()), None
+    )
+    if path is None:
+        pytest.fail(f"{name} is not installed; run `make tools` (Debian packages) — tests never skip it", pytrace=False)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | str = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            response = httpx.get(url, timeout=2)
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+
+
+class _Process:
+    def __init__(self, argv: list[str], log: Path):
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class PrometheusServer:
+    """A real Prometheus. ``scrape_targets`` maps job name to a list of host:port targets."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        scrape_targets: dict[str, list[str]] | None = None,
+        rule_files: list[Path] = (),
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+        alertmanager: str | None = None,
+        data_dir: Path | None = None,
+        extra_args: list[str] = (),
+    ):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir or self.workdir / "data"
+        config = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [
+                {"job_name": job, "honor_labels": True, "static_configs": [{"targets": targets}]}
+                for job, targets in (scrape_targets or {}).items()
+            ],
+        }
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        self.config_path = self.workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self._argv = [
+            require_binary("prometheus"),
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.data_dir}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--web.enable-lifecycle",
+            "--storage.tsdb.retention.time=3650d",
+            *extra_args,
+        ]
+        self._process: _Process | None = None
+
+    def start(self) -> PrometheusServer:
+        self._process = _Process(self._argv, self.workdir / "prometheus.log")
+        try:
+            wait_http_ok(f"{self.url}/-/ready", proc=self._process.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError((self.workdir / "prometheus.log").read_text()[-4000:]) from None
+        return self
+
+    def stop(self) -> None:
+        if self._process:
+            self._process.stop()
+            self._process = None
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def query(self, promql: str, time: float | None = None) -> list[dict]:
+        params = {"query": promql}
+        if time is not None:
+            params["time"] = str(time)
+        response = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=30)
+        body = response.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query {promql!r} failed: {body}")
+        return body["data"]["result"]
+
+    def wait_for(self, promql: str, timeout: float = 30.0, predicate=bool) -> list[dict]:
+        """Poll ``promql`` until ``predicate(result)`` holds; return the result."""
+        deadline = time.monotonic() + timeout
+        result: list[dict] = []
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if predicate(result):
+                return result
+            time.sleep(0.25)
+        raise AssertionError(f"{promql!r} did not satisfy the predicate within {timeout}s; last: {result}")
+
+
+class AlertmanagerServer:
+    def __init__(self, workdir: Path, config: Path):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.cluster_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._argv = [
+            require_binary("prometheus-alertmanager"),
+            f"--config.file={config}",
+            f"--storage.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--cluster.listen-address=127.0.0.1:{self.cluster_port}",
+        ]
+        self._process: _Process | None = None
+
+    def __enter__(self) -> AlertmanagerServer:
+        self._process = _Process(self._argv, self.workdir / "alertmanager.log")
+        try:
+            wait_http_ok(f"{self.url}/-/ready", proc=self._process.proc)
+        except Exception:
+            self._process.stop()
+            raise RuntimeError((self.workdir / "alertmanager.log").read_text()[-4000:]) from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._process:
+            self._process.stop()
+
+    def alerts(self) -> list[dict]:
+        return httpx.get(f"{self.url}/api/v2/alerts", timeout=10).json()
+
+
+@contextlib.contextmanager
+def running(server) -> Iterator:
+    with server as started:
+        yield started
