@@ -9,7 +9,7 @@ with every user of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 __all__ = [
     "CATALOG",
@@ -23,12 +23,12 @@ __all__ = [
 ]
 
 
-class MetricType(str, Enum):
+class MetricType(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     """Which object a series describes; decides the labels every series of the metric carries."""
 
     DEVICE = "device"  # a physical GPU
@@ -89,28 +89,46 @@ MIB = 1 / (1024 * 1024)
 CATALOG: tuple[MetricSpec, ...] = (
     # --- identity -------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_info", G, D, "", "Identity of a physical GPU; value 1. Join with * on(uuid) group_left(...).",
+        "nvidia_gpu_info",
+        G,
+        D,
+        "",
+        "Identity of a physical GPU; value 1. Join with * on(uuid) group_left(...).",
         "nvmlDeviceGetName, GetPciInfo, SystemGetDriverVersion, SystemGetCudaDriverVersion, GetMigMode",
         labels=("model", "pci_bus_id", "driver_version", "cuda_version", "mig_mode", "hostname"),
     ),
     MetricSpec(
-        "nvidia_gpu_up", G, D, "",
+        "nvidia_gpu_up",
+        G,
+        D,
+        "",
         "1 when the GPU answered this sample, 0 when it is lost or unreadable (its other series vanish).",
         "any call on the device handle; NVML_ERROR_GPU_IS_LOST sets 0",
     ),
     # --- thermal --------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_temperature_celsius", G, D, "celsius", "GPU core temperature.",
+        "nvidia_gpu_temperature_celsius",
+        G,
+        D,
+        "celsius",
+        "GPU core temperature.",
         "nvmlDeviceGetTemperatureV, falling back to nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
         dcgm=(DcgmField("DCGM_FI_DEV_GPU_TEMP", help="GPU temperature (in C)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_temperature_celsius", G, D, "celsius", "HBM (memory) temperature.",
+        "nvidia_gpu_memory_temperature_celsius",
+        G,
+        D,
+        "celsius",
+        "HBM (memory) temperature.",
         "field NVML_FI_DEV_MEMORY_TEMP (82)",
         dcgm=(DcgmField("DCGM_FI_DEV_MEMORY_TEMP", help="Memory temperature (in C)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_temperature_threshold_celsius", G, D, "celsius",
+        "nvidia_gpu_temperature_threshold_celsius",
+        G,
+        D,
+        "celsius",
         "The device's own temperature thresholds: slowdown (HW slowdown starts), shutdown, gpu_max "
         "(SW thermal slowdown starts), memory_max.",
         "fields 193-196 (T.Limit), falling back to nvmlDeviceGetTemperatureThreshold",
@@ -118,230 +136,434 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     # --- power ----------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_power_watts", G, D, "watts", "Power draw (1 s average on Ampere and newer, except GA100).",
+        "nvidia_gpu_power_watts",
+        G,
+        D,
+        "watts",
+        "Power draw (1 s average on Ampere and newer, except GA100).",
         "nvmlDeviceGetPowerUsage (mW)",
         dcgm=(DcgmField("DCGM_FI_DEV_POWER_USAGE", help="Power draw (in W)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_power_limit_watts", G, D, "watts", "Enforced power limit, after every limiter.",
+        "nvidia_gpu_power_limit_watts",
+        G,
+        D,
+        "watts",
+        "Enforced power limit, after every limiter.",
         "nvmlDeviceGetEnforcedPowerLimit (mW)",
     ),
     MetricSpec(
-        "nvidia_gpu_energy_joules_total", C, D, "joules",
+        "nvidia_gpu_energy_joules_total",
+        C,
+        D,
+        "joules",
         "Energy consumed since the driver was last loaded (resets on driver reload).",
         "nvmlDeviceGetTotalEnergyConsumption (mJ)",
-        dcgm=(DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", scale=1000.0,
-                        help="Total energy consumption since boot (in mJ)."),),
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                scale=1000.0,
+                help="Total energy consumption since boot (in mJ).",
+            ),
+        ),
     ),
     # --- utilization and memory -----------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_utilization_ratio", G, D, "ratio",
+        "nvidia_gpu_utilization_ratio",
+        G,
+        D,
+        "ratio",
         "Fraction of the last sample period in which a kernel ran (absent in MIG mode).",
         "nvmlDeviceGetUtilizationRates().gpu / 100",
         dcgm=(DcgmField("DCGM_FI_DEV_GPU_UTIL", scale=100.0, help="GPU utilization (in %)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_utilization_ratio", G, D, "ratio",
+        "nvidia_gpu_memory_utilization_ratio",
+        G,
+        D,
+        "ratio",
         "Fraction of the last sample period in which device memory was read or written (absent in MIG mode).",
         "nvmlDeviceGetUtilizationRates().memory / 100",
         dcgm=(DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", scale=100.0, help="Memory utilization (in %)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_total_bytes", G, D, "bytes", "Device memory installed.",
+        "nvidia_gpu_memory_total_bytes",
+        G,
+        D,
+        "bytes",
+        "Device memory installed.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).total, falling back to v1",
     ),
     MetricSpec(
-        "nvidia_gpu_memory_used_bytes", G, D, "bytes", "Device memory allocated by processes (v2: reserved excluded).",
+        "nvidia_gpu_memory_used_bytes",
+        G,
+        D,
+        "bytes",
+        "Device memory allocated by processes (v2: reserved excluded).",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).used, falling back to v1",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_USED", scale=MIB, help="Framebuffer memory used (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_free_bytes", G, D, "bytes", "Device memory free.",
+        "nvidia_gpu_memory_free_bytes",
+        G,
+        D,
+        "bytes",
+        "Device memory free.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).free, falling back to v1",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_FREE", scale=MIB, help="Framebuffer memory free (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_reserved_bytes", G, D, "bytes", "Device memory reserved by the driver and firmware.",
+        "nvidia_gpu_memory_reserved_bytes",
+        G,
+        D,
+        "bytes",
+        "Device memory reserved by the driver and firmware.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).reserved (absent on v1 drivers)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_RESERVED", scale=MIB, help="Framebuffer memory reserved (in MiB)."),),
     ),
     # --- clocks, P-state, fan -------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_clock_hz", G, D, "hz", "Current clock frequency.",
+        "nvidia_gpu_clock_hz",
+        G,
+        D,
+        "hz",
+        "Current clock frequency.",
         "nvmlDeviceGetClockInfo (MHz) for GRAPHICS, SM, MEM, VIDEO",
         labels=("clock",),
         dcgm=(
-            DcgmField("DCGM_FI_DEV_SM_CLOCK", scale=1e-6, match=(("clock", "sm"),), help="SM clock frequency (in MHz)."),
-            DcgmField("DCGM_FI_DEV_MEM_CLOCK", scale=1e-6, match=(("clock", "memory"),),
-                      help="Memory clock frequency (in MHz)."),
+            DcgmField(
+                "DCGM_FI_DEV_SM_CLOCK",
+                scale=1e-6,
+                match=(("clock", "sm"),),
+                help="SM clock frequency (in MHz).",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_MEM_CLOCK",
+                scale=1e-6,
+                match=(("clock", "memory"),),
+                help="Memory clock frequency (in MHz).",
+            ),
         ),
     ),
     MetricSpec(
-        "nvidia_gpu_clock_max_hz", G, D, "hz", "Maximum clock frequency.",
+        "nvidia_gpu_clock_max_hz",
+        G,
+        D,
+        "hz",
+        "Maximum clock frequency.",
         "nvmlDeviceGetMaxClockInfo (MHz)",
         labels=("clock",),
     ),
     MetricSpec(
-        "nvidia_gpu_performance_state", G, D, "", "Performance state: 0 (maximum) to 15 (minimum).",
+        "nvidia_gpu_performance_state",
+        G,
+        D,
+        "",
+        "Performance state: 0 (maximum) to 15 (minimum).",
         "nvmlDeviceGetPerformanceState",
     ),
     MetricSpec(
-        "nvidia_gpu_fan_speed_ratio", G, D, "ratio", "Fan speed as a fraction of its maximum (absent on passive boards).",
+        "nvidia_gpu_fan_speed_ratio",
+        G,
+        D,
+        "ratio",
+        "Fan speed as a fraction of its maximum (absent on passive boards).",
         "nvmlDeviceGetFanSpeed / 100",
     ),
     # --- throttling -----------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_clocks_event_active", G, D, "",
+        "nvidia_gpu_clocks_event_active",
+        G,
+        D,
+        "",
         "1 while the clocks are held down for this reason, one series per reason the device supports.",
         "nvmlDeviceGetCurrentClocksEventReasons, masked by nvmlDeviceGetSupportedClocksEventReasons",
         labels=("reason",),
     ),
     MetricSpec(
-        "nvidia_gpu_clocks_event_seconds_total", C, D, "seconds",
+        "nvidia_gpu_clocks_event_seconds_total",
+        C,
+        D,
+        "seconds",
         "Time the clocks were held down for this reason (violation time), where NVML counts it.",
         "fields 74 (sw_power_cap), 76 (sync_boost), 269 (sw_thermal), 270 (hw_thermal), 271 (hw_power_brake); ns",
         labels=("reason",),
         dcgm=(
-            DcgmField("DCGM_FI_DEV_POWER_VIOLATION", scale=1e6, match=(("reason", "sw_power_cap"),),
-                      help="Throttling duration due to power constraints (in us)."),
-            DcgmField("DCGM_FI_DEV_THERMAL_VIOLATION", scale=1e6, match=(("reason", "hw_thermal"),),
-                      help="Throttling duration due to thermal constraints (in us)."),
-            DcgmField("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", scale=1e6, match=(("reason", "sync_boost"),),
-                      help="Throttling duration due to sync-boost constraints (in us)."),
+            DcgmField(
+                "DCGM_FI_DEV_POWER_VIOLATION",
+                scale=1e6,
+                match=(("reason", "sw_power_cap"),),
+                help="Throttling duration due to power constraints (in us).",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_THERMAL_VIOLATION",
+                scale=1e6,
+                match=(("reason", "hw_thermal"),),
+                help="Throttling duration due to thermal constraints (in us).",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+                scale=1e6,
+                match=(("reason", "sync_boost"),),
+                help="Throttling duration due to sync-boost constraints (in us).",
+            ),
         ),
     ),
     # --- PCIe -----------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_pcie_tx_bytes_per_second", G, D, "bytes", "PCIe transmit throughput (20 ms window).",
+        "nvidia_gpu_pcie_tx_bytes_per_second",
+        G,
+        D,
+        "bytes",
+        "PCIe transmit throughput (20 ms window).",
         "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s)",
     ),
     MetricSpec(
-        "nvidia_gpu_pcie_rx_bytes_per_second", G, D, "bytes", "PCIe receive throughput (20 ms window).",
+        "nvidia_gpu_pcie_rx_bytes_per_second",
+        G,
+        D,
+        "bytes",
+        "PCIe receive throughput (20 ms window).",
         "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES) (KB/s)",
     ),
     MetricSpec(
-        "nvidia_gpu_pcie_replay_total", C, D, "", "PCIe replays (retransmissions).",
+        "nvidia_gpu_pcie_replay_total",
+        C,
+        D,
+        "",
+        "PCIe replays (retransmissions).",
         "field NVML_FI_DEV_PCIE_REPLAY_COUNTER (94)",
         dcgm=(DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", help="Total number of PCIe retries."),),
     ),
     # --- memory errors --------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_ecc_errors_total", C, D, "", "ECC errors since the driver was loaded (volatile).",
+        "nvidia_gpu_ecc_errors_total",
+        C,
+        D,
+        "",
+        "ECC errors since the driver was loaded (volatile).",
         "fields 3 (SBE volatile), 4 (DBE volatile)",
         labels=("error_type",),
     ),
     MetricSpec(
-        "nvidia_gpu_remapped_rows_total", C, D, "", "Rows remapped because of correctable / uncorrectable errors.",
+        "nvidia_gpu_remapped_rows_total",
+        C,
+        D,
+        "",
+        "Rows remapped because of correctable / uncorrectable errors.",
         "fields 142 (NVML_FI_DEV_REMAPPED_COR), 143 (_UNC)",
         labels=("error_type",),
         dcgm=(
-            DcgmField("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", match=(("error_type", "corrected"),),
-                      help="Number of remapped rows for correctable errors."),
-            DcgmField("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", match=(("error_type", "uncorrected"),),
-                      help="Number of remapped rows for uncorrectable errors."),
+            DcgmField(
+                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                match=(("error_type", "corrected"),),
+                help="Number of remapped rows for correctable errors.",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                match=(("error_type", "uncorrected"),),
+                help="Number of remapped rows for uncorrectable errors.",
+            ),
         ),
     ),
     MetricSpec(
-        "nvidia_gpu_remapped_rows_pending", G, D, "", "1 while a row remap waits for the next GPU reset.",
+        "nvidia_gpu_remapped_rows_pending",
+        G,
+        D,
+        "",
+        "1 while a row remap waits for the next GPU reset.",
         "field 144 (NVML_FI_DEV_REMAPPED_PENDING)",
     ),
     MetricSpec(
-        "nvidia_gpu_remapped_rows_failure", G, D, "", "1 when a row remap failed: unrecoverable memory damage.",
+        "nvidia_gpu_remapped_rows_failure",
+        G,
+        D,
+        "",
+        "1 when a row remap failed: unrecoverable memory damage.",
         "field 145 (NVML_FI_DEV_REMAPPED_FAILURE)",
         dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE", help="Whether remapping of rows has failed."),),
     ),
     # --- XID ------------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_xid_errors_total", C, D, "",
+        "nvidia_gpu_xid_errors_total",
+        C,
+        D,
+        "",
         "XID errors by code since the exporter started (NVML event API; 999 = unknown XID).",
         "nvmlEventSetWait_v2 on nvmlEventTypeXidCriticalError, eventData = XID",
         labels=("xid",),
     ),
     MetricSpec(
-        "nvidia_gpu_xid_last_timestamp_seconds", G, D, "seconds",
+        "nvidia_gpu_xid_last_timestamp_seconds",
+        G,
+        D,
+        "seconds",
         "When this XID was last seen; lets alerts see the first event of a new series.",
         "nvmlEventSetWait_v2 on nvmlEventTypeXidCriticalError",
         labels=("xid",),
     ),
     # --- NVLink ---------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_nvlink_up", G, D, "", "1 when the NVLink is active.",
+        "nvidia_gpu_nvlink_up",
+        G,
+        D,
+        "",
+        "1 when the NVLink is active.",
         "field NVML_FI_DEV_NVLINK_GET_STATE (165) per link, link count from field 91",
         labels=("link",),
     ),
     MetricSpec(
-        "nvidia_gpu_nvlink_errors_total", C, D, "", "NVLink data-link errors per link.",
+        "nvidia_gpu_nvlink_errors_total",
+        C,
+        D,
+        "",
+        "NVLink data-link errors per link.",
         "fields 32-37/96-101 (crc_flit), 39-44/102-107 (crc_data), 161 (replay), 162 (recovery), batched",
         labels=("link", "error_type"),
     ),
     # --- MIG ------------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_mig_info", G, M, "",
+        "nvidia_gpu_mig_info",
+        G,
+        M,
+        "",
         "One series (value 1) per MIG instance; compute_slices of 7 (4 on A30), memory_slices of 8 (4 on A30).",
         "nvmlDeviceGetMigDeviceHandleByIndex, GetGpuInstanceId, GetComputeInstanceId, GetUUID, GetName, "
         "GetAttributes_v2",
         labels=("mig_uuid", "compute_slices", "memory_slices"),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_memory_total_bytes", G, M, "bytes", "Memory of the MIG instance.",
+        "nvidia_gpu_mig_memory_total_bytes",
+        G,
+        M,
+        "bytes",
+        "Memory of the MIG instance.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
     ),
     MetricSpec(
-        "nvidia_gpu_mig_memory_used_bytes", G, M, "bytes", "Memory of the MIG instance in use.",
+        "nvidia_gpu_mig_memory_used_bytes",
+        G,
+        M,
+        "bytes",
+        "Memory of the MIG instance in use.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_USED", scale=MIB, help="Framebuffer memory used (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_memory_free_bytes", G, M, "bytes", "Memory of the MIG instance free.",
+        "nvidia_gpu_mig_memory_free_bytes",
+        G,
+        M,
+        "bytes",
+        "Memory of the MIG instance free.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_FREE", scale=MIB, help="Framebuffer memory free (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_sm_utilization_ratio", G, M, "ratio",
+        "nvidia_gpu_mig_sm_utilization_ratio",
+        G,
+        M,
+        "ratio",
         "SM utilization of the GPU instance over the last sampling interval (NVML GPM; Hopper and later).",
         "nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100",
-        dcgm=(DcgmField("DCGM_FI_PROF_SM_ACTIVE", scale=1.0,
-                        help="The ratio of cycles an SM has at least 1 warp assigned (in %)."),),
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_SM_ACTIVE",
+                scale=1.0,
+                help="The ratio of cycles an SM has at least 1 warp assigned (in %).",
+            ),
+        ),
     ),
     # --- pods -----------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_allocation", G, A, "",
+        "nvidia_gpu_allocation",
+        G,
+        A,
+        "",
         "Share of a GPU or MIG instance a pod's container holds: 1 for a whole GPU or MIG instance, "
         "1/replicas for a time-sliced GPU. gpu_instance_id and mig_profile are empty for whole GPUs.",
         "kubelet PodResources v1 List + GetAllocatableResources",
-        labels=("hostname", "namespace", "pod", "container", "resource", "uuid", "gpu", "gpu_instance_id",
-                "mig_profile"),
+        labels=(
+            "hostname",
+            "namespace",
+            "pod",
+            "container",
+            "resource",
+            "uuid",
+            "gpu",
+            "gpu_instance_id",
+            "mig_profile",
+        ),
     ),
     # --- the exporter itself --------------------------------------------------------------------
     MetricSpec(
-        "gpumeter_exporter_collector_success", G, X, "",
+        "gpumeter_exporter_collector_success",
+        G,
+        X,
+        "",
         "1 when the collector read every device it should in the last sampling cycle.",
-        "sampler", labels=("collector",),
+        "sampler",
+        labels=("collector",),
     ),
     MetricSpec(
-        "gpumeter_exporter_collector_duration_seconds", G, X, "seconds",
-        "Time the collector took in the last sampling cycle.", "sampler", labels=("collector",),
-    ),
-    MetricSpec("gpumeter_exporter_nvml_up", G, X, "", "1 when NVML is initialised and answering.", "nvmlInit"),
-    MetricSpec(
-        "gpumeter_exporter_kubelet_up", G, X, "",
-        "1 when the last kubelet PodResources query succeeded (absent when attribution is off).", "kubelet List",
-    ),
-    MetricSpec(
-        "gpumeter_exporter_kubelet_errors_total", C, X, "", "Failed kubelet PodResources queries.", "kubelet List",
+        "gpumeter_exporter_collector_duration_seconds",
+        G,
+        X,
+        "seconds",
+        "Time the collector took in the last sampling cycle.",
+        "sampler",
+        labels=("collector",),
     ),
     MetricSpec(
-        "gpumeter_exporter_last_sample_timestamp_seconds", G, X, "seconds",
-        "When the snapshot being served was sampled (Unix time).", "sampler",
+        "gpumeter_exporter_nvml_up", G, X, "", "1 when NVML is initialised and answering.", "nvmlInit"
     ),
     MetricSpec(
-        "gpumeter_exporter_sample_duration_seconds", G, X, "seconds", "Time the last sampling cycle took.", "sampler",
+        "gpumeter_exporter_kubelet_up",
+        G,
+        X,
+        "",
+        "1 when the last kubelet PodResources query succeeded (absent when attribution is off).",
+        "kubelet List",
     ),
     MetricSpec(
-        "gpumeter_exporter_nvml_calls", G, X, "", "NVML library calls made in the last sampling cycle.", "sampler",
+        "gpumeter_exporter_kubelet_errors_total",
+        C,
+        X,
+        "",
+        "Failed kubelet PodResources queries.",
+        "kubelet List",
     ),
     MetricSpec(
-        "gpumeter_exporter_build_info", G, X, "", "The exporter's version; value 1.", "", labels=("version",),
+        "gpumeter_exporter_last_sample_timestamp_seconds",
+        G,
+        X,
+        "seconds",
+        "When the snapshot being served was sampled (Unix time).",
+        "sampler",
+    ),
+    MetricSpec(
+        "gpumeter_exporter_sample_duration_seconds",
+        G,
+        X,
+        "seconds",
+        "Time the last sampling cycle took.",
+        "sampler",
+    ),
+    MetricSpec(
+        "gpumeter_exporter_nvml_calls",
+        G,
+        X,
+        "",
+        "NVML library calls made in the last sampling cycle.",
+        "sampler",
+    ),
+    MetricSpec(
+        "gpumeter_exporter_build_info",
+        G,
+        X,
+        "",
+        "The exporter's version; value 1.",
+        "",
+        labels=("version",),
     ),
 )
 
@@ -369,10 +591,9 @@ def render_markdown() -> str:
     ]
     for spec in CATALOG:
         dcgm = "<br>".join(
-            f"`{f.name}`" + (f" ({', '.join(f'{k}={v}' for k, v in f.match)})" if f.match else "") for f in spec.dcgm
+            f"`{f.name}`" + (f" ({', '.join(f'{k}={v}' for k, v in f.match)})" if f.match else "")
+            for f in spec.dcgm
         )
         labels = ", ".join(f"`{label}`" for label in spec.label_names)
-        lines.append(
-            f"| `{spec.name}` | {spec.type.value} | {labels} | {spec.help} | {spec.nvml} | {dcgm} |"
-        )
+        lines.append(f"| `{spec.name}` | {spec.type.value} | {labels} | {spec.help} | {spec.nvml} | {dcgm} |")
     return "\n".join(lines) + "\n"

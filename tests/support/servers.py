@@ -32,7 +32,10 @@ def require_binary(name: str) -> str:
         (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if Path(p).exists()), None
     )
     if path is None:
-        pytest.fail(f"{name} is not installed; run `make tools` (Debian packages) — tests never skip it", pytrace=False)
+        pytest.fail(
+            f"{name} is not installed; run `make tools` (Debian packages) — tests never skip it",
+            pytrace=False,
+        )
     return path
 
 

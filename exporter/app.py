@@ -1,0 +1,108 @@
+"""Assembling a running exporter from its settings: NVML (real or simulated), collectors, sampler,
+pod attribution, the HTTP server and, when simulating, the fault-injection endpoint."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from . import collectors as collector_registry
+from .config import ExporterConfig
+from .nvml import NvmlSession
+from .render import ExpositionCache, SnapshotCollector
+from .sampler import Sampler
+from .server import load_web_config, make_app, serve
+from .xid import XidWatcher
+
+__all__ = ["Exporter", "build_exporter"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Exporter:
+    config: ExporterConfig
+    sampler: Sampler
+    registry: CollectorRegistry
+    exposition: ExpositionCache
+    node: object | None = None  # the SimulatedNode when simulating
+    library: object | None = None  # the stand-in NVML library when simulating
+    servers: list = field(default_factory=list)
+
+    def health(self) -> tuple[bool, str]:
+        snapshot = self.sampler.snapshot()
+        age = self.sampler.clock() - snapshot.timestamp
+        if age > 3 * self.config.interval + 5:
+            return False, f"last sample is {age:.0f}s old"
+        return True, f"ok: sampled {age:.1f}s ago, nvml {'up' if snapshot.nvml_up else 'down'}"
+
+    def start(self) -> Exporter:
+        self.sampler.start()
+        web = load_web_config(self.config.web_config) if self.config.web_config else None
+        self.servers.append(serve(make_app(self.exposition, self.health, web), self.config.listen, web))
+        if self.node is not None and self.config.admin_listen:
+            from .simulator.admin import make_admin_app
+
+            self.servers.append(serve(make_admin_app(self.node), self.config.admin_listen))
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+        self.sampler.stop()
+
+    @property
+    def port(self) -> int:
+        return self.servers[0].server_address[1]
+
+
+def build_exporter(
+    config: ExporterConfig,
+    *,
+    clock: Callable[[], float] = time.time,
+    library: object | None = None,
+    node=None,
+    kubelet_client=None,
+) -> Exporter:
+    """Wire an exporter. Tests inject ``library``/``node``/``clock``/``kubelet_client`` directly."""
+    hostname = config.hostname or socket.gethostname()
+    if config.simulate and library is None:
+        from .simulator.device import SimulatedNode
+        from .simulator.fleet import load_fleet
+        from .simulator.nvml import SimulatedNvml
+
+        fleet = load_fleet(config.simulate)
+        node = SimulatedNode(fleet, config.simulate_node, clock=clock)
+        library = SimulatedNvml(node)
+        hostname = config.hostname or node.spec.name
+    watcher = XidWatcher(clock=clock)
+    attribution = None
+    if kubelet_client is not None or config.kubelet_socket:
+        from .kubelet.attribution import PodAttribution
+        from .kubelet.client import PodResourcesClient
+
+        client = kubelet_client or PodResourcesClient(config.kubelet_socket, timeout=config.kubelet_timeout)
+        attribution = PodAttribution(
+            client, hostname, keep_cycles=config.kubelet_keep_cycles, extra_resources=config.extra_resources
+        )
+    chosen = collector_registry.build(
+        config.enable_collectors, config.disable_collectors, xid_watcher=watcher
+    )
+    sampler = Sampler(
+        NvmlSession(library),
+        chosen,
+        hostname=hostname,
+        interval=config.interval,
+        clock=clock,
+        attribution=attribution,
+        xid_watcher=watcher,
+    )
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SnapshotCollector(sampler.snapshot, naming=config.naming))
+    return Exporter(config, sampler, registry, ExpositionCache(registry, sampler.snapshot), node, library)

@@ -1,0 +1,127 @@
+"""``gpumeter exporter``, ``gpumeter simulate …`` and ``gpumeter docs metrics``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+import httpx
+
+from . import config as exporter_config
+
+__all__ = ["register"]
+
+
+def register(subparsers) -> None:
+    exporter = subparsers.add_parser("exporter", help="serve NVML (or simulated) GPU metrics for Prometheus")
+    exporter_config.add_arguments(exporter)
+    exporter.set_defaults(func=run_exporter)
+
+    simulate = subparsers.add_parser(
+        "simulate", help="the simulator: inject faults, stand-in kubelet, history"
+    )
+    sim = simulate.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
+    inject = sim.add_parser("inject", help="inject a fault into a running simulated exporter")
+    inject.add_argument(
+        "fault",
+        help="overheat, throttle, nvlink_crc, nvlink_down, nvlink_replay, xid, ecc, "
+        "row_remap, gpu_lost, nvml_unavailable, mig_reconfigure, clear",
+    )
+    inject.add_argument(
+        "--admin", default="http://127.0.0.1:9836", help="the exporter's --admin-listen address"
+    )
+    inject.add_argument("--gpu", type=int, help="GPU index")
+    inject.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fault parameter, e.g. code=79, reason=hw_thermal, link=3, count=500, celsius=30, "
+        "layout=3g.40gb,3g.40gb",
+    )
+    inject.set_defaults(func=run_inject)
+    try:
+        from .simulator import kubelet as stand_in_kubelet
+    except ImportError:
+        stand_in_kubelet = None
+    if stand_in_kubelet is not None and hasattr(stand_in_kubelet, "add_parser"):
+        stand_in_kubelet.add_parser(sim)
+    try:
+        from .simulator import history
+    except ImportError:
+        history = None
+    if history is not None:
+        history.add_parser(sim)
+
+    docs = subparsers.add_parser("docs", help="generated documentation")
+    docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="WHAT")
+    docs_sub.add_parser("metrics", help="print docs/metrics.md from the catalog").set_defaults(func=run_docs)
+
+
+def run_exporter(args: argparse.Namespace) -> int:
+    from .app import build_exporter
+    from .server import WebConfigError
+
+    try:
+        config = exporter_config.resolve(args)
+        exporter = build_exporter(config).start()
+    except (exporter_config.ConfigError, WebConfigError, ValueError, OSError) as exc:
+        print(f"gpumeter exporter: {exc}", file=sys.stderr)
+        return 2
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    print(
+        f"gpumeter exporter: serving http://{config.listen}/metrics"
+        + (
+            f", faults at http://{config.admin_listen}/faults"
+            if exporter.node and config.admin_listen
+            else ""
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+    stopped.wait()
+    exporter.stop()
+    return 0
+
+
+def _parameter(text: str):
+    key, _, value = text.partition("=")
+    if key == "layout":
+        return key, [v for v in value.split(",") if v]
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def run_inject(args: argparse.Namespace) -> int:
+    url = args.admin.rstrip("/") + "/faults"
+    try:
+        if args.fault == "clear":
+            response = httpx.delete(url, params={} if args.gpu is None else {"gpu": args.gpu}, timeout=10)
+        else:
+            body = {"fault": args.fault, "gpu": args.gpu, **dict(_parameter(p) for p in args.set)}
+            response = httpx.post(url, content=json.dumps(body), timeout=10)
+    except httpx.HTTPError as exc:
+        print(f"gpumeter simulate inject: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    answer = response.json()
+    if response.status_code != 200:
+        print(f"gpumeter simulate inject: {answer.get('error')}", file=sys.stderr)
+        return 2
+    print(answer["done"])
+    return 0
+
+
+def run_docs(args: argparse.Namespace) -> int:
+    from .catalog import render_markdown
+
+    sys.stdout.write(render_markdown())
+    return 0

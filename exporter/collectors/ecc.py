@@ -1,0 +1,35 @@
+"""ECC error counts (volatile) and row remapping (Ampere and later), from batched field values."""
+
+from __future__ import annotations
+
+import pynvml as N
+
+from . import register_collector
+
+ECC = {"corrected": N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "uncorrected": N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL}
+REMAPPED = {"corrected": N.NVML_FI_DEV_REMAPPED_COR, "uncorrected": N.NVML_FI_DEV_REMAPPED_UNC}
+
+
+@register_collector("ecc")
+class EccCollector:
+    def fields(self, device):
+        ids = [
+            *ECC.values(),
+            *REMAPPED.values(),
+            N.NVML_FI_DEV_REMAPPED_PENDING,
+            N.NVML_FI_DEV_REMAPPED_FAILURE,
+        ]
+        return [(field, 0) for field in ids]
+
+    def update(self, device, out) -> None:
+        labels = device.labels
+        for error_type, field in ECC.items():
+            if (value := device.field(field)) is not None:
+                out.add("nvidia_gpu_ecc_errors_total", (*labels, error_type), value)
+        for error_type, field in REMAPPED.items():
+            if (value := device.field(field)) is not None:
+                out.add("nvidia_gpu_remapped_rows_total", (*labels, error_type), value)
+        if (pending := device.field(N.NVML_FI_DEV_REMAPPED_PENDING)) is not None:
+            out.add("nvidia_gpu_remapped_rows_pending", labels, 1 if pending else 0)
+        if (failure := device.field(N.NVML_FI_DEV_REMAPPED_FAILURE)) is not None:
+            out.add("nvidia_gpu_remapped_rows_failure", labels, 1 if failure else 0)

@@ -1,0 +1,113 @@
+"""Exporter settings from a config file, the environment and flags (flags win, then environment,
+then file, then defaults). One declarative list of options drives all three."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+__all__ = ["OPTIONS", "ConfigError", "ExporterConfig", "add_arguments", "resolve"]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    listen: str = ":9835"
+    interval: float = 5.0
+    simulate: str | None = None
+    simulate_node: str | None = None
+    admin_listen: str | None = None
+    kubelet_socket: str | None = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubelet_timeout: float = 2.0
+    kubelet_keep_cycles: int = 5
+    extra_resources: tuple[str, ...] = ()
+    naming: str = "native"
+    web_config: str | None = None
+    hostname: str | None = None
+    enable_collectors: tuple[str, ...] = ()
+    disable_collectors: tuple[str, ...] = ()
+
+
+# (option, help) — the flag is --<option with dashes>, the env var GPUMETER_<OPTION UPPER>
+OPTIONS = {
+    "listen": "address to serve /metrics and /healthz on, host:port (default :9835)",
+    "interval": "seconds between NVML samples (default 5)",
+    "simulate": "fleet file (or example name: h100-mig, a100-mixed, h200, workstation) to simulate instead of NVML",
+    "simulate_node": "which node of the fleet file this exporter is (default: the first)",
+    "admin_listen": "with --simulate: address of the fault-injection endpoint, e.g. 127.0.0.1:9836",
+    "kubelet_socket": "kubelet PodResources socket; empty to turn pod attribution off",
+    "kubelet_timeout": "seconds before a kubelet query is abandoned (default 2)",
+    "kubelet_keep_cycles": "sampling cycles the last good allocations survive a kubelet outage (default 5)",
+    "extra_resources": "comma-separated extra resource names that are GPUs (e.g. nvidia.com/a100)",
+    "naming": "metric names: native (default) or dcgm (dcgm-exporter's names, labels and units)",
+    "web_config": "exporter-toolkit web config file (TLS, basic auth)",
+    "hostname": "hostname label (default: $NODE_NAME, else the OS hostname)",
+    "enable_collectors": "comma-separated collectors to enable in addition to the defaults",
+    "disable_collectors": "comma-separated collectors to disable",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", help="YAML config file with any of the options below (env GPUMETER_CONFIG)"
+    )
+    for name, help_text in OPTIONS.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            help=f"{help_text} [env GPUMETER_{name.upper()}]",
+        )
+
+
+def _convert(name: str, value, source: str):
+    kind = {f.name: f.type for f in fields(ExporterConfig)}[name]
+    try:
+        if "tuple" in str(kind):
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            return tuple(str(v) for v in value)
+        if "float" in str(kind):
+            return float(value)
+        if "int" in str(kind):
+            return int(value)
+        return None if value in ("", None) else str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name}: cannot use {value!r}") from None
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ExporterConfig:
+    environ = os.environ if environ is None else environ
+    values: dict = {}
+    config_path = args.config or environ.get("GPUMETER_CONFIG")
+    if config_path:
+        try:
+            data = yaml.safe_load(Path(config_path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{config_path}: cannot read config: {exc}") from None
+        unknown = set(data) - set(OPTIONS)
+        if unknown:
+            raise ConfigError(f"{config_path}: unknown option(s): {', '.join(sorted(unknown))}")
+        values.update({k: _convert(k, v, config_path) for k, v in data.items()})
+    for name in OPTIONS:
+        env = environ.get(f"GPUMETER_{name.upper()}")
+        if env is not None:
+            values[name] = _convert(name, env, f"GPUMETER_{name.upper()}")
+        flag = getattr(args, name, None)
+        if flag is not None:
+            values[name] = _convert(name, flag, f"--{name.replace('_', '-')}")
+    if values.get("hostname") is None and environ.get("NODE_NAME"):
+        values["hostname"] = environ["NODE_NAME"]
+    config = ExporterConfig(**values)
+    if config.naming not in ("native", "dcgm"):
+        raise ConfigError(f"naming: must be native or dcgm (got {config.naming!r})")
+    if config.interval <= 0:
+        raise ConfigError(f"interval: must be positive (got {config.interval!r})")
+    return config

@@ -1,0 +1,242 @@
+"""Pod attribution: which pod's container holds which GPU, MIG instance or time-slice, once per cycle.
+
+The exporter's sampler calls :meth:`PodAttribution.sample` once per sampling cycle (never from a scrape).
+It asks the kubelet for List and GetAllocatableResources, resolves every device ID through the cycle's
+device inventory and adds to the snapshot:
+
+* ``nvidia_gpu_allocation{hostname,namespace,pod,container,resource,uuid,gpu,gpu_instance_id,mig_profile}``
+  = the share held: 1 for a whole GPU or MIG instance, 1/replicas for a time-sliced replica (replicas
+  counted from GetAllocatableResources). Two replicas of one GPU in one container are one series (2/N).
+  Every pod sharing a GPU gets its own series.
+* ``gpumeter_exporter_kubelet_up`` 1/0 and ``gpumeter_exporter_kubelet_errors_total``.
+
+The mapping is rebuilt from every successful List, so a pod's series disappear the cycle after it ends.
+When the kubelet is slow or gone, the last good allocations are kept for ``keep_cycles`` cycles (a kubelet
+restart does not punch holes into billing) and then dropped. It never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from exporter.catalog import by_name
+from exporter.snapshot import DeviceIdentity, SnapshotBuilder
+
+from .client import AllocatableResources, KubeletError, PodResources
+from .devices import Inventory, is_gpu_resource, parse_device_id, replica_counts, resolve, share
+
+__all__ = ["ALLOCATION", "KUBELET_ERRORS", "KUBELET_UP", "LABELS", "Allocation", "PodAttribution"]
+
+log = logging.getLogger(__name__)
+
+ALLOCATION = by_name("nvidia_gpu_allocation").name
+KUBELET_UP = by_name("gpumeter_exporter_kubelet_up").name
+KUBELET_ERRORS = by_name("gpumeter_exporter_kubelet_errors_total").name
+LABELS = (
+    "hostname",
+    "namespace",
+    "pod",
+    "container",
+    "resource",
+    "uuid",
+    "gpu",
+    "gpu_instance_id",
+    "mig_profile",
+)
+assert by_name(ALLOCATION).label_names == LABELS, "catalog label order changed; update Allocation.labels"
+
+_MAX_REMEMBERED = 10_000  # bound on the "logged once" sets
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One ``nvidia_gpu_allocation`` series."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    uuid: str  # the parent GPU's UUID
+    gpu: int
+    gpu_instance_id: int | None
+    mig_profile: str
+    share: float
+
+    def labels(self, hostname: str) -> tuple[str, ...]:
+        gi = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
+        return (
+            hostname,
+            self.namespace,
+            self.pod,
+            self.container,
+            self.resource,
+            self.uuid,
+            str(self.gpu),
+            gi,
+            self.mig_profile,
+        )
+
+
+class PodAttribution:
+    """Kubelet PodResources → allocation series; one :meth:`sample` per sampling cycle."""
+
+    def __init__(self, client, hostname: str, keep_cycles: int = 5, extra_resources: Iterable[str] = ()):
+        self.client = client
+        self.hostname = hostname
+        self.keep_cycles = max(0, int(keep_cycles))
+        self.extra_resources = tuple(extra_resources)
+        self.up = False
+        self.errors = 0
+        self._last: tuple[Allocation, ...] = ()
+        self._failed_cycles = 0
+        self._logged_ids: set[str] = set()
+        self._logged_resources: set[str] = set()
+        self._first_success = True
+
+    # --- the cycle ------------------------------------------------------------------------------
+    def sample(self, devices: tuple[DeviceIdentity, ...], builder: SnapshotBuilder) -> None:
+        try:
+            allocations = self._query(devices)
+        except Exception as exc:  # KubeletError, or a bug in resolution: attribution must never raise
+            self.errors += 1
+            self.up = False
+            self._failed_cycles += 1
+            if not isinstance(exc, KubeletError):
+                log.exception("pod attribution failed")
+            elif self._failed_cycles == 1:  # once per outage, not once per cycle
+                log.warning(
+                    "kubelet query failed; keeping the last allocations for %d cycles: %s",
+                    self.keep_cycles,
+                    exc,
+                )
+            else:
+                log.debug("kubelet query failed (%d in a row): %s", self._failed_cycles, exc)
+            if self._failed_cycles > self.keep_cycles and self._last:
+                log.warning(
+                    "dropping %d allocations kept since the last good kubelet answer", len(self._last)
+                )
+                self._last = ()
+        else:
+            if self._failed_cycles:
+                log.info("kubelet answers again after %d failed queries", self._failed_cycles)
+            self.up = True
+            self._failed_cycles = 0
+            self._last = allocations
+        for allocation in self._last:
+            builder.add(ALLOCATION, allocation.labels(self.hostname), allocation.share)
+        builder.add(KUBELET_UP, (), 1.0 if self.up else 0.0)
+        builder.add(KUBELET_ERRORS, (), float(self.errors))
+
+    def _query(self, devices: tuple[DeviceIdentity, ...]) -> tuple[Allocation, ...]:
+        pods = self.client.list()
+        allocatable = self.client.allocatable()
+        allocations = self.allocations(pods, allocatable, devices)
+        if self._first_success:
+            self._first_success = False
+            seen = sorted({d.resource_name for p in pods for c in p.containers for d in c.devices})
+            log.info(
+                "kubelet PodResources on %s answered: %d pods, resources %s; %d GPU allocations",
+                getattr(self.client, "socket_path", "?"),
+                len(pods),
+                ", ".join(seen) or "(none)",
+                len(allocations),
+            )
+        return allocations
+
+    # --- pure part ------------------------------------------------------------------------------
+    def allocations(
+        self,
+        pods: Iterable[PodResources],
+        allocatable: AllocatableResources,
+        devices: tuple[DeviceIdentity, ...],
+    ) -> tuple[Allocation, ...]:
+        """Resolve one List answer against the inventory; replicas counted from ``allocatable``."""
+        inventory = Inventory.from_devices(devices)
+        pods = tuple(pods)
+        replicas = replica_counts(
+            i for d in allocatable.devices if self._wanted(d.resource_name) for i in d.device_ids
+        )
+        # Replicas missing from the allocatable list (an inconsistent answer): count those seen in List.
+        listed = replica_counts(
+            i
+            for p in pods
+            for c in p.containers
+            for d in c.devices
+            if self._wanted(d.resource_name)
+            for i in set(d.device_ids)
+        )
+        for base, seen in listed.items():
+            if base not in replicas:
+                self._log_once(
+                    base,
+                    "time-sliced device %s is not in GetAllocatableResources; share taken as 1/%d",
+                    base,
+                    seen,
+                )
+                replicas[base] = seen
+        shares: dict[tuple, float] = {}
+        for pod in pods:
+            for container in pod.containers:
+                seen_ids: set[str] = set()
+                for entry in container.devices:
+                    if not self._wanted(entry.resource_name):
+                        continue
+                    for raw in entry.device_ids:
+                        if raw in seen_ids:
+                            continue
+                        seen_ids.add(raw)
+                        ref = parse_device_id(raw)
+                        resolved = resolve(ref, inventory, entry.resource_name) if ref is not None else None
+                        if resolved is None:
+                            if not devices:  # NVML is down: nothing resolves; say so when it is back
+                                continue
+                            self._log_once(
+                                raw,
+                                "cannot resolve device %s (%s) of %s/%s container %s; skipped",
+                                raw,
+                                entry.resource_name,
+                                pod.namespace,
+                                pod.name,
+                                container.name,
+                            )
+                            continue
+                        key = (
+                            pod.namespace,
+                            pod.name,
+                            container.name,
+                            entry.resource_name,
+                            resolved.uuid,
+                            resolved.gpu,
+                            resolved.gpu_instance_id,
+                            resolved.mig_profile,
+                        )
+                        shares[key] = shares.get(key, 0.0) + share(ref, replicas)
+        return tuple(
+            Allocation(*key, min(value, 1.0)) for key, value in sorted(shares.items(), key=_sort_key)
+        )
+
+    def _wanted(self, resource_name: str) -> bool:
+        if is_gpu_resource(resource_name, self.extra_resources):
+            return True
+        if resource_name not in self._logged_resources and len(self._logged_resources) < _MAX_REMEMBERED:
+            self._logged_resources.add(resource_name)
+            log.debug("ignoring kubelet resource %s (not an NVIDIA GPU resource)", resource_name)
+        return False
+
+    def _log_once(self, key: str, message: str, *args) -> None:
+        if key in self._logged_ids or len(self._logged_ids) >= _MAX_REMEMBERED:
+            return
+        self._logged_ids.add(key)
+        log.warning(message, *args)
+
+    @property
+    def allocations_kept(self) -> tuple[Allocation, ...]:
+        """What the last sample emitted (the last good answer while it is still kept)."""
+        return self._last
+
+
+def _sort_key(item: tuple[tuple, float]) -> tuple:
+    key, _ = item
+    return tuple(-1 if v is None else v for v in key)

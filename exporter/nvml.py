@@ -1,0 +1,182 @@
+"""NVML access for the sampler: library injection, the error model and per-device call memory.
+
+pynvml keeps its library object in a module global. :class:`NvmlSession` points it at the real
+``libnvidia-ml.so.1`` (``library=None``) or at a stand-in object (the simulator), and resets pynvml's
+function-pointer cache so that names cached against another library are never reused
+(reference/nvml.md §12.8). One session per process.
+
+The error model (reference/nvml.md §11): a function a device does not support is remembered per
+(device, call) and not asked again; ``GPU_IS_LOST`` marks the device lost; ``NOT_FOUND`` is an empty
+answer; anything else fails only the collector that asked, for that device, for this cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml as N
+
+from .snapshot import DeviceIdentity, MigIdentity
+
+__all__ = ["DeviceContext", "DeviceLostError", "MigDevice", "NvmlSession"]
+
+log = logging.getLogger(__name__)
+
+# Codes that mean "this device cannot answer this call": remember and stop asking.
+_UNSUPPORTED = (
+    N.NVML_ERROR_NOT_SUPPORTED,
+    N.NVML_ERROR_FUNCTION_NOT_FOUND,
+    N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    N.NVML_ERROR_NO_PERMISSION,
+)
+
+
+class DeviceLostError(Exception):
+    """The GPU fell off the bus (NVML_ERROR_GPU_IS_LOST); stop querying its handle."""
+
+
+@dataclass
+class MigDevice:
+    handle: Any
+    identity: MigIdentity
+
+
+@dataclass
+class DeviceContext:
+    """One physical GPU as the sampler holds it: handle, identity, per-collector static facts."""
+
+    session: NvmlSession
+    index: int
+    handle: Any
+    uuid: str
+    model: str
+    pci_bus_id: str
+    minor_number: int | None
+    handle_address: int | None
+    static: dict[str, Any] = field(default_factory=dict)  # per-collector facts read once at discovery
+    fields: dict[tuple[int, int], float | None] = field(default_factory=dict)  # this cycle's field values
+    migs: list[MigDevice] = field(default_factory=list)  # this cycle's MIG instances
+    mig_enabled: bool = False
+    lost: bool = False
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return (str(self.index), self.uuid)
+
+    def call(self, key: str, fn: Callable, *args):
+        """Call ``fn(*args)``; None when unsupported (remembered) or not found."""
+        return self.session.call(self.uuid, key, fn, *args)
+
+    def field(self, field_id: int, scope: int = 0) -> float | None:
+        return self.fields.get((field_id, scope))
+
+    def identity(self) -> DeviceIdentity:
+        return DeviceIdentity(
+            index=self.index,
+            uuid=self.uuid,
+            model=self.model,
+            pci_bus_id=self.pci_bus_id,
+            minor_number=self.minor_number,
+            up=not self.lost,
+            mig_enabled=self.mig_enabled,
+            migs=tuple(m.identity for m in self.migs),
+        )
+
+
+class NvmlSession:
+    """Owns pynvml's library binding and the memory of what each device cannot do."""
+
+    def __init__(self, library: object | None = None):
+        self.library = library
+        self.up = False
+        self.unsupported: set[tuple[str, str]] = set()
+        self.calls = 0  # NVML calls made through this session (reset by the sampler each cycle)
+        self._warned: set[str] = set()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Initialise NVML; raises NVMLError when the library or driver is missing."""
+        if self.library is not None:
+            with N.libLoadLock:
+                N.nvmlLib = self.library
+                N._nvmlGetFunctionPointer_cache = {}
+        self.calls += 1
+        N.nvmlInit()
+        self.up = True
+
+    def stop(self) -> None:
+        if self.up:
+            self.up = False
+            try:
+                self.calls += 1
+                N.nvmlShutdown()
+            except N.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", exc)
+
+    # --- calls --------------------------------------------------------------------------------
+    def call(self, uuid: str, key: str, fn: Callable, *args):
+        if (uuid, key) in self.unsupported:
+            return None
+        self.calls += 1
+        try:
+            return fn(*args)
+        except N.NVMLError as exc:
+            code = exc.value
+            if code == N.NVML_ERROR_GPU_IS_LOST:
+                raise DeviceLostError(uuid) from None
+            if code == N.NVML_ERROR_NOT_FOUND:
+                return None
+            if code in _UNSUPPORTED:
+                self.unsupported.add((uuid, key))
+                if code == N.NVML_ERROR_NO_PERMISSION:
+                    self.warn_once(
+                        key, f"{key}: no permission (needs root or CAP_SYS_ADMIN); not asked again"
+                    )
+                elif code == N.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    self.warn_once(key, f"{key}: the driver lacks this NVML function; using fallbacks")
+                return None
+            raise
+        except N.NVMLLibraryMismatchError:  # not an NVMLError (reference/nvml.md §11.4)
+            self.unsupported.add((uuid, key))
+            return None
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+    def field_values(self, device: DeviceContext, wanted: list[tuple[int, int]]) -> None:
+        """One batched nvmlDeviceGetFieldValues per device per cycle; per-entry status is checked."""
+        device.fields = {}
+        if not wanted:
+            return
+        values = device.call("field_values", N.nvmlDeviceGetFieldValues, device.handle, wanted)
+        if values is None:
+            return
+        for entry in values:
+            key = (entry.fieldId, entry.scopeId)
+            if entry.nvmlReturn != N.NVML_SUCCESS:
+                device.fields[key] = None
+                continue
+            device.fields[key] = _field_number(entry)
+
+
+def _field_number(entry) -> float:
+    kind = entry.valueType
+    value = entry.value
+    if kind == N.NVML_VALUE_TYPE_DOUBLE:
+        return value.dVal
+    if kind == N.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return value.uiVal
+    if kind == N.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return value.ulVal
+    if kind == N.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return value.sllVal
+    if kind == N.NVML_VALUE_TYPE_SIGNED_INT:
+        return value.siVal
+    if kind == N.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return value.usVal
+    return value.ullVal

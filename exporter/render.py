@@ -1,0 +1,98 @@
+"""Rendering a snapshot as Prometheus metric families (a prometheus-client custom collector).
+
+``collect()`` only turns the latest snapshot into families; it never calls NVML. ``describe()`` is
+cheap (no snapshot needed), so registering the collector does not trigger a collection.
+The exposition of a snapshot is cached per format: concurrent and repeated scrapes of the same
+snapshot cost a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from .catalog import CATALOG, MetricSpec, MetricType
+from .snapshot import Snapshot
+
+__all__ = ["ExpositionCache", "SnapshotCollector"]
+
+
+def _family(
+    spec: MetricSpec,
+    name: str | None = None,
+    help_text: str | None = None,
+    labels: tuple[str, ...] | None = None,
+) -> Metric:
+    cls = CounterMetricFamily if spec.type is MetricType.COUNTER else GaugeMetricFamily
+    family_name = name or spec.family_name
+    if spec.type is MetricType.COUNTER:
+        family_name = family_name.removesuffix("_total")
+    return cls(
+        family_name, help_text or spec.help, labels=list(labels if labels is not None else spec.label_names)
+    )
+
+
+class SnapshotCollector:
+    """Renders ``snapshots()`` under native names (DESIGN.md) or dcgm-exporter's (``naming="dcgm"``)."""
+
+    def __init__(self, snapshots: Callable[[], Snapshot], naming: str = "native"):
+        if naming not in ("native", "dcgm"):
+            raise ValueError(f"naming must be native or dcgm, not {naming!r}")
+        self._snapshots = snapshots
+        self.naming = naming
+
+    def describe(self) -> Iterator[Metric]:
+        if self.naming == "dcgm":
+            from .dcgm import describe_dcgm
+
+            yield from describe_dcgm()
+            return
+        for spec in CATALOG:
+            yield _family(spec)
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshots()
+        if self.naming == "dcgm":
+            from .dcgm import collect_dcgm
+
+            yield from collect_dcgm(snapshot)
+            return
+        for spec in CATALOG:
+            samples = snapshot.samples(spec.name)
+            if not samples:
+                continue  # unsupported or absent: no family, never NaN
+            family = _family(spec)
+            for labels, value in samples:
+                family.add_metric(labels, value)
+            yield family
+
+
+class ExpositionCache:
+    """The rendered exposition of the current snapshot, per content type and encoding."""
+
+    def __init__(self, registry: CollectorRegistry, snapshots: Callable[[], Snapshot]):
+        self._registry = registry
+        self._snapshots = snapshots
+        self._lock = threading.Lock()
+        self._key: object = None
+        self._cache: dict[tuple[str, bool], bytes] = {}
+
+    def render(self, accept: str | None, gzip_ok: bool) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept or "")
+        snapshot = self._snapshots()
+        with self._lock:
+            if self._key is not snapshot:
+                self._key, self._cache = snapshot, {}
+            body = self._cache.get((content_type, gzip_ok))
+            if body is None:
+                plain = self._cache.get((content_type, False))
+                if plain is None:
+                    plain = self._cache[(content_type, False)] = encoder(self._registry)
+                body = gzip.compress(plain, compresslevel=1) if gzip_ok else plain
+                self._cache[(content_type, gzip_ok)] = body
+        return body, content_type

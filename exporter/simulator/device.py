@@ -1,0 +1,377 @@
+"""Simulated GPUs: seeded, deterministic dynamics and the faults that can be injected into them.
+
+Load comes from the pods that hold a device (or, on a node without pods, from the GPU group's
+workload pattern). Power follows load up to the enforced limit (then ``sw_power_cap``), temperature
+follows power with a 30 s lag, and clocks are cut when the GPU runs hot. Counters (energy, violation
+time, ECC, NVLink, PCIe replays) only grow. Time is whatever the injected clock says, so a test can
+step it and the history generator can fast-forward a month.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
+
+__all__ = ["FAULTS", "THROTTLE_BITS", "SimulatedGpu", "SimulatedMig", "SimulatedNode"]
+
+# nvmlClocksEventReason* bits (reference/nvml.md §5.2)
+THROTTLE_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clocks": 0x100,
+}
+SUPPORTED_THROTTLE = sum(v for k, v in THROTTLE_BITS.items() if k != "display_clocks")
+# Violation-time counters exist for these reasons (fields 74, 76, 269, 270, 271)
+VIOLATION_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake")
+
+FAULTS = (
+    "overheat",
+    "throttle",
+    "nvlink_crc",
+    "nvlink_down",
+    "nvlink_replay",
+    "xid",
+    "ecc",
+    "row_remap",
+    "gpu_lost",
+    "nvml_unavailable",
+    "mig_reconfigure",
+    "unsupported",
+)
+
+AMBIENT_C = 28.0
+THERMAL_TAU_S = 30.0
+STEP_S = 5.0  # longest integration step when time jumps (fast-forward)
+
+
+def _load_at(workload: Workload, t: float, rng: random.Random) -> float:
+    noise = rng.uniform(-0.05, 0.05)
+    if workload.pattern == "idle":
+        return 0.0
+    if workload.pattern == "diurnal":
+        base = workload.mean + workload.amplitude * math.sin(2 * math.pi * (t % 86400) / 86400 - math.pi / 2)
+    elif workload.pattern == "bursty":
+        base = workload.mean + (workload.amplitude if int(t // 600) % 3 == 0 else -workload.amplitude / 2)
+    else:
+        base = workload.mean
+    return min(1.0, max(0.0, base + noise))
+
+
+@dataclass
+class SimulatedMig:
+    spec: MigInstanceSpec
+    uuid: str
+    load: float = 0.0
+    memory_used_bytes: int = 0
+    sm_busy_seconds: float = 0.0  # integral of SM activity, what GPM samples difference
+
+    @property
+    def gpu_instance_id(self) -> int:
+        return self.spec.gpu_instance_id
+
+
+@dataclass
+class SimulatedGpu:
+    spec: GpuSpec
+    rng: random.Random
+    migs: list[SimulatedMig] = field(default_factory=list)
+    load: float = 0.0
+    power_w: float = 0.0
+    temperature_c: float = AMBIENT_C + 10
+    energy_mj: float = 0.0
+    power_limit_w: float = 0.0
+    throttle: int = 0
+    violation_ns: dict[str, float] = field(default_factory=lambda: dict.fromkeys(VIOLATION_REASONS, 0.0))
+    ecc: dict[str, int] = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
+    remapped: dict[str, int] = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
+    remap_pending: bool = False
+    remap_failure: bool = False
+    pcie_replays: int = 0
+    nvlink_up: list[bool] = field(default_factory=list)
+    # per link: crc_flit, crc_data, replay, recovery
+    nvlink_errors: list[dict[str, float]] = field(default_factory=list)
+    lost: bool = False
+    # injected conditions
+    overheat_c: float = 0.0
+    forced_reasons: set[str] = field(default_factory=set)
+    crc_rate: dict[int, float] = field(default_factory=dict)  # link -> CRC errors per second
+    unsupported: set[str] = field(default_factory=set)  # C function names answering NOT_SUPPORTED
+
+    def __post_init__(self) -> None:
+        model = self.spec.model
+        self.power_limit_w = model.power_limit_w
+        self.power_w = model.idle_power_w
+        self.nvlink_up = [True] * model.nvlinks
+        self.nvlink_errors = [
+            dict.fromkeys(("crc_flit", "crc_data", "replay", "recovery"), 0.0) for _ in range(model.nvlinks)
+        ]
+        self.set_layout(self.spec.mig)
+
+    @property
+    def model(self):
+        return self.spec.model
+
+    def set_layout(self, instances: tuple[MigInstanceSpec, ...]) -> None:
+        self.migs = [SimulatedMig(spec=i, uuid=self.spec.mig_uuid(i.gpu_instance_id)) for i in instances]
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.migs)
+
+    @property
+    def memory_total_bytes(self) -> int:
+        return self.model.memory_mib * 1024 * 1024
+
+    @property
+    def memory_reserved_bytes(self) -> int:
+        return self.model.reserved_mib * 1024 * 1024
+
+    @property
+    def memory_used_bytes(self) -> int:
+        if self.migs:
+            return sum(m.memory_used_bytes for m in self.migs)
+        usable = self.memory_total_bytes - self.memory_reserved_bytes
+        return int(usable * min(0.95, 0.02 + 0.8 * self.load))
+
+    def clock_mhz(self, clock: str) -> int:
+        top = self.model.clocks_max_mhz[clock]
+        if self.load < 0.02:
+            return int(top * 0.3)
+        factor = 0.75 + 0.25 * min(1.0, self.load * 1.5)
+        if self.throttle & (
+            THROTTLE_BITS["hw_slowdown"] | THROTTLE_BITS["hw_thermal"] | THROTTLE_BITS["hw_power_brake"]
+        ):
+            factor /= 2
+        elif self.throttle & (THROTTLE_BITS["sw_thermal"] | THROTTLE_BITS["sw_power_cap"]):
+            factor *= 0.85
+        return int(top * factor) if clock != "memory" else top
+
+    @property
+    def performance_state(self) -> int:
+        return 0 if self.load >= 0.02 else 8
+
+    @property
+    def fan_percent(self) -> int:
+        span = self.model.slowdown_c - AMBIENT_C
+        return int(min(100, max(30, 30 + 70 * (self.temperature_c - AMBIENT_C - 10) / span)))
+
+    def pcie_kbps(self, direction: str) -> int:
+        share = 0.6 if direction == "tx" else 0.4
+        return int(self.load * share * 25_000_000 * (1 + self.rng.uniform(-0.1, 0.1)))
+
+    # --- dynamics -------------------------------------------------------------------------------
+    def step(self, t: float, dt: float, demand: float, mig_loads: dict[int, float]) -> None:
+        model = self.model
+        self.load = demand
+        for mig in self.migs:
+            mig.load = mig_loads.get(mig.gpu_instance_id, 0.0)
+            held = mig.gpu_instance_id in mig_loads
+            mig.memory_used_bytes = int(
+                mig.spec.profile.memory_mib * 1024 * 1024 * (0.1 + 0.75 * mig.load if held else 0.0)
+            )
+            mig.sm_busy_seconds += mig.load * dt
+        wanted = model.idle_power_w + (model.power_limit_w - model.idle_power_w) * demand * 1.05
+        reasons = set(self.forced_reasons)
+        if wanted > self.power_limit_w:
+            reasons.add("sw_power_cap")
+        self.power_w = min(wanted, self.power_limit_w) * (1 + self.rng.uniform(-0.02, 0.02))
+        if demand < 0.02:
+            reasons.add("gpu_idle")
+        # Healthy full load settles 12 °C under the SW-thermal limit; an injected overheat adds to it.
+        k = (model.gpu_max_c - 12 - AMBIENT_C) / model.power_limit_w
+        steady = AMBIENT_C + k * self.power_w + self.overheat_c
+        self.temperature_c += (steady - self.temperature_c) * (1 - math.exp(-dt / THERMAL_TAU_S))
+        if self.temperature_c >= model.gpu_max_c:
+            reasons.add("sw_thermal")
+        if self.temperature_c >= model.slowdown_c:
+            reasons.update(("hw_thermal", "hw_slowdown"))
+        self.throttle = sum(THROTTLE_BITS[r] for r in reasons)
+        for reason in VIOLATION_REASONS:
+            if reason in reasons:
+                self.violation_ns[reason] += dt * 1e9
+        self.energy_mj += self.power_w * dt * 1000
+        for link, rate in self.crc_rate.items():
+            self.nvlink_errors[link]["crc_flit"] += rate * dt * 0.7
+            self.nvlink_errors[link]["crc_data"] += rate * dt * 0.3
+
+
+class SimulatedNode:
+    """All GPUs of one fleet node, advanced lazily to the injected clock's time."""
+
+    def __init__(
+        self, fleet: Fleet, node: NodeSpec | str | None = None, *, clock, start: float | None = None
+    ):
+        self.fleet = fleet
+        self.spec = fleet.node(node) if isinstance(node, str) else (node or fleet.nodes[0])
+        self.clock = clock
+        self.start = clock() if start is None else start
+        self.lock = threading.RLock()
+        self.gpus = [
+            SimulatedGpu(spec=g, rng=random.Random(fleet.seed * 1009 + g.index)) for g in self.spec.gpus
+        ]
+        self.pods = fleet.pods_on(self.spec.name)
+        self.pod_driven = bool(self.pods)
+        self.nvml_available = True
+        self.events: deque[tuple[int, int, int, int]] = deque()  # (gpu, event type, data, gpu instance)
+        self._t = self.start
+        self._step(self.start, 0.0)
+
+    # --- time -----------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Advance to the clock's time; cheap when little time has passed."""
+        now = self.clock()
+        if now - self._t >= 0.05:
+            with self.lock:
+                self.advance_to(now)
+
+    def advance_to(self, now: float) -> None:
+        with self.lock:
+            while self._t < now:
+                dt = min(STEP_S, now - self._t)
+                self._t += dt
+                self._step(self._t, dt)
+
+    @property
+    def elapsed(self) -> float:
+        return self._t - self.start
+
+    def running_pods(self, t: float | None = None):
+        offset = (self._t if t is None else t) - self.start
+        return [p for p in self.pods if p.running(offset)]
+
+    def _step(self, t: float, dt: float) -> None:
+        running = self.running_pods(t) if self.pod_driven else []
+        for gpu in self.gpus:
+            mig_loads: dict[int, float] = {}
+            whole = 0.0
+            for pod in running:
+                for dev in pod.devices:
+                    if dev.gpu != gpu.spec.index:
+                        continue
+                    jitter = gpu.rng.uniform(-0.05, 0.05)
+                    if dev.gpu_instance_id is not None:
+                        mig_loads[dev.gpu_instance_id] = min(1.0, max(0.0, pod.utilization + jitter))
+                    else:
+                        whole += max(0.0, pod.utilization + jitter) / (
+                            gpu.spec.time_slicing if dev.replica is not None else 1
+                        )
+            if gpu.mig_enabled:
+                total = gpu.model.total_compute_slices
+                demand = (
+                    sum(
+                        mig_loads.get(m.gpu_instance_id, 0.0) * m.spec.profile.compute_slices
+                        for m in gpu.migs
+                    )
+                    / total
+                )
+                if not self.pod_driven:
+                    base = _load_at(gpu.spec.workload, t - self.start, gpu.rng)
+                    mig_loads = {m.gpu_instance_id: base for m in gpu.migs}
+                    demand = base
+            elif self.pod_driven:
+                demand = min(1.0, whole)
+            else:
+                demand = _load_at(gpu.spec.workload, t - self.start, gpu.rng)
+            gpu.step(t, dt, demand, mig_loads)
+
+    # --- faults ---------------------------------------------------------------------------------
+    def inject(self, fault: str, gpu: int | None = None, **params) -> str:
+        """Inject a fault; returns a one-line description. Raises ValueError on a bad request."""
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        with self.lock:
+            if fault == "nvml_unavailable":
+                self.nvml_available = not params.get("clear", False)
+                return f"NVML {'unavailable' if not self.nvml_available else 'available'}"
+            target = self._gpu(gpu)
+            if fault == "overheat":
+                target.overheat_c = float(params.get("celsius", 30.0))
+            elif fault == "throttle":
+                reason = params.get("reason", "hw_slowdown")
+                if reason not in THROTTLE_BITS:
+                    raise ValueError(f"unknown throttle reason {reason!r}; known: {', '.join(THROTTLE_BITS)}")
+                target.forced_reasons.add(reason)
+            elif fault == "nvlink_crc":
+                link = self._link(target, params.get("link", 0))
+                if "rate" in params:
+                    target.crc_rate[link] = float(params["rate"])
+                else:
+                    count = int(params.get("count", 1000))
+                    target.nvlink_errors[link]["crc_flit"] += count * 0.7
+                    target.nvlink_errors[link]["crc_data"] += count * 0.3
+            elif fault == "nvlink_down":
+                target.nvlink_up[self._link(target, params.get("link", 0))] = False
+            elif fault == "nvlink_replay":
+                target.nvlink_errors[self._link(target, params.get("link", 0))]["replay"] += int(
+                    params.get("count", 1)
+                )
+            elif fault == "xid":
+                code = int(params.get("code", 79))
+                gi = params.get("gpu_instance_id")
+                self.events.append((target.spec.index, 0x8, code, 0xFFFFFFFF if gi is None else int(gi)))
+                if code == 79:
+                    target.lost = True
+            elif fault == "ecc":
+                kind = params.get("error_type", "uncorrected")
+                target.ecc[kind] += int(params.get("count", 1))
+                if kind == "uncorrected":
+                    self.events.append((target.spec.index, 0x2, 0, 0xFFFFFFFF))
+            elif fault == "row_remap":
+                kind = params.get("kind", "pending")
+                if kind == "pending":
+                    target.remap_pending = True
+                elif kind == "failure":
+                    target.remap_failure = True
+                else:
+                    target.remapped[kind] += int(params.get("count", 1))
+            elif fault == "gpu_lost":
+                target.lost = True
+            elif fault == "unsupported":
+                target.unsupported.add(params["function"])
+            elif fault == "mig_reconfigure":
+                from .fleet import _layout, _Reader
+
+                layout = params.get("layout", [])
+                instances = _layout(_Reader("inject"), target.model, layout, "layout") if layout else ()
+                target.set_layout(instances)
+            return f"{fault} on GPU {target.spec.index}"
+
+    def clear(self, gpu: int | None = None) -> str:
+        """Remove every injected condition (counters keep their values, as on hardware)."""
+        with self.lock:
+            self.nvml_available = True
+            for target in self.gpus if gpu is None else [self._gpu(gpu)]:
+                target.overheat_c = 0.0
+                target.forced_reasons.clear()
+                target.crc_rate.clear()
+                target.nvlink_up = [True] * target.model.nvlinks
+                target.remap_pending = False
+                target.lost = False
+                target.unsupported.clear()
+        return "cleared"
+
+    def _gpu(self, index: int | None) -> SimulatedGpu:
+        if index is None or not 0 <= int(index) < len(self.gpus):
+            raise ValueError(
+                f"gpu must be one of 0..{len(self.gpus) - 1} on {self.spec.name} (got {index!r})"
+            )
+        return self.gpus[int(index)]
+
+    @staticmethod
+    def _link(gpu: SimulatedGpu, link) -> int:
+        if not 0 <= int(link) < gpu.model.nvlinks:
+            raise ValueError(
+                f"link must be one of 0..{gpu.model.nvlinks - 1} on a {gpu.model.key} (got {link!r})"
+            )
+        return int(link)

@@ -1,0 +1,421 @@
+"""The fleet file: nodes, their GPUs and MIG layouts, workloads, and pods that come and go.
+
+Format (YAML; documented with examples in docs/simulator.md, examples in ``fleets/``)::
+
+    seed: 42                        # every random choice derives from it
+    nodes:
+      - name: gpu-h100-01
+        driver_version: "550.54.15"
+        cuda_version: "12.4"
+        kubelet:                    # how the stand-in kubelet names devices (optional)
+          device_ids: uuid          # uuid | gke | legacy-mig
+          mig_strategy: mixed       # mixed: nvidia.com/mig-<profile>; single: nvidia.com/gpu
+        gpus:
+          - model: H100-SXM5-80GB   # a key of simulator.models.MODELS
+            count: 8
+            mig: ["1g.10gb*7"]      # profiles; "P*N" repeats; omit for a whole GPU
+            time_slicing: 4         # replicas per whole GPU (nvidia.com/gpu.shared style sharing)
+            workload: {pattern: diurnal, mean: 0.55, amplitude: 0.25}
+    pods:
+      - namespace: ml-research
+        name: trainer-{gpu}-{gi}    # a range ("0-7") in a device expands the entry into one pod per value;
+                                    # {gpu}, {gi} and {replica} in names take that value
+        container: main
+        node: gpu-h100-01
+        devices: [{gpu: 0, gpu_instance_id: 7}]   # or {gpu: 1} whole, or {gpu: 2, replica: 1} time-sliced
+        utilization: 0.7            # load the pod puts on what it holds
+        start: 0h                   # offset from the start of the simulation
+        end: 48h                    # optional; absent = runs forever
+        every: 24h                  # optional; the start..end window repeats with this period
+
+Every error names the file, the field (as a path such as ``nodes[0].gpus[1].mig``) and the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .models import MODELS, GpuModel, MigProfile
+
+__all__ = [
+    "Fleet",
+    "FleetError",
+    "GpuSpec",
+    "MigInstanceSpec",
+    "NodeSpec",
+    "PodDevice",
+    "PodSpec",
+    "Workload",
+    "load_fleet",
+    "parse_fleet",
+]
+
+FLEETS_DIR = Path(__file__).parent / "fleets"
+WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
+DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
+MIG_STRATEGIES = ("mixed", "single")
+
+
+class FleetError(ValueError):
+    """A fleet file that cannot be used; the message names file, field and value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    pattern: str = "steady"
+    mean: float = 0.5
+    amplitude: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstanceSpec:
+    profile: MigProfile
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    node: str
+    index: int
+    model: GpuModel
+    uuid: str
+    mig: tuple[MigInstanceSpec, ...]  # empty: MIG disabled
+    time_slicing: int  # replicas; 1 = not shared
+    workload: Workload
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.mig)
+
+    def mig_uuid(self, gpu_instance_id: int) -> str:
+        return _uuid("MIG", f"{self.uuid}/{gpu_instance_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    driver_version: str
+    cuda_version: str
+    gpus: tuple[GpuSpec, ...]
+    device_ids: str = "uuid"
+    mig_strategy: str = "mixed"
+    extra_resources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevice:
+    gpu: int
+    gpu_instance_id: int | None = None
+    replica: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    namespace: str
+    name: str
+    container: str
+    node: str
+    devices: tuple[PodDevice, ...]
+    utilization: float
+    start_s: float
+    end_s: float | None
+    every_s: float | None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def running(self, t: float) -> bool:
+        """Whether the pod holds its devices ``t`` seconds after the simulation started."""
+        if t < self.start_s:
+            return False
+        offset = t - self.start_s
+        if self.every_s:
+            offset %= self.every_s
+        return self.end_s is None or offset < self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    seed: int
+    nodes: tuple[NodeSpec, ...]
+    pods: tuple[PodSpec, ...]
+    source: str = "<fleet>"
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def pods_on(self, node: str) -> tuple[PodSpec, ...]:
+        return tuple(p for p in self.pods if p.node == node)
+
+
+def _uuid(prefix: str, key: str) -> str:
+    """Deterministic NVML-style UUID (8-4-4-4-12 hex) derived from a stable key."""
+    h = hashlib.sha256(key.encode()).hexdigest()
+    return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+class _Reader:
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, value: Any, why: str) -> FleetError:
+        return FleetError(f"{self.source}: {path}: {why} (got {value!r})")
+
+    def get(self, mapping: dict, key: str, path: str, kind, default=...):
+        if not isinstance(mapping, dict):
+            raise self.fail(path, mapping, "expected a mapping")
+        if key not in mapping:
+            if default is ...:
+                raise self.fail(f"{path}.{key}", None, "is required")
+            return default
+        value = mapping[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(f"{path}.{key}", value, f"expected {getattr(kind, '__name__', kind)}")
+        return value
+
+    def duration(self, value: Any, path: str) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        match = _DURATION.match(str(value))
+        if not match:
+            raise self.fail(path, value, "expected a duration such as 30s, 15m, 6h or 2d")
+        return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _layout(reader: _Reader, model: GpuModel, entries: list, path: str) -> tuple[MigInstanceSpec, ...]:
+    if not model.supports_mig:
+        raise reader.fail(path, entries, f"{model.key} has no MIG support")
+    names: list[str] = []
+    explicit: list[int | None] = []
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        if isinstance(entry, dict):
+            name = reader.get(entry, "profile", where, str)
+            explicit.append(reader.get(entry, "gpu_instance_id", where, int, None))
+            names.append(name)
+            continue
+        if not isinstance(entry, str):
+            raise reader.fail(where, entry, "expected a profile name such as 1g.10gb or 1g.10gb*7")
+        name, _, times = entry.partition("*")
+        if times and not times.strip().isdigit():
+            raise reader.fail(where, entry, "repeat count after * must be a whole number")
+        for _ in range(int(times) if times else 1):
+            names.append(name.strip())
+            explicit.append(None)
+    used_ids: set[int] = set()
+    counts: dict[str, int] = {}
+    compute = memory = 0
+    instances = []
+    for name, gi in zip(names, explicit, strict=True):
+        profile = model.mig_profiles.get(name)
+        if profile is None:
+            raise reader.fail(
+                path, name, f"unknown MIG profile for {model.key}; known: {', '.join(model.mig_profiles)}"
+            )
+        counts[name] = counts.get(name, 0) + 1
+        if counts[name] > profile.max_instances:
+            raise reader.fail(
+                path, name, f"at most {profile.max_instances} instances of {name} fit a {model.key}"
+            )
+        compute += profile.compute_slices
+        memory += profile.memory_slices
+        if gi is None:
+            gi = next((g for g in profile.gpu_instance_ids if g not in used_ids), None)
+        if gi is None or gi in used_ids:
+            raise reader.fail(path, name, "no free GPU instance id for this profile")
+        used_ids.add(gi)
+        instances.append(MigInstanceSpec(profile=profile, gpu_instance_id=gi))
+    if compute > model.total_compute_slices or memory > model.total_memory_slices:
+        raise reader.fail(
+            path,
+            entries,
+            f"layout needs {compute} compute / {memory} memory slices; a {model.key} has "
+            f"{model.total_compute_slices} / {model.total_memory_slices}",
+        )
+    return tuple(instances)
+
+
+def _range(value: Any) -> list | None:
+    if isinstance(value, str) and re.fullmatch(r"\d+-\d+", value.strip()):
+        low, high = (int(x) for x in value.split("-"))
+        return list(range(low, high + 1))
+    return None
+
+
+def _expand_pods(r: _Reader, raw_pods: list):
+    """Yield (index, pod mapping), one per value of any range in a pod's single device."""
+    for p, raw in enumerate(raw_pods):
+        devices = raw.get("devices") if isinstance(raw, dict) else None
+        if not (isinstance(devices, list) and len(devices) == 1 and isinstance(devices[0], dict)):
+            yield p, raw
+            continue
+        keys = {"gpu": "gpu", "gpu_instance_id": "gi", "replica": "replica"}
+        axes = [(k, _range(v)) for k, v in devices[0].items() if k in keys and _range(v)]
+        if not axes:
+            yield p, raw
+            continue
+        combos: list[dict] = [{}]
+        for key, values in axes:
+            combos = [{**c, key: v} for c in combos for v in values]
+        for combo in combos:
+            names = {keys[k]: v for k, v in {**devices[0], **combo}.items() if k in keys}
+            expanded = {
+                k: (v.format(**names) if isinstance(v, str) and k in ("name", "container") else v)
+                for k, v in raw.items()
+            }
+            expanded["devices"] = [{**devices[0], **combo}]
+            yield p, expanded
+
+
+def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
+    r = _Reader(source)
+    if not isinstance(data, dict):
+        raise r.fail("(top level)", data, "expected a mapping with nodes:")
+    seed = r.get(data, "seed", "", int, 0)
+    raw_nodes = r.get(data, "nodes", "", list)
+    nodes = []
+    gpus_by_node: dict[str, tuple[GpuSpec, ...]] = {}
+    for n, raw in enumerate(raw_nodes):
+        path = f"nodes[{n}]"
+        name = r.get(raw, "name", path, str)
+        if name in gpus_by_node:
+            raise r.fail(f"{path}.name", name, "duplicate node name")
+        kubelet = r.get(raw, "kubelet", path, dict, {})
+        device_ids = r.get(kubelet, "device_ids", f"{path}.kubelet", str, "uuid")
+        if device_ids not in DEVICE_ID_FORMATS:
+            raise r.fail(
+                f"{path}.kubelet.device_ids", device_ids, f"expected one of {', '.join(DEVICE_ID_FORMATS)}"
+            )
+        strategy = r.get(kubelet, "mig_strategy", f"{path}.kubelet", str, "mixed")
+        if strategy not in MIG_STRATEGIES:
+            raise r.fail(
+                f"{path}.kubelet.mig_strategy", strategy, f"expected one of {', '.join(MIG_STRATEGIES)}"
+            )
+        extra = tuple(r.get(kubelet, "extra_resources", f"{path}.kubelet", list, []))
+        gpus: list[GpuSpec] = []
+        for g, group in enumerate(r.get(raw, "gpus", path, list)):
+            gpath = f"{path}.gpus[{g}]"
+            key = r.get(group, "model", gpath, str)
+            if key not in MODELS:
+                raise r.fail(f"{gpath}.model", key, f"unknown GPU model; known: {', '.join(MODELS)}")
+            model = MODELS[key]
+            count = r.get(group, "count", gpath, int, 1)
+            if count < 1:
+                raise r.fail(f"{gpath}.count", count, "must be at least 1")
+            mig = (
+                _layout(r, model, r.get(group, "mig", gpath, list), f"{gpath}.mig") if "mig" in group else ()
+            )
+            replicas = r.get(group, "time_slicing", gpath, int, 1)
+            if replicas < 1 or (replicas > 1 and mig):
+                raise r.fail(
+                    f"{gpath}.time_slicing", replicas, "must be >= 1, and only on whole (non-MIG) GPUs"
+                )
+            wl = r.get(group, "workload", gpath, dict, {})
+            pattern = r.get(wl, "pattern", f"{gpath}.workload", str, "steady")
+            if pattern not in WORKLOAD_PATTERNS:
+                raise r.fail(
+                    f"{gpath}.workload.pattern", pattern, f"expected one of {', '.join(WORKLOAD_PATTERNS)}"
+                )
+            mean = r.get(wl, "mean", f"{gpath}.workload", float, 0.5)
+            amplitude = r.get(wl, "amplitude", f"{gpath}.workload", float, 0.2)
+            if not 0 <= mean <= 1:
+                raise r.fail(f"{gpath}.workload.mean", mean, "must be within 0..1")
+            workload = Workload(pattern, mean, amplitude)
+            for _ in range(count):
+                index = len(gpus)
+                uuid = _uuid("GPU", f"{seed}/{name}/{index}")
+                gpus.append(GpuSpec(name, index, model, uuid, mig, replicas, workload))
+        gpus_by_node[name] = tuple(gpus)
+        nodes.append(
+            NodeSpec(
+                name=name,
+                driver_version=str(r.get(raw, "driver_version", path, (str, int, float), "550.54.15")),
+                cuda_version=str(r.get(raw, "cuda_version", path, (str, int, float), "12.4")),
+                gpus=tuple(gpus),
+                device_ids=device_ids,
+                mig_strategy=strategy,
+                extra_resources=extra,
+            )
+        )
+    pods = []
+    for p, raw in _expand_pods(r, r.get(data, "pods", "", list, [])):
+        path = f"pods[{p}]"
+        node = r.get(raw, "node", path, str)
+        if node not in gpus_by_node:
+            raise r.fail(f"{path}.node", node, "no such node in this fleet")
+        gpus = gpus_by_node[node]
+        devices = []
+        for d, dev in enumerate(r.get(raw, "devices", path, list)):
+            dpath = f"{path}.devices[{d}]"
+            gpu = r.get(dev, "gpu", dpath, int)
+            if not 0 <= gpu < len(gpus):
+                raise r.fail(f"{dpath}.gpu", gpu, f"node {node} has GPUs 0..{len(gpus) - 1}")
+            gi = r.get(dev, "gpu_instance_id", dpath, int, None)
+            spec = gpus[gpu]
+            if spec.mig_enabled and gi not in {m.gpu_instance_id for m in spec.mig}:
+                raise r.fail(
+                    f"{dpath}.gpu_instance_id",
+                    gi,
+                    f"GPU {gpu} of {node} is in MIG mode; name one of "
+                    f"its GPU instances {sorted(m.gpu_instance_id for m in spec.mig)}",
+                )
+            if not spec.mig_enabled and gi is not None:
+                raise r.fail(f"{dpath}.gpu_instance_id", gi, f"GPU {gpu} of {node} is not in MIG mode")
+            replica = r.get(dev, "replica", dpath, int, None)
+            if replica is not None and not 0 <= replica < spec.time_slicing:
+                raise r.fail(
+                    f"{dpath}.replica", replica, f"GPU {gpu} has {spec.time_slicing} time-slicing replicas"
+                )
+            devices.append(PodDevice(gpu, gi, replica))
+        utilization = r.get(raw, "utilization", path, float, 0.6)
+        start = r.duration(raw.get("start", 0), f"{path}.start")
+        end = r.duration(raw["end"], f"{path}.end") if raw.get("end") is not None else None
+        every = r.duration(raw["every"], f"{path}.every") if raw.get("every") is not None else None
+        if end is not None and end <= start:
+            raise r.fail(f"{path}.end", raw.get("end"), "must be after start")
+        labels = r.get(raw, "labels", path, dict, {})
+        pods.append(
+            PodSpec(
+                namespace=r.get(raw, "namespace", path, str),
+                name=r.get(raw, "name", path, str),
+                container=r.get(raw, "container", path, str, "main"),
+                node=node,
+                devices=tuple(devices),
+                utilization=utilization,
+                start_s=start,
+                end_s=end,
+                every_s=every,
+                labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+            )
+        )
+    return Fleet(seed=seed, nodes=tuple(nodes), pods=tuple(pods), source=source)
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    """Load a fleet file; a bare name such as ``h100-mig`` means one of the shipped examples."""
+    candidate = Path(path)
+    if not candidate.exists() and (FLEETS_DIR / f"{path}.yaml").exists():
+        candidate = FLEETS_DIR / f"{path}.yaml"
+    try:
+        text = candidate.read_text()
+    except OSError as exc:
+        raise FleetError(f"{path}: cannot read fleet file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FleetError(f"{candidate}: malformed YAML: {exc}") from None
+    return parse_fleet(data, source=str(candidate))

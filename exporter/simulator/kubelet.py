@@ -1,0 +1,282 @@
+"""The stand-in kubelet: a real gRPC server answering PodResources v1 on a unix socket, from a fleet file.
+
+``List`` answers the containers of the node's pods that are running at the simulated time
+(``PodSpec.running(clock() - start)``), ``GetAllocatableResources`` every device ID of the node. Device IDs
+follow the node's ``kubelet:`` options in the fleet file:
+
+============ ======================== ============================ ===============================
+device_ids   whole GPU                MIG instance                 time-sliced replica ``r``
+============ ======================== ============================ ===============================
+uuid         ``GPU-<uuid>``           ``MIG-<uuid>`` (mig_uuid)    ``GPU-<uuid>::<r>``
+gke          ``nvidia<index>``        ``nvidia<index>/gi<gi>``     ``nvidia<index>/vgpu<r>``
+legacy-mig   ``GPU-<uuid>``           ``MIG-GPU-<uuid>/<gi>/<ci>`` ``GPU-<uuid>::<r>``
+============ ======================== ============================ ===============================
+
+Resources: ``nvidia.com/gpu`` for whole GPUs (or the node's first ``extra_resources`` name, as a device
+plugin with a custom resource name such as ``nvidia.com/a100`` would), ``nvidia.com/mig-<profile>`` for
+MIG instances under the ``mixed`` strategy and ``nvidia.com/gpu`` under ``single``, and
+``nvidia.com/gpu.shared`` for time-sliced replicas.
+
+Faults can be set while it runs: ``set_fault(delay_s=…, error=grpc.StatusCode.UNAVAILABLE)`` slows or
+fails every call; ``stop()`` removes the socket (kubelet gone) and ``start()`` serves it again.
+
+``gpumeter simulate kubelet --fleet F [--node NAME] [--socket P]`` runs it until SIGINT/SIGTERM
+(:func:`add_parser` adds the subcommand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from exporter.kubelet import api_pb2, api_pb2_grpc
+from exporter.kubelet.client import DEFAULT_SOCKET
+
+from .fleet import Fleet, GpuSpec, NodeSpec, PodDevice, load_fleet
+
+__all__ = ["StandInKubelet", "add_parser", "device_id", "resource_name", "run"]
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+
+
+def device_id(
+    node: NodeSpec, gpu: GpuSpec, gpu_instance_id: int | None = None, replica: int | None = None
+) -> str:
+    """The device ID the node's device plugin gives one GPU, MIG instance or time-slicing replica."""
+    if gpu_instance_id is not None:
+        if node.device_ids == "gke":
+            return f"nvidia{gpu.index}/gi{gpu_instance_id}"
+        if node.device_ids == "legacy-mig":
+            ci = next((m.compute_instance_id for m in gpu.mig if m.gpu_instance_id == gpu_instance_id), 0)
+            return f"MIG-{gpu.uuid}/{gpu_instance_id}/{ci}"
+        return gpu.mig_uuid(gpu_instance_id)
+    if gpu.time_slicing > 1:
+        replica = replica or 0
+        return f"nvidia{gpu.index}/vgpu{replica}" if node.device_ids == "gke" else f"{gpu.uuid}::{replica}"
+    return f"nvidia{gpu.index}" if node.device_ids == "gke" else gpu.uuid
+
+
+def resource_name(node: NodeSpec, gpu: GpuSpec, gpu_instance_id: int | None = None) -> str:
+    """The extended resource name the device is advertised under."""
+    if gpu_instance_id is not None:
+        if node.mig_strategy == "single":
+            return GPU_RESOURCE
+        profile = next(m.profile.name for m in gpu.mig if m.gpu_instance_id == gpu_instance_id)
+        return f"nvidia.com/mig-{profile}"
+    if gpu.time_slicing > 1:
+        return SHARED_RESOURCE
+    return node.extra_resources[0] if node.extra_resources else GPU_RESOURCE
+
+
+def _grouped(entries: list[tuple[str, str]]) -> list[api_pb2.ContainerDevices]:
+    """(resource, id) pairs → one ContainerDevices per resource, in first-seen order."""
+    by_resource: dict[str, list[str]] = {}
+    for resource, ident in entries:
+        by_resource.setdefault(resource, []).append(ident)
+    return [api_pb2.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in by_resource.items()]
+
+
+class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, kubelet: StandInKubelet):
+        self.kubelet = kubelet
+
+    def List(self, request, context):
+        self.kubelet._fault(context)
+        return self.kubelet.list_response()
+
+    def GetAllocatableResources(self, request, context):
+        self.kubelet._fault(context)
+        return self.kubelet.allocatable_response()
+
+
+class StandInKubelet:
+    """PodResourcesLister (List, GetAllocatableResources) for one node of a fleet, on a unix socket."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        node_name: str,
+        socket_path: str | os.PathLike,
+        clock: Callable[[], float] = time.time,
+        start: float | None = None,
+    ):
+        self.fleet = fleet
+        self.node = fleet.node(node_name)
+        self.socket_path = str(socket_path)
+        self.clock = clock
+        self.start_time = clock() if start is None else float(start)
+        self._server: grpc.Server | None = None
+        self._lock = threading.Lock()
+        self._delay_s = 0.0
+        self._error: grpc.StatusCode | None = None
+        self._wake = threading.Event()  # set by stop(): a delayed call stops waiting
+        self.calls = 0
+
+    # --- what the kubelet answers ---------------------------------------------------------------
+    def _gpu(self, index: int) -> GpuSpec:
+        return self.node.gpus[index]
+
+    def _entry(self, device: PodDevice) -> tuple[str, str]:
+        gpu = self._gpu(device.gpu)
+        return (
+            resource_name(self.node, gpu, device.gpu_instance_id),
+            device_id(self.node, gpu, device.gpu_instance_id, device.replica),
+        )
+
+    def list_response(self) -> api_pb2.ListPodResourcesResponse:
+        t = self.clock() - self.start_time
+        pods: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
+        for pod in self.fleet.pods_on(self.node.name):
+            if not pod.running(t):
+                continue
+            containers = pods.setdefault((pod.namespace, pod.name), {})
+            containers.setdefault(pod.container, []).extend(self._entry(d) for d in pod.devices)
+        return api_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                api_pb2.PodResources(
+                    namespace=namespace,
+                    name=name,
+                    containers=[
+                        api_pb2.ContainerResources(name=container, devices=_grouped(entries))
+                        for container, entries in containers.items()
+                    ],
+                )
+                for (namespace, name), containers in pods.items()
+            ]
+        )
+
+    def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
+        entries: list[tuple[str, str]] = []
+        for gpu in self.node.gpus:
+            if gpu.mig:
+                for instance in gpu.mig:
+                    gi = instance.gpu_instance_id
+                    entries.append((resource_name(self.node, gpu, gi), device_id(self.node, gpu, gi)))
+            elif gpu.time_slicing > 1:
+                entries.extend(
+                    (resource_name(self.node, gpu), device_id(self.node, gpu, None, r))
+                    for r in range(gpu.time_slicing)
+                )
+            else:
+                entries.append((resource_name(self.node, gpu), device_id(self.node, gpu)))
+        return api_pb2.AllocatableResourcesResponse(devices=_grouped(entries))
+
+    # --- faults ---------------------------------------------------------------------------------
+    def set_fault(self, delay_s: float = 0.0, error: grpc.StatusCode | None = None) -> None:
+        """Delay every answer by ``delay_s`` and/or fail it with ``error``; ``set_fault()`` clears both."""
+        with self._lock:
+            self._delay_s = float(delay_s)
+            self._error = error
+
+    def _fault(self, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            self.calls += 1
+            delay, error = self._delay_s, self._error
+        if delay > 0:
+            self._wake.wait(delay)
+        if error is not None:
+            context.abort(error, f"stand-in kubelet: injected {error.name}")
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def start(self) -> StandInKubelet:
+        """Serve on the socket (creating its directory; replacing a stale socket file)."""
+        with self._lock:
+            if self._server is not None:
+                return self
+            path = Path(self.socket_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            self._wake.clear()
+            server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in-kubelet")
+            )
+            api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
+            server.add_insecure_port(f"unix://{path.resolve()}")
+            server.start()
+            self._server = server
+        log.info("stand-in kubelet for node %s serving on %s", self.node.name, self.socket_path)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket (the kubelet is gone)."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is None:
+            return
+        self._wake.set()
+        server.stop(grace=None).wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def __enter__(self) -> StandInKubelet:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --- gpumeter simulate kubelet --------------------------------------------------------------------
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``kubelet`` to the ``gpumeter simulate`` subcommands; ``args.func(args)`` runs it."""
+    parser = subparsers.add_parser(
+        "kubelet",
+        help="serve the kubelet PodResources v1 API for one node of a fleet file",
+        description="A stand-in kubelet: PodResources v1 (List, GetAllocatableResources) on a unix socket, "
+        "answering the pods of one node of a fleet file as they come and go. Runs until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--fleet", required=True, help="fleet file, or the name of a shipped example (h100-mig)"
+    )
+    parser.add_argument("--node", help="node name (default: the fleet's first node)")
+    parser.add_argument(
+        "--socket", default=DEFAULT_SOCKET, help=f"unix socket path (default {DEFAULT_SOCKET})"
+    )
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="simulated seconds per real second (default 1: real time)"
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    fleet = load_fleet(args.fleet)
+    node = args.node or fleet.nodes[0].name
+    if args.speed <= 0:
+        raise SystemExit("--speed must be positive")
+    t0 = time.time()
+    speed = args.speed
+
+    def clock() -> float:
+        return t0 + (time.time() - t0) * speed
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kubelet = StandInKubelet(fleet, node, args.socket, clock=clock, start=t0)
+    try:
+        kubelet.start()
+        print(f"stand-in kubelet: node {node} of {fleet.source} on unix://{args.socket}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        kubelet.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

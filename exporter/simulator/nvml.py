@@ -1,0 +1,747 @@
+"""A stand-in for ``libnvidia-ml.so.1`` that plugs in *below* pynvml.
+
+pynvml looks C functions up by name on its library object (``getattr(nvmlLib, "nvmlDeviceGetCount_v2")``)
+and calls them with ctypes arguments. This object answers those lookups from a :class:`SimulatedNode`,
+so the exporter's real pynvml code path runs in tests and in the demo. The contract it meets is
+reference/nvml.md §12: C names (versioned where pynvml uses them), ``AttributeError`` for a missing
+symbol (an older driver), plain ``int`` status codes, outputs written through ``byref`` arguments,
+integer handle tokens from distinct ranges, versioned-struct checks, per-entry field-value status.
+
+Every call is counted in :attr:`SimulatedNvml.calls`, so tests and the benchmark can see exactly how
+many NVML calls a sampling cycle makes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pynvml as N
+
+from .device import SUPPORTED_THROTTLE, THROTTLE_BITS, SimulatedGpu, SimulatedMig, SimulatedNode
+
+__all__ = ["SimulatedNvml"]
+
+OK = N.NVML_SUCCESS
+DEVICE_BASE, MIG_BASE, EVENTSET_BASE, GPM_BASE = 0x1000, 0x100000, 0x200000, 0x300000
+NO_INSTANCE = 0xFFFFFFFF
+MIG_CONFIG_CHANGE = 0x100  # nvmlEventMigConfigChange: pynvml names it without the "Type"
+
+_CLOCKS = {
+    N.NVML_CLOCK_GRAPHICS: "graphics",
+    N.NVML_CLOCK_SM: "sm",
+    N.NVML_CLOCK_MEM: "memory",
+    N.NVML_CLOCK_VIDEO: "video",
+}
+_THRESHOLD_FIELDS = {
+    N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "shutdown_c",
+    N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "slowdown_c",
+    N.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: "memory_max_c",
+    N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: "gpu_max_c",
+}
+_THRESHOLDS = {
+    N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown_c",
+    N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown_c",
+    N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "memory_max_c",
+    N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max_c",
+}
+_VIOLATION_FIELDS = {
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: "sw_power_cap",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: "sync_boost",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: "sw_thermal",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "hw_thermal",
+    N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "hw_power_brake",
+}
+# Numbered per-link CRC fields exist for links 0-11 only (reference/nvml.md §6.3).
+_CRC_FIELDS: dict[int, tuple[str, int]] = {}
+for _link in range(12):
+    _CRC_FIELDS[(32 + _link) if _link < 6 else (96 + _link - 6)] = ("crc_flit", _link)
+    _CRC_FIELDS[(39 + _link) if _link < 6 else (102 + _link - 6)] = ("crc_data", _link)
+_NVLINK_COUNTERS = {
+    N.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    N.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    N.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    N.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+}
+_ERROR_STRINGS = {
+    code: name for name, code in vars(N).items() if name.startswith("NVML_ERROR_") and isinstance(code, int)
+}
+
+
+def _int(arg) -> int:
+    return arg if isinstance(arg, int) else arg.value
+
+
+def _out(arg):
+    """The object behind a ``byref()`` argument."""
+    return arg._obj
+
+
+def _token(handle) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _write_handle(arg, token: int) -> None:
+    ctypes.cast(ctypes.pointer(_out(arg)), ctypes.POINTER(ctypes.c_void_p))[0] = token
+
+
+class _CFunction:
+    """A C entry point: counts calls, and accepts ``restype``/``argtypes`` like a ctypes function."""
+
+    __slots__ = ("argtypes", "impl", "lib", "name", "restype")
+
+    def __init__(self, lib: SimulatedNvml, name: str, impl: Callable):
+        self.lib, self.name, self.impl = lib, name, impl
+        self.restype = self.argtypes = None
+
+    def __call__(self, *args):
+        lib = self.lib
+        lib.calls[self.name] += 1
+        if self.name not in ("nvmlErrorString", "nvmlInitWithFlags", "nvmlShutdown"):
+            if lib.initialised <= 0:
+                return N.NVML_ERROR_UNINITIALIZED
+            if not lib.node.nvml_available:
+                return N.NVML_ERROR_DRIVER_NOT_LOADED
+        return self.impl(lib, *args)
+
+
+_IMPLS: dict[str, Callable] = {}
+
+
+def c_function(name: str | None = None):
+    def register(fn):
+        _IMPLS[name or fn.__name__] = fn
+        return fn
+
+    return register
+
+
+def device_call(fn):
+    """A call on a physical GPU handle (or a MIG handle where NVML allows it)."""
+
+    def wrapper(lib: SimulatedNvml, handle, *args):
+        lib.node.sync()
+        gpu, mig = lib.resolve(handle)
+        if gpu is None:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        if gpu.lost:
+            return N.NVML_ERROR_GPU_IS_LOST
+        if fn.__name__ in gpu.unsupported:
+            return N.NVML_ERROR_NOT_SUPPORTED
+        with lib.node.lock:
+            return fn(lib, gpu, mig, *args)
+
+    wrapper.__name__ = fn.__name__
+    return c_function(fn.__name__)(wrapper)
+
+
+class SimulatedNvml:
+    """The library object pynvml calls into. ``missing`` names C symbols this "driver" lacks."""
+
+    def __init__(
+        self,
+        node: SimulatedNode,
+        *,
+        missing: frozenset[str] | set[str] = frozenset(),
+        event_wait: Callable[[float], None] = time.sleep,
+    ):
+        self.node = node
+        self.missing = frozenset(missing)
+        self.calls: Counter[str] = Counter()
+        self.initialised = 0
+        self._event_wait = event_wait  # how a wait with an empty queue passes time (tests: no sleep)
+        self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}
+        self._gpm: dict[int, tuple[float, float] | None] = {}  # sample token -> (timestamp, busy seconds)
+
+    # pynvml compares ``nvmlLib == None``: keep default identity equality (no __eq__ here).
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name in self.missing or name not in _IMPLS:
+            raise AttributeError(name)
+        fn = _CFunction(self, name, _IMPLS[name])
+        object.__setattr__(self, name, fn)  # later lookups skip __getattr__
+        return fn
+
+    def resolve(self, handle) -> tuple[SimulatedGpu | None, SimulatedMig | None]:
+        token = _token(handle) or 0
+        if MIG_BASE <= token < EVENTSET_BASE:
+            index, slot = divmod(token - MIG_BASE, 256)
+            gpu = self.node.gpus[index] if index < len(self.node.gpus) else None
+            if gpu is None or slot >= len(gpu.migs):
+                return None, None
+            return gpu, gpu.migs[slot]
+        index = token - DEVICE_BASE
+        if 0 <= index < len(self.node.gpus):
+            return self.node.gpus[index], None
+        return None, None
+
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+
+# --- init and system --------------------------------------------------------------------------
+@c_function()
+def nvmlInitWithFlags(lib, flags):
+    if not lib.node.nvml_available:
+        return N.NVML_ERROR_LIBRARY_NOT_FOUND
+    lib.initialised += 1
+    return OK
+
+
+@c_function()
+def nvmlShutdown(lib):
+    if lib.initialised <= 0:
+        return N.NVML_ERROR_UNINITIALIZED
+    lib.initialised -= 1
+    return OK
+
+
+@c_function()
+def nvmlErrorString(lib, code):
+    return _ERROR_STRINGS.get(_int(code), "Unknown Error").encode()
+
+
+def _write_string(buf, text: str) -> int:
+    data = text.encode()
+    if len(data) >= len(buf):
+        return N.NVML_ERROR_INSUFFICIENT_SIZE
+    buf.value = data
+    return OK
+
+
+@c_function()
+def nvmlSystemGetDriverVersion(lib, buf, length):
+    return _write_string(buf, lib.node.spec.driver_version)
+
+
+@c_function()
+def nvmlSystemGetNVMLVersion(lib, buf, length):
+    return _write_string(buf, "12." + lib.node.spec.driver_version)
+
+
+@c_function()
+def nvmlSystemGetCudaDriverVersion(lib, out):
+    major, _, minor = lib.node.spec.cuda_version.partition(".")
+    _out(out).value = int(major) * 1000 + int(minor or 0) * 10
+    return OK
+
+
+_IMPLS["nvmlSystemGetCudaDriverVersion_v2"] = nvmlSystemGetCudaDriverVersion
+
+
+# --- enumeration and identity -------------------------------------------------------------------
+@c_function()
+def nvmlDeviceGetCount_v2(lib, out):
+    _out(out).value = len(lib.node.gpus)
+    return OK
+
+
+@c_function()
+def nvmlDeviceGetHandleByIndex_v2(lib, index, out):
+    index = _int(index)
+    if not 0 <= index < len(lib.node.gpus):
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    if lib.node.gpus[index].lost:
+        return N.NVML_ERROR_GPU_IS_LOST
+    _write_handle(out, DEVICE_BASE + index)
+    return OK
+
+
+@c_function()
+def nvmlDeviceGetHandleByUUID(lib, uuid, out):
+    wanted = uuid.value.decode() if hasattr(uuid, "value") else bytes(uuid).decode()
+    for gpu in lib.node.gpus:
+        if gpu.spec.uuid == wanted:
+            _write_handle(out, DEVICE_BASE + gpu.spec.index)
+            return OK
+        for slot, mig in enumerate(gpu.migs):
+            if mig.uuid == wanted:
+                _write_handle(out, MIG_BASE + gpu.spec.index * 256 + slot)
+                return OK
+    return N.NVML_ERROR_NOT_FOUND
+
+
+@device_call
+def nvmlDeviceGetIndex(lib, gpu, mig, out):
+    _out(out).value = gpu.spec.index
+    return OK
+
+
+@device_call
+def nvmlDeviceGetName(lib, gpu, mig, buf, length):
+    name = gpu.model.nvml_name + (f" MIG {mig.spec.profile.name}" if mig else "")
+    return _write_string(buf, name)
+
+
+@device_call
+def nvmlDeviceGetUUID(lib, gpu, mig, buf, length):
+    return _write_string(buf, mig.uuid if mig else gpu.spec.uuid)
+
+
+@device_call
+def nvmlDeviceGetPciInfo_v3(lib, gpu, mig, out):
+    info = _out(out)
+    bus = 0x17 + 0x10 * gpu.spec.index
+    info.domain, info.bus, info.device = 0, bus, 0
+    info.pciDeviceId = gpu.model.pci_device_id
+    info.busId = f"00000000:{bus:02X}:00.0".encode()
+    info.busIdLegacy = f"0000:{bus:02X}:00.0".encode()
+    return OK
+
+
+@device_call
+def nvmlDeviceGetMinorNumber(lib, gpu, mig, out):
+    _out(out).value = gpu.spec.index
+    return OK
+
+
+@device_call
+def nvmlDeviceGetArchitecture(lib, gpu, mig, out):
+    _out(out).value = gpu.model.arch
+    return OK
+
+
+# --- thermal --------------------------------------------------------------------------------------
+@device_call
+def nvmlDeviceGetTemperatureV(lib, gpu, mig, out):
+    temp = _out(out)
+    if temp.version != N.nvmlTemperature_v1:
+        return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    if temp.sensorType != N.NVML_TEMPERATURE_GPU:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    temp.temperature = round(gpu.temperature_c)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetTemperature(lib, gpu, mig, sensor, out):
+    if _int(sensor) != N.NVML_TEMPERATURE_GPU:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = round(gpu.temperature_c)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetTemperatureThreshold(lib, gpu, mig, kind, out):
+    value = getattr(gpu.model, _THRESHOLDS.get(_int(kind), ""), None)
+    if value is None:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = value
+    return OK
+
+
+# --- power, utilization, memory, clocks -------------------------------------------------------------
+@device_call
+def nvmlDeviceGetPowerUsage(lib, gpu, mig, out):
+    if mig:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = int(gpu.power_w * 1000)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetEnforcedPowerLimit(lib, gpu, mig, out):
+    _out(out).value = int(gpu.power_limit_w * 1000)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetTotalEnergyConsumption(lib, gpu, mig, out):
+    _out(out).value = int(gpu.energy_mj)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetUtilizationRates(lib, gpu, mig, out):
+    if gpu.mig_enabled or mig:
+        return N.NVML_ERROR_NOT_SUPPORTED  # not on MIG-enabled GPUs, parent included
+    util = _out(out)
+    util.gpu = round(gpu.load * 100)
+    util.memory = round(gpu.load * 55)
+    return OK
+
+
+def _memory(gpu: SimulatedGpu, mig: SimulatedMig | None, out, v2: bool):
+    mem = _out(out)
+    if v2 and mem.version != N.nvmlMemory_v2:
+        return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    if mig:
+        total = mig.spec.profile.memory_mib * 1024 * 1024
+        reserved, used = 0, mig.memory_used_bytes
+    else:
+        total, reserved, used = gpu.memory_total_bytes, gpu.memory_reserved_bytes, gpu.memory_used_bytes
+    if v2:
+        mem.total, mem.reserved, mem.used = total, reserved, used
+        mem.free = total - reserved - used
+    else:  # v1: used includes reserved
+        mem.total, mem.used, mem.free = total, used + reserved, total - reserved - used
+    return OK
+
+
+@device_call
+def nvmlDeviceGetMemoryInfo(lib, gpu, mig, out):
+    return _memory(gpu, mig, out, v2=False)
+
+
+@device_call
+def nvmlDeviceGetMemoryInfo_v2(lib, gpu, mig, out):
+    return _memory(gpu, mig, out, v2=True)
+
+
+@device_call
+def nvmlDeviceGetClockInfo(lib, gpu, mig, kind, out):
+    clock = _CLOCKS.get(_int(kind))
+    if clock is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _out(out).value = gpu.clock_mhz(clock)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetMaxClockInfo(lib, gpu, mig, kind, out):
+    clock = _CLOCKS.get(_int(kind))
+    if clock is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _out(out).value = gpu.model.clocks_max_mhz[clock]
+    return OK
+
+
+@device_call
+def nvmlDeviceGetPerformanceState(lib, gpu, mig, out):
+    _out(out).value = gpu.performance_state
+    return OK
+
+
+@device_call
+def nvmlDeviceGetFanSpeed(lib, gpu, mig, out):
+    if not gpu.model.has_fan:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = gpu.fan_percent
+    return OK
+
+
+@device_call
+def nvmlDeviceGetNumFans(lib, gpu, mig, out):
+    if not gpu.model.has_fan:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = 1
+    return OK
+
+
+@device_call
+def nvmlDeviceGetCurrentClocksEventReasons(lib, gpu, mig, out):
+    _out(out).value = gpu.throttle & SUPPORTED_THROTTLE
+    return OK
+
+
+@device_call
+def nvmlDeviceGetSupportedClocksEventReasons(lib, gpu, mig, out):
+    _out(out).value = SUPPORTED_THROTTLE
+    return OK
+
+
+@device_call
+def nvmlDeviceGetPcieThroughput(lib, gpu, mig, counter, out):
+    _out(out).value = gpu.pcie_kbps("tx" if _int(counter) == N.NVML_PCIE_UTIL_TX_BYTES else "rx")
+    return OK
+
+
+@device_call
+def nvmlDeviceGetPcieReplayCounter(lib, gpu, mig, out):
+    _out(out).value = gpu.pcie_replays
+    return OK
+
+
+@device_call
+def nvmlDeviceGetTotalEccErrors(lib, gpu, mig, error_type, counter_type, out):
+    if not gpu.model.has_ecc:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    kind = "corrected" if _int(error_type) == N.NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrected"
+    _out(out).value = gpu.ecc[kind]
+    return OK
+
+
+@device_call
+def nvmlDeviceGetNvLinkState(lib, gpu, mig, link, out):
+    if not 0 <= link < gpu.model.nvlinks:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _out(out).value = int(gpu.nvlink_up[link])
+    return OK
+
+
+@device_call
+def nvmlDeviceGetNvLinkErrorCounter(lib, gpu, mig, link, counter, out):
+    if not 0 <= link < gpu.model.nvlinks or counter not in _NVLINK_COUNTERS:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _out(out).value = int(gpu.nvlink_errors[link][_NVLINK_COUNTERS[counter]])
+    return OK
+
+
+# --- field values -----------------------------------------------------------------------------------
+def _field_value(gpu: SimulatedGpu, field_id: int, scope: int):
+    """(nvmlReturn, valueType, value) for one field-value entry."""
+    model = gpu.model
+    ull, dbl = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, N.NVML_VALUE_TYPE_DOUBLE
+    unsupported = (N.NVML_ERROR_NOT_SUPPORTED, ull, 0)
+    if field_id == N.NVML_FI_DEV_MEMORY_TEMP:
+        return (OK, ull, round(gpu.temperature_c + 6)) if model.memory_max_c is not None else unsupported
+    if field_id in _THRESHOLD_FIELDS:
+        value = getattr(model, _THRESHOLD_FIELDS[field_id])
+        return (OK, N.NVML_VALUE_TYPE_SIGNED_INT, value) if value is not None else unsupported
+    if field_id == N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+        return OK, ull, int(gpu.energy_mj)
+    if field_id in _VIOLATION_FIELDS:
+        return OK, ull, int(gpu.violation_ns[_VIOLATION_FIELDS[field_id]])
+    if field_id == N.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+        return OK, ull, gpu.pcie_replays
+    if field_id in (N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL):
+        if not model.has_ecc:
+            return unsupported
+        return OK, ull, gpu.ecc["corrected" if field_id == N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL else "uncorrected"]
+    if field_id in (
+        N.NVML_FI_DEV_REMAPPED_COR,
+        N.NVML_FI_DEV_REMAPPED_UNC,
+        N.NVML_FI_DEV_REMAPPED_PENDING,
+        N.NVML_FI_DEV_REMAPPED_FAILURE,
+    ):
+        if not model.has_ecc or gpu.mig_enabled:  # not while MIG instances are active
+            return unsupported
+        value = {
+            N.NVML_FI_DEV_REMAPPED_COR: gpu.remapped["corrected"],
+            N.NVML_FI_DEV_REMAPPED_UNC: gpu.remapped["uncorrected"],
+            N.NVML_FI_DEV_REMAPPED_PENDING: int(gpu.remap_pending),
+            N.NVML_FI_DEV_REMAPPED_FAILURE: int(gpu.remap_failure),
+        }[field_id]
+        return OK, ull, value
+    if field_id == N.NVML_FI_DEV_NVLINK_LINK_COUNT:
+        return (OK, N.NVML_VALUE_TYPE_UNSIGNED_INT, model.nvlinks) if model.nvlinks else unsupported
+    if field_id in (
+        N.NVML_FI_DEV_NVLINK_GET_STATE,
+        N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+        N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+        N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+    ):
+        if not 0 <= scope < model.nvlinks:
+            return unsupported
+        errors = gpu.nvlink_errors[scope]
+        value = {
+            N.NVML_FI_DEV_NVLINK_GET_STATE: int(gpu.nvlink_up[scope]),
+            N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: int(errors["replay"]),
+            N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: int(errors["recovery"]),
+            N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: int(errors["crc_flit"] + errors["crc_data"]),
+        }[field_id]
+        return OK, ull, value
+    if field_id in _CRC_FIELDS:
+        kind, link = _CRC_FIELDS[field_id]
+        return (OK, ull, int(gpu.nvlink_errors[link][kind])) if link < model.nvlinks else unsupported
+    del dbl
+    return unsupported
+
+
+@device_call
+def nvmlDeviceGetFieldValues(lib, gpu, mig, count, values):
+    entries = _out(values)
+    now_us = int(lib.node.clock() * 1e6)
+    for i in range(_int(count)):
+        entry = entries[i]
+        ret, value_type, value = _field_value(gpu, entry.fieldId, entry.scopeId)
+        entry.nvmlReturn, entry.valueType, entry.timestamp = ret, value_type, now_us
+        if ret == OK:
+            if value_type == N.NVML_VALUE_TYPE_SIGNED_INT:
+                entry.value.siVal = value
+            elif value_type == N.NVML_VALUE_TYPE_UNSIGNED_INT:
+                entry.value.uiVal = value
+            else:
+                entry.value.ullVal = value
+    return OK
+
+
+# --- MIG ------------------------------------------------------------------------------------------
+@device_call
+def nvmlDeviceGetMigMode(lib, gpu, mig, current, pending):
+    if not gpu.model.supports_mig:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(current).value = _out(pending).value = int(gpu.mig_enabled)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetMaxMigDeviceCount(lib, gpu, mig, out):
+    if not gpu.model.supports_mig:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = gpu.model.total_compute_slices if gpu.mig_enabled else 0
+    return OK
+
+
+@device_call
+def nvmlDeviceGetMigDeviceHandleByIndex(lib, gpu, mig, index, out):
+    slot = _int(index)
+    if not gpu.mig_enabled or slot >= gpu.model.total_compute_slices:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    if slot >= len(gpu.migs):
+        return N.NVML_ERROR_NOT_FOUND  # an empty slot
+    _write_handle(out, MIG_BASE + gpu.spec.index * 256 + slot)
+    return OK
+
+
+@device_call
+def nvmlDeviceIsMigDeviceHandle(lib, gpu, mig, out):
+    _out(out).value = int(mig is not None)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetGpuInstanceId(lib, gpu, mig, out):
+    if mig is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _out(out).value = mig.gpu_instance_id
+    return OK
+
+
+@device_call
+def nvmlDeviceGetComputeInstanceId(lib, gpu, mig, out):
+    if mig is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _out(out).value = mig.spec.compute_instance_id
+    return OK
+
+
+@device_call
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(lib, gpu, mig, out):
+    if mig is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    _write_handle(out, DEVICE_BASE + gpu.spec.index)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetAttributes_v2(lib, gpu, mig, out):
+    if mig is None:
+        return N.NVML_ERROR_NOT_SUPPORTED  # MIG handles only
+    attrs, profile = _out(out), mig.spec.profile
+    attrs.multiprocessorCount = profile.multiprocessors
+    attrs.gpuInstanceSliceCount = profile.compute_slices
+    attrs.computeInstanceSliceCount = profile.compute_slices
+    attrs.memorySizeMB = profile.memory_mib
+    return OK
+
+
+# --- GPM (per-MIG utilization, Hopper and later) ------------------------------------------------
+@device_call
+def nvmlGpmQueryDeviceSupport(lib, gpu, mig, out):
+    # GPM structs carry plain versions; never size-check them (reference/nvml.md §10.4).
+    _out(out).isSupportedDevice = int(gpu.model.has_gpm)
+    return OK
+
+
+@c_function()
+def nvmlGpmSampleAlloc(lib, out):
+    token = GPM_BASE + len(lib._gpm) + 1
+    lib._gpm[token] = None
+    _write_handle(out, token)
+    return OK
+
+
+@c_function()
+def nvmlGpmSampleFree(lib, sample):
+    lib._gpm.pop(_token(sample), None)
+    return OK
+
+
+@device_call
+def nvmlGpmMigSampleGet(lib, gpu, mig, gpu_instance_id, sample):
+    if not gpu.model.has_gpm:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    target = next((m for m in gpu.migs if m.gpu_instance_id == gpu_instance_id), None)
+    if target is None:
+        return N.NVML_ERROR_NOT_FOUND
+    lib._gpm[_token(sample)] = (lib.node.clock(), target.sm_busy_seconds)
+    return OK
+
+
+@device_call
+def nvmlGpmSampleGet(lib, gpu, mig, sample):
+    if not gpu.model.has_gpm:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    busy = mig.sm_busy_seconds if mig else sum(m.sm_busy_seconds for m in gpu.migs)
+    lib._gpm[_token(sample)] = (lib.node.clock(), busy)
+    return OK
+
+
+@c_function()
+def nvmlGpmMetricsGet(lib, metrics_arg):
+    request = _out(metrics_arg)
+    if request.version != N.NVML_GPM_METRICS_GET_VERSION:
+        return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    first, second = lib._gpm.get(_token(request.sample1)), lib._gpm.get(_token(request.sample2))
+    if first is None or second is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    elapsed = second[0] - first[0]
+    for i in range(request.numMetrics):
+        metric = request.metrics[i]
+        if metric.metricId == N.NVML_GPM_METRIC_SM_UTIL and elapsed > 0:
+            metric.nvmlReturn = OK
+            metric.value = 100.0 * max(0.0, second[1] - first[1]) / elapsed
+        else:
+            metric.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+    return OK
+
+
+# --- events (XID) ---------------------------------------------------------------------------------
+@c_function()
+def nvmlEventSetCreate(lib, out):
+    token = EVENTSET_BASE + len(lib._eventsets) + 1
+    lib._eventsets[token] = {}
+    _write_handle(out, token)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetSupportedEventTypes(lib, gpu, mig, out):
+    _out(out).value = (
+        N.nvmlEventTypeXidCriticalError
+        | N.nvmlEventTypeDoubleBitEccError
+        | N.nvmlEventTypeSingleBitEccError
+        | MIG_CONFIG_CHANGE
+    )
+    return OK
+
+
+@device_call
+def nvmlDeviceRegisterEvents(lib, gpu, mig, mask, eventset):
+    registered = lib._eventsets.get(_token(eventset))
+    if registered is None or mig is not None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    registered[gpu.spec.index] = _int(mask)
+    return OK
+
+
+@c_function()
+def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
+    registered = lib._eventsets.get(_token(eventset))
+    if registered is None:
+        return N.NVML_ERROR_INVALID_ARGUMENT
+    node = lib.node
+    with node.lock:
+        while node.events:
+            gpu, kind, data, gi = node.events.popleft()
+            if registered.get(gpu, 0) & kind:
+                event = _out(out)
+                event.device = ctypes.cast(ctypes.c_void_p(DEVICE_BASE + gpu), N.c_nvmlDevice_t)
+                event.eventType, event.eventData = kind, data
+                event.gpuInstanceId = event.computeInstanceId = gi
+                return OK
+    lib._event_wait(min(_int(timeout_ms), 1000) / 1000)
+    return N.NVML_ERROR_TIMEOUT
+
+
+@c_function()
+def nvmlEventSetFree(lib, eventset):
+    lib._eventsets.pop(_token(eventset), None)
+    return OK
+
+
+# A named sanity check for the stand-in: every throttle reason the device model can raise is a bit
+# the exporter knows how to name.
+assert set(THROTTLE_BITS) >= {"hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake"}
