@@ -122,7 +122,7 @@ class Sampler:
                 out.add("nvidia_gpu_info", (*device.labels, *info), 1)
                 out.add("nvidia_gpu_up", device.labels, 1 if device.up and self.session.up else 0)
             if self.attribution is not None:
-                self.attribution.sample(tuple(d for d in devices if d.up), out)
+                self.attribution.sample(devices, out)  # a lost GPU is still held by its pod
             elapsed = time.perf_counter() - started
             for collector in self.collectors:
                 name = collector.name

@@ -224,6 +224,7 @@ class SimulatedNode:
         self.pod_driven = bool(self.pods)
         self.nvml_available = True
         self.events: deque[tuple[int, int, int, int]] = deque()  # (gpu, event type, data, gpu instance)
+        self.events_changed = threading.Condition(self.lock)  # wakes a thread blocked in nvmlEventSetWait
         self._t = self.start
         self._step(self.start, 0.0)
 
@@ -292,7 +293,7 @@ class SimulatedNode:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
         with self.lock:
             if fault == "nvml_unavailable":
-                self.nvml_available = not params.get("clear", False)
+                self.nvml_available = bool(params.get("clear", False))
                 return f"NVML {'unavailable' if not self.nvml_available else 'available'}"
             target = self._gpu(gpu)
             if fault == "overheat":
@@ -320,6 +321,7 @@ class SimulatedNode:
                 code = int(params.get("code", 79))
                 gi = params.get("gpu_instance_id")
                 self.events.append((target.spec.index, 0x8, code, 0xFFFFFFFF if gi is None else int(gi)))
+                self.events_changed.notify_all()
                 if code == 79:
                     target.lost = True
             elif fault == "ecc":
@@ -327,6 +329,7 @@ class SimulatedNode:
                 target.ecc[kind] += int(params.get("count", 1))
                 if kind == "uncorrected":
                     self.events.append((target.spec.index, 0x2, 0, 0xFFFFFFFF))
+                    self.events_changed.notify_all()
             elif fault == "row_remap":
                 kind = params.get("kind", "pending")
                 if kind == "pending":

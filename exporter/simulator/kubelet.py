@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ import grpc
 from exporter.kubelet import api_pb2, api_pb2_grpc
 from exporter.kubelet.client import DEFAULT_SOCKET
 
-from .fleet import Fleet, GpuSpec, NodeSpec, PodDevice, load_fleet
+from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet
 
 __all__ = ["StandInKubelet", "add_parser", "device_id", "resource_name", "run"]
 
@@ -257,10 +258,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    fleet = load_fleet(args.fleet)
-    node = args.node or fleet.nodes[0].name
+    try:
+        fleet = load_fleet(args.fleet)
+        node = args.node or fleet.nodes[0].name
+        fleet.node(node)
+    except FleetError as exc:
+        print(f"gpumeter simulate kubelet: {exc}", file=sys.stderr)
+        return 2
+    except KeyError:
+        names = ", ".join(n.name for n in fleet.nodes)
+        print(
+            f"gpumeter simulate kubelet: no node {node!r} in {fleet.source}; nodes: {names}", file=sys.stderr
+        )
+        return 2
     if args.speed <= 0:
-        raise SystemExit("--speed must be positive")
+        print("gpumeter simulate kubelet: --speed must be positive", file=sys.stderr)
+        return 2
     t0 = time.time()
     speed = args.speed
 
@@ -272,7 +285,10 @@ def run(args: argparse.Namespace) -> int:
     kubelet = StandInKubelet(fleet, node, args.socket, clock=clock, start=t0)
     try:
         kubelet.start()
-        print(f"stand-in kubelet: node {node} of {fleet.source} on unix://{args.socket}", flush=True)
+        print(
+            f"stand-in kubelet: node {node} of {fleet.source} on unix://{os.path.abspath(args.socket)}",
+            flush=True,
+        )
         while not stop.wait(0.5):
             pass
     finally:

@@ -164,6 +164,7 @@ MODELS: dict[str, GpuModel] = {
             clocks_max_mhz={"graphics": 2505, "sm": 2505, "memory": 10001, "video": 2250},
             pcie_gen=4,
             has_fan=True,
+            has_ecc=False,  # ECC off, as workstations usually run
             pci_device_id=0x26B110DE,
         ),
     )

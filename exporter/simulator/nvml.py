@@ -14,7 +14,6 @@ many NVML calls a sampling cycle makes.
 from __future__ import annotations
 
 import ctypes
-import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -140,18 +139,11 @@ def device_call(fn):
 class SimulatedNvml:
     """The library object pynvml calls into. ``missing`` names C symbols this "driver" lacks."""
 
-    def __init__(
-        self,
-        node: SimulatedNode,
-        *,
-        missing: frozenset[str] | set[str] = frozenset(),
-        event_wait: Callable[[float], None] = time.sleep,
-    ):
+    def __init__(self, node: SimulatedNode, *, missing: frozenset[str] | set[str] = frozenset()):
         self.node = node
         self.missing = frozenset(missing)
         self.calls: Counter[str] = Counter()
         self.initialised = 0
-        self._event_wait = event_wait  # how a wait with an empty queue passes time (tests: no sleep)
         self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}
         self._gpm: dict[int, tuple[float, float] | None] = {}  # sample token -> (timestamp, busy seconds)
 
@@ -724,6 +716,9 @@ def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
         return N.NVML_ERROR_INVALID_ARGUMENT
     node = lib.node
     with node.lock:
+        # Block like the driver does, but wake as soon as a fault queues an event.
+        if not node.events:
+            node.events_changed.wait(min(_int(timeout_ms), 1000) / 1000)
         while node.events:
             gpu, kind, data, gi = node.events.popleft()
             if registered.get(gpu, 0) & kind:
@@ -732,7 +727,6 @@ def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
                 event.eventType, event.eventData = kind, data
                 event.gpuInstanceId = event.computeInstanceId = gi
                 return OK
-    lib._event_wait(min(_int(timeout_ms), 1000) / 1000)
     return N.NVML_ERROR_TIMEOUT
 
 
