@@ -1,0 +1,376 @@
+"""The exporter's real pynvml path over the stand-in library: series, faults and the error model."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporter.render import SnapshotCollector
+from exporter.snapshot import Snapshot
+
+
+def device_series(sim, gpu: int) -> set[str]:
+    """Names of every series carrying gpu=<gpu> in the current exposition."""
+    names = set()
+    for line in sim.text().splitlines():
+        if not line.startswith("#") and f'gpu="{gpu}"' in line:
+            names.add(line.split("{", 1)[0])
+    return names
+
+
+def test_every_contract_series_is_present_on_an_h100_mig_node(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    sim.sample()
+    uuid = sim.node.gpus[0].spec.uuid
+    base = {"gpu": "0", "uuid": uuid}
+    assert sim.value("nvidia_gpu_up", **base) == 1
+    assert 20 < sim.value("nvidia_gpu_temperature_celsius", **base) < 89
+    assert sim.value("nvidia_gpu_temperature_threshold_celsius", **base, threshold="slowdown") == 89
+    assert sim.value("nvidia_gpu_temperature_threshold_celsius", **base, threshold="gpu_max") == 87
+    assert sim.value("nvidia_gpu_power_limit_watts", **base) == 700
+    assert 72 <= sim.value("nvidia_gpu_power_watts", **base) <= 700
+    assert sim.value("nvidia_gpu_energy_joules_total", **base) > 0
+    assert sim.value("nvidia_gpu_memory_total_bytes", **base) == 81559 * 2**20
+    assert sim.value("nvidia_gpu_clock_max_hz", **base, clock="sm") == 1980e6
+    assert sim.value("nvidia_gpu_clocks_event_active", **base, reason="hw_thermal") == 0
+    assert sim.value("nvidia_gpu_clocks_event_seconds_total", **base, reason="hw_thermal") == 0
+    assert sim.value("nvidia_gpu_nvlink_up", **base, link="17") == 1
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **base, link="17", error_type="crc_flit") == 0
+    assert sim.value("nvidia_gpu_ecc_errors_total", **base, error_type="uncorrected") == 0
+    # MIG: seven 1g.10gb instances, GI ids 7..13, memory per instance
+    mig = {**base, "gpu_instance_id": "7", "compute_instance_id": "0", "mig_profile": "1g.10gb"}
+    assert sim.value("nvidia_gpu_mig_memory_total_bytes", **mig) == 10240 * 2**20
+    info = [
+        line
+        for line in sim.text().splitlines()
+        if line.startswith("nvidia_gpu_mig_info{") and 'gpu="0"' in line
+    ]
+    assert len(info) == 7 and all(
+        'compute_slices="1"' in line and 'memory_slices="1"' in line for line in info
+    )
+    # GPM needs two samples: present from the second cycle on, as a 0..1 ratio
+    assert 0 <= sim.value("nvidia_gpu_mig_sm_utilization_ratio", **mig) <= 1
+    # Not in MIG mode's reach: whole-GPU utilization is absent, not 0
+    assert sim.value("nvidia_gpu_utilization_ratio", **base) is None
+    # Row remapping is not readable while MIG instances are active: absent
+    assert sim.value("nvidia_gpu_remapped_rows_pending", **base) is None
+    assert sim.value("gpumeter_exporter_nvml_up") == 1
+    assert sim.value("gpumeter_exporter_collector_success", collector="nvlink") == 1
+    assert sim.value("gpumeter_exporter_last_sample_timestamp_seconds") == sim.clock.now
+
+
+def test_mig_utilization_absent_on_ampere_and_whole_gpu_utilization_present(simulate):
+    sim = simulate("a100-mixed")
+    sim.sampler.sample_once()
+    sim.sample()
+    text = sim.text()
+    assert "nvidia_gpu_mig_sm_utilization_ratio{" not in text  # A100 has no GPM
+    assert "nvidia_gpu_mig_info{" in text
+    uuid = sim.node.gpus[2].spec.uuid
+    assert 0 <= sim.value("nvidia_gpu_utilization_ratio", gpu="2", uuid=uuid) <= 1
+    # 3g.20gb: 3 compute slices of 7, 4 memory slices of 8
+    three = [
+        line for line in text.splitlines() if line.startswith("nvidia_gpu_mig_info{") and "3g.20gb" in line
+    ]
+    assert len(three) == 2 and all(
+        'compute_slices="3"' in line and 'memory_slices="4"' in line for line in three
+    )
+
+
+def test_unsupported_values_are_left_out_never_nan(simulate):
+    sim = simulate("workstation")
+    sim.sampler.sample_once()
+    text = sim.text()
+    assert "NaN" not in text
+    uuid = sim.node.gpus[0].spec.uuid
+    assert sim.value("nvidia_gpu_memory_temperature_celsius", gpu="0", uuid=uuid) is None  # no HBM sensor
+    assert sim.value("nvidia_gpu_ecc_errors_total", gpu="0", uuid=uuid, error_type="corrected") is None
+    assert "nvidia_gpu_nvlink_up{" not in text
+    assert sim.value("nvidia_gpu_fan_speed_ratio", gpu="0", uuid=uuid) is not None
+    assert (
+        sim.value("nvidia_gpu_temperature_threshold_celsius", gpu="0", uuid=uuid, threshold="memory_max")
+        is None
+    )
+
+
+def test_overheat_drives_temperature_over_slowdown_and_hw_thermal_throttle(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    uuid = sim.node.gpus[3].spec.uuid
+    before = sim.value("nvidia_gpu_temperature_celsius", gpu="3", uuid=uuid)
+    sim.node.inject("overheat", 3, celsius=60)
+    for _ in range(40):  # temperature follows with a 30 s lag
+        sim.sample(5)
+    labels = {"gpu": "3", "uuid": uuid}
+    assert sim.value("nvidia_gpu_temperature_celsius", **labels) >= 89 > before
+    assert sim.value("nvidia_gpu_clocks_event_active", **labels, reason="hw_thermal") == 1
+    assert sim.value("nvidia_gpu_clocks_event_active", **labels, reason="sw_thermal") == 1
+    assert sim.value("nvidia_gpu_clocks_event_seconds_total", **labels, reason="hw_thermal") > 0
+    assert sim.value("nvidia_gpu_clock_hz", **labels, clock="sm") < 1980e6 / 2 + 1
+    other = sim.node.gpus[2].spec.uuid
+    assert sim.value("nvidia_gpu_clocks_event_active", gpu="2", uuid=other, reason="hw_thermal") == 0
+    sim.node.clear(3)
+    for _ in range(40):
+        sim.sample(5)
+    assert sim.value("nvidia_gpu_clocks_event_active", **labels, reason="hw_thermal") == 0
+
+
+@pytest.mark.parametrize(
+    "reason", ["hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal", "sw_power_cap", "sync_boost"]
+)
+def test_each_throttle_reason_is_its_own_series(simulate, reason):
+    sim = simulate("h200")
+    sim.sampler.sample_once()
+    sim.node.inject("throttle", 1, reason=reason)
+    sim.sample(10)
+    uuid = sim.node.gpus[1].spec.uuid
+    active = {
+        line.split('reason="')[1].split('"')[0]
+        for line in sim.text().splitlines()
+        if line.startswith("nvidia_gpu_clocks_event_active{") and uuid in line and line.endswith(" 1.0")
+    }
+    assert reason in active
+    assert not active & ({"hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal"} - {reason})
+    if reason in ("hw_thermal", "hw_power_brake", "sw_thermal", "sw_power_cap", "sync_boost"):
+        assert sim.value("nvidia_gpu_clocks_event_seconds_total", gpu="1", uuid=uuid, reason=reason) >= 9.9
+
+
+def test_nvlink_crc_burst_on_numbered_and_high_links_and_link_down(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    uuid = sim.node.gpus[5].spec.uuid
+    sim.node.inject("nvlink_crc", 5, link=2, count=1000)
+    sim.node.inject("nvlink_crc", 5, link=15, count=100)  # links 12-17 have no numbered field IDs
+    sim.node.inject("nvlink_down", 5, link=7)
+    sim.node.inject("nvlink_replay", 5, link=0, count=3)
+    sim.sample()
+    labels = {"gpu": "5", "uuid": uuid}
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, link="2", error_type="crc_flit") == 700
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, link="2", error_type="crc_data") == 300
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, link="15", error_type="crc_flit") == 70
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, link="0", error_type="replay") == 3
+    assert sim.value("nvidia_gpu_nvlink_up", **labels, link="7") == 0
+    assert sim.value("nvidia_gpu_nvlink_up", **labels, link="6") == 1
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_xids_are_counted_by_code_from_the_event_thread(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    watcher = sim.sampler.xid_watcher
+    uuid = sim.node.gpus[1].spec.uuid
+    for code in (13, 13, 48):
+        sim.node.inject("xid", 1, code=code)
+    assert wait_until(lambda: sum(c for c, _ in watcher.counts(uuid).values()) == 3)
+    sim.sample()
+    assert sim.value("nvidia_gpu_xid_errors_total", gpu="1", uuid=uuid, xid="13") == 2
+    assert sim.value("nvidia_gpu_xid_errors_total", gpu="1", uuid=uuid, xid="48") == 1
+    assert (
+        sim.value("nvidia_gpu_xid_last_timestamp_seconds", gpu="1", uuid=uuid, xid="48") == sim.clock.now - 5
+    )
+    assert (
+        sim.value("nvidia_gpu_xid_errors_total", gpu="0", uuid=sim.node.gpus[0].spec.uuid, xid="13") is None
+    )
+
+
+def test_xid_79_counts_even_though_the_gpu_is_lost(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    uuid = sim.node.gpus[4].spec.uuid
+    sim.node.inject("xid", 4, code=79)
+    assert wait_until(lambda: 79 in sim.sampler.xid_watcher.counts(uuid))
+    sim.sample()
+    assert sim.value("nvidia_gpu_up", gpu="4", uuid=uuid) == 0
+
+
+def test_ecc_and_row_remap_errors_on_a_whole_gpu(simulate):
+    sim = simulate("a100-mixed")
+    sim.sampler.sample_once()
+    uuid = sim.node.gpus[2].spec.uuid
+    labels = {"gpu": "2", "uuid": uuid}
+    assert sim.value("nvidia_gpu_remapped_rows_pending", **labels) == 0
+    sim.node.inject("ecc", 2, error_type="uncorrected", count=2)
+    sim.node.inject("ecc", 2, error_type="corrected", count=40)
+    sim.node.inject("row_remap", 2, kind="pending")
+    sim.node.inject("row_remap", 2, kind="uncorrected", count=1)
+    sim.node.inject("row_remap", 2, kind="failure")
+    sim.sample()
+    assert sim.value("nvidia_gpu_ecc_errors_total", **labels, error_type="uncorrected") == 2
+    assert sim.value("nvidia_gpu_ecc_errors_total", **labels, error_type="corrected") == 40
+    assert sim.value("nvidia_gpu_remapped_rows_pending", **labels) == 1
+    assert sim.value("nvidia_gpu_remapped_rows_failure", **labels) == 1
+    assert sim.value("nvidia_gpu_remapped_rows_total", **labels, error_type="uncorrected") == 1
+    sim.node.clear(2)  # a GPU reset drains the pending remap
+    sim.sample()
+    assert sim.value("nvidia_gpu_remapped_rows_pending", **labels) == 0
+
+
+def test_gpu_lost_between_two_samples_leaves_the_others_exported(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    before = device_series(sim, 6)
+    assert "nvidia_gpu_temperature_celsius" in before
+    sim.node.inject("gpu_lost", 6)
+    snapshot = sim.sample()
+    uuid = sim.node.gpus[6].spec.uuid
+    assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 0
+    # its other series vanish, its identity stays so that alerts can name it
+    assert device_series(sim, 6) == {"nvidia_gpu_up", "nvidia_gpu_info"}
+    for other in (0, 5, 7):
+        assert "nvidia_gpu_temperature_celsius" in device_series(sim, other)
+    assert all(c.success for c in snapshot.collectors)
+    # after the periodic re-discovery it is still lost, and still labelled
+    sim.sample(61)
+    assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 0
+    sim.node.clear(6)  # back after a reset: found again at the next re-discovery
+    sim.sample(61)
+    assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 1
+    assert "nvidia_gpu_temperature_celsius" in device_series(sim, 6)
+
+
+def test_nvml_missing_at_start_is_retried_and_self_metrics_keep_flowing(simulate):
+    sim = simulate("workstation")
+    sim.node.inject("nvml_unavailable")
+    sim.sampler.sample_once()
+    assert sim.value("gpumeter_exporter_nvml_up") == 0
+    assert "nvidia_gpu_temperature_celsius" not in sim.text()
+    assert sim.value("gpumeter_exporter_last_sample_timestamp_seconds") == sim.clock.now
+    calls = sim.lib.calls["nvmlInitWithFlags"]
+    sim.sample(0.5)  # inside the back-off: not retried yet
+    assert sim.lib.calls["nvmlInitWithFlags"] == calls
+    sim.node.inject("nvml_unavailable", clear=True)
+    sim.sample(5)
+    assert sim.value("gpumeter_exporter_nvml_up") == 1
+    assert sim.value("nvidia_gpu_temperature_celsius", gpu="1", uuid=sim.node.gpus[1].spec.uuid) is not None
+
+
+def test_nvml_failing_after_start_marks_nvml_down_without_crashing(simulate):
+    sim = simulate("workstation")
+    sim.sampler.sample_once()
+    sim.node.inject("nvml_unavailable")
+    sim.sample()
+    assert sim.value("gpumeter_exporter_nvml_up") == 0
+    assert sim.value("gpumeter_exporter_collector_success", collector="thermal") == 1
+    sim.node.inject("nvml_unavailable", clear=True)
+    sim.sample(5)
+    assert sim.value("gpumeter_exporter_nvml_up") == 1
+
+
+def test_mig_reconfigured_between_two_samples(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    uuid = sim.node.gpus[2].spec.uuid
+    sim.node.inject("mig_reconfigure", 2, layout=["3g.40gb", "3g.40gb"])
+    sim.sample()
+    lines = [
+        line for line in sim.text().splitlines() if line.startswith("nvidia_gpu_mig_info{") and uuid in line
+    ]
+    assert len(lines) == 2
+    assert {line.split('gpu_instance_id="')[1].split('"')[0] for line in lines} == {"1", "2"}
+    assert all('mig_profile="3g.40gb"' in line and 'memory_slices="4"' in line for line in lines)
+    big = {
+        "gpu": "2",
+        "uuid": uuid,
+        "gpu_instance_id": "1",
+        "compute_instance_id": "0",
+        "mig_profile": "3g.40gb",
+    }
+    assert sim.value("nvidia_gpu_mig_memory_total_bytes", **big) == 40960 * 2**20
+    sim.node.inject("mig_reconfigure", 2, layout=[])  # MIG disabled: whole-GPU utilization returns
+    sim.sample()
+    assert not [
+        line for line in sim.text().splitlines() if line.startswith("nvidia_gpu_mig_info{") and uuid in line
+    ]
+    assert sim.value("nvidia_gpu_utilization_ratio", gpu="2", uuid=uuid) is not None
+
+
+def test_an_unsupported_function_is_not_asked_again(simulate):
+    sim = simulate("h200")
+    sim.node.inject("unsupported", 0, function="nvmlDeviceGetPowerUsage")
+    sim.sampler.sample_once()
+    first = sim.lib.calls["nvmlDeviceGetPowerUsage"]
+    assert first == 8  # once per GPU
+    for _ in range(3):
+        sim.sample()
+    assert sim.lib.calls["nvmlDeviceGetPowerUsage"] == first + 3 * 7  # GPU 0 never again
+    assert sim.value("nvidia_gpu_power_watts", gpu="0", uuid=sim.node.gpus[0].spec.uuid) is None
+    assert sim.value("nvidia_gpu_power_watts", gpu="1", uuid=sim.node.gpus[1].spec.uuid) is not None
+
+
+def test_an_older_driver_without_newer_symbols_falls_back_once(simulate):
+    sim = simulate("h200", missing={"nvmlDeviceGetTemperatureV", "nvmlDeviceGetMemoryInfo_v2"})
+    sim.sampler.sample_once()
+    sim.sample()
+    sim.sample()
+    uuid = sim.node.gpus[0].spec.uuid
+    assert sim.value("nvidia_gpu_temperature_celsius", gpu="0", uuid=uuid) is not None
+    assert sim.value("nvidia_gpu_memory_used_bytes", gpu="0", uuid=uuid) is not None
+    assert sim.value("nvidia_gpu_memory_reserved_bytes", gpu="0", uuid=uuid) is None  # v1 has no reserved
+    assert sim.lib.calls["nvmlDeviceGetTemperature"] == 3 * 8
+    # pynvml looked the missing symbol up once; nothing was asked of it afterwards
+    assert sim.lib.calls["nvmlDeviceGetTemperatureV"] == 0
+
+
+def test_fields_are_batched_into_one_call_per_device_per_cycle(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    before = sim.lib.calls["nvmlDeviceGetFieldValues"]
+    sim.sample()
+    assert sim.lib.calls["nvmlDeviceGetFieldValues"] - before == 8
+    assert sim.value("gpumeter_exporter_nvml_calls") == sim.sampler.session.calls
+
+
+def test_a_scrape_never_calls_nvml(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    calls = sim.lib.total_calls()
+    for _ in range(10):
+        sim.text()
+    assert sim.lib.total_calls() == calls
+
+
+def test_registering_the_collector_does_not_collect():
+    collected = []
+
+    def snapshots():
+        collected.append(1)
+        return Snapshot.empty()
+
+    CollectorRegistry(auto_describe=True).register(SnapshotCollector(snapshots))
+    assert collected == []
+
+
+def test_a_failing_collector_fails_alone(simulate):
+    sim = simulate("h200")
+    sim.sampler.sample_once()
+    sim.node.gpus[0].unsupported.clear()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("bug")
+
+    pcie = next(c for c in sim.sampler.collectors if c.name == "pcie")
+    pcie.update = broken
+    sim.sample()
+    assert sim.value("gpumeter_exporter_collector_success", collector="pcie") == 0
+    assert sim.value("gpumeter_exporter_collector_success", collector="thermal") == 1
+    assert sim.value("nvidia_gpu_temperature_celsius", gpu="0", uuid=sim.node.gpus[0].spec.uuid) is not None
+
+
+def test_collectors_can_be_disabled_and_unknown_names_are_refused(simulate):
+    sim = simulate("h200", disable_collectors=("nvlink",))
+    sim.sampler.sample_once()
+    assert "nvidia_gpu_nvlink_up{" not in sim.text()
+    assert sim.value("gpumeter_exporter_collector_success", collector="nvlink") is None
+    with pytest.raises(ValueError, match="unknown collector"):
+        simulate("h200", disable_collectors=("nvlinks",))
