@@ -1,0 +1,149 @@
+"""The exposition as Prometheus sees it: golden files, promtool's lint, and a real Prometheus scrape."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.app import build_exporter
+from exporter.catalog import CATALOG, render_markdown
+from exporter.config import ExporterConfig
+from tests.support.servers import PrometheusServer, require_binary
+
+GOLDEN = Path(__file__).parent / "golden"
+FLEETS = ["h100-mig", "a100-mixed", "h200", "workstation"]
+ROOT = Path(__file__).parents[2]
+
+
+def stable(text: str) -> str:
+    """The exposition without the lines that measure wall time (they differ run to run)."""
+    return "".join(
+        line + "\n"
+        for line in text.splitlines()
+        if not line.startswith(
+            ("gpumeter_exporter_collector_duration_seconds{", "gpumeter_exporter_sample_duration_seconds ")
+        )
+    )
+
+
+@pytest.mark.parametrize("fleet", ["h100-mig", "a100-mixed", "workstation"])
+def test_golden_exposition(simulate, fleet, request):
+    sim = simulate(fleet)
+    sim.sampler.sample_once()
+    sim.sample(5)
+    sim.sample(5)
+    actual = stable(sim.text())
+    golden = GOLDEN / f"{fleet}.prom"
+    if request.config.getoption("--update-golden"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(actual)
+    assert golden.exists(), f"{golden} missing: run pytest --update-golden once and review the file"
+    assert actual == golden.read_text(), f"exposition differs from {golden}; review, then --update-golden"
+
+
+@pytest.mark.parametrize("fleet", FLEETS)
+def test_promtool_finds_nothing_to_report(simulate, fleet):
+    sim = simulate(fleet)
+    sim.sampler.sample_once()
+    sim.sample()
+    result = subprocess.run(
+        [require_binary("promtool"), "check", "metrics"],
+        input=sim.text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
+        result.stdout + result.stderr
+    )
+
+
+def test_every_exported_name_is_in_the_catalog(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    sim.sample()
+    names = {spec.name for spec in CATALOG}
+    exported = {
+        line.split("{")[0].split(" ")[0]
+        for line in sim.text().splitlines()
+        if line and not line.startswith("#")
+    }
+    assert exported <= names, exported - names
+
+
+def test_docs_metrics_is_generated_from_the_catalog():
+    committed = (ROOT / "docs" / "metrics.md").read_text()
+    assert committed == render_markdown(), "docs/metrics.md is stale: run `make docs`"
+
+
+def test_a_real_prometheus_scrapes_the_exporter(tmp_path):
+    exporter = build_exporter(
+        ExporterConfig(listen="127.0.0.1:0", simulate="h100-mig", kubelet_socket=None, interval=1)
+    ).start()
+    try:
+        exporter.node.inject("throttle", 2, reason="hw_power_brake")
+        exporter.node.inject("nvlink_crc", 1, link=4, count=500)
+        target = f"127.0.0.1:{exporter.port}"
+        with PrometheusServer(tmp_path, scrape_targets={"gpumeter-exporter": [target]}) as prom:
+            up = prom.wait_for('up{job="gpumeter-exporter"} == 1')
+            assert up[0]["metric"]["instance"] == target
+            temps = prom.wait_for("nvidia_gpu_temperature_celsius", predicate=lambda r: len(r) == 8)
+            assert all(20 < float(t["value"][1]) < 95 for t in temps)
+            brake = prom.wait_for('nvidia_gpu_clocks_event_active{reason="hw_power_brake"} == 1')
+            assert [r["metric"]["gpu"] for r in brake] == ["2"]
+            crc = prom.wait_for('nvidia_gpu_nvlink_errors_total{error_type="crc_flit", link="4"} > 0')
+            assert crc[0]["metric"]["gpu"] == "1" and float(crc[0]["value"][1]) == 350
+            mig = prom.wait_for(
+                'nvidia_gpu_mig_memory_used_bytes{gpu="0", gpu_instance_id="7"}'
+                " * on(uuid, gpu_instance_id) group_left(mig_uuid) nvidia_gpu_mig_info"
+            )
+            assert mig[0]["metric"]["mig_profile"] == "1g.10gb" and mig[0]["metric"]["mig_uuid"].startswith(
+                "MIG-"
+            )
+            hosts = prom.query("count by (hostname) (nvidia_gpu_info)")
+            assert hosts == [{"metric": {"hostname": "gpu-h100-mig-01"}, "value": hosts[0]["value"]}]
+            assert hosts[0]["value"][1] == "8"
+    finally:
+        exporter.stop()
+
+
+def test_the_exporter_process_serves_until_sigterm(tmp_path):
+    """The console command end to end: serves, answers /healthz, stops cleanly on SIGTERM."""
+    import httpx
+
+    from tests.support.servers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(ROOT / ".venv" / "bin" / "gpumeter"),
+            "exporter",
+            "--simulate",
+            "workstation",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--kubelet-socket",
+            "",
+            "--interval",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert "nvidia_gpu_info{" in body and 'hostname="ws-01"' in body
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 0, stderr
