@@ -35,7 +35,7 @@ setup: tools venv
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check --diff exporter billing reports dashboards tests gpumeter.py || \
+	$(BIN)/ruff format --check exporter billing reports dashboards alerts tests gpumeter.py || \
 	  { echo "run: $(BIN)/ruff format ."; exit 1; }
 
 unit: setup
