@@ -1,0 +1,242 @@
+"""Pricing and reconciliation of one physical GPU-hour (docs/billing.md §4-5). Pure computation.
+
+Amounts are exact `Fraction`s built from the price book's Decimals until the one rounding step
+(`billing.rounding.largest_remainder`), so the lines of a GPU-hour sum exactly to its device cost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
+from fractions import Fraction
+
+from billing.models import (
+    SHORTFALL,
+    STRANDED,
+    UNALLOCATED,
+    UNPRICED,
+    Allocation,
+    GpuHour,
+    Line,
+    LineKind,
+)
+from billing.pricing.aliases import canonical_model, slice_totals
+from billing.pricing.base import PriceBook, PriceVersion
+from billing.pricing.currency import minor_unit
+from billing.rounding import largest_remainder, round_total, to_fraction, units_to_decimal
+
+log = logging.getLogger(__name__)
+
+QUANTITY_QUANTUM = Decimal("0.000001")
+_PROFILE = re.compile(r"^(\d+)g\.")
+_MEMORY_SLICES_7 = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
+
+
+@dataclass
+class PricedHour:
+    """The reconciled result of one GPU-hour: its lines and the (rounded) device cost."""
+
+    lines: list[Line]
+    device_cost: Decimal | None  # None when unpriced
+    model: str
+    price_version: PriceVersion | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def slice_weight(policy: str, compute: int, memory: int, totals: tuple[int, int]) -> Fraction:
+    ctot, mtot = totals
+    by_compute, by_memory = Fraction(compute, ctot), Fraction(memory, mtot)
+    if policy == "compute":
+        return by_compute
+    if policy == "memory":
+        return by_memory
+    if policy == "max":
+        return max(by_compute, by_memory)
+    raise ValueError(f"unknown slice weight policy {policy!r}")
+
+
+def slices_from_profile(profile: str, totals: tuple[int, int]) -> tuple[int, int]:
+    """Compute and memory slices of a profile name such as ``3g.40gb`` (for instances the layout lacks)."""
+    match = _PROFILE.match(profile)
+    compute = int(match.group(1)) if match else totals[0]
+    memory = compute if totals == (4, 4) else _MEMORY_SLICES_7.get(compute, compute)
+    return compute, memory
+
+
+@functools.lru_cache(maxsize=4096)
+def _hours(seconds: int) -> Fraction:
+    return Fraction(max(0, min(int(seconds), 3600)), 3600)
+
+
+def _qty(value: Fraction) -> Decimal:
+    return (Decimal(value.numerator) / Decimal(value.denominator)).quantize(QUANTITY_QUANTUM, ROUND_HALF_EVEN)
+
+
+@dataclass
+class _Unit:
+    key: tuple[str, str]
+    weight: Fraction
+    presence: Fraction  # hours
+    utilization: Decimal | None = None
+    allocations: list[Allocation] = field(default_factory=list)
+
+
+def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | None = None) -> PricedHour:
+    """Price and reconcile one physical GPU-hour into lines that sum exactly to its device cost."""
+    teams = teams or {}
+    dev, hour = gpu_hour.device, gpu_hour.hour
+    version, price = book.price(hour, dev.model)
+    presence = _hours(dev.present_seconds)
+    model_key = price.model if price else canonical_model(dev.model, book.aliases)
+    common = {"hour": hour, "uuid": dev.uuid, "model": model_key, "currency": book.currency}
+    if price is None:
+        reason = (
+            "no price-book version covers the hour"
+            if version is None
+            else "model missing from the price book"
+        )
+        message = f"unpriced GPU model {dev.model!r} (uuid {dev.uuid}, hour {hour.isoformat()}): {reason}"
+        log.warning(message)
+        line = Line(
+            kind=LineKind.UNPRICED, namespace=UNPRICED, amount=None, quantity=_qty(presence), **common
+        )
+        return PricedHour([line], None, model_key, version, [message])
+
+    rate = to_fraction(price.hourly_rate)
+    device_cost = rate * presence
+    totals = slice_totals(model_key)
+    warnings: list[str] = []
+    mig = dev.mig_mode or bool(gpu_hour.instances)
+
+    # Capacity units: MIG instances, or the whole GPU.
+    units: dict[tuple[str, str], _Unit] = {}
+    if mig:
+        for inst in gpu_hour.instances:
+            key = (inst.gpu_instance_id, inst.mig_profile)
+            weight = slice_weight(version.slice_weight, inst.compute_slices, inst.memory_slices, totals)
+            if key in units:  # the same instance reported twice (e.g. two compute instances)
+                units[key].presence = max(units[key].presence, _hours(inst.present_seconds))
+            else:
+                units[key] = _Unit(key, weight, _hours(inst.present_seconds), inst.utilization)
+    else:
+        units[("", "")] = _Unit(("", ""), Fraction(1), presence, dev.utilization)
+
+    for alloc in gpu_hour.allocations:
+        if mig != bool(alloc.gpu_instance_id):
+            warnings.append(
+                f"allocation {alloc.namespace}/{alloc.pod} on {dev.uuid} ignored: "
+                f"{'whole-GPU allocation on a MIG GPU' if mig else 'MIG allocation on a non-MIG GPU'}"
+            )
+            continue
+        key = (alloc.gpu_instance_id, alloc.mig_profile) if mig else ("", "")
+        if mig and key not in units:
+            match = next((k for k in units if k[0] == alloc.gpu_instance_id and not alloc.mig_profile), None)
+            if match is not None:
+                key = match
+            else:
+                c, m = slices_from_profile(alloc.mig_profile, totals)
+                weight = slice_weight(version.slice_weight, c, m, totals)
+                units[key] = _Unit(key, weight, Fraction(0))
+                warnings.append(
+                    f"MIG instance {key} of {dev.uuid} missing from the layout; taken from the allocation"
+                )
+        unit = units[key]
+        if (
+            mig
+            and unit.presence < _hours(alloc.allocated_seconds)
+            and key not in {(i.gpu_instance_id, i.mig_profile) for i in gpu_hour.instances}
+        ):
+            unit.presence = _hours(alloc.allocated_seconds)
+        unit.allocations.append(alloc)
+
+    # Normalise weights so the units never claim more than the device (max policy, odd data).
+    claimed = sum((u.weight * u.presence for u in units.values()), Fraction(0))
+    if claimed > presence and claimed > 0:
+        factor = presence / claimed
+        for unit in units.values():
+            unit.weight *= factor
+
+    e_mig, e_ts = to_fraction(version.efficiency("mig")), to_fraction(version.efficiency("time_slicing"))
+    tenants: list[tuple[Line, Fraction, Fraction]] = []  # (line without amount, exact amount, quantity)
+    shortfall = shortfall_q = Fraction(0)
+    unallocated = unallocated_q = Fraction(0)
+    capacity_q = Fraction(0)
+    for unit in units.values():
+        capacity_q += unit.weight * unit.presence
+        held = [_hours(a.allocated_seconds) * to_fraction(a.share) for a in unit.allocations]
+        total_held = sum(held, Fraction(0))
+        if total_held > unit.presence:
+            scale = unit.presence / total_held if total_held else Fraction(0)
+            held = [h * scale for h in held]
+            warnings.append(
+                f"unit {unit.key} of {dev.uuid} over-allocated ({float(total_held):.4f} h); scaled"
+            )
+        unit_q_held = Fraction(0)
+        for alloc, h in zip(unit.allocations, held, strict=True):
+            quantity = h * unit.weight
+            gross = quantity * rate
+            eff = Fraction(1)
+            if mig:
+                eff *= e_mig
+            if to_fraction(alloc.share) < 1 or alloc.resource.endswith(".shared"):
+                eff *= e_ts
+            utilization = alloc.utilization if alloc.utilization is not None else unit.utilization
+            line = Line(
+                kind=LineKind.TENANT,
+                namespace=alloc.namespace,
+                amount=None,
+                quantity=_qty(quantity),
+                pod=alloc.pod,
+                container=alloc.container,
+                gpu_instance_id=alloc.gpu_instance_id,
+                mig_profile=alloc.mig_profile,
+                team=teams.get(alloc.namespace, ""),
+                utilization=utilization,
+                efficiency=version.tier_efficiency(utilization),
+                **common,
+            )
+            tenants.append((line, gross * eff, quantity))
+            shortfall += gross * (1 - eff)
+            shortfall_q += quantity * (1 - eff)
+            unit_q_held += quantity
+        unallocated += rate * (unit.weight * unit.presence - unit_q_held)
+        unallocated_q += unit.weight * unit.presence - unit_q_held
+    stranded = device_cost - rate * capacity_q
+    stranded_q = presence - capacity_q
+
+    exact: list[tuple[Line, Fraction]] = [(line, amount) for line, amount, _ in tenants]
+    tenant_total = sum((a for _, a, _ in tenants), Fraction(0))
+    idle, idle_q = unallocated + stranded, unallocated_q + stranded_q
+    if version.idle == "spread" and tenant_total > 0 and idle > 0:
+        for line, amount, _ in tenants:
+            part = amount / tenant_total
+            share_line = Line(
+                **{**line.__dict__, "kind": LineKind.IDLE_SHARE, "quantity": _qty(idle_q * part)}
+            )
+            exact.append((share_line, idle * part))
+        unallocated = stranded = unallocated_q = stranded_q = Fraction(0)
+    for kind, namespace, amount, quantity in (
+        (LineKind.SHARING_SHORTFALL, SHORTFALL, shortfall, shortfall_q),
+        (LineKind.UNALLOCATED, UNALLOCATED, unallocated, unallocated_q),
+        (LineKind.STRANDED, STRANDED, stranded, stranded_q),
+    ):
+        if amount != 0:
+            exact.append(
+                (Line(kind=kind, namespace=namespace, amount=None, quantity=_qty(quantity), **common), amount)
+            )
+
+    exact.sort(key=lambda pair: pair[0].sort_key)
+    exponent = minor_unit(book.currency)
+    total_units = round_total(device_cost, exponent)
+    rounded = largest_remainder([a for _, a in exact], total_units, exponent)
+    lines = [
+        Line(**{**line.__dict__, "amount": amount})
+        for (line, _), amount in zip(exact, rounded, strict=True)
+        if amount != 0 or line.kind is LineKind.TENANT  # a platform line rounded to 0 is not written
+    ]
+    for message in warnings:
+        log.warning(message)
+    return PricedHour(lines, units_to_decimal(total_units, exponent), model_key, version, warnings)

@@ -1,0 +1,193 @@
+"""`gpumeter billing {prices check, ingest, price, serve}`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from datetime import UTC, datetime
+
+from billing.models import hour_floor, hours_between
+
+log = logging.getLogger(__name__)
+
+
+def _when(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _interval(text: str) -> float:
+    if text == "auto":
+        return 0.0
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0 or 'auto'")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
+    from billing.config import Settings
+
+    defaults = Settings()
+    parser.add_argument(
+        "--db", default=defaults.db, help="SQLAlchemy URL of the ledger (env GPUMETER_BILLING_DB)"
+    )
+    parser.add_argument("--db-schema", default=None, help="PostgreSQL schema (search_path) for the ledger")
+    parser.add_argument(
+        "--prices", default=defaults.prices, help="price book YAML (default: the shipped book)"
+    )
+    parser.add_argument("--teams", default=None, help="team map YAML: namespaces: {namespace: team}")
+    if prometheus:
+        parser.add_argument("--prometheus", default=defaults.prometheus, help="Prometheus base URL")
+        parser.add_argument(
+            "--scrape-interval",
+            type=_interval,
+            default=30.0,
+            help="seconds per sample, or 'auto' to detect it each hour from nvidia_gpu_info (default 30)",
+        )
+        parser.add_argument(
+            "--gap-grace-intervals", type=int, default=2, help="missed scrapes bridged (default 2)"
+        )
+        parser.add_argument("--catchup-hours", type=int, default=168, help="catch-up window (default 168)")
+
+
+def _settings(args):
+    from billing.config import Settings
+
+    return Settings(
+        db=args.db,
+        schema=args.db_schema,
+        prometheus=getattr(args, "prometheus", Settings().prometheus),
+        prices=args.prices,
+        teams_file=args.teams,
+        scrape_interval=getattr(args, "scrape_interval", 30.0),
+        gap_grace_intervals=getattr(args, "gap_grace_intervals", 2),
+        catchup_hours=getattr(args, "catchup_hours", 168),
+    )
+
+
+def register(subparsers) -> None:
+    billing = subparsers.add_parser("billing", help="chargeback: price book, hourly ingest, ledger, service")
+    sub = billing.add_subparsers(dest="billing_command", required=True, metavar="SUBCOMMAND")
+
+    prices = sub.add_parser("prices", help="price books")
+    prices_sub = prices.add_subparsers(dest="prices_command", required=True, metavar="ACTION")
+    check = prices_sub.add_parser("check", help="validate a price book and print its rates")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_prices_check)
+
+    ingest = sub.add_parser(
+        "ingest", help="ingest closed hours from Prometheus (default: catch up missed hours)"
+    )
+    _common(ingest)
+    ingest.add_argument("--from", dest="start", type=_when, help="first hour (ISO 8601, UTC)")
+    ingest.add_argument("--to", dest="end", type=_when, help="end, exclusive (ISO 8601, UTC)")
+    ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ingest.set_defaults(func=cmd_ingest)
+
+    price = sub.add_parser("price", help="re-price stored hours with the current price book")
+    _common(price, prometheus=False)
+    price.add_argument("--from", dest="start", type=_when, required=True)
+    price.add_argument("--to", dest="end", type=_when, required=True)
+    price.set_defaults(func=cmd_price)
+
+    serve = sub.add_parser("serve", help="run the billing service (scheduler, /metrics, /healthz)")
+    _common(serve)
+    serve.add_argument("--listen", default="0.0.0.0:9402", help="address for /metrics and /healthz")
+    serve.set_defaults(func=cmd_serve)
+
+
+def _load_inputs(args):
+    """Price book and team map, validated before any database is opened (errors write nothing)."""
+    from billing.config import ConfigError, load_team_map
+    from billing.pricing import PriceBookError, load_price_book
+
+    try:
+        book = load_price_book(args.prices)
+        teams = load_team_map(args.teams) if args.teams else {}
+    except (PriceBookError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, None
+    return book, teams
+
+
+def cmd_prices_check(args) -> int:
+    from billing.pricing import PriceBookError, load_price_book
+
+    try:
+        book = load_price_book(args.file)
+    except PriceBookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.file}: OK, currency {book.currency}, {len(book.versions)} version(s)")
+    for version in book.versions:
+        until = version.effective_to.isoformat() if version.effective_to else "open"
+        print(
+            f"  {version.effective_from.isoformat()} .. {until}  slice_weight={version.slice_weight} "
+            f"idle={version.idle} sharing={ {k: str(v) for k, v in version.sharing_efficiency.items()} }"
+        )
+        for model, price in sorted(version.gpus.items()):
+            print(
+                f"    {model:<12} {price.hourly_rate} {book.currency}/h{' (derived)' if price.derived else ''}"
+            )
+    return 0
+
+
+def cmd_ingest(args) -> int:
+    from tqdm import tqdm
+
+    from billing.ingest import catch_up, ingest_hours
+    from billing.ledger.sqlalchemy import open_ledger
+    from billing.prom import PrometheusClient
+
+    book, _ = _load_inputs(args)  # the team map is re-read into the ingest config below
+    if book is None:
+        return 2
+    settings = _settings(args)
+    config = settings.ingest_config()
+    now = datetime.now(UTC)
+    ledger = open_ledger(settings.db, schema=settings.schema)
+
+    def progress(hours):
+        return tqdm(hours, unit="h", desc="ingest", disable=args.no_progress, file=sys.stderr)
+
+    try:
+        with PrometheusClient(settings.prometheus) as client:
+            if args.start or args.end:
+                end = args.end or hour_floor(now - config.settle)
+                start = args.start or end
+                result = ingest_hours(client, ledger, book, hours_between(start, end), config, progress)
+            else:
+                result = catch_up(client, ledger, book, now, config, progress)
+    finally:
+        ledger.close()
+    print(f"ingested {len(result.ingested)} hour(s); unpriced GPU-hours: {result.unpriced_gpu_hours}")
+    for hour, error in result.failed:
+        print(f"error: hour {hour.isoformat()} not ingested: {error}", file=sys.stderr)
+    return 1 if result.failed else 0
+
+
+def cmd_price(args) -> int:
+    from billing.ingest import reprice
+    from billing.ledger.sqlalchemy import open_ledger
+
+    book, teams = _load_inputs(args)
+    if book is None:
+        return 2
+    ledger = open_ledger(args.db, schema=args.db_schema)
+    try:
+        count = reprice(ledger, book, args.start, args.end, teams)
+    finally:
+        ledger.close()
+    print(f"re-priced {count} hour(s)")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from billing.service import serve
+
+    book, _ = _load_inputs(args)
+    if book is None:
+        return 2
+    return serve(_settings(args), args.listen)

@@ -1,0 +1,60 @@
+"""Settings shared by the CLI and the service: defaults, environment, the team map file."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from billing.ingest import IngestConfig
+from billing.ledger.sqlalchemy import DEFAULT_URL
+from billing.pricing.static import DEFAULT_BOOK
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class Settings:
+    """Plain values only: APScheduler pickles them into its job store."""
+
+    db: str = os.environ.get("GPUMETER_BILLING_DB", DEFAULT_URL)
+    schema: str | None = None
+    prometheus: str = os.environ.get("GPUMETER_PROMETHEUS_URL", "http://127.0.0.1:9090")
+    prices: str = str(DEFAULT_BOOK)
+    teams_file: str | None = None
+    scrape_interval: float = 30.0
+    gap_grace_intervals: int = 2
+    catchup_hours: int = 168
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def ingest_config(self) -> IngestConfig:
+        return IngestConfig(
+            scrape_interval=self.scrape_interval,
+            gap_grace_intervals=self.gap_grace_intervals,
+            catchup_hours=self.catchup_hours,
+            teams=load_team_map(self.teams_file) if self.teams_file else {},
+        )
+
+
+def load_team_map(path: str | Path) -> dict[str, str]:
+    """``namespaces: {namespace: team}`` → dict; errors name the file, the field and the value."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: (file): cannot load team map: {exc}") from None
+    namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
+    if not isinstance(namespaces, dict):
+        raise ConfigError(
+            f"{path}: namespaces: expected a mapping of namespace to team (value {namespaces!r})"
+        )
+    for namespace, team in namespaces.items():
+        if not isinstance(namespace, str) or not isinstance(team, str) or not team:
+            raise ConfigError(f"{path}: namespaces.{namespace}: expected a team name (value {team!r})")
+    return dict(namespaces)

@@ -1,0 +1,116 @@
+"""Typed SQLAlchemy 2 ORM tables of the ledger. The schema itself is created by the Alembic
+migrations in billing/migrations (a test checks the two agree)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import ForeignKey, Index, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from billing.ledger.types import Exact, Money, UtcDateTime
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class IngestRun(Base):
+    __tablename__ = "ingest_runs"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    status: Mapped[str] = mapped_column(String(16))  # ok | failed
+    error: Mapped[str | None] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(512), default="")
+
+
+class PriceBookVersion(Base):
+    __tablename__ = "price_book_versions"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(String(1024), default="")
+    currency: Mapped[str] = mapped_column(String(3))
+    effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
+    effective_to: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    source: Mapped[str] = mapped_column(Text, default="")
+    body: Mapped[str] = mapped_column(Text)  # JSON: rates and policies
+    __table_args__ = (Index("ix_price_book_versions_digest_from", "digest", "effective_from", unique=True),)
+
+
+class GpuHourRow(Base):
+    __tablename__ = "gpu_hours"
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    gpu: Mapped[str] = mapped_column(String(16), default="")
+    model: Mapped[str] = mapped_column(String(128))
+    mig_mode: Mapped[bool] = mapped_column(default=False)
+    present_seconds: Mapped[int]
+    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+
+
+class MigInstanceRow(Base):
+    __tablename__ = "mig_instances"
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_instance_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    mig_profile: Mapped[str] = mapped_column(String(64), primary_key=True)
+    compute_slices: Mapped[int]
+    memory_slices: Mapped[int]
+    present_seconds: Mapped[int]
+    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+
+
+class AllocationRow(Base):
+    __tablename__ = "allocations"
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_instance_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(255), primary_key=True)
+    pod: Mapped[str] = mapped_column(String(255), primary_key=True)
+    container: Mapped[str] = mapped_column(String(255), primary_key=True)
+    resource: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    mig_profile: Mapped[str] = mapped_column(String(64), default="")
+    allocated_seconds: Mapped[int]
+    share: Mapped[Decimal] = mapped_column(Exact(12, 9))
+    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+
+
+class NamespaceTeam(Base):
+    __tablename__ = "namespace_teams"
+    namespace: Mapped[str] = mapped_column(String(255), primary_key=True)
+    team: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(32))  # kube
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class CostLine(Base):
+    __tablename__ = "cost_lines"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    uuid: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    namespace: Mapped[str] = mapped_column(String(255), index=True)
+    team: Mapped[str] = mapped_column(String(255), default="")
+    pod: Mapped[str] = mapped_column(String(255), default="")
+    container: Mapped[str] = mapped_column(String(255), default="")
+    gpu_instance_id: Mapped[str] = mapped_column(String(16), default="")
+    mig_profile: Mapped[str] = mapped_column(String(64), default="")
+    model: Mapped[str] = mapped_column(String(128), default="")
+    quantity: Mapped[Decimal] = mapped_column(Exact(18, 6))
+    amount: Mapped[Decimal | None] = mapped_column(Money())  # NULL only for __unpriced__
+    currency: Mapped[str] = mapped_column(String(3))
+    price_version_id: Mapped[int | None] = mapped_column(ForeignKey("price_book_versions.id"))
+    efficiency: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+
+
+class BillingLock(Base):
+    __tablename__ = "billing_locks"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)

@@ -1,0 +1,128 @@
+"""Domain value types of billing: hours, devices, MIG instances, allocations and priced lines.
+
+Pure data, no I/O; `billing.allocate` computes on these, `billing.ledger` stores them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+HOUR = timedelta(hours=1)
+
+UNALLOCATED = "__unallocated__"
+STRANDED = "__stranded__"
+SHORTFALL = "__sharing_shortfall__"
+UNPRICED = "__unpriced__"
+
+
+def hour_floor(moment: datetime) -> datetime:
+    """The start of the UTC hour containing ``moment`` (naive datetimes are taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def hours_between(start: datetime, end: datetime) -> list[datetime]:
+    """Hour starts in the half-open window [start, end), start rounded down to the hour."""
+    hour, end = hour_floor(start), end if end.tzinfo else end.replace(tzinfo=UTC)
+    out = []
+    while hour < end:
+        out.append(hour)
+        hour += HOUR
+    return out
+
+
+class LineKind(enum.StrEnum):
+    """Kinds of priced lines, in the order used to break rounding ties."""
+
+    TENANT = "tenant"
+    IDLE_SHARE = "idle_share"
+    SHARING_SHORTFALL = "sharing_shortfall"
+    UNALLOCATED = "unallocated"
+    STRANDED = "stranded"
+    UNPRICED = "unpriced"
+
+    @property
+    def rank(self) -> int:
+        return list(LineKind).index(self)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A physical GPU during one hour."""
+
+    uuid: str
+    model: str  # NVML name as exported, e.g. "NVIDIA H100 80GB HBM3"
+    present_seconds: int
+    hostname: str = ""
+    gpu: str = ""
+    mig_mode: bool = False
+    utilization: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One GPU instance of a physical GPU during one hour."""
+
+    uuid: str
+    gpu_instance_id: str
+    mig_profile: str
+    compute_slices: int
+    memory_slices: int
+    present_seconds: int
+    utilization: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one container held on one GPU (whole: gpu_instance_id == "") during one hour."""
+
+    uuid: str
+    namespace: str
+    pod: str
+    container: str
+    allocated_seconds: int
+    share: Decimal = Decimal(1)
+    gpu_instance_id: str = ""
+    mig_profile: str = ""
+    resource: str = ""
+    hostname: str = ""
+    utilization: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class Line:
+    """One priced line of one GPU-hour. ``amount`` is None only for ``UNPRICED`` lines."""
+
+    hour: datetime
+    uuid: str
+    kind: LineKind
+    namespace: str
+    amount: Decimal | None
+    quantity: Decimal  # weighted GPU-hours
+    model: str = ""
+    pod: str = ""
+    container: str = ""
+    gpu_instance_id: str = ""
+    mig_profile: str = ""
+    team: str = ""
+    currency: str = "USD"
+    efficiency: Decimal | None = None  # utilization-tier efficiency score (report only)
+    utilization: Decimal | None = None
+
+    @property
+    def sort_key(self) -> tuple:
+        return (self.kind.rank, self.namespace, self.pod, self.container, self.gpu_instance_id)
+
+
+@dataclass
+class GpuHour:
+    """Everything known about one physical GPU during one hour: the unit of reconciliation."""
+
+    hour: datetime
+    device: Device
+    instances: list[MigInstance] = field(default_factory=list)
+    allocations: list[Allocation] = field(default_factory=list)

@@ -1,0 +1,51 @@
+"""NVML device names → price-book model keys (docs/billing.md §3)."""
+
+from __future__ import annotations
+
+# NVML `nvmlDeviceGetName` strings as the exporter reports them in nvidia_gpu_info{model}.
+NVML_ALIASES: dict[str, str] = {
+    "NVIDIA A100-SXM4-40GB": "A100-40GB",
+    "NVIDIA A100-PCIE-40GB": "A100-40GB",
+    "NVIDIA A100-SXM4-80GB": "A100-80GB",
+    "NVIDIA A100 80GB PCIe": "A100-80GB",
+    "NVIDIA A100-PCIE-80GB": "A100-80GB",
+    "NVIDIA H100 80GB HBM3": "H100-80GB",
+    "NVIDIA H100 PCIe": "H100-80GB",
+    "NVIDIA H100 SXM5 80GB": "H100-80GB",
+    "NVIDIA H100 NVL": "H100-94GB",
+    "NVIDIA H200": "H200-141GB",
+    "NVIDIA H200 NVL": "H200-141GB",
+    "NVIDIA A30": "A30-24GB",
+    "NVIDIA L40S": "L40S-48GB",
+    "Tesla T4": "T4-16GB",
+    "Tesla V100-SXM2-16GB": "V100-16GB",
+    "Tesla V100-PCIE-16GB": "V100-16GB",
+    "Tesla V100-SXM2-32GB": "V100-32GB",
+    "Tesla V100-PCIE-32GB": "V100-32GB",
+}
+
+# Compute and memory slices of a whole GPU, per price-book model; 7 and 8 unless listed.
+SLICE_TOTALS: dict[str, tuple[int, int]] = {"A30-24GB": (4, 4)}
+
+
+def slice_totals(model_key: str) -> tuple[int, int]:
+    return SLICE_TOTALS.get(model_key.upper(), (7, 8))
+
+
+def resolve_model(nvml_name: str, known: set[str], extra: dict[str, str] | None = None) -> str | None:
+    """The price-book key for an NVML name, or None. Case-insensitive; a key also matches itself."""
+    by_upper = {k.upper(): k for k in known}
+    for table in (extra or {}, NVML_ALIASES):
+        for alias, model in table.items():
+            if alias.upper() == nvml_name.upper() and model.upper() in by_upper:
+                return by_upper[model.upper()]
+    return by_upper.get(nvml_name.upper())
+
+
+def canonical_model(nvml_name: str, extra: dict[str, str] | None = None) -> str:
+    """The model key an NVML name maps to (for slice totals and labels), else the name itself."""
+    for table in (extra or {}, NVML_ALIASES):
+        for alias, model in table.items():
+            if alias.upper() == nvml_name.upper():
+                return model
+    return nvml_name

@@ -1,0 +1,88 @@
+"""The price-book interface: effective-dated versions of per-model hourly rates and policies."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from billing.pricing.aliases import resolve_model
+
+SLICE_WEIGHT_POLICIES = ("compute", "memory", "max")
+IDLE_POLICIES = ("platform", "spread")
+SHARING_MODES = ("mig", "time_slicing", "vgpu")
+
+
+class PriceBookError(ValueError):
+    """A price book that cannot be used; the message names the file, the field and the value."""
+
+    def __init__(self, path: str, field_name: str, value: object, problem: str):
+        self.path, self.field, self.value, self.problem = str(path), field_name, value, problem
+        super().__init__(f"{self.path}: {field_name}: {problem} (value {value!r})")
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    model: str
+    hourly_rate: Decimal
+    derived: bool = False  # True when computed from purchase price, depreciation, power...
+    inputs: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class PriceVersion:
+    effective_from: datetime
+    effective_to: datetime | None
+    gpus: dict[str, GpuPrice]
+    source: str = ""
+    slice_weight: str = "compute"
+    idle: str = "platform"
+    sharing_efficiency: dict[str, Decimal] = field(default_factory=dict)
+    utilization_tiers: tuple[tuple[Decimal, Decimal, Decimal], ...] = ()
+
+    def covers(self, hour: datetime) -> bool:
+        return self.effective_from <= hour and (self.effective_to is None or hour < self.effective_to)
+
+    def efficiency(self, mode: str) -> Decimal:
+        return self.sharing_efficiency.get(mode, Decimal(1))
+
+    def tier_efficiency(self, utilization: Decimal | None) -> Decimal | None:
+        """The utilization-tier efficiency score of a mean utilization (report only)."""
+        if utilization is None or not self.utilization_tiers:
+            return None
+        last = len(self.utilization_tiers) - 1
+        for i, (low, high, eff) in enumerate(self.utilization_tiers):
+            if low <= utilization < high or (i == last and utilization == high):
+                return eff
+        return None
+
+
+@dataclass(frozen=True)
+class PriceBook:
+    currency: str
+    versions: tuple[PriceVersion, ...]
+    aliases: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+    digest: str = ""
+
+    def version_at(self, hour: datetime) -> PriceVersion | None:
+        for version in self.versions:
+            if version.covers(hour):
+                return version
+        return None
+
+    def price(self, hour: datetime, nvml_model: str) -> tuple[PriceVersion | None, GpuPrice | None]:
+        version = self.version_at(hour)
+        if version is None:
+            return None, None
+        key = resolve_model(nvml_model, set(version.gpus), self.aliases)
+        return version, (version.gpus[key] if key else None)
+
+
+class PriceSource(abc.ABC):
+    """Where price books come from (a YAML file today; a CSV sheet or a cloud API later)."""
+
+    @abc.abstractmethod
+    def load(self) -> PriceBook:
+        """Return a validated price book or raise PriceBookError."""

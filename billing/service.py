@@ -1,0 +1,215 @@
+"""`gpumeter billing serve`: APScheduler 3 with its SQLAlchemyJobStore in the ledger database,
+a lock row so two replicas never ingest at once, and /metrics + /healthz (docs/billing.md §7)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy import text
+
+from billing.config import Settings
+from billing.ledger.base import Ledger
+from billing.ledger.sqlalchemy import SqlLedger, open_ledger
+
+log = logging.getLogger(__name__)
+
+INGEST_LOCK = "ingest"
+PLATFORM_KINDS = ("unallocated", "stranded", "sharing_shortfall")
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | None = None) -> str:
+    """The scheduled job: catch up every missed closed hour, under the lock row. Returns what it did."""
+    from billing.ingest import catch_up
+    from billing.pricing import load_price_book
+    from billing.prom import PrometheusClient
+
+    cfg = Settings(**settings)
+    now = now or datetime.now(UTC)
+    holder = holder or holder_id()
+    book = load_price_book(cfg.prices)
+    ledger = open_ledger(cfg.db, schema=cfg.schema)
+    try:
+        if not ledger.acquire_lock(INGEST_LOCK, holder, now, 1800):
+            log.info("another replica holds the ingest lock; skipping")
+            return "skipped"
+        try:
+            with PrometheusClient(cfg.prometheus) as client:
+                result = catch_up(client, ledger, book, now, cfg.ingest_config())
+        finally:
+            ledger.release_lock(INGEST_LOCK, holder)
+    finally:
+        ledger.close()
+    if result.failed:
+        return f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
+    return f"ingested {len(result.ingested)}"
+
+
+def monthly_report(settings: dict) -> None:
+    """Placeholder: the reports issue renders the monthly chargeback here."""
+    log.info("monthly report job: nothing to do yet (reports/ fills this)")
+
+
+class BillingCollector:
+    """Renders cost series from the ledger at scrape time (no state kept in the process)."""
+
+    def __init__(self, ledger: Ledger, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.ledger, self.clock = ledger, clock
+
+    def collect(self):
+        summary = self.ledger.summary()
+        cost = CounterMetricFamily(
+            "gpumeter_billing_cost",
+            "Priced cost of GPU-hours by line (tenant lines and platform lines), in the price book's currency.",
+            labels=["namespace", "team", "model", "mig_profile", "kind", "currency"],
+        )
+        platform: dict[tuple[str, str], float] = {}
+        for labels, value in summary.cost:
+            cost.add_metric(
+                [labels[k] for k in ("namespace", "team", "model", "mig_profile", "kind", "currency")],
+                float(value),
+            )
+            if labels["kind"] in PLATFORM_KINDS:
+                key = (labels["kind"], labels["currency"])
+                platform[key] = platform.get(key, 0.0) + float(value)
+        yield cost
+        hours = CounterMetricFamily(
+            "gpumeter_billing_gpu_hours",
+            "Weighted GPU-hours held by tenants (hours x share x slice weight).",
+            labels=["namespace", "team", "model", "mig_profile"],
+        )
+        for labels, value in summary.gpu_hours:
+            hours.add_metric([labels[k] for k in ("namespace", "team", "model", "mig_profile")], float(value))
+        yield hours
+        unpriced = CounterMetricFamily(
+            "gpumeter_billing_unpriced_gpu_hours",
+            "GPU-hours of models missing from the price book (billed nowhere until priced).",
+            labels=["model"],
+        )
+        for labels, value in summary.unpriced:
+            unpriced.add_metric([labels["model"]], float(value))
+        yield unpriced
+        idle = CounterMetricFamily(
+            "gpumeter_billing_unallocated_cost",
+            "Cost left with the platform: unallocated, stranded and sharing-efficiency shortfall.",
+            labels=["kind", "currency"],
+        )
+        for (kind, currency), value in sorted(platform.items()):
+            idle.add_metric([kind, currency], value)
+        yield idle
+        runs = CounterMetricFamily(
+            "gpumeter_billing_ingest_runs", "Ingest runs by status.", labels=["status"]
+        )
+        for status, count in sorted(summary.runs.items()):
+            runs.add_metric([status], count)
+        yield runs
+        if summary.last_success is not None:
+            yield GaugeMetricFamily(
+                "gpumeter_billing_last_success_timestamp_seconds",
+                "End of the newest hour ingested successfully (Unix time).",
+                value=summary.last_success.timestamp(),
+            )
+            yield GaugeMetricFamily(
+                "gpumeter_billing_ingest_lag_seconds",
+                "Now minus the end of the newest hour ingested successfully.",
+                value=(self.clock() - summary.last_success).total_seconds(),
+            )
+
+
+def build_app(ledger: SqlLedger, clock: Callable[[], datetime] | None = None):
+    """WSGI app: /metrics from the ledger, /healthz checks the database answers."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BillingCollector(ledger, clock) if clock else BillingCollector(ledger))
+    metrics = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            try:
+                with ledger.engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+            except Exception as exc:  # any database failure is unhealthy
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [f"database: {exc}\n".encode()]
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+def build_scheduler(
+    ledger: SqlLedger, settings: Settings, *, catch_up_now: bool = True
+) -> BackgroundScheduler:
+    scheduler = BackgroundScheduler(
+        jobstores={"default": SQLAlchemyJobStore(engine=ledger.engine)},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
+        timezone=UTC,
+    )
+    kwargs = {"settings": settings.as_dict()}
+    scheduler.add_job(
+        hourly_ingest,
+        CronTrigger(minute=5, timezone=UTC),
+        id="hourly-ingest",
+        name="hourly ingest (catches up missed hours)",
+        kwargs=kwargs,
+        replace_existing=True,
+    )
+    scheduler.add_job(
+        monthly_report,
+        CronTrigger(day=1, hour=1, minute=0, timezone=UTC),
+        id="monthly-report",
+        name="monthly report (placeholder)",
+        kwargs=kwargs,
+        replace_existing=True,
+    )
+    if catch_up_now:
+        scheduler.add_job(hourly_ingest, id="catch-up-at-start", kwargs=kwargs, replace_existing=True)
+    return scheduler
+
+
+def serve(settings: Settings, listen: str, stop: threading.Event | None = None) -> int:
+    ledger = open_ledger(settings.db, schema=settings.schema)
+    host, _, port = listen.rpartition(":")
+    server: WSGIServer = make_server(
+        host or "0.0.0.0", int(port), build_app(ledger), handler_class=_QuietHandler
+    )
+    threading.Thread(target=server.serve_forever, name="billing-http", daemon=True).start()
+    scheduler = build_scheduler(ledger, settings)
+    scheduler.start()
+    log.info(
+        "billing service on %s; ledger %s", listen, ledger.engine.url.render_as_string(hide_password=True)
+    )
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    scheduler.shutdown(wait=True)
+    server.shutdown()
+    server.server_close()
+    ledger.close()
+    return 0

@@ -1,0 +1,73 @@
+"""Conservation: for random layouts, allocations and prices, every GPU-hour's lines sum exactly to
+its device cost and no line is negative (docs/billing.md §4-5)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from billing.allocate import price_gpu_hour
+from billing.pricing import PriceBook, PriceVersion
+from billing.pricing.base import GpuPrice
+from tests.billing.factories import A100, H100, HOUR0, alloc, gpu_hour, mig
+
+PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+
+rates = st.decimals(min_value=Decimal("0"), max_value=Decimal("99.999999"), places=6)
+efficiencies = st.decimals(min_value=Decimal("0"), max_value=Decimal("1"), places=3)
+seconds = st.integers(min_value=0, max_value=3600)
+shares = st.sampled_from(["1", "0.5", "0.25", "0.333333", "0.125", "0.1"])
+
+
+@st.composite
+def scenario(draw):
+    rate = draw(rates)
+    version = PriceVersion(
+        effective_from=HOUR0,
+        effective_to=None,
+        gpus={"A100-40GB": GpuPrice("A100-40GB", rate), "H100-80GB": GpuPrice("H100-80GB", rate)},
+        slice_weight=draw(st.sampled_from(["compute", "memory", "max"])),
+        idle=draw(st.sampled_from(["platform", "spread"])),
+        sharing_efficiency={"mig": draw(efficiencies), "time_slicing": draw(efficiencies)},
+    )
+    currency = draw(st.sampled_from(["USD", "JPY", "KWD"]))
+    book = PriceBook(currency, (version,))
+    uuid = "GPU-p"
+    present = draw(seconds)
+    if draw(st.booleans()):  # MIG, with a random (possibly impossible, overlapping) layout
+        instances = [
+            mig(uuid, str(i), draw(st.sampled_from(PROFILES)), draw(seconds))
+            for i in range(draw(st.integers(0, 8)))
+        ]
+        allocations = []
+        for _ in range(draw(st.integers(0, 10))):
+            gi = str(draw(st.integers(0, 9)))
+            profile = next((m.mig_profile for m in instances if m.gpu_instance_id == gi), "2g.10gb")
+            allocations.append(
+                alloc(uuid, f"ns{draw(st.integers(0, 3))}", f"p{_}", draw(seconds), draw(shares), gi, profile)
+            )
+        return book, gpu_hour(uuid, A100, instances, allocations, seconds=present)
+    allocations = [
+        alloc(uuid, f"ns{draw(st.integers(0, 3))}", f"p{i}", draw(seconds), draw(shares))
+        for i in range(draw(st.integers(0, 8)))
+    ]
+    return book, gpu_hour(uuid, H100, [], allocations, seconds=present)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario())
+def test_lines_sum_exactly_to_device_cost_and_are_never_negative(case):
+    book, hour = case
+    priced = price_gpu_hour(hour, book)
+    assert priced.device_cost is not None
+    total = sum((line.amount for line in priced.lines), Decimal(0))
+    assert total == priced.device_cost
+    assert all(line.amount >= 0 for line in priced.lines)
+    assert all(line.quantity >= 0 for line in priced.lines)
+    # the device cost itself is the hour's rate x presence, rounded once half-even
+    rate = book.versions[0].gpus["A100-40GB"].hourly_rate
+    exact = rate * Decimal(min(hour.device.present_seconds, 3600)) / Decimal(3600)
+    exponent = {"USD": 2, "JPY": 0, "KWD": 3}[book.currency]
+    assert priced.device_cost == exact.quantize(Decimal(1).scaleb(-exponent), rounding="ROUND_HALF_EVEN")
