@@ -47,16 +47,22 @@ SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
 
 @dataclass(frozen=True, slots=True)
 class DcgmField:
-    """How dcgm-exporter names the same value (``--naming dcgm``).
+    """How dcgm-exporter names the same value (``--naming dcgm``, rendered by ``exporter/dcgm.py``).
 
-    ``scale`` turns our base unit into dcgm-exporter's (bytes to MiB, Hz to MHz, ratio to %, J to mJ);
-    ``match`` picks the series of a labelled native metric that this field stands for.
+    ``scale`` turns our base unit into dcgm-exporter's (bytes to MiB, Hz to MHz, ratio to %, J to mJ,
+    s to ns); ``match`` picks the series of a labelled native metric that this field stands for;
+    ``latest_label`` makes the field's value the numeric value of that label on the device's series
+    with the highest native value (the XID with the newest timestamp: dcgm-exporter's "last XID" gauge),
+    0 for a device that has none. The Prometheus type is the native metric's, which is the type
+    dcgm-exporter's default-counters.csv gives every mapped field. A field that both a device and a MIG
+    metric provide is shown per MIG instance only on a MIG-enabled GPU, as dcgm-exporter does.
     """
 
     name: str
     scale: float = 1.0
     match: tuple[tuple[str, str], ...] = ()
     help: str = ""
+    latest_label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +139,28 @@ CATALOG: tuple[MetricSpec, ...] = (
         "(SW thermal slowdown starts), memory_max.",
         "fields 193-196 (T.Limit), falling back to nvmlDeviceGetTemperatureThreshold",
         labels=("threshold",),
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_SLOWDOWN_TEMP",
+                match=(("threshold", "slowdown"),),
+                help="Slowdown temperature for the device (in C).",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_SHUTDOWN_TEMP",
+                match=(("threshold", "shutdown"),),
+                help="Shutdown temperature for the device (in C).",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_GPU_MAX_OP_TEMP",
+                match=(("threshold", "gpu_max"),),
+                help="Maximum operating temperature for the GPU (in C).",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_MEM_MAX_OP_TEMP",
+                match=(("threshold", "memory_max"),),
+                help="Maximum operating temperature for the memory (in C).",
+            ),
+        ),
     ),
     # --- power ----------------------------------------------------------------------------------
     MetricSpec(
@@ -151,6 +179,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         "watts",
         "Enforced power limit, after every limiter.",
         "nvmlDeviceGetEnforcedPowerLimit (mW)",
+        dcgm=(DcgmField("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", help="Enforced power limit (in W)."),),
     ),
     MetricSpec(
         "nvidia_gpu_energy_joules_total",
@@ -193,6 +222,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         "bytes",
         "Device memory installed.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).total, falling back to v1",
+        dcgm=(DcgmField("DCGM_FI_DEV_FB_TOTAL", scale=MIB, help="Framebuffer memory total (in MiB)."),),
     ),
     MetricSpec(
         "nvidia_gpu_memory_used_bytes",
@@ -291,21 +321,21 @@ CATALOG: tuple[MetricSpec, ...] = (
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_POWER_VIOLATION",
-                scale=1e6,
+                scale=1e9,
                 match=(("reason", "sw_power_cap"),),
-                help="Throttling duration due to power constraints (in us).",
+                help="Throttling duration due to power constraints (in ns).",
             ),
             DcgmField(
                 "DCGM_FI_DEV_THERMAL_VIOLATION",
-                scale=1e6,
+                scale=1e9,
                 match=(("reason", "hw_thermal"),),
-                help="Throttling duration due to thermal constraints (in us).",
+                help="Throttling duration due to thermal constraints (in ns).",
             ),
             DcgmField(
                 "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
-                scale=1e6,
+                scale=1e9,
                 match=(("reason", "sync_boost"),),
-                help="Throttling duration due to sync-boost constraints (in us).",
+                help="Throttling duration due to sync-boost constraints (in ns).",
             ),
         ),
     ),
@@ -317,6 +347,13 @@ CATALOG: tuple[MetricSpec, ...] = (
         "bytes",
         "PCIe transmit throughput (20 ms window).",
         "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_PCIE_TX_BYTES",
+                help="The rate of data transmitted over the PCIe bus - including both protocol headers and "
+                "data payloads - in bytes per second.",
+            ),
+        ),
     ),
     MetricSpec(
         "nvidia_gpu_pcie_rx_bytes_per_second",
@@ -325,6 +362,13 @@ CATALOG: tuple[MetricSpec, ...] = (
         "bytes",
         "PCIe receive throughput (20 ms window).",
         "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES) (KB/s)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_PCIE_RX_BYTES",
+                help="The rate of data received over the PCIe bus - including both protocol headers and "
+                "data payloads - in bytes per second.",
+            ),
+        ),
     ),
     MetricSpec(
         "nvidia_gpu_pcie_replay_total",
@@ -344,6 +388,18 @@ CATALOG: tuple[MetricSpec, ...] = (
         "ECC errors since the driver was loaded (volatile).",
         "fields 3 (SBE volatile), 4 (DBE volatile)",
         labels=("error_type",),
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                match=(("error_type", "corrected"),),
+                help="Total number of single-bit volatile ECC errors.",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                match=(("error_type", "uncorrected"),),
+                help="Total number of double-bit volatile ECC errors.",
+            ),
+        ),
     ),
     MetricSpec(
         "nvidia_gpu_remapped_rows_total",
@@ -357,12 +413,12 @@ CATALOG: tuple[MetricSpec, ...] = (
             DcgmField(
                 "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
                 match=(("error_type", "corrected"),),
-                help="Number of remapped rows for correctable errors.",
+                help="Number of remapped rows for correctable errors",
             ),
             DcgmField(
                 "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
                 match=(("error_type", "uncorrected"),),
-                help="Number of remapped rows for uncorrectable errors.",
+                help="Number of remapped rows for uncorrectable errors",
             ),
         ),
     ),
@@ -373,6 +429,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         "",
         "1 while a row remap waits for the next GPU reset.",
         "field 144 (NVML_FI_DEV_REMAPPED_PENDING)",
+        dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_PENDING", help="Whether remapping of rows is pending."),),
     ),
     MetricSpec(
         "nvidia_gpu_remapped_rows_failure",
@@ -381,7 +438,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         "",
         "1 when a row remap failed: unrecoverable memory damage.",
         "field 145 (NVML_FI_DEV_REMAPPED_FAILURE)",
-        dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE", help="Whether remapping of rows has failed."),),
+        dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE", help="Whether remapping of rows has failed"),),
     ),
     # --- XID ------------------------------------------------------------------------------------
     MetricSpec(
@@ -401,6 +458,13 @@ CATALOG: tuple[MetricSpec, ...] = (
         "When this XID was last seen; lets alerts see the first event of a new series.",
         "nvmlEventSetWait_v2 on nvmlEventTypeXidCriticalError",
         labels=("xid",),
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_XID_ERRORS",
+                latest_label="xid",
+                help="Value of the last XID error encountered.",
+            ),
+        ),
     ),
     # --- NVLink ---------------------------------------------------------------------------------
     MetricSpec(
@@ -439,6 +503,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         "bytes",
         "Memory of the MIG instance.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
+        dcgm=(DcgmField("DCGM_FI_DEV_FB_TOTAL", scale=MIB, help="Framebuffer memory total (in MiB)."),),
     ),
     MetricSpec(
         "nvidia_gpu_mig_memory_used_bytes",
@@ -468,8 +533,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         dcgm=(
             DcgmField(
                 "DCGM_FI_PROF_SM_ACTIVE",
-                scale=1.0,
-                help="The ratio of cycles an SM has at least 1 warp assigned (in %).",
+                help="The ratio of cycles an SM has at least 1 warp assigned.",
             ),
         ),
     ),

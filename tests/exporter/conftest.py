@@ -63,9 +63,8 @@ def simulate(clock):
         fleet = load_fleet(fleet) if isinstance(fleet, str) else fleet
         node = SimulatedNode(fleet, clock=clock)
         lib = SimulatedNvml(node, missing=missing)
-        settings = ExporterConfig(
-            listen="127.0.0.1:0", kubelet_socket=None, hostname=node.spec.name, interval=5.0, **config
-        )
+        defaults = {"listen": "127.0.0.1:0", "kubelet_socket": None, "hostname": node.spec.name, "interval": 5.0}
+        settings = ExporterConfig(**{**defaults, **config})
         sim = Simulated(build_exporter(settings, clock=clock, library=lib, node=node), node, lib, clock)
         started.append(sim)
         return sim

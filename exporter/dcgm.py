@@ -1,0 +1,293 @@
+"""``--naming dcgm``: the same snapshot under dcgm-exporter's metric names, labels and units.
+
+A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, reference/dcgm-compat.md §2-4):
+
+* The metric name is the DCGM field name, e.g. ``DCGM_FI_DEV_GPU_TEMP``; units are dcgm-exporter's
+  (MiB, MHz, mJ, %, ns). Which native metric feeds which field, and the scale, is declared in the
+  catalog (``MetricSpec.dcgm``); this module only applies it. Fields NVML cannot provide (the DCP
+  profiling fields, NVLink bandwidth totals, vGPU license) are absent, never 0 (docs/dcgm-mode.md).
+* Every GPU series carries ``gpu``, ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<minor>``),
+  ``modelName``, ``hostname`` and the ``DCGM_FI_DRIVER_VERSION`` label row of default-counters.csv.
+* MIG: a field that dcgm-exporter reports per GPU instance (``FB_USED``, ``FB_FREE``, ``FB_TOTAL``,
+  ``PROF_SM_ACTIVE``) is shown per instance only on a MIG-enabled GPU, with the parent's labels plus
+  ``GPU_I_PROFILE`` and ``GPU_I_ID``. Physical-GPU values (temperature, power, energy, clocks) are shown
+  once per GPU instead of being repeated on every instance (#317): sums stay right.
+* Pods: ``pod``, ``namespace`` and ``container`` from ``nvidia_gpu_allocation`` of the same snapshot,
+  whole GPUs matched by UUID, MIG instances by (GPU index, GPU instance id) (#272, #577). A device
+  that several pods share (time-slicing) gets one series per pod, at most ``MAX_PODS_PER_DEVICE``,
+  where dcgm-exporter labels only the last one (#307). Each of those series carries the device's
+  value: do not sum them across pods.
+* ``DCGM_FI_DEV_XID_ERRORS`` is the code of the last XID (the newest timestamp), 0 when none, with an
+  ``err_code`` label, as dcgm-exporter reports it (quirk §2.4). Native mode counts every XID.
+* Counters keep dcgm-exporter's names (no ``_total`` suffix) and their ``counter`` type.
+* The exporter's own ``gpumeter_exporter_*`` series keep their native names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .catalog import CATALOG, DcgmField, MetricSpec, MetricType, Scope, by_name
+from .snapshot import DeviceIdentity, Snapshot
+
+__all__ = [
+    "DEVICE_LABELS",
+    "DRIVER_LABEL",
+    "FIELDS",
+    "HOSTNAME_LABEL",
+    "MAX_PODS_PER_DEVICE",
+    "MIG_LABELS",
+    "POD_LABELS",
+    "collect_dcgm",
+    "describe_dcgm",
+]
+
+log = logging.getLogger(__name__)
+
+# dcgm-exporter's GPU labels (§3). ``Hostname`` is the spelling of the releases most dashboards and
+# alert rules in use were written for (up to 4.8.2); 4.8.3 renamed it ``hostname`` (#655).
+DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+HOSTNAME_LABEL = "Hostname"
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"  # the `label` row of default-counters.csv
+POD_LABELS = ("pod", "namespace", "container")
+XID_CODE_LABEL = "err_code"
+MAX_PODS_PER_DEVICE = 16  # bound on the series a time-sliced device fans out to
+DECIMALS = 6  # dcgm-exporter prints doubles with %f
+
+_INFO = by_name("nvidia_gpu_info")
+_ALLOCATION = by_name("nvidia_gpu_allocation")
+_XID_COLLECTOR = "xid"
+_warned: set[tuple[str, str]] = set()
+
+
+class _CounterType(str):
+    """The type string "counter" that prometheus-client's text encoder does not recognise as one.
+
+    dcgm-exporter exposes counters under their bare field names (``# TYPE
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter`` with samples of that name); prometheus-client would
+    append ``_total`` to a counter's name, which breaks every query written for dcgm-exporter. This
+    string prints as ``counter`` but compares unequal to it, so the encoders write the type line and
+    the samples unchanged. tests/exporter/test_dcgm.py pins the rendered lines in both formats.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    __hash__ = str.__hash__
+
+
+_COUNTER = _CounterType("counter")
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One native metric feeding a DCGM field."""
+
+    spec: MetricSpec
+    field: DcgmField
+    match: tuple[tuple[int, str], ...]  # (label position, required value)
+    latest: int | None  # label position of ``field.latest_label``
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmMetric:
+    name: str
+    type: MetricType
+    help: str
+    sources: tuple[Source, ...]
+
+    @property
+    def per_mig_instance(self) -> bool:
+        """Reported per GPU instance on a MIG-enabled GPU (a MIG metric provides it)."""
+        return any(s.spec.scope is Scope.MIG for s in self.sources)
+
+
+def _build_fields() -> dict[str, DcgmMetric]:
+    grouped: dict[str, list[Source]] = {}
+    for spec in CATALOG:
+        if spec.scope not in (Scope.DEVICE, Scope.MIG):
+            continue
+        names = spec.label_names
+        for field in spec.dcgm:
+            match = tuple((names.index(label), value) for label, value in field.match)
+            latest = names.index(field.latest_label) if field.latest_label else None
+            grouped.setdefault(field.name, []).append(Source(spec, field, match, latest))
+    out = {}
+    for name, sources in grouped.items():
+        types = {s.spec.type for s in sources}
+        scopes = [s.spec.scope for s in sources]
+        if len(types) != 1 or len(scopes) != len(set(scopes)):
+            raise ValueError(f"catalog: {name} must come from one device and/or one MIG metric of one type")
+        out[name] = DcgmMetric(
+            name, types.pop(), sources[0].field.help or sources[0].spec.help, tuple(sources)
+        )
+    return out
+
+
+FIELDS: dict[str, DcgmMetric] = _build_fields()
+_NATIVE = tuple(spec for spec in CATALOG if spec.scope is Scope.EXPORTER)
+
+
+def _dcgm_family(metric: DcgmMetric) -> Metric:
+    family = Metric(metric.name, metric.help, "gauge")
+    if metric.type is MetricType.COUNTER:
+        family.type = _COUNTER
+    return family
+
+
+def _native_family(spec: MetricSpec) -> Metric:
+    if spec.type is MetricType.COUNTER:
+        return CounterMetricFamily(spec.family_name, spec.help, labels=list(spec.label_names))
+    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.label_names))
+
+
+def describe_dcgm() -> Iterator[Metric]:
+    for metric in FIELDS.values():
+        yield _dcgm_family(metric)
+    for spec in _NATIVE:
+        yield _native_family(spec)
+
+
+class _View:
+    """What one snapshot says about devices and pods, indexed for rendering."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
+        self.devices = {d.uuid: d for d in snapshot.devices}
+        driver_at = _INFO.label_names.index("driver_version")
+        drivers = {labels[1]: labels[driver_at] for labels, _ in snapshot.samples(_INFO.name)}
+        self.base = {
+            d.uuid: {
+                "gpu": str(d.index),
+                "UUID": d.uuid,
+                "pci_bus_id": d.pci_bus_id,
+                "device": f"nvidia{d.index if d.minor_number is None else d.minor_number}",
+                "modelName": d.model,
+                HOSTNAME_LABEL: snapshot.hostname,
+                DRIVER_LABEL: drivers.get(d.uuid, ""),
+            }
+            for d in snapshot.devices
+        }
+        self.holders = self._holders(snapshot)
+
+    @staticmethod
+    def _holders(snapshot: Snapshot) -> dict[tuple[str, str], tuple[dict[str, str], ...]]:
+        """(parent uuid, "") for whole GPUs, (gpu index, gpu instance id) for MIG -> pod labels."""
+        names = _ALLOCATION.label_names
+        at = {label: names.index(label) for label in (*POD_LABELS, "uuid", "gpu", "gpu_instance_id")}
+        found: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        for labels, _share in snapshot.samples(_ALLOCATION.name):
+            gi = labels[at["gpu_instance_id"]]
+            key = (labels[at["uuid"]], "") if gi == "" else (labels[at["gpu"]], gi)
+            found.setdefault(key, set()).add(tuple(labels[at[label]] for label in POD_LABELS))
+        out = {}
+        for key, pods in found.items():
+            ordered = sorted(pods, key=lambda p: (p[1], p[0], p[2]))  # namespace, pod, container
+            if len(ordered) > MAX_PODS_PER_DEVICE:
+                if key not in _warned and len(_warned) < 1024:  # once per device, bounded
+                    _warned.add(key)
+                    log.warning(
+                        "%d pods share device %s; dcgm naming labels the first %d only "
+                        "(every holder is in native nvidia_gpu_allocation)",
+                        len(ordered),
+                        "/".join(key),
+                        MAX_PODS_PER_DEVICE,
+                    )
+                ordered = ordered[:MAX_PODS_PER_DEVICE]
+            out[key] = tuple(dict(zip(POD_LABELS, pod, strict=True)) for pod in ordered)
+        return out
+
+    def device(self, uuid: str) -> DeviceIdentity | None:
+        device = self.devices.get(uuid)
+        return device if device is not None and device.up else None
+
+
+def _value(value: float, scale: float) -> float:
+    return round(value * scale, DECIMALS)
+
+
+def _add(family: Metric, labels: dict[str, str], holders: tuple[dict[str, str], ...], value: float) -> None:
+    if not holders:
+        family.add_sample(family.name, labels, value)
+    for pod in holders:
+        family.add_sample(family.name, {**labels, **pod}, value)
+
+
+def _render(metric: DcgmMetric, view: _View) -> Metric:
+    family = _dcgm_family(metric)
+    per_instance = metric.per_mig_instance
+    for source in metric.sources:
+        samples = view.snapshot.samples(source.spec.name)
+        if source.spec.scope is Scope.MIG:
+            seen: set[tuple[str, str]] = set()
+            for labels, value in samples:
+                gpu, uuid, gi, _ci, profile = labels[:5]
+                device = view.device(uuid)
+                if device is None or (uuid, gi) in seen:
+                    continue  # compute instances are never shown apart (§4)
+                seen.add((uuid, gi))
+                base = {**view.base[uuid], "GPU_I_PROFILE": profile, "GPU_I_ID": gi}
+                _add(family, base, view.holders.get((gpu, gi), ()), _value(value, source.field.scale))
+        elif source.latest is not None:
+            _render_latest(family, source, samples, view)
+        else:
+            for labels, value in samples:
+                device = view.device(labels[1])
+                if device is None or (per_instance and device.mig_enabled):
+                    continue
+                if any(labels[i] != wanted for i, wanted in source.match):
+                    continue
+                holders = view.holders.get((device.uuid, ""), ())
+                _add(family, view.base[device.uuid], holders, _value(value, source.field.scale))
+    return family
+
+
+def _render_latest(family: Metric, source: Source, samples, view: _View) -> None:
+    """The label value of each device's series with the highest value (the newest XID), 0 if none."""
+    newest: dict[str, tuple[float, float]] = {}
+    for labels, value in samples:
+        try:
+            code = float(labels[source.latest])
+        except ValueError:
+            continue
+        best = newest.get(labels[1])
+        if best is None or (value, code) > best:
+            newest[labels[1]] = (value, code)
+    collected = any(c.name == _XID_COLLECTOR for c in view.snapshot.collectors)
+    for device in view.snapshot.devices:
+        if not device.up or not view.snapshot.nvml_up:
+            continue
+        if device.uuid in newest:
+            code = newest[device.uuid][1]
+        elif collected:
+            code = 0.0
+        else:
+            continue
+        labels = {**view.base[device.uuid], XID_CODE_LABEL: f"{code:g}"}
+        _add(family, labels, view.holders.get((device.uuid, ""), ()), _value(code, source.field.scale))
+
+
+def collect_dcgm(snapshot: Snapshot) -> Iterator[Metric]:
+    view = _View(snapshot)
+    for metric in FIELDS.values():
+        family = _render(metric, view)
+        if family.samples:  # unsupported or absent: no family, never NaN or 0
+            yield family
+    for spec in _NATIVE:
+        samples = snapshot.samples(spec.name)
+        if not samples:
+            continue
+        family = _native_family(spec)
+        for labels, value in samples:
+            family.add_metric(labels, value)
+        yield family
