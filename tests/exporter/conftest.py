@@ -63,7 +63,12 @@ def simulate(clock):
         fleet = load_fleet(fleet) if isinstance(fleet, str) else fleet
         node = SimulatedNode(fleet, clock=clock)
         lib = SimulatedNvml(node, missing=missing)
-        defaults = {"listen": "127.0.0.1:0", "kubelet_socket": None, "hostname": node.spec.name, "interval": 5.0}
+        defaults = {
+            "listen": "127.0.0.1:0",
+            "kubelet_socket": None,
+            "hostname": node.spec.name,
+            "interval": 5.0,
+        }
         settings = ExporterConfig(**{**defaults, **config})
         sim = Simulated(build_exporter(settings, clock=clock, library=lib, node=node), node, lib, clock)
         started.append(sim)
