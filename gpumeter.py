@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 # (module, ...) each exposing register(subparsers); imported lazily so a subcommand's heavy
 # dependencies load only when it runs.
-PARTS = ("exporter.cli", "billing.cli", "reports.cli", "dashboards.cli", "alerts.cli")
+PARTS = ("exporter.cli", "billing.cli", "reports.cli", "dashboards.cli", "alerts.cli", "deploy.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for chatty in ("httpx", "httpcore"):  # one line per request drowns what matters
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     return int(args.func(args) or 0)
 
 

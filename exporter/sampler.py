@@ -110,6 +110,11 @@ class Sampler:
                     log.warning("NVML stopped answering: %s", exc)
                     self._lose_nvml(now)
             devices = self._identities()
+            for collector in self.collectors:  # collectors that render for every known GPU, lost ones too
+                if hasattr(collector, "update_all"):
+                    self._timed(
+                        collector, durations, failures, lambda c=collector: c.update_all(devices, out)
+                    )
             for device in devices:
                 info = (
                     device.model,
@@ -196,6 +201,17 @@ class Sampler:
                     durations[collector.name] += time.perf_counter() - started
             if not device.lost:  # a GPU lost mid-cycle contributes nothing but its up 0
                 out.extend(device_out)
+
+    @staticmethod
+    def _timed(collector, durations: dict[str, float], failures: set[str], work) -> None:
+        started = time.perf_counter()
+        try:
+            work()
+        except Exception:
+            failures.add(collector.name)
+            log.exception("collector %s failed", collector.name)
+        finally:
+            durations[collector.name] += time.perf_counter() - started
 
     def _mark_lost(self, device: DeviceContext) -> None:
         if not device.lost:

@@ -192,6 +192,10 @@ def test_xid_79_counts_even_though_the_gpu_is_lost(simulate):
     assert wait_until(lambda: 79 in sim.sampler.xid_watcher.counts(uuid))
     sim.sample()
     assert sim.value("nvidia_gpu_up", gpu="4", uuid=uuid) == 0
+    # the XID that reported the loss stays visible, also after re-discovery drops the handle
+    assert sim.value("nvidia_gpu_xid_errors_total", gpu="4", uuid=uuid, xid="79") == 1
+    sim.sample(61)
+    assert sim.value("nvidia_gpu_xid_errors_total", gpu="4", uuid=uuid, xid="79") == 1
 
 
 def test_ecc_and_row_remap_errors_on_a_whole_gpu(simulate):

@@ -1,0 +1,425 @@
+"""``gpumeter demo``: the whole stack on one machine, on the embedded default.
+
+Two simulated GPU nodes (the 8×H100 MIG node and the mixed A100 node), each with its stand-in
+kubelet and exporter; a real Prometheus with the alerting and recording rules, holding a month of
+backfilled history; a real Alertmanager routing to a local webhook log; the billing service on SQLite
+caught up on that month; last month's reports; the dashboards' JSON. Every process it starts is
+stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import yaml
+
+__all__ = ["register"]
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = (("h100-mig", "gpu-h100-mig-01"), ("a100-mixed", "gpu-a100-mixed-01"))
+PORTS = {
+    "prometheus": 9090,
+    "alertmanager": 9093,
+    "webhook": 9099,
+    "billing": 9840,
+    "exporter-0": 9835,
+    "admin-0": 9836,
+    "exporter-1": 9845,
+    "admin-1": 9846,
+}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("demo", help="run the whole stack locally on simulated GPUs")
+    parser.add_argument(
+        "--workdir", default="var/demo", help="where data, logs and reports go (wiped each run)"
+    )
+    parser.add_argument("--port-offset", type=int, default=0, help="add this to every default port")
+    parser.add_argument(
+        "--history-days",
+        type=int,
+        default=0,
+        help="days of history to backfill (default: from the 1st of last month)",
+    )
+    parser.add_argument("--no-wait", action="store_true", help="stop right after 'stack ready' (for tests)")
+    parser.set_defaults(func=run)
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if path is None:
+        raise DemoError(
+            f"{name} is not installed: run `make tools` (Debian packages prometheus, prometheus-alertmanager)"
+        )
+    return path
+
+
+def _gpumeter(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpumeter", *args]
+
+
+class WebhookLog:
+    """A webhook receiver that appends every Alertmanager notification to a JSON-lines file."""
+
+    def __init__(self, port: int, path: Path):
+        log = path
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with log.open("a") as out:
+                    out.write(json.dumps(json.loads(body or b"{}")) + "\n")
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    ports: dict[str, int]
+    processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    webhook: WebhookLog | None = None
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = (self.workdir / "logs" / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=None
+        )
+        log.close()
+        self.processes.append((name, proc))
+        return proc
+
+    def wait_http(self, name: str, url: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        proc = dict(self.processes).get(name)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise DemoError(f"{name} exited with {proc.returncode}; see {self.workdir}/logs/{name}.log")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise DemoError(f"{name} not ready at {url} after {timeout:.0f}s; see {self.workdir}/logs/{name}.log")
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.processes):
+            if proc.poll() is None:
+                proc.terminate()
+        for name, proc in reversed(self.processes):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                print(f"  {name} did not stop in 15 s: killed", file=sys.stderr)
+                proc.kill()
+                proc.wait()
+        self.processes.clear()
+        if self.webhook:
+            self.webhook.stop()
+            self.webhook = None
+
+
+def _check_ports(ports: dict[str, int]) -> None:
+    import socket
+
+    for name, port in ports.items():
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise DemoError(
+                    f"port {port} ({name}) is already in use: stop what holds it, or use --port-offset"
+                )
+
+
+def _prometheus_config(stack: Stack) -> dict:
+    exporters = [
+        {"targets": [f"127.0.0.1:{stack.ports[f'exporter-{i}']}"], "labels": {"instance": f"{node}:9835"}}
+        for i, (_, node) in enumerate(NODES)
+    ]
+    return {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "rule_files": [
+            str(ROOT / "alerts" / "gpumeter-rules.yaml"),
+            str(ROOT / "alerts" / "gpumeter-alerts.yaml"),
+        ],
+        "alerting": {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{stack.ports['alertmanager']}"]}]}]
+        },
+        "scrape_configs": [
+            {"job_name": "gpumeter-exporter", "honor_labels": True, "static_configs": exporters},
+            {
+                "job_name": "gpumeter-billing",
+                "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['billing']}"]}],
+            },
+            {
+                "job_name": "prometheus",
+                "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['prometheus']}"]}],
+            },
+        ],
+    }
+
+
+def _alertmanager_config(stack: Stack) -> dict:
+    """The shipped routing, with every receiver's webhook pointed at the local log and short waits."""
+    config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    for receiver in config.get("receivers", []):
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{stack.url('webhook')}/{receiver['name']}"
+
+    def shorten(route: dict) -> None:
+        # So that a demo user sees a notification within seconds; the shipped file keeps real waits.
+        route.update({k: "5s" for k in ("group_wait", "group_interval") if k in route})
+        for child in route.get("routes", []):
+            shorten(child)
+
+    shorten(config["route"])
+    return config
+
+
+def _progress(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = Stack(Path(args.workdir).resolve(), {k: v + args.port_offset for k, v in PORTS.items()})
+    stopping = threading.Event()
+
+    def stop_requested(*_):
+        stopping.set()
+
+    signal.signal(signal.SIGINT, stop_requested)
+    signal.signal(signal.SIGTERM, stop_requested)
+    try:
+        _start(stack, args, stopping)
+        if not args.no_wait:
+            stopping.wait()
+        return 0
+    except DemoError as exc:
+        print(f"gpumeter demo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        _progress("stopping every process the demo started")
+        stack.stop()
+        _progress("stopped")
+
+
+def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) -> None:
+    prometheus, promtool = _binary("prometheus"), _binary("promtool")
+    alertmanager = _binary("prometheus-alertmanager")
+    _check_ports(stack.ports)
+    if stack.workdir.exists():
+        shutil.rmtree(stack.workdir)
+    for sub in ("logs", "prometheus", "alertmanager", "reports", "kubelet"):
+        (stack.workdir / sub).mkdir(parents=True, exist_ok=True)
+
+    now = datetime.now(UTC)
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    first_of_month = hour.replace(day=1, hour=0)
+    last_month = (first_of_month - timedelta(days=1)).replace(day=1)
+    start = hour - timedelta(days=args.history_days) if args.history_days else last_month
+
+    _progress(
+        f"simulating history {start:%Y-%m-%d %H:%M} .. {hour:%Y-%m-%d %H:%M} UTC for "
+        f"{', '.join(n for _, n in NODES)}"
+    )
+    history = stack.workdir / "history.om"
+    subprocess.run(
+        _gpumeter(
+            "simulate",
+            "history",
+            *(a for f, _ in NODES for a in ("--fleet", f)),
+            "--from",
+            start.isoformat(),
+            "--to",
+            hour.isoformat(),
+            "--step",
+            "300",
+            "--out",
+            str(history),
+        ),
+        check=True,
+        cwd=ROOT,
+    )
+    _progress("backfilling it into Prometheus (promtool tsdb create-blocks-from openmetrics)")
+    subprocess.run(
+        [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=768h",
+            "-q",
+            str(history),
+            str(stack.workdir / "prometheus"),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    history.unlink()
+
+    _progress("starting stand-in kubelets and exporters")
+    for i, (fleet, node) in enumerate(NODES):
+        socket_path = stack.workdir / "kubelet" / f"{i}.sock"
+        stack.spawn(
+            f"kubelet-{i}",
+            _gpumeter("simulate", "kubelet", "--fleet", fleet, "--node", node, "--socket", str(socket_path)),
+        )
+        stack.spawn(
+            f"exporter-{i}",
+            _gpumeter(
+                "exporter",
+                "--simulate",
+                fleet,
+                "--listen",
+                f"127.0.0.1:{stack.ports[f'exporter-{i}']}",
+                "--admin-listen",
+                f"127.0.0.1:{stack.ports[f'admin-{i}']}",
+                "--kubelet-socket",
+                str(socket_path),
+                "--interval",
+                "5",
+            ),
+        )
+    stack.webhook = WebhookLog(stack.ports["webhook"], stack.workdir / "alerts.jsonl")
+    am_config = stack.workdir / "alertmanager.yml"
+    am_config.write_text(yaml.safe_dump(_alertmanager_config(stack)))
+    stack.spawn(
+        "alertmanager",
+        [
+            alertmanager,
+            f"--config.file={am_config}",
+            f"--storage.path={stack.workdir / 'alertmanager'}",
+            f"--web.listen-address=127.0.0.1:{stack.ports['alertmanager']}",
+            "--cluster.listen-address=",
+        ],
+    )
+    prom_config = stack.workdir / "prometheus.yml"
+    prom_config.write_text(yaml.safe_dump(_prometheus_config(stack)))
+    stack.spawn(
+        "prometheus",
+        [
+            prometheus,
+            f"--config.file={prom_config}",
+            f"--storage.tsdb.path={stack.workdir / 'prometheus'}",
+            f"--web.listen-address=127.0.0.1:{stack.ports['prometheus']}",
+            "--storage.tsdb.retention.time=120d",
+            "--web.enable-lifecycle",
+        ],
+    )
+    for i in range(len(NODES)):
+        stack.wait_http(f"exporter-{i}", f"{stack.url(f'exporter-{i}')}/healthz")
+    stack.wait_http("alertmanager", f"{stack.url('alertmanager')}/-/ready")
+    stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
+
+    database = f"sqlite:///{stack.workdir / 'billing.sqlite'}"
+    _progress("billing: catching up on the backfilled history")
+    subprocess.run(
+        _gpumeter(
+            "billing",
+            "ingest",
+            "--db",
+            database,
+            "--prometheus",
+            stack.url("prometheus"),
+            "--scrape-interval",
+            "auto",
+            "--from",
+            start.isoformat(),
+            "--to",
+            hour.isoformat(),
+        ),
+        check=True,
+        cwd=ROOT,
+    )
+    stack.spawn(
+        "billing",
+        _gpumeter(
+            "billing",
+            "serve",
+            "--db",
+            database,
+            "--prometheus",
+            stack.url("prometheus"),
+            "--scrape-interval",
+            "auto",
+            "--listen",
+            f"127.0.0.1:{stack.ports['billing']}",
+        ),
+    )
+    stack.wait_http("billing", f"{stack.url('billing')}/healthz")
+
+    reports = stack.workdir / "reports"
+    period = f"{last_month:%Y-%m}"
+    if (ROOT / "reports" / "cli.py").exists():
+        _progress(f"rendering the {period} chargeback report")
+        subprocess.run(
+            _gpumeter(
+                "report",
+                "--db",
+                database,
+                "--period",
+                period,
+                "--by",
+                "team",
+                "--format",
+                "html,csv,focus",
+                "--out",
+                str(reports),
+            ),
+            check=True,
+            cwd=ROOT,
+        )
+
+    if stopping.is_set():
+        return
+    dashboards = ROOT / "dashboards" / "generated"
+    print(
+        f"""
+gpumeter demo: stack ready
+
+  Prometheus      {stack.url("prometheus")}   (alerts: {stack.url("prometheus")}/alerts)
+  Alertmanager    {stack.url("alertmanager")}   (notifications logged to {stack.workdir / "alerts.jsonl"})
+  Exporters       {stack.url("exporter-0")}/metrics  ({NODES[0][1]})
+                  {stack.url("exporter-1")}/metrics  ({NODES[1][1]})
+  Billing         {stack.url("billing")}/metrics   (ledger {stack.workdir / "billing.sqlite"})
+  Reports         {reports}
+  Dashboards      {dashboards}  (import into Grafana, or use deploy/grafana/ provisioning)
+  Logs            {stack.workdir / "logs"}
+
+  Try a fault and watch the alert arrive (about a minute):
+    gpumeter simulate inject --admin {stack.url("admin-0")} xid --gpu 3 --set code=79
+    gpumeter simulate inject --admin {stack.url("admin-0")} overheat --gpu 1 --set celsius=40
+    gpumeter simulate inject --admin {stack.url("admin-0")} clear
+
+  Ctrl-C stops everything.
+""",
+        flush=True,
+    )
