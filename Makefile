@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests and the demo drive for real (binary:package).
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager \
-	psql:postgresql-client pg_ctlcluster:postgresql
+	psql:postgresql-client pg_ctlcluster:postgresql chromium:chromium
 STAMP := $(VENV)/.installed
 
 .PHONY: all setup tools venv test lint unit demo bench proto docs dashboards clean
