@@ -12,7 +12,7 @@ DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus \
 	psql:postgresql-client pg_ctlcluster:postgresql chromium:chromium
 STAMP := $(VENV)/.installed
 
-.PHONY: all setup tools venv test lint unit demo bench proto docs dashboards clean
+.PHONY: all setup tools venv postgres test lint unit demo bench proto docs dashboards clean
 
 all: test
 
@@ -31,7 +31,20 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-setup: tools venv
+# The ledger tests run against a real PostgreSQL on 127.0.0.1:5432; start the local cluster if it is down.
+postgres:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || { cluster=$$(ls /etc/postgresql | sort -V | tail -1); \
+	  echo "starting PostgreSQL $$cluster"; $(SUDO) pg_ctlcluster --skip-systemctl-redirect $$cluster main start; \
+	  for i in $$(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; }
+	@# A fresh Debian cluster asks for passwords on TCP; the test cluster trusts loopback, as the dev machines do.
+	@psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1" >/dev/null 2>&1 || { \
+	  hba=$$(ls /etc/postgresql/*/main/pg_hba.conf | sort -V | tail -1); echo "trusting loopback in $$hba"; \
+	  $(SUDO) sed -i '1i host all all 127.0.0.1/32 trust' $$hba; \
+	  $(SUDO) pg_ctlcluster --skip-systemctl-redirect $$(basename $$(dirname $$(dirname $$hba))) main reload; }
+	@psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 || \
+	  psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test" >/dev/null
+
+setup: tools venv postgres
 
 lint: venv
 	$(BIN)/ruff check .
@@ -44,7 +57,7 @@ unit: setup
 test: setup lint
 	$(BIN)/pytest -q
 
-demo: setup
+demo: tools venv
 	$(BIN)/gpumeter demo
 
 bench: setup
