@@ -9,10 +9,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests and the demo drive for real (binary:package).
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager \
-	psql:postgresql-client pg_ctlcluster:postgresql chromium:chromium
+	psql:postgresql-client pg_ctlcluster:postgresql chromium:chromium kubectl:kubectl
 STAMP := $(VENV)/.installed
+# kubernetes-validate, checkov and hadolint in their own env, so their pins cannot move the project's
+TOOLS_VENV := .venv-tools
+TOOLS_STAMP := $(TOOLS_VENV)/.installed
 
-.PHONY: all setup tools venv postgres test lint unit demo bench proto docs dashboards clean
+.PHONY: all setup tools tools-venv venv postgres test lint unit demo bench proto docs dashboards clean
 
 all: test
 
@@ -31,6 +34,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(TOOLS_STAMP): tests/deploy/tools-requirements.txt tests/deploy/tools-venv.sh
+	PYTHON=$(PYTHON) TOOLS_VENV=$(TOOLS_VENV) bash tests/deploy/tools-venv.sh
+
+tools-venv: $(TOOLS_STAMP)
+
 # The ledger tests run against a real PostgreSQL on 127.0.0.1:5432; start the local cluster if it is down.
 postgres:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || { cluster=$$(ls /etc/postgresql | sort -V | tail -1); \
@@ -44,7 +52,7 @@ postgres:
 	@psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 || \
 	  psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test" >/dev/null
 
-setup: tools venv postgres
+setup: tools venv tools-venv postgres
 
 lint: venv
 	$(BIN)/ruff check .
@@ -73,4 +81,4 @@ dashboards: venv
 	$(BIN)/gpumeter dashboards build
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis var .bench
+	rm -rf $(VENV) $(TOOLS_VENV) .pytest_cache .ruff_cache .hypothesis var .bench
