@@ -1,0 +1,434 @@
+"""Shared pieces of the gpumeter dashboards: the datasource, template variables, PromQL helpers that
+join device series to ``nvidia_gpu_info`` (the only device series with ``hostname``), and small panel
+factories over grafana-foundation-sdk's builders.
+
+Conventions every dashboard follows:
+
+* every query selects template variables through regex matchers (``=~"$var"``); "All" is ``.*``;
+* device series are joined ``* on(instance, uuid) group_left(hostname, model) nvidia_gpu_info{...}``
+  (DESIGN.md: descriptive metadata sits on ``_info`` series), which is also how a panel is filtered
+  by host and GPU;
+* power and temperature are per *physical* GPU: no panel sums a device series over MIG series;
+* thresholds are relative to each GPU's own limits: panels show headroom (slowdown − temperature)
+  or power as a fraction of the enforced limit, never a fixed temperature or wattage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as d
+from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, table, timeseries
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
+
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAG = "gpumeter"
+EXPORTER_JOB = "gpumeter-exporter"
+BILLING_JOB = "gpumeter-billing"
+
+# Dashboard UIDs (stable: data links and the docs refer to them).
+UID_FLEET = "gpumeter-fleet"
+UID_NODE = "gpumeter-node"
+UID_MIG = "gpumeter-mig"
+UID_COST = "gpumeter-cost"
+UID_HEALTH = "gpumeter-health"
+
+# Throttle reasons that are not a problem worth a glance (idle, clocks pinned by the admin, display).
+BENIGN_REASONS = "gpu_idle|applications_clocks|display_clocks"
+
+# --- PromQL helpers -------------------------------------------------------------------------------
+
+
+def info(hostname: bool = True, gpu: bool = False, extra: str = "") -> str:
+    """``nvidia_gpu_info`` filtered by the host (and GPU) variables."""
+    matchers = []
+    if hostname:
+        matchers.append('hostname=~"$hostname"')
+    if gpu:
+        matchers.append('gpu=~"$gpu"')
+    if extra:
+        matchers.append(extra)
+    return "nvidia_gpu_info{" + ", ".join(matchers) + "}"
+
+
+def on_gpu(expr: str, *, gpu: bool = False, labels: str = "hostname, model", extra: str = "") -> str:
+    """Join a device-scoped expression (labels instance, uuid, ...) to its GPU's identity.
+
+    The result keeps the expression's labels plus ``labels`` from ``nvidia_gpu_info``, and only GPUs
+    that match the host (and GPU) variables."""
+    return f"({expr}) * on(instance, uuid) group_left({labels}) {info(True, gpu, extra)}"
+
+
+def on_exporter(expr: str) -> str:
+    """Give an exporter-scoped series the hostname of its node (exporter series carry only instance),
+    as the alert rules do; exporters whose node has no GPU info keep no hostname and are dropped by a
+    specific host selection."""
+    return (
+        f"({expr}) * on(instance) group_left(hostname) "
+        'topk by (instance) (1, group by (instance, hostname) (last_over_time(nvidia_gpu_info{hostname=~"$hostname"}[1h])))'
+    )
+
+
+def in_range(metric: str, by: str) -> str:
+    """How much a cumulative ledger series (billing counters) grew during the dashboard's time range.
+
+    Unlike increase(), a series that first appeared inside the range counts in full (the billing
+    collector renders ledger totals, so a new namespace's first value is its first cost)."""
+    return (
+        f"sum by ({by}) ({metric})"
+        f" - (sum by ({by}) ({metric} offset $__range) or 0 * sum by ({by}) ({metric}))"
+    )
+
+
+# --- template variables ---------------------------------------------------------------------------
+
+
+def datasource_var() -> d.DatasourceVariable:
+    return d.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+
+
+def query_var(
+    name: str,
+    label: str,
+    query: str,
+    *,
+    multi: bool = True,
+    include_all: bool = True,
+    description: str = "",
+    sort: dm.VariableSort = dm.VariableSort.ALPHABETICAL_ASC,
+) -> d.QueryVariable:
+    var = (
+        d.QueryVariable(name)
+        .label(label)
+        .query(query)
+        .datasource(DS)
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(sort)
+        .multi(multi)
+        .include_all(include_all)
+    )
+    if include_all:
+        var = var.all_value(".*").current(dm.VariableOption(text="All", value="$__all", selected=True))
+    if description:
+        var = var.description(description)
+    return var
+
+
+def hostname_var(multi: bool = True) -> d.QueryVariable:
+    return query_var(
+        "hostname",
+        "Node",
+        "label_values(nvidia_gpu_info, hostname)",
+        multi=multi,
+        include_all=multi,
+        description="Node name (the exporter's NODE_NAME), from nvidia_gpu_info.",
+    )
+
+
+def gpu_var() -> d.QueryVariable:
+    return query_var(
+        "gpu",
+        "GPU",
+        'label_values(nvidia_gpu_info{hostname=~"$hostname"}, gpu)',
+        description="GPU index on the selected node(s).",
+        sort=dm.VariableSort.NUMERICAL_ASC,
+    )
+
+
+def namespace_var() -> d.QueryVariable:
+    return query_var(
+        "namespace",
+        "Namespace",
+        'label_values(nvidia_gpu_allocation{hostname=~"$hostname"}, namespace)',
+        description="Namespaces of the pods holding GPUs or MIG instances (nvidia_gpu_allocation).",
+    )
+
+
+# --- links ----------------------------------------------------------------------------------------
+
+_CARRY = "${datasource:queryparam}&${__url_time_range}"
+
+
+def url(uid: str, **variables: str) -> str:
+    """URL of another gpumeter dashboard with variables set (values may be data-link macros)."""
+    query = "&".join(f"var-{name}={value}" for name, value in variables.items())
+    return f"/d/{uid}?{query}{'&' if query else ''}{_CARRY}"
+
+
+def link(title: str, target: str) -> d.DashboardLink:
+    """A data link (panel field link)."""
+    return d.DashboardLink(title).url(target)
+
+
+def dashboard_links() -> list[d.DashboardLink]:
+    """Every gpumeter dashboard links to the others (by tag), keeping the time range and variables."""
+    return [
+        d.DashboardLink("gpumeter")
+        .type(dm.DashboardLinkType.DASHBOARDS)
+        .tags([TAG])
+        .as_dropdown(False)
+        .include_vars(True)
+        .keep_time(True)
+    ]
+
+
+# --- panels ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Query:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    table: bool = False
+
+
+def _targets(queries: Sequence[Query]) -> list[prometheus.Dataquery]:
+    out = []
+    for index, q in enumerate(queries):
+        target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + index)).datasource(DS)
+        if q.legend:
+            target = target.legend_format(q.legend)
+        target = target.instant() if q.instant or q.table else target.range()
+        if q.table:
+            target = target.format(pm.PromQueryFormat.TABLE)
+        out.append(target)
+    return out
+
+
+def steps(*pairs: tuple[float | None, str]) -> d.ThresholdsConfig:
+    return (
+        d.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=value, color=color) for value, color in pairs])
+    )
+
+
+NEUTRAL = steps((None, "green"))
+# Headroom to the GPU's own slowdown temperature, in °C: at or past it red, within 5 °C orange.
+HEADROOM = steps((None, "red"), (1, "orange"), (5, "green"))
+# Power as a fraction of the GPU's own enforced limit.
+POWER_FRACTION = steps((None, "green"), (0.9, "orange"), (0.98, "red"))
+
+
+@dataclass
+class PanelSpec:
+    """What every panel factory needs; the builders do the rest."""
+
+    title: str
+    queries: Sequence[Query]
+    description: str = ""
+    unit: str = "short"
+    thresholds: d.ThresholdsConfig = NEUTRAL
+    links: Iterable[d.DashboardLink] = ()
+    w: int = 12
+    h: int = 8
+    decimals: float | None = None
+    min: float | None = None
+    max: float | None = None
+    overrides: list = field(default_factory=list)
+    transformations: list = field(default_factory=list)
+    mappings: list = field(default_factory=list)
+
+
+def _common(builder, spec: PanelSpec):
+    builder = (
+        builder.title(spec.title)
+        .datasource(DS)
+        .targets(_targets(spec.queries))
+        .unit(spec.unit)
+        .thresholds(spec.thresholds)
+        .span(spec.w)
+        .height(spec.h)
+    )
+    if spec.description:
+        builder = builder.description(spec.description)
+    if spec.links:
+        builder = builder.data_links(list(spec.links))
+    if spec.decimals is not None:
+        builder = builder.decimals(spec.decimals)
+    if spec.min is not None:
+        builder = builder.min(spec.min)
+    if spec.max is not None:
+        builder = builder.max(spec.max)
+    if spec.mappings:
+        builder = builder.mappings(spec.mappings)
+    for name, properties in spec.overrides:
+        builder = builder.override_by_name(name, properties)
+    for transformation in spec.transformations:
+        builder = builder.with_transformation(transformation)
+    return builder
+
+
+def ts(spec: PanelSpec, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
+    panel = _common(timeseries.Panel(), spec)
+    panel = (
+        panel.legend(
+            cb.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.TABLE)
+            .placement(cm.LegendPlacement.RIGHT)
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+        .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))
+        .line_width(1)
+        .fill_opacity(10 if stack else 0)
+    )
+    if stack:
+        panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+    if threshold_lines:
+        panel = panel.thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.LINE))
+    return panel
+
+
+def stat_panel(spec: PanelSpec) -> stat.Panel:
+    return (
+        _common(stat.Panel(), spec)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .color_mode(cm.BigValueColorMode.VALUE)
+        .graph_mode(cm.BigValueGraphMode.AREA)
+        .text_mode(cm.BigValueTextMode.AUTO)
+        .justify_mode(cm.BigValueJustifyMode.AUTO)
+        .orientation(cm.VizOrientation.AUTO)
+    )
+
+
+HIDDEN_COLUMNS = ("Time", "__name__", "job", "instance")
+
+
+def organize(exclude: Iterable[str] = (), rename: dict[str, str] | None = None) -> dm.DataTransformerConfig:
+    return dm.DataTransformerConfig(
+        id_val="organize",
+        options={
+            "excludeByName": {name: True for name in (*HIDDEN_COLUMNS, *exclude)},
+            "renameByName": dict(rename or {}),
+        },
+    )
+
+
+MERGE = dm.DataTransformerConfig(id_val="merge", options={})
+
+
+def table_panel(spec: PanelSpec, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
+    panel = _common(table.Panel(), spec).show_header(True).cell_height(cm.TableCellHeight.SM)
+    if sort_by:
+        panel = panel.sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(desc)])
+    return panel
+
+
+def color_background(name: str) -> tuple[str, list[dm.DynamicConfigValue]]:
+    """Override: colour a table column's cells by the panel's thresholds."""
+    return (name, [dm.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"})])
+
+
+def unit_override(name: str, unit: str, thresholds: d.ThresholdsConfig | None = None):
+    properties = [dm.DynamicConfigValue(id_val="unit", value=unit)]
+    if thresholds is not None:
+        properties.append(dm.DynamicConfigValue(id_val="thresholds", value=thresholds.build()))
+        properties.append(
+            dm.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"})
+        )
+    return (name, properties)
+
+
+def dashed(name_regex: str) -> tuple[str, list[dm.DynamicConfigValue]]:
+    """Override for threshold series drawn beside the value (dashed, no fill)."""
+    return (
+        name_regex,
+        [
+            dm.DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
+            dm.DynamicConfigValue(id_val="custom.fillOpacity", value=0),
+        ],
+    )
+
+
+def value_map(mapping: dict[str, tuple[str, str]]) -> list[dm.ValueMap]:
+    """Value mappings {value: (text, colour)} for state timelines."""
+    return [
+        dm.ValueMap(
+            options={
+                value: dm.ValueMappingResult(text=text, color=color, index=index)
+                for index, (value, (text, color)) in enumerate(mapping.items())
+            }
+        )
+    ]
+
+
+def timeline(spec: PanelSpec) -> statetimeline.Panel:
+    return (
+        _common(statetimeline.Panel(), spec)
+        .show_value(cm.VisibilityMode.NEVER)
+        .merge_values(True)
+        .row_height(0.8)
+        .fill_opacity(80)
+        .line_width(0)
+        .legend(cb.VizLegendOptions().show_legend(True).display_mode(cm.LegendDisplayMode.LIST))
+        .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.SINGLE))
+    )
+
+
+def text_row(title: str) -> d.Row:
+    return d.Row(title)
+
+
+class Layout:
+    """Adds rows and panels to a dashboard builder, assigning ids and grid positions left to right."""
+
+    def __init__(self, builder: d.Dashboard):
+        self.builder = builder
+        self.next_id = 1
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+
+    def row(self, title: str) -> Layout:
+        self._newline()
+        self.builder = self.builder.with_row(
+            d.Row(title).id(self.next_id).grid_pos(dm.GridPos(h=1, w=24, x=0, y=self.y))
+        )
+        self.next_id += 1
+        self.y += 1
+        return self
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+            self.x = 0
+            self.row_h = 0
+
+    def add(self, panel, w: int, h: int) -> Layout:
+        if self.x + w > 24:
+            self._newline()
+        panel = panel.id(self.next_id).grid_pos(dm.GridPos(h=h, w=w, x=self.x, y=self.y))
+        self.builder = self.builder.with_panel(panel)
+        self.next_id += 1
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return self
+
+    def panel(self, factory, spec: PanelSpec, **kwargs) -> Layout:
+        return self.add(factory(spec, **kwargs), spec.w, spec.h)
+
+
+def new_dashboard(
+    uid: str, title: str, description: str, variables: list, *, since: str = "now-6h"
+) -> d.Dashboard:
+    builder = (
+        d.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags([TAG])
+        .timezone("utc")
+        .time(since, "now")
+        .refresh("1m")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .readonly()
+        .links(dashboard_links())
+    )
+    for var in [datasource_var(), *variables]:
+        builder = builder.with_variable(var)
+    return builder

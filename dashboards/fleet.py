@@ -1,0 +1,432 @@
+"""Fleet overview: what the fleet is, how much of it is held and used, what it draws, and which GPUs
+need a look now (hot, throttled, erroring, alerting). Every GPU row links to Node & GPU detail."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as d
+
+from .core import (
+    BENIGN_REASONS,
+    HEADROOM,
+    MERGE,
+    POWER_FRACTION,
+    UID_COST,
+    UID_FLEET,
+    UID_MIG,
+    UID_NODE,
+    Layout,
+    PanelSpec,
+    Query,
+    color_background,
+    hostname_var,
+    info,
+    link,
+    namespace_var,
+    new_dashboard,
+    on_gpu,
+    organize,
+    stat_panel,
+    steps,
+    table_panel,
+    ts,
+    unit_override,
+    url,
+)
+
+TO_GPU = link(
+    "Node & GPU detail: GPU ${__data.fields.gpu} on ${__data.fields.hostname}",
+    url(UID_NODE, hostname="${__data.fields.hostname}", gpu="${__data.fields.gpu}"),
+)
+TO_NODE = link(
+    "Node & GPU detail: ${__field.labels.hostname}",
+    url(UID_NODE, hostname="${__field.labels.hostname}"),
+)
+TO_NAMESPACE = link(
+    "MIG & pods of namespace ${__field.labels.namespace}",
+    url(UID_MIG, namespace="${__field.labels.namespace}"),
+)
+TO_COST = link(
+    "Cost & chargeback of namespace ${__field.labels.namespace}",
+    url(UID_COST, namespace="${__field.labels.namespace}"),
+)
+
+HEADROOM_EXPR = on_gpu(
+    'nvidia_gpu_temperature_threshold_celsius{threshold="slowdown"}'
+    " - ignoring(threshold) nvidia_gpu_temperature_celsius"
+)
+POWER_FRACTION_EXPR = on_gpu("nvidia_gpu_power_watts / nvidia_gpu_power_limit_watts")
+# Whole-GPU equivalents held: a whole GPU its share, a MIG instance its share x compute_slices / 7.
+ALLOCATED_EQUIVALENTS = (
+    'sum(nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id=""}'
+    ' or nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""}'
+    " * on(uuid, gpu_instance_id) group_left() uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio)"
+)
+MIG_INFO = on_gpu("nvidia_gpu_mig_info", labels="hostname")
+
+
+def build() -> d.Dashboard:
+    layout = Layout(
+        new_dashboard(
+            UID_FLEET,
+            "gpumeter / Fleet overview",
+            "GPUs and MIG instances by state, allocation and utilization, power per physical GPU, "
+            "the GPUs that need attention and the alerts firing. Click a GPU to open its detail.",
+            [hostname_var(), namespace_var()],
+        )
+    )
+
+    layout.row("Inventory and state")
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "GPUs",
+            [Query(f"count({info()})")],
+            description="Physical GPUs the exporters report (nvidia_gpu_info).",
+            w=4,
+            h=4,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "GPUs lost",
+            [Query(f"count({on_gpu('nvidia_gpu_up == 0')}) or vector(0)")],
+            description="GPUs NVML no longer answers for (nvidia_gpu_up == 0). Any is critical (GpuLost).",
+            thresholds=steps((None, "green"), (1, "red")),
+            w=4,
+            h=4,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "GPUs in MIG mode",
+            [Query(f"count({info(extra='mig_mode=' + chr(34) + 'enabled' + chr(34))}) or vector(0)")],
+            w=4,
+            h=4,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "MIG instances",
+            [Query(f"count({MIG_INFO})")],
+            description="GPU instances carved out of the MIG-mode GPUs (nvidia_gpu_mig_info).",
+            w=4,
+            h=4,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "MIG instances held by pods",
+            [
+                Query(
+                    'count(nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""})'
+                    " or vector(0)"
+                )
+            ],
+            w=4,
+            h=4,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Alerts firing",
+            [Query('count(ALERTS{alertstate="firing"}) or vector(0)')],
+            thresholds=steps((None, "green"), (1, "red")),
+            w=4,
+            h=4,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "GPUs by model and mode",
+            [Query(f"count by (model, mig_mode, driver_version) ({info()})", table=True)],
+            transformations=[organize(rename={"Value": "GPUs"})],
+            w=12,
+            h=6,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "MIG instances by profile",
+            [Query(f"count by (mig_profile, compute_slices, memory_slices) ({MIG_INFO})", table=True)],
+            transformations=[organize(rename={"Value": "instances"})],
+            w=12,
+            h=6,
+        ),
+    )
+
+    layout.row("Allocation and utilization")
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Allocated, in GPU equivalents",
+            [Query(ALLOCATED_EQUIVALENTS)],
+            description="GPUs held by pods: a whole GPU counts its share (1, or 1/replicas when time-sliced), "
+            "a MIG instance its compute slices / 7 (4 on A30).",
+            decimals=2,
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Allocated share of the fleet",
+            [Query(f"{ALLOCATED_EQUIVALENTS} / count({info()})")],
+            unit="percentunit",
+            thresholds=steps((None, "orange"), (0.5, "green")),
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Whole-GPU utilization",
+            [Query('avg(hostname:nvidia_gpu_utilization_ratio:avg{hostname=~"$hostname"})')],
+            description="Mean utilization of GPUs not in MIG mode (NVML has no whole-GPU utilization in MIG mode).",
+            unit="percentunit",
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "MIG SM utilization",
+            [Query(f"avg({on_gpu('nvidia_gpu_mig_sm_utilization_ratio', labels='hostname')})")],
+            description="Mean SM utilization of MIG instances (NVML GPM: Hopper and later only).",
+            unit="percentunit",
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Allocated GPU equivalents by namespace",
+            [
+                Query(
+                    'namespace:nvidia_gpu_allocated_gpu_equivalents:sum{namespace=~"$namespace"}',
+                    "{{namespace}}",
+                )
+            ],
+            description="Cluster-wide (the recording rule has no node label). Click a series for the "
+            "namespace's pods or its cost.",
+            links=[TO_NAMESPACE, TO_COST],
+            decimals=2,
+        ),
+        stack=True,
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Utilization of allocations by namespace",
+            [
+                Query(
+                    'avg by (namespace) (allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", '
+                    'namespace=~"$namespace"})',
+                    "{{namespace}}",
+                )
+            ],
+            description="What the pods of each namespace use of what they hold: the GPU's utilization for "
+            "whole and time-sliced GPUs, the instance's SM utilization for MIG (Hopper and later).",
+            unit="percentunit",
+            links=[TO_NAMESPACE, TO_COST],
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Whole-GPU utilization by node",
+            [Query('hostname:nvidia_gpu_utilization_ratio:avg{hostname=~"$hostname"}', "{{hostname}}")],
+            unit="percentunit",
+            links=[TO_NODE],
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "MIG SM utilization by node and profile",
+            [
+                Query(
+                    f"avg by (hostname, mig_profile) ({on_gpu('nvidia_gpu_mig_sm_utilization_ratio', labels='hostname')})",
+                    "{{hostname}} {{mig_profile}}",
+                )
+            ],
+            unit="percentunit",
+            links=[TO_NODE],
+            min=0,
+            max=1,
+        ),
+    )
+
+    layout.row("Power (per physical GPU: MIG instances are never summed)")
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Power draw",
+            [Query('sum(hostname:nvidia_gpu_power_watts:sum{hostname=~"$hostname"})')],
+            description="Sum of nvidia_gpu_power_watts over physical GPUs (one series per GPU, MIG or not).",
+            unit="watt",
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Power draw / enforced limit",
+            [
+                Query(
+                    f"sum({on_gpu('nvidia_gpu_power_watts')}) / sum({on_gpu('nvidia_gpu_power_limit_watts')})"
+                )
+            ],
+            unit="percentunit",
+            thresholds=POWER_FRACTION,
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Power draw by node",
+            [Query('hostname:nvidia_gpu_power_watts:sum{hostname=~"$hostname"}', "{{hostname}}")],
+            unit="watt",
+            links=[TO_NODE],
+            h=5,
+        ),
+        stack=True,
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "GPUs closest to their power limit",
+            [Query(f"topk(10, {POWER_FRACTION_EXPR})", table=True)],
+            description="Power draw as a fraction of each GPU's own enforced limit.",
+            unit="percentunit",
+            thresholds=POWER_FRACTION,
+            links=[TO_GPU],
+            overrides=[color_background("Value")],
+            transformations=[organize(exclude=["uuid"], rename={"Value": "draw / limit"})],
+            w=24,
+            h=6,
+        ),
+        sort_by="draw / limit",
+    )
+
+    layout.row("GPUs that need a look")
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Hottest GPUs: headroom to their own slowdown temperature",
+            [
+                Query(f"bottomk(10, {HEADROOM_EXPR})", table=True),
+                Query(f"bottomk(10, {on_gpu('nvidia_gpu_temperature_celsius')})", table=True),
+            ],
+            description="Headroom = the GPU's own hardware-slowdown temperature minus its temperature. "
+            "Red: at or past slowdown; orange: within 5 °C.",
+            unit="celsius",
+            links=[TO_GPU],
+            overrides=[
+                unit_override("headroom", "celsius", HEADROOM),
+            ],
+            transformations=[
+                MERGE,
+                organize(exclude=["uuid"], rename={"Value #A": "headroom", "Value #B": "temperature"}),
+            ],
+            w=12,
+            h=8,
+        ),
+        sort_by="headroom",
+        desc=False,
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Throttled GPUs (clock event reasons active now)",
+            [
+                Query(
+                    on_gpu(
+                        f'nvidia_gpu_clocks_event_active{{reason!~"{BENIGN_REASONS}"}} == 1',
+                    ),
+                    table=True,
+                )
+            ],
+            description="One row per GPU and active reason (idle, application clocks and display clocks "
+            "left out). sw_power_cap is the power limit doing its job; hw_* and sw_thermal cut clocks hard.",
+            links=[TO_GPU],
+            transformations=[organize(exclude=["uuid", "Value"])],
+            w=12,
+            h=8,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Erroring GPUs",
+            [
+                Query(
+                    on_gpu(
+                        'label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_xid_errors_total), "problem", "XID errors", "", "")'
+                        ' or label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_ecc_errors_total{error_type="uncorrected"}) > 0, "problem", "uncorrected ECC errors", "", "")'
+                        ' or label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_remapped_rows_pending) > 0, "problem", "row remap pending (reset needed)", "", "")'
+                        ' or label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_remapped_rows_failure) > 0, "problem", "row remap failed", "", "")'
+                        ' or label_replace(sum by (instance, uuid, gpu) (increase(nvidia_gpu_nvlink_errors_total[$__range])) > 0, "problem", "NVLink errors in range", "", "")'
+                        ' or label_replace(count by (instance, uuid, gpu) (nvidia_gpu_nvlink_up == 0), "problem", "NVLinks down", "", "")'
+                    ),
+                    table=True,
+                )
+            ],
+            description="XIDs since the exporter started, uncorrected ECC errors since the driver loaded, "
+            "pending or failed row remaps, NVLink errors in the time range and links down.",
+            links=[TO_GPU],
+            transformations=[organize(exclude=["uuid"], rename={"Value": "count"})],
+            w=12,
+            h=8,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Alerts firing and pending",
+            [
+                Query(
+                    'sum by (alertname, alertstate, severity, hostname, gpu, reason) (ALERTS{hostname=~"$hostname"})',
+                    table=True,
+                )
+            ],
+            description="The ALERTS series of the gpumeter rules (pending = the condition holds, waiting for "
+            "its `for:` duration). See alerts/runbook.md for each alert.",
+            links=[TO_GPU],
+            transformations=[organize(exclude=["Value"])],
+            w=12,
+            h=8,
+        ),
+        sort_by="alertstate",
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Smallest temperature headroom by node",
+            [Query(f"min by (hostname) ({HEADROOM_EXPR})", "{{hostname}}")],
+            description="The hottest GPU of each node, as degrees below its own slowdown temperature.",
+            unit="celsius",
+            thresholds=HEADROOM,
+            links=[TO_NODE],
+            w=24,
+        ),
+        threshold_lines=True,
+    )
+    return layout.builder

@@ -1,0 +1,284 @@
+"""Exporter & billing health: can the GPU numbers and the bill be trusted? Scrape targets up, each
+collector's success and duration, NVML and kubelet up, the age of the sample being served, and the
+billing ingest's lag and runs."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as d
+
+from .core import (
+    BILLING_JOB,
+    EXPORTER_JOB,
+    MERGE,
+    UID_HEALTH,
+    UID_NODE,
+    Layout,
+    PanelSpec,
+    Query,
+    hostname_var,
+    link,
+    new_dashboard,
+    on_exporter,
+    organize,
+    stat_panel,
+    steps,
+    table_panel,
+    timeline,
+    ts,
+    unit_override,
+    url,
+    value_map,
+)
+
+UP_DOWN = value_map({"0": ("down", "red"), "1": ("up", "green")})
+UP_STEPS = steps((None, "red"), (1, "green"))
+# The alert GpumeterSamplesStale fires at 120 s; a healthy exporter samples every few seconds.
+AGE_STEPS = steps((None, "green"), (30, "orange"), (120, "red"))
+TO_NODE = link(
+    "Node & GPU detail: ${__data.fields.hostname}", url(UID_NODE, hostname="${__data.fields.hostname}")
+)
+TO_NODE_SERIES = link(
+    "Node & GPU detail: ${__field.labels.hostname}", url(UID_NODE, hostname="${__field.labels.hostname}")
+)
+
+
+def build() -> d.Dashboard:
+    layout = Layout(
+        new_dashboard(
+            UID_HEALTH,
+            "gpumeter / Exporter & billing health",
+            "Is the monitoring itself working: exporters scraped, NVML and kubelet answering, every "
+            "collector succeeding, fresh samples; billing ingesting every hour.",
+            [hostname_var()],
+        )
+    )
+
+    layout.row("Exporters")
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Exporter targets up",
+            [Query(f'sum(up{{job="{EXPORTER_JOB}"}}) / count(up{{job="{EXPORTER_JOB}"}})')],
+            description=f'Prometheus\'s own scrape health of job "{EXPORTER_JOB}" (the job the alert rules use).',
+            unit="percentunit",
+            thresholds=steps((None, "red"), (1, "green")),
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "NVML down",
+            [Query(f"count({on_exporter('gpumeter_exporter_nvml_up == 0')}) or vector(0)")],
+            thresholds=steps((None, "green"), (1, "red")),
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Kubelet attribution down",
+            [Query(f"count({on_exporter('gpumeter_exporter_kubelet_up == 0')}) or vector(0)")],
+            description="Exporters whose kubelet PodResources query fails: allocations (and billing) are "
+            "blind on that node.",
+            thresholds=steps((None, "green"), (1, "red")),
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Oldest sample served",
+            [Query(f"max({on_exporter('time() - gpumeter_exporter_last_sample_timestamp_seconds')})")],
+            description="Now minus when the snapshot being served was sampled. Over 120 s: the sampler is "
+            "stuck (GpumeterSamplesStale).",
+            unit="s",
+            thresholds=AGE_STEPS,
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Exporters",
+            [
+                Query(on_exporter("gpumeter_exporter_build_info"), table=True),
+                Query(on_exporter("gpumeter_exporter_nvml_up"), table=True),
+                Query(on_exporter("gpumeter_exporter_kubelet_up"), table=True),
+                Query(on_exporter("time() - gpumeter_exporter_last_sample_timestamp_seconds"), table=True),
+                Query(on_exporter("gpumeter_exporter_sample_duration_seconds"), table=True),
+                Query(on_exporter("gpumeter_exporter_nvml_calls"), table=True),
+            ],
+            description="One row per exporter: version, NVML and kubelet up, sample age, the last sampling "
+            "cycle's duration and NVML calls. Kubelet up is empty where attribution is off.",
+            overrides=[
+                unit_override("NVML", "short", UP_STEPS),
+                unit_override("kubelet", "short", UP_STEPS),
+                unit_override("sample age", "s", AGE_STEPS),
+                unit_override("cycle", "s"),
+            ],
+            transformations=[
+                MERGE,
+                organize(
+                    exclude=["Value #A"],
+                    rename={
+                        "Value #B": "NVML",
+                        "Value #C": "kubelet",
+                        "Value #D": "sample age",
+                        "Value #E": "cycle",
+                        "Value #F": "NVML calls",
+                    },
+                ),
+            ],
+            links=[TO_NODE],
+            w=24,
+            h=7,
+        ),
+    )
+    layout.panel(
+        timeline,
+        PanelSpec(
+            "NVML and kubelet up",
+            [
+                Query(on_exporter("gpumeter_exporter_nvml_up"), "{{hostname}} NVML"),
+                Query(on_exporter("gpumeter_exporter_kubelet_up"), "{{hostname}} kubelet"),
+            ],
+            mappings=UP_DOWN,
+            thresholds=UP_STEPS,
+            links=[TO_NODE_SERIES],
+        ),
+    )
+    layout.panel(
+        timeline,
+        PanelSpec(
+            "Collector success",
+            [Query(on_exporter("gpumeter_exporter_collector_success"), "{{hostname}} {{collector}}")],
+            description="1 when the collector read every device it should in the last sampling cycle.",
+            mappings=value_map({"0": ("failed", "red"), "1": ("ok", "green")}),
+            thresholds=UP_STEPS,
+            links=[TO_NODE_SERIES],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Collector duration",
+            [
+                Query(
+                    on_exporter("gpumeter_exporter_collector_duration_seconds"),
+                    "{{hostname}} {{collector}}",
+                )
+            ],
+            unit="s",
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Sampling cycle duration and sample age",
+            [
+                Query(on_exporter("gpumeter_exporter_sample_duration_seconds"), "{{hostname}} cycle"),
+                Query(
+                    on_exporter("time() - gpumeter_exporter_last_sample_timestamp_seconds"),
+                    "{{hostname}} sample age",
+                ),
+            ],
+            unit="s",
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "NVML calls per sampling cycle",
+            [Query(on_exporter("gpumeter_exporter_nvml_calls"), "{{hostname}}")],
+            unit="short",
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Kubelet query errors",
+            [
+                Query(
+                    on_exporter("rate(gpumeter_exporter_kubelet_errors_total[$__rate_interval])"),
+                    "{{hostname}}",
+                )
+            ],
+            unit="reqps",
+        ),
+    )
+
+    layout.row("Billing")
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Billing service up",
+            [Query(f'min(up{{job="{BILLING_JOB}"}})')],
+            thresholds=UP_STEPS,
+            mappings=UP_DOWN,
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Ingest lag",
+            [Query("max(gpumeter_billing_ingest_lag_seconds)")],
+            description="Now minus the end of the newest hour ingested successfully. The hourly ingest "
+            "runs at minute 5, so up to ~65 min is normal.",
+            unit="s",
+            thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Newest hour billed (end)",
+            [Query("max(gpumeter_billing_last_success_timestamp_seconds) * 1000")],
+            unit="dateTimeFromNow",
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Failed ingest runs in the range",
+            [
+                Query(
+                    'sum(increase(gpumeter_billing_ingest_runs_total{status="failed"}[$__range])) or vector(0)'
+                )
+            ],
+            thresholds=steps((None, "green"), (1, "orange")),
+            decimals=0,
+            w=6,
+            h=5,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Ingest lag",
+            [Query("gpumeter_billing_ingest_lag_seconds", "{{instance}}")],
+            unit="s",
+            thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
+        ),
+        threshold_lines=True,
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Ingest runs by status",
+            [Query("sum by (status) (gpumeter_billing_ingest_runs_total)", "{{status}}")],
+            description="Cumulative runs recorded in the ledger (ok / failed).",
+            unit="short",
+        ),
+    )
+    return layout.builder

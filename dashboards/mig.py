@@ -1,0 +1,300 @@
+"""MIG & pods: the MIG layout of each GPU, which pod holds which instance (nvidia_gpu_allocation joined
+to nvidia_gpu_mig_info), per-instance memory and SM utilization, instances nobody holds and
+allocations left idle."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as d
+
+from .core import (
+    MERGE,
+    UID_COST,
+    UID_MIG,
+    UID_NODE,
+    Layout,
+    PanelSpec,
+    Query,
+    gpu_var,
+    hostname_var,
+    link,
+    namespace_var,
+    new_dashboard,
+    on_gpu,
+    organize,
+    stat_panel,
+    steps,
+    table_panel,
+    ts,
+    unit_override,
+    url,
+)
+
+ALLOC = 'nvidia_gpu_allocation{hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"'
+MIG_ALLOC = ALLOC + ', gpu_instance_id!=""}'
+ALL_ALLOC = ALLOC + "}"
+KEY = "hostname, namespace, pod, container, gpu, gpu_instance_id, mig_profile"
+# One MIG info series per GPU instance (several compute instances of one GI would otherwise make
+# the join many-to-many).
+ONE_PER_GI = "topk by (instance, uuid, gpu_instance_id) (1, nvidia_gpu_mig_info)"
+IDLE = steps((None, "red"), (0.05, "orange"), (0.25, "green"))
+
+TO_GPU = link(
+    "Node & GPU detail: GPU ${__data.fields.gpu} on ${__data.fields.hostname}",
+    url(UID_NODE, hostname="${__data.fields.hostname}", gpu="${__data.fields.gpu}"),
+)
+TO_COST = link(
+    "Cost & chargeback of namespace ${__data.fields.namespace}",
+    url(UID_COST, namespace="${__data.fields.namespace}"),
+)
+TO_COST_SERIES = link(
+    "Cost & chargeback of namespace ${__field.labels.namespace}",
+    url(UID_COST, namespace="${__field.labels.namespace}"),
+)
+
+
+def mig(expr: str) -> str:
+    return on_gpu(expr, gpu=True, labels="hostname, model")
+
+
+def build() -> d.Dashboard:
+    layout = Layout(
+        new_dashboard(
+            UID_MIG,
+            "gpumeter / MIG & pods",
+            "MIG layout per GPU, which pod holds which instance, per-instance memory and SM utilization, "
+            "unheld instances and idle allocations.",
+            [hostname_var(), gpu_var(), namespace_var()],
+        )
+    )
+
+    layout.row("Layout")
+    layout.panel(
+        stat_panel,
+        PanelSpec("MIG instances", [Query(f"count({mig('nvidia_gpu_mig_info')})")], w=6, h=4),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec("Held by pods", [Query(f"count({MIG_ALLOC}) or vector(0)")], w=6, h=4),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Not held by any pod",
+            [
+                Query(
+                    f"count({mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
+                    'nvidia_gpu_allocation{gpu_instance_id!=""}) or vector(0)'
+                )
+            ],
+            description="Instances that cost money (billed to __unallocated__) and nobody uses.",
+            thresholds=steps((None, "green"), (1, "orange")),
+            w=6,
+            h=4,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Idle allocations (< 5 % over the range)",
+            [
+                Query(
+                    'count(max_over_time(allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", '
+                    'gpu=~"$gpu", namespace=~"$namespace"}[$__range]) < 0.05) or vector(0)'
+                )
+            ],
+            description="Allocations whose device stayed under 5 % utilization for the whole range "
+            "(GpuAllocatedButIdle fires after 3 h). MIG instances count only where NVML has GPM (Hopper+).",
+            thresholds=steps((None, "green"), (1, "orange")),
+            w=6,
+            h=4,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "MIG layout per GPU",
+            [
+                Query(mig("nvidia_gpu_mig_info"), table=True),
+                Query(mig("nvidia_gpu_mig_memory_total_bytes"), table=True),
+            ],
+            description="Every GPU instance: profile, compute slices of 7 (4 on A30), memory slices of 8 "
+            "(4 on A30). Slices no instance covers are billed as __stranded__.",
+            overrides=[unit_override("memory", "bytes")],
+            transformations=[
+                MERGE,
+                organize(exclude=["uuid", "Value #A"], rename={"Value #B": "memory"}),
+            ],
+            links=[TO_GPU],
+            w=24,
+            h=8,
+        ),
+        sort_by="gpu",
+        desc=False,
+    )
+
+    layout.row("Which pod holds which instance")
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Pods on MIG instances",
+            [
+                Query(
+                    f"max by ({KEY}, mig_uuid, compute_slices) ({MIG_ALLOC} * on(instance, uuid, gpu_instance_id) "
+                    f"group_left(mig_uuid, compute_slices) {ONE_PER_GI})",
+                    table=True,
+                ),
+                Query(
+                    f'max by ({KEY}) (allocation:nvidia_gpu_utilization_ratio:join{{hostname=~"$hostname", '
+                    f'gpu=~"$gpu", namespace=~"$namespace", gpu_instance_id!=""}})',
+                    table=True,
+                ),
+                Query(
+                    f"max by ({KEY}) ({MIG_ALLOC} * on(instance, uuid, gpu_instance_id) group_left() "
+                    "max by (instance, uuid, gpu_instance_id) (nvidia_gpu_mig_memory_used_bytes "
+                    "/ nvidia_gpu_mig_memory_total_bytes))",
+                    table=True,
+                ),
+            ],
+            description="nvidia_gpu_allocation joined to nvidia_gpu_mig_info: the pod, its MIG instance and "
+            "profile, SM utilization (Hopper and later) and the share of the instance's memory in use. "
+            "Click a row for the GPU's detail or the namespace's cost.",
+            overrides=[
+                unit_override("SM utilization", "percentunit", IDLE),
+                unit_override("memory used", "percentunit"),
+            ],
+            transformations=[
+                MERGE,
+                organize(
+                    exclude=["Value #A"],
+                    rename={"Value #B": "SM utilization", "Value #C": "memory used"},
+                ),
+            ],
+            links=[TO_GPU, TO_COST],
+            w=24,
+            h=10,
+        ),
+        sort_by="hostname",
+        desc=False,
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Least-used allocations over the time range (whole GPUs, time slices and MIG)",
+            [
+                Query(
+                    "bottomk(20, max_over_time(allocation:nvidia_gpu_utilization_ratio:join{"
+                    'hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"}[$__range]))',
+                    table=True,
+                )
+            ],
+            description="Peak utilization of each allocation's device over the range, lowest first: red "
+            "under 5 % (idle: release it), orange under 25 %.",
+            unit="percentunit",
+            thresholds=IDLE,
+            overrides=[unit_override("peak utilization", "percentunit", IDLE)],
+            transformations=[organize(exclude=["uuid", "resource"], rename={"Value": "peak utilization"})],
+            links=[TO_GPU, TO_COST],
+            w=24,
+            h=8,
+        ),
+        sort_by="peak utilization",
+        desc=False,
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "MIG instances nobody holds",
+            [
+                Query(
+                    f"{mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
+                    'nvidia_gpu_allocation{gpu_instance_id!=""}',
+                    table=True,
+                )
+            ],
+            transformations=[organize(exclude=["uuid", "Value", "compute_instance_id"])],
+            links=[TO_GPU],
+            w=24,
+            h=7,
+        ),
+    )
+
+    layout.row("Per-instance utilization and memory")
+    layout.panel(
+        ts,
+        PanelSpec(
+            "SM utilization per MIG instance",
+            [
+                Query(
+                    mig("nvidia_gpu_mig_sm_utilization_ratio"),
+                    "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
+                )
+            ],
+            description="NVML GPM: Hopper and later only (A100 MIG instances have no such series).",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Utilization per pod",
+            [
+                Query(
+                    'allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", gpu=~"$gpu", '
+                    'namespace=~"$namespace"}',
+                    "{{namespace}}/{{pod}} GPU {{gpu}} {{mig_profile}}",
+                )
+            ],
+            description="Utilization of the device each pod holds (whole GPU, or its MIG instance).",
+            unit="percentunit",
+            links=[TO_COST_SERIES],
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Memory used per MIG instance",
+            [
+                Query(
+                    mig("nvidia_gpu_mig_memory_used_bytes / nvidia_gpu_mig_memory_total_bytes"),
+                    "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
+                )
+            ],
+            unit="percentunit",
+            thresholds=steps((None, "green"), (0.9, "orange"), (0.98, "red")),
+            min=0,
+            max=1,
+        ),
+        threshold_lines=True,
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Memory used and free per MIG instance",
+            [
+                Query(mig("nvidia_gpu_mig_memory_used_bytes"), "GPU {{gpu}} GI {{gpu_instance_id}} used"),
+                Query(mig("nvidia_gpu_mig_memory_free_bytes"), "GPU {{gpu}} GI {{gpu_instance_id}} free"),
+            ],
+            unit="bytes",
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "MIG instances held by namespace and profile",
+            [
+                Query(
+                    'namespace_mig_profile:nvidia_gpu_allocation:sum{namespace=~"$namespace"}',
+                    "{{namespace}} {{mig_profile}}",
+                )
+            ],
+            description="Cluster-wide (recording rule namespace_mig_profile:nvidia_gpu_allocation:sum).",
+            links=[TO_COST_SERIES],
+            w=24,
+        ),
+        stack=True,
+    )
+    return layout.builder

@@ -1,0 +1,413 @@
+"""Node & GPU detail: every device series of the selected GPUs of one node, with temperature beside
+the GPU's own thresholds, power against its own limit, throttle reasons as a state timeline, NVLink
+per link, ECC and row remapping, XIDs, and the pods holding the GPU or its MIG instances."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as d
+
+from .core import (
+    BENIGN_REASONS,
+    HEADROOM,
+    MERGE,
+    POWER_FRACTION,
+    UID_COST,
+    UID_MIG,
+    UID_NODE,
+    Layout,
+    PanelSpec,
+    Query,
+    dashed,
+    gpu_var,
+    hostname_var,
+    info,
+    link,
+    new_dashboard,
+    on_gpu,
+    organize,
+    stat_panel,
+    steps,
+    table_panel,
+    timeline,
+    ts,
+    unit_override,
+    url,
+    value_map,
+)
+
+
+def g(expr: str, labels: str = "hostname") -> str:
+    """The expression for the selected node and GPUs."""
+    return on_gpu(expr, gpu=True, labels=labels)
+
+
+GPU_LEGEND = "GPU {{gpu}}"
+TO_MIG = link(
+    "MIG & pods: ${__data.fields.namespace}/${__data.fields.pod}",
+    url(
+        UID_MIG,
+        hostname="${__data.fields.hostname}",
+        gpu="${__data.fields.gpu}",
+        namespace="${__data.fields.namespace}",
+    ),
+)
+TO_COST = link(
+    "Cost & chargeback of namespace ${__data.fields.namespace}",
+    url(UID_COST, namespace="${__data.fields.namespace}"),
+)
+
+
+def build() -> d.Dashboard:
+    layout = Layout(
+        new_dashboard(
+            UID_NODE,
+            "gpumeter / Node & GPU detail",
+            "Every series of the selected GPUs of one node. Temperatures are drawn beside the GPU's own "
+            "thresholds and power against its own enforced limit.",
+            [hostname_var(multi=False), gpu_var()],
+        )
+    )
+
+    layout.row("Identity and pods")
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "GPUs",
+            [
+                Query(info(True, True), table=True),
+                Query(g("nvidia_gpu_up"), table=True),
+                Query(g("nvidia_gpu_performance_state"), table=True),
+            ],
+            description="nvidia_gpu_info with up (1 = answering NVML) and the P-state (0 = maximum performance).",
+            overrides=[
+                unit_override("up", "short", steps((None, "red"), (1, "green"))),
+            ],
+            transformations=[
+                MERGE,
+                organize(
+                    exclude=["Value #A"],
+                    rename={"Value #B": "up", "Value #C": "P-state"},
+                ),
+            ],
+            w=24,
+            h=6,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Pods holding these GPUs or their MIG instances",
+            [
+                Query(
+                    'nvidia_gpu_allocation{hostname=~"$hostname", gpu=~"$gpu"}',
+                    table=True,
+                )
+            ],
+            description="From the kubelet's PodResources API (nvidia_gpu_allocation). share: 1 for a whole GPU "
+            "or MIG instance, 1/replicas when time-sliced. Click a row for the pod's MIG instance or its cost.",
+            links=[TO_MIG, TO_COST],
+            transformations=[organize(exclude=["uuid"], rename={"Value": "share"})],
+            w=24,
+            h=7,
+        ),
+    )
+
+    layout.row("Temperature (against the GPU's own thresholds)")
+    layout.panel(
+        ts,
+        PanelSpec(
+            "GPU temperature and its slowdown thresholds",
+            [
+                Query(g("nvidia_gpu_temperature_celsius"), f"{GPU_LEGEND} temperature"),
+                Query(
+                    g('nvidia_gpu_temperature_threshold_celsius{threshold=~"slowdown|gpu_max"}'),
+                    GPU_LEGEND + " {{threshold}}",
+                ),
+            ],
+            description="gpu_max: software thermal slowdown starts; slowdown: hardware slowdown starts "
+            "(clocks halved). Both are the GPU's own values (dashed).",
+            unit="celsius",
+            overrides=[dashed("/.*(slowdown|gpu_max)$/")],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Headroom to slowdown",
+            [
+                Query(
+                    g(
+                        'nvidia_gpu_temperature_threshold_celsius{threshold="slowdown"}'
+                        " - ignoring(threshold) nvidia_gpu_temperature_celsius"
+                    ),
+                    GPU_LEGEND,
+                )
+            ],
+            description="The GPU's own slowdown temperature minus its temperature: red at or past slowdown, "
+            "orange within 5 °C.",
+            unit="celsius",
+            thresholds=HEADROOM,
+        ),
+        threshold_lines=True,
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Memory (HBM) temperature and its maximum",
+            [
+                Query(g("nvidia_gpu_memory_temperature_celsius"), f"{GPU_LEGEND} HBM"),
+                Query(
+                    g('nvidia_gpu_temperature_threshold_celsius{threshold="memory_max"}'),
+                    GPU_LEGEND + " {{threshold}}",
+                ),
+            ],
+            unit="celsius",
+            overrides=[dashed("/.*memory_max$/")],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Fan speed",
+            [Query(g("nvidia_gpu_fan_speed_ratio"), GPU_LEGEND)],
+            description="Absent on passively cooled boards (SXM, most data-centre PCIe cards).",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+
+    layout.row("Power and clocks")
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Power draw / enforced limit",
+            [Query(g("nvidia_gpu_power_watts / nvidia_gpu_power_limit_watts"), GPU_LEGEND)],
+            unit="percentunit",
+            thresholds=POWER_FRACTION,
+            min=0,
+        ),
+        threshold_lines=True,
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Power draw and enforced limit",
+            [
+                Query(g("nvidia_gpu_power_watts"), f"{GPU_LEGEND} draw"),
+                Query(g("nvidia_gpu_power_limit_watts"), f"{GPU_LEGEND} limit"),
+            ],
+            unit="watt",
+            overrides=[dashed("/.* limit$/")],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "SM and memory clocks against their maximum",
+            [
+                Query(g('nvidia_gpu_clock_hz{clock=~"sm|memory"}'), GPU_LEGEND + " {{clock}}"),
+                Query(g('nvidia_gpu_clock_max_hz{clock=~"sm|memory"}'), GPU_LEGEND + " {{clock}} max"),
+            ],
+            unit="hertz",
+            overrides=[dashed("/.* max$/")],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Graphics and video clocks",
+            [Query(g('nvidia_gpu_clock_hz{clock=~"graphics|video"}'), GPU_LEGEND + " {{clock}}")],
+            unit="hertz",
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Energy used in the time range",
+            [Query(g("increase(nvidia_gpu_energy_joules_total[$__range])"), GPU_LEGEND)],
+            unit="joule",
+            w=12,
+            h=5,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Performance state",
+            [Query(g("nvidia_gpu_performance_state"), GPU_LEGEND)],
+            description="0 is maximum performance, 15 minimum.",
+            unit="none",
+            decimals=0,
+            h=5,
+        ),
+    )
+
+    layout.row("Throttling")
+    layout.panel(
+        timeline,
+        PanelSpec(
+            "Clock event (throttle) reasons",
+            [
+                Query(
+                    g(f'nvidia_gpu_clocks_event_active{{reason!~"{BENIGN_REASONS}"}}'),
+                    GPU_LEGEND + " {{reason}}",
+                )
+            ],
+            description="One lane per GPU and reason; red while the clocks are held down for it. Shows when "
+            "a throttle started and ended. gpu_idle, application and display clocks are left out.",
+            mappings=value_map({"0": ("clear", "transparent"), "1": ("active", "red")}),
+            thresholds=steps((None, "transparent"), (1, "red")),
+            w=24,
+            h=10,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Fraction of time throttled, per reason (5 m)",
+            [Query(g("uuid:nvidia_gpu_clocks_event_seconds:rate5m"), GPU_LEGEND + " {{reason}}")],
+            description="Violation time NVML counts per reason (sw_power_cap, sync_boost, sw_thermal, "
+            "hw_thermal, hw_power_brake). Above 5 % of hw_* for 5 m alerts (GpuHardwareSlowdown).",
+            unit="percentunit",
+            thresholds=steps((None, "green"), (0.05, "red")),
+            min=0,
+            w=24,
+        ),
+    )
+
+    layout.row("Utilization, memory and PCIe")
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Utilization (whole GPU)",
+            [
+                Query(g("nvidia_gpu_utilization_ratio"), f"{GPU_LEGEND} kernels"),
+                Query(g("nvidia_gpu_memory_utilization_ratio"), f"{GPU_LEGEND} memory bandwidth"),
+            ],
+            description="Absent in MIG mode: see MIG & pods for per-instance SM utilization.",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Device memory",
+            [
+                Query(g("nvidia_gpu_memory_used_bytes"), f"{GPU_LEGEND} used"),
+                Query(g("nvidia_gpu_memory_reserved_bytes"), f"{GPU_LEGEND} reserved"),
+                Query(g("nvidia_gpu_memory_free_bytes"), f"{GPU_LEGEND} free"),
+                Query(g("nvidia_gpu_memory_total_bytes"), f"{GPU_LEGEND} total"),
+            ],
+            unit="bytes",
+            overrides=[dashed("/.* total$/")],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "PCIe throughput",
+            [
+                Query(g("nvidia_gpu_pcie_tx_bytes_per_second"), f"{GPU_LEGEND} tx"),
+                Query(g("nvidia_gpu_pcie_rx_bytes_per_second"), f"{GPU_LEGEND} rx"),
+            ],
+            unit="Bps",
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "PCIe replays",
+            [Query(g("rate(nvidia_gpu_pcie_replay_total[$__rate_interval])"), GPU_LEGEND)],
+            unit="ops",
+        ),
+    )
+
+    layout.row("NVLink")
+    layout.panel(
+        timeline,
+        PanelSpec(
+            "NVLink state per link",
+            [Query(g("nvidia_gpu_nvlink_up"), GPU_LEGEND + " link {{link}}")],
+            mappings=value_map({"0": ("down", "red"), "1": ("up", "green")}),
+            thresholds=steps((None, "red"), (1, "green")),
+            h=12,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "NVLink errors per link",
+            [
+                Query(
+                    g(
+                        "sum by (instance, uuid, gpu, link, error_type) "
+                        "(rate(nvidia_gpu_nvlink_errors_total[$__rate_interval]))"
+                    ),
+                    GPU_LEGEND + " link {{link}} {{error_type}}",
+                )
+            ],
+            description="crc_flit / crc_data: CRC errors (a burst means a bad link or cable); replay / "
+            "recovery: the link retransmitting or retraining.",
+            unit="ops",
+            h=12,
+        ),
+    )
+
+    layout.row("Memory errors and XIDs")
+    layout.panel(
+        ts,
+        PanelSpec(
+            "ECC errors (volatile, since the driver loaded)",
+            [Query(g("nvidia_gpu_ecc_errors_total"), GPU_LEGEND + " {{error_type}}")],
+            unit="short",
+            w=8,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Remapped rows",
+            [Query(g("nvidia_gpu_remapped_rows_total"), GPU_LEGEND + " {{error_type}}")],
+            unit="short",
+            w=8,
+        ),
+    )
+    layout.panel(
+        timeline,
+        PanelSpec(
+            "Row remap pending / failed",
+            [
+                Query(g("nvidia_gpu_remapped_rows_pending"), f"{GPU_LEGEND} pending"),
+                Query(g("nvidia_gpu_remapped_rows_failure"), f"{GPU_LEGEND} failure"),
+            ],
+            description="Pending: a remap waits for the next GPU reset (drain and reset). Failure: "
+            "unrecoverable memory damage (replace the GPU).",
+            mappings=value_map({"0": ("no", "transparent"), "1": ("yes", "red")}),
+            thresholds=steps((None, "transparent"), (1, "red")),
+            w=8,
+        ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "XID errors",
+            [
+                Query(g("nvidia_gpu_xid_errors_total"), table=True),
+                Query(g("nvidia_gpu_xid_last_timestamp_seconds * 1000"), table=True),
+            ],
+            description="Every XID by code since the exporter started (NVML event API; 999 = unknown), "
+            "with when it was last seen. See alerts/runbook.md for what each class of XID means.",
+            overrides=[unit_override("last seen", "dateTimeAsIso")],
+            transformations=[
+                MERGE,
+                organize(exclude=["uuid"], rename={"Value #A": "count", "Value #B": "last seen"}),
+            ],
+            w=24,
+            h=7,
+        ),
+        sort_by="last seen",
+    )
+    return layout.builder

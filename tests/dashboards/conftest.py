@@ -1,0 +1,271 @@
+"""A real Prometheus that has scraped the simulated fleets (with pods, through stand-in kubelets) and
+the billing service's /metrics, with the gpumeter recording and alerting rules loaded.
+
+Faults are injected so that panels that are legitimately empty on a healthy fleet (throttling, XIDs,
+ECC and row-remap errors, NVLink trouble, alerts) have data to show.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import pytest
+
+from billing.allocate import price_gpu_hour
+from billing.ledger.base import HourRecord
+from billing.ledger.sqlalchemy import open_ledger
+from billing.models import Allocation, Device, GpuHour, MigInstance
+from billing.service import build_app
+from tests.billing.factories import book
+from tests.support.servers import PrometheusServer
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE_FILES = [ROOT / "alerts" / "gpumeter-rules.yaml", ROOT / "alerts" / "gpumeter-alerts.yaml"]
+EXPORTER_JOB = "gpumeter-exporter"
+BILLING_JOB = "gpumeter-billing"
+# (fleet, node, with a stand-in kubelet): the workstation has no Kubernetes but has fans.
+FLEETS = (
+    ("h100-mig", "gpu-h100-mig-01", True),
+    ("a100-mixed", "gpu-a100-mixed-01", True),
+    ("workstation", "ws-01", False),
+)
+TEAMS = {
+    "search-inference": "search",
+    "ml-research": "research",
+    "ml-training": "research",
+    "vision": "vision",
+    "nlp": "language",
+    "data-eng": "data",
+    "analytics": "data",
+}
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+@dataclass
+class Stack:
+    prometheus: PrometheusServer
+    exporters: dict[str, ExporterProcess]
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def _billing_hours(hour: datetime) -> list[GpuHour]:
+    """A few GPU-hours like the simulated fleets': H100 MIG 1g.10gb x7, A100 3g+2g+1g+1g with one
+    slice unheld, A100 3g+3g (stranded 7th slice), an A100 time-sliced four ways, and a GPU model the
+    price book lacks (unpriced)."""
+    h100 = "GPU-h100-0"
+    h100_mig = [MigInstance(h100, str(gi), "1g.10gb", 1, 1, 3600) for gi in range(7, 14)]
+    h100_alloc = [
+        Allocation(h100, "search-inference", f"ranker-0-{gi}", "server", 3600, Decimal(1), str(gi), "1g.10gb")
+        for gi in range(7, 13)
+    ]
+    a100 = "GPU-a100-0"
+    a100_mig = [
+        MigInstance(a100, "1", "3g.20gb", 3, 4, 3600),
+        MigInstance(a100, "3", "2g.10gb", 2, 2, 3600),
+        MigInstance(a100, "7", "1g.5gb", 1, 1, 3600),
+        MigInstance(a100, "8", "1g.5gb", 1, 1, 3600),
+    ]
+    a100_alloc = [
+        Allocation(a100, "vision", "detector-train", "trainer", 3600, Decimal(1), "1", "3g.20gb"),
+        Allocation(a100, "nlp", "tokenizer-svc", "server", 3600, Decimal(1), "3", "2g.10gb"),
+        Allocation(a100, "nlp", "embedder-7", "server", 1800, Decimal(1), "7", "1g.5gb"),
+    ]
+    stranded = "GPU-a100-1"
+    stranded_mig = [
+        MigInstance(stranded, "1", "3g.20gb", 3, 4, 3600),
+        MigInstance(stranded, "2", "3g.20gb", 3, 4, 3600),
+    ]
+    stranded_alloc = [
+        Allocation(stranded, "vision", "segmenter-1", "trainer", 3600, Decimal(1), "1", "3g.20gb")
+    ]
+    sliced = "GPU-a100-4"
+    sliced_alloc = [
+        Allocation(
+            sliced, "data-eng", f"etl-{r}", "worker", 3600, Decimal("0.25"), resource="nvidia.com/gpu.shared"
+        )
+        for r in range(3)
+    ]
+    whole = "GPU-a100-2"
+    return [
+        GpuHour(hour, Device(h100, H100, 3600, "gpu-h100-mig-01", "0", True), h100_mig, h100_alloc),
+        GpuHour(hour, Device(a100, A100, 3600, "gpu-a100-mixed-01", "0", True), a100_mig, a100_alloc),
+        GpuHour(
+            hour, Device(stranded, A100, 3600, "gpu-a100-mixed-01", "1", True), stranded_mig, stranded_alloc
+        ),
+        GpuHour(hour, Device(sliced, A100, 3600, "gpu-a100-mixed-01", "4"), [], sliced_alloc),
+        GpuHour(
+            hour,
+            Device(whole, A100, 3600, "gpu-a100-mixed-01", "2"),
+            [],
+            [Allocation(whole, "vision", "labeler", "main", 3600)],
+        ),
+        GpuHour(
+            hour,
+            Device("GPU-b200-0", "NVIDIA B200", 3600, "gpu-b200-01", "0"),
+            [],
+            [Allocation("GPU-b200-0", "analytics", "notebook-0", "jupyter", 3600)],
+        ),
+    ]
+
+
+def _billing_ledger(workdir: Path):
+    prices = book(
+        workdir,
+        {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}},
+        sharing_efficiency={"mig": 1, "time_slicing": "0.75", "vgpu": 1},
+    )
+    ledger = open_ledger(f"sqlite:///{workdir / 'ledger.db'}")
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    for back in (3, 2):
+        hour = now - timedelta(hours=back)
+        hours = _billing_hours(hour)
+        lines = [line for gh in hours for line in price_gpu_hour(gh, prices, TEAMS).lines]
+        ledger.write_hour(HourRecord(hour, hours, lines, prices))
+    ledger.record_failure(now - timedelta(hours=1), "Prometheus unreachable (test)")
+    return ledger
+
+
+# Faults per node, so that the panels that are empty on a healthy fleet have something to show: a GPU
+# throttled by a hardware slowdown and by SW thermal, one overheating, XIDs (one on a MIG instance),
+# uncorrected ECC errors, a pending row remap (A100 outside MIG mode), an NVLink CRC burst and a link down.
+FAULTS = {
+    "gpu-h100-mig-01": [
+        {"fault": "throttle", "gpu": 3, "reason": "hw_slowdown"},
+        {"fault": "throttle", "gpu": 3, "reason": "sw_thermal"},
+        {"fault": "overheat", "gpu": 2, "celsius": 45},
+        {"fault": "xid", "gpu": 1, "code": 48, "gpu_instance_id": 8},
+        {"fault": "ecc", "gpu": 1, "error_type": "uncorrected", "count": 2},
+        {"fault": "nvlink_crc", "gpu": 0, "link": 1, "rate": 50},
+        {"fault": "nvlink_down", "gpu": 0, "link": 2},
+    ],
+    # NVML reports row remapping of GPUs outside MIG mode only (the simulator follows it).
+    "gpu-a100-mixed-01": [
+        {"fault": "xid", "gpu": 4, "code": 31},
+        {"fault": "row_remap", "gpu": 2, "kind": "pending"},
+        {"fault": "row_remap", "gpu": 2, "kind": "uncorrected", "count": 1},
+    ],
+    "ws-01": [],
+}
+
+
+class ExporterProcess:
+    """tests/dashboards/run_exporter.py in a child process (one NVML session per process)."""
+
+    def __init__(self, fleet: str, node: str, socket: str, workdir: Path):
+        self.node = node
+        self._log = (workdir / f"{node}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.dashboards.run_exporter",
+                fleet,
+                node,
+                socket,
+                json.dumps(FAULTS[node]),
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.stop()
+            raise RuntimeError(
+                f"exporter for {node} did not start: {(workdir / f'{node}.log').read_text()[-3000:]}"
+            )
+        self.port = int(line.split()[1])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self._log.close()
+
+
+def _wait(prom: PrometheusServer, promql: str, timeout: float = 60.0) -> None:
+    prom.wait_for(promql, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    workdir = Path(tempfile.mkdtemp(prefix="gm-dash-"))
+    sockets = Path(tempfile.mkdtemp(prefix="gmk", dir="/tmp"))  # unix socket paths must stay short
+    exporters: dict[str, ExporterProcess] = {}
+    ledger = server = prom = None
+    try:
+        for index, (fleet_name, node, with_kubelet) in enumerate(FLEETS):
+            socket = str(sockets / f"{index}.sock") if with_kubelet else ""
+            exporters[node] = ExporterProcess(fleet_name, node, socket, workdir)
+        ledger = _billing_ledger(workdir)
+        server = make_server("127.0.0.1", 0, build_app(ledger), handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
+        prom = PrometheusServer(
+            workdir / "prometheus",
+            scrape_targets={
+                EXPORTER_JOB: [f"127.0.0.1:{e.port}" for e in exporters.values()],
+                BILLING_JOB: [f"127.0.0.1:{server.server_address[1]}"],
+            },
+            rule_files=RULE_FILES,
+        ).start()
+        # Enough samples for rates and for the rules and alerts to have evaluated.
+        for promql in (
+            "count(nvidia_gpu_info) == 16",
+            "nvidia_gpu_allocation",
+            "nvidia_gpu_xid_errors_total",
+            "allocation:nvidia_gpu_utilization_ratio:join",
+            "gpumeter_billing_cost_total",
+            'ALERTS{alertname="GpuHardwareSlowdown"}',
+            'ALERTS{alertname="GpuXidCritical"}',
+            "nvidia_gpu_remapped_rows_pending == 1",
+            "increase(nvidia_gpu_nvlink_errors_total[1h]) > 0",
+            "uuid:nvidia_gpu_clocks_event_seconds:rate5m > 0",
+            "count_over_time(nvidia_gpu_info[1m]) > 5",
+        ):
+            _wait(prom, promql)
+        yield Stack(prom, exporters)
+    finally:
+        if prom is not None:
+            prom.stop()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        for exporter in exporters.values():
+            exporter.stop()
+        if ledger is not None:
+            ledger.close()
+        shutil.rmtree(sockets, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def prom(stack: Stack) -> PrometheusServer:
+    return stack.prometheus
+
+
+def settle(seconds: float) -> None:
+    time.sleep(seconds)

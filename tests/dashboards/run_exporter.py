@@ -1,0 +1,48 @@
+"""One simulated node in its own process: a stand-in kubelet and an exporter built with
+``exporter.app.build_exporter``, with faults injected through ``exporter.node.inject``.
+
+pynvml keeps its library in a module global (exporter/nvml.py: one NVML session per process), so the
+dashboard tests run each simulated fleet in a child process:
+
+    python -m tests.dashboards.run_exporter FLEET NODE SOCKET_OR_EMPTY FAULTS_JSON
+
+It prints ``port <N>`` once the exporter serves, and runs until stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from exporter.app import build_exporter
+from exporter.config import ExporterConfig
+from exporter.simulator.fleet import load_fleet
+from exporter.simulator.kubelet import StandInKubelet
+
+
+def main(argv: list[str]) -> int:
+    fleet, node, socket, faults = argv
+    kubelet = StandInKubelet(load_fleet(fleet), node, socket).start() if socket else None
+    exporter = build_exporter(
+        ExporterConfig(
+            listen="127.0.0.1:0",
+            simulate=fleet,
+            kubelet_socket=socket or None,
+            interval=1,
+            hostname=node,
+        )
+    ).start()
+    try:
+        for fault in json.loads(faults):
+            exporter.node.inject(fault.pop("fault"), fault.pop("gpu", None), **fault)
+        print(f"port {exporter.port}", flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+    finally:
+        exporter.stop()
+        if kubelet is not None:
+            kubelet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
