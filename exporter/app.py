@@ -105,4 +105,6 @@ def build_exporter(
     )
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SnapshotCollector(sampler.snapshot, naming=config.naming))
-    return Exporter(config, sampler, registry, ExpositionCache(registry, sampler.snapshot), node, library)
+    exposition = ExpositionCache(registry, sampler.snapshot)
+    sampler.listeners.append(exposition.prepare)
+    return Exporter(config, sampler, registry, exposition, node, library)

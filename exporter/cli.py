@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import sys
@@ -71,6 +72,7 @@ def run_exporter(args: argparse.Namespace) -> int:
     except (exporter_config.ConfigError, WebConfigError, ValueError, OSError) as exc:
         print(f"gpumeter exporter: {exc}", file=sys.stderr)
         return 2
+    gc.freeze()  # start-up objects live forever: keep them out of every later full collection
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())

@@ -73,7 +73,12 @@ class SnapshotCollector:
 
 
 class ExpositionCache:
-    """The rendered exposition of the current snapshot, per content type and encoding."""
+    """The rendered exposition of the current snapshot, per content type and encoding.
+
+    Rendering costs milliseconds (prometheus-client formats and escapes every sample), so it is done
+    once per snapshot: ``prepare()``, called by the sampler right after it publishes a snapshot,
+    renders every format scrapers asked for before. A scrape then only copies bytes.
+    """
 
     def __init__(self, registry: CollectorRegistry, snapshots: Callable[[], Snapshot]):
         self._registry = registry
@@ -81,18 +86,28 @@ class ExpositionCache:
         self._lock = threading.Lock()
         self._key: object = None
         self._cache: dict[tuple[str, bool], bytes] = {}
+        self._wanted: dict[tuple[str, bool], Callable] = {}  # formats scrapers asked for, with their encoder
 
     def render(self, accept: str | None, gzip_ok: bool) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
-        snapshot = self._snapshots()
         with self._lock:
-            if self._key is not snapshot:
-                self._key, self._cache = snapshot, {}
-            body = self._cache.get((content_type, gzip_ok))
-            if body is None:
-                plain = self._cache.get((content_type, False))
-                if plain is None:
-                    plain = self._cache[(content_type, False)] = encoder(self._registry)
-                body = gzip.compress(plain, compresslevel=1) if gzip_ok else plain
-                self._cache[(content_type, gzip_ok)] = body
-        return body, content_type
+            self._wanted[(content_type, gzip_ok)] = encoder
+            return self._render(self._snapshots(), encoder, content_type, gzip_ok), content_type
+
+    def prepare(self, snapshot: Snapshot | None = None) -> None:
+        with self._lock:
+            snapshot = snapshot or self._snapshots()
+            for (content_type, gzip_ok), encoder in list(self._wanted.items()):
+                self._render(snapshot, encoder, content_type, gzip_ok)
+
+    def _render(self, snapshot: Snapshot, encoder, content_type: str, gzip_ok: bool) -> bytes:
+        if self._key is not snapshot:
+            self._key, self._cache = snapshot, {}
+        body = self._cache.get((content_type, gzip_ok))
+        if body is None:
+            plain = self._cache.get((content_type, False))
+            if plain is None:
+                plain = self._cache[(content_type, False)] = encoder(self._registry)
+            body = gzip.compress(plain, compresslevel=1) if gzip_ok else plain
+            self._cache[(content_type, gzip_ok)] = body
+        return body

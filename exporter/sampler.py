@@ -53,6 +53,7 @@ class Sampler:
         self.rediscover_seconds = rediscover_seconds
         self.retry_seconds = retry_seconds
         self.devices: list[DeviceContext] = []
+        self.listeners: list[Callable[[Snapshot], None]] = []  # told of each new snapshot, e.g. to pre-render
         self._known: dict[int, DeviceIdentity] = {}  # index -> last identity, so a lost GPU keeps labels
         self._driver_version = self._cuda_version = ""
         self._discovered_at = float("-inf")
@@ -85,7 +86,9 @@ class Sampler:
         next_at = time.monotonic() + self.interval
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             try:
-                self.sample_once()
+                snapshot = self.sample_once()
+                for listener in self.listeners:
+                    listener(snapshot)
             except Exception:  # a bug must not stop sampling; the stale-sample alert shows it
                 log.exception("sampling cycle failed")
             next_at += self.interval
@@ -227,6 +230,16 @@ class Sampler:
         if not self.session.up and now < self._retry_at:
             return
         self._discovered_at = now
+        if self.session.up and self.devices and not any(d.lost for d in self.devices):
+            # Healthy: look for GPUs that came or went without tearing NVML (and the XID thread) down.
+            try:
+                self.session.calls += 1
+                if N.nvmlDeviceGetCount() == len(self.devices):
+                    return
+            except N.NVMLError as exc:
+                self._lose_nvml(now, exc)
+                return
+        # A GPU lost, NVML down or the GPU count changed: start over, as reference/nvml.md §11.3 advises.
         if self.xid_watcher:
             self.xid_watcher.detach()
         self.session.stop()

@@ -378,3 +378,29 @@ def test_collectors_can_be_disabled_and_unknown_names_are_refused(simulate):
     assert sim.value("gpumeter_exporter_collector_success", collector="nvlink") is None
     with pytest.raises(ValueError, match="unknown collector"):
         simulate("h200", disable_collectors=("nvlinks",))
+
+
+def test_a_healthy_rediscovery_keeps_nvml_and_the_xid_thread_up(simulate):
+    sim = simulate("h200")
+    sim.sampler.sample_once()
+    inits, shutdowns = sim.lib.calls["nvmlInitWithFlags"], sim.lib.calls["nvmlShutdown"]
+    sim.sample(61)  # past the re-discovery interval
+    assert (sim.lib.calls["nvmlInitWithFlags"], sim.lib.calls["nvmlShutdown"]) == (inits, shutdowns)
+    sim.node.inject("gpu_lost", 2)
+    sim.sample()
+    sim.sample(61)  # a lost GPU is worth starting over for
+    assert sim.lib.calls["nvmlInitWithFlags"] == inits + 1
+
+
+def test_the_exposition_is_rendered_once_per_snapshot_for_the_formats_asked_for(simulate):
+    sim = simulate("workstation")
+    sim.sampler.sample_once()
+    exposition = sim.exporter.exposition
+    first, _ = exposition.render("application/openmetrics-text; version=1.0.0", gzip_ok=False)
+    snapshot = sim.sample()
+    exposition.prepare(snapshot)  # what the sampler thread does after publishing
+    calls = []
+    original = sim.exporter.registry.collect
+    sim.exporter.registry.collect = lambda: calls.append(1) or original()
+    second, content_type = exposition.render("application/openmetrics-text; version=1.0.0", gzip_ok=False)
+    assert calls == [] and second != first and content_type.startswith("application/openmetrics-text")

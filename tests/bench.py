@@ -1,0 +1,1008 @@
+"""The exporter benchmark behind ``make bench`` (``python -m tests.bench``).
+
+Measures DESIGN.md's exporter targets on the simulated 8×H100 node with 7 MIG 1g.10gb instances per
+GPU (fleet ``h100-mig``), prints a table with PASS/MISS beside each target and writes everything it
+measured to ``.bench/exporter.json``. It asserts nothing: it is a measurement, not a test.
+
+1. NVML calls per sampling cycle (the stand-in library's own counter, by C function) and CPU time per
+   cycle (``time.process_time`` around ``Sampler.sample_once``; a manual clock steps 5 s per cycle).
+2. Scrape render: (a) uncached ``generate_latest`` of a fresh snapshot, in process; (b) real HTTP
+   scrapes of ``Exporter.start()`` with httpx, text and OpenMetrics, a new snapshot every N scrapes.
+3. Resident memory of ``gpumeter exporter --simulate h100-mig`` in a subprocess over 10,000 scrapes.
+4. The same with the stand-in kubelet attributing the node's 56 pods.
+5. nvitop-exporter, in its own virtual env, over the same stand-in library and node, side by side.
+
+Options: ``--scrapes N`` (default 10000), ``--cycles N`` (200), ``--skip-nvitop``, ``--out FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_latest_openmetrics
+
+from exporter.app import build_exporter
+from exporter.config import ExporterConfig
+from exporter.simulator.device import SimulatedNode
+from exporter.simulator.fleet import load_fleet
+from exporter.simulator.kubelet import StandInKubelet
+from exporter.simulator.nvml import SimulatedNvml
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO / ".bench"
+NVITOP_VENV = BENCH_DIR / "nvitop-venv"
+LAUNCHER = REPO / "tests" / "bench_support" / "nvitop_launch.py"
+FLEET = "h100-mig"
+T0 = 1_790_000_000.0  # the test suite's fixed start time
+MIB = 1024 * 1024
+
+# DESIGN.md "Targets"
+TARGET_RSS_MIB = 80.0
+TARGET_RSS_FLAT = 0.05
+TARGET_RENDER_P99_MS = 10.0
+TARGET_CYCLE_CPU_MS = 50.0
+
+ACCEPT_TEXT = "text/plain;version=0.0.4"
+ACCEPT_OPENMETRICS = (  # what Prometheus 2.x sends
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+# A background thread of the exporter (the XID event watcher) blocks in this call, one call per
+# second of wall time; it is not part of a sampling cycle.
+BACKGROUND_CALLS = frozenset({"nvmlEventSetWait_v2"})
+# The stand-in kubelet serves the node at this offset into the fleet's schedule: 8.5 h in, the
+# always-on inference pods (GPUs 0-3), the 8h-18h notebooks (4-5) and the 0h-6h-every-8h fine-tuning
+# jobs (6-7) all run, so all 56 MIG instances are held.
+KUBELET_OFFSET_S = 8.5 * 3600
+
+
+class ManualClock:
+    def __init__(self, now: float = T0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+# --- small helpers -------------------------------------------------------------------------------
+def pct(values, q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def summary_ms(seconds) -> dict:
+    ms = [s * 1000 for s in seconds]
+    if not ms:
+        return {"n": 0}
+    return {
+        "n": len(ms),
+        "p50_ms": round(pct(ms, 50), 3),
+        "p90_ms": round(pct(ms, 90), 3),
+        "p99_ms": round(pct(ms, 99), 3),
+        "max_ms": round(max(ms), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB, from /proc/PID/status."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", float("nan")), values.get("VmHWM", float("nan"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def machine() -> dict:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    from importlib.metadata import version
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "prometheus_client": version("prometheus-client"),
+        "nvidia_ml_py": version("nvidia-ml-py"),
+        "grpcio": version("grpcio"),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_at_start": loadavg(),
+    }
+
+
+def loadavg() -> str:
+    """Other work on the machine shows up in the tails (p99); the load average says how much."""
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "?"
+
+
+class GcWatch:
+    """Records the garbage collector's pauses while measuring: they explain most tail latency."""
+
+    def __init__(self):
+        self.pauses: list[tuple[int, float]] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        gen2 = [p for g, p in self.pauses if g == 2]
+        return {
+            "collections": len(self.pauses),
+            "gen2_collections": len(gen2),
+            "max_pause_ms": round(max((p for _, p in self.pauses), default=0.0) * 1000, 2),
+            "max_gen2_pause_ms": round(max(gen2, default=0.0) * 1000, 2),
+        }
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- the in-process exporter ----------------------------------------------------------------------
+class InProcess:
+    """A simulated exporter on a manual clock, as tests/exporter/conftest.py builds one."""
+
+    def __init__(self, kubelet_socket: str | None = None, interval: float = 5.0):
+        self.clock = ManualClock()
+        self.node = SimulatedNode(load_fleet(FLEET), clock=self.clock)
+        self.lib = SimulatedNvml(self.node)
+        config = ExporterConfig(
+            listen="127.0.0.1:0",
+            kubelet_socket=kubelet_socket,
+            hostname=self.node.spec.name,
+            interval=interval,
+        )
+        self.exporter = build_exporter(config, clock=self.clock, library=self.lib, node=self.node)
+        self.sampler = self.exporter.sampler
+
+    def sample(self, advance: float = 5.0):
+        self.clock.advance(advance)
+        return self.sampler.sample_once()
+
+    def cycle_calls(self) -> Counter:
+        return Counter({k: v for k, v in self.lib.calls.items() if k not in BACKGROUND_CALLS})
+
+    def close(self) -> None:
+        if self.exporter.servers:
+            self.exporter.stop()
+        else:
+            self.sampler.stop()
+
+
+def measure_cycles(sim: InProcess, cycles: int) -> dict:
+    """NVML calls and CPU per sampling cycle, steady state (after 3 warm-up cycles)."""
+    for _ in range(3):
+        sim.sample()
+    rows = []
+    watch = GcWatch().__enter__()
+    for _ in range(cycles):
+        sim.clock.advance(5.0)
+        rediscovers = sim.clock.now - sim.sampler._discovered_at >= sim.sampler.rediscover_seconds
+        before = sim.cycle_calls()
+        wall0, cpu0, thread0 = time.perf_counter(), time.process_time(), time.thread_time()
+        snapshot = sim.sampler.sample_once()
+        thread = time.thread_time() - thread0
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        delta = sim.cycle_calls() - before
+        self_count = snapshot.samples("gpumeter_exporter_nvml_calls")
+        rows.append(
+            {
+                "rediscovery": rediscovers,
+                "calls": sum(delta.values()),
+                "by_function": delta,
+                "self_reported": self_count[0][1] if self_count else None,
+                "cpu": cpu,
+                "thread_cpu": thread,
+                "wall": wall,
+            }
+        )
+    watch.__exit__()
+    steady = [r for r in rows if not r["rediscovery"]]
+    rediscovery = [r for r in rows if r["rediscovery"]]
+    steady_calls = Counter(r["calls"] for r in steady).most_common(1)[0][0] if steady else 0
+    example = next((r for r in steady if r["calls"] == steady_calls), None)
+    example_re = rediscovery[0] if rediscovery else None
+    return {
+        "cycles": len(rows),
+        "advance_seconds": 5.0,
+        "rediscover_every_seconds": sim.sampler.rediscover_seconds,
+        "nvml_calls_steady": steady_calls,
+        "nvml_calls_steady_range": [min(r["calls"] for r in steady), max(r["calls"] for r in steady)]
+        if steady
+        else None,
+        "nvml_calls_self_reported_steady": example["self_reported"] if example else None,
+        "nvml_calls_by_function_steady": dict(example["by_function"].most_common()) if example else {},
+        "nvml_calls_rediscovery_cycle": example_re["calls"] if example_re else None,
+        "nvml_calls_self_reported_rediscovery": example_re["self_reported"] if example_re else None,
+        "nvml_calls_by_function_rediscovery_extra": dict(
+            (example_re["by_function"] - example["by_function"]).most_common()
+        )
+        if example_re and example
+        else {},
+        "rediscovery_cycles": len(rediscovery),
+        "cpu_all": summary_ms([r["cpu"] for r in rows]),
+        "cpu_steady": summary_ms([r["cpu"] for r in steady]),
+        "cpu_rediscovery": summary_ms([r["cpu"] for r in rediscovery]),
+        "thread_cpu_all": summary_ms([r["thread_cpu"] for r in rows]),
+        "wall_steady": summary_ms([r["wall"] for r in steady]),
+        "wall_rediscovery": summary_ms([r["wall"] for r in rediscovery]),
+        "gc": watch.summary(),
+    }
+
+
+def measure_render(sim: InProcess, iterations: int) -> dict:
+    """Uncached rendering of fresh snapshots, in process (no HTTP)."""
+    exposition = sim.exporter.exposition
+    text, openmetrics, miss_gzip, hit = [], [], [], []
+    size_text = size_om = size_gzip = 0
+    samples = 0
+    watch = GcWatch().__enter__()
+    for _ in range(iterations):
+        sim.sample()
+        t = time.perf_counter()
+        body = generate_latest(sim.exporter.registry)
+        text.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        body_om = generate_latest_openmetrics(sim.exporter.registry)
+        openmetrics.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        gz, _ = exposition.render(ACCEPT_OPENMETRICS, True)  # fresh snapshot: render + gzip
+        miss_gzip.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        exposition.render(ACCEPT_OPENMETRICS, True)  # same snapshot: the cache answers
+        hit.append(time.perf_counter() - t)
+        size_text, size_om, size_gzip = len(body), len(body_om), len(gz)
+        samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    watch.__exit__()
+    return {
+        "iterations": iterations,
+        "series": samples,
+        "bytes_text": size_text,
+        "bytes_openmetrics": size_om,
+        "bytes_gzip": size_gzip,
+        "generate_latest_text": summary_ms(text),
+        "generate_latest_openmetrics": summary_ms(openmetrics),
+        "exposition_cache_miss_gzip": summary_ms(miss_gzip),
+        "exposition_cache_hit": summary_ms(hit),
+        "gc": watch.summary(),
+    }
+
+
+def measure_http_inprocess(sim: InProcess, scrapes: int, every: int) -> dict:
+    """Real HTTP scrapes of Exporter.start() (the client shares the process and its GIL)."""
+    sim.exporter.start()
+    url = f"http://127.0.0.1:{sim.exporter.port}/metrics"
+    all_, miss, hit = [], [], []
+    seen: set = set()
+    with httpx.Client(timeout=10) as client:
+        for accept in (ACCEPT_TEXT, ACCEPT_OPENMETRICS):  # warm-up
+            client.get(url, headers={"Accept": accept}).raise_for_status()
+        for i in range(scrapes):
+            if i % every == 0:
+                sim.sample()  # a new snapshot: the next scrape of each format renders it
+            accept = ACCEPT_TEXT if i % 2 == 0 else ACCEPT_OPENMETRICS
+            key = (id(sim.sampler.snapshot()), accept)
+            t = time.perf_counter()
+            response = client.get(url, headers={"Accept": accept})
+            elapsed = time.perf_counter() - t
+            response.raise_for_status()
+            all_.append(elapsed)
+            (hit if key in seen else miss).append(elapsed)
+            seen.add(key)
+    return {
+        "scrapes": scrapes,
+        "new_snapshot_every": every,
+        "accept": "alternating text 0.0.4 / OpenMetrics (Prometheus 2.x header), gzip",
+        "all": summary_ms(all_),
+        "cache_miss": summary_ms(miss),
+        "cache_hit": summary_ms(hit),
+    }
+
+
+# --- subprocess exporters -------------------------------------------------------------------------
+class Process:
+    """A server in a subprocess; stderr goes to a log file under .bench/."""
+
+    def __init__(self, name: str, argv: list[str], port: int, env: dict | None = None):
+        self.name, self.port = name, port
+        self.log_path = BENCH_DIR / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(self.url, timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s ({last}): {self.tail()}")
+
+    def tail(self, lines: int = 15) -> str:
+        self._log.flush()
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def gpumeter_exporter(name: str, kubelet_socket: str = "") -> Process:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "gpumeter",
+        "exporter",
+        "--simulate",
+        FLEET,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        "1",
+        "--kubelet-socket",
+        kubelet_socket,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
+    env.pop("NODE_NAME", None)
+    process = Process(name, argv, port, env)
+    process.wait_ready()
+    return process
+
+
+def scrape_run(process: Process, scrapes: int, rss_every: int) -> dict:
+    """``scrapes`` HTTP scrapes, alternating text/OpenMetrics with gzip as Prometheus asks; RSS sampled."""
+    rss = [{"scrapes": 0, "rss_mib": round(rss_mib(process.pid)[0], 2)}]
+    latencies = []
+    body_bytes = 0
+    cpu0, wall0 = cpu_seconds(process.pid), time.perf_counter()
+    with httpx.Client(timeout=10) as client:
+        for i in range(1, scrapes + 1):
+            accept = ACCEPT_TEXT if i % 2 else ACCEPT_OPENMETRICS
+            t = time.perf_counter()
+            response = client.get(process.url, headers={"Accept": accept})
+            latencies.append(time.perf_counter() - t)
+            response.raise_for_status()
+            body_bytes = response.num_bytes_downloaded  # on the wire (gzip)
+            if i % rss_every == 0:
+                rss.append({"scrapes": i, "rss_mib": round(rss_mib(process.pid)[0], 2)})
+        last = client.get(process.url, headers={"Accept": ACCEPT_TEXT}).text
+    wall = time.perf_counter() - wall0
+    cpu = cpu_seconds(process.pid) - cpu0
+    peak = rss_mib(process.pid)[1]
+    measured = [r["rss_mib"] for r in rss if r["scrapes"] >= rss_every]
+    reference = measured[0] if measured else float("nan")
+    spread = max(abs(v - reference) / reference for v in measured) if measured else float("nan")
+    final = rss[-1]["rss_mib"]
+    return {
+        "scrapes": scrapes,
+        "latency": summary_ms(latencies),
+        "wall_seconds": round(wall, 2),
+        "scrapes_per_second": round(scrapes / wall, 1),
+        "process_cpu_seconds": round(cpu, 2),
+        "process_cpu_ms_per_scrape": round(cpu / scrapes * 1000, 3),
+        "rss_samples": rss,
+        "rss_final_mib": final,
+        "rss_max_mib": max(r["rss_mib"] for r in rss),
+        "rss_peak_vmhwm_mib": round(peak, 2),
+        "rss_reference_mib": reference,
+        "rss_max_deviation_ratio": round(spread, 4),
+        "rss_growth_ratio": round((final - reference) / reference, 4) if measured else None,
+        "flat": spread <= TARGET_RSS_FLAT,
+        "under_target": max(r["rss_mib"] for r in rss) < TARGET_RSS_MIB,
+        "body_bytes_gzip": body_bytes,
+        "last_text": last,
+    }
+
+
+def count_series(text: str, name: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def idle_cpu(process: Process, seconds: float) -> dict:
+    """Process CPU over a window with no scrapes: what sampling costs (interval 1 s => per cycle)."""
+    cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
+    time.sleep(seconds)
+    cpu, wall = cpu_seconds(process.pid) - cpu0, time.perf_counter() - t0
+    return {
+        "window_seconds": round(wall, 2),
+        "cpu_seconds": round(cpu, 3),
+        "cpu_ms_per_second": round(cpu / wall * 1000, 2),
+    }
+
+
+IMPORT_PROBE = r"""
+import json, sys
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+base = rss()
+import exporter.app, exporter.cli, exporter.kubelet.client, exporter.simulator.nvml  # what the exporter runs
+exporter_only = rss()
+import gpumeter
+gpumeter.build_parser()  # what `gpumeter exporter` also does before it starts
+full = rss()
+heavy = [m for m in ("sqlalchemy", "alembic", "mako", "pygments", "pandas", "plotly", "apscheduler")
+         if m in sys.modules]
+print(json.dumps({"interpreter_mib": round(base, 1), "exporter_modules_mib": round(exporter_only, 1),
+                  "after_gpumeter_parser_mib": round(full, 1), "modules": len(sys.modules),
+                  "heavy_modules_loaded_by_parser": heavy}))
+"""
+
+
+def import_probe() -> dict:
+    """Where the exporter's resident memory comes from: imports alone, before any sampling."""
+    result = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, cwd=REPO)
+    if result.returncode != 0:
+        return {"error": result.stderr.strip()[-500:]}
+    return json.loads(result.stdout)
+
+
+# --- nvitop-exporter ----------------------------------------------------------------------------
+def ensure_nvitop_venv() -> Path:
+    python = NVITOP_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import nvitop_exporter, yaml, pynvml"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    base = shutil.which("python3") or sys.executable
+    log(f"creating {NVITOP_VENV} and installing nvitop-exporter + PyYAML (first run only)")
+    subprocess.run([base, "-m", "venv", str(NVITOP_VENV)], check=True, capture_output=True, text=True)
+    result = subprocess.run(
+        [str(NVITOP_VENV / "bin" / "pip"), "install", "-q", "nvitop-exporter", "PyYAML"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError("pip install nvitop-exporter PyYAML failed: " + result.stderr.strip()[-800:])
+    check = subprocess.run(probe, capture_output=True, text=True)
+    if check.returncode != 0:
+        raise RuntimeError("nvitop venv unusable: " + check.stderr.strip()[-800:])
+    return python
+
+
+def nvitop_version(python: Path) -> str:
+    code = (
+        "from importlib.metadata import version as v; "
+        "print('nvitop-exporter', v('nvitop-exporter'), 'nvitop', v('nvitop'), 'nvidia-ml-py', v('nvidia-ml-py'), "
+        "'prometheus-client', v('prometheus-client'))"
+    )
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return out.stdout.strip() or out.stderr.strip()[-200:]
+
+
+def read_stats(path: Path) -> dict:
+    for _ in range(20):
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())
+        time.sleep(0.1)
+    return {}
+
+
+def compare_nvitop(scrapes: int, idle_seconds: float) -> dict:
+    result: dict = {"ran": False}
+    ours = theirs = None
+    stats_path = BENCH_DIR / "nvitop-stats.json"
+    try:
+        # ours, measured exactly as nvitop-exporter is: fresh subprocess, interval 1 s, no kubelet
+        ours = gpumeter_exporter("gpumeter-compare")
+        time.sleep(3)
+        ours_idle = idle_cpu(ours, idle_seconds)
+        ours_run = scrape_run(ours, scrapes, max(1, scrapes // 5))
+        ours_run.pop("last_text", None)
+        result["gpumeter"] = {"idle": ours_idle, "scrapes": ours_run}
+    finally:
+        if ours:
+            ours.stop()
+    try:
+        python = ensure_nvitop_venv()
+        result["versions"] = nvitop_version(python)
+        with contextlib.suppress(FileNotFoundError):
+            stats_path.unlink()
+        port = free_port()
+        theirs = Process(
+            "nvitop-exporter",
+            [
+                str(python),
+                str(LAUNCHER),
+                "--repo",
+                str(REPO),
+                "--fleet",
+                FLEET,
+                "--stats",
+                str(stats_path),
+                "--",
+                "--bind-address",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--interval",
+                "1",
+                "--hostname",
+                "bench",
+            ],
+            port,
+        )
+        theirs.wait_ready()
+        time.sleep(3)
+        stats0 = read_stats(stats_path)
+        nvitop_idle = idle_cpu(theirs, idle_seconds)
+        stats1 = read_stats(stats_path)
+        nvitop_run = scrape_run(theirs, scrapes, max(1, scrapes // 5))
+        text = nvitop_run.pop("last_text", "")
+        stats = read_stats(stats_path)
+        calls0, calls1 = sum(stats0.get("calls", {}).values()), sum(stats1.get("calls", {}).values())
+        missing0 = sum(stats0.get("missing", {}).values())
+        missing1 = sum(stats1.get("missing", {}).values())
+        cycles0, cycles1 = len(stats0.get("cycle_cpu_seconds", [])), len(stats1.get("cycle_cpu_seconds", []))
+        cycle_cpu = stats.get("cycle_cpu_seconds", [])[2:]  # the first cycles warm nvitop's caches
+        result.update(
+            ran=True,
+            nvitop={
+                "idle": nvitop_idle,
+                "scrapes": nvitop_run,
+                "series": sum(1 for line in text.splitlines() if line and not line.startswith("#")),
+                "nvml_calls_per_cycle": round((calls1 - calls0) / (cycles1 - cycles0), 1)
+                if cycles1 > cycles0
+                else None,
+                "missing_function_lookups_per_cycle": round((missing1 - missing0) / (cycles1 - cycles0), 1)
+                if cycles1 > cycles0
+                else None,
+                "missing_functions": stats.get("missing", {}),
+                "calls_by_function": dict(Counter(stats.get("calls", {})).most_common()),
+                "cycle_thread_cpu": summary_ms(cycle_cpu),
+            },
+        )
+    except Exception as exc:  # report why, finish the rest of the benchmark
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        if theirs is not None:
+            result["stderr_tail"] = theirs.tail(25)
+            stats = read_stats(stats_path)
+            result["missing_functions"] = stats.get("missing", {})
+    finally:
+        if theirs is not None:
+            theirs.stop()
+    return result
+
+
+# --- the report ---------------------------------------------------------------------------------
+def fmt(value, unit: str = "", digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def table(rows: list[tuple[str, str, str, str]]) -> str:
+    header = ("measure", "value", "target", "verdict")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+    line = "  ".join("-" * w for w in widths)
+    out = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)), line]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def ratio(a, b) -> str:
+    try:
+        return f"{a / b:.1f}×"
+    except (TypeError, ZeroDivisionError):
+        return "—"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--scrapes", type=int, default=10_000, help="scrapes for the memory runs")
+    parser.add_argument("--cycles", type=int, default=200, help="sampling cycles measured")
+    parser.add_argument("--render", type=int, default=300, help="uncached renders measured")
+    parser.add_argument("--http", type=int, default=2000, help="in-process HTTP scrapes measured")
+    parser.add_argument("--every", type=int, default=10, help="in-process HTTP: new snapshot every N scrapes")
+    parser.add_argument("--nvitop-scrapes", type=int, default=500)
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
+    parser.add_argument("--skip-nvitop", action="store_true")
+    parser.add_argument("--out", default=str(BENCH_DIR / "exporter.json"))
+    args = parser.parse_args(argv)
+
+    BENCH_DIR.mkdir(exist_ok=True)
+    started = time.perf_counter()
+    report: dict = {"machine": machine(), "fleet": FLEET, "args": vars(args)}
+    log(f"gpumeter exporter benchmark on {report['machine']['cpu_model']} ×{report['machine']['nproc']}")
+
+    # 1 + 2: in process, manual clock
+    log(f"[1/5] {args.cycles} sampling cycles (manual clock, +5 s per cycle)")
+    sim = InProcess()
+    try:
+        report["cycle"] = measure_cycles(sim, args.cycles)
+        log(f"[2/5] {args.render} uncached renders, {args.http} in-process HTTP scrapes")
+        gc.collect()
+        report["render"] = measure_render(sim, args.render)
+    finally:
+        sim.close()
+    sim = InProcess(interval=3600.0)  # the sampler thread stays idle; the benchmark makes snapshots
+    try:
+        report["http_inprocess"] = measure_http_inprocess(sim, args.http, args.every)
+    finally:
+        sim.close()
+
+    # 3: subprocess, no pods
+    log(f"[3/5] subprocess exporter, {args.scrapes} scrapes, RSS every {max(1, args.scrapes // 10)}")
+    process = gpumeter_exporter("gpumeter-exporter")
+    try:
+        time.sleep(2)
+        run = scrape_run(process, args.scrapes, max(1, args.scrapes // 10))
+        run["series"] = sum(
+            1 for line in run.pop("last_text").splitlines() if line and not line.startswith("#")
+        )
+        report["memory"] = run
+    finally:
+        process.stop()
+
+    report["memory"]["imports"] = import_probe()
+
+    # 4: with the stand-in kubelet and 56 pods
+    log("[4/5] with the stand-in kubelet (56 pods)")
+    sockdir = tempfile.mkdtemp(prefix="gpm-bench-", dir="/tmp")
+    sock = os.path.join(sockdir, "kubelet.sock")
+    fleet = load_fleet(FLEET)
+    kubelet = StandInKubelet(fleet, fleet.nodes[0].name, sock, start=time.time() - KUBELET_OFFSET_S).start()
+    try:
+        sim = InProcess(kubelet_socket=sock)
+        try:
+            pods_cycle = measure_cycles(sim, max(20, args.cycles // 2))
+            pods_render = measure_render(sim, max(50, args.render // 3))
+            allocations = len(sim.sampler.snapshot().samples("nvidia_gpu_allocation"))
+        finally:
+            sim.close()
+        process = gpumeter_exporter("gpumeter-exporter-pods", kubelet_socket=sock)
+        try:
+            time.sleep(2)
+            run = scrape_run(process, args.scrapes, max(1, args.scrapes // 10))
+            text = run.pop("last_text")
+            run["series"] = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+            run["allocation_series"] = count_series(text, "nvidia_gpu_allocation")
+            run["kubelet_up"] = "gpumeter_exporter_kubelet_up 1.0" in text
+        finally:
+            process.stop()
+        report["pods"] = {
+            "kubelet_offset_hours": KUBELET_OFFSET_S / 3600,
+            "allocation_series_inprocess": allocations,
+            "cycle": pods_cycle,
+            "render": pods_render,
+            "memory": run,
+        }
+    finally:
+        kubelet.stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+    # 5: nvitop-exporter side by side
+    if args.skip_nvitop:
+        report["nvitop"] = {"ran": False, "error": "skipped (--skip-nvitop)"}
+    else:
+        log(f"[5/5] nvitop-exporter side by side ({args.nvitop_scrapes} scrapes each)")
+        report["nvitop"] = compare_nvitop(args.nvitop_scrapes, args.idle)
+    report["bench_seconds"] = round(time.perf_counter() - started, 1)
+    report["machine"]["loadavg_at_end"] = loadavg()
+
+    # --- print --------------------------------------------------------------------------------
+    c, r, h, m, p = (
+        report["cycle"],
+        report["render"],
+        report["http_inprocess"],
+        report["memory"],
+        report["pods"],
+    )
+    rows = [
+        ("NVML calls / cycle (steady state)", fmt(c["nvml_calls_steady"]), "counted, minimised", "n/a"),
+        (
+            f"NVML calls / rediscovery cycle (every {c['rediscover_every_seconds']:.0f} s)",
+            fmt(c["nvml_calls_rediscovery_cycle"]),
+            "",
+            "",
+        ),
+        (
+            "CPU / cycle p50 (process_time)",
+            fmt(c["cpu_all"]["p50_ms"], " ms"),
+            f"< {TARGET_CYCLE_CPU_MS:.0f} ms",
+            verdict(c["cpu_all"]["p50_ms"] < TARGET_CYCLE_CPU_MS),
+        ),
+        (
+            "CPU / cycle p99 (process_time)",
+            fmt(c["cpu_all"]["p99_ms"], " ms"),
+            f"< {TARGET_CYCLE_CPU_MS:.0f} ms",
+            verdict(c["cpu_all"]["p99_ms"] < TARGET_CYCLE_CPU_MS),
+        ),
+        ("wall / rediscovery cycle max", fmt(c["wall_rediscovery"].get("max_ms"), " ms"), "", ""),
+        (
+            "render uncached p50 (generate_latest, text)",
+            fmt(r["generate_latest_text"]["p50_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms (p99)",
+            "",
+        ),
+        (
+            "render uncached p99 (generate_latest, text)",
+            fmt(r["generate_latest_text"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(r["generate_latest_text"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        (
+            "render uncached p99 (OpenMetrics)",
+            fmt(r["generate_latest_openmetrics"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(r["generate_latest_openmetrics"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        (
+            "render cache miss + gzip p99",
+            fmt(r["exposition_cache_miss_gzip"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(r["exposition_cache_miss_gzip"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        ("render cache hit p99", fmt(r["exposition_cache_hit"]["p99_ms"], " ms", 4), "", ""),
+        ("HTTP scrape p50 (in-process, all)", fmt(h["all"]["p50_ms"], " ms"), "", ""),
+        (
+            "HTTP scrape p99 (in-process, all)",
+            fmt(h["all"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(h["all"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        (
+            "HTTP scrape p99 (in-process, cache miss)",
+            fmt(h["cache_miss"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(h["cache_miss"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        ("HTTP scrape p99 (in-process, cache hit)", fmt(h["cache_hit"]["p99_ms"], " ms"), "", ""),
+        (
+            f"HTTP scrape p50/p99 (subprocess, {m['scrapes']})",
+            f"{fmt(m['latency']['p50_ms'])}/{fmt(m['latency']['p99_ms'])} ms",
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(m["latency"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        (
+            f"RSS after {m['scrapes']} scrapes",
+            fmt(m["rss_final_mib"], " MiB", 1),
+            f"< {TARGET_RSS_MIB:.0f} MiB",
+            verdict(m["under_target"]),
+        ),
+        (
+            "RSS max deviation (from 1st sample)",
+            fmt(m["rss_max_deviation_ratio"] * 100, " %", 1),
+            f"±{TARGET_RSS_FLAT * 100:.0f} %",
+            verdict(m["flat"]),
+        ),
+        (
+            "pods: allocation series",
+            fmt(p["memory"]["allocation_series"]),
+            "56",
+            verdict(p["memory"]["allocation_series"] == 56),
+        ),
+        (
+            "pods: CPU / cycle p99 (incl. gRPC)",
+            fmt(p["cycle"]["cpu_all"]["p99_ms"], " ms"),
+            f"< {TARGET_CYCLE_CPU_MS:.0f} ms",
+            verdict(p["cycle"]["cpu_all"]["p99_ms"] < TARGET_CYCLE_CPU_MS),
+        ),
+        (
+            "pods: render uncached p99 (text)",
+            fmt(p["render"]["generate_latest_text"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(p["render"]["generate_latest_text"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        (
+            "pods: HTTP scrape p99 (subprocess)",
+            fmt(p["memory"]["latency"]["p99_ms"], " ms"),
+            f"< {TARGET_RENDER_P99_MS:.0f} ms",
+            verdict(p["memory"]["latency"]["p99_ms"] < TARGET_RENDER_P99_MS),
+        ),
+        (
+            f"pods: RSS after {p['memory']['scrapes']} scrapes",
+            fmt(p["memory"]["rss_final_mib"], " MiB", 1),
+            f"< {TARGET_RSS_MIB:.0f} MiB",
+            verdict(p["memory"]["under_target"]),
+        ),
+        (
+            "pods: RSS max deviation",
+            fmt(p["memory"]["rss_max_deviation_ratio"] * 100, " %", 1),
+            f"±{TARGET_RSS_FLAT * 100:.0f} %",
+            verdict(p["memory"]["flat"]),
+        ),
+    ]
+    print()
+    print(
+        f"gpumeter exporter — {FLEET}: 8×H100, 56 MIG 1g.10gb; {r['series']} series, "
+        f"{r['bytes_text'] / 1024:.0f} KiB text, {r['bytes_gzip'] / 1024:.0f} KiB gzip"
+    )
+    print(table(rows))
+    print()
+    print("NVML calls per steady-state cycle, by C function:")
+    for name, count in c["nvml_calls_by_function_steady"].items():
+        print(f"  {count:5d}  {name}")
+    print(f"  (the exporter's own gpumeter_exporter_nvml_calls says {c['nvml_calls_self_reported_steady']})")
+    if c["nvml_calls_by_function_rediscovery_extra"]:
+        extra = ", ".join(f"{k} {v}" for k, v in c["nvml_calls_by_function_rediscovery_extra"].items())
+        print(f"  rediscovery cycle adds: {extra}")
+    print()
+    print("RSS (MiB) every", max(1, args.scrapes // 10), "scrapes:")
+    print("  no pods:  ", " ".join(f"{s['rss_mib']:.1f}" for s in m["rss_samples"]))
+    print("  56 pods:  ", " ".join(f"{s['rss_mib']:.1f}" for s in p["memory"]["rss_samples"]))
+    imports = m.get("imports", {})
+    if "error" not in imports:
+        print(
+            f"  of which imports alone: interpreter {imports['interpreter_mib']} MiB, exporter modules "
+            f"{imports['exporter_modules_mib']} MiB, after gpumeter's parser {imports['after_gpumeter_parser_mib']} "
+            f"MiB (parser loads: {', '.join(imports['heavy_modules_loaded_by_parser']) or 'nothing heavy'})"
+        )
+
+    print()
+    print(
+        f"Garbage collector while measuring (in process): {c['gc']['collections']} collections in "
+        f"{c['cycles']} cycles, {c['gc']['gen2_collections']} full (longest {c['gc']['max_gen2_pause_ms']} ms); "
+        f"{r['gc']['collections']} in {r['iterations']} renders, {r['gc']['gen2_collections']} full "
+        f"(longest {r['gc']['max_gen2_pause_ms']} ms)"
+    )
+
+    n = report["nvitop"]
+    print()
+    if n.get("ran"):
+        ours, theirs = n["gpumeter"], n["nvitop"]
+        print(
+            f"{n.get('versions', 'nvitop-exporter')}: over the same stand-in, interval 1 s, "
+            f"{args.nvitop_scrapes} scrapes each:"
+        )
+        cmp_rows = [
+            (
+                "scrape p50",
+                ours["scrapes"]["latency"]["p50_ms"],
+                theirs["scrapes"]["latency"]["p50_ms"],
+                " ms",
+            ),
+            (
+                "scrape p99",
+                ours["scrapes"]["latency"]["p99_ms"],
+                theirs["scrapes"]["latency"]["p99_ms"],
+                " ms",
+            ),
+            (
+                "CPU idle (sampling) per s",
+                ours["idle"]["cpu_ms_per_second"],
+                theirs["idle"]["cpu_ms_per_second"],
+                " ms",
+            ),
+            (
+                "CPU per scrape",
+                ours["scrapes"]["process_cpu_ms_per_scrape"],
+                theirs["scrapes"]["process_cpu_ms_per_scrape"],
+                " ms",
+            ),
+            (
+                "RSS after scrapes",
+                ours["scrapes"]["rss_final_mib"],
+                theirs["scrapes"]["rss_final_mib"],
+                " MiB",
+            ),
+            ("NVML calls per cycle", c["nvml_calls_steady"], theirs["nvml_calls_per_cycle"], ""),
+            ("  + missing-function lookups", 0, theirs["missing_function_lookups_per_cycle"], ""),
+            ("series exposed", r["series"], theirs["series"], ""),
+            (
+                "body bytes (gzip)",
+                ours["scrapes"]["body_bytes_gzip"],
+                theirs["scrapes"]["body_bytes_gzip"],
+                "",
+            ),
+        ]
+        width = max(len(row[0]) for row in cmp_rows)
+        print(f"  {'':{width}}  {'gpumeter':>12}  {'nvitop':>12}  nvitop/gpumeter")
+        for label, a, b, unit in cmp_rows:
+            print(f"  {label:{width}}  {fmt(a, unit):>12}  {fmt(b, unit):>12}  {ratio(b, a)}")
+        print(
+            f"  nvitop cycle thread CPU p50/p99: {theirs['cycle_thread_cpu'].get('p50_ms')}/"
+            f"{theirs['cycle_thread_cpu'].get('p99_ms')} ms (gpumeter in-process: "
+            f"{c['thread_cpu_all']['p50_ms']}/{c['thread_cpu_all']['p99_ms']} ms)"
+        )
+        if theirs["missing_functions"]:
+            print(
+                "  NVML functions nvitop asked for that the stand-in lacks (NVMLError_FunctionNotFound, "
+                "tolerated): " + ", ".join(sorted(theirs["missing_functions"]))
+            )
+    else:
+        print(f"nvitop-exporter comparison did not run: {n.get('error')}")
+        if n.get("missing_functions"):
+            print(
+                "  NVML functions it asked for that the stand-in lacks:",
+                ", ".join(sorted(n["missing_functions"])),
+            )
+        if n.get("stderr_tail"):
+            print("  last output:\n    " + n["stderr_tail"].replace("\n", "\n    "))
+    print()
+    print(
+        f"bench took {report['bench_seconds']:.0f} s on {report['machine']['nproc']} CPUs "
+        f"(load average {report['machine']['loadavg_at_start']} at start, "
+        f"{report['machine']['loadavg_at_end']} at end); JSON: {args.out}"
+    )
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
