@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pynvml as N
 
@@ -156,15 +157,8 @@ class Sampler:
     def _identities(self) -> tuple[DeviceIdentity, ...]:
         live = {d.index: d.identity() for d in self.devices}
         for index, identity in self._known.items():
-            if index not in live:  # known from an earlier discovery, not answering now
-                live[index] = DeviceIdentity(
-                    identity.index,
-                    identity.uuid,
-                    identity.model,
-                    identity.pci_bus_id,
-                    identity.minor_number,
-                    up=False,
-                )
+            if index not in live:  # known from an earlier discovery, not answering now: same identity,
+                live[index] = replace(identity, up=False)  # MIG layout included, so its pods stay attributed
         self._known.update({i: d for i, d in live.items() if d.up})
         return tuple(live[i] for i in sorted(live))
 

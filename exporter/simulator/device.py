@@ -292,6 +292,7 @@ class SimulatedNode:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
         with self.lock:
+            self.advance_to(self.clock())  # the fault starts now, not at the last sample
             if fault == "nvml_unavailable":
                 self.nvml_available = bool(params.get("clear", False))
                 return f"NVML {'unavailable' if not self.nvml_available else 'available'}"
@@ -353,6 +354,7 @@ class SimulatedNode:
     def clear(self, gpu: int | None = None) -> str:
         """Remove every injected condition (counters keep their values, as on hardware)."""
         with self.lock:
+            self.advance_to(self.clock())
             self.nvml_available = True
             for target in self.gpus if gpu is None else [self._gpu(gpu)]:
                 target.overheat_c = 0.0
