@@ -68,8 +68,11 @@ test: setup lint
 demo: tools venv
 	$(BIN)/gpumeter demo
 
+# Targets (DESIGN.md) are checked here, not in timed unit tests; figures go to docs/performance.md.
 bench: setup
 	$(BIN)/python -m tests.bench
+	$(BIN)/python -m tests.bench_billing
+	$(BIN)/python -m tests.bench_reports
 
 proto: venv
 	$(BIN)/python -m exporter.kubelet.generate
