@@ -340,6 +340,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
 
     database = f"sqlite:///{stack.workdir / 'billing.sqlite'}"
+    teams = str(ROOT / "deploy" / "demo-teams.yaml")
     _progress("billing: catching up on the backfilled history")
     subprocess.run(
         _gpumeter(
@@ -351,6 +352,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             stack.url("prometheus"),
             "--scrape-interval",
             "auto",
+            "--teams",
+            teams,
             "--from",
             start.isoformat(),
             "--to",
@@ -370,6 +373,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             stack.url("prometheus"),
             "--scrape-interval",
             "auto",
+            "--teams",
+            teams,
             "--listen",
             f"127.0.0.1:{stack.ports['billing']}",
         ),
