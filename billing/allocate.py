@@ -86,7 +86,14 @@ class _Unit:
 
 def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | None = None) -> PricedHour:
     """Price and reconcile one physical GPU-hour into lines that sum exactly to its device cost."""
-    teams = teams or {}
+    return _price_gpu_hour(gpu_hour, book, teams or {})[0]
+
+
+def _price_gpu_hour(
+    gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str]
+) -> tuple[PricedHour, list[int | None]]:
+    """`price_gpu_hour`, plus for each line the index in ``gpu_hour.allocations`` it prices (None:
+    a platform line), which `Pricer` needs to re-use the result for another hour."""
     dev, hour = gpu_hour.device, gpu_hour.hour
     version, price = book.price(hour, dev.model)
     presence = _hours(dev.present_seconds)
@@ -103,7 +110,7 @@ def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | N
         line = Line(
             kind=LineKind.UNPRICED, namespace=UNPRICED, amount=None, quantity=_qty(presence), **common
         )
-        return PricedHour([line], None, model_key, version, [message])
+        return PricedHour([line], None, model_key, version, [message]), [None]
 
     rate = to_fraction(price.hourly_rate)
     device_cost = rate * presence
@@ -160,7 +167,8 @@ def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | N
             unit.weight *= factor
 
     e_mig, e_ts = to_fraction(version.efficiency("mig")), to_fraction(version.efficiency("time_slicing"))
-    tenants: list[tuple[Line, Fraction, Fraction]] = []  # (line without amount, exact amount, quantity)
+    tenants: list[tuple[Line, Fraction, int]] = []  # (line without amount, exact amount, allocation index)
+    index = {id(alloc): i for i, alloc in enumerate(gpu_hour.allocations)}
     shortfall = shortfall_q = Fraction(0)
     unallocated = unallocated_q = Fraction(0)
     capacity_q = Fraction(0)
@@ -198,7 +206,7 @@ def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | N
                 efficiency=version.tier_efficiency(utilization),
                 **common,
             )
-            tenants.append((line, gross * eff, quantity))
+            tenants.append((line, gross * eff, index[id(alloc)]))
             shortfall += gross * (1 - eff)
             shortfall_q += quantity * (1 - eff)
             unit_q_held += quantity
@@ -207,16 +215,16 @@ def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | N
     stranded = device_cost - rate * capacity_q
     stranded_q = presence - capacity_q
 
-    exact: list[tuple[Line, Fraction]] = [(line, amount) for line, amount, _ in tenants]
+    exact: list[tuple[Line, Fraction, int | None]] = list(tenants)
     tenant_total = sum((a for _, a, _ in tenants), Fraction(0))
     idle, idle_q = unallocated + stranded, unallocated_q + stranded_q
     if version.idle == "spread" and tenant_total > 0 and idle > 0:
-        for line, amount, _ in tenants:
+        for line, amount, source in tenants:
             part = amount / tenant_total
             share_line = Line(
                 **{**line.__dict__, "kind": LineKind.IDLE_SHARE, "quantity": _qty(idle_q * part)}
             )
-            exact.append((share_line, idle * part))
+            exact.append((share_line, idle * part, source))
         unallocated = stranded = unallocated_q = stranded_q = Fraction(0)
     for kind, namespace, amount, quantity in (
         (LineKind.SHARING_SHORTFALL, SHORTFALL, shortfall, shortfall_q),
@@ -225,18 +233,116 @@ def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | N
     ):
         if amount != 0:
             exact.append(
-                (Line(kind=kind, namespace=namespace, amount=None, quantity=_qty(quantity), **common), amount)
+                (
+                    Line(kind=kind, namespace=namespace, amount=None, quantity=_qty(quantity), **common),
+                    amount,
+                    None,
+                )
             )
 
     exact.sort(key=lambda pair: pair[0].sort_key)
     exponent = minor_unit(book.currency)
     total_units = round_total(device_cost, exponent)
-    rounded = largest_remainder([a for _, a in exact], total_units, exponent)
-    lines = [
-        Line(**{**line.__dict__, "amount": amount})
-        for (line, _), amount in zip(exact, rounded, strict=True)
+    rounded = largest_remainder([a for _, a, _ in exact], total_units, exponent)
+    kept = [
+        (_evolve(line, amount=amount), source)
+        for (line, _, source), amount in zip(exact, rounded, strict=True)
         if amount != 0 or line.kind is LineKind.TENANT  # a platform line rounded to 0 is not written
     ]
     for message in warnings:
         log.warning(message)
-    return PricedHour(lines, units_to_decimal(total_units, exponent), model_key, version, warnings)
+    priced = PricedHour(
+        [line for line, _ in kept], units_to_decimal(total_units, exponent), model_key, version, warnings
+    )
+    return priced, [source for _, source in kept]
+
+
+def _evolve(line: Line, **changes) -> Line:
+    """A copy of a (frozen) line with some fields changed; `dataclasses.replace` without re-validation."""
+    new = object.__new__(Line)
+    new.__dict__.update(line.__dict__, **changes)
+    return new
+
+
+class Pricer:
+    """`price_gpu_hour` with a memory, for ingesting many hours with one price book.
+
+    Most GPU-hours of a cluster repeat the previous ones: the same layout, the same pods holding the
+    same slices for the whole hour. Their amounts and quantities depend only on the price version,
+    the model, the presence seconds, the layout and the allocations (names, seconds, shares) — not on
+    the hour, the utilization or the team — so a GPU-hour whose inputs were priced before re-uses
+    those lines with its own hour, uuid, team and utilization. The result is identical to
+    `price_gpu_hour` (the tests check it); hours with warnings or unpriced models are never re-used.
+    """
+
+    def __init__(self, book: PriceBook, max_entries: int = 20_000):
+        self.book, self.max_entries = book, max_entries
+        self._memo: dict[tuple, tuple[PricedHour, list[int | None]]] = {}
+        self.hits = self.misses = 0
+
+    def price(self, gpu_hour: GpuHour, teams: dict[str, str] | None = None) -> PricedHour:
+        teams = teams or {}
+        dev = gpu_hour.device
+        version = self.book.version_at(gpu_hour.hour)
+        key = (
+            id(version),
+            dev.model,
+            dev.present_seconds,
+            dev.mig_mode,
+            tuple(
+                (i.gpu_instance_id, i.mig_profile, i.compute_slices, i.memory_slices, i.present_seconds)
+                for i in gpu_hour.instances
+            ),
+            tuple(
+                (
+                    a.namespace,
+                    a.pod,
+                    a.container,
+                    a.allocated_seconds,
+                    a.share,
+                    a.gpu_instance_id,
+                    a.mig_profile,
+                    a.resource,
+                )
+                for a in gpu_hour.allocations
+            ),
+        )
+        memo = self._memo.get(key)
+        if memo is None:
+            self.misses += 1
+            priced, sources = _price_gpu_hour(gpu_hour, self.book, teams)
+            if not priced.warnings and priced.device_cost is not None and version is not None:
+                if len(self._memo) >= self.max_entries:
+                    self._memo.clear()
+                self._memo[key] = (priced, sources)
+            return priced
+        self.hits += 1
+        template, sources = memo
+        unit_utilization: dict[tuple[str, str], Decimal | None] = {}
+        for inst in gpu_hour.instances:
+            unit_utilization.setdefault((inst.gpu_instance_id, inst.mig_profile), inst.utilization)
+        allocations = gpu_hour.allocations
+        common = {"hour": gpu_hour.hour, "uuid": dev.uuid}
+        lines = []
+        for line, source in zip(template.lines, sources, strict=True):
+            if source is None:
+                lines.append(_evolve(line, **common))
+                continue
+            alloc = allocations[source]
+            utilization = alloc.utilization
+            if utilization is None:
+                utilization = (
+                    unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
+                    if alloc.gpu_instance_id
+                    else dev.utilization
+                )
+            lines.append(
+                _evolve(
+                    line,
+                    **common,
+                    team=teams.get(alloc.namespace, ""),
+                    utilization=utilization,
+                    efficiency=version.tier_efficiency(utilization),
+                )
+            )
+        return PricedHour(lines, template.device_cost, template.model, template.price_version, [])

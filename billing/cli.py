@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -64,6 +65,7 @@ def _settings(args):
         scrape_interval=getattr(args, "scrape_interval", 30.0),
         gap_grace_intervals=getattr(args, "gap_grace_intervals", 2),
         catchup_hours=getattr(args, "catchup_hours", 168),
+        workers=getattr(args, "workers", 1),
     )
 
 
@@ -84,6 +86,12 @@ def register(subparsers) -> None:
     ingest.add_argument("--from", dest="start", type=_when, help="first hour (ISO 8601, UTC)")
     ingest.add_argument("--to", dest="end", type=_when, help="end, exclusive (ISO 8601, UTC)")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ingest.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes ingesting runs of hours side by side (default: 2, or 1 on a single CPU)",
+    )
     ingest.set_defaults(func=cmd_ingest)
 
     price = sub.add_parser("price", help="re-price stored hours with the current price book")

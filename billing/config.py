@@ -29,6 +29,7 @@ class Settings:
     scrape_interval: float = 30.0
     gap_grace_intervals: int = 2
     catchup_hours: int = 168
+    workers: int = 1
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -38,6 +39,7 @@ class Settings:
             scrape_interval=self.scrape_interval,
             gap_grace_intervals=self.gap_grace_intervals,
             catchup_hours=self.catchup_hours,
+            workers=self.workers,
             teams=load_team_map(self.teams_file) if self.teams_file else {},
         )
 

@@ -60,9 +60,12 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     return f"ingested {len(result.ingested)}"
 
 
-def monthly_report(settings: dict) -> None:
-    """Placeholder: the reports issue renders the monthly chargeback here."""
-    log.info("monthly report job: nothing to do yet (reports/ fills this)")
+def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
+    """The scheduled job: render last month's chargeback reports (reports/, docs/reports.md) into the
+    configured directory and record each run (period, price-book versions, checksums) in the ledger."""
+    from reports.schedule import run_monthly
+
+    return run_monthly(settings, report, now)
 
 
 class BillingCollector:
@@ -178,12 +181,15 @@ def build_scheduler(
         kwargs=kwargs,
         replace_existing=True,
     )
+    from reports.schedule import ReportSchedule
+
+    report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
     scheduler.add_job(
         monthly_report,
-        CronTrigger(day=1, hour=1, minute=0, timezone=UTC),
+        report_schedule.trigger(),
         id="monthly-report",
-        name="monthly report (placeholder)",
-        kwargs=kwargs,
+        name="monthly chargeback reports (last month)",
+        kwargs={**kwargs, "report": report_schedule.as_dict()},
         replace_existing=True,
     )
     if catch_up_now:

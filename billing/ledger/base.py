@@ -38,6 +38,79 @@ class LedgerSummary:
     runs: dict[str, int]
 
 
+@dataclass(frozen=True)
+class LineTotal:
+    """Priced lines summed over a bucket of hours (an hour, a UTC day, or the whole range), for reports.
+
+    Lines are grouped by everything that identifies a charge (kind, namespace, team, pod, container,
+    GPU, MIG instance, model, currency, price-book version). Sums are exact: ``amount`` is the sum of
+    the rounded line amounts (None when every line of the group is unpriced); utilization and
+    efficiency are quantity-weighted sums over the lines where they are known (report only).
+    """
+
+    bucket: datetime
+    first_hour: datetime
+    last_hour: datetime
+    kind: str
+    namespace: str
+    team: str
+    pod: str
+    container: str
+    uuid: str
+    gpu_instance_id: str
+    mig_profile: str
+    model: str
+    currency: str
+    price_version_id: int | None
+    lines: int
+    quantity: Decimal
+    amount: Decimal | None
+    utilization_weighted: float = 0.0  # sum of utilization x quantity
+    utilization_quantity: Decimal = Decimal(0)  # sum of quantity where utilization is known
+    efficiency_weighted: float = 0.0
+    efficiency_quantity: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class PriceVersionRecord:
+    """A stored price-book version (``price_book_versions``): what priced some lines."""
+
+    id: int
+    digest: str
+    path: str
+    currency: str
+    effective_from: datetime
+    effective_to: datetime | None
+    source: str
+    body: dict  # rates, slice_weight, idle, sharing_efficiency, aliases
+
+
+@dataclass(frozen=True)
+class IngestRunRecord:
+    id: int
+    hour: datetime
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ReportRunRecord:
+    id: int
+    period_start: datetime
+    period_end: datetime
+    created_at: datetime
+    trigger: str
+    grouping: str
+    out_dir: str
+    price_book_versions: list
+    ingest_runs: dict
+    files: dict[str, str]
+    status: str
+    error: str | None
+
+
 class Ledger(abc.ABC):
     @abc.abstractmethod
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
@@ -77,6 +150,28 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def summary(self) -> LedgerSummary: ...
+
+    # --- reads for reports (not abstract: implementations that have no reports may skip them) ---
+
+    def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
+        """Lines of [start, end) summed per ``grain`` bucket: "hour", "day" (UTC) or "range"."""
+        raise NotImplementedError
+
+    def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
+        """Stored price-book versions by id."""
+        raise NotImplementedError
+
+    def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
+        """Ingest runs of the hours in [start, end), oldest first (successful and failed)."""
+        raise NotImplementedError
+
+    def record_report_run(self, run: ReportRunRecord) -> int:
+        """Store a rendered report (the ``id`` of ``run`` is ignored); returns its id."""
+        raise NotImplementedError
+
+    def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
+        """Recorded report runs (of periods starting at ``start`` when given), oldest first."""
+        raise NotImplementedError
 
     @contextlib.contextmanager
     def lock(self, name: str, holder: str, now: datetime, ttl_seconds: int = 1800) -> Iterator[None]:

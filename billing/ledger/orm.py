@@ -114,3 +114,21 @@ class BillingLock(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(255))
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class ReportRun(Base):
+    """A rendered chargeback report (reports/): what it covered, what priced it, what it wrote."""
+
+    __tablename__ = "report_runs"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    period_start: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    period_end: Mapped[datetime] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    trigger: Mapped[str] = mapped_column(String(16))  # schedule | cli
+    grouping: Mapped[str] = mapped_column(String(128))
+    out_dir: Mapped[str] = mapped_column(String(1024))
+    price_book_versions: Mapped[str] = mapped_column(Text)  # JSON list: id, digest, effective_from
+    ingest_runs: Mapped[str] = mapped_column(Text)  # JSON: count, first/last id, digest, missing hours
+    files: Mapped[str] = mapped_column(Text)  # JSON: {file name: sha256}
+    status: Mapped[str] = mapped_column(String(16))  # ok | failed
+    error: Mapped[str | None] = mapped_column(Text)

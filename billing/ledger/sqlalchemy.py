@@ -2,20 +2,45 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, delete, func, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Float,
+    bindparam,
+    case,
+    cast,
+    create_engine,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from billing.ledger.base import HourRecord, Ledger, LedgerSummary
+from billing.ledger.base import (
+    HourRecord,
+    IngestRunRecord,
+    Ledger,
+    LedgerSummary,
+    LineTotal,
+    PriceVersionRecord,
+    ReportRunRecord,
+)
 from billing.ledger.orm import (
     AllocationRow,
     BillingLock,
@@ -25,6 +50,7 @@ from billing.ledger.orm import (
     MigInstanceRow,
     NamespaceTeam,
     PriceBookVersion,
+    ReportRun,
 )
 from billing.models import HOUR, Allocation, Device, GpuHour, Line, LineKind, MigInstance
 from billing.pricing.base import PriceBook, PriceVersion
@@ -36,7 +62,8 @@ MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 def make_engine(url: str, *, schema: str | None = None) -> Engine:
     kwargs: dict = {}
     if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"check_same_thread": False}
+        # timeout: seconds a writer waits for another (ingest workers, the service) to commit
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
     elif schema:
         kwargs["connect_args"] = {"options": f"-csearch_path={schema}"}
     return create_engine(url, **kwargs)
@@ -89,11 +116,10 @@ class SqlLedger(Ledger):
         if version is None:
             return None
         digest = book.digest or "inline"
-        found = session.scalar(
-            select(PriceBookVersion.id).where(
-                PriceBookVersion.digest == digest, PriceBookVersion.effective_from == version.effective_from
-            )
+        query = select(PriceBookVersion.id).where(
+            PriceBookVersion.digest == digest, PriceBookVersion.effective_from == version.effective_from
         )
+        found = session.scalar(query)
         if found is not None:
             return found
         row = PriceBookVersion(
@@ -105,8 +131,11 @@ class SqlLedger(Ledger):
             source=version.source,
             body=_version_body(book, version),
         )
-        session.add(row)
-        session.flush()
+        try:
+            with session.begin_nested():  # ingest workers may register the same version at once
+                session.add(row)
+        except IntegrityError:  # the other one committed it first (the insert waited for it)
+            return session.scalar(query)
         return row.id
 
     @staticmethod
@@ -115,92 +144,175 @@ class SqlLedger(Ledger):
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
 
+    LINE_COLUMNS = (
+        "hour",
+        "uuid",
+        "kind",
+        "namespace",
+        "team",
+        "pod",
+        "container",
+        "gpu_instance_id",
+        "mig_profile",
+        "model",
+        "quantity",
+        "amount",
+        "currency",
+        "price_version_id",
+        "efficiency",
+        "utilization",
+    )
+    DEVICE_COLUMNS = (
+        "hour",
+        "uuid",
+        "hostname",
+        "gpu",
+        "model",
+        "mig_mode",
+        "present_seconds",
+        "utilization",
+    )
+    INSTANCE_COLUMNS = (
+        "hour",
+        "uuid",
+        "gpu_instance_id",
+        "mig_profile",
+        "compute_slices",
+        "memory_slices",
+        "present_seconds",
+        "utilization",
+    )
+    ALLOCATION_COLUMNS = (
+        "hour",
+        "uuid",
+        "gpu_instance_id",
+        "namespace",
+        "pod",
+        "container",
+        "resource",
+        "hostname",
+        "mig_profile",
+        "allocated_seconds",
+        "share",
+        "utilization",
+    )
+
     @staticmethod
-    def _line_rows(lines: list[Line], version_id: int | None) -> list[dict]:
+    def _line_rows(lines: list[Line], version_id: int | None, hour, exact) -> list[tuple]:
+        """Rows of ``cost_lines`` in LINE_COLUMNS order, already in the driver's form."""
         return [
-            {
-                "hour": line.hour,
-                "uuid": line.uuid,
-                "kind": line.kind.value,
-                "namespace": line.namespace,
-                "team": line.team,
-                "pod": line.pod,
-                "container": line.container,
-                "gpu_instance_id": line.gpu_instance_id,
-                "mig_profile": line.mig_profile,
-                "model": line.model,
-                "quantity": line.quantity,
-                "amount": line.amount,
-                "currency": line.currency,
-                "price_version_id": version_id,
-                "efficiency": line.efficiency,
-                "utilization": line.utilization,
-            }
+            (
+                hour,
+                line.uuid,
+                line.kind.value,
+                line.namespace,
+                line.team,
+                line.pod,
+                line.container,
+                line.gpu_instance_id,
+                line.mig_profile,
+                line.model,
+                exact(line.quantity),
+                exact(line.amount),
+                line.currency,
+                version_id,
+                exact(line.efficiency),
+                exact(line.utilization),
+            )
             for line in lines
         ]
 
+    @staticmethod
+    def _bulk_insert(session: Session, table, columns: tuple[str, ...], rows: list[tuple]) -> None:
+        """Insert driver-ready rows: COPY on PostgreSQL, executemany on SQLite (and others).
+
+        One round of the driver per table, no per-value SQLAlchemy processing: the values are
+        converted once by `_driver_values` (a 1,000-GPU hour is ~11k rows; docs/billing.md §6.3).
+        """
+        if not rows:
+            return
+        raw = session.connection().connection.driver_connection
+        names = ", ".join(columns)
+        if session.bind.dialect.name == "postgresql":
+            with raw.cursor() as cursor, cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            return
+        marks = ", ".join(["?" if session.bind.dialect.paramstyle == "qmark" else "%s"] * len(columns))
+        cursor = raw.cursor()
+        try:
+            cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
+        finally:
+            cursor.close()
+
+    def _driver_values(self, hour: datetime):
+        """(the hour as the driver stores it, exact-decimal converter) for this engine's dialect."""
+        dialect = self.engine.dialect
+        hour_type = GpuHourRow.__table__.c.hour.type
+        stored_hour = hour_type.dialect_impl(dialect).bind_processor(dialect)(hour)
+        if dialect.name == "sqlite":  # exact decimal text (billing.ledger.types.Exact)
+            return stored_hour, lambda value: None if value is None else str(value)
+        return stored_hour, lambda value: value
+
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         now = datetime.now(UTC)
+        hour, exact = self._driver_values(record.hour)
+        devices = [
+            (
+                hour,
+                gh.device.uuid,
+                gh.device.hostname,
+                gh.device.gpu,
+                gh.device.model,
+                gh.device.mig_mode,
+                gh.device.present_seconds,
+                exact(gh.device.utilization),
+            )
+            for gh in record.gpu_hours
+        ]
+        instances = [
+            (
+                hour,
+                m.uuid,
+                m.gpu_instance_id,
+                m.mig_profile,
+                m.compute_slices,
+                m.memory_slices,
+                m.present_seconds,
+                exact(m.utilization),
+            )
+            for gh in record.gpu_hours
+            for m in gh.instances
+        ]
+        allocations = [
+            (
+                hour,
+                a.uuid,
+                a.gpu_instance_id,
+                a.namespace,
+                a.pod,
+                a.container,
+                a.resource,
+                a.hostname,
+                a.mig_profile,
+                a.allocated_seconds,
+                exact(a.share),
+                exact(a.utilization),
+            )
+            for gh in record.gpu_hours
+            for a in gh.allocations
+        ]
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, record.hour, facts=True)
-            hour = record.hour
-            devices = [
-                {
-                    "hour": hour,
-                    "uuid": gh.device.uuid,
-                    "hostname": gh.device.hostname,
-                    "gpu": gh.device.gpu,
-                    "model": gh.device.model,
-                    "mig_mode": gh.device.mig_mode,
-                    "present_seconds": gh.device.present_seconds,
-                    "utilization": gh.device.utilization,
-                }
-                for gh in record.gpu_hours
-            ]
-            instances = [
-                {
-                    "hour": hour,
-                    "uuid": m.uuid,
-                    "gpu_instance_id": m.gpu_instance_id,
-                    "mig_profile": m.mig_profile,
-                    "compute_slices": m.compute_slices,
-                    "memory_slices": m.memory_slices,
-                    "present_seconds": m.present_seconds,
-                    "utilization": m.utilization,
-                }
-                for gh in record.gpu_hours
-                for m in gh.instances
-            ]
-            allocations = [
-                {
-                    "hour": hour,
-                    "uuid": a.uuid,
-                    "gpu_instance_id": a.gpu_instance_id,
-                    "namespace": a.namespace,
-                    "pod": a.pod,
-                    "container": a.container,
-                    "resource": a.resource,
-                    "hostname": a.hostname,
-                    "mig_profile": a.mig_profile,
-                    "allocated_seconds": a.allocated_seconds,
-                    "share": a.share,
-                    "utilization": a.utilization,
-                }
-                for gh in record.gpu_hours
-                for a in gh.allocations
-            ]
-            # Core bulk inserts (executemany): a 1,000-GPU hour is ~20k rows.
-            for table, rows in (
-                (GpuHourRow, devices),
-                (MigInstanceRow, instances),
-                (AllocationRow, allocations),
+            for table, columns, rows in (
+                (GpuHourRow.__table__, self.DEVICE_COLUMNS, devices),
+                (MigInstanceRow.__table__, self.INSTANCE_COLUMNS, instances),
+                (AllocationRow.__table__, self.ALLOCATION_COLUMNS, allocations),
             ):
-                if rows:
-                    session.execute(insert(table), rows)
-            session.flush()
+                self._bulk_insert(session, table, columns, rows)
             version_id = self._version_id(session, record.book, record.hour) if record.book else None
-            if record.lines:
-                session.execute(insert(CostLine), self._line_rows(record.lines, version_id))
+            rows = self._line_rows(record.lines, version_id, hour, exact)
+            self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
             session.add(
                 IngestRun(
                     hour=record.hour,
@@ -213,11 +325,12 @@ class SqlLedger(Ledger):
             )
 
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
+        stored_hour, exact = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
             version_id = self._version_id(session, book, hour)
-            if lines:
-                session.execute(insert(CostLine), self._line_rows(lines, version_id))
+            rows = self._line_rows(lines, version_id, stored_hour, exact)
+            self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
 
     def record_failure(self, hour: datetime, error: str, *, source: str = "", started_at=None) -> None:
         now = datetime.now(UTC)
@@ -258,7 +371,12 @@ class SqlLedger(Ledger):
                 )
                 for d in devices
             }
-            for m in session.scalars(select(MigInstanceRow).where(MigInstanceRow.hour == hour)):
+            instances = (
+                select(MigInstanceRow)
+                .where(MigInstanceRow.hour == hour)
+                .order_by(MigInstanceRow.uuid, MigInstanceRow.gpu_instance_id, MigInstanceRow.mig_profile)
+            )
+            for m in session.scalars(instances):
                 out[m.uuid].instances.append(
                     MigInstance(
                         m.uuid,
@@ -270,7 +388,19 @@ class SqlLedger(Ledger):
                         m.utilization,
                     )
                 )
-            for a in session.scalars(select(AllocationRow).where(AllocationRow.hour == hour)):
+            allocations = (
+                select(AllocationRow)
+                .where(AllocationRow.hour == hour)
+                .order_by(
+                    AllocationRow.uuid,
+                    AllocationRow.gpu_instance_id,
+                    AllocationRow.namespace,
+                    AllocationRow.pod,
+                    AllocationRow.container,
+                    AllocationRow.resource,
+                )
+            )
+            for a in session.scalars(allocations):
                 out[a.uuid].allocations.append(
                     Allocation(
                         a.uuid,
@@ -376,6 +506,196 @@ class SqlLedger(Ledger):
             last_success=None if last is None else last + HOUR,
             runs=runs,
         )
+
+    # --- reads for reports --------------------------------------------------------------------
+
+    def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
+        """Lines summed in SQL per bucket; money and quantities summed exactly as integers of their
+        stored scale (SQLite keeps exact decimal text, so no float ever carries an amount)."""
+        table = CostLine.__table__
+        c = table.c
+        money_scale, qty_scale = 10**4, 10**6  # Money() is NUMERIC(20, 4), quantity NUMERIC(18, 6)
+        sqlite = self.engine.dialect.name == "sqlite"
+        if grain == "hour":
+            bucket = c.hour
+        elif grain == "day":
+            bucket = func.substr(c.hour, 1, 10) if sqlite else func.date_trunc("day", c.hour)
+        elif grain == "range":
+            bucket = None
+        else:
+            raise ValueError(f"unknown grain {grain!r}")
+
+        def scaled(column, scale):
+            return cast(func.round(column * literal_column(str(scale))), BigInteger)
+
+        keys = [
+            c.kind,
+            c.namespace,
+            c.team,
+            c.pod,
+            c.container,
+            c.uuid,
+            c.gpu_instance_id,
+            c.mig_profile,
+            c.model,
+            c.currency,
+            c.price_version_id,
+        ]
+        group = ([bucket] if bucket is not None else []) + keys
+        query = (
+            select(
+                *group,
+                func.min(c.hour),
+                func.max(c.hour),
+                func.count(),
+                func.sum(scaled(c.quantity, qty_scale)),
+                func.sum(scaled(c.amount, money_scale)),
+                func.count(c.amount),
+                cast(func.sum(c.utilization * c.quantity), Float),
+                func.sum(case((c.utilization.isnot(None), scaled(c.quantity, qty_scale)), else_=None)),
+                cast(func.sum(c.efficiency * c.quantity), Float),
+                func.sum(case((c.efficiency.isnot(None), scaled(c.quantity, qty_scale)), else_=None)),
+            )
+            .where(c.hour >= bindparam("lo", type_=c.hour.type), c.hour < bindparam("hi", type_=c.hour.type))
+            .group_by(*group)
+        )
+        qty_unit, money_unit = Decimal(1).scaleb(-6), Decimal(1).scaleb(-4)
+        # Buckets never straddle a UTC day, so a long range is summed in day-aligned chunks on
+        # parallel connections (the database works outside the GIL); results are simply concatenated.
+        chunks = [(start, end)]
+        days = (end - start).days
+        if grain != "range" and days >= 4:
+            workers = min(4, os.cpu_count() or 1)
+            first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
+            step = max(1, -(-days // workers))
+            cuts = [start] + [first_day + timedelta(days=step * i) for i in range(1, workers)] + [end]
+            cuts = sorted({min(max(c, start), end) for c in cuts})
+            chunks = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
+
+        def fetch(window: tuple[datetime, datetime]) -> list:
+            with self.engine.connect() as conn:
+                return conn.execute(query, {"lo": window[0], "hi": window[1]}).all()
+
+        if len(chunks) == 1:
+            results = [fetch(chunks[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+                results = list(pool.map(fetch, chunks))
+        out = []
+        for row in (r for result in results for r in result):
+            if bucket is None:
+                when, rest = start, row
+            else:
+                when, rest = row[0], row[1:]
+                if isinstance(when, str):
+                    when = datetime.fromisoformat(when)
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+            (kind, ns, team, pod, container, uuid, gi, profile, model, currency, version) = rest[:11]
+            (first, last, n, qty, amount, priced, u_w, u_q, e_w, e_q) = rest[11:]
+            out.append(
+                LineTotal(
+                    bucket=when,
+                    first_hour=first,
+                    last_hour=last,
+                    kind=kind,
+                    namespace=ns,
+                    team=team,
+                    pod=pod,
+                    container=container,
+                    uuid=uuid,
+                    gpu_instance_id=gi,
+                    mig_profile=profile,
+                    model=model,
+                    currency=currency,
+                    price_version_id=version,
+                    lines=n,
+                    quantity=Decimal(int(qty or 0)) * qty_unit,
+                    amount=Decimal(int(amount)) * money_unit if priced else None,
+                    utilization_weighted=float(u_w or 0.0),
+                    utilization_quantity=Decimal(int(u_q or 0)) * qty_unit,
+                    efficiency_weighted=float(e_w or 0.0),
+                    efficiency_quantity=Decimal(int(e_q or 0)) * qty_unit,
+                )
+            )
+        return out
+
+    def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
+        if not ids:
+            return {}
+        with Session(self.engine) as session:
+            rows = session.scalars(select(PriceBookVersion).where(PriceBookVersion.id.in_(sorted(ids))))
+            return {
+                r.id: PriceVersionRecord(
+                    r.id,
+                    r.digest,
+                    r.path,
+                    r.currency,
+                    r.effective_from,
+                    r.effective_to,
+                    r.source,
+                    json.loads(r.body),
+                )
+                for r in rows
+            }
+
+    def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(
+                    IngestRun.id,
+                    IngestRun.hour,
+                    IngestRun.started_at,
+                    IngestRun.finished_at,
+                    IngestRun.status,
+                    IngestRun.source,
+                )
+                .where(IngestRun.hour >= start, IngestRun.hour < end)
+                .order_by(IngestRun.hour, IngestRun.id)
+            )
+            return [IngestRunRecord(*row) for row in rows]
+
+    def record_report_run(self, run: ReportRunRecord) -> int:
+        with Session(self.engine) as session, session.begin():
+            row = ReportRun(
+                period_start=run.period_start,
+                period_end=run.period_end,
+                created_at=run.created_at,
+                trigger=run.trigger,
+                grouping=run.grouping,
+                out_dir=run.out_dir,
+                price_book_versions=json.dumps(run.price_book_versions, sort_keys=True),
+                ingest_runs=json.dumps(run.ingest_runs, sort_keys=True),
+                files=json.dumps(run.files, sort_keys=True),
+                status=run.status,
+                error=run.error,
+            )
+            session.add(row)
+            session.flush()
+            return row.id
+
+    def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
+        query = select(ReportRun).order_by(ReportRun.id)
+        if start is not None:
+            query = query.where(ReportRun.period_start == start)
+        with Session(self.engine) as session:
+            return [
+                ReportRunRecord(
+                    r.id,
+                    r.period_start,
+                    r.period_end,
+                    r.created_at,
+                    r.trigger,
+                    r.grouping,
+                    r.out_dir,
+                    json.loads(r.price_book_versions),
+                    json.loads(r.ingest_runs),
+                    json.loads(r.files),
+                    r.status,
+                    r.error,
+                )
+                for r in session.scalars(query)
+            ]
 
     # --- lock row ----------------------------------------------------------------------------
 

@@ -3,12 +3,15 @@ its device cost and no line is negative (docs/billing.md §4-5)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
 from decimal import Decimal
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from billing.allocate import price_gpu_hour
+from billing.allocate import Pricer, price_gpu_hour
+from billing.models import GpuHour
 from billing.pricing import PriceBook, PriceVersion
 from billing.pricing.base import GpuPrice
 from tests.billing.factories import A100, H100, HOUR0, alloc, gpu_hour, mig
@@ -71,3 +74,33 @@ def test_lines_sum_exactly_to_device_cost_and_are_never_negative(case):
     exact = rate * Decimal(min(hour.device.present_seconds, 3600)) / Decimal(3600)
     exponent = {"USD": 2, "JPY": 0, "KWD": 3}[book.currency]
     assert priced.device_cost == exact.quantize(Decimal(1).scaleb(-exponent), rounding="ROUND_HALF_EVEN")
+
+
+utilizations = st.one_of(st.none(), st.decimals(min_value=Decimal(0), max_value=Decimal(1), places=3))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.data())
+def test_the_memoised_pricer_gives_exactly_what_price_gpu_hour_gives(case, data):
+    """`Pricer` re-uses a priced GPU-hour for another hour with the same inputs: same lines, with
+    that hour's own hour, uuid, team and utilization (and tier efficiency)."""
+    book, first = case
+    tiers = ((Decimal(0), Decimal("0.5"), Decimal("0.4")), (Decimal("0.5"), Decimal(1), Decimal(1)))
+    version = replace(book.versions[0], utilization_tiers=tiers)
+    book = replace(book, versions=(version,))
+
+    def utilized(item):
+        return replace(item, uuid="GPU-q", utilization=data.draw(utilizations))
+
+    device = replace(first.device, uuid="GPU-q", utilization=data.draw(utilizations))
+    later = GpuHour(
+        first.hour + timedelta(hours=5),
+        device,
+        [utilized(i) for i in first.instances],
+        [utilized(a) for a in first.allocations],
+    )
+    teams = data.draw(st.dictionaries(st.sampled_from(["ns0", "ns1", "ns2"]), st.sampled_from(["t1", "t2"])))
+    pricer = Pricer(book)
+    assert pricer.price(first) == price_gpu_hour(first, book)
+    assert pricer.price(later, teams) == price_gpu_hour(later, book, teams)
+    assert pricer.hits == (1 if not price_gpu_hour(first, book).warnings else 0)

@@ -1,0 +1,195 @@
+"""The billing issue's "Done when": the simulator's history of real fleets, backfilled into a real
+Prometheus, ingested by billing, gives exactly the GPU-hours the fleet file says were allocated.
+
+Three days of `h100-mig` (8×H100, 56 MIG 1g.10gb instances on schedules) and `a100-mixed` (MIG, whole
+and time-sliced A100s) at a 60 s step are written by `exporter.simulator.history`, backfilled with
+`promtool tsdb create-blocks-from openmetrics`, and ingested hour by hour. The expected figures are
+computed here from the fleet's own `PodSpec.running(offset)` schedule and time-slicing replicas,
+never from billing's code: per pod and per hour, the seconds observed (one step per sample,
+docs/billing.md §2.1), times the share (1/replicas when time-sliced), times the slice weight
+(compute slices / 7) and the rate.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from billing.ingest import IngestConfig, ingest_hour, ingest_hours
+from billing.models import LineKind
+from billing.pricing import load_price_book
+from billing.prom import PrometheusClient
+from exporter.simulator.fleet import load_fleet
+from exporter.simulator.history import write_history
+from tests.billing.factories import write_book
+from tests.support.servers import PrometheusServer, require_binary
+
+START = datetime(2026, 11, 2, tzinfo=UTC)
+DAYS = 3
+HOURS = [START + timedelta(hours=i) for i in range(24 * DAYS)]
+STEP = 60  # seconds between samples
+FLEETS = ("h100-mig", "a100-mixed")
+RATES = {"NVIDIA H100 80GB HBM3": Fraction(688, 100), "NVIDIA A100-SXM4-40GB": Fraction(3)}
+COMPUTE_SLICES_TOTAL = 7  # H100-80GB and A100-40GB
+
+
+@pytest.fixture(scope="module")
+def fleets():
+    return [load_fleet(name) for name in FLEETS]
+
+
+@pytest.fixture(scope="module")
+def prometheus(fleets, tmp_path_factory):
+    """Three days of simulated history, backfilled once into a real Prometheus (read-only here)."""
+    root = tmp_path_factory.mktemp("simulated")
+    source = root / "history.om"
+    start = START.timestamp()
+    with source.open("w") as out:
+        write_history(fleets, start, start + DAYS * 86400, STEP, out)
+    data = root / "data"
+    subprocess.run(
+        [
+            require_binary("promtool"),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=768h",  # one pass over the file, not one per 2 h block
+            str(source),
+            str(data),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    source.unlink()
+    server = PrometheusServer(root / "prom", data_dir=data).start()
+    yield server
+    server.stop()
+    shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def book(tmp_path):
+    doc = {
+        "currency": "USD",
+        "versions": [
+            {
+                "effective_from": "2026-01-01T00:00:00Z",
+                "gpus": {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}},
+            }
+        ],
+    }
+    return load_price_book(write_book(tmp_path, doc, "book.yaml"))
+
+
+def _observed_seconds(pod, hour_index: int) -> int:
+    """Seconds one pod held its devices in one hour, by the fleet's schedule and §2.1's sample rule."""
+    first = hour_index * 3600
+    samples = sum(1 for t in range(first, first + 3600, STEP) if pod.running(t))
+    seconds = samples * STEP
+    return 3600 if seconds >= 3600 - 2 * STEP else seconds
+
+
+def expected_allocations(fleets) -> dict[tuple[str, str], dict[str, Fraction]]:
+    """(namespace, pod) → {"held": GPU-hours × share, "weighted": × slice weight, "cost": × rate}."""
+    out: dict[tuple[str, str], dict[str, Fraction]] = defaultdict(lambda: defaultdict(Fraction))
+    for fleet in fleets:
+        for pod in fleet.pods:
+            node = fleet.node(pod.node)
+            for device in pod.devices:
+                gpu = node.gpus[device.gpu]
+                share = Fraction(1, gpu.time_slicing) if device.replica is not None else Fraction(1)
+                weight = Fraction(1)
+                if device.gpu_instance_id is not None:
+                    (instance,) = [m for m in gpu.mig if m.gpu_instance_id == device.gpu_instance_id]
+                    weight = Fraction(instance.profile.compute_slices, COMPUTE_SLICES_TOTAL)
+                for i in range(len(HOURS)):
+                    held = Fraction(_observed_seconds(pod, i), 3600) * share
+                    totals = out[(pod.namespace, pod.name)]
+                    totals["held"] += held
+                    totals["weighted"] += held * weight
+                    totals["cost"] += held * weight * RATES[gpu.model.nvml_name]
+    return out
+
+
+def _ledger_state(ledger):
+    facts = {h: ledger.facts(h) for h in HOURS}
+    lines = sorted(
+        (x.hour, x.uuid, x.kind, x.namespace, x.pod, x.gpu_instance_id, x.amount, x.quantity)
+        for x in ledger.lines(HOURS[0], HOURS[-1] + timedelta(hours=1))
+    )
+    counts = {k: v for k, v in ledger.counts().items() if k != "ingest_runs"}
+    return facts, lines, counts
+
+
+def test_simulated_fleets_bill_exactly_what_the_fleet_file_allocated(prometheus, ledger, book, fleets):
+    config = IngestConfig(scrape_interval=STEP)
+    with PrometheusClient(prometheus.url) as client:
+        result = ingest_hours(client, ledger, book, HOURS, config)
+    assert result.failed == [] and result.ingested == HOURS and result.unpriced_gpu_hours == 0
+
+    # Facts: allocated GPU-hours × share per pod, exactly as the fleet file scheduled them.
+    expected = expected_allocations(fleets)
+    held: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+    gpus = {gpu.uuid: gpu for fleet in fleets for node in fleet.nodes for gpu in node.gpus}
+    for hour in HOURS:
+        facts = ledger.facts(hour)
+        assert sorted(gh.device.uuid for gh in facts) == sorted(gpus)  # every GPU, every hour
+        for gh in facts:
+            assert gh.device.present_seconds == 3600
+            assert gh.device.mig_mode == gpus[gh.device.uuid].mig_enabled
+            assert len(gh.instances) == len(gpus[gh.device.uuid].mig)
+            for a in gh.allocations:
+                held[(a.namespace, a.pod)] += Fraction(a.allocated_seconds, 3600) * Fraction(a.share)
+    assert dict(held) == {k: v["held"] for k, v in expected.items() if v["held"]}
+    assert sum(held.values()) > 2000  # not vacuous: ~3 days × ~40 GPUs' worth of slices
+
+    # Lines: each GPU-hour's lines sum exactly to its device cost (every GPU present the whole hour).
+    lines = ledger.lines(HOURS[0], HOURS[-1] + timedelta(hours=1))
+    per_gpu_hour: dict[tuple, Decimal] = defaultdict(Decimal)
+    tenant: dict[tuple[str, str], list] = defaultdict(list)
+    for line in lines:
+        per_gpu_hour[(line.hour, line.uuid)] += line.amount
+        if line.kind is LineKind.TENANT:
+            tenant[(line.namespace, line.pod)].append(line)
+    assert len(per_gpu_hour) == len(HOURS) * len(gpus)
+    for (_, uuid), total in per_gpu_hour.items():
+        assert total == Decimal(RATES[gpus[uuid].model.nvml_name].numerator) / Decimal(
+            RATES[gpus[uuid].model.nvml_name].denominator
+        )
+
+    # Tenant lines: weighted quantity and cost per pod, within each line's rounding (6 dp, 1 cent).
+    for key, want in expected.items():
+        got = tenant.get(key, [])
+        if not want["held"]:
+            assert sum(x.amount for x in got) == 0, key
+            continue
+        quantity = sum(Fraction(x.quantity) for x in got)
+        amount = sum(Fraction(x.amount) for x in got)
+        assert abs(quantity - want["weighted"]) <= Fraction(len(got), 2 * 10**6), key
+        assert abs(amount - want["cost"]) < Fraction(len(got), 100), key
+
+    # Per namespace: tenant money plus the platform lines is the whole fleet's device cost.
+    device_cost = sum(RATES[g.model.nvml_name] for g in gpus.values()) * len(HOURS)
+    assert sum(Fraction(x.amount) for x in lines) == device_cost
+
+
+def test_reingesting_the_simulated_history_changes_nothing(prometheus, ledger, book):
+    """Re-ingesting replaces each hour with the same facts and lines; and ingesting in worker
+    processes (range queries per 12 h run) writes exactly what one process writes."""
+    with PrometheusClient(prometheus.url) as client:
+        parallel = IngestConfig(scrape_interval=STEP, chunk_hours=12, workers=2)
+        assert sorted(ingest_hours(client, ledger, book, HOURS, parallel).ingested) == HOURS
+        before = _ledger_state(ledger)
+        serial = IngestConfig(scrape_interval=STEP)
+        assert ingest_hours(client, ledger, book, HOURS, serial).ingested == HOURS
+        assert _ledger_state(ledger) == before
+        for hour in HOURS[:2]:  # and hour by hour with instant queries, as the hourly service does
+            ingest_hour(client, ledger, book, hour, serial)
+    assert _ledger_state(ledger) == before
+    assert ledger.counts()["ingest_runs"] == 2 * len(HOURS) + 2
