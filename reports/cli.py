@@ -1,0 +1,104 @@
+"""`gpumeter report --period 2026-10 --by team --format html,csv,focus --out DIR` (docs/reports.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+
+
+def _when(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    from reports.render import FORMATS
+
+    formats = tuple(dict.fromkeys(f.strip() for f in text.split(",") if f.strip()))
+    if text.strip() == "all":
+        return FORMATS
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(FORMATS)} or 'all'")
+    return formats
+
+
+def register(subparsers) -> None:
+    import os
+
+    from billing.ledger.sqlalchemy import DEFAULT_URL
+
+    parser = subparsers.add_parser(
+        "report", help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2)"
+    )
+    parser.add_argument("--db", default=os.environ.get("GPUMETER_BILLING_DB", DEFAULT_URL), help="ledger URL")
+    parser.add_argument("--db-schema", default=None, help="PostgreSQL schema (search_path) of the ledger")
+    parser.add_argument("--period", help="a month, YYYY-MM (default: last month)")
+    parser.add_argument("--from", dest="start", type=_when, help="start (ISO 8601, UTC), instead of --period")
+    parser.add_argument("--to", dest="end", type=_when, help="end, exclusive (ISO 8601, UTC)")
+    parser.add_argument(
+        "--by", default="team", help="team, namespace, model, mig_profile or label:KEY (default team)"
+    )
+    parser.add_argument("--labels", help="namespace labels YAML for --by label:KEY: namespaces: {ns: {k: v}}")
+    parser.add_argument(
+        "--format",
+        dest="formats",
+        type=_formats,
+        default=("html", "csv", "json", "focus"),
+        help="comma list of html, csv, json, focus, or 'all' (default all)",
+    )
+    parser.add_argument("--out", default="reports-out", help="output directory (default reports-out)")
+    parser.add_argument("--grain", choices=["day", "hour"], default="day", help="FOCUS/detail row grain")
+    parser.add_argument("--account", default="gpumeter", help="FOCUS BillingAccountId/ProviderName")
+    parser.add_argument("--service-name", default="Kubernetes GPU", help="FOCUS ServiceName")
+    parser.add_argument("--no-record", action="store_true", help="do not record the run in report_runs")
+    parser.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> int:
+    from billing.ledger.sqlalchemy import open_ledger
+    from reports.model import Grouping, ReportError, last_month, month_period, range_period
+    from reports.render import RenderOptions
+    from reports.run import generate, load_labels
+
+    now = datetime.now(UTC)
+    try:
+        if args.start or args.end:
+            if args.period:
+                raise ReportError("period: give --period or --from/--to, not both (value --period)")
+            if not (args.start and args.end):
+                raise ReportError("period: --from and --to go together (value missing)")
+            period = range_period(args.start, args.end)
+        else:
+            period = month_period(args.period) if args.period else last_month(now)
+        grouping = Grouping.parse(args.by, load_labels(args.labels))
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ledger = open_ledger(args.db, schema=args.db_schema)
+    try:
+        result = generate(
+            ledger,
+            period,
+            grouping,
+            args.formats,
+            args.out,
+            grain=args.grain,
+            options=RenderOptions(account=args.account, service=args.service_name, generated_at=now),
+            now=now,
+            record=not args.no_record,
+        )
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        ledger.close()
+    report = result.report
+    print(
+        f"report {period.label} by {grouping.name}: total {report.money(report.total.cost)} {report.currency}, "
+        f"{len(report.groups)} group(s), {report.ingest.hours_ingested}/{report.ingest.hours_in_period} hours ingested"
+    )
+    for name, digest in result.files.items():
+        print(f"  {result.out_dir / name}  sha256:{digest[:16]}")
+    return 0

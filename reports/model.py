@@ -1,0 +1,604 @@
+"""The chargeback report as data: built from the ledger for a period, grouped by one dimension.
+
+No rendering here (see `reports.render`). Money is `Decimal` throughout: every figure is a sum of the
+ledger's rounded lines, so nothing is rounded again (docs/billing.md §5). Utilization and the
+utilization-tier efficiency are report-only ratios and are carried as floats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+from billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
+from billing.models import STRANDED, UNALLOCATED
+from billing.pricing.aliases import slice_totals
+from billing.pricing.currency import minor_unit
+
+HOUR = timedelta(hours=1)
+DIMENSIONS = ("team", "namespace", "model", "mig_profile")
+TENANT_KINDS = ("tenant", "idle_share")
+PLATFORM_KINDS = ("unallocated", "stranded", "sharing_shortfall")
+PLATFORM_NAMES = {
+    "unallocated": UNALLOCATED,
+    "stranded": STRANDED,
+    "sharing_shortfall": "__sharing_shortfall__",
+}
+NO_TEAM, WHOLE_GPU, NO_LABEL = "(no team)", "(whole GPU)", "(none)"
+_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb", re.IGNORECASE)
+_MEMORY_SLICES_7 = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}  # as billing.allocate, for profiles of 7-slice GPUs
+ZERO = Decimal(0)
+
+
+class ReportError(ValueError):
+    pass
+
+
+# --- periods ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Period:
+    """A half-open UTC window [start, end). ``label`` names it in file names and titles."""
+
+    start: datetime
+    end: datetime
+    label: str
+
+    @property
+    def is_month(self) -> bool:
+        return bool(re.fullmatch(r"\d{4}-\d{2}", self.label))
+
+    @property
+    def hours(self) -> int:
+        return int((self.end - self.start) / HOUR)
+
+    def previous(self) -> Period:
+        if self.is_month:
+            year, month = self.start.year, self.start.month - 1
+            if month == 0:
+                year, month = year - 1, 12
+            return month_period(f"{year:04d}-{month:02d}")
+        length = self.end - self.start
+        start = self.start - length
+        return Period(start, self.start, f"{_day_label(start)}_{_day_label(self.start)}")
+
+    def days(self) -> list[date]:
+        day, out = self.start.date(), []
+        while datetime.combine(day, datetime.min.time(), UTC) < self.end:
+            out.append(day)
+            day += timedelta(days=1)
+        return out
+
+
+def _day_label(moment: datetime) -> str:
+    if moment.hour or moment.minute:
+        return moment.strftime("%Y-%m-%dT%H%MZ")
+    return moment.strftime("%Y-%m-%d")
+
+
+def month_period(text: str) -> Period:
+    match = re.fullmatch(r"(\d{4})-(\d{2})", text)
+    if not match or not 1 <= int(match.group(2)) <= 12:
+        raise ReportError(f"period: expected YYYY-MM (value {text!r})")
+    year, month = int(match.group(1)), int(match.group(2))
+    start = datetime(year, month, 1, tzinfo=UTC)
+    end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC)
+    return Period(start, end, text)
+
+
+def range_period(start: datetime, end: datetime) -> Period:
+    start, end = _utc_hour(start), _utc_hour(end)
+    if end <= start:
+        raise ReportError(
+            f"period: --to must be after --from (value {start.isoformat()} .. {end.isoformat()})"
+        )
+    return Period(start, end, f"{_day_label(start)}_{_day_label(end)}")
+
+
+def last_month(now: datetime) -> Period:
+    first = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    previous = first - timedelta(days=1)
+    return month_period(f"{previous.year:04d}-{previous.month:02d}")
+
+
+def _utc_hour(moment: datetime) -> datetime:
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+# --- grouping -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """A report dimension: team, namespace, model (GPU model), mig_profile, or label:KEY."""
+
+    name: str
+    labels: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)  # namespace -> labels
+
+    @classmethod
+    def parse(cls, text: str, labels: dict[str, dict[str, str]] | None = None) -> Grouping:
+        aliases = {
+            "gpu_model": "model",
+            "gpu-model": "model",
+            "mig-profile": "mig_profile",
+            "profile": "mig_profile",
+        }
+        name = aliases.get(text, text)
+        if name not in DIMENSIONS and not (name.startswith("label:") and len(name) > 6):
+            raise ReportError(f"by: expected one of {', '.join(DIMENSIONS)} or label:KEY (value {text!r})")
+        return cls(name, labels or {})
+
+    @property
+    def title(self) -> str:
+        if self.name.startswith("label:"):
+            return f"label {self.name[6:]}"
+        return {"team": "team", "namespace": "namespace", "model": "GPU model", "mig_profile": "MIG profile"}[
+            self.name
+        ]
+
+    def key(self, line: LineTotal) -> str:
+        if self.name == "team":
+            return line.team or NO_TEAM
+        if self.name == "namespace":
+            return line.namespace
+        if self.name == "model":
+            return line.model
+        if self.name == "mig_profile":
+            return line.mig_profile or WHOLE_GPU
+        label = self.name[6:]
+        value = self.labels.get(line.namespace, {}).get(label)
+        if value is None and label == "team":
+            value = line.team
+        return value or NO_LABEL
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Usage:
+    """Sums over lines: cost (Decimal), GPU-hours (whole-GPU equivalents), slice-hours, utilization."""
+
+    cost: Decimal = ZERO
+    idle_share: Decimal = ZERO  # part of cost spread from idle capacity (idle: spread)
+    gpu_hours: Decimal = ZERO
+    slice_hours: Decimal = ZERO
+    lines: int = 0
+    _u_w: float = 0.0
+    _u_q: Decimal = ZERO
+    _e_w: float = 0.0
+    _e_q: Decimal = ZERO
+
+    def add(self, line: LineTotal, slice_hours: Decimal) -> None:
+        self.lines += line.lines
+        if line.amount is not None:
+            self.cost += line.amount
+            if line.kind == "idle_share":
+                self.idle_share += line.amount
+        if line.kind == "idle_share":
+            return  # its quantity is idle capacity, not usage
+        self.gpu_hours += line.quantity
+        self.slice_hours += slice_hours
+        self._u_w += line.utilization_weighted
+        self._u_q += line.utilization_quantity
+        self._e_w += line.efficiency_weighted
+        self._e_q += line.efficiency_quantity
+
+    @property
+    def utilization(self) -> float | None:
+        """Mean utilization, weighted by GPU-hours, over the lines where it is known."""
+        return self._u_w / float(self._u_q) if self._u_q else None
+
+    @property
+    def efficiency(self) -> float | None:
+        """Mean utilization-tier efficiency score (price book's utilizationTiers), weighted by GPU-hours."""
+        return self._e_w / float(self._e_q) if self._e_q else None
+
+    @property
+    def unit_cost(self) -> Decimal | None:
+        return (self.cost / self.gpu_hours) if self.gpu_hours else None
+
+
+@dataclass
+class Change:
+    previous: Decimal | None
+    delta: Decimal | None
+    ratio: float | None  # delta / previous
+
+    @classmethod
+    def of(cls, now: Decimal, before: Decimal | None) -> Change:
+        if before is None:
+            return cls(None, None, None)
+        delta = now - before
+        return cls(before, delta, float(delta / before) if before else None)
+
+
+@dataclass
+class PodRow:
+    namespace: str
+    pod: str
+    team: str
+    models: list[str]
+    profiles: list[str]
+    usage: Usage
+
+
+@dataclass
+class GroupRow:
+    key: str
+    usage: Usage
+    change: Change
+    namespaces: list[tuple[str, Usage]] = field(default_factory=list)
+    models: list[tuple[str, str, Usage]] = field(default_factory=list)  # (model, profile, usage)
+    top_pods: list[PodRow] = field(default_factory=list)
+    daily: dict[date, Decimal] = field(default_factory=dict)
+
+
+@dataclass
+class PlatformRow:
+    kind: str  # unallocated | stranded | sharing_shortfall
+    namespace: str
+    usage: Usage
+    change: Change
+
+
+@dataclass
+class UnpricedRow:
+    model: str
+    gpu_hours: Decimal
+    gpus: int
+
+
+@dataclass
+class IngestSummary:
+    hours_in_period: int
+    hours_ingested: int
+    missing: list[tuple[datetime, datetime]]  # ranges [start, end) without a successful run
+    runs_used: int
+    failed_runs: int
+    first_run_id: int | None
+    last_run_id: int | None
+    digest: str  # sha256 over "id:hour" of the runs whose lines the report used
+
+    def as_dict(self) -> dict:
+        return {
+            "hours_in_period": self.hours_in_period,
+            "hours_ingested": self.hours_ingested,
+            "missing_hours": [[_iso(a), _iso(b)] for a, b in self.missing],
+            "runs_used": self.runs_used,
+            "failed_runs": self.failed_runs,
+            "first_run_id": self.first_run_id,
+            "last_run_id": self.last_run_id,
+            "digest": self.digest,
+        }
+
+
+@dataclass
+class Report:
+    period: Period
+    previous_period: Period
+    grouping: Grouping
+    currency: str
+    grain: str
+    groups: list[GroupRow]
+    platform: list[PlatformRow]
+    unpriced: list[UnpricedRow]
+    total: Usage  # every priced line
+    tenants: Usage  # tenant + idle_share lines
+    total_change: Change
+    tenants_change: Change
+    top_pods: list[PodRow]
+    daily: list[tuple[date, dict[str, Decimal]]]  # day -> {group key or platform namespace: cost}
+    price_versions: list[PriceVersionRecord]
+    ingest: IngestSummary
+    charges: list[LineTotal]  # the ledger lines summed per grain bucket, sorted: FOCUS and detail CSV
+    slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours, see slice_hours_of
+
+    @property
+    def exponent(self) -> int:
+        return minor_unit(self.currency)
+
+    def money(self, value: Decimal | None) -> str:
+        if value is None:
+            return ""
+        return str(value.quantize(Decimal(1).scaleb(-self.exponent)))
+
+    def version_label(self, version_id: int | None) -> str:
+        for v in self.price_versions:
+            if v.id == version_id:
+                return version_label(v)
+        return ""
+
+    def rate(self, line: LineTotal) -> Decimal | None:
+        for v in self.price_versions:
+            if v.id == line.price_version_id:
+                rate = v.body.get("rates", {}).get(line.model)
+                return Decimal(rate) if rate is not None else None
+        return None
+
+    def slices(self, line: LineTotal) -> Decimal:
+        return self.slice_hours.get(id(line), ZERO)
+
+    @property
+    def group_keys(self) -> list[str]:
+        return [g.key for g in self.groups]
+
+
+def version_label(version: PriceVersionRecord) -> str:
+    """``<digest[:12]>@<effective_from>``: names a price-book version in every format."""
+    return f"{version.digest[:12]}@{version.effective_from.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def profile_slices(profile: str, model: str) -> tuple[int, int] | None:
+    """(compute, memory) slices of a MIG profile name such as ``3g.40gb`` on a GPU model."""
+    match = _PROFILE.match(profile)
+    if not match:
+        return None
+    compute = int(match.group(1))
+    totals = slice_totals(model)
+    memory = compute if totals == (4, 4) else _MEMORY_SLICES_7.get(compute, compute)
+    return compute, memory
+
+
+def slice_hours_of(line: LineTotal, policy: str) -> Decimal:
+    """Compute-slice-hours held by a MIG line: instance-hours held x compute slices of the profile,
+    to 0.001 slice-hour.
+
+    The ledger stores weighted GPU-hours (held x weight), so held = quantity / weight under the
+    version's slice-weight policy. Whole-GPU lines and platform lines hold no slices (0). Under the
+    ``max`` policy a layout that over-recovers is normalised by billing; the figure here uses the
+    un-normalised weight (documented in docs/reports.md).
+    """
+    if not line.gpu_instance_id or line.kind not in TENANT_KINDS:
+        return ZERO
+    slices = profile_slices(line.mig_profile, line.model)
+    if slices is None:
+        return ZERO
+    compute, memory = slices
+    ctot, mtot = slice_totals(line.model)
+    weight = {
+        "compute": Decimal(compute) / ctot,
+        "memory": Decimal(memory) / mtot,
+        "max": max(Decimal(compute) / ctot, Decimal(memory) / mtot),
+    }.get(policy, Decimal(compute) / ctot)
+    # quantities are stored to 6 dp, so the quotient is exact only to a few 1e-6: shown to 0.001
+    return (line.quantity / weight * compute).quantize(Decimal("0.001"))
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+def _sort_key(line: LineTotal) -> tuple:
+    return (
+        line.bucket,
+        list(TENANT_KINDS + PLATFORM_KINDS + ("unpriced",)).index(line.kind)
+        if line.kind in TENANT_KINDS + PLATFORM_KINDS + ("unpriced",)
+        else 99,
+        line.namespace,
+        line.pod,
+        line.container,
+        line.uuid,
+        line.gpu_instance_id,
+        line.mig_profile,
+        line.model,
+        line.team,
+        line.currency,
+        line.price_version_id or 0,
+    )
+
+
+def _missing_ranges(period: Period, have: set[datetime]) -> list[tuple[datetime, datetime]]:
+    out: list[tuple[datetime, datetime]] = []
+    hour = period.start
+    while hour < period.end:
+        if hour not in have:
+            if out and out[-1][1] == hour:
+                out[-1] = (out[-1][0], hour + HOUR)
+            else:
+                out.append((hour, hour + HOUR))
+        hour += HOUR
+    return out
+
+
+def _ingest_summary(ledger: Ledger, period: Period) -> IngestSummary:
+    runs = ledger.ingest_runs(period.start, period.end)
+    latest_ok: dict[datetime, int] = {}
+    failed = 0
+    for run in runs:
+        if run.status == "ok":
+            latest_ok[run.hour] = max(run.id, latest_ok.get(run.hour, 0))
+        else:
+            failed += 1
+    used = sorted((run_id, hour) for hour, run_id in latest_ok.items())
+    digest = hashlib.sha256("\n".join(f"{i}:{_iso(h)}" for i, h in used).encode()).hexdigest()
+    return IngestSummary(
+        hours_in_period=period.hours,
+        hours_ingested=len(latest_ok),
+        missing=_missing_ranges(period, set(latest_ok)),
+        runs_used=len(used),
+        failed_runs=failed,
+        first_run_id=used[0][0] if used else None,
+        last_run_id=used[-1][0] if used else None,
+        digest=digest,
+    )
+
+
+def build_report(
+    ledger: Ledger,
+    period: Period,
+    grouping: Grouping | str = "team",
+    *,
+    grain: str = "day",
+    top: int = 10,
+    compare: bool = True,
+) -> Report:
+    """Read the ledger for ``period`` (and the previous period for the change) into a Report."""
+    if isinstance(grouping, str):
+        grouping = Grouping.parse(grouping)
+    if grain not in ("hour", "day"):
+        raise ReportError(f"grain: expected hour or day (value {grain!r})")
+    charges = sorted(ledger.line_totals(period.start, period.end, grain), key=_sort_key)
+    previous_period = period.previous()
+    previous = ledger.line_totals(previous_period.start, previous_period.end, "range") if compare else []
+
+    version_ids = {c.price_version_id for c in charges + previous if c.price_version_id is not None}
+    versions = ledger.price_versions(version_ids)
+    policies = {vid: v.body.get("slice_weight", "compute") for vid, v in versions.items()}
+    currencies = sorted({c.currency for c in charges if c.amount is not None}) or sorted(
+        {v.currency for v in versions.values()}
+    )
+    if len(currencies) > 1:
+        raise ReportError(f"ledger: lines in several currencies in one period (value {currencies!r})")
+    currency = currencies[0] if currencies else "USD"
+
+    slice_hours = {id(c): slice_hours_of(c, policies.get(c.price_version_id, "compute")) for c in charges}
+
+    total, tenants = Usage(), Usage()
+    groups: dict[str, Usage] = defaultdict(Usage)
+    group_ns: dict[str, dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
+    group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(lambda: defaultdict(Usage))
+    group_daily: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    pods: dict[tuple[str, str], Usage] = defaultdict(Usage)
+    pod_meta: dict[tuple[str, str], tuple[str, set, set]] = {}
+    platform: dict[str, Usage] = defaultdict(Usage)
+    unpriced: dict[str, tuple[Decimal, set]] = {}
+    daily: dict[date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+
+    for c in charges:
+        sh = slice_hours[id(c)]
+        day = c.bucket.date()
+        if c.kind == "unpriced" or c.amount is None:
+            hours, gpus = unpriced.get(c.model, (ZERO, set()))
+            gpus.add(c.uuid)
+            unpriced[c.model] = (hours + c.quantity, gpus)
+            continue
+        total.add(c, sh)
+        if c.kind in TENANT_KINDS:
+            key = grouping.key(c)
+            tenants.add(c, sh)
+            groups[key].add(c, sh)
+            group_ns[key][c.namespace].add(c, sh)
+            group_models[key][(c.model, c.mig_profile or WHOLE_GPU)].add(c, sh)
+            group_daily[key][day] += c.amount
+            daily[day][key] += c.amount
+            pod = (c.namespace, c.pod)
+            pods[pod].add(c, sh)
+            _team, models, profiles = pod_meta.setdefault(pod, (c.team, set(), set()))
+            models.add(c.model)
+            profiles.add(c.mig_profile or WHOLE_GPU)
+        else:
+            platform[c.kind].add(c, sh)
+            daily[day][PLATFORM_NAMES.get(c.kind, c.namespace)] += c.amount
+
+    before_groups: dict[str, Decimal] = defaultdict(Decimal)
+    before_platform: dict[str, Decimal] = defaultdict(Decimal)
+    before_total = before_tenants = ZERO
+    for c in previous:
+        if c.amount is None:
+            continue
+        before_total += c.amount
+        if c.kind in TENANT_KINDS:
+            before_tenants += c.amount
+            before_groups[grouping.key(c)] += c.amount
+        else:
+            before_platform[c.kind] += c.amount
+    has_previous = compare and bool(previous)
+
+    def change(now: Decimal, before: Decimal) -> Change:
+        return Change.of(now, before if has_previous else None)
+
+    def pod_row(pod: tuple[str, str]) -> PodRow:
+        team, models, profiles = pod_meta[pod]
+        return PodRow(pod[0], pod[1], team, sorted(models), sorted(profiles), pods[pod])
+
+    ranked_pods = sorted(pods, key=lambda p: (-pods[p].cost, p))
+    pod_group = {p: grouping.key(_pod_probe(p, pod_meta)) for p in pods}
+    per_group_pods: dict[str, list[PodRow]] = defaultdict(list)
+    if grouping.name in ("team", "namespace") or grouping.name.startswith("label:"):
+        for p in ranked_pods:
+            if len(per_group_pods[pod_group[p]]) < top:
+                per_group_pods[pod_group[p]].append(pod_row(p))
+    rows = []
+    for key in sorted(groups, key=lambda k: (-groups[k].cost, k)):
+        usage = groups[key]
+        rows.append(
+            GroupRow(
+                key=key,
+                usage=usage,
+                change=change(usage.cost, before_groups.get(key, ZERO)),
+                namespaces=sorted(group_ns[key].items(), key=lambda kv: (-kv[1].cost, kv[0])),
+                models=[
+                    (m, p, u)
+                    for (m, p), u in sorted(group_models[key].items(), key=lambda kv: (-kv[1].cost, kv[0]))
+                ],
+                top_pods=per_group_pods.get(key, []),
+                daily=dict(sorted(group_daily[key].items())),
+            )
+        )
+    # groups that existed before but not now still show their drop
+    for key in sorted(set(before_groups) - set(groups)):
+        rows.append(GroupRow(key=key, usage=Usage(), change=change(ZERO, before_groups[key])))
+
+    platform_rows = [
+        PlatformRow(
+            kind, PLATFORM_NAMES[kind], platform[kind], change(platform[kind].cost, before_platform[kind])
+        )
+        for kind in PLATFORM_KINDS
+        if kind in platform or before_platform.get(kind)
+    ]
+    return Report(
+        period=period,
+        previous_period=previous_period,
+        grouping=grouping,
+        currency=currency,
+        grain=grain,
+        groups=rows,
+        platform=platform_rows,
+        unpriced=[UnpricedRow(m, h, len(g)) for m, (h, g) in sorted(unpriced.items())],
+        total=total,
+        tenants=tenants,
+        total_change=change(total.cost, before_total),
+        tenants_change=change(tenants.cost, before_tenants),
+        top_pods=[pod_row(p) for p in ranked_pods[:top]],
+        daily=[(day, dict(sorted(daily.get(day, {}).items()))) for day in period.days()],
+        price_versions=[
+            versions[i] for i in sorted(versions) if any(c.price_version_id == i for c in charges)
+        ],
+        ingest=_ingest_summary(ledger, period),
+        charges=charges,
+        slice_hours=slice_hours,
+    )
+
+
+def _pod_probe(pod: tuple[str, str], meta: dict) -> LineTotal:
+    """A minimal line carrying a pod's namespace and team, to find the group it belongs to."""
+    team = meta[pod][0]
+    return LineTotal(
+        bucket=datetime.min.replace(tzinfo=UTC),
+        first_hour=datetime.min.replace(tzinfo=UTC),
+        last_hour=datetime.min.replace(tzinfo=UTC),
+        kind="tenant",
+        namespace=pod[0],
+        team=team,
+        pod=pod[1],
+        container="",
+        uuid="",
+        gpu_instance_id="",
+        mig_profile="",
+        model="",
+        currency="",
+        price_version_id=None,
+        lines=0,
+        quantity=ZERO,
+        amount=ZERO,
+    )

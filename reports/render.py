@@ -1,0 +1,577 @@
+"""Rendering a Report: HTML (Jinja2, autoescaped, plotly.js inline once), CSV, JSON and FOCUS CSV.
+
+CSV, FOCUS and JSON output depend only on the report (the ledger and the price-book versions): no
+clock, no locale, sorted rows, LF line ends, so the same ledger renders byte-identical files. The
+HTML carries the generation time, given by the caller.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from reports import focus
+from reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
+
+FORMATS = ("html", "csv", "json", "focus")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    account: str = "gpumeter"  # FOCUS BillingAccountId / ProviderName / InvoiceIssuerName
+    service: str = "Kubernetes GPU"  # FOCUS ServiceName
+    generated_at: datetime | None = None  # shown in the HTML only
+    top: int = 10
+
+
+def file_stem(report: Report) -> str:
+    by = re.sub(r"[^A-Za-z0-9_.-]+", "-", report.grouping.name.replace(":", "-"))
+    return f"gpumeter-{report.period.label}-by-{by}"
+
+
+def file_names(report: Report, formats: tuple[str, ...]) -> dict[str, list[str]]:
+    stem = file_stem(report)
+    names = {
+        "html": [f"{stem}.html"],
+        "csv": [f"{stem}.csv", f"gpumeter-{report.period.label}-lines.csv"],
+        "json": [f"{stem}.json"],
+        "focus": [f"gpumeter-{report.period.label}-focus-1.2.csv"],
+    }
+    return {f: names[f] for f in formats}
+
+
+# --- small formatting helpers ------------------------------------------------------------------------
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.6f}"
+
+
+def _qty(value: Decimal) -> str:
+    return str(value.quantize(Decimal("0.000001")))
+
+
+def _cell(value: str) -> str:
+    """Neutralise spreadsheet formulas in tenant-controlled text (OWASP CSV injection)."""
+    return "'" + value if value.startswith(_FORMULA_START) else value
+
+
+def _change_fields(report: Report, change: Change) -> list[str]:
+    return [
+        report.money(change.previous),
+        report.money(change.delta),
+        "" if change.ratio is None else f"{change.ratio:.6f}",
+    ]
+
+
+# --- CSV ------------------------------------------------------------------------------------------------
+
+SUMMARY_HEADER = [
+    "period_start",
+    "period_end",
+    "group_by",
+    "group",
+    "line",
+    "cost",
+    "idle_share_cost",
+    "currency",
+    "gpu_hours",
+    "slice_hours",
+    "mean_utilization",
+    "efficiency",
+    "previous_cost",
+    "change",
+    "change_ratio",
+    "price_book_versions",
+]
+LINES_HEADER = [
+    "bucket",
+    "charge_period_start",
+    "charge_period_end",
+    "line",
+    "team",
+    "namespace",
+    "pod",
+    "container",
+    "gpu_model",
+    "mig_profile",
+    "gpu_uuid",
+    "gpu_instance_id",
+    "gpu_hours",
+    "slice_hours",
+    "cost",
+    "currency",
+    "mean_utilization",
+    "efficiency",
+    "price_book_version",
+    "hourly_lines",
+]
+
+
+def _ts(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def summary_csv(report: Report) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(SUMMARY_HEADER)
+    versions = " ".join(version_label(v) for v in report.price_versions)
+    head = [_ts(report.period.start), _ts(report.period.end), report.grouping.name]
+
+    def row(group: str, line: str, usage: Usage, change: Change, cost: str | None = None):
+        writer.writerow(
+            [
+                *head,
+                _cell(group),
+                line,
+                report.money(usage.cost) if cost is None else cost,
+                report.money(usage.idle_share),
+                report.currency,
+                _qty(usage.gpu_hours),
+                _qty(usage.slice_hours),
+                _ratio(usage.utilization),
+                _ratio(usage.efficiency),
+                *_change_fields(report, change),
+                versions,
+            ]
+        )
+
+    for group in report.groups:
+        row(group.key, "tenant", group.usage, group.change)
+    for platform in report.platform:
+        row(platform.namespace, platform.kind, platform.usage, platform.change)
+    for unpriced in report.unpriced:
+        usage = Usage(gpu_hours=unpriced.gpu_hours)
+        writer.writerow(
+            [
+                *head,
+                f"__unpriced__ {unpriced.model}",
+                "unpriced",
+                "",
+                "",
+                report.currency,
+                _qty(usage.gpu_hours),
+            ]
+            + [""] * 7
+            + [versions]
+        )
+    row("__total__", "total", report.total, report.total_change)
+    return out.getvalue()
+
+
+def lines_csv(report: Report) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(LINES_HEADER)
+    labels = {v.id: version_label(v) for v in report.price_versions}
+    for c in report.charges:
+        writer.writerow(
+            [
+                _ts(c.bucket),
+                _ts(c.first_hour),
+                _ts(c.last_hour + HOUR),
+                "unpriced" if c.amount is None else c.kind,
+                _cell(c.team),
+                _cell(c.namespace),
+                _cell(c.pod),
+                _cell(c.container),
+                c.model,
+                c.mig_profile,
+                c.uuid,
+                c.gpu_instance_id,
+                _qty(c.quantity),
+                _qty(report.slices(c)),
+                report.money(c.amount),
+                c.currency,
+                _ratio(
+                    c.utilization_weighted / float(c.utilization_quantity) if c.utilization_quantity else None
+                ),
+                _ratio(
+                    c.efficiency_weighted / float(c.efficiency_quantity) if c.efficiency_quantity else None
+                ),
+                labels.get(c.price_version_id, ""),
+                c.lines,
+            ]
+        )
+    return out.getvalue()
+
+
+def focus_csv(report: Report, options: RenderOptions | None = None) -> str:
+    options = options or RenderOptions()
+    out = io.StringIO()
+    focus.write_csv(focus.rows(report, account=options.account, service=options.service), out)
+    return out.getvalue()
+
+
+# --- JSON -----------------------------------------------------------------------------------------------
+
+
+def _usage(report: Report, usage: Usage) -> dict:
+    return {
+        "cost": report.money(usage.cost),
+        "idle_share_cost": report.money(usage.idle_share),
+        "gpu_hours": _qty(usage.gpu_hours),
+        "slice_hours": _qty(usage.slice_hours),
+        "mean_utilization": None if usage.utilization is None else round(usage.utilization, 6),
+        "efficiency": None if usage.efficiency is None else round(usage.efficiency, 6),
+    }
+
+
+def _change(report: Report, change: Change) -> dict:
+    return {
+        "previous_cost": None if change.previous is None else report.money(change.previous),
+        "change": None if change.delta is None else report.money(change.delta),
+        "change_ratio": None if change.ratio is None else round(change.ratio, 6),
+    }
+
+
+def _pod(report: Report, pod) -> dict:
+    return {
+        "namespace": pod.namespace,
+        "pod": pod.pod,
+        "team": pod.team,
+        "gpu_models": pod.models,
+        "mig_profiles": pod.profiles,
+        **_usage(report, pod.usage),
+    }
+
+
+def report_dict(report: Report) -> dict:
+    return {
+        "schema": "gpumeter.report/1",
+        "period": {
+            "label": report.period.label,
+            "start": _ts(report.period.start),
+            "end": _ts(report.period.end),
+        },
+        "previous_period": {
+            "label": report.previous_period.label,
+            "start": _ts(report.previous_period.start),
+            "end": _ts(report.previous_period.end),
+        },
+        "group_by": report.grouping.name,
+        "currency": report.currency,
+        "grain": report.grain,
+        "totals": {
+            "all": {**_usage(report, report.total), **_change(report, report.total_change)},
+            "tenants": {**_usage(report, report.tenants), **_change(report, report.tenants_change)},
+        },
+        "groups": [
+            {
+                "group": g.key,
+                **_usage(report, g.usage),
+                **_change(report, g.change),
+                "namespaces": [{"namespace": ns, **_usage(report, u)} for ns, u in g.namespaces],
+                "gpu_models": [
+                    {"gpu_model": m, "mig_profile": p, **_usage(report, u)} for m, p, u in g.models
+                ],
+                "top_pods": [_pod(report, p) for p in g.top_pods],
+                "daily": {d.isoformat(): report.money(v) for d, v in g.daily.items()},
+            }
+            for g in report.groups
+        ],
+        "platform": [
+            {"line": p.kind, "namespace": p.namespace, **_usage(report, p.usage), **_change(report, p.change)}
+            for p in report.platform
+        ],
+        "unpriced": [
+            {"gpu_model": u.model, "gpu_hours": _qty(u.gpu_hours), "gpus": u.gpus} for u in report.unpriced
+        ],
+        "top_pods": [_pod(report, p) for p in report.top_pods],
+        "daily": [
+            {"day": d.isoformat(), "costs": {k: report.money(v) for k, v in costs.items()}}
+            for d, costs in report.daily
+        ],
+        "provenance": {
+            "price_book_versions": [
+                {
+                    "id": v.id,
+                    "label": version_label(v),
+                    "digest": v.digest,
+                    "path": v.path,
+                    "effective_from": _ts(v.effective_from),
+                    "effective_to": None if v.effective_to is None else _ts(v.effective_to),
+                    "source": v.source,
+                    "rates": v.body.get("rates", {}),
+                    "slice_weight": v.body.get("slice_weight"),
+                    "idle": v.body.get("idle"),
+                    "sharing_efficiency": v.body.get("sharing_efficiency", {}),
+                }
+                for v in report.price_versions
+            ],
+            "ingest_runs": report.ingest.as_dict(),
+        },
+    }
+
+
+def json_text(report: Report) -> str:
+    return json.dumps(report_dict(report), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# --- HTML -----------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("reports", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    js = get_plotlyjs()
+    if "</script" in js.lower():  # never true for plotly.min.js; guard the inline embedding anyway
+        js = re.sub(r"</(script)", r"<\\/\1", js, flags=re.IGNORECASE)
+    return js
+
+
+def script_json(value) -> str:
+    """JSON safe inside a <script> element: no '<', '>', '&' or line separators appear raw."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for raw, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(raw, escaped)
+    return text
+
+
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+]
+PLATFORM_COLOURS = {
+    "__unallocated__": "#b0b0b0",
+    "__stranded__": "#6b6b6b",
+    "__sharing_shortfall__": "#d9b38c",
+}
+
+
+def _layout(title: str, **extra) -> dict:
+    return {
+        "title": {"text": title, "font": {"size": 15}},
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 60},
+        "height": 360,
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "font": {"family": "Helvetica, Arial, sans-serif", "size": 12},
+        **extra,
+    }
+
+
+def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]]:
+    cur = report.currency
+    keys = report.group_keys
+    shown = keys[:8]
+    summary: list[dict] = []
+    # 1. cost by group, with platform lines
+    labels = [*keys[:20], *[p.namespace for p in report.platform]]
+    costs = [float(g.usage.cost) for g in report.groups[:20]] + [float(p.usage.cost) for p in report.platform]
+    colours = [PALETTE[0]] * min(20, len(keys)) + [
+        PLATFORM_COLOURS.get(p.namespace, "#999") for p in report.platform
+    ]
+    summary.append(
+        {
+            "id": "chart-cost-by-group",
+            "data": [
+                {
+                    "type": "bar",
+                    "orientation": "h",
+                    "y": labels[::-1],
+                    "x": costs[::-1],
+                    "marker": {"color": colours[::-1]},
+                    "hovertemplate": "%{y}: %{x:,.2f} " + cur + "<extra></extra>",
+                }
+            ],
+            "layout": _layout(
+                f"Cost by {report.grouping.title} ({cur})",
+                height=max(300, 28 * len(labels) + 90),
+                margin={"l": 200, "r": 20, "t": 50, "b": 40},
+            ),
+        }
+    )
+    # 2. day-by-day trend, stacked
+    days = [d.isoformat() for d, _ in report.daily]
+    traces = []
+    for i, key in enumerate(shown):
+        traces.append(
+            {
+                "type": "bar",
+                "name": key,
+                "x": days,
+                "y": [float(costs_of.get(key, 0)) for _, costs_of in report.daily],
+                "marker": {"color": PALETTE[i % len(PALETTE)]},
+            }
+        )
+    if len(keys) > len(shown):
+        rest = set(keys[len(shown) :])
+        traces.append(
+            {
+                "type": "bar",
+                "name": "other",
+                "x": days,
+                "y": [
+                    float(sum((v for k, v in c.items() if k in rest), Decimal(0))) for _, c in report.daily
+                ],
+                "marker": {"color": "#c7c7c7"},
+            }
+        )
+    for name in PLATFORM_NAMES.values():
+        if any(name in c for _, c in report.daily):
+            traces.append(
+                {
+                    "type": "bar",
+                    "name": name,
+                    "x": days,
+                    "y": [float(c.get(name, 0)) for _, c in report.daily],
+                    "marker": {"color": PLATFORM_COLOURS[name]},
+                }
+            )
+    summary.append(
+        {
+            "id": "chart-daily",
+            "data": traces,
+            "layout": _layout(
+                f"Cost per day ({cur})", barmode="stack", legend={"orientation": "h", "y": -0.25}
+            ),
+        }
+    )
+    # 3. where the money went
+    split_labels = ["tenants", *[p.namespace for p in report.platform]]
+    split_values = [float(report.tenants.cost), *[float(p.usage.cost) for p in report.platform]]
+    summary.append(
+        {
+            "id": "chart-split",
+            "data": [
+                {
+                    "type": "pie",
+                    "hole": 0.45,
+                    "labels": split_labels,
+                    "values": split_values,
+                    "sort": False,
+                    "marker": {
+                        "colors": [PALETTE[0], *[PLATFORM_COLOURS.get(n, "#999") for n in split_labels[1:]]]
+                    },
+                }
+            ],
+            "layout": _layout(f"Where the money went ({cur})"),
+        }
+    )
+    per_group: dict[str, list[dict]] = {}
+    for index, group in enumerate(report.groups):
+        if not group.usage.lines:
+            continue
+        charts = [
+            {
+                "id": f"chart-g{index}-daily",
+                "data": [
+                    {
+                        "type": "bar",
+                        "x": days,
+                        "y": [float(group.daily.get(d, 0)) for d, _ in report.daily],
+                        "marker": {"color": PALETTE[index % len(PALETTE)]},
+                        "name": group.key,
+                    }
+                ],
+                "layout": _layout(f"Cost per day ({cur})", height=300),
+            },
+            {
+                "id": f"chart-g{index}-models",
+                "data": [
+                    {
+                        "type": "bar",
+                        "x": [f"{m} {p}" for m, p, _ in group.models[:top]],
+                        "y": [float(u.cost) for _, _, u in group.models[:top]],
+                        "marker": {"color": PALETTE[(index + 1) % len(PALETTE)]},
+                        "name": "cost",
+                    }
+                ],
+                "layout": _layout(f"Cost by GPU model and MIG profile ({cur})", height=300),
+            },
+        ]
+        per_group[group.key] = charts
+    return summary, per_group
+
+
+def html_text(report: Report, options: RenderOptions | None = None) -> str:
+    options = options or RenderOptions()
+    summary_charts, group_charts = _charts(report, options.top)
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        r=report,
+        options=options,
+        generated_at=_ts(options.generated_at) if options.generated_at else None,
+        summary_charts=summary_charts,
+        group_charts=group_charts,
+        chart_count=len(summary_charts) + sum(len(c) for c in group_charts.values()),
+        plotly_js=plotly_js(),
+        script_json=script_json,
+        money=lambda v: "" if v is None else f"{Decimal(report.money(v)):,}",
+        qty=lambda v: f"{v:,.2f}",
+        pct=lambda v: "–" if v is None else f"{v * 100:.1f} %",
+        version_label=version_label,
+        ts=_ts,
+    )
+
+
+# --- writing files ------------------------------------------------------------------------------------
+
+
+def render(
+    report: Report, out_dir: str | Path, formats: tuple[str, ...] = FORMATS, options=None
+) -> dict[str, str]:
+    """Write the report's files into ``out_dir``; returns {file name: sha256 hex}."""
+    options = options or RenderOptions()
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = file_names(report, formats)
+    texts: dict[str, str] = {}
+    for fmt in formats:
+        if fmt == "html":
+            texts[names["html"][0]] = html_text(report, options)
+        elif fmt == "csv":
+            texts[names["csv"][0]] = summary_csv(report)
+            texts[names["csv"][1]] = lines_csv(report)
+        elif fmt == "json":
+            texts[names["json"][0]] = json_text(report)
+        elif fmt == "focus":
+            texts[names["focus"][0]] = focus_csv(report, options)
+    checksums = {}
+    for name, text in texts.items():
+        data = text.encode("utf-8")
+        (out / name).write_bytes(data)
+        checksums[name] = hashlib.sha256(data).hexdigest()
+    return dict(sorted(checksums.items()))

@@ -1,0 +1,106 @@
+"""Render a report end to end: read the ledger, write the files, record the run in the database."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from billing.ledger.base import ReportRunRecord
+from billing.ledger.sqlalchemy import SqlLedger
+from reports.model import Grouping, Period, Report, ReportError, build_report, version_label
+from reports.render import FORMATS, RenderOptions, render
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class RunResult:
+    report: Report
+    out_dir: Path
+    files: dict[str, str]  # name -> sha256
+    run_id: int | None
+
+
+def load_labels(path: str | Path | None) -> dict[str, dict[str, str]]:
+    """``namespaces: {namespace: {label: value}}`` (namespace labels for ``--by label:KEY``)."""
+    if not path:
+        return {}
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ReportError(f"{path}: (file): cannot load labels: {exc}") from None
+    namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
+    if not isinstance(namespaces, dict) or not all(
+        isinstance(v, dict) and all(isinstance(x, str) for x in v.values()) for v in namespaces.values()
+    ):
+        raise ReportError(f"{path}: namespaces: expected namespace: {{label: value}} (value {namespaces!r})")
+    return {str(ns): {str(k): str(v) for k, v in labels.items()} for ns, labels in namespaces.items()}
+
+
+def generate(
+    ledger: SqlLedger,
+    period: Period,
+    grouping: Grouping | str,
+    formats: tuple[str, ...],
+    out_dir: str | Path,
+    *,
+    trigger: str = "cli",
+    grain: str = "day",
+    options: RenderOptions | None = None,
+    now: datetime | None = None,
+    record: bool = True,
+) -> RunResult:
+    """Build the report, write its files and a manifest, and record the run (period, price-book
+    versions, ingest runs, checksums) in ``report_runs``."""
+    now = now or datetime.now(UTC)
+    options = options or RenderOptions(generated_at=now)
+    if isinstance(grouping, str):
+        grouping = Grouping.parse(grouping)
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ReportError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
+    report = build_report(ledger, period, grouping, grain=grain, top=options.top)
+    out = Path(out_dir)
+    files = render(report, out, formats, options)
+    versions = [
+        {"id": v.id, "label": version_label(v), "digest": v.digest, "path": v.path}
+        for v in report.price_versions
+    ]
+    manifest = {
+        "period": {"label": period.label, "start": period.start.isoformat(), "end": period.end.isoformat()},
+        "group_by": grouping.name,
+        "grain": grain,
+        "generated_at": now.isoformat(),
+        "trigger": trigger,
+        "price_book_versions": versions,
+        "ingest_runs": report.ingest.as_dict(),
+        "files": files,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    run_id = None
+    if record:
+        run_id = ledger.record_report_run(
+            ReportRunRecord(
+                id=0,
+                period_start=period.start,
+                period_end=period.end,
+                created_at=now,
+                trigger=trigger,
+                grouping=grouping.name,
+                out_dir=str(out.resolve()),
+                price_book_versions=versions,
+                ingest_runs=report.ingest.as_dict(),
+                files=files,
+                status="ok",
+                error=None,
+            )
+        )
+    log.info("report %s by %s: %d file(s) in %s", period.label, grouping.name, len(files), out)
+    return RunResult(report, out, files, run_id)

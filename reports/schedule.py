@@ -1,0 +1,88 @@
+"""The billing service's monthly job: render last month's reports on the 1st into a directory.
+
+Configured by environment (the billing service's settings are plain values pickled into the job
+store; these travel with the job the same way):
+
+| variable | default | meaning |
+|---|---|---|
+| `GPUMETER_REPORT_DIR` | `reports-out` | output directory; each period goes to `DIR/<YYYY-MM>/` |
+| `GPUMETER_REPORT_CRON` | (1st of the month, 01:00 UTC) | crontab line, UTC, e.g. `30 2 1 * *` |
+| `GPUMETER_REPORT_BY` | `team` | grouping(s), comma-separated: team, namespace, model, mig_profile, label:KEY |
+| `GPUMETER_REPORT_FORMATS` | `html,csv,json,focus` | formats |
+| `GPUMETER_REPORT_LABELS` | (none) | namespace labels YAML for label:KEY |
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from apscheduler.triggers.cron import CronTrigger
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReportSchedule:
+    out_dir: str = "reports-out"
+    cron: str = ""  # empty: the 1st of every month at 01:00 UTC
+    by: str = "team"
+    formats: str = "html,csv,json,focus"
+    labels: str = ""
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> ReportSchedule:
+        env = os.environ if environ is None else environ
+        return cls(
+            out_dir=env.get("GPUMETER_REPORT_DIR", cls.out_dir),
+            cron=env.get("GPUMETER_REPORT_CRON", cls.cron),
+            by=env.get("GPUMETER_REPORT_BY", cls.by),
+            formats=env.get("GPUMETER_REPORT_FORMATS", cls.formats),
+            labels=env.get("GPUMETER_REPORT_LABELS", cls.labels),
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def trigger(self) -> CronTrigger:
+        if self.cron.strip():
+            return CronTrigger.from_crontab(self.cron, timezone=UTC)
+        return CronTrigger(day=1, hour=1, minute=0, timezone=UTC)
+
+
+def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
+    """Render last month (relative to ``now``) for every configured grouping; record each run."""
+    from billing.ledger.sqlalchemy import open_ledger
+    from reports.model import Grouping, last_month
+    from reports.render import RenderOptions
+    from reports.run import generate, load_labels
+
+    cfg = ReportSchedule(**(schedule or {}))
+    now = now or datetime.now(UTC)
+    period = last_month(now)
+    formats = tuple(f.strip() for f in cfg.formats.split(",") if f.strip())
+    labels = load_labels(cfg.labels) if cfg.labels else {}
+    out_dir = Path(cfg.out_dir) / period.label
+    ledger = open_ledger(settings["db"], schema=settings.get("schema"))
+    written = 0
+    try:
+        for by in (b.strip() for b in cfg.by.split(",") if b.strip()):
+            result = generate(
+                ledger,
+                period,
+                Grouping.parse(by, labels),
+                formats,
+                out_dir,
+                trigger="schedule",
+                options=RenderOptions(generated_at=now),
+                now=now,
+            )
+            written += len(result.files)
+    finally:
+        ledger.close()
+    message = f"rendered {written} file(s) for {period.label} into {out_dir}"
+    log.info("monthly report: %s", message)
+    return message

@@ -1,0 +1,105 @@
+"""`python -m tests.bench_reports`: render every format of the monthly report for a simulated month of
+a 1,000-GPU fleet (DESIGN target: all teams, all formats, < 30 s).
+
+The ledger is built synthetically through billing's APIs (tests/reports/synthetic.py: seeded fleet,
+`price_gpu_hour` + `Ledger.write_hour`), once, and kept in .bench/ (keyed by its parameters) so that
+re-runs time the report alone. Prints the figure and writes .bench/reports.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import resource
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from billing.ledger.sqlalchemy import open_ledger
+from billing.pricing import load_price_book
+from reports.model import month_period
+from reports.render import FORMATS
+from reports.run import generate
+from tests.billing.factories import write_book
+from tests.reports import synthetic
+
+BENCH = Path(".bench")
+TARGET_S = 30.0
+SYNTHETIC_VERSION = 1  # bump when synthetic.py changes what it writes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gpus", type=int, default=1000)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--db", help="ledger URL (default: a cached SQLite file in .bench/)")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the cached ledger")
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # the unpriced B200 warns once per hour
+    BENCH.mkdir(exist_ok=True)
+    period = month_period("2026-11")
+    if args.days > 30:
+        parser.error("--days: at most 30 (November)")
+    book_dir = Path(tempfile.mkdtemp(prefix="bench-book-"))
+    book = load_price_book(write_book(book_dir, synthetic.BOOK))
+
+    db_file = BENCH / f"reports-ledger-v{SYNTHETIC_VERSION}-{args.gpus}gpu-{args.days}d.db"
+    url = args.db or f"sqlite:///{db_file}"
+    build_s = None
+    if args.rebuild and db_file.exists() and not args.db:
+        db_file.unlink()
+    ledger = open_ledger(url)
+    try:
+        if not ledger.ingested_hours(period.start, period.end):
+            print(
+                f"building the ledger: {args.gpus} GPUs x {args.days * 24} hours into {url} ...", flush=True
+            )
+            started = time.perf_counter()
+            lines = synthetic.fill(ledger, book, period.start, args.days, args.gpus)
+            build_s = time.perf_counter() - started
+            print(f"  {lines:,} lines in {build_s:.1f} s", flush=True)
+        counts = ledger.counts()
+        out = Path(tempfile.mkdtemp(prefix="bench-reports-"))
+        started = time.perf_counter()
+        result = generate(ledger, period, "team", FORMATS, out, trigger="bench", record=False)
+        seconds = time.perf_counter() - started
+    finally:
+        ledger.close()
+    sizes = {name: (out / name).stat().st_size for name in result.files}
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    figure = {
+        "what": "monthly report, all teams, all formats (html, csv, json, focus)",
+        "gpus": args.gpus,
+        "hours": args.days * 24,
+        "ledger_lines": counts["cost_lines"],
+        "ledger": "sqlite" if url.startswith("sqlite") else url.split(":", 1)[0],
+        "charge_rows": len(result.report.charges),
+        "teams": len(result.report.groups),
+        "seconds": round(seconds, 2),
+        "target_seconds": TARGET_S,
+        "met": seconds < TARGET_S,
+        "peak_rss_mib": round(peak_mib),
+        "files": sizes,
+        "ledger_build_seconds": None if build_s is None else round(build_s, 1),
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    (BENCH / "reports.json").write_text(json.dumps(figure, indent=1) + "\n")
+    print(
+        f"reports: {args.gpus} GPUs x {args.days * 24} h, {counts['cost_lines']:,} ledger lines -> "
+        f"{len(result.report.charges):,} charge rows, {len(result.report.groups)} teams: "
+        f"all formats in {seconds:.2f} s (target < {TARGET_S:.0f} s: {'met' if figure['met'] else 'NOT met'}), "
+        f"peak RSS {peak_mib:.0f} MiB"
+    )
+    for name, size in sizes.items():
+        print(f"  {name}: {size / 1e6:.1f} MB")
+    return 0 if figure["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
