@@ -204,6 +204,16 @@ def _alertmanager_config(stack: Stack) -> dict:
     return config
 
 
+def _command_name() -> str:
+    """How the user can run gpumeter from where they are (``make demo`` runs it from .venv/bin)."""
+    invoked = Path(sys.argv[0])
+    if invoked.name == "gpumeter" and shutil.which("gpumeter") != str(invoked.resolve()):
+        with contextlib.suppress(ValueError):
+            return str(invoked.resolve().relative_to(Path.cwd()))
+        return str(invoked)
+    return "gpumeter"
+
+
 def _progress(message: str) -> None:
     print(f"==> {message}", flush=True)
 
@@ -406,6 +416,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     if stopping.is_set():
         return
     dashboards = ROOT / "dashboards" / "generated"
+    gpumeter = _command_name()
     print(
         f"""
 gpumeter demo: stack ready
