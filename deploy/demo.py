@@ -431,9 +431,9 @@ gpumeter demo: stack ready
   Logs            {stack.workdir / "logs"}
 
   Try a fault and watch the alert arrive (about a minute):
-    gpumeter simulate inject --admin {stack.url("admin-0")} xid --gpu 3 --set code=79
-    gpumeter simulate inject --admin {stack.url("admin-0")} overheat --gpu 1 --set celsius=40
-    gpumeter simulate inject --admin {stack.url("admin-0")} clear
+    {gpumeter} simulate inject --admin {stack.url("admin-0")} xid --gpu 3 --set code=79
+    {gpumeter} simulate inject --admin {stack.url("admin-0")} overheat --gpu 1 --set celsius=40
+    {gpumeter} simulate inject --admin {stack.url("admin-0")} clear
 
   Ctrl-C stops everything.
 """,
