@@ -56,7 +56,7 @@ setup: tools venv tools-venv postgres
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check exporter billing reports dashboards alerts tests gpumeter.py || \
+	$(BIN)/ruff format --check exporter billing reports dashboards alerts deploy tests gpumeter.py || \
 	  { echo "run: $(BIN)/ruff format ."; exit 1; }
 
 unit: setup
