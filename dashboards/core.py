@@ -164,6 +164,26 @@ def link(title: str, target: str) -> d.DashboardLink:
     return d.DashboardLink(title).url(target)
 
 
+# Data links more than one dashboard uses. "Row" links read a table row's fields, "series" links a
+# time series' labels.
+GPU_DETAIL_ROW = link(
+    "Node & GPU detail: GPU ${__data.fields.gpu} on ${__data.fields.hostname}",
+    url(UID_NODE, hostname="${__data.fields.hostname}", gpu="${__data.fields.gpu}"),
+)
+NODE_DETAIL_SERIES = link(
+    "Node & GPU detail: ${__field.labels.hostname}",
+    url(UID_NODE, hostname="${__field.labels.hostname}"),
+)
+NAMESPACE_COST_ROW = link(
+    "Cost & chargeback of namespace ${__data.fields.namespace}",
+    url(UID_COST, namespace="${__data.fields.namespace}"),
+)
+NAMESPACE_COST_SERIES = link(
+    "Cost & chargeback of namespace ${__field.labels.namespace}",
+    url(UID_COST, namespace="${__field.labels.namespace}"),
+)
+
+
 def dashboard_links() -> list[d.DashboardLink]:
     """Every gpumeter dashboard links to the others (by tag), keeping the time range and variables."""
     return [

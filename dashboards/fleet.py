@@ -7,13 +7,14 @@ from grafana_foundation_sdk.builders import dashboard as d
 
 from .core import (
     BENIGN_REASONS,
+    GPU_DETAIL_ROW,
     HEADROOM,
     MERGE,
+    NAMESPACE_COST_SERIES,
+    NODE_DETAIL_SERIES,
     POWER_FRACTION,
-    UID_COST,
     UID_FLEET,
     UID_MIG,
-    UID_NODE,
     Layout,
     PanelSpec,
     Query,
@@ -33,21 +34,9 @@ from .core import (
     url,
 )
 
-TO_GPU = link(
-    "Node & GPU detail: GPU ${__data.fields.gpu} on ${__data.fields.hostname}",
-    url(UID_NODE, hostname="${__data.fields.hostname}", gpu="${__data.fields.gpu}"),
-)
-TO_NODE = link(
-    "Node & GPU detail: ${__field.labels.hostname}",
-    url(UID_NODE, hostname="${__field.labels.hostname}"),
-)
 TO_NAMESPACE = link(
     "MIG & pods of namespace ${__field.labels.namespace}",
     url(UID_MIG, namespace="${__field.labels.namespace}"),
-)
-TO_COST = link(
-    "Cost & chargeback of namespace ${__field.labels.namespace}",
-    url(UID_COST, namespace="${__field.labels.namespace}"),
 )
 
 HEADROOM_EXPR = on_gpu(
@@ -219,7 +208,7 @@ def build() -> d.Dashboard:
             ],
             description="Cluster-wide (the recording rule has no node label). Click a series for the "
             "namespace's pods or its cost.",
-            links=[TO_NAMESPACE, TO_COST],
+            links=[TO_NAMESPACE, NAMESPACE_COST_SERIES],
             decimals=2,
         ),
         stack=True,
@@ -238,7 +227,7 @@ def build() -> d.Dashboard:
             description="What the pods of each namespace use of what they hold: the GPU's utilization for "
             "whole and time-sliced GPUs, the instance's SM utilization for MIG (Hopper and later).",
             unit="percentunit",
-            links=[TO_NAMESPACE, TO_COST],
+            links=[TO_NAMESPACE, NAMESPACE_COST_SERIES],
             min=0,
             max=1,
         ),
@@ -249,7 +238,7 @@ def build() -> d.Dashboard:
             "Whole-GPU utilization by node",
             [Query('hostname:nvidia_gpu_utilization_ratio:avg{hostname=~"$hostname"}', "{{hostname}}")],
             unit="percentunit",
-            links=[TO_NODE],
+            links=[NODE_DETAIL_SERIES],
             min=0,
             max=1,
         ),
@@ -265,7 +254,7 @@ def build() -> d.Dashboard:
                 )
             ],
             unit="percentunit",
-            links=[TO_NODE],
+            links=[NODE_DETAIL_SERIES],
             min=0,
             max=1,
         ),
@@ -304,7 +293,7 @@ def build() -> d.Dashboard:
             "Power draw by node",
             [Query('hostname:nvidia_gpu_power_watts:sum{hostname=~"$hostname"}', "{{hostname}}")],
             unit="watt",
-            links=[TO_NODE],
+            links=[NODE_DETAIL_SERIES],
             h=5,
         ),
         stack=True,
@@ -317,7 +306,7 @@ def build() -> d.Dashboard:
             description="Power draw as a fraction of each GPU's own enforced limit.",
             unit="percentunit",
             thresholds=POWER_FRACTION,
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             overrides=[color_background("Value")],
             transformations=[organize(exclude=["uuid"], rename={"Value": "draw / limit"})],
             w=24,
@@ -338,7 +327,7 @@ def build() -> d.Dashboard:
             description="Headroom = the GPU's own hardware-slowdown temperature minus its temperature. "
             "Red: at or past slowdown; orange: within 5 °C.",
             unit="celsius",
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             overrides=[
                 unit_override("headroom", "celsius", HEADROOM),
             ],
@@ -366,7 +355,7 @@ def build() -> d.Dashboard:
             ],
             description="One row per GPU and active reason (idle, application clocks and display clocks "
             "left out). sw_power_cap is the power limit doing its job; hw_* and sw_thermal cut clocks hard.",
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             transformations=[organize(exclude=["uuid", "Value"])],
             w=12,
             h=8,
@@ -391,7 +380,7 @@ def build() -> d.Dashboard:
             ],
             description="XIDs since the exporter started, uncorrected ECC errors since the driver loaded, "
             "pending or failed row remaps, NVLink errors in the time range and links down.",
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             transformations=[organize(exclude=["uuid"], rename={"Value": "count"})],
             w=12,
             h=8,
@@ -409,7 +398,7 @@ def build() -> d.Dashboard:
             ],
             description="The ALERTS series of the gpumeter rules (pending = the condition holds, waiting for "
             "its `for:` duration). See alerts/runbook.md for each alert.",
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             transformations=[organize(exclude=["Value"])],
             w=12,
             h=8,
@@ -424,7 +413,7 @@ def build() -> d.Dashboard:
             description="The hottest GPU of each node, as degrees below its own slowdown temperature.",
             unit="celsius",
             thresholds=HEADROOM,
-            links=[TO_NODE],
+            links=[NODE_DETAIL_SERIES],
             w=24,
         ),
         threshold_lines=True,

@@ -10,6 +10,7 @@ from .core import (
     BILLING_JOB,
     EXPORTER_JOB,
     MERGE,
+    NODE_DETAIL_SERIES,
     UID_HEALTH,
     UID_NODE,
     Layout,
@@ -36,9 +37,6 @@ UP_STEPS = steps((None, "red"), (1, "green"))
 AGE_STEPS = steps((None, "green"), (30, "orange"), (120, "red"))
 TO_NODE = link(
     "Node & GPU detail: ${__data.fields.hostname}", url(UID_NODE, hostname="${__data.fields.hostname}")
-)
-TO_NODE_SERIES = link(
-    "Node & GPU detail: ${__field.labels.hostname}", url(UID_NODE, hostname="${__field.labels.hostname}")
 )
 
 
@@ -149,7 +147,7 @@ def build() -> d.Dashboard:
             ],
             mappings=UP_DOWN,
             thresholds=UP_STEPS,
-            links=[TO_NODE_SERIES],
+            links=[NODE_DETAIL_SERIES],
         ),
     )
     layout.panel(
@@ -160,7 +158,7 @@ def build() -> d.Dashboard:
             description="1 when the collector read every device it should in the last sampling cycle.",
             mappings=value_map({"0": ("failed", "red"), "1": ("ok", "green")}),
             thresholds=UP_STEPS,
-            links=[TO_NODE_SERIES],
+            links=[NODE_DETAIL_SERIES],
         ),
     )
     layout.panel(

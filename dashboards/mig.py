@@ -7,16 +7,16 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as d
 
 from .core import (
+    GPU_DETAIL_ROW,
     MERGE,
-    UID_COST,
+    NAMESPACE_COST_ROW,
+    NAMESPACE_COST_SERIES,
     UID_MIG,
-    UID_NODE,
     Layout,
     PanelSpec,
     Query,
     gpu_var,
     hostname_var,
-    link,
     namespace_var,
     new_dashboard,
     on_gpu,
@@ -26,7 +26,6 @@ from .core import (
     table_panel,
     ts,
     unit_override,
-    url,
 )
 
 ALLOC = 'nvidia_gpu_allocation{hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"'
@@ -37,19 +36,6 @@ KEY = "hostname, namespace, pod, container, gpu, gpu_instance_id, mig_profile"
 # the join many-to-many).
 ONE_PER_GI = "topk by (instance, uuid, gpu_instance_id) (1, nvidia_gpu_mig_info)"
 IDLE = steps((None, "red"), (0.05, "orange"), (0.25, "green"))
-
-TO_GPU = link(
-    "Node & GPU detail: GPU ${__data.fields.gpu} on ${__data.fields.hostname}",
-    url(UID_NODE, hostname="${__data.fields.hostname}", gpu="${__data.fields.gpu}"),
-)
-TO_COST = link(
-    "Cost & chargeback of namespace ${__data.fields.namespace}",
-    url(UID_COST, namespace="${__data.fields.namespace}"),
-)
-TO_COST_SERIES = link(
-    "Cost & chargeback of namespace ${__field.labels.namespace}",
-    url(UID_COST, namespace="${__field.labels.namespace}"),
-)
 
 
 def mig(expr: str) -> str:
@@ -124,7 +110,7 @@ def build() -> d.Dashboard:
                 MERGE,
                 organize(exclude=["uuid", "Value #A"], rename={"Value #B": "memory"}),
             ],
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             w=24,
             h=8,
         ),
@@ -169,7 +155,7 @@ def build() -> d.Dashboard:
                     rename={"Value #B": "SM utilization", "Value #C": "memory used"},
                 ),
             ],
-            links=[TO_GPU, TO_COST],
+            links=[GPU_DETAIL_ROW, NAMESPACE_COST_ROW],
             w=24,
             h=10,
         ),
@@ -193,7 +179,7 @@ def build() -> d.Dashboard:
             thresholds=IDLE,
             overrides=[unit_override("peak utilization", "percentunit", IDLE)],
             transformations=[organize(exclude=["uuid", "resource"], rename={"Value": "peak utilization"})],
-            links=[TO_GPU, TO_COST],
+            links=[GPU_DETAIL_ROW, NAMESPACE_COST_ROW],
             w=24,
             h=8,
         ),
@@ -212,7 +198,7 @@ def build() -> d.Dashboard:
                 )
             ],
             transformations=[organize(exclude=["uuid", "Value", "compute_instance_id"])],
-            links=[TO_GPU],
+            links=[GPU_DETAIL_ROW],
             w=24,
             h=7,
         ),
@@ -248,7 +234,7 @@ def build() -> d.Dashboard:
             ],
             description="Utilization of the device each pod holds (whole GPU, or its MIG instance).",
             unit="percentunit",
-            links=[TO_COST_SERIES],
+            links=[NAMESPACE_COST_SERIES],
             min=0,
             max=1,
         ),
@@ -292,7 +278,7 @@ def build() -> d.Dashboard:
                 )
             ],
             description="Cluster-wide (recording rule namespace_mig_profile:nvidia_gpu_allocation:sum).",
-            links=[TO_COST_SERIES],
+            links=[NAMESPACE_COST_SERIES],
             w=24,
         ),
         stack=True,

@@ -10,8 +10,8 @@ from .core import (
     BENIGN_REASONS,
     HEADROOM,
     MERGE,
+    NAMESPACE_COST_ROW,
     POWER_FRACTION,
-    UID_COST,
     UID_MIG,
     UID_NODE,
     Layout,
@@ -50,10 +50,6 @@ TO_MIG = link(
         gpu="${__data.fields.gpu}",
         namespace="${__data.fields.namespace}",
     ),
-)
-TO_COST = link(
-    "Cost & chargeback of namespace ${__data.fields.namespace}",
-    url(UID_COST, namespace="${__data.fields.namespace}"),
 )
 
 
@@ -105,7 +101,7 @@ def build() -> d.Dashboard:
             ],
             description="From the kubelet's PodResources API (nvidia_gpu_allocation). share: 1 for a whole GPU "
             "or MIG instance, 1/replicas when time-sliced. Click a row for the pod's MIG instance or its cost.",
-            links=[TO_MIG, TO_COST],
+            links=[TO_MIG, NAMESPACE_COST_ROW],
             transformations=[organize(exclude=["uuid"], rename={"Value": "share"})],
             w=24,
             h=7,
