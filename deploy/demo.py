@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,16 +188,20 @@ def _prometheus_config(stack: Stack) -> dict:
     }
 
 
-def _alertmanager_config(stack: Stack) -> dict:
-    """The shipped routing, with every receiver's webhook pointed at the local log and short waits."""
-    config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+def local_alertmanager_config(webhook: Callable[[str], str], wait: str) -> dict:
+    """The shipped routing, for a local run: every receiver's webhook is ``webhook(receiver name)``
+    and every group_wait/group_interval is ``wait``, so a notification comes within seconds. Routes,
+    matchers and inhibitions stay as shipped. Used by the demo and by the alerting tests."""
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     for receiver in config.get("receivers", []):
         for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"{stack.url('webhook')}/{receiver['name']}"
+            hook["url"] = webhook(receiver["name"])
 
     def shorten(route: dict) -> None:
-        # So that a demo user sees a notification within seconds; the shipped file keeps real waits.
-        route.update({k: "5s" for k in ("group_wait", "group_interval") if k in route})
+        route.update({k: wait for k in ("group_wait", "group_interval") if k in route})
         for child in route.get("routes", []):
             shorten(child)
 
@@ -320,7 +325,9 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
         )
     stack.webhook = WebhookLog(stack.ports["webhook"], stack.workdir / "alerts.jsonl")
     am_config = stack.workdir / "alertmanager.yml"
-    am_config.write_text(yaml.safe_dump(_alertmanager_config(stack)))
+    am_config.write_text(
+        yaml.safe_dump(local_alertmanager_config(lambda name: f"{stack.url('webhook')}/{name}", "5s"))
+    )
     stack.spawn(
         "alertmanager",
         [

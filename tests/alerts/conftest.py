@@ -9,7 +9,6 @@ from alerts import ALERTS_FILE, RULES_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = ROOT / "alerts" / "tests"
-ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
 def _rules(path: Path, kind: str) -> list[dict]:

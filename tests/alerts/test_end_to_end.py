@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from alerts import RULE_FILES
-from tests.alerts.conftest import ALERTMANAGER_CONFIG
+from deploy.demo import local_alertmanager_config
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow
@@ -160,22 +160,8 @@ def _alert(name: str, severity: str, **labels: str) -> dict:
 
 def _fast_config(tmp_path: Path, webhook: str) -> Path:
     """The shipped config with the test's webhook and no waiting, nothing else changed."""
-    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
-
-    def shorten(route: dict) -> None:
-        for key in ("group_wait", "group_interval"):
-            if key in route:
-                route[key] = "1s"
-        for child in route.get("routes", []):
-            shorten(child)
-
-    config["route"]["group_wait"] = config["route"]["group_interval"] = "1s"
-    shorten(config["route"])
-    for receiver in config["receivers"]:
-        for webhook_config in receiver.get("webhook_configs", []):
-            webhook_config["url"] = webhook
     path = tmp_path / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(local_alertmanager_config(lambda _: webhook, "1s")))
     return path
 
 

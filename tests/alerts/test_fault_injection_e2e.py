@@ -72,10 +72,10 @@ import pytest
 import yaml
 
 from alerts import RULE_FILES
+from deploy.demo import local_alertmanager_config
 from exporter.app import build_exporter
 from exporter.config import ExporterConfig
 from exporter.simulator.kubelet import StandInKubelet
-from tests.alerts.conftest import ALERTMANAGER_CONFIG
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow
@@ -116,20 +116,7 @@ def scaled_rule_files(directory: Path) -> list[Path]:
 
 def fast_alertmanager_config(path: Path, webhook: str) -> Path:
     """The shipped Alertmanager config with the test's webhook and 1 s group_wait/group_interval."""
-    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
-
-    def shorten(route: dict) -> None:
-        for key in ("group_wait", "group_interval"):
-            if key in route:
-                route[key] = "1s"
-        for child in route.get("routes", []):
-            shorten(child)
-
-    shorten(config["route"])
-    for receiver in config["receivers"]:
-        for webhook_config in receiver.get("webhook_configs", []):
-            webhook_config["url"] = webhook
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.write_text(yaml.safe_dump(local_alertmanager_config(lambda _: webhook, "1s"), sort_keys=False))
     return path
 
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from alerts import RULE_FILES, prometheusrule
-from tests.alerts.conftest import ALERTMANAGER_CONFIG, TESTS_DIR
+from deploy.demo import ALERTMANAGER_CONFIG
+from tests.alerts.conftest import TESTS_DIR
 from tests.support.servers import require_binary
 
 TEST_FILES = sorted(TESTS_DIR.glob("*.yaml"))

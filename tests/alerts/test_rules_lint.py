@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from alerts import ALERTS_FILE, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
+from deploy.demo import ALERTMANAGER_CONFIG
 from exporter.catalog import CATALOG
-from tests.alerts.conftest import ALERTMANAGER_CONFIG
 
 NAME = re.compile(r"^Gpu(?:meter)?[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*$")
 RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
