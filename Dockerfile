@@ -22,8 +22,8 @@ COPY requirements.lock ./
 # the build needs no compiler (every pinned package ships manylinux wheels for amd64 and arm64).
 RUN /opt/gpumeter/bin/pip install --only-binary=:all: --no-deps -r requirements.lock \
     && /opt/gpumeter/bin/pip check
-# The project itself (what .dockerignore lets through: pyproject.toml, gpumeter.py and the
-# packages), built with a pinned setuptools and installed without touching the pins.
+# The project itself (what .dockerignore lets through: pyproject.toml and the folders
+# mapped into the gpumeter package), built with a pinned setuptools and installed without touching the pins.
 COPY . ./
 RUN /opt/gpumeter/bin/pip install setuptools==84.2.1 \
     && /opt/gpumeter/bin/pip install --no-deps --no-build-isolation . \

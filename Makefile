@@ -56,7 +56,7 @@ setup: tools venv tools-venv postgres
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check exporter billing reports dashboards alerts deploy tests gpumeter.py || \
+	$(BIN)/ruff format --check exporter billing reports dashboards alerts deploy tests gpumeter || \
 	  { echo "run: $(BIN)/ruff format ."; exit 1; }
 
 unit: setup
@@ -75,7 +75,7 @@ bench: setup
 	$(BIN)/python -m tests.bench_reports
 
 proto: venv
-	$(BIN)/python -m exporter.kubelet.generate
+	$(BIN)/python -m gpumeter.exporter.kubelet.generate
 
 docs: venv
 	$(BIN)/gpumeter docs metrics > docs/metrics.md

@@ -7,6 +7,6 @@ PrometheusRule in ``deploy/kubernetes/base/prometheusrule.yaml`` is generated fr
 
 from __future__ import annotations
 
-from alerts.files import ALERTS_FILE, RULE_FILES, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
+from gpumeter.alerts.files import ALERTS_FILE, RULE_FILES, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
 
 __all__ = ["ALERTS_FILE", "RULES_FILE", "RULE_FILES", "RUNBOOK_FILE", "RUNBOOK_URL"]

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _prometheusrule(args: argparse.Namespace) -> int:
-    from alerts import prometheusrule
+    from gpumeter.alerts import prometheusrule
 
     obj = prometheusrule.build(name=args.name, namespace=args.namespace)
     if args.out is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from alerts.files import RULE_FILES
+from gpumeter.alerts.files import RULE_FILES
 
 __all__ = ["DEFAULT_OUTPUT", "build", "load_groups", "render", "write"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
-from billing.models import (
+from gpumeter.billing.models import (
     SHORTFALL,
     STRANDED,
     UNALLOCATED,
@@ -23,10 +23,10 @@ from billing.models import (
     Line,
     LineKind,
 )
-from billing.pricing.aliases import canonical_model, slice_totals
-from billing.pricing.base import PriceBook, PriceVersion
-from billing.pricing.currency import minor_unit
-from billing.rounding import largest_remainder, round_total, to_fraction, units_to_decimal
+from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
+from gpumeter.billing.pricing.base import PriceBook, PriceVersion
+from gpumeter.billing.pricing.currency import minor_unit
+from gpumeter.billing.rounding import largest_remainder, round_total, to_fraction, units_to_decimal
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import os
 import sys
 from datetime import UTC, datetime
 
-from billing.models import hour_floor, hours_between
+from gpumeter.billing.models import hour_floor, hours_between
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def _interval(text: str) -> float:
 
 
 def _common(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
-    from billing.config import Settings
+    from gpumeter.billing.config import Settings
 
     defaults = Settings()
     parser.add_argument(
@@ -54,7 +54,7 @@ def _common(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None
 
 
 def _settings(args):
-    from billing.config import Settings
+    from gpumeter.billing.config import Settings
 
     return Settings(
         db=args.db,
@@ -108,8 +108,8 @@ def register(subparsers) -> None:
 
 def _load_inputs(args):
     """Price book and team map, validated before any database is opened (errors write nothing)."""
-    from billing.config import ConfigError, load_team_map
-    from billing.pricing import PriceBookError, load_price_book
+    from gpumeter.billing.config import ConfigError, load_team_map
+    from gpumeter.billing.pricing import PriceBookError, load_price_book
 
     try:
         book = load_price_book(args.prices)
@@ -121,7 +121,7 @@ def _load_inputs(args):
 
 
 def cmd_prices_check(args) -> int:
-    from billing.pricing import PriceBookError, load_price_book
+    from gpumeter.billing.pricing import PriceBookError, load_price_book
 
     try:
         book = load_price_book(args.file)
@@ -145,9 +145,9 @@ def cmd_prices_check(args) -> int:
 def cmd_ingest(args) -> int:
     from tqdm import tqdm
 
-    from billing.ingest import catch_up, ingest_hours
-    from billing.ledger.sqlalchemy import open_ledger
-    from billing.prom import PrometheusClient
+    from gpumeter.billing.ingest import catch_up, ingest_hours
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.prom import PrometheusClient
 
     book, _ = _load_inputs(args)  # the team map is re-read into the ingest config below
     if book is None:
@@ -177,8 +177,8 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_price(args) -> int:
-    from billing.ingest import reprice
-    from billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ingest import reprice
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
 
     book, teams = _load_inputs(args)
     if book is None:
@@ -193,7 +193,7 @@ def cmd_price(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from billing.service import serve
+    from gpumeter.billing.service import serve
 
     book, _ = _load_inputs(args)
     if book is None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from billing.ingest import IngestConfig
-from billing.ledger.sqlalchemy import DEFAULT_URL
-from billing.pricing.static import DEFAULT_BOOK
+from gpumeter.billing.ingest import IngestConfig
+from gpumeter.billing.ledger.sqlalchemy import DEFAULT_URL
+from gpumeter.billing.pricing.static import DEFAULT_BOOK
 
 
 class ConfigError(ValueError):

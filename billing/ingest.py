@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from billing.allocate import Pricer
-from billing.ledger.base import HourRecord, Ledger
-from billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
-from billing.pricing.base import PriceBook
-from billing.prom import PrometheusClient, PrometheusError, Sample
+from gpumeter.billing.allocate import Pricer
+from gpumeter.billing.ledger.base import HourRecord, Ledger
+from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
+from gpumeter.billing.pricing.base import PriceBook
+from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
 
 log = logging.getLogger(__name__)
 
@@ -435,7 +435,7 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress) -> IngestR
 
 def _ingest_task(target, source, book, hours, config) -> IngestResult:
     """One worker's task: its own ledger connection and Prometheus client, hours in order."""
-    from billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
 
     (url, schema), (base_url, timeout, headers) = target, source
     ledger = open_ledger(url, schema=schema, migrate=False)

@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import text
 
-from billing.config import Settings
-from billing.ledger.base import Ledger
-from billing.ledger.sqlalchemy import SqlLedger, open_ledger
+from gpumeter.billing.config import Settings
+from gpumeter.billing.ledger.base import Ledger
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger, open_ledger
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ def holder_id() -> str:
 
 def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | None = None) -> str:
     """The scheduled job: catch up every missed closed hour, under the lock row. Returns what it did."""
-    from billing.ingest import catch_up
-    from billing.pricing import load_price_book
-    from billing.prom import PrometheusClient
+    from gpumeter.billing.ingest import catch_up
+    from gpumeter.billing.pricing import load_price_book
+    from gpumeter.billing.prom import PrometheusClient
 
     cfg = Settings(**settings)
     now = now or datetime.now(UTC)
@@ -63,7 +63,7 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
     """The scheduled job: render last month's chargeback reports (reports/, docs/reports.md) into the
     configured directory and record each run (period, price-book versions, checksums) in the ledger."""
-    from reports.schedule import run_monthly
+    from gpumeter.reports.schedule import run_monthly
 
     return run_monthly(settings, report, now)
 
@@ -181,7 +181,7 @@ def build_scheduler(
         kwargs=kwargs,
         replace_existing=True,
     )
-    from reports.schedule import ReportSchedule
+    from gpumeter.reports.schedule import ReportSchedule
 
     report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
     scheduler.add_job(

@@ -19,6 +19,8 @@ from dataclasses import replace
 
 import pynvml as N
 
+from gpumeter import __version__ as VERSION
+
 from .collectors import Collector
 from .nvml import DeviceContext, DeviceLostError, NvmlSession
 from .snapshot import CollectorStatus, DeviceIdentity, Snapshot, SnapshotBuilder
@@ -27,7 +29,6 @@ from .xid import XidWatcher
 __all__ = ["Sampler"]
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
 
 
 class Sampler:

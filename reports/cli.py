@@ -13,7 +13,7 @@ def _when(text: str) -> datetime:
 
 
 def _formats(text: str) -> tuple[str, ...]:
-    from reports.render import FORMATS
+    from gpumeter.reports.render import FORMATS
 
     formats = tuple(dict.fromkeys(f.strip() for f in text.split(",") if f.strip()))
     if text.strip() == "all":
@@ -27,7 +27,7 @@ def _formats(text: str) -> tuple[str, ...]:
 def register(subparsers) -> None:
     import os
 
-    from billing.ledger.sqlalchemy import DEFAULT_URL
+    from gpumeter.billing.ledger.sqlalchemy import DEFAULT_URL
 
     parser = subparsers.add_parser(
         "report", help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2)"
@@ -57,10 +57,10 @@ def register(subparsers) -> None:
 
 
 def cmd_report(args) -> int:
-    from billing.ledger.sqlalchemy import open_ledger
-    from reports.model import Grouping, ReportError, last_month, month_period, range_period
-    from reports.render import RenderOptions
-    from reports.run import generate, load_labels
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
+    from gpumeter.reports.render import RenderOptions
+    from gpumeter.reports.run import generate, load_labels
 
     now = datetime.now(UTC)
     try:

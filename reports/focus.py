@@ -19,8 +19,8 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
 
-from billing.pricing.currency import MINOR_UNITS
-from reports.model import HOUR, WHOLE_GPU, Report, version_label
+from gpumeter.billing.pricing.currency import MINOR_UNITS
+from gpumeter.reports.model import HOUR, WHOLE_GPU, Report, version_label
 
 FOCUS_VERSION = "1.2"
 PLATFORM_ACCOUNT = ("__platform__", "GPU platform", "Platform")

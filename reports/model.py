@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-from billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
-from billing.models import STRANDED, UNALLOCATED
-from billing.pricing.aliases import slice_totals
-from billing.pricing.currency import minor_unit
+from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
+from gpumeter.billing.models import STRANDED, UNALLOCATED
+from gpumeter.billing.pricing.aliases import slice_totals
+from gpumeter.billing.pricing.currency import minor_unit
 
 HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile")

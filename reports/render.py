@@ -20,8 +20,8 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from reports import focus
-from reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
+from gpumeter.reports import focus
+from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
 
 FORMATS = ("html", "csv", "json", "focus")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from billing.ledger.base import ReportRunRecord
-from billing.ledger.sqlalchemy import SqlLedger
-from reports.model import Grouping, Period, Report, ReportError, build_report, version_label
-from reports.render import FORMATS, RenderOptions, render
+from gpumeter.billing.ledger.base import ReportRunRecord
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
+from gpumeter.reports.render import FORMATS, RenderOptions, render
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"

@@ -55,10 +55,10 @@ class ReportSchedule:
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
     """Render last month (relative to ``now``) for every configured grouping; record each run."""
-    from billing.ledger.sqlalchemy import open_ledger
-    from reports.model import Grouping, last_month
-    from reports.render import RenderOptions
-    from reports.run import generate, load_labels
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.reports.model import Grouping, last_month
+    from gpumeter.reports.render import RenderOptions
+    from gpumeter.reports.run import generate, load_labels
 
     cfg = ReportSchedule(**(schedule or {}))
     now = now or datetime.now(UTC)

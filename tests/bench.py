@@ -38,12 +38,12 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_latest_openmetrics
 
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.device import SimulatedNode
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet
-from exporter.simulator.nvml import SimulatedNvml
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / ".bench"
@@ -498,10 +498,10 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
 base = rss()
-import exporter.app, exporter.cli, exporter.kubelet.client, exporter.simulator.nvml  # what the exporter runs
+import gpumeter.exporter.app, gpumeter.exporter.cli, gpumeter.exporter.kubelet.client, gpumeter.exporter.simulator.nvml  # what the exporter runs
 exporter_only = rss()
 import gpumeter
-gpumeter.build_parser()  # what `gpumeter exporter` also does before it starts
+gpumeter.cli.build_parser()  # what `gpumeter exporter` also does before it starts
 full = rss()
 heavy = [m for m in ("sqlalchemy", "alembic", "mako", "pygments", "pandas", "plotly", "apscheduler")
          if m in sys.modules]

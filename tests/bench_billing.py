@@ -131,8 +131,8 @@ def _run(argv: list[str]) -> None:
 
 def build_tsdb(step: int, log=print) -> Path:
     """The bench fleet's month of history, backfilled; cached under .bench/ by fleet and step."""
-    from exporter.simulator.fleet import parse_fleet
-    from exporter.simulator.history import write_history
+    from gpumeter.exporter.simulator.fleet import parse_fleet
+    from gpumeter.exporter.simulator.history import write_history
     from tests.support.servers import require_binary
 
     doc = bench_fleet()
@@ -192,11 +192,11 @@ def _tree_rss(pid: int) -> int:
 
 def child(args: argparse.Namespace) -> None:
     """The measured process: ingest + price the month into an empty ledger, print JSON."""
-    from billing.ingest import IngestConfig, ingest_hours
-    from billing.ledger.sqlalchemy import open_ledger
-    from billing.models import hours_between
-    from billing.pricing import load_price_book
-    from billing.prom import PrometheusClient
+    from gpumeter.billing.ingest import IngestConfig, ingest_hours
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.models import hours_between
+    from gpumeter.billing.pricing import load_price_book
+    from gpumeter.billing.prom import PrometheusClient
 
     book = load_price_book(ROOT / "billing" / "pricebooks" / "default.yaml")
     ledger = open_ledger(args.db, schema=args.schema)

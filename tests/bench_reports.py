@@ -19,11 +19,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from billing.ledger.sqlalchemy import open_ledger
-from billing.pricing import load_price_book
-from reports.model import month_period
-from reports.render import FORMATS
-from reports.run import generate
+from gpumeter.billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.reports.model import month_period
+from gpumeter.reports.render import FORMATS
+from gpumeter.reports.run import generate
 from tests.billing.factories import write_book
 from tests.reports import synthetic
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from billing.models import GpuHour, Line
-from billing.pricing.base import PriceBook
+from gpumeter.billing.models import GpuHour, Line
+from gpumeter.billing.pricing.base import PriceBook
 
 
 class LockNotAcquired(RuntimeError):

@@ -9,7 +9,7 @@ from decimal import Decimal
 from sqlalchemy import ForeignKey, Index, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from billing.ledger.types import Exact, Money, UtcDateTime
+from gpumeter.billing.ledger.types import Exact, Money, UtcDateTime
 
 
 class Base(DeclarativeBase):

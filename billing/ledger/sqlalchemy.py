@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from billing.ledger.base import (
+from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -41,7 +41,7 @@ from billing.ledger.base import (
     PriceVersionRecord,
     ReportRunRecord,
 )
-from billing.ledger.orm import (
+from gpumeter.billing.ledger.orm import (
     AllocationRow,
     BillingLock,
     CostLine,
@@ -52,8 +52,8 @@ from billing.ledger.orm import (
     PriceBookVersion,
     ReportRun,
 )
-from billing.models import HOUR, Allocation, Device, GpuHour, Line, LineKind, MigInstance
-from billing.pricing.base import PriceBook, PriceVersion
+from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, Line, LineKind, MigInstance
+from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 DEFAULT_URL = "sqlite:///gpumeter-billing.db"
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from billing.ledger.orm import Base
+from gpumeter.billing.ledger.orm import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from billing.pricing.aliases import resolve_model
+from gpumeter.billing.pricing.aliases import resolve_model
 
 SLICE_WEIGHT_POLICIES = ("compute", "memory", "max")
 IDLE_POLICIES = ("platform", "spread")

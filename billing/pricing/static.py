@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from billing.pricing.base import (
+from gpumeter.billing.pricing.base import (
     IDLE_POLICIES,
     SHARING_MODES,
     SLICE_WEIGHT_POLICIES,
@@ -24,7 +24,7 @@ from billing.pricing.base import (
     PriceSource,
     PriceVersion,
 )
-from billing.pricing.currency import MINOR_UNITS
+from gpumeter.billing.pricing.currency import MINOR_UNITS
 
 HOURS_PER_MONTH = Decimal(730)  # 8760 / 12
 RATE_QUANTUM = Decimal("0.000001")

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from exporter.catalog import by_name
-from exporter.snapshot import DeviceIdentity, SnapshotBuilder
+from gpumeter.exporter.catalog import by_name
+from gpumeter.exporter.snapshot import DeviceIdentity, SnapshotBuilder
 
 from .client import AllocatableResources, KubeletError, PodResources
 from .devices import Inventory, is_gpu_resource, parse_device_id, replica_counts, resolve, share

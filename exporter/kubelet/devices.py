@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.snapshot import DeviceIdentity, MigIdentity
+from gpumeter.exporter.snapshot import DeviceIdentity, MigIdentity
 
 __all__ = [
     "GPU_RESOURCE",

@@ -1,4 +1,4 @@
-"""Regenerate the PodResources v1 stubs beside ``api.proto``: ``python -m exporter.kubelet.generate``.
+"""Regenerate the PodResources v1 stubs beside ``api.proto``: ``python -m gpumeter.exporter.kubelet.generate``.
 
 The stubs are committed (the exporter needs no protoc at run time); a test regenerates them into a
 temporary directory and fails when the committed files differ byte for byte. ``api.proto`` is compiled

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import grpc
 
-from exporter.kubelet import api_pb2, api_pb2_grpc
-from exporter.kubelet.client import DEFAULT_SOCKET
+from gpumeter.exporter.kubelet import api_pb2, api_pb2_grpc
+from gpumeter.exporter.kubelet.client import DEFAULT_SOCKET
 
 from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import ALERTS_FILE, RULES_FILE
+from gpumeter.alerts import ALERTS_FILE, RULES_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = ROOT / "alerts" / "tests"

@@ -21,8 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from alerts import RULE_FILES
-from deploy.demo import local_alertmanager_config
+from gpumeter.alerts import RULE_FILES
+from gpumeter.deploy.demo import local_alertmanager_config
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow

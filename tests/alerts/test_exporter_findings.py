@@ -16,9 +16,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
 
 
 class ManualClock:

@@ -71,11 +71,11 @@ import httpx
 import pytest
 import yaml
 
-from alerts import RULE_FILES
-from deploy.demo import local_alertmanager_config
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.kubelet import StandInKubelet
+from gpumeter.alerts import RULE_FILES
+from gpumeter.deploy.demo import local_alertmanager_config
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow

@@ -35,13 +35,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import RULE_FILES
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.device import SimulatedNode
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet
-from exporter.simulator.nvml import SimulatedNvml
+from gpumeter.alerts import RULE_FILES
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.support.servers import require_binary
 
 FLEET = "h100-mig"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-import gpumeter
-from alerts import ALERTS_FILE, RULES_FILE, cli, prometheusrule
+import gpumeter.cli
+from gpumeter.alerts import ALERTS_FILE, RULES_FILE, cli, prometheusrule
 
 
 def _main(argv: list[str]) -> int:
@@ -20,7 +20,7 @@ def _main(argv: list[str]) -> int:
 
 
 def test_part_is_registered_with_the_gpumeter_command():
-    assert "alerts.cli" in gpumeter.PARTS
+    assert "gpumeter.alerts.cli" in gpumeter.cli.PARTS
 
 
 def test_committed_prometheusrule_is_fresh():

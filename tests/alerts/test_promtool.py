@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import RULE_FILES, prometheusrule
-from deploy.demo import ALERTMANAGER_CONFIG
+from gpumeter.alerts import RULE_FILES, prometheusrule
+from gpumeter.deploy.demo import ALERTMANAGER_CONFIG
 from tests.alerts.conftest import TESTS_DIR
 from tests.support.servers import require_binary
 

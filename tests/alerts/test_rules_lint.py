@@ -12,9 +12,9 @@ import re
 import pytest
 import yaml
 
-from alerts import ALERTS_FILE, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
-from deploy.demo import ALERTMANAGER_CONFIG
-from exporter.catalog import CATALOG
+from gpumeter.alerts import ALERTS_FILE, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
+from gpumeter.deploy.demo import ALERTMANAGER_CONFIG
+from gpumeter.exporter.catalog import CATALOG
 
 NAME = re.compile(r"^Gpu(?:meter)?[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*$")
 RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")

@@ -43,9 +43,9 @@ def main() -> int:
     sys.path.insert(0, os.path.abspath(args.repo))
     import pynvml
 
-    from exporter.simulator.device import SimulatedNode
-    from exporter.simulator.fleet import load_fleet
-    from exporter.simulator.nvml import SimulatedNvml
+    from gpumeter.exporter.simulator.device import SimulatedNode
+    from gpumeter.exporter.simulator.fleet import load_fleet
+    from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
     missing: Counter[str] = Counter()
 

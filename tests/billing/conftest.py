@@ -9,7 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.ledger.sqlalchemy import open_ledger
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

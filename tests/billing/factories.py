@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from billing.models import Allocation, Device, GpuHour, MigInstance
-from billing.pricing import PriceBook, load_price_book
+from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
+from gpumeter.billing.pricing import PriceBook, load_price_book
 
 HOUR0 = datetime(2026, 11, 1, tzinfo=UTC)
 A100 = "NVIDIA A100-SXM4-40GB"

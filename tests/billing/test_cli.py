@@ -6,9 +6,9 @@ from datetime import timedelta
 from decimal import Decimal
 
 import gpumeter
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from billing.pricing import load_price_book
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.pricing import load_price_book
 from tests.billing.factories import HOUR0, alloc, gpu_hour, write_book
 
 B200 = "NVIDIA B200"

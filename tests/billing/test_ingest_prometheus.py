@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 import gpumeter
-from billing.ingest import IngestConfig, catch_up, ingest_hour, ingest_hours
-from billing.models import UNALLOCATED
-from billing.pricing import load_price_book
-from billing.prom import PrometheusClient, PrometheusError
+from gpumeter.billing.ingest import IngestConfig, catch_up, ingest_hour, ingest_hours
+from gpumeter.billing.models import UNALLOCATED
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.prom import PrometheusClient, PrometheusError
 from tests.billing.factories import write_book
 from tests.support.servers import PrometheusServer, require_binary
 
@@ -269,7 +269,7 @@ def test_an_error_mid_hour_commits_nothing(ledger, book):
 
 def test_a_database_failure_mid_write_keeps_the_previous_hour(ledger, book, monkeypatch):
     """Re-ingesting an hour deletes then inserts in one transaction: a crash in between rolls back."""
-    from billing.ledger.sqlalchemy import SqlLedger
+    from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 
     sample = {
         "metric": {

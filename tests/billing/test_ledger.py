@@ -8,10 +8,10 @@ from decimal import Decimal
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from billing.ledger.orm import Base
-from billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.ledger.orm import Base
+from gpumeter.billing.ledger.sqlalchemy import open_ledger
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 

@@ -6,11 +6,11 @@ from decimal import Decimal
 
 import pytest
 
-from billing.allocate import price_gpu_hour
-from billing.config import ConfigError, load_team_map
-from billing.ingest import IngestConfig, seconds_from_count
-from billing.models import UNALLOCATED
-from billing.pricing.aliases import resolve_model
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.config import ConfigError, load_team_map
+from gpumeter.billing.ingest import IngestConfig, seconds_from_count
+from gpumeter.billing.models import UNALLOCATED
+from gpumeter.billing.pricing.aliases import resolve_model
 from tests.billing.factories import A100, H100, alloc, book, gpu_hour, mig
 
 D = Decimal
@@ -105,8 +105,8 @@ def test_team_map_file(tmp_path):
 def test_scrape_interval_auto_detection():
     import httpx
 
-    from billing.ingest import collect_hour
-    from billing.prom import PrometheusClient
+    from gpumeter.billing.ingest import collect_hour
+    from gpumeter.billing.prom import PrometheusClient
     from tests.billing.factories import HOUR0
 
     def handler(request: httpx.Request) -> httpx.Response:

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 import gpumeter
-from billing.allocate import price_gpu_hour
-from billing.pricing import PriceBookError, load_price_book
-from billing.pricing.static import DEFAULT_BOOK
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.pricing import PriceBookError, load_price_book
+from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, mig, write_book
 
 D = Decimal

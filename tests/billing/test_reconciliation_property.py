@@ -10,10 +10,10 @@ from decimal import Decimal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from billing.allocate import Pricer, price_gpu_hour
-from billing.models import GpuHour
-from billing.pricing import PriceBook, PriceVersion
-from billing.pricing.base import GpuPrice
+from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.models import GpuHour
+from gpumeter.billing.pricing import PriceBook, PriceVersion
+from gpumeter.billing.pricing.base import GpuPrice
 from tests.billing.factories import A100, H100, HOUR0, alloc, gpu_hour, mig
 
 PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]

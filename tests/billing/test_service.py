@@ -10,10 +10,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from billing.allocate import price_gpu_hour
-from billing.config import Settings
-from billing.ledger.base import HourRecord
-from billing.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.config import Settings
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 from tests.support.servers import free_port, wait_http_ok
 

@@ -21,12 +21,12 @@ from fractions import Fraction
 
 import pytest
 
-from billing.ingest import IngestConfig, ingest_hour, ingest_hours
-from billing.models import LineKind
-from billing.pricing import load_price_book
-from billing.prom import PrometheusClient
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.history import write_history
+from gpumeter.billing.ingest import IngestConfig, ingest_hour, ingest_hours
+from gpumeter.billing.models import LineKind
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.prom import PrometheusClient
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.history import write_history
 from tests.billing.factories import write_book
 from tests.support.servers import PrometheusServer, require_binary
 

@@ -7,9 +7,9 @@ from collections import defaultdict
 from datetime import timedelta
 from decimal import Decimal
 
-from billing.allocate import price_gpu_hour
-from billing.models import STRANDED, UNALLOCATED, LineKind
-from billing.pricing import load_price_book
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.models import STRANDED, UNALLOCATED, LineKind
+from gpumeter.billing.pricing import load_price_book
 from tests.billing.factories import A100, H100, HOUR0, alloc, book, gpu_hour, mig, write_book
 
 D = Decimal

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import sys
 
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dashboards.build import GENERATED
+from gpumeter.dashboards.build import GENERATED
 from tests.dashboards.promql import panels, substitute
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
 import gpumeter
-from dashboards import build
-from exporter.catalog import CATALOG, Scope
+from gpumeter.dashboards import build
+from gpumeter.exporter.catalog import CATALOG, Scope
 from tests.dashboards.promql import panels
 from tests.support.servers import require_binary
 

@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from dashboards.build import GENERATED
-from exporter.catalog import CATALOG
+from gpumeter.dashboards.build import GENERATED
+from gpumeter.exporter.catalog import CATALOG
 from tests.dashboards.conftest import RULE_FILES
 from tests.dashboards.promql import metric_names, queries, substitute, variables_outside_regex
 

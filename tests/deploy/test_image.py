@@ -63,15 +63,14 @@ def test_dockerignore_keeps_the_context_to_the_package():
     }
     assert {".git", ".venv", ".venv-*", "tests", "docs", "var", "deploy/kubernetes"} <= ignored
     assert not any(line.startswith("!") for line in ignored)
-    # nothing the build needs is ignored: pyproject, the entry module, the lock, every package
+    # nothing the build needs is ignored: pyproject, the lock, every folder a package is mapped from
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     needed = {
         "pyproject.toml",
         "requirements.lock",
         "README.md",
-        *(f"{m}.py" for m in setuptools["py-modules"]),
+        *setuptools["package-dir"].values(),
     }
-    needed |= {pattern.rstrip("*") for pattern in setuptools["packages"]["find"]["include"]}
     assert not needed & ignored, needed & ignored
 
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import generate_latest
 
-from exporter.app import Exporter, build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.device import SimulatedNode
-from exporter.simulator.fleet import Fleet, load_fleet
-from exporter.simulator.nvml import SimulatedNvml
+from gpumeter.exporter.app import Exporter, build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
+from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
 T0 = 1_790_000_000.0  # a fixed start time (2026-09-21), so golden files are stable
 

@@ -20,15 +20,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter import dcgm
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.render import SnapshotCollector
-from exporter.simulator.device import SimulatedNode
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet
-from exporter.simulator.nvml import SimulatedNvml
-from exporter.snapshot import CollectorStatus, DeviceIdentity, MigIdentity, Snapshot, SnapshotBuilder
+from gpumeter.exporter import dcgm
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.render import SnapshotCollector
+from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.exporter.snapshot import CollectorStatus, DeviceIdentity, MigIdentity, Snapshot, SnapshotBuilder
 from tests.support.servers import PrometheusServer, require_binary
 
 FLEETS = ("h100-mig", "a100-mixed", "h200", "workstation")

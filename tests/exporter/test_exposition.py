@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.app import build_exporter
-from exporter.catalog import CATALOG, render_markdown
-from exporter.config import ExporterConfig
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.catalog import CATALOG, render_markdown
+from gpumeter.exporter.config import ExporterConfig
 from tests.support.servers import PrometheusServer, require_binary
 
 GOLDEN = Path(__file__).parent / "golden"

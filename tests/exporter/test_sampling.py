@@ -7,8 +7,8 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.render import SnapshotCollector
-from exporter.snapshot import Snapshot
+from gpumeter.exporter.render import SnapshotCollector
+from gpumeter.exporter.snapshot import Snapshot
 
 
 def device_series(sim, gpu: int) -> set[str]:

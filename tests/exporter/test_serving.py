@@ -12,9 +12,9 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.config import ConfigError, add_arguments, resolve
-from exporter.server import WebConfigError, load_web_config, make_app, serve
-from exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.exporter.config import ConfigError, add_arguments, resolve
+from gpumeter.exporter.server import WebConfigError, load_web_config, make_app, serve
+from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
 
 
 class _Served:

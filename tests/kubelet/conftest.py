@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.kubelet.attribution import PodAttribution
-from exporter.kubelet.client import PodResourcesClient
-from exporter.simulator.fleet import Fleet, load_fleet
-from exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.kubelet.attribution import PodAttribution
+from gpumeter.exporter.kubelet.client import PodResourcesClient
+from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
 
 from .helpers import Clock
 

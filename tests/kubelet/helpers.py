@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from exporter.kubelet.attribution import ALLOCATION, KUBELET_ERRORS, KUBELET_UP
-from exporter.simulator.fleet import Fleet, GpuSpec, NodeSpec
-from exporter.snapshot import DeviceIdentity, MigIdentity, SnapshotBuilder
+from gpumeter.exporter.kubelet.attribution import ALLOCATION, KUBELET_ERRORS, KUBELET_UP
+from gpumeter.exporter.simulator.fleet import Fleet, GpuSpec, NodeSpec
+from gpumeter.exporter.snapshot import DeviceIdentity, MigIdentity, SnapshotBuilder
 
 HOUR = 3600.0
 

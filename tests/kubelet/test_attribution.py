@@ -7,11 +7,11 @@ import logging
 import grpc
 import pytest
 
-from exporter.catalog import by_name
-from exporter.kubelet.attribution import ALLOCATION, LABELS, PodAttribution
-from exporter.kubelet.client import KubeletError
-from exporter.simulator.fleet import load_fleet, parse_fleet
-from exporter.snapshot import SnapshotBuilder
+from gpumeter.exporter.catalog import by_name
+from gpumeter.exporter.kubelet.attribution import ALLOCATION, LABELS, PodAttribution
+from gpumeter.exporter.kubelet.client import KubeletError
+from gpumeter.exporter.simulator.fleet import load_fleet, parse_fleet
+from gpumeter.exporter.snapshot import SnapshotBuilder
 
 from .helpers import (
     HOUR,
@@ -269,7 +269,7 @@ def test_extra_resource_names(harness):
 def test_unresolvable_device_ids_are_logged_once_and_skipped(harness, caplog):
     h = harness("h200")
     devices = inventory(h.fleet)[:6]  # NVML does not see GPUs 6 and 7
-    with caplog.at_level(logging.WARNING, logger="exporter.kubelet.attribution"):
+    with caplog.at_level(logging.WARNING, logger="gpumeter.exporter.kubelet.attribution"):
         for _ in range(3):
             b = sample(h, devices)
     assert len(allocations(b)) == 6
@@ -299,7 +299,7 @@ def test_never_raises():
 
 def test_nvml_down_attributes_nothing_and_logs_nothing(harness, caplog):
     h = harness("h200")
-    with caplog.at_level(logging.WARNING, logger="exporter.kubelet.attribution"):
+    with caplog.at_level(logging.WARNING, logger="gpumeter.exporter.kubelet.attribution"):
         b = sample(h, ())  # the sampler passes no devices while NVML is down
     assert (kubelet_up(b), allocations(b)) == (1.0, {})
     assert not [r for r in caplog.records if "cannot resolve" in r.getMessage()]
@@ -307,7 +307,7 @@ def test_nvml_down_attributes_nothing_and_logs_nothing(harness, caplog):
 
 
 def test_pure_allocations_with_replicas_missing_from_allocatable():
-    from exporter.kubelet.client import (
+    from gpumeter.exporter.kubelet.client import (
         AllocatableResources,
         ContainerDevices,
         ContainerResources,

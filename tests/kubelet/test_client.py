@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from exporter.kubelet.client import (
+from gpumeter.exporter.kubelet.client import (
     AllocatableResources,
     ContainerDevices,
     ContainerResources,
@@ -17,8 +17,8 @@ from exporter.kubelet.client import (
     PodResources,
     PodResourcesClient,
 )
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.kubelet.devices import (
+from gpumeter.exporter.kubelet.devices import (
     DeviceRef,
     Inventory,
     ResolvedDevice,
@@ -17,8 +17,8 @@ from exporter.kubelet.devices import (
     resolve,
     share,
 )
-from exporter.simulator.fleet import load_fleet
-from exporter.snapshot import DeviceIdentity
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.snapshot import DeviceIdentity
 
 from .helpers import identity, inventory
 

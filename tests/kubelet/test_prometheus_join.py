@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from exporter.app import build_exporter
-from exporter.config import ExporterConfig
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from tests.support.servers import PrometheusServer
 
 JOIN_MEMORY = (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from exporter.kubelet import api_pb2, api_pb2_grpc, generate
+from gpumeter.exporter.kubelet import api_pb2, api_pb2_grpc, generate
 
 F = FieldDescriptor
 MSG, STR, I64, U64 = F.TYPE_MESSAGE, F.TYPE_STRING, F.TYPE_INT64, F.TYPE_UINT64
@@ -75,7 +75,7 @@ def test_stubs_are_fresh(tmp_path):
     here = Path(generate.__file__).parent
     for name in generate.OUTPUTS:
         assert (tmp_path / name).read_bytes() == (here / name).read_bytes(), (
-            f"exporter/kubelet/{name} is stale: run `python -m exporter.kubelet.generate`"
+            f"exporter/kubelet/{name} is stale: run `python -m gpumeter.exporter.kubelet.generate`"
         )
 
 

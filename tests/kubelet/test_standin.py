@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.kubelet.client import KubeletError, PodResourcesClient
-from exporter.simulator.fleet import load_fleet
-from exporter.simulator.kubelet import StandInKubelet, add_parser, device_id, resource_name
+from gpumeter.exporter.kubelet.client import KubeletError, PodResourcesClient
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet, add_parser, device_id, resource_name
 
 from .helpers import HOUR, with_kubelet
 

@@ -14,11 +14,11 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from billing.ledger.sqlalchemy import open_ledger
-from billing.models import Allocation
-from billing.pricing import load_price_book
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.models import Allocation
+from gpumeter.billing.pricing import load_price_book
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.conftest import db as db  # re-exported fixtures: the same backends as billing
 from tests.billing.conftest import ledger as ledger

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from billing.models import Allocation, Device, GpuHour, Line, MigInstance
-from billing.pricing.base import PriceBook
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.models import Allocation, Device, GpuHour, Line, MigInstance
+from gpumeter.billing.pricing.base import PriceBook
 
 A100 = "NVIDIA A100-SXM4-40GB"
 H100 = "NVIDIA H100 80GB HBM3"

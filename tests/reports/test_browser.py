@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from billing.ledger.sqlalchemy import open_ledger
-from billing.pricing import load_price_book
-from reports.model import month_period
-from reports.render import RenderOptions
-from reports.run import generate
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.reports.model import month_period
+from gpumeter.reports.render import RenderOptions
+from gpumeter.reports.run import generate
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, mig, write_book
 from tests.reports import browser, synthetic
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from apscheduler.triggers.cron import CronTrigger
 
 import gpumeter
-from billing.config import Settings
-from billing.ledger.orm import Base
-from billing.service import build_scheduler, monthly_report
-from reports.schedule import ReportSchedule
+from gpumeter.billing.config import Settings
+from gpumeter.billing.ledger.orm import Base
+from gpumeter.billing.service import build_scheduler, monthly_report
+from gpumeter.reports.schedule import ReportSchedule
 from tests.reports.helpers import read_csv
 
 

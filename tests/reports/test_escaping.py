@@ -7,12 +7,12 @@ import csv
 import io
 import json
 
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from reports import focus
-from reports.model import Grouping, build_report, month_period
-from reports.render import html_text, render
-from reports.run import load_labels
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.reports import focus
+from gpumeter.reports.model import Grouping, build_report, month_period
+from gpumeter.reports.render import html_text, render
+from gpumeter.reports.run import load_labels
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 from tests.reports.helpers import html_tables, read_csv
 

@@ -17,9 +17,9 @@ import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from reports import focus
-from reports.model import build_report, month_period
-from reports.render import render
+from gpumeter.reports import focus
+from gpumeter.reports.model import build_report, month_period
+from gpumeter.reports.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 # focus-validator 2.2.1 with model 1.2.0.1: InvoiceId-C-004-C ("MUST be null") and -005-C ("MUST NOT be

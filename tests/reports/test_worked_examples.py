@@ -27,12 +27,12 @@ from decimal import Decimal
 
 import pytest
 
-from billing.allocate import price_gpu_hour
-from billing.ledger.base import HourRecord
-from reports import focus
-from reports.model import build_report, month_period
-from reports.render import file_names, render
-from reports.run import generate
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.reports import focus
+from gpumeter.reports.model import build_report, month_period
+from gpumeter.reports.render import file_names, render
+from gpumeter.reports.run import generate
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 from tests.reports.helpers import html_tables, read_csv
 
@@ -269,7 +269,7 @@ def test_report_names_price_book_versions_and_ingest_runs(rendered, worked_ledge
 def test_html_is_self_contained(rendered):
     text = rendered[1]["html"][0].read_text()
     # no external resource: outside the inline plotly.js bundle, every src/href is an in-page anchor
-    from reports.render import plotly_js
+    from gpumeter.reports.render import plotly_js
 
     assert text.count(plotly_js()) == 1
     page = text.replace(plotly_js(), "")

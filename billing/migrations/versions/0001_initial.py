@@ -8,7 +8,7 @@ Create Date: 2026-11-21
 import sqlalchemy as sa
 from alembic import op
 
-from billing.ledger.types import Exact, Money, UtcDateTime
+from gpumeter.billing.ledger.types import Exact, Money, UtcDateTime
 
 revision = "0001"
 down_revision = None

@@ -8,7 +8,7 @@ Create Date: 2026-11-21
 import sqlalchemy as sa
 from alembic import op
 
-from billing.ledger.types import UtcDateTime
+from gpumeter.billing.ledger.types import UtcDateTime
 
 revision = "0002"
 down_revision = "0001"

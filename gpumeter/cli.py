@@ -11,17 +11,17 @@ import importlib
 import logging
 import sys
 
-__version__ = "0.1.0"
+from gpumeter import __version__
 
 # Each part's module, by the commands it registers. A command loads only its own part, so the
 # exporter does not carry billing's SQLAlchemy and Alembic in its resident memory.
 PARTS = {
-    "exporter.cli": ("exporter", "simulate", "docs"),
-    "billing.cli": ("billing",),
-    "reports.cli": ("report",),
-    "dashboards.cli": ("dashboards",),
-    "alerts.cli": ("alerts",),
-    "deploy.demo": ("demo",),
+    "gpumeter.exporter.cli": ("exporter", "simulate", "docs"),
+    "gpumeter.billing.cli": ("billing",),
+    "gpumeter.reports.cli": ("report",),
+    "gpumeter.dashboards.cli": ("dashboards",),
+    "gpumeter.alerts.cli": ("alerts",),
+    "gpumeter.deploy.demo": ("demo",),
 }
 
 

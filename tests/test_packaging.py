@@ -1,0 +1,63 @@
+"""What `pip install gpumeter` puts into site-packages: one top-level package, and all of the project.
+
+The folders stay where the design puts them (exporter/, billing/, ...) and pyproject.toml maps each to
+`gpumeter.<part>`. A wheel is built from the working tree and its file list checked: exactly one
+top-level import name, every tracked file of every part inside it, nothing of tests/.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory) -> list[str]:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("gpumeter-*.whl")
+    return zipfile.ZipFile(wheel).namelist()
+
+
+def _tracked(*folders: str) -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *folders],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return [name for name in listed if (ROOT / name).is_file()]
+
+
+def test_one_top_level_import_name(wheel_files):
+    top = {name.split("/")[0] for name in wheel_files if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"gpumeter"}
+
+
+def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    installed = set(wheel_files)
+    for package, folder in mapping.items():
+        prefix = package.replace(".", "/")
+        missing = [name for name in _tracked(folder) if f"{prefix}/{name.removeprefix(folder + '/')}" not in installed]
+        assert not missing, f"{folder}/ files missing from the wheel under {prefix}/: {missing[:10]}"
+    assert not [name for name in wheel_files if name.startswith(("tests/", "gpumeter/tests/"))]
+
+
+def test_console_command_points_into_the_package():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"gpumeter": "gpumeter.cli:main"}
+    result = subprocess.run([sys.executable, "-m", "gpumeter", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("gpumeter "), result
