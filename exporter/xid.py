@@ -18,7 +18,10 @@ import pynvml as N
 __all__ = ["XidWatcher"]
 
 log = logging.getLogger(__name__)
-WAIT_MS = 1000  # short enough for the thread to stop promptly
+# nvml.h promises no wake-up when another thread frees the set, and freeing it under a waiter is
+# undefined (docs/nvml.md, "XID events"): each wait is a short slice, so stop() returns within one
+# slice and frees the set only once the thread is out, at the cost of one cheap wait call per slice.
+WAIT_MS = 100
 
 
 class XidWatcher:
@@ -65,6 +68,10 @@ class XidWatcher:
         self._stop.set()
         if thread is not None:
             thread.join(timeout=WAIT_MS / 1000 + 2)
+            if thread.is_alive():
+                # Still inside nvmlEventSetWait: freeing the set now would pull it from under the driver.
+                log.warning("XID thread did not stop; leaving its event set allocated")
+                eventset = None
         if eventset is not None:
             try:
                 N.nvmlEventSetFree(eventset)

@@ -14,6 +14,7 @@ many NVML calls a sampling cycle makes.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -681,9 +682,14 @@ def nvmlGpmMetricsGet(lib, metrics_arg):
 
 
 # --- events (XID) ---------------------------------------------------------------------------------
+# As nvml.h documents nvmlEventSetWait_v2 and nvmlEventSetFree (docs/nvml.md, "XID events"): a wait
+# returns at once when an event is ready, else sleeps until one arrives "but not longer than specified
+# timeout" and returns NVML_ERROR_TIMEOUT. nvmlEventSetFree "releases events in the set" and promises
+# nothing to a thread blocked on it, so the stand-in does not wake that thread; when it wakes on its
+# own it gets NVML_ERROR_UNKNOWN (the header's catch-all), which makes freeing under a waiter visible.
 @c_function()
 def nvmlEventSetCreate(lib, out):
-    token = EVENTSET_BASE + len(lib._eventsets) + 1
+    token = max(lib._eventsets, default=EVENTSET_BASE) + 1  # never the token of a live set
     lib._eventsets[token] = {}
     _write_handle(out, token)
     return OK
@@ -714,20 +720,24 @@ def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
     registered = lib._eventsets.get(_token(eventset))
     if registered is None:
         return N.NVML_ERROR_INVALID_ARGUMENT
-    node = lib.node
+    node, token = lib.node, _token(eventset)
+    deadline = time.monotonic() + _int(timeout_ms) / 1000
     with node.lock:
-        # Block like the driver does, but wake as soon as a fault queues an event.
-        if not node.events:
-            node.events_changed.wait(min(_int(timeout_ms), 1000) / 1000)
-        while node.events:
-            gpu, kind, data, gi = node.events.popleft()
-            if registered.get(gpu, 0) & kind:
-                event = _out(out)
-                event.device = ctypes.cast(ctypes.c_void_p(DEVICE_BASE + gpu), N.c_nvmlDevice_t)
-                event.eventType, event.eventData = kind, data
-                event.gpuInstanceId = event.computeInstanceId = gi
-                return OK
-    return N.NVML_ERROR_TIMEOUT
+        while True:
+            while node.events:
+                gpu, kind, data, gi = node.events.popleft()
+                if registered.get(gpu, 0) & kind:
+                    event = _out(out)
+                    event.device = ctypes.cast(ctypes.c_void_p(DEVICE_BASE + gpu), N.c_nvmlDevice_t)
+                    event.eventType, event.eventData = kind, data
+                    event.gpuInstanceId = event.computeInstanceId = gi
+                    return OK
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return N.NVML_ERROR_TIMEOUT
+            node.events_changed.wait(left)  # a fault queuing an event wakes it early
+            if lib._eventsets.get(token) is not registered:
+                return N.NVML_ERROR_UNKNOWN  # freed while this thread waited on it
 
 
 @c_function()

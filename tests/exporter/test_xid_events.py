@@ -1,0 +1,114 @@
+"""The XID event thread stops promptly, and the stand-in's event sets keep nvml.h's promises."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pynvml as N
+import pytest
+
+from gpumeter.exporter import xid
+from gpumeter.exporter.nvml import NvmlSession
+from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.nvml import SimulatedNvml
+
+
+def test_stopping_a_running_exporter_returns_well_within_a_second(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.start()
+    watcher = sim.sampler.xid_watcher
+    thread = watcher._thread
+    assert thread is not None and thread.is_alive()
+    time.sleep(0.05)  # let the XID thread block in nvmlEventSetWait
+    started = time.monotonic()
+    sim.sampler.stop()
+    took = time.monotonic() - started
+    assert took < 0.5, f"stop() took {took:.2f} s"
+    assert not thread.is_alive()
+    # The set was freed only after the thread left its wait: the stand-in reports the other order.
+    assert watcher.errors == 0
+    assert sim.lib.calls["nvmlEventSetFree"] == 1
+
+
+def test_an_xid_reaches_a_watcher_blocked_in_its_wait(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.start()
+    time.sleep(3 * xid.WAIT_MS / 1000)  # several slices pass without an event
+    sim.node.inject("xid", 2, code=48)
+    uuid = sim.node.gpus[2].spec.uuid
+    deadline = time.monotonic() + 2
+    while 48 not in sim.sampler.xid_watcher.counts(uuid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sim.sampler.xid_watcher.counts(uuid)[48][0] == 1
+
+
+@pytest.fixture
+def nvml(clock):
+    node = SimulatedNode(load_fleet("h100-mig"), clock=clock)
+    lib = SimulatedNvml(node)
+    session = NvmlSession(lib)
+    session.start()
+    yield node, lib
+    session.stop()
+
+
+def test_a_wait_without_events_sleeps_its_whole_timeout_then_times_out(nvml):
+    eventset = N.nvmlEventSetCreate()
+    started = time.monotonic()
+    with pytest.raises(N.NVMLError) as caught:
+        N.nvmlEventSetWait_v2(eventset, 300)
+    assert caught.value.value == N.NVML_ERROR_TIMEOUT
+    assert time.monotonic() - started >= 0.3
+    N.nvmlEventSetFree(eventset)
+
+
+def test_a_queued_event_is_delivered_at_once_and_only_to_a_set_registered_for_it(nvml):
+    node, _ = nvml
+    eventset = N.nvmlEventSetCreate()
+    gpu1 = N.nvmlDeviceGetHandleByIndex(1)
+    N.nvmlDeviceRegisterEvents(gpu1, N.nvmlEventTypeXidCriticalError, eventset)
+    node.inject("xid", 0, code=13)  # GPU 0 is not registered: dropped
+    node.inject("xid", 1, code=31)
+    started = time.monotonic()
+    event = N.nvmlEventSetWait_v2(eventset, 5000)
+    assert time.monotonic() - started < 0.5
+    assert (event.eventType, event.eventData) == (N.nvmlEventTypeXidCriticalError, 31)
+    assert N.nvmlDeviceGetIndex(event.device) == 1
+    N.nvmlEventSetFree(eventset)
+
+
+def test_freeing_a_set_does_not_wake_its_waiter_and_the_waiter_sees_the_misuse(nvml):
+    eventset = N.nvmlEventSetCreate()
+    outcome: dict[str, object] = {}
+
+    def wait():
+        started = time.monotonic()
+        try:
+            N.nvmlEventSetWait_v2(eventset, 400)
+        except N.NVMLError as exc:
+            outcome["code"] = exc.value
+        outcome["took"] = time.monotonic() - started
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.05)
+    N.nvmlEventSetFree(eventset)
+    waiter.join(timeout=5)
+    assert outcome["took"] >= 0.4  # slept its whole timeout: the free woke nothing
+    assert outcome["code"] == N.NVML_ERROR_UNKNOWN
+
+
+def test_a_new_set_never_takes_the_token_of_a_live_one(nvml):
+    node, _ = nvml
+    first, second = N.nvmlEventSetCreate(), N.nvmlEventSetCreate()
+    N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(1), N.nvmlEventTypeXidCriticalError, second)
+    N.nvmlEventSetFree(first)
+    third = N.nvmlEventSetCreate()
+    N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(0), N.nvmlEventTypeXidCriticalError, third)
+    node.inject("xid", 1, code=31)
+    event = N.nvmlEventSetWait_v2(second, 1000)  # second still holds its own registration
+    assert (N.nvmlDeviceGetIndex(event.device), event.eventData) == (1, 31)
+    N.nvmlEventSetFree(second)
+    N.nvmlEventSetFree(third)
