@@ -1,15 +1,20 @@
-"""The metric catalog: one declarative spec per exported series.
+"""The exporter's catalog: one spec per exported series, what only the exporter needs to know.
 
-Everything that names a metric reads it from here: the collectors (through the snapshot), the
-renderers (native and dcgm naming), the generated ``docs/metrics.md`` and the tests. Alert rules,
-dashboards and billing rely on these names (DESIGN.md, "Metric contract"): change one only together
-with every user of it.
+Each spec wraps the series' declaration in the metric contract (``gpumeter/contract.py``: name, type,
+labels, unit, help, the names alert rules, dashboards and billing rely on) and adds where the value
+comes from (the NVML calls, for ``docs/metrics.md``), the object it describes (its scope) and how
+dcgm-exporter names it. The collectors (through the snapshot), the renderers (native and dcgm naming),
+the generated ``docs/metrics.md`` and the tests read the catalog; nothing here can rename a series or
+a label, so the catalog cannot disagree with the contract.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+
+from gpumeter import contract
+from gpumeter.contract import MetricType, Series
 
 __all__ = [
     "CATALOG",
@@ -23,13 +28,8 @@ __all__ = [
 ]
 
 
-class MetricType(StrEnum):
-    GAUGE = "gauge"
-    COUNTER = "counter"
-
-
 class Scope(StrEnum):
-    """Which object a series describes; decides the labels every series of the metric carries."""
+    """Which object a series describes; decides the labels every series of the metric starts with."""
 
     DEVICE = "device"  # a physical GPU
     MIG = "mig"  # a MIG instance of a physical GPU
@@ -38,8 +38,8 @@ class Scope(StrEnum):
 
 
 SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
-    Scope.DEVICE: ("gpu", "uuid"),
-    Scope.MIG: ("gpu", "uuid", "gpu_instance_id", "compute_instance_id", "mig_profile"),
+    Scope.DEVICE: contract.DEVICE_LABELS,
+    Scope.MIG: contract.MIG_LABELS,
     Scope.ALLOCATION: (),
     Scope.EXPORTER: (),
 }
@@ -67,78 +67,77 @@ class DcgmField:
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
-    name: str
-    type: MetricType
+    series: Series  # from gpumeter.contract: the name, type, labels, unit and help
     scope: Scope
-    unit: str
-    help: str
     nvml: str
-    labels: tuple[str, ...] = ()  # labels beyond the scope's own
     dcgm: tuple[DcgmField, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.series.producer is not contract.Producer.EXPORTER:
+            raise ValueError(f"catalog: {self.series.name} is not an exporter series")
+        scope_labels = SCOPE_LABELS[self.scope]
+        if self.series.labels[: len(scope_labels)] != scope_labels:
+            raise ValueError(f"catalog: {self.series.name} labels must start with its scope's {scope_labels}")
+
+    @property
+    def name(self) -> str:
+        return self.series.name
+
+    @property
+    def type(self) -> MetricType:
+        return self.series.type
+
+    @property
+    def unit(self) -> str:
+        return self.series.unit
+
+    @property
+    def help(self) -> str:
+        return self.series.help
 
     @property
     def label_names(self) -> tuple[str, ...]:
-        return SCOPE_LABELS[self.scope] + self.labels
+        return self.series.labels
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels beyond the scope's own."""
+        return self.series.labels[len(SCOPE_LABELS[self.scope]) :]
 
     @property
     def family_name(self) -> str:
         """The name prometheus-client wants: counters without their ``_total``."""
-        if self.type is MetricType.COUNTER:
-            return self.name.removesuffix("_total")
-        return self.name
+        return self.series.family_name
 
 
-G, C = MetricType.GAUGE, MetricType.COUNTER
 D, M, A, X = Scope.DEVICE, Scope.MIG, Scope.ALLOCATION, Scope.EXPORTER
 MIB = 1 / (1024 * 1024)
 
 CATALOG: tuple[MetricSpec, ...] = (
     # --- identity -------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_info",
-        G,
+        contract.GPU_INFO,
         D,
-        "",
-        "Identity of a physical GPU; value 1. Join with * on(uuid) group_left(...).",
         "nvmlDeviceGetName, GetPciInfo, SystemGetDriverVersion, SystemGetCudaDriverVersion, GetMigMode",
-        labels=("model", "pci_bus_id", "driver_version", "cuda_version", "mig_mode", "hostname"),
     ),
-    MetricSpec(
-        "nvidia_gpu_up",
-        G,
-        D,
-        "",
-        "1 when the GPU answered this sample, 0 when it is lost or unreadable (its other series vanish).",
-        "any call on the device handle; NVML_ERROR_GPU_IS_LOST sets 0",
-    ),
+    MetricSpec(contract.GPU_UP, D, "any call on the device handle; NVML_ERROR_GPU_IS_LOST sets 0"),
     # --- thermal --------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_temperature_celsius",
-        G,
+        contract.TEMPERATURE,
         D,
-        "celsius",
-        "GPU core temperature.",
         "nvmlDeviceGetTemperatureV, falling back to nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
         dcgm=(DcgmField("DCGM_FI_DEV_GPU_TEMP", help="GPU temperature (in C)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_temperature_celsius",
-        G,
+        contract.MEMORY_TEMPERATURE,
         D,
-        "celsius",
-        "HBM (memory) temperature.",
         "field NVML_FI_DEV_MEMORY_TEMP (82)",
         dcgm=(DcgmField("DCGM_FI_DEV_MEMORY_TEMP", help="Memory temperature (in C)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_temperature_threshold_celsius",
-        G,
+        contract.TEMPERATURE_THRESHOLD,
         D,
-        "celsius",
-        "The device's own temperature thresholds: slowdown (HW slowdown starts), shutdown, gpu_max "
-        "(SW thermal slowdown starts), memory_max.",
         "fields 193-196 (T.Limit), falling back to nvmlDeviceGetTemperatureThreshold",
-        labels=("threshold",),
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_SLOWDOWN_TEMP",
@@ -164,29 +163,20 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     # --- power ----------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_power_watts",
-        G,
+        contract.POWER,
         D,
-        "watts",
-        "Power draw (1 s average on Ampere and newer, except GA100).",
         "nvmlDeviceGetPowerUsage (mW)",
         dcgm=(DcgmField("DCGM_FI_DEV_POWER_USAGE", help="Power draw (in W)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_power_limit_watts",
-        G,
+        contract.POWER_LIMIT,
         D,
-        "watts",
-        "Enforced power limit, after every limiter.",
         "nvmlDeviceGetEnforcedPowerLimit (mW)",
         dcgm=(DcgmField("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", help="Enforced power limit (in W)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_energy_joules_total",
-        C,
+        contract.ENERGY,
         D,
-        "joules",
-        "Energy consumed since the driver was last loaded (resets on driver reload).",
         "nvmlDeviceGetTotalEnergyConsumption (mJ)",
         dcgm=(
             DcgmField(
@@ -198,68 +188,46 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     # --- utilization and memory -----------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_utilization_ratio",
-        G,
+        contract.UTILIZATION,
         D,
-        "ratio",
-        "Fraction of the last sample period in which a kernel ran (absent in MIG mode).",
         "nvmlDeviceGetUtilizationRates().gpu / 100",
         dcgm=(DcgmField("DCGM_FI_DEV_GPU_UTIL", scale=100.0, help="GPU utilization (in %)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_utilization_ratio",
-        G,
+        contract.MEMORY_UTILIZATION,
         D,
-        "ratio",
-        "Fraction of the last sample period in which device memory was read or written (absent in MIG mode).",
         "nvmlDeviceGetUtilizationRates().memory / 100",
         dcgm=(DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", scale=100.0, help="Memory utilization (in %)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_total_bytes",
-        G,
+        contract.MEMORY_TOTAL,
         D,
-        "bytes",
-        "Device memory installed.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).total, falling back to v1",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_TOTAL", scale=MIB, help="Framebuffer memory total (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_used_bytes",
-        G,
+        contract.MEMORY_USED,
         D,
-        "bytes",
-        "Device memory allocated by processes (v2: reserved excluded).",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).used, falling back to v1",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_USED", scale=MIB, help="Framebuffer memory used (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_free_bytes",
-        G,
+        contract.MEMORY_FREE,
         D,
-        "bytes",
-        "Device memory free.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).free, falling back to v1",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_FREE", scale=MIB, help="Framebuffer memory free (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_memory_reserved_bytes",
-        G,
+        contract.MEMORY_RESERVED,
         D,
-        "bytes",
-        "Device memory reserved by the driver and firmware.",
         "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).reserved (absent on v1 drivers)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_RESERVED", scale=MIB, help="Framebuffer memory reserved (in MiB)."),),
     ),
     # --- clocks, P-state, fan -------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_clock_hz",
-        G,
+        contract.CLOCK,
         D,
-        "hz",
-        "Current clock frequency.",
         "nvmlDeviceGetClockInfo (MHz) for GRAPHICS, SM, MEM, VIDEO",
-        labels=("clock",),
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_SM_CLOCK",
@@ -275,49 +243,19 @@ CATALOG: tuple[MetricSpec, ...] = (
             ),
         ),
     ),
-    MetricSpec(
-        "nvidia_gpu_clock_max_hz",
-        G,
-        D,
-        "hz",
-        "Maximum clock frequency.",
-        "nvmlDeviceGetMaxClockInfo (MHz)",
-        labels=("clock",),
-    ),
-    MetricSpec(
-        "nvidia_gpu_performance_state",
-        G,
-        D,
-        "",
-        "Performance state: 0 (maximum) to 15 (minimum).",
-        "nvmlDeviceGetPerformanceState",
-    ),
-    MetricSpec(
-        "nvidia_gpu_fan_speed_ratio",
-        G,
-        D,
-        "ratio",
-        "Fan speed as a fraction of its maximum (absent on passive boards).",
-        "nvmlDeviceGetFanSpeed / 100",
-    ),
+    MetricSpec(contract.CLOCK_MAX, D, "nvmlDeviceGetMaxClockInfo (MHz)"),
+    MetricSpec(contract.PERFORMANCE_STATE, D, "nvmlDeviceGetPerformanceState"),
+    MetricSpec(contract.FAN_SPEED, D, "nvmlDeviceGetFanSpeed / 100"),
     # --- throttling -----------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_clocks_event_active",
-        G,
+        contract.CLOCKS_EVENT_ACTIVE,
         D,
-        "",
-        "1 while the clocks are held down for this reason, one series per reason the device supports.",
         "nvmlDeviceGetCurrentClocksEventReasons, masked by nvmlDeviceGetSupportedClocksEventReasons",
-        labels=("reason",),
     ),
     MetricSpec(
-        "nvidia_gpu_clocks_event_seconds_total",
-        C,
+        contract.CLOCKS_EVENT_SECONDS,
         D,
-        "seconds",
-        "Time the clocks were held down for this reason (violation time), where NVML counts it.",
         "fields 74 (sw_power_cap), 76 (sync_boost), 269 (sw_thermal), 270 (hw_thermal), 271 (hw_power_brake); ns",
-        labels=("reason",),
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_POWER_VIOLATION",
@@ -341,11 +279,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     # --- PCIe -----------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_pcie_tx_bytes_per_second",
-        G,
+        contract.PCIE_TX,
         D,
-        "bytes",
-        "PCIe transmit throughput (20 ms window).",
         "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s)",
         dcgm=(
             DcgmField(
@@ -356,11 +291,8 @@ CATALOG: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
-        "nvidia_gpu_pcie_rx_bytes_per_second",
-        G,
+        contract.PCIE_RX,
         D,
-        "bytes",
-        "PCIe receive throughput (20 ms window).",
         "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES) (KB/s)",
         dcgm=(
             DcgmField(
@@ -371,23 +303,16 @@ CATALOG: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
-        "nvidia_gpu_pcie_replay_total",
-        C,
+        contract.PCIE_REPLAY,
         D,
-        "",
-        "PCIe replays (retransmissions).",
         "field NVML_FI_DEV_PCIE_REPLAY_COUNTER (94)",
         dcgm=(DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", help="Total number of PCIe retries."),),
     ),
     # --- memory errors --------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_ecc_errors_total",
-        C,
+        contract.ECC_ERRORS,
         D,
-        "",
-        "ECC errors since the driver was loaded (volatile).",
         "fields 3 (SBE volatile), 4 (DBE volatile)",
-        labels=("error_type",),
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
@@ -402,13 +327,9 @@ CATALOG: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
-        "nvidia_gpu_remapped_rows_total",
-        C,
+        contract.REMAPPED_ROWS,
         D,
-        "",
-        "Rows remapped because of correctable / uncorrectable errors.",
         "fields 142 (NVML_FI_DEV_REMAPPED_COR), 143 (_UNC)",
-        labels=("error_type",),
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
@@ -423,41 +344,25 @@ CATALOG: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
-        "nvidia_gpu_remapped_rows_pending",
-        G,
+        contract.REMAPPED_ROWS_PENDING,
         D,
-        "",
-        "1 while a row remap waits for the next GPU reset.",
         "field 144 (NVML_FI_DEV_REMAPPED_PENDING)",
         dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_PENDING", help="Whether remapping of rows is pending."),),
     ),
     MetricSpec(
-        "nvidia_gpu_remapped_rows_failure",
-        G,
+        contract.REMAPPED_ROWS_FAILURE,
         D,
-        "",
-        "1 when a row remap failed: unrecoverable memory damage.",
         "field 145 (NVML_FI_DEV_REMAPPED_FAILURE)",
         dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE", help="Whether remapping of rows has failed"),),
     ),
     # --- XID ------------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_xid_errors_total",
-        C,
-        D,
-        "",
-        "XID errors by code since the exporter started (NVML event API; 999 = unknown XID).",
-        "nvmlEventSetWait_v2 on nvmlEventTypeXidCriticalError, eventData = XID",
-        labels=("xid",),
+        contract.XID_ERRORS, D, "nvmlEventSetWait_v2 on nvmlEventTypeXidCriticalError, eventData = XID"
     ),
     MetricSpec(
-        "nvidia_gpu_xid_last_timestamp_seconds",
-        G,
+        contract.XID_LAST_TIMESTAMP,
         D,
-        "seconds",
-        "When this XID was last seen; lets alerts see the first event of a new series.",
         "nvmlEventSetWait_v2 on nvmlEventTypeXidCriticalError",
-        labels=("xid",),
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_XID_ERRORS",
@@ -468,67 +373,41 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     # --- NVLink ---------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_nvlink_up",
-        G,
-        D,
-        "",
-        "1 when the NVLink is active.",
-        "field NVML_FI_DEV_NVLINK_GET_STATE (165) per link, link count from field 91",
-        labels=("link",),
+        contract.NVLINK_UP, D, "field NVML_FI_DEV_NVLINK_GET_STATE (165) per link, link count from field 91"
     ),
     MetricSpec(
-        "nvidia_gpu_nvlink_errors_total",
-        C,
+        contract.NVLINK_ERRORS,
         D,
-        "",
-        "NVLink data-link errors per link.",
         "fields 32-37/96-101 (crc_flit), 39-44/102-107 (crc_data), 161 (replay), 162 (recovery), batched",
-        labels=("link", "error_type"),
     ),
     # --- MIG ------------------------------------------------------------------------------------
     MetricSpec(
-        "nvidia_gpu_mig_info",
-        G,
+        contract.MIG_INFO,
         M,
-        "",
-        "One series (value 1) per MIG instance; compute_slices of 7 (4 on A30), memory_slices of 8 (4 on A30).",
         "nvmlDeviceGetMigDeviceHandleByIndex, GetGpuInstanceId, GetComputeInstanceId, GetUUID, GetName, "
         "GetAttributes_v2",
-        labels=("mig_uuid", "compute_slices", "memory_slices"),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_memory_total_bytes",
-        G,
+        contract.MIG_MEMORY_TOTAL,
         M,
-        "bytes",
-        "Memory of the MIG instance.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_TOTAL", scale=MIB, help="Framebuffer memory total (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_memory_used_bytes",
-        G,
+        contract.MIG_MEMORY_USED,
         M,
-        "bytes",
-        "Memory of the MIG instance in use.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_USED", scale=MIB, help="Framebuffer memory used (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_memory_free_bytes",
-        G,
+        contract.MIG_MEMORY_FREE,
         M,
-        "bytes",
-        "Memory of the MIG instance free.",
         "nvmlDeviceGetMemoryInfo(mig handle)",
         dcgm=(DcgmField("DCGM_FI_DEV_FB_FREE", scale=MIB, help="Framebuffer memory free (in MiB)."),),
     ),
     MetricSpec(
-        "nvidia_gpu_mig_sm_utilization_ratio",
-        G,
+        contract.MIG_SM_UTILIZATION,
         M,
-        "ratio",
-        "SM utilization of the GPU instance over the last sampling interval (NVML GPM; Hopper and later).",
         "nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100",
         dcgm=(
             DcgmField(
@@ -538,100 +417,22 @@ CATALOG: tuple[MetricSpec, ...] = (
         ),
     ),
     # --- pods -----------------------------------------------------------------------------------
-    MetricSpec(
-        "nvidia_gpu_allocation",
-        G,
-        A,
-        "",
-        "Share of a GPU or MIG instance a pod's container holds: 1 for a whole GPU or MIG instance, "
-        "1/replicas for a time-sliced GPU. gpu_instance_id and mig_profile are empty for whole GPUs.",
-        "kubelet PodResources v1 List + GetAllocatableResources",
-        labels=(
-            "hostname",
-            "namespace",
-            "pod",
-            "container",
-            "resource",
-            "uuid",
-            "gpu",
-            "gpu_instance_id",
-            "mig_profile",
-        ),
-    ),
+    MetricSpec(contract.ALLOCATION, A, "kubelet PodResources v1 List + GetAllocatableResources"),
     # --- the exporter itself --------------------------------------------------------------------
-    MetricSpec(
-        "gpumeter_exporter_collector_success",
-        G,
-        X,
-        "",
-        "1 when the collector read every device it should in the last sampling cycle.",
-        "sampler",
-        labels=("collector",),
-    ),
-    MetricSpec(
-        "gpumeter_exporter_collector_duration_seconds",
-        G,
-        X,
-        "seconds",
-        "Time the collector took in the last sampling cycle.",
-        "sampler",
-        labels=("collector",),
-    ),
-    MetricSpec(
-        "gpumeter_exporter_nvml_up", G, X, "", "1 when NVML is initialised and answering.", "nvmlInit"
-    ),
-    MetricSpec(
-        "gpumeter_exporter_kubelet_up",
-        G,
-        X,
-        "",
-        "1 when the last kubelet PodResources query succeeded (absent when attribution is off).",
-        "kubelet List",
-    ),
-    MetricSpec(
-        "gpumeter_exporter_kubelet_errors_total",
-        C,
-        X,
-        "",
-        "Failed kubelet PodResources queries.",
-        "kubelet List",
-    ),
-    MetricSpec(
-        "gpumeter_exporter_last_sample_timestamp_seconds",
-        G,
-        X,
-        "seconds",
-        "When the snapshot being served was sampled (Unix time).",
-        "sampler",
-    ),
-    MetricSpec(
-        "gpumeter_exporter_sample_duration_seconds",
-        G,
-        X,
-        "seconds",
-        "Time the last sampling cycle took.",
-        "sampler",
-    ),
-    MetricSpec(
-        "gpumeter_exporter_nvml_calls",
-        G,
-        X,
-        "",
-        "NVML library calls made in the last sampling cycle.",
-        "sampler",
-    ),
-    MetricSpec(
-        "gpumeter_exporter_build_info",
-        G,
-        X,
-        "",
-        "The exporter's version; value 1.",
-        "",
-        labels=("version",),
-    ),
+    MetricSpec(contract.COLLECTOR_SUCCESS, X, "sampler"),
+    MetricSpec(contract.COLLECTOR_DURATION, X, "sampler"),
+    MetricSpec(contract.NVML_UP, X, "nvmlInit"),
+    MetricSpec(contract.KUBELET_UP, X, "kubelet List"),
+    MetricSpec(contract.KUBELET_ERRORS, X, "kubelet List"),
+    MetricSpec(contract.LAST_SAMPLE_TIMESTAMP, X, "sampler"),
+    MetricSpec(contract.SAMPLE_DURATION, X, "sampler"),
+    MetricSpec(contract.NVML_CALLS, X, "sampler"),
+    MetricSpec(contract.BUILD_INFO, X, ""),
 )
 
 _BY_NAME = {spec.name: spec for spec in CATALOG}
+if len(_BY_NAME) != len(CATALOG) or set(_BY_NAME) != {s.name for s in contract.EXPORTER_SERIES}:
+    raise ValueError("catalog: exactly one spec per exporter series of gpumeter.contract")
 
 
 def by_name(name: str) -> MetricSpec:

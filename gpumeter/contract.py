@@ -1,0 +1,512 @@
+"""The metric contract: every series that crosses a process boundary, declared once.
+
+The exporter serves its series to Prometheus, where the alert rules, the dashboards and billing's
+ingest read them; billing serves its own series to Prometheus for the cost dashboard and its alert;
+billing also reads one kube-state-metrics series. Each of them is declared here (name as Prometheus
+stores it, type, full label set in exposition order, unit, help) with the label names consumers read,
+and the PromQL billing's ingest runs is built from these declarations (docs/billing.md §6).
+
+Producers and consumers import from here: ``exporter/catalog.py`` (which adds the NVML source and the
+dcgm-exporter mapping), the history generator, billing's ingest and ``/metrics``, and the alert and
+dashboard lint tests. ``tests/test_contract_parity.py`` checks that the live exporter and the history
+generator agree on the series billing consumes. This module imports nothing from the parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "BILLING_INPUTS",
+    "BILLING_QUERIES",
+    "BILLING_SERIES",
+    "CONTRACT",
+    "EXPORTER_SERIES",
+    "HourQuery",
+    "MetricType",
+    "Producer",
+    "Series",
+    "series",
+]
+
+
+class MetricType(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+class Producer(StrEnum):
+    """The process that serves a series to Prometheus."""
+
+    EXPORTER = "exporter"
+    BILLING = "billing"
+    KUBE_STATE_METRICS = "kube-state-metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series family as Prometheus stores it: a counter's ``name`` ends in ``_total``."""
+
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    unit: str
+    help: str
+    producer: Producer = Producer.EXPORTER
+
+    def __post_init__(self) -> None:
+        if self.type is MetricType.COUNTER and not self.name.endswith("_total"):
+            raise ValueError(f"contract: counter {self.name} must end in _total")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"contract: {self.name} repeats a label: {self.labels}")
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus-client wants: counters without their ``_total``."""
+        if self.type is MetricType.COUNTER:
+            return self.name.removesuffix("_total")
+        return self.name
+
+
+# --- label names ----------------------------------------------------------------------------------
+GPU = "gpu"  # the device index on its node
+UUID = "uuid"  # the physical GPU's UUID (a MIG instance's series carry its parent's)
+MODEL = "model"
+PCI_BUS_ID = "pci_bus_id"
+DRIVER_VERSION = "driver_version"
+CUDA_VERSION = "cuda_version"
+MIG_MODE = "mig_mode"
+HOSTNAME = "hostname"
+GPU_INSTANCE_ID = "gpu_instance_id"
+COMPUTE_INSTANCE_ID = "compute_instance_id"
+MIG_PROFILE = "mig_profile"
+MIG_UUID = "mig_uuid"
+COMPUTE_SLICES = "compute_slices"
+MEMORY_SLICES = "memory_slices"
+NAMESPACE = "namespace"
+POD = "pod"
+CONTAINER = "container"
+RESOURCE = "resource"
+LABEL_TEAM = "label_team"  # kube-state-metrics' name for the namespace's Kubernetes label `team`
+TEAM = "team"
+KIND = "kind"
+CURRENCY = "currency"
+STATUS = "status"
+
+MIG_MODE_ENABLED = "enabled"  # the values of `mig_mode`
+MIG_MODE_DISABLED = "disabled"
+INGEST_OK = "ok"  # the values of gpumeter_billing_ingest_runs_total's `status`
+INGEST_FAILED = "failed"
+
+DEVICE_LABELS = (GPU, UUID)  # every series of a physical GPU
+MIG_LABELS = (GPU, UUID, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID, MIG_PROFILE)  # every series of a MIG instance
+
+G, C = MetricType.GAUGE, MetricType.COUNTER
+
+
+def _device(name: str, type_: MetricType, unit: str, help_: str, *labels: str) -> Series:
+    return Series(name, type_, DEVICE_LABELS + labels, unit, help_)
+
+
+def _mig(name: str, type_: MetricType, unit: str, help_: str, *labels: str) -> Series:
+    return Series(name, type_, MIG_LABELS + labels, unit, help_)
+
+
+def _exporter(name: str, type_: MetricType, unit: str, help_: str, *labels: str) -> Series:
+    return Series(name, type_, labels, unit, help_)
+
+
+def _billing(name: str, type_: MetricType, unit: str, help_: str, *labels: str) -> Series:
+    return Series(name, type_, labels, unit, help_, Producer.BILLING)
+
+
+# --- the exporter: identity -------------------------------------------------------------------------
+GPU_INFO = _device(
+    "nvidia_gpu_info",
+    G,
+    "",
+    "Identity of a physical GPU; value 1. Join with * on(uuid) group_left(...).",
+    MODEL,
+    PCI_BUS_ID,
+    DRIVER_VERSION,
+    CUDA_VERSION,
+    MIG_MODE,
+    HOSTNAME,
+)
+GPU_UP = _device(
+    "nvidia_gpu_up",
+    G,
+    "",
+    "1 when the GPU answered this sample, 0 when it is lost or unreadable (its other series vanish).",
+)
+# --- thermal ------------------------------------------------------------------------------------------
+TEMPERATURE = _device("nvidia_gpu_temperature_celsius", G, "celsius", "GPU core temperature.")
+MEMORY_TEMPERATURE = _device(
+    "nvidia_gpu_memory_temperature_celsius", G, "celsius", "HBM (memory) temperature."
+)
+TEMPERATURE_THRESHOLD = _device(
+    "nvidia_gpu_temperature_threshold_celsius",
+    G,
+    "celsius",
+    "The device's own temperature thresholds: slowdown (HW slowdown starts), shutdown, gpu_max "
+    "(SW thermal slowdown starts), memory_max.",
+    "threshold",
+)
+# --- power --------------------------------------------------------------------------------------------
+POWER = _device(
+    "nvidia_gpu_power_watts", G, "watts", "Power draw (1 s average on Ampere and newer, except GA100)."
+)
+POWER_LIMIT = _device(
+    "nvidia_gpu_power_limit_watts", G, "watts", "Enforced power limit, after every limiter."
+)
+ENERGY = _device(
+    "nvidia_gpu_energy_joules_total",
+    C,
+    "joules",
+    "Energy consumed since the driver was last loaded (resets on driver reload).",
+)
+# --- utilization and memory -------------------------------------------------------------------------
+UTILIZATION = _device(
+    "nvidia_gpu_utilization_ratio",
+    G,
+    "ratio",
+    "Fraction of the last sample period in which a kernel ran (absent in MIG mode).",
+)
+MEMORY_UTILIZATION = _device(
+    "nvidia_gpu_memory_utilization_ratio",
+    G,
+    "ratio",
+    "Fraction of the last sample period in which device memory was read or written (absent in MIG mode).",
+)
+MEMORY_TOTAL = _device("nvidia_gpu_memory_total_bytes", G, "bytes", "Device memory installed.")
+MEMORY_USED = _device(
+    "nvidia_gpu_memory_used_bytes",
+    G,
+    "bytes",
+    "Device memory allocated by processes (v2: reserved excluded).",
+)
+MEMORY_FREE = _device("nvidia_gpu_memory_free_bytes", G, "bytes", "Device memory free.")
+MEMORY_RESERVED = _device(
+    "nvidia_gpu_memory_reserved_bytes", G, "bytes", "Device memory reserved by the driver and firmware."
+)
+# --- clocks, P-state, fan ---------------------------------------------------------------------------
+CLOCK = _device("nvidia_gpu_clock_hz", G, "hz", "Current clock frequency.", "clock")
+CLOCK_MAX = _device("nvidia_gpu_clock_max_hz", G, "hz", "Maximum clock frequency.", "clock")
+PERFORMANCE_STATE = _device(
+    "nvidia_gpu_performance_state", G, "", "Performance state: 0 (maximum) to 15 (minimum)."
+)
+FAN_SPEED = _device(
+    "nvidia_gpu_fan_speed_ratio",
+    G,
+    "ratio",
+    "Fan speed as a fraction of its maximum (absent on passive boards).",
+)
+# --- throttling ---------------------------------------------------------------------------------------
+CLOCKS_EVENT_ACTIVE = _device(
+    "nvidia_gpu_clocks_event_active",
+    G,
+    "",
+    "1 while the clocks are held down for this reason, one series per reason the device supports.",
+    "reason",
+)
+CLOCKS_EVENT_SECONDS = _device(
+    "nvidia_gpu_clocks_event_seconds_total",
+    C,
+    "seconds",
+    "Time the clocks were held down for this reason (violation time), where NVML counts it.",
+    "reason",
+)
+# --- PCIe ---------------------------------------------------------------------------------------------
+PCIE_TX = _device(
+    "nvidia_gpu_pcie_tx_bytes_per_second", G, "bytes", "PCIe transmit throughput (20 ms window)."
+)
+PCIE_RX = _device(
+    "nvidia_gpu_pcie_rx_bytes_per_second", G, "bytes", "PCIe receive throughput (20 ms window)."
+)
+PCIE_REPLAY = _device("nvidia_gpu_pcie_replay_total", C, "", "PCIe replays (retransmissions).")
+# --- memory errors ------------------------------------------------------------------------------------
+ECC_ERRORS = _device(
+    "nvidia_gpu_ecc_errors_total",
+    C,
+    "",
+    "ECC errors since the driver was loaded (volatile).",
+    "error_type",
+)
+REMAPPED_ROWS = _device(
+    "nvidia_gpu_remapped_rows_total",
+    C,
+    "",
+    "Rows remapped because of correctable / uncorrectable errors.",
+    "error_type",
+)
+REMAPPED_ROWS_PENDING = _device(
+    "nvidia_gpu_remapped_rows_pending", G, "", "1 while a row remap waits for the next GPU reset."
+)
+REMAPPED_ROWS_FAILURE = _device(
+    "nvidia_gpu_remapped_rows_failure", G, "", "1 when a row remap failed: unrecoverable memory damage."
+)
+# --- XID ----------------------------------------------------------------------------------------------
+XID_ERRORS = _device(
+    "nvidia_gpu_xid_errors_total",
+    C,
+    "",
+    "XID errors by code since the exporter started (NVML event API; 999 = unknown XID).",
+    "xid",
+)
+XID_LAST_TIMESTAMP = _device(
+    "nvidia_gpu_xid_last_timestamp_seconds",
+    G,
+    "seconds",
+    "When this XID was last seen; lets alerts see the first event of a new series.",
+    "xid",
+)
+# --- NVLink -------------------------------------------------------------------------------------------
+NVLINK_UP = _device("nvidia_gpu_nvlink_up", G, "", "1 when the NVLink is active.", "link")
+NVLINK_ERRORS = _device(
+    "nvidia_gpu_nvlink_errors_total", C, "", "NVLink data-link errors per link.", "link", "error_type"
+)
+# --- MIG ----------------------------------------------------------------------------------------------
+MIG_INFO = _mig(
+    "nvidia_gpu_mig_info",
+    G,
+    "",
+    "One series (value 1) per MIG instance; compute_slices of 7 (4 on A30), memory_slices of 8 (4 on A30).",
+    MIG_UUID,
+    COMPUTE_SLICES,
+    MEMORY_SLICES,
+)
+MIG_MEMORY_TOTAL = _mig("nvidia_gpu_mig_memory_total_bytes", G, "bytes", "Memory of the MIG instance.")
+MIG_MEMORY_USED = _mig("nvidia_gpu_mig_memory_used_bytes", G, "bytes", "Memory of the MIG instance in use.")
+MIG_MEMORY_FREE = _mig("nvidia_gpu_mig_memory_free_bytes", G, "bytes", "Memory of the MIG instance free.")
+MIG_SM_UTILIZATION = _mig(
+    "nvidia_gpu_mig_sm_utilization_ratio",
+    G,
+    "ratio",
+    "SM utilization of the GPU instance over the last sampling interval (NVML GPM; Hopper and later).",
+)
+# --- pods ---------------------------------------------------------------------------------------------
+ALLOCATION = _exporter(
+    "nvidia_gpu_allocation",
+    G,
+    "",
+    "Share of a GPU or MIG instance a pod's container holds: 1 for a whole GPU or MIG instance, "
+    "1/replicas for a time-sliced GPU. gpu_instance_id and mig_profile are empty for whole GPUs.",
+    HOSTNAME,
+    NAMESPACE,
+    POD,
+    CONTAINER,
+    RESOURCE,
+    UUID,
+    GPU,
+    GPU_INSTANCE_ID,
+    MIG_PROFILE,
+)
+# --- the exporter itself ------------------------------------------------------------------------------
+COLLECTOR_SUCCESS = _exporter(
+    "gpumeter_exporter_collector_success",
+    G,
+    "",
+    "1 when the collector read every device it should in the last sampling cycle.",
+    "collector",
+)
+COLLECTOR_DURATION = _exporter(
+    "gpumeter_exporter_collector_duration_seconds",
+    G,
+    "seconds",
+    "Time the collector took in the last sampling cycle.",
+    "collector",
+)
+NVML_UP = _exporter("gpumeter_exporter_nvml_up", G, "", "1 when NVML is initialised and answering.")
+KUBELET_UP = _exporter(
+    "gpumeter_exporter_kubelet_up",
+    G,
+    "",
+    "1 when the last kubelet PodResources query succeeded (absent when attribution is off).",
+)
+KUBELET_ERRORS = _exporter(
+    "gpumeter_exporter_kubelet_errors_total", C, "", "Failed kubelet PodResources queries."
+)
+LAST_SAMPLE_TIMESTAMP = _exporter(
+    "gpumeter_exporter_last_sample_timestamp_seconds",
+    G,
+    "seconds",
+    "When the snapshot being served was sampled (Unix time).",
+)
+SAMPLE_DURATION = _exporter(
+    "gpumeter_exporter_sample_duration_seconds", G, "seconds", "Time the last sampling cycle took."
+)
+NVML_CALLS = _exporter(
+    "gpumeter_exporter_nvml_calls", G, "", "NVML library calls made in the last sampling cycle."
+)
+BUILD_INFO = _exporter("gpumeter_exporter_build_info", G, "", "The exporter's version; value 1.", "version")
+
+EXPORTER_SERIES: tuple[Series, ...] = (
+    GPU_INFO,
+    GPU_UP,
+    TEMPERATURE,
+    MEMORY_TEMPERATURE,
+    TEMPERATURE_THRESHOLD,
+    POWER,
+    POWER_LIMIT,
+    ENERGY,
+    UTILIZATION,
+    MEMORY_UTILIZATION,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    MEMORY_FREE,
+    MEMORY_RESERVED,
+    CLOCK,
+    CLOCK_MAX,
+    PERFORMANCE_STATE,
+    FAN_SPEED,
+    CLOCKS_EVENT_ACTIVE,
+    CLOCKS_EVENT_SECONDS,
+    PCIE_TX,
+    PCIE_RX,
+    PCIE_REPLAY,
+    ECC_ERRORS,
+    REMAPPED_ROWS,
+    REMAPPED_ROWS_PENDING,
+    REMAPPED_ROWS_FAILURE,
+    XID_ERRORS,
+    XID_LAST_TIMESTAMP,
+    NVLINK_UP,
+    NVLINK_ERRORS,
+    MIG_INFO,
+    MIG_MEMORY_TOTAL,
+    MIG_MEMORY_USED,
+    MIG_MEMORY_FREE,
+    MIG_SM_UTILIZATION,
+    ALLOCATION,
+    COLLECTOR_SUCCESS,
+    COLLECTOR_DURATION,
+    NVML_UP,
+    KUBELET_UP,
+    KUBELET_ERRORS,
+    LAST_SAMPLE_TIMESTAMP,
+    SAMPLE_DURATION,
+    NVML_CALLS,
+    BUILD_INFO,
+)
+
+# --- kube-state-metrics: the namespace → team mapping billing reads -----------------------------------
+KUBE_NAMESPACE_LABELS = Series(
+    "kube_namespace_labels",
+    G,
+    (NAMESPACE, LABEL_TEAM),  # the labels billing reads; kube-state-metrics adds one per allowed label
+    "",
+    "Kubernetes labels of a namespace as label_<name> (kube-state-metrics, --metric-labels-allowlist).",
+    Producer.KUBE_STATE_METRICS,
+)
+
+# --- billing's own /metrics (gpumeter billing serve), rendered from the ledger at scrape time ----------
+BILLING_COST = _billing(
+    "gpumeter_billing_cost_total",
+    C,
+    "",
+    "Priced cost of GPU-hours by line (tenant lines and platform lines), in the price book's currency.",
+    NAMESPACE,
+    TEAM,
+    MODEL,
+    MIG_PROFILE,
+    KIND,
+    CURRENCY,
+)
+BILLING_GPU_HOURS = _billing(
+    "gpumeter_billing_gpu_hours_total",
+    C,
+    "hours",
+    "Weighted GPU-hours held by tenants (hours x share x slice weight).",
+    NAMESPACE,
+    TEAM,
+    MODEL,
+    MIG_PROFILE,
+)
+BILLING_UNPRICED_GPU_HOURS = _billing(
+    "gpumeter_billing_unpriced_gpu_hours_total",
+    C,
+    "hours",
+    "GPU-hours of models missing from the price book (billed nowhere until priced).",
+    MODEL,
+)
+BILLING_UNALLOCATED_COST = _billing(
+    "gpumeter_billing_unallocated_cost_total",
+    C,
+    "",
+    "Cost left with the platform: unallocated, stranded and sharing-efficiency shortfall.",
+    KIND,
+    CURRENCY,
+)
+BILLING_INGEST_RUNS = _billing("gpumeter_billing_ingest_runs_total", C, "", "Ingest runs by status.", STATUS)
+BILLING_LAST_SUCCESS = _billing(
+    "gpumeter_billing_last_success_timestamp_seconds",
+    G,
+    "seconds",
+    "End of the newest hour ingested successfully (Unix time).",
+)
+BILLING_INGEST_LAG = _billing(
+    "gpumeter_billing_ingest_lag_seconds",
+    G,
+    "seconds",
+    "Now minus the end of the newest hour ingested successfully.",
+)
+
+BILLING_SERIES: tuple[Series, ...] = (
+    BILLING_COST,
+    BILLING_GPU_HOURS,
+    BILLING_UNPRICED_GPU_HOURS,
+    BILLING_UNALLOCATED_COST,
+    BILLING_INGEST_RUNS,
+    BILLING_LAST_SUCCESS,
+    BILLING_INGEST_LAG,
+)
+
+
+# --- billing's ingest: one PromQL aggregate per input, per closed hour (docs/billing.md §6) ----------
+@dataclass(frozen=True, slots=True)
+class HourQuery:
+    """``max by (<by>) (<function>(<series>[<window>]))``.
+
+    ``max by`` keeps only the labels billing reads, which drops the scrape's and HA replicas'
+    labels (prometheus_replica, instance, job): replicas of one sample are de-duplicated by max.
+    """
+
+    series: Series
+    function: str  # a PromQL <aggregation>_over_time
+    by: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = [label for label in self.by if label not in self.series.labels]
+        if unknown:
+            raise ValueError(f"contract: {self.series.name} has no label {', '.join(unknown)}")
+
+    def promql(self, window: str = "1h") -> str:
+        return f"max by ({','.join(self.by)}) ({self.function}({self.series.name}[{window}]))"
+
+
+BILLING_QUERIES: dict[str, HourQuery] = {
+    # every allocation label: the two answers are matched series by series on these values
+    "alloc_count": HourQuery(ALLOCATION, "count_over_time", ALLOCATION.labels),
+    "alloc_share": HourQuery(ALLOCATION, "avg_over_time", ALLOCATION.labels),
+    "gpu_count": HourQuery(GPU_INFO, "count_over_time", (UUID, GPU, MODEL, HOSTNAME, MIG_MODE)),
+    "mig_count": HourQuery(
+        MIG_INFO, "count_over_time", (UUID, GPU_INSTANCE_ID, MIG_PROFILE, COMPUTE_SLICES, MEMORY_SLICES)
+    ),
+    "gpu_util": HourQuery(UTILIZATION, "avg_over_time", (UUID,)),
+    "mig_util": HourQuery(MIG_SM_UTILIZATION, "avg_over_time", (UUID, GPU_INSTANCE_ID)),
+    "teams": HourQuery(KUBE_NAMESPACE_LABELS, "last_over_time", (NAMESPACE, LABEL_TEAM)),
+}
+
+# The series billing consumes, in the order of its queries.
+BILLING_INPUTS: tuple[Series, ...] = tuple(dict.fromkeys(q.series for q in BILLING_QUERIES.values()))
+
+CONTRACT: tuple[Series, ...] = (*EXPORTER_SERIES, KUBE_NAMESPACE_LABELS, *BILLING_SERIES)
+_BY_NAME = {s.name: s for s in CONTRACT}
+if len(_BY_NAME) != len(CONTRACT):
+    raise ValueError("contract: a series name is declared twice")
+
+
+def series(name: str) -> Series:
+    """The declared series named ``name`` (as Prometheus stores it); KeyError when there is none."""
+    return _BY_NAME[name]
