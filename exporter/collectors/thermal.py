@@ -6,42 +6,29 @@ import pynvml as N
 
 from . import register_collector
 
-# (threshold label, Ada+ field id, nvmlDeviceGetTemperatureThreshold type): reference/nvml.md §4
+# (threshold label, nvmlDeviceGetTemperatureThreshold type). Absolute °C from the threshold function, as
+# DCGM reads them (NVIDIA/DCGM dcgmlib/src/DcgmCacheManager.cpp, DCGM_FI_DEV_GPU_TEMP_SLOWDOWN_CELSIUS and
+# siblings). Fields 193-196 are *not* these: nvml.h (NVIDIA/go-nvml) calls them "T.Limit temperature",
+# signed offsets from the GPU's own T.Limit (a real H100 NVL reads slowdown -2).
 THRESHOLDS = (
-    ("shutdown", N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT, N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
-    ("slowdown", N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-    ("gpu_max", N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT, N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX),
-    ("memory_max", N.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT, N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
+    ("shutdown", N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+    ("slowdown", N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+    ("gpu_max", N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX),
+    ("memory_max", N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
 )
 
 
 @register_collector("thermal")
 class ThermalCollector:
     def discover(self, device) -> None:
-        """Thresholds do not change: read them once, fields first, the legacy function as fallback."""
+        """Thresholds do not change: read them once."""
         found: dict[str, float] = {}
-        values = device.call(
-            "threshold_fields",
-            N.nvmlDeviceGetFieldValues,
-            device.handle,
-            [field for _, field, _ in THRESHOLDS],
-        )
-        for (label, _, kind), entry in zip(THRESHOLDS, values or (), strict=False):
-            if entry.nvmlReturn == N.NVML_SUCCESS:
-                found[label] = entry.value.siVal
-            else:
-                value = device.call(
-                    f"threshold_{label}", N.nvmlDeviceGetTemperatureThreshold, device.handle, kind
-                )
-                if value is not None:
-                    found[label] = value
-        if values is None:
-            for label, _, kind in THRESHOLDS:
-                value = device.call(
-                    f"threshold_{label}", N.nvmlDeviceGetTemperatureThreshold, device.handle, kind
-                )
-                if value is not None:
-                    found[label] = value
+        for label, kind in THRESHOLDS:
+            value = device.call(
+                f"threshold_{label}", N.nvmlDeviceGetTemperatureThreshold, device.handle, kind
+            )
+            if value is not None:
+                found[label] = value
         device.static["thresholds"] = found
 
     def fields(self, device):

@@ -51,10 +51,33 @@ class GpuModel:
     total_compute_slices: int = 7
     total_memory_slices: int = 8
     mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
+    # What fields 193-196 answer: signed offsets from the GPU's own T.Limit, not temperatures. nvml.h
+    # (NVIDIA/go-nvml): NVML_FI_DEV_TEMPERATURE_*_TLIMIT, "T.Limit temperature after which GPU may ...";
+    # the NVML change log (v530 to v535) adds them "on Ada and later architectures". A real H100 NVL
+    # (nvidia-smi -q, driver 550) prints shutdown -8, slowdown -2, GPU max 0, memory max 0. None: derived
+    # as gpu_max_c - threshold (memory max 0), the same scale.
+    tlimit_c: dict[str, int] | None = None
 
     @property
     def supports_mig(self) -> bool:
         return bool(self.mig_profiles)
+
+    @property
+    def has_tlimit_fields(self) -> bool:
+        return self.arch >= ARCH_ADA
+
+    def tlimit(self, threshold: str) -> int | None:
+        """The T.Limit offset field 193-196 reports for a threshold; None where the field is unsupported."""
+        if not self.has_tlimit_fields:
+            return None
+        if self.tlimit_c is not None:
+            return self.tlimit_c.get(threshold)
+        if threshold == "memory_max":
+            return 0 if self.memory_max_c is not None else None
+        return (
+            self.gpu_max_c
+            - {"shutdown": self.shutdown_c, "slowdown": self.slowdown_c, "gpu_max": self.gpu_max_c}[threshold]
+        )
 
 
 def _profiles(*rows: tuple) -> dict[str, MigProfile]:

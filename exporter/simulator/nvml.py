@@ -35,11 +35,12 @@ _CLOCKS = {
     N.NVML_CLOCK_MEM: "memory",
     N.NVML_CLOCK_VIDEO: "video",
 }
-_THRESHOLD_FIELDS = {
-    N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "shutdown_c",
-    N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "slowdown_c",
-    N.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: "memory_max_c",
-    N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: "gpu_max_c",
+# Fields 193-196 are T.Limit offsets (signed), never the absolute thresholds: see models.GpuModel.tlimit.
+_TLIMIT_FIELDS = {
+    N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "shutdown",
+    N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "slowdown",
+    N.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: "memory_max",
+    N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: "gpu_max",
 }
 _THRESHOLDS = {
     N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown_c",
@@ -479,8 +480,8 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int):
     unsupported = (N.NVML_ERROR_NOT_SUPPORTED, ull, 0)
     if field_id == N.NVML_FI_DEV_MEMORY_TEMP:
         return (OK, ull, round(gpu.temperature_c + 6)) if model.memory_max_c is not None else unsupported
-    if field_id in _THRESHOLD_FIELDS:
-        value = getattr(model, _THRESHOLD_FIELDS[field_id])
+    if field_id in _TLIMIT_FIELDS:
+        value = model.tlimit(_TLIMIT_FIELDS[field_id])
         return (OK, N.NVML_VALUE_TYPE_SIGNED_INT, value) if value is not None else unsupported
     if field_id == N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
         return OK, ull, int(gpu.energy_mj)
