@@ -263,10 +263,11 @@ CATALOG: tuple[MetricSpec, ...] = (
                 match=(("reason", "sw_power_cap"),),
                 help="Throttling duration due to power constraints (in ns).",
             ),
-            DcgmField(
+            DcgmField(  # DCGM reads NVML_FI_DEV_PERF_POLICY_THERMAL (NVIDIA/DCGM dcgmlib/src/dcgm_fields.cpp),
+                # which nvml.h (NVIDIA/go-nvml) translates to ..._SW_THERM_SLOWDOWN: SW thermal time
                 "DCGM_FI_DEV_THERMAL_VIOLATION",
                 scale=1e9,
-                match=(("reason", "hw_thermal"),),
+                match=(("reason", "sw_thermal"),),
                 help="Throttling duration due to thermal constraints (in ns).",
             ),
             DcgmField(

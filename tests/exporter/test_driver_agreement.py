@@ -28,3 +28,28 @@ def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simu
     assert slowdown == 89  # nvmlDeviceGetTemperatureThreshold(SLOWDOWN), as DCGM reads it
     for threshold, celsius in (("shutdown", 92), ("gpu_max", 87), ("memory_max", 95)):
         assert sim.value("nvidia_gpu_temperature_threshold_celsius", **base, threshold=threshold) == celsius
+
+
+def dcgm_value(sim, name: str, gpu: str) -> float | None:
+    for family in sim.exporter.registry.collect():
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("gpu") == gpu:
+                return sample.value
+    return None
+
+
+def test_4_dcgm_thermal_violation_is_sw_thermal_time_as_dcgm_reads_field_75(simulate):
+    sim = simulate("h200", naming="dcgm")
+    sim.sampler.sample_once()
+    sim.node.inject("throttle", 1, reason="sw_thermal")
+    sim.node.inject("throttle", 2, reason="hw_thermal")
+    sim.sample(10)
+    # DCGM fills DCGM_FI_DEV_THERMAL_VIOLATION from NVML_FI_DEV_PERF_POLICY_THERMAL (75), which the stand-in
+    # answers as the driver does: the SW-thermal counter (269).
+    handle = N.nvmlDeviceGetHandleByIndex(1)
+    perf_policy, sw_thermal = N.nvmlDeviceGetFieldValues(
+        handle, [N.NVML_FI_DEV_PERF_POLICY_THERMAL, N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN]
+    )
+    assert perf_policy.value.ullVal == sw_thermal.value.ullVal == 10e9
+    assert dcgm_value(sim, "DCGM_FI_DEV_THERMAL_VIOLATION", "1") == 10e9  # ns of SW thermal slowdown
+    assert dcgm_value(sim, "DCGM_FI_DEV_THERMAL_VIOLATION", "2") == 0  # HW thermal is not DCGM's field
