@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from gpumeter import contract
 from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ledger.base import HourRecord, Ledger
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
@@ -26,19 +27,10 @@ from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
 
 log = logging.getLogger(__name__)
 
-ALLOC_LABELS = "hostname,namespace,pod,container,resource,uuid,gpu,gpu_instance_id,mig_profile"
-# `max by (kept labels)` drops prometheus_replica/replica/instance/job: HA replicas de-duplicated by max.
-QUERIES = {
-    "alloc_count": f"max by ({ALLOC_LABELS}) (count_over_time(nvidia_gpu_allocation[1h]))",
-    "alloc_share": f"max by ({ALLOC_LABELS}) (avg_over_time(nvidia_gpu_allocation[1h]))",
-    "gpu_count": "max by (uuid,gpu,model,hostname,mig_mode) (count_over_time(nvidia_gpu_info[1h]))",
-    "mig_count": "max by (uuid,gpu_instance_id,mig_profile,compute_slices,memory_slices) "
-    "(count_over_time(nvidia_gpu_mig_info[1h]))",
-    "gpu_util": "max by (uuid) (avg_over_time(nvidia_gpu_utilization_ratio[1h]))",
-    "mig_util": "max by (uuid,gpu_instance_id) (avg_over_time(nvidia_gpu_mig_sm_utilization_ratio[1h]))",
-    "teams": "max by (namespace,label_team) (last_over_time(kube_namespace_labels[1h]))",
-}
-_ALLOC_KEYS = tuple(ALLOC_LABELS.split(","))
+# The PromQL of docs/billing.md §6, built from the metric contract's declarations of the series.
+QUERIES = {name: query.promql() for name, query in contract.BILLING_QUERIES.items()}
+_ALLOC_KEYS = contract.BILLING_QUERIES["alloc_count"].by
+ALLOC_LABELS = ",".join(_ALLOC_KEYS)
 _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
 _RATIO = Decimal("0.000000001")
 DEFAULT_INTERVAL = 30
@@ -141,13 +133,13 @@ def build_hour(
     devices: dict[str, dict] = {}
     for sample in results["gpu_count"]:
         labels = sample.labels
-        entry = devices.setdefault(labels.get("uuid", ""), {"count": 0.0, "best": (-1.0, labels)})
+        entry = devices.setdefault(labels.get(contract.UUID, ""), {"count": 0.0, "best": (-1.0, labels)})
         entry["count"] += sample.value  # label changes inside the hour split one GPU over series
         if sample.value > entry["best"][0]:
             entry["best"] = (sample.value, labels)
-    gpu_util = {s.labels.get("uuid", ""): _ratio(s.value) for s in results["gpu_util"]}
+    gpu_util = {s.labels.get(contract.UUID, ""): _ratio(s.value) for s in results["gpu_util"]}
     mig_util = {
-        (s.labels.get("uuid", ""), s.labels.get("gpu_instance_id", "")): _ratio(s.value)
+        (s.labels.get(contract.UUID, ""), s.labels.get(contract.GPU_INSTANCE_ID, "")): _ratio(s.value)
         for s in results["mig_util"]
     }
 
@@ -156,22 +148,25 @@ def build_hour(
         labels = entry["best"][1]
         device = Device(
             uuid=uuid,
-            model=labels.get("model", ""),
+            model=labels.get(contract.MODEL, ""),
             present_seconds=seconds_from_count(entry["count"], config),
-            hostname=labels.get("hostname", ""),
-            gpu=labels.get("gpu", ""),
-            mig_mode=labels.get("mig_mode", "").lower() in _MIG_ON,
+            hostname=labels.get(contract.HOSTNAME, ""),
+            gpu=labels.get(contract.GPU, ""),
+            mig_mode=labels.get(contract.MIG_MODE, "").lower() in _MIG_ON,
             utilization=gpu_util.get(uuid),
         )
         hours[uuid] = GpuHour(hour, device)
 
     for sample in results["mig_count"]:
         labels = sample.labels
-        uuid, gi = labels.get("uuid", ""), labels.get("gpu_instance_id", "")
+        uuid, gi = labels.get(contract.UUID, ""), labels.get(contract.GPU_INSTANCE_ID, "")
         if uuid not in hours:
             continue  # a layout without its device: nothing to price it against
         try:
-            compute, memory = int(labels.get("compute_slices", "")), int(labels.get("memory_slices", ""))
+            compute, memory = (
+                int(labels.get(contract.COMPUTE_SLICES, "")),
+                int(labels.get(contract.MEMORY_SLICES, "")),
+            )
         except ValueError:
             log.warning("MIG instance %s/%s without slice counts; skipped", uuid, gi)
             continue
@@ -179,7 +174,7 @@ def build_hour(
             MigInstance(
                 uuid,
                 gi,
-                labels.get("mig_profile", ""),
+                labels.get(contract.MIG_PROFILE, ""),
                 compute,
                 memory,
                 seconds_from_count(sample.value, config),
@@ -191,32 +186,33 @@ def build_hour(
     shares = {_alloc_key(s.labels): s.value for s in results["alloc_share"]}
     for sample in results["alloc_count"]:
         labels = sample.labels
-        uuid, gi = labels.get("uuid", ""), labels.get("gpu_instance_id", "")
+        uuid, gi = labels.get(contract.UUID, ""), labels.get(contract.GPU_INSTANCE_ID, "")
         seconds = seconds_from_count(sample.value, config)
         if uuid not in hours:  # allocated but the device was never seen: priced as an unknown model
             hours[uuid] = GpuHour(
-                hour, Device(uuid, "", seconds, labels.get("hostname", ""), labels.get("gpu", ""))
+                hour,
+                Device(uuid, "", seconds, labels.get(contract.HOSTNAME, ""), labels.get(contract.GPU, "")),
             )
         share = shares.get(_alloc_key(labels), 1.0)
         hours[uuid].allocations.append(
             Allocation(
                 uuid=uuid,
-                namespace=labels.get("namespace", ""),
-                pod=labels.get("pod", ""),
-                container=labels.get("container", ""),
+                namespace=labels.get(contract.NAMESPACE, ""),
+                pod=labels.get(contract.POD, ""),
+                container=labels.get(contract.CONTAINER, ""),
                 allocated_seconds=seconds,
                 share=_ratio(share),
                 gpu_instance_id=gi,
-                mig_profile=labels.get("mig_profile", ""),
-                resource=labels.get("resource", ""),
-                hostname=labels.get("hostname", ""),
+                mig_profile=labels.get(contract.MIG_PROFILE, ""),
+                resource=labels.get(contract.RESOURCE, ""),
+                hostname=labels.get(contract.HOSTNAME, ""),
                 utilization=mig_util.get((uuid, gi)) if gi else gpu_util.get(uuid),
             )
         )
     teams = {
-        s.labels["namespace"]: s.labels["label_team"]
+        s.labels[contract.NAMESPACE]: s.labels[contract.LABEL_TEAM]
         for s in results["teams"]
-        if s.labels.get("namespace") and s.labels.get("label_team")
+        if s.labels.get(contract.NAMESPACE) and s.labels.get(contract.LABEL_TEAM)
     }
     return [hours[u] for u in sorted(hours)], teams
 

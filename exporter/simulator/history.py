@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import random
 import sys
 from collections.abc import Iterator
@@ -19,8 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from gpumeter import contract
+from gpumeter.contract import Series
+
 from .device import _load_at
-from .fleet import Fleet, GpuSpec, NodeSpec, load_fleet
+from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, load_fleet
 from .kubelet import resource_name
 
 __all__ = ["add_parser", "write_history"]
@@ -28,57 +32,92 @@ __all__ = ["add_parser", "write_history"]
 JOB = "gpumeter-exporter"
 
 
-def _labels(pairs: dict[str, str]) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in pairs.items())
+@functools.cache
+def _label_set(series: Series) -> frozenset[str]:
+    return frozenset(series.labels)
+
+
+def _labels(series: Series, values: dict[str, str], scrape: dict[str, str]) -> str:
+    """The series' labels in the contract's order, then the scrape's. Labels that differ from the
+    contract's raise: history cannot silently drop or invent a label billing may read."""
+    if values.keys() != _label_set(series):
+        raise ValueError(
+            f"history: {series.name} gets labels {sorted(values)}, gpumeter.contract declares {series.labels}"
+        )
+    pairs = [(name, values[name]) for name in series.labels]
+    return ",".join(f'{k}="{v}"' for k, v in [*pairs, *scrape.items()])
 
 
 def _model_name(gpu: GpuSpec) -> str:
     return gpu.model.nvml_name
 
 
+def _device(gpu: GpuSpec) -> dict[str, str]:
+    return {contract.GPU: str(gpu.index), contract.UUID: gpu.uuid}
+
+
+def _mig(gpu: GpuSpec, mig: MigInstanceSpec) -> dict[str, str]:
+    return {
+        **_device(gpu),
+        contract.GPU_INSTANCE_ID: str(mig.gpu_instance_id),
+        contract.COMPUTE_INSTANCE_ID: str(mig.compute_instance_id),
+        contract.MIG_PROFILE: mig.profile.name,
+    }
+
+
 class _Series:
-    """The series of one node, built once; values per step come from the pod schedule."""
+    """The series of one node. Label texts are rendered once (identity and layout never change over
+    the period); values per step come from the pod schedule."""
 
     def __init__(self, fleet: Fleet, node: NodeSpec):
         self.node = node
-        self.scrape = {"job": JOB, "instance": f"{node.name}:9835"}
+        self.scrape = {"job": JOB, "instance": f"{node.name}:9835"}  # what a scrape adds
         self.pods = fleet.pods_on(node.name)
         self.rng = random.Random(fleet.seed * 7919 + len(node.name))
-        self.cuda = node.cuda_version
+        self._rendered: dict[tuple, str] = {}
+        self._info = [(self._render(contract.GPU_INFO, self._info_values(gpu)), 1.0) for gpu in node.gpus]
+        self._up = [(self._render(contract.GPU_UP, _device(gpu)), 1.0) for gpu in node.gpus]
+        self._mig_info = [
+            (self._render(contract.MIG_INFO, self._mig_info_values(gpu, mig)), 1.0)
+            for gpu in node.gpus
+            for mig in gpu.mig
+        ]
 
-    def device(self, gpu: GpuSpec) -> dict[str, str]:
-        return {"gpu": str(gpu.index), "uuid": gpu.uuid, **self.scrape}
+    def _render(self, series: Series, values: dict[str, str]) -> str:
+        key = (series.name, *values.items())
+        text = self._rendered.get(key)
+        if text is None:
+            text = self._rendered[key] = _labels(series, values, self.scrape)
+        return text
 
-    def info(self) -> Iterator[tuple[str, float]]:
-        for gpu in self.node.gpus:
-            labels = {
-                **self.device(gpu),
-                "model": _model_name(gpu),
-                "pci_bus_id": f"00000000:{0x17 + 0x10 * gpu.index:02X}:00.0",
-                "driver_version": self.node.driver_version,
-                "cuda_version": self.cuda,
-                "mig_mode": "enabled" if gpu.mig_enabled else "disabled",
-                "hostname": self.node.name,
-            }
-            yield _labels(labels), 1.0
+    def _info_values(self, gpu: GpuSpec) -> dict[str, str]:
+        return {
+            **_device(gpu),
+            contract.MODEL: _model_name(gpu),
+            contract.PCI_BUS_ID: f"00000000:{0x17 + 0x10 * gpu.index:02X}:00.0",
+            contract.DRIVER_VERSION: self.node.driver_version,
+            contract.CUDA_VERSION: self.node.cuda_version,
+            contract.MIG_MODE: contract.MIG_MODE_ENABLED if gpu.mig_enabled else contract.MIG_MODE_DISABLED,
+            contract.HOSTNAME: self.node.name,
+        }
 
-    def up(self) -> Iterator[tuple[str, float]]:
-        for gpu in self.node.gpus:
-            yield _labels(self.device(gpu)), 1.0
+    @staticmethod
+    def _mig_info_values(gpu: GpuSpec, mig: MigInstanceSpec) -> dict[str, str]:
+        return {
+            **_mig(gpu, mig),
+            contract.MIG_UUID: gpu.mig_uuid(mig.gpu_instance_id),
+            contract.COMPUTE_SLICES: str(mig.profile.compute_slices),
+            contract.MEMORY_SLICES: str(mig.profile.memory_slices),
+        }
 
-    def mig_info(self) -> Iterator[tuple[str, float]]:
-        for gpu in self.node.gpus:
-            for mig in gpu.mig:
-                labels = {
-                    **self.device(gpu),
-                    "gpu_instance_id": str(mig.gpu_instance_id),
-                    "compute_instance_id": str(mig.compute_instance_id),
-                    "mig_profile": mig.profile.name,
-                    "mig_uuid": gpu.mig_uuid(mig.gpu_instance_id),
-                    "compute_slices": str(mig.profile.compute_slices),
-                    "memory_slices": str(mig.profile.memory_slices),
-                }
-                yield _labels(labels), 1.0
+    def info(self) -> list[tuple[str, float]]:
+        return self._info
+
+    def up(self) -> list[tuple[str, float]]:
+        return self._up
+
+    def mig_info(self) -> list[tuple[str, float]]:
+        return self._mig_info
 
     def held(self, offset: float) -> dict[tuple, float]:
         """(labels of nvidia_gpu_allocation) -> share, for the pods running ``offset`` s in."""
@@ -93,36 +132,25 @@ class _Series:
                     profile = next(
                         m.profile.name for m in gpu.mig if m.gpu_instance_id == dev.gpu_instance_id
                     )
-                key = (
-                    pod.namespace,
-                    pod.name,
-                    pod.container,
-                    resource_name(self.node, gpu, dev.gpu_instance_id),
-                    gpu.uuid,
-                    str(gpu.index),
-                    "" if dev.gpu_instance_id is None else str(dev.gpu_instance_id),
-                    profile,
-                )
+                values = {
+                    contract.HOSTNAME: self.node.name,
+                    contract.NAMESPACE: pod.namespace,
+                    contract.POD: pod.name,
+                    contract.CONTAINER: pod.container,
+                    contract.RESOURCE: resource_name(self.node, gpu, dev.gpu_instance_id),
+                    contract.UUID: gpu.uuid,
+                    contract.GPU: str(gpu.index),
+                    contract.GPU_INSTANCE_ID: "" if dev.gpu_instance_id is None else str(dev.gpu_instance_id),
+                    contract.MIG_PROFILE: profile,
+                }
+                key = tuple(values.items())  # in the contract's order
                 share = 1.0 / gpu.time_slicing if dev.replica is not None else 1.0
                 shares[key] = shares.get(key, 0.0) + share
         return shares
 
     def allocation(self, offset: float) -> Iterator[tuple[str, float]]:
         for key, share in self.held(offset).items():
-            namespace, pod, container, resource, uuid, gpu, gi, profile = key
-            labels = {
-                "hostname": self.node.name,
-                "namespace": namespace,
-                "pod": pod,
-                "container": container,
-                "resource": resource,
-                "uuid": uuid,
-                "gpu": gpu,
-                "gpu_instance_id": gi,
-                "mig_profile": profile,
-                **self.scrape,
-            }
-            yield _labels(labels), share
+            yield self._render(contract.ALLOCATION, dict(key)), share
 
     def utilization(self, offset: float) -> Iterator[tuple[str, float]]:
         loads: dict[tuple[int, int | None], float] = {}
@@ -140,7 +168,7 @@ class _Series:
                 loads.get((gpu.index, None), 0.0) if self.pods else _load_at(gpu.workload, offset, self.rng)
             )
             yield (
-                _labels(self.device(gpu)),
+                self._render(contract.UTILIZATION, _device(gpu)),
                 round(min(1.0, max(0.0, load + self.rng.uniform(-0.03, 0.03))), 4),
             )
 
@@ -156,21 +184,17 @@ class _Series:
                 continue
             for mig in gpu.mig:
                 load = running.get((gpu.index, mig.gpu_instance_id), 0.0)
-                labels = {
-                    **self.device(gpu),
-                    "gpu_instance_id": str(mig.gpu_instance_id),
-                    "compute_instance_id": str(mig.compute_instance_id),
-                    "mig_profile": mig.profile.name,
-                }
                 value = min(1.0, max(0.0, load + self.rng.uniform(-0.03, 0.03))) if load else 0.0
-                yield _labels(labels), round(value, 4)
+                yield self._render(contract.MIG_SM_UTILIZATION, _mig(gpu, mig)), round(value, 4)
 
 
-STATIC = {"nvidia_gpu_info": "info", "nvidia_gpu_up": "up", "nvidia_gpu_mig_info": "mig_info"}
+# The series billing and reports need, each with the _Series method that renders it: static ones
+# (identity and layout) are the same at every step, dynamic ones take the offset into the period.
+STATIC = {contract.GPU_INFO: "info", contract.GPU_UP: "up", contract.MIG_INFO: "mig_info"}
 DYNAMIC = {
-    "nvidia_gpu_allocation": "allocation",
-    "nvidia_gpu_utilization_ratio": "utilization",
-    "nvidia_gpu_mig_sm_utilization_ratio": "mig_utilization",
+    contract.ALLOCATION: "allocation",
+    contract.UTILIZATION: "utilization",
+    contract.MIG_SM_UTILIZATION: "mig_utilization",
 }
 
 
@@ -182,14 +206,14 @@ def write_history(
     times = [start + i * step for i in range(int((end - start) // step))]
     written = 0
     for family in (*STATIC, *DYNAMIC):
-        out.write(f"# TYPE {family} gauge\n")
+        out.write(f"# TYPE {family.name} {family.type}\n")
         for t in times:
             stamp = int(t)
             for series in nodes:
                 method = getattr(series, STATIC.get(family) or DYNAMIC[family])
                 rows = method() if family in STATIC else method(t - start)
                 for labels, value in rows:
-                    out.write(f"{family}{{{labels}}} {value} {stamp}\n")
+                    out.write(f"{family.name}{{{labels}}} {value} {stamp}\n")
                     written += 1
             if progress is not None:
                 progress.update(1)
