@@ -91,7 +91,11 @@ class NvmlSession:
 
     def __init__(self, library: object | None = None):
         self.library = library
-        self.up = False
+        self.up = False  # initialised and answering
+        # Holding one nvmlInit reference. NVML counts them and shuts down only at zero (nvml.h,
+        # nvmlShutdown), so a session that stops answering must still give its reference back, or every
+        # later "start over" only raises the count and never really re-initialises.
+        self.initialised = False
         self.unsupported: set[tuple[str, str]] = set()
         self.calls = 0  # NVML calls made through this session (reset by the sampler each cycle)
         self._warned: set[str] = set()
@@ -105,11 +109,13 @@ class NvmlSession:
                 N._nvmlGetFunctionPointer_cache = {}
         self.calls += 1
         N.nvmlInit()
-        self.up = True
+        self.initialised = self.up = True
 
     def stop(self) -> None:
-        if self.up:
-            self.up = False
+        """Give the init reference back, answering or not."""
+        self.up = False
+        if self.initialised:
+            self.initialised = False
             try:
                 self.calls += 1
                 N.nvmlShutdown()

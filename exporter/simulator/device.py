@@ -102,6 +102,9 @@ class SimulatedGpu:
     # per link: crc_flit, crc_data, replay, recovery
     nvlink_errors: list[dict[str, float]] = field(default_factory=list)
     lost: bool = False
+    # Times the GPU fell off the bus. A handle from an NVML initialisation before the fall stays lost even
+    # after the GPU is back: only a real re-initialisation attaches it again (see nvml.SimulatedNvml).
+    falls: int = 0
     # injected conditions
     overheat_c: float = 0.0
     forced_reasons: set[str] = field(default_factory=set)
@@ -121,6 +124,11 @@ class SimulatedGpu:
     @property
     def model(self):
         return self.spec.model
+
+    def fall_off_the_bus(self) -> None:
+        if not self.lost:
+            self.falls += 1
+        self.lost = True
 
     def set_layout(self, instances: tuple[MigInstanceSpec, ...]) -> None:
         self.migs = [SimulatedMig(spec=i, uuid=self.spec.mig_uuid(i.gpu_instance_id)) for i in instances]
@@ -324,7 +332,7 @@ class SimulatedNode:
                 self.events.append((target.spec.index, 0x8, code, 0xFFFFFFFF if gi is None else int(gi)))
                 self.events_changed.notify_all()
                 if code == 79:
-                    target.lost = True
+                    target.fall_off_the_bus()
             elif fault == "ecc":
                 kind = params.get("error_type", "uncorrected")
                 target.ecc[kind] += int(params.get("count", 1))
@@ -340,7 +348,7 @@ class SimulatedNode:
                 else:
                     target.remapped[kind] += int(params.get("count", 1))
             elif fault == "gpu_lost":
-                target.lost = True
+                target.fall_off_the_bus()
             elif fault == "unsupported":
                 target.unsupported.add(params["function"])
             elif fault == "mig_reconfigure":

@@ -132,7 +132,7 @@ def device_call(fn):
         gpu, mig = lib.resolve(handle)
         if gpu is None:
             return N.NVML_ERROR_INVALID_ARGUMENT
-        if gpu.lost:
+        if not lib.attached(gpu):
             return N.NVML_ERROR_GPU_IS_LOST
         if fn.__name__ in gpu.unsupported:
             return N.NVML_ERROR_NOT_SUPPORTED
@@ -151,6 +151,7 @@ class SimulatedNvml:
         self.missing = frozenset(missing)
         self.calls: Counter[str] = Counter()
         self.initialised = 0
+        self._falls_at_init: dict[int, int] = {}  # GPU index -> its falls when NVML really initialised
         self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}
         self._gpm: dict[int, tuple[float, float] | None] = {}  # sample token -> (timestamp, busy seconds)
 
@@ -175,6 +176,11 @@ class SimulatedNvml:
             return self.node.gpus[index], None
         return None, None
 
+    def attached(self, gpu: SimulatedGpu) -> bool:
+        """Whether this initialisation can reach the GPU: not lost, and not lost since NVML last really
+        initialised (a GPU back from a reset is only found again by a fresh nvmlInit)."""
+        return not gpu.lost and self._falls_at_init.get(gpu.spec.index) == gpu.falls
+
     def total_calls(self) -> int:
         return sum(self.calls.values())
 
@@ -184,6 +190,11 @@ class SimulatedNvml:
 def nvmlInitWithFlags(lib, flags):
     if not lib.node.nvml_available:
         return N.NVML_ERROR_LIBRARY_NOT_FOUND
+    # nvml.h (NVIDIA/go-nvml), nvmlInit_v2/nvmlShutdown: "A reference count of the number of
+    # initializations is maintained. Shutdown only occurs when the reference count reaches zero." Only
+    # the first init attaches the GPUs.
+    if lib.initialised == 0:
+        lib._falls_at_init = {gpu.spec.index: gpu.falls for gpu in lib.node.gpus if not gpu.lost}
     lib.initialised += 1
     return OK
 
@@ -193,6 +204,8 @@ def nvmlShutdown(lib):
     if lib.initialised <= 0:
         return N.NVML_ERROR_UNINITIALIZED
     lib.initialised -= 1
+    if lib.initialised == 0:
+        lib._falls_at_init = {}
     return OK
 
 
@@ -241,7 +254,7 @@ def nvmlDeviceGetHandleByIndex_v2(lib, index, out):
     index = _int(index)
     if not 0 <= index < len(lib.node.gpus):
         return N.NVML_ERROR_INVALID_ARGUMENT
-    if lib.node.gpus[index].lost:
+    if not lib.attached(lib.node.gpus[index]):
         return N.NVML_ERROR_GPU_IS_LOST
     _write_handle(out, DEVICE_BASE + index)
     return OK

@@ -53,3 +53,26 @@ def test_4_dcgm_thermal_violation_is_sw_thermal_time_as_dcgm_reads_field_75(simu
     assert perf_policy.value.ullVal == sw_thermal.value.ullVal == 10e9
     assert dcgm_value(sim, "DCGM_FI_DEV_THERMAL_VIOLATION", "1") == 10e9  # ns of SW thermal slowdown
     assert dcgm_value(sim, "DCGM_FI_DEV_THERMAL_VIOLATION", "2") == 0  # HW thermal is not DCGM's field
+
+
+def test_2_init_count_back_to_zero_after_a_lost_gpu_recovery(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    assert sim.lib.initialised == 1
+    sim.node.inject("nvml_unavailable")  # NVML stops answering once
+    sim.sample()
+    assert sim.value("gpumeter_exporter_nvml_up") == 0
+    sim.node.inject("nvml_unavailable", clear=True)
+    sim.sample(5)
+    assert sim.value("gpumeter_exporter_nvml_up") == 1
+    assert sim.lib.initialised == 1  # the lost session's reference was released, not leaked
+    uuid = sim.node.gpus[6].spec.uuid
+    sim.node.inject("gpu_lost", 6)
+    sim.sample()
+    assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 0
+    sim.node.clear(6)  # back after a reset: only a real re-initialisation reaches it again
+    sim.sample(61)
+    assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 1
+    assert sim.lib.initialised == 1
+    sim.sampler.stop()
+    assert sim.lib.initialised == 0
