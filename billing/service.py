@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import text
 
+from gpumeter import contract
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger.base import Ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, open_ledger
@@ -76,62 +77,43 @@ class BillingCollector:
 
     def collect(self):
         summary = self.ledger.summary()
-        cost = CounterMetricFamily(
-            "gpumeter_billing_cost",
-            "Priced cost of GPU-hours by line (tenant lines and platform lines), in the price book's currency.",
-            labels=["namespace", "team", "model", "mig_profile", "kind", "currency"],
-        )
+        cost = _family(contract.BILLING_COST)
         platform: dict[tuple[str, str], float] = {}
         for labels, value in summary.cost:
-            cost.add_metric(
-                [labels[k] for k in ("namespace", "team", "model", "mig_profile", "kind", "currency")],
-                float(value),
-            )
-            if labels["kind"] in PLATFORM_KINDS:
-                key = (labels["kind"], labels["currency"])
+            cost.add_metric([labels[k] for k in contract.BILLING_COST.labels], float(value))
+            if labels[contract.KIND] in PLATFORM_KINDS:
+                key = (labels[contract.KIND], labels[contract.CURRENCY])
                 platform[key] = platform.get(key, 0.0) + float(value)
         yield cost
-        hours = CounterMetricFamily(
-            "gpumeter_billing_gpu_hours",
-            "Weighted GPU-hours held by tenants (hours x share x slice weight).",
-            labels=["namespace", "team", "model", "mig_profile"],
-        )
+        hours = _family(contract.BILLING_GPU_HOURS)
         for labels, value in summary.gpu_hours:
-            hours.add_metric([labels[k] for k in ("namespace", "team", "model", "mig_profile")], float(value))
+            hours.add_metric([labels[k] for k in contract.BILLING_GPU_HOURS.labels], float(value))
         yield hours
-        unpriced = CounterMetricFamily(
-            "gpumeter_billing_unpriced_gpu_hours",
-            "GPU-hours of models missing from the price book (billed nowhere until priced).",
-            labels=["model"],
-        )
+        unpriced = _family(contract.BILLING_UNPRICED_GPU_HOURS)
         for labels, value in summary.unpriced:
-            unpriced.add_metric([labels["model"]], float(value))
+            unpriced.add_metric([labels[k] for k in contract.BILLING_UNPRICED_GPU_HOURS.labels], float(value))
         yield unpriced
-        idle = CounterMetricFamily(
-            "gpumeter_billing_unallocated_cost",
-            "Cost left with the platform: unallocated, stranded and sharing-efficiency shortfall.",
-            labels=["kind", "currency"],
-        )
+        idle = _family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
         for (kind, currency), value in sorted(platform.items()):
             idle.add_metric([kind, currency], value)
         yield idle
-        runs = CounterMetricFamily(
-            "gpumeter_billing_ingest_runs", "Ingest runs by status.", labels=["status"]
-        )
+        runs = _family(contract.BILLING_INGEST_RUNS)
         for status, count in sorted(summary.runs.items()):
             runs.add_metric([status], count)
         yield runs
         if summary.last_success is not None:
-            yield GaugeMetricFamily(
-                "gpumeter_billing_last_success_timestamp_seconds",
-                "End of the newest hour ingested successfully (Unix time).",
-                value=summary.last_success.timestamp(),
-            )
-            yield GaugeMetricFamily(
-                "gpumeter_billing_ingest_lag_seconds",
-                "Now minus the end of the newest hour ingested successfully.",
-                value=(self.clock() - summary.last_success).total_seconds(),
-            )
+            last = _family(contract.BILLING_LAST_SUCCESS)
+            last.add_metric([], summary.last_success.timestamp())
+            yield last
+            lag = _family(contract.BILLING_INGEST_LAG)
+            lag.add_metric([], (self.clock() - summary.last_success).total_seconds())
+            yield lag
+
+
+def _family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
+    """An empty family for one of billing's series, named, typed and labelled by the contract."""
+    cls = CounterMetricFamily if series.type is contract.MetricType.COUNTER else GaugeMetricFamily
+    return cls(series.family_name, series.help, labels=list(series.labels))
 
 
 def build_app(ledger: SqlLedger, clock: Callable[[], datetime] | None = None):
