@@ -26,11 +26,9 @@ def register(subparsers) -> None:
     )
     sim = simulate.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
     inject = sim.add_parser("inject", help="inject a fault into a running simulated exporter")
-    inject.add_argument(
-        "fault",
-        help="overheat, throttle, nvlink_crc, nvlink_down, nvlink_replay, xid, ecc, "
-        "row_remap, gpu_lost, nvml_unavailable, mig_reconfigure, clear",
-    )
+    from .simulator.device import FAULTS
+
+    inject.add_argument("fault", help=", ".join((*FAULTS, "clear")))
     inject.add_argument(
         "--admin", default="http://127.0.0.1:9836", help="the exporter's --admin-listen address"
     )
@@ -41,7 +39,8 @@ def register(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="fault parameter, e.g. code=79, reason=hw_thermal, link=3, count=500, celsius=30, "
-        "layout=3g.40gb,3g.40gb",
+        "layout=3g.40gb,3g.40gb; nvml_error: code=999 (any NVML return code), function=nvmlDeviceGetFieldValues "
+        "(default: every call on the GPU)",
     )
     inject.set_defaults(func=run_inject)
     try:

@@ -21,7 +21,7 @@ import pynvml as N
 
 from .snapshot import DeviceIdentity, MigIdentity
 
-__all__ = ["DeviceContext", "DeviceLostError", "MigDevice", "NvmlSession"]
+__all__ = ["LIBRARY_DOWN", "DeviceContext", "DeviceLostError", "MigDevice", "NvmlSession"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,14 @@ _UNSUPPORTED = (
     N.NVML_ERROR_FUNCTION_NOT_FOUND,
     N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     N.NVML_ERROR_NO_PERMISSION,
+)
+
+
+# Codes that mean the library itself is gone, not one GPU: every GPU is unreadable until NVML is back.
+LIBRARY_DOWN = (
+    N.NVML_ERROR_UNINITIALIZED,
+    N.NVML_ERROR_DRIVER_NOT_LOADED,
+    N.NVML_ERROR_LIBRARY_NOT_FOUND,
 )
 
 
@@ -61,6 +69,9 @@ class DeviceContext:
     migs: list[MigDevice] = field(default_factory=list)  # this cycle's MIG instances
     mig_enabled: bool = False
     lost: bool = False
+    # This cycle's NVML error on the device's first (batched) read, e.g. UNKNOWN or RESET_REQUIRED: the
+    # GPU is down for this cycle only (DCGM counts such an error against that GPU alone), asked again next.
+    error: int | None = None
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -80,7 +91,7 @@ class DeviceContext:
             model=self.model,
             pci_bus_id=self.pci_bus_id,
             minor_number=self.minor_number,
-            up=not self.lost,
+            up=not self.lost and self.error is None,
             mig_enabled=self.mig_enabled,
             migs=tuple(m.identity for m in self.migs),
         )

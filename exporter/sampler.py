@@ -22,7 +22,7 @@ import pynvml as N
 from gpumeter import __version__ as VERSION
 
 from .collectors import Collector
-from .nvml import DeviceContext, DeviceLostError, NvmlSession
+from .nvml import LIBRARY_DOWN, DeviceContext, DeviceLostError, NvmlSession
 from .snapshot import CollectorStatus, DeviceIdentity, Snapshot, SnapshotBuilder
 from .xid import XidWatcher
 
@@ -170,10 +170,19 @@ class Sampler:
             wanted = device.static.setdefault(
                 "fields", [f for c in self.collectors if hasattr(c, "fields") for f in c.fields(device)]
             )
+            device.error = None
             try:
                 self.session.field_values(device, wanted)
             except DeviceLostError:
                 self._mark_lost(device)
+                continue
+            except N.NVMLError as exc:
+                if exc.value in LIBRARY_DOWN:
+                    raise
+                # One GPU's error (UNKNOWN, RESET_REQUIRED, ...) is that GPU's: up 0 this cycle, the
+                # others untouched, asked again next cycle.
+                device.error = exc.value
+                log.warning("GPU %d (%s) unreadable this cycle: %s", device.index, device.uuid, exc)
                 continue
             device_out = SnapshotBuilder()
             for collector in self.collectors:
@@ -184,11 +193,7 @@ class Sampler:
                     self._mark_lost(device)
                     break
                 except N.NVMLError as exc:
-                    if exc.value in (
-                        N.NVML_ERROR_UNINITIALIZED,
-                        N.NVML_ERROR_DRIVER_NOT_LOADED,
-                        N.NVML_ERROR_LIBRARY_NOT_FOUND,
-                    ):
+                    if exc.value in LIBRARY_DOWN:
                         raise
                     failures.add(collector.name)
                     log.warning("collector %s failed on GPU %s: %s", collector.name, device.uuid, exc)

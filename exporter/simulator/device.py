@@ -48,6 +48,7 @@ FAULTS = (
     "nvml_unavailable",
     "mig_reconfigure",
     "unsupported",
+    "nvml_error",
 )
 
 AMBIENT_C = 28.0
@@ -110,6 +111,8 @@ class SimulatedGpu:
     forced_reasons: set[str] = field(default_factory=set)
     crc_rate: dict[int, float] = field(default_factory=dict)  # link -> CRC errors per second
     unsupported: set[str] = field(default_factory=set)  # C function names answering NOT_SUPPORTED
+    # Injected NVML return codes: C function name (or "*" for every call on this GPU) -> code
+    nvml_errors: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         model = self.spec.model
@@ -351,6 +354,11 @@ class SimulatedNode:
                 target.fall_off_the_bus()
             elif fault == "unsupported":
                 target.unsupported.add(params["function"])
+            elif fault == "nvml_error":
+                code = params.get("code", 999)  # 999: NVML_ERROR_UNKNOWN
+                if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
+                    raise ValueError(f"code must be an NVML return code, a positive integer (got {code!r})")
+                target.nvml_errors[str(params.get("function", "*"))] = code
             elif fault == "mig_reconfigure":
                 from .fleet import _layout, _Reader
 
@@ -372,6 +380,7 @@ class SimulatedNode:
                 target.remap_pending = False
                 target.lost = False
                 target.unsupported.clear()
+                target.nvml_errors.clear()
         return "cleared"
 
     def _gpu(self, index: int | None) -> SimulatedGpu:

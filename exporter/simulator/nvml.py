@@ -136,6 +136,9 @@ def device_call(fn):
             return N.NVML_ERROR_GPU_IS_LOST
         if fn.__name__ in gpu.unsupported:
             return N.NVML_ERROR_NOT_SUPPORTED
+        injected = gpu.nvml_errors.get(fn.__name__, gpu.nvml_errors.get("*"))
+        if injected is not None:
+            return injected
         with lib.node.lock:
             return fn(lib, gpu, mig, *args)
 

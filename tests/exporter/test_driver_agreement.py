@@ -7,6 +7,7 @@ say the driver does; each failed on the exporter as it was before its fix.
 from __future__ import annotations
 
 import pynvml as N
+import pytest
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -76,3 +77,34 @@ def test_2_init_count_back_to_zero_after_a_lost_gpu_recovery(simulate):
     assert sim.lib.initialised == 1
     sim.sampler.stop()
     assert sim.lib.initialised == 0
+
+
+def device_series(sim, gpu: int) -> set[str]:
+    return {
+        line.split("{", 1)[0]
+        for line in sim.text().splitlines()
+        if not line.startswith("#") and f'gpu="{gpu}"' in line
+    }
+
+
+@pytest.mark.parametrize(
+    ("code", "function"),
+    [(N.NVML_ERROR_UNKNOWN, "nvmlDeviceGetFieldValues"), (N.NVML_ERROR_RESET_REQUIRED, None)],
+)
+def test_3_one_gpus_error_is_that_gpus_alone(simulate, code, function):
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    params = {"code": code} | ({"function": function} if function else {})
+    sim.node.inject("nvml_error", 2, **params)
+    snapshot = sim.sample()
+    assert sim.value("gpumeter_exporter_nvml_up") == 1
+    for gpu in sim.node.gpus:
+        labels = {"gpu": str(gpu.spec.index), "uuid": gpu.spec.uuid}
+        assert sim.value("nvidia_gpu_up", **labels) == (0 if gpu.spec.index == 2 else 1)
+    assert device_series(sim, 2) == {"nvidia_gpu_up", "nvidia_gpu_info"}
+    assert "nvidia_gpu_temperature_celsius" in device_series(sim, 5)
+    assert all(c.success for c in snapshot.collectors)  # the GPU failed, not a collector
+    sim.node.clear(2)
+    sim.sample()
+    assert sim.value("nvidia_gpu_up", gpu="2", uuid=sim.node.gpus[2].spec.uuid) == 1
+    assert "nvidia_gpu_temperature_celsius" in device_series(sim, 2)
