@@ -262,7 +262,9 @@ XID_LAST_TIMESTAMP = _device(
     "xid",
 )
 # --- NVLink -------------------------------------------------------------------------------------------
-NVLINK_UP = _device("nvidia_gpu_nvlink_up", G, "", "1 when the NVLink is active.", "link")
+NVLINK_UP = _device(
+    "nvidia_gpu_nvlink_up", G, "", "1 when the NVLink is up (active, or asleep to save power); 0 when inactive.", "link"
+)
 NVLINK_ERRORS = _device(
     "nvidia_gpu_nvlink_errors_total", C, "", "NVLink data-link errors per link.", "link", "error_type"
 )

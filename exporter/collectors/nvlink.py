@@ -13,6 +13,9 @@ import pynvml as N
 from . import register_collector
 
 NUMBERED_LINKS = 12
+# nvml.h (NVIDIA/go-nvml), "NVML_FI_DEV_NVLINK_GET_STATE state enums": INACTIVE 0, ACTIVE 1, SLEEP 2. A
+# sleeping link saves power and wakes on traffic: it is up, only INACTIVE is down.
+NVLINK_STATE_INACTIVE = 0
 
 
 def crc_field(kind: str, link: int) -> int:
@@ -49,7 +52,7 @@ class NvlinkCollector:
             name = str(link)
             state = device.field(N.NVML_FI_DEV_NVLINK_GET_STATE, link)
             if state is not None:
-                out.add("nvidia_gpu_nvlink_up", (*labels, name), 1 if state == N.NVML_FEATURE_ENABLED else 0)
+                out.add("nvidia_gpu_nvlink_up", (*labels, name), 0 if state == NVLINK_STATE_INACTIVE else 1)
             counts = {
                 "replay": device.field(N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, link),
                 "recovery": device.field(N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, link),

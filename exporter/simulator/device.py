@@ -49,7 +49,10 @@ FAULTS = (
     "mig_reconfigure",
     "unsupported",
     "nvml_error",
+    "nvlink_sleep",
 )
+
+NVLINK_INACTIVE, NVLINK_ACTIVE, NVLINK_SLEEP = 0, 1, 2  # NVML_NVLINK_STATE_* (nvml.h)
 
 AMBIENT_C = 28.0
 THERMAL_TAU_S = 30.0
@@ -99,7 +102,9 @@ class SimulatedGpu:
     remap_pending: bool = False
     remap_failure: bool = False
     pcie_replays: int = 0
-    nvlink_up: list[bool] = field(default_factory=list)
+    # Per link, what field 165 answers. nvml.h (NVIDIA/go-nvml), "NVML_FI_DEV_NVLINK_GET_STATE state enums":
+    # NVML_NVLINK_STATE_INACTIVE 0, _ACTIVE 1, _SLEEP 2 (a power-saving state, not a fault).
+    nvlink_state: list[int] = field(default_factory=list)
     # per link: crc_flit, crc_data, replay, recovery
     nvlink_errors: list[dict[str, float]] = field(default_factory=list)
     lost: bool = False
@@ -118,7 +123,7 @@ class SimulatedGpu:
         model = self.spec.model
         self.power_limit_w = model.power_limit_w
         self.power_w = model.idle_power_w
-        self.nvlink_up = [True] * model.nvlinks
+        self.nvlink_state = [NVLINK_ACTIVE] * model.nvlinks
         self.nvlink_errors = [
             dict.fromkeys(("crc_flit", "crc_data", "replay", "recovery"), 0.0) for _ in range(model.nvlinks)
         ]
@@ -324,7 +329,9 @@ class SimulatedNode:
                     target.nvlink_errors[link]["crc_flit"] += count * 0.7
                     target.nvlink_errors[link]["crc_data"] += count * 0.3
             elif fault == "nvlink_down":
-                target.nvlink_up[self._link(target, params.get("link", 0))] = False
+                target.nvlink_state[self._link(target, params.get("link", 0))] = NVLINK_INACTIVE
+            elif fault == "nvlink_sleep":
+                target.nvlink_state[self._link(target, params.get("link", 0))] = NVLINK_SLEEP
             elif fault == "nvlink_replay":
                 target.nvlink_errors[self._link(target, params.get("link", 0))]["replay"] += int(
                     params.get("count", 1)
@@ -376,7 +383,7 @@ class SimulatedNode:
                 target.overheat_c = 0.0
                 target.forced_reasons.clear()
                 target.crc_rate.clear()
-                target.nvlink_up = [True] * target.model.nvlinks
+                target.nvlink_state = [NVLINK_ACTIVE] * target.model.nvlinks
                 target.remap_pending = False
                 target.lost = False
                 target.unsupported.clear()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import pynvml as N
 
-from .device import SUPPORTED_THROTTLE, THROTTLE_BITS, SimulatedGpu, SimulatedMig, SimulatedNode
+from .device import NVLINK_ACTIVE, SUPPORTED_THROTTLE, THROTTLE_BITS, SimulatedGpu, SimulatedMig, SimulatedNode
 
 __all__ = ["SimulatedNvml"]
 
@@ -481,7 +481,8 @@ def nvmlDeviceGetTotalEccErrors(lib, gpu, mig, error_type, counter_type, out):
 def nvmlDeviceGetNvLinkState(lib, gpu, mig, link, out):
     if not 0 <= link < gpu.model.nvlinks:
         return N.NVML_ERROR_INVALID_ARGUMENT
-    _out(out).value = int(gpu.nvlink_up[link])
+    # An nvmlEnableState_t from before SLEEP existed: enabled only while the link is active.
+    _out(out).value = int(gpu.nvlink_state[link] == NVLINK_ACTIVE)
     return OK
 
 
@@ -531,8 +532,11 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int):
         return OK, ull, value
     if field_id == N.NVML_FI_DEV_NVLINK_LINK_COUNT:
         return (OK, N.NVML_VALUE_TYPE_UNSIGNED_INT, model.nvlinks) if model.nvlinks else unsupported
+    if field_id == N.NVML_FI_DEV_NVLINK_GET_STATE:  # an unsigned int, as DCGM reads it (uiVal)
+        if not 0 <= scope < model.nvlinks:
+            return unsupported
+        return OK, N.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.nvlink_state[scope]
     if field_id in (
-        N.NVML_FI_DEV_NVLINK_GET_STATE,
         N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
         N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
         N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
@@ -541,7 +545,6 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int):
             return unsupported
         errors = gpu.nvlink_errors[scope]
         value = {
-            N.NVML_FI_DEV_NVLINK_GET_STATE: int(gpu.nvlink_up[scope]),
             N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: int(errors["replay"]),
             N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: int(errors["recovery"]),
             N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: int(errors["crc_flit"] + errors["crc_data"]),

@@ -108,3 +108,18 @@ def test_3_one_gpus_error_is_that_gpus_alone(simulate, code, function):
     sim.sample()
     assert sim.value("nvidia_gpu_up", gpu="2", uuid=sim.node.gpus[2].spec.uuid) == 1
     assert "nvidia_gpu_temperature_celsius" in device_series(sim, 2)
+
+
+def test_6_a_sleeping_nvlink_is_not_down(simulate):
+    sim = simulate("h200")
+    sim.sampler.sample_once()
+    sim.node.inject("nvlink_sleep", 3, link=4)
+    sim.node.inject("nvlink_down", 3, link=5)
+    sim.sample()
+    handle = N.nvmlDeviceGetHandleByIndex(3)
+    states = N.nvmlDeviceGetFieldValues(handle, [(N.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in (3, 4, 5)])
+    assert [s.value.uiVal for s in states] == [1, 2, 0]  # NVML_NVLINK_STATE_ACTIVE, _SLEEP, _INACTIVE
+    labels = {"gpu": "3", "uuid": sim.node.gpus[3].spec.uuid}
+    assert sim.value("nvidia_gpu_nvlink_up", **labels, link="3") == 1
+    assert sim.value("nvidia_gpu_nvlink_up", **labels, link="4") == 1  # asleep, not down: no GpuNvlinkDown
+    assert sim.value("nvidia_gpu_nvlink_up", **labels, link="5") == 0
