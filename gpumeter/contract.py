@@ -263,7 +263,11 @@ XID_LAST_TIMESTAMP = _device(
 )
 # --- NVLink -------------------------------------------------------------------------------------------
 NVLINK_UP = _device(
-    "nvidia_gpu_nvlink_up", G, "", "1 when the NVLink is up (active, or asleep to save power); 0 when inactive.", "link"
+    "nvidia_gpu_nvlink_up",
+    G,
+    "",
+    "1 when the NVLink is up (active, or asleep to save power); 0 when inactive.",
+    "link",
 )
 NVLINK_ERRORS = _device(
     "nvidia_gpu_nvlink_errors_total", C, "", "NVLink data-link errors per link.", "link", "error_type"

@@ -20,7 +20,14 @@ from collections.abc import Callable
 
 import pynvml as N
 
-from .device import NVLINK_ACTIVE, SUPPORTED_THROTTLE, THROTTLE_BITS, SimulatedGpu, SimulatedMig, SimulatedNode
+from .device import (
+    NVLINK_ACTIVE,
+    SUPPORTED_THROTTLE,
+    THROTTLE_BITS,
+    SimulatedGpu,
+    SimulatedMig,
+    SimulatedNode,
+)
 
 __all__ = ["SimulatedNvml"]
 

@@ -117,7 +117,9 @@ def test_6_a_sleeping_nvlink_is_not_down(simulate):
     sim.node.inject("nvlink_down", 3, link=5)
     sim.sample()
     handle = N.nvmlDeviceGetHandleByIndex(3)
-    states = N.nvmlDeviceGetFieldValues(handle, [(N.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in (3, 4, 5)])
+    states = N.nvmlDeviceGetFieldValues(
+        handle, [(N.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in (3, 4, 5)]
+    )
     assert [s.value.uiVal for s in states] == [1, 2, 0]  # NVML_NVLINK_STATE_ACTIVE, _SLEEP, _INACTIVE
     labels = {"gpu": "3", "uuid": sim.node.gpus[3].spec.uuid}
     assert sim.value("nvidia_gpu_nvlink_up", **labels, link="3") == 1
