@@ -1,7 +1,41 @@
-"""Options shared by the whole suite."""
+"""Options and markers shared by the whole suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import needs
 
 
 def pytest_addoption(parser):
     parser.addoption(
         "--update-golden", action="store_true", help="rewrite golden exposition files instead of comparing"
     )
+
+
+def pytest_configure(config):
+    for name, need in needs.NEEDS.items():
+        config.addinivalue_line("markers", f"{name}: needs {need.what}")
+    config.addinivalue_line(
+        "markers", "external: needs a server or binary from outside the venv; `make check` leaves it out"
+    )
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        names = needs.declared(item)
+        for name in sorted(names):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
+        if names:
+            item.add_marker("external")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    needs.set_running_test(item)  # before its fixtures start, so require() knows whose need it is
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None:
+        needs.set_running_test(None)

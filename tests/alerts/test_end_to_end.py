@@ -110,6 +110,7 @@ def http_server() -> Iterator[tuple[_Server, list[dict]]]:
         thread.join(5)
 
 
+@pytest.mark.prometheus
 def test_rules_evaluate_cleanly_on_scraped_data(tmp_path: Path, http_server):
     server, _ = http_server
     target = f"127.0.0.1:{server.server_address[1]}"
@@ -165,6 +166,7 @@ def _fast_config(tmp_path: Path, webhook: str) -> Path:
     return path
 
 
+@pytest.mark.alertmanager
 def test_alertmanager_routes_and_inhibits(tmp_path: Path, http_server):
     server, posts = http_server
     config = _fast_config(tmp_path, f"http://127.0.0.1:{server.server_address[1]}/webhook")

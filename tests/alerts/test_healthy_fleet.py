@@ -189,6 +189,7 @@ def _positive_checks(values: dict[SeriesKey, list]) -> list[dict]:
     ]
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize(("offset", "held_first", "held_last"), WINDOWS.values(), ids=WINDOWS.keys())
 def test_ten_minutes_of_healthy_load_fire_nothing(
     tmp_path: Path, alert_rules, offset: float, held_first: int, held_last: int
@@ -215,6 +216,7 @@ def test_ten_minutes_of_healthy_load_fire_nothing(
     assert "SUCCESS" in result.stdout + result.stderr
 
 
+@pytest.mark.prometheus
 def test_the_generated_test_catches_an_alert(tmp_path: Path, alert_rules):
     """Control: the same pipeline with a HW-thermal throttle on GPU 5 makes promtool fail on it."""
     values = record(0.0, fault=lambda node: node.inject("throttle", 5, reason="hw_thermal"))

@@ -25,6 +25,7 @@ def _run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProces
     return result
 
 
+@pytest.mark.prometheus
 def test_rule_files_pass_promtool_check():
     _run([require_binary("promtool"), "check", "rules", *map(str, RULE_FILES)])
 
@@ -33,12 +34,14 @@ def test_there_are_promtool_tests():
     assert len(TEST_FILES) >= 2
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
 def test_promtool_unit_tests(test_file: Path):
     result = _run([require_binary("promtool"), "test", "rules", test_file.name], cwd=test_file.parent)
     assert "SUCCESS" in result.stdout + result.stderr
 
 
+@pytest.mark.prometheus
 def test_generated_prometheusrule_passes_promtool_check(tmp_path: Path):
     obj = yaml.safe_load(prometheusrule.DEFAULT_OUTPUT.read_text())
     rule_file = tmp_path / "from-prometheusrule.yaml"
@@ -46,10 +49,12 @@ def test_generated_prometheusrule_passes_promtool_check(tmp_path: Path):
     _run([require_binary("promtool"), "check", "rules", str(rule_file)])
 
 
+@pytest.mark.alertmanager
 def test_alertmanager_config_passes_amtool():
     _run([require_binary("amtool"), "check-config", str(ALERTMANAGER_CONFIG)])
 
 
+@pytest.mark.alertmanager
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
@@ -79,6 +84,7 @@ def test_alertmanager_routes(labels: list[str], receiver: str):
     assert result.stdout.strip() == receiver
 
 
+@pytest.mark.alertmanager
 def test_every_severity_routes_as_documented(alert_rules):
     """Each alert's own labels (team templated to a value) reach the receiver its severity promises."""
     expected = {"critical": "pager", "warning": "ticket", "info": "null"}

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from gpumeter.billing.ledger.sqlalchemy import open_ledger
+from tests.support import needs
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -17,6 +18,7 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 @pytest.fixture
 def pg_schema():
+    needs.require("postgres")
     try:
         admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:

@@ -209,6 +209,7 @@ def test_every_billing_series_is_shown():
         assert name in text, name
 
 
+@pytest.mark.kubectl
 def test_configmaps_render_with_kustomize():
     """The folder is a kustomize target of its own (deploy/kubernetes/base includes it)."""
     kubectl = require_binary("kubectl")

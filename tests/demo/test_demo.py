@@ -48,6 +48,8 @@ def poll(fetch, predicate, timeout: float, what: str):
     raise AssertionError(f"{what} within {timeout}s; last: {last}")
 
 
+@pytest.mark.prometheus
+@pytest.mark.alertmanager
 @pytest.mark.slow
 def test_the_demo_stack_end_to_end(tmp_path):
     for tool in ("prometheus", "promtool", "prometheus-alertmanager"):

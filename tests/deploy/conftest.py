@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import needs
 from tests.support.servers import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +25,7 @@ TARGETS = [f"overlays/{name}" for name in OVERLAYS] + ["alertmanager-example"]
 
 
 def tool(name: str) -> str:
+    needs.require("tools_venv")
     path = TOOLS_VENV / "bin" / name
     if not path.exists():
         pytest.fail(

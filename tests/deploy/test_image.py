@@ -9,6 +9,7 @@ import re
 import subprocess
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -32,6 +33,7 @@ def _lock() -> dict[str, str]:
     return pins
 
 
+@pytest.mark.tools_venv
 def test_hadolint_passes():
     result = subprocess.run(
         [tool("hadolint"), "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, timeout=60

@@ -40,6 +40,7 @@ def test_every_overlay_is_covered():
     assert [t for t in TARGETS if t.startswith("overlays/")] == [f"overlays/{o}" for o in overlays]
 
 
+@pytest.mark.tools_venv
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("target", TARGETS)
 def test_core_objects_validate_against_kubernetes_schemas(rendered, target, version, tmp_path):
@@ -114,6 +115,7 @@ def _checkov(directory: Path) -> dict:
     return next(r for r in reports if r.get("check_type") == "kubernetes")
 
 
+@pytest.mark.tools_venv
 @pytest.mark.parametrize("target", TARGETS)
 def test_checkov_has_no_unskipped_failure(rendered, target):
     out = rendered(target)

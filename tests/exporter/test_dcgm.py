@@ -277,6 +277,7 @@ def expected_lint(text: str) -> set[str]:
     return out
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize("fleet", FLEETS)
 def test_promtool_check_metrics(with_kubelet, fleet):
     promtool = require_binary("promtool")
@@ -417,6 +418,7 @@ def test_compute_instances_collapse_into_their_gpu_instance_and_minor_falls_back
 
 
 # --- a real Prometheus scraping a real exporter -----------------------------------------------------
+@pytest.mark.prometheus
 @pytest.mark.slow
 def test_prometheus_scrapes_dcgm_names_with_pods_on_mig(tmp_path, sock):
     fleet = load_fleet("h100-mig")

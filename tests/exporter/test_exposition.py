@@ -44,6 +44,7 @@ def test_golden_exposition(simulate, fleet, request):
     assert actual == golden.read_text(), f"exposition differs from {golden}; review, then --update-golden"
 
 
+@pytest.mark.prometheus
 @pytest.mark.parametrize("fleet", FLEETS)
 def test_promtool_finds_nothing_to_report(simulate, fleet):
     sim = simulate(fleet)
@@ -79,6 +80,7 @@ def test_docs_metrics_is_generated_from_the_catalog():
     assert committed == render_markdown(), "docs/metrics.md is stale: run `make docs`"
 
 
+@pytest.mark.prometheus
 def test_a_real_prometheus_scrapes_the_exporter(tmp_path):
     exporter = build_exporter(
         ExporterConfig(listen="127.0.0.1:0", simulate="h100-mig", kubelet_socket=None, interval=1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.fleet import load_fleet
@@ -21,6 +23,7 @@ JOIN_UTILIZATION = (
 )
 
 
+@pytest.mark.prometheus
 def test_prometheus_joins_pods_to_mig_memory_and_sm_utilization(tmp_path, sock):
     fleet = load_fleet("h100-mig")
     node = fleet.nodes[0]

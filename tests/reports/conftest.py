@@ -24,6 +24,7 @@ from tests.billing.conftest import db as db  # re-exported fixtures: the same ba
 from tests.billing.conftest import ledger as ledger
 from tests.billing.conftest import pg_schema as pg_schema
 from tests.billing.factories import A100, H100, alloc, gpu_hour, mig, write_book
+from tests.support import needs
 
 NOV = datetime(2026, 11, 1, tzinfo=UTC)
 OCT_HOUR = datetime(2026, 10, 15, 12, tzinfo=UTC)
@@ -148,6 +149,7 @@ def worked_ledger(request, tmp_path_factory, worked_book):
         ledger = open_ledger(f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}")
         admin = schema = None
     else:
+        needs.require("postgres")
         try:
             admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
         except psycopg.OperationalError as exc:

@@ -18,6 +18,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.support import needs
+
 __all__ = [
     "AlertmanagerServer",
     "PrometheusServer",
@@ -28,6 +30,7 @@ __all__ = [
 
 
 def require_binary(name: str) -> str:
+    needs.require_for_binary(name)  # the running test must declare it (tests/support/needs.py)
     path = shutil.which(name) or next(
         (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if Path(p).exists()), None
     )
