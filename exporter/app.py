@@ -35,9 +35,11 @@ class Exporter:
     servers: list = field(default_factory=list)
 
     def health(self) -> tuple[bool, str]:
+        if not self.sampler.running:
+            return False, "the sampler is not running"
         snapshot = self.sampler.snapshot()
         age = self.sampler.clock() - snapshot.timestamp
-        if age > 3 * self.config.interval + 5:
+        if not age <= 3 * self.config.interval + 5:  # a few intervals; also false for a nan age
             return False, f"last sample is {age:.0f}s old"
         return True, f"ok: sampled {age:.1f}s ago, nvml {'up' if snapshot.nvml_up else 'down'}"
 

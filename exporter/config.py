@@ -4,6 +4,7 @@ then file, then defaults). One declarative list of options drives all three."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -11,6 +12,9 @@ from pathlib import Path
 import yaml
 
 __all__ = ["OPTIONS", "ConfigError", "ExporterConfig", "add_arguments", "resolve"]
+
+
+MIN_INTERVAL_S = 0.1
 
 
 class ConfigError(ValueError):
@@ -38,7 +42,7 @@ class ExporterConfig:
 # (option, help) — the flag is --<option with dashes>, the env var GPUMETER_<OPTION UPPER>
 OPTIONS = {
     "listen": "address to serve /metrics and /healthz on, host:port (default :9835)",
-    "interval": "seconds between NVML samples (default 5)",
+    "interval": "seconds between NVML samples, at least 0.1 (default 5)",
     "simulate": "fleet file (or example name: h100-mig, a100-mixed, h200, workstation) to simulate instead of NVML",
     "simulate_node": "which node of the fleet file this exporter is (default: the first)",
     "admin_listen": "with --simulate: address of the fault-injection endpoint, e.g. 127.0.0.1:9836",
@@ -108,6 +112,10 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     config = ExporterConfig(**values)
     if config.naming not in ("native", "dcgm"):
         raise ConfigError(f"naming: must be native or dcgm (got {config.naming!r})")
-    if config.interval <= 0:
-        raise ConfigError(f"interval: must be positive (got {config.interval!r})")
+    # GPM needs samples more than 100 ms apart (nvml.h, nvmlGpmSampleGet); inf would stop the sampler
+    # for good and nan would spin it (math.isfinite guards both, comparisons with nan are all False).
+    if not math.isfinite(config.interval) or config.interval < MIN_INTERVAL_S:
+        raise ConfigError(
+            f"interval: must be a finite number of seconds >= {MIN_INTERVAL_S} (got {str(config.interval)!r})"
+        )
     return config

@@ -76,6 +76,11 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread is alive (False before start() and after stop() or a crash)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread:

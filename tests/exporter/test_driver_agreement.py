@@ -6,8 +6,13 @@ say the driver does; each failed on the exporter as it was before its fix.
 
 from __future__ import annotations
 
+import argparse
+
+import httpx
 import pynvml as N
 import pytest
+
+from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -125,3 +130,22 @@ def test_6_a_sleeping_nvlink_is_not_down(simulate):
     assert sim.value("nvidia_gpu_nvlink_up", **labels, link="3") == 1
     assert sim.value("nvidia_gpu_nvlink_up", **labels, link="4") == 1  # asleep, not down: no GpuNvlinkDown
     assert sim.value("nvidia_gpu_nvlink_up", **labels, link="5") == 0
+
+
+@pytest.mark.parametrize("interval", ["inf", "nan", "0.05", "0", "-1"])
+def test_9_an_interval_that_is_not_finite_or_under_gpms_100_ms_is_refused(interval):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ConfigError, match=rf"interval: .*0\.1.*got '{float(interval)}'"):
+        resolve(parser.parse_args(["--interval", interval]), {})
+    assert resolve(parser.parse_args(["--interval", "0.1"]), {}).interval == 0.1
+
+
+def test_9_healthz_fails_when_the_sampler_has_stopped(simulate):
+    sim = simulate("workstation")
+    sim.exporter.start()
+    url = f"http://127.0.0.1:{sim.exporter.port}/healthz"
+    assert httpx.get(url).status_code == 200
+    sim.sampler.stop()  # the sampling thread is gone; the last sample is still fresh
+    answer = httpx.get(url)
+    assert answer.status_code == 503 and "sampler" in answer.text

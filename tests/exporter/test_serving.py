@@ -55,6 +55,7 @@ def test_text_and_openmetrics_by_content_negotiation(simulate):
 
 def test_healthz_reports_a_stale_sampler(simulate):
     sim = simulate("workstation")
+    sim.sampler.start()  # a running sampling thread whose samples stop coming
     server, port = start(sim)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
@@ -165,7 +166,7 @@ def test_flags_win_over_environment_over_file(tmp_path):
         ("interval: fast\n", {}, "interval: cannot use 'fast'"),
         ("speed: 1\n", {}, "unknown option"),
         ("", {"GPUMETER_NAMING": "nvidia"}, "naming: must be native or dcgm"),
-        ("", {"GPUMETER_INTERVAL": "-1"}, "interval: must be positive"),
+        ("", {"GPUMETER_INTERVAL": "-1"}, "interval: must be a finite number of seconds >= 0.1"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, content, env, message):
