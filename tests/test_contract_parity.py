@@ -1,0 +1,252 @@
+"""The metric contract holds where money depends on it (gpumeter/contract.py).
+
+Billing's tests consume the history generator's series, never the live exporter's. So the live
+exporter (stand-in NVML, stand-in kubelet over gRPC, its real sampler and renderer) and the history
+generator are run here on the same fleet at the same instant, and every series billing consumes must
+come out of both with the same names, label sets and values. A label renamed in the exporter's catalog
+only, not in the contract the history generator and billing's PromQL read, makes that check fail: the
+second test renames each label billing reads, one at a time, and shows the check reporting it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+import promql_parser
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from gpumeter import contract
+from gpumeter.billing.ingest import QUERIES
+from gpumeter.exporter import catalog, render
+from gpumeter.exporter.app import build_exporter
+from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.render import SnapshotCollector
+from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.history import write_history
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from tests.kubelet.helpers import Clock
+
+FLEETS = ("h100-mig", "a100-mixed")
+START = 1_790_208_000.0  # the period's start; the fleets' pod schedules count from it
+OFFSET = 10 * 3600.0  # 10:00 of day 0: every scheduled pod of both fleets is running
+STEP = 600.0  # the history's step; OFFSET is one of its instants
+SCRAPE_LABELS = {"job", "instance"}  # added by the scrape, not by either producer
+EXPORTED_INPUTS = tuple(s for s in contract.BILLING_INPUTS if s.producer is contract.Producer.EXPORTER)
+# Utilization is simulated load plus noise, drawn per 5 s step by the live simulator (±0.05 per pod)
+# and per sample by the history (±0.03): both follow the pod schedule, neither repeats the other's
+# draws. Every other series billing reads (identity, MIG layout, allocations) must match exactly.
+NOISY = {contract.UTILIZATION.name: 0.1, contract.MIG_SM_UTILIZATION.name: 0.1}
+
+Exposition = dict[str, dict[frozenset[tuple[str, str]], float]]  # name → label set → value
+
+
+def _at_instant(openmetrics: str, at: float) -> str:
+    """The history's samples of one instant. The history is written instant by instant, so one
+    series' samples are not contiguous as OpenMetrics wants (promtool reads it anyway); one instant
+    of it is a valid exposition for the strict parser."""
+    stamp = f" {int(at)}"
+    lines = [line for line in openmetrics.splitlines() if line.startswith("#") or line.endswith(stamp)]
+    return "\n".join(lines) + "\n"
+
+
+def _collect(families) -> Exposition:
+    out: Exposition = {}
+    for family in families:
+        for sample in family.samples:
+            labels = frozenset((k, v) for k, v in sample.labels.items() if k not in SCRAPE_LABELS)
+            out.setdefault(sample.name, {})[labels] = sample.value
+    return out
+
+
+def compare(live: Exposition, history: Exposition, inputs=EXPORTED_INPUTS) -> list[str]:
+    """Every way the two disagree on the series billing consumes; empty when they agree."""
+    problems = []
+    for series in inputs:
+        name, declared = series.name, set(series.labels)
+        mine, theirs = live.get(name, {}), history.get(name, {})
+        for source, samples in (("live exporter", mine), ("history", theirs)):
+            for labels in {frozenset(k for k, _ in labels) for labels in samples}:
+                if labels != declared:
+                    problems.append(
+                        f"{name}: the {source} labels {sorted(labels)}, the contract {sorted(declared)}"
+                    )
+        for labels in mine.keys() - theirs.keys():
+            problems.append(f"{name}: only the live exporter serves {dict(sorted(labels))}")
+        for labels in theirs.keys() - mine.keys():
+            problems.append(f"{name}: only the history has {dict(sorted(labels))}")
+        tolerance = NOISY.get(name, 0.0)
+        for labels in mine.keys() & theirs.keys():
+            if abs(mine[labels] - theirs[labels]) > tolerance:
+                problems.append(
+                    f"{name}{dict(sorted(labels))}: live {mine[labels]}, history {theirs[labels]}"
+                )
+    return problems
+
+
+@dataclasses.dataclass
+class Sampled:
+    fleet: str
+    snapshot: object  # the live exporter's Snapshot at START + OFFSET
+    live: Exposition
+    history: Exposition
+
+
+def _render(snapshot) -> str:
+    """The snapshot as the exporter's own renderer serves it (native names)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
+def _live_snapshot(fleet_name: str):
+    fleet = load_fleet(fleet_name)
+    clock = Clock(START)
+    node = SimulatedNode(fleet, clock=clock, start=START)
+    directory = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")  # sun_path is short: not under tmp_path
+    sock = str(Path(directory) / "kubelet.sock")
+    kubelet = StandInKubelet(fleet, node.spec.name, sock, clock=clock, start=START).start()
+    config = ExporterConfig(listen="127.0.0.1:0", kubelet_socket=sock, hostname=node.spec.name, interval=5.0)
+    exporter = build_exporter(config, clock=clock, library=SimulatedNvml(node), node=node)
+    try:
+        clock.t = START + OFFSET - 5.0
+        exporter.sampler.sample_once()
+        clock.t = START + OFFSET  # a second sample: GPM utilization is a difference of two
+        return exporter.sampler.sample_once()
+    finally:
+        exporter.sampler.stop()
+        kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=FLEETS)
+def sampled(request) -> Sampled:
+    snapshot = _live_snapshot(request.param)
+    out = io.StringIO()
+    write_history([load_fleet(request.param)], START, START + OFFSET + STEP, STEP, out)
+    history = _collect(parse_openmetrics(_at_instant(out.getvalue(), START + OFFSET)))
+    return Sampled(request.param, snapshot, _collect(parse_text(_render(snapshot))), history)
+
+
+def test_live_exporter_and_history_agree_on_every_series_billing_consumes(sampled):
+    assert compare(sampled.live, sampled.history) == []
+    # not vacuous: the fleet's GPUs, MIG instances and pods are there, in both
+    fleet = load_fleet(sampled.fleet)
+    gpus = [gpu for node in fleet.nodes for gpu in node.gpus]
+    assert len(sampled.live[contract.GPU_INFO.name]) == len(gpus)
+    assert len(sampled.live[contract.MIG_INFO.name]) == sum(len(gpu.mig) for gpu in gpus) > 0
+    held = {
+        (p.namespace, p.name, d.gpu, d.gpu_instance_id)
+        for p in fleet.pods
+        if p.running(OFFSET)
+        for d in p.devices
+    }
+    assert len(sampled.live[contract.ALLOCATION.name]) == len(held) >= 12
+    assert contract.UTILIZATION.name in sampled.live or all(gpu.mig_enabled for gpu in gpus)
+    has_gpm = any(gpu.model.has_gpm and gpu.mig for gpu in gpus)
+    assert (contract.MIG_SM_UTILIZATION.name in sampled.live) == has_gpm
+
+
+def _consumed_labels() -> list[tuple[str, str]]:
+    """(series, label) for every label billing's PromQL keeps from an exporter series."""
+    pairs = {
+        (query.series.name, label)
+        for query in contract.BILLING_QUERIES.values()
+        if query.series.producer is contract.Producer.EXPORTER
+        for label in query.by
+    }
+    return sorted(pairs)
+
+
+@pytest.mark.parametrize(("name", "label"), _consumed_labels(), ids=lambda x: x)
+def test_a_label_renamed_in_the_catalog_only_breaks_parity(sampled, monkeypatch, name, label):
+    """The exporter renders with a catalog whose ``name`` has ``label`` renamed (the contract, which
+    history and billing read, unchanged): the parity check reports exactly that series. A label every
+    series of a scope carries (gpu, uuid, ...) cannot even be renamed: the catalog refuses the spec."""
+    spec = catalog.by_name(name)
+    renamed = tuple(f"{x}_renamed" if x == label else x for x in spec.series.labels)
+    series = dataclasses.replace(spec.series, labels=renamed)
+    if label in catalog.SCOPE_LABELS[spec.scope]:
+        with pytest.raises(ValueError, match=f"{name} labels must start with its scope's"):
+            dataclasses.replace(spec, series=series)
+        return
+    changed = tuple(dataclasses.replace(s, series=series) if s is spec else s for s in catalog.CATALOG)
+    monkeypatch.setattr(render, "CATALOG", changed)
+    live = _collect(parse_text(_render(sampled.snapshot)))
+
+    problems = compare(live, sampled.history)
+    if name not in live:  # this fleet has no such series (MIG SM utilization needs GPM)
+        assert problems == []
+        return
+    assert problems, f"renaming {label} of {name} went unnoticed"
+    assert all(p.startswith(name) for p in problems)
+    assert any(f"'{label}_renamed'" in p for p in problems)
+
+
+def _selectors(expr) -> list[str]:
+    """Names of the series a parsed PromQL expression selects."""
+    if isinstance(expr, promql_parser.VectorSelector):
+        return [expr.name]
+    if isinstance(expr, promql_parser.MatrixSelector):
+        return [expr.vector_selector.name]
+    if isinstance(expr, promql_parser.Call):
+        return [name for arg in expr.args for name in _selectors(arg)]
+    if isinstance(expr, promql_parser.AggregateExpr | promql_parser.ParenExpr):
+        return _selectors(expr.expr)
+    if isinstance(expr, promql_parser.BinaryExpr):
+        return _selectors(expr.lhs) + _selectors(expr.rhs)
+    raise AssertionError(f"{type(expr).__name__} in billing's PromQL: teach this test to read it")
+
+
+def _groupings(expr) -> list[tuple[list[str], list[str]]]:
+    """(labels grouped by, series beneath) for every ``by (...)`` aggregation in the expression."""
+    found = []
+    if isinstance(expr, promql_parser.AggregateExpr):
+        if expr.modifier is not None:
+            assert expr.modifier.type == promql_parser.AggModifierType.By, "billing keeps labels with by"
+            found.append((list(expr.modifier.labels), _selectors(expr.expr)))
+        found += _groupings(expr.expr)
+    elif isinstance(expr, promql_parser.Call):
+        for arg in expr.args:
+            found += _groupings(arg)
+    elif isinstance(expr, promql_parser.ParenExpr):
+        found += _groupings(expr.expr)
+    elif isinstance(expr, promql_parser.BinaryExpr):
+        found += _groupings(expr.lhs) + _groupings(expr.rhs)
+    return found
+
+
+@pytest.mark.parametrize("query", sorted(QUERIES), ids=str)
+def test_billing_promql_reads_only_contract_series_and_their_labels(query):
+    """The PromQL ingest actually sends, parsed: each series it selects is declared in the contract,
+    and each label it keeps is one that series carries."""
+    expr = promql_parser.parse(QUERIES[query])
+    names = _selectors(expr)
+    assert names
+    for name in names:
+        contract.series(name)  # KeyError: billing reads a series nobody declared
+    groupings = _groupings(expr)
+    assert groupings, f"{query}: billing must say which labels it keeps"
+    for labels, selected in groupings:
+        for name in selected:
+            missing = set(labels) - set(contract.series(name).labels)
+            assert not missing, f"{query}: {name} has no label {sorted(missing)}"
+
+
+def test_the_contract_declares_each_series_once_and_billing_reads_only_declared_series():
+    names = [s.name for s in contract.CONTRACT]
+    assert len(names) == len(set(names))
+    assert {s.name for s in contract.EXPORTER_SERIES} == {spec.name for spec in catalog.CATALOG}
+    assert set(contract.BILLING_INPUTS) <= set(contract.CONTRACT)
+    assert {s.producer for s in contract.BILLING_INPUTS} == {
+        contract.Producer.EXPORTER,
+        contract.Producer.KUBE_STATE_METRICS,
+    }
