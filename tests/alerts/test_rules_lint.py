@@ -2,7 +2,7 @@
 
 Every alert: a `Gpu`/`Gpumeter` CamelCase name, a severity, static summary, templated description,
 runbook_url to its own runbook section (which explains its `for:`), a promtool test that sees it both
-silent and firing with full labels and annotations; only metrics from exporter.catalog.CATALOG.
+silent and firing with full labels and annotations; only series declared in gpumeter/contract.py.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import re
 import pytest
 import yaml
 
+from gpumeter import contract
 from gpumeter.alerts import ALERTS_FILE, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
 from gpumeter.deploy.demo import ALERTMANAGER_CONFIG
-from gpumeter.exporter.catalog import CATALOG
 
 NAME = re.compile(r"^Gpu(?:meter)?[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*$")
 RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
 METRIC = re.compile(r"\b(?:nvidia_gpu_\w+|gpumeter_\w+)")
 RECORDING_REF = re.compile(r"\b[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*\b")
 SEVERITIES = {"critical", "warning", "info"}
-CATALOG_NAMES = {spec.name for spec in CATALOG}
+CONTRACT_NAMES = {series.name for series in contract.CONTRACT}
 
 XID_CRITICAL = {"48", "62", "64", "74", "79", "95", "109", "119", "120", "136", "140", "143"}
 XID_APPLICATION = {"13", "31", "43", "45", "68", "69"}
@@ -129,7 +129,7 @@ def test_every_recording_rule_is_named_and_tested(recording_rules, unit_tests):
     assert not problems, "\n".join(problems)
 
 
-def test_rules_use_only_catalog_metrics(alert_rules, recording_rules):
+def test_rules_use_only_contract_series(alert_rules, recording_rules):
     recorded = {rule["record"] for rule in recording_rules}
     problems = []
     for rule in [*alert_rules, *recording_rules]:
@@ -139,8 +139,8 @@ def test_rules_use_only_catalog_metrics(alert_rules, recording_rules):
             for ref in RECORDING_REF.findall(text):
                 if ref not in recorded:
                     problems.append(f"{name}: recording rule {ref} is not defined")
-            for metric in _metrics_in(text) - CATALOG_NAMES:
-                problems.append(f"{name}: {metric} is not in exporter.catalog.CATALOG")
+            for metric in _metrics_in(text) - CONTRACT_NAMES:
+                problems.append(f"{name}: {metric} is not declared in gpumeter/contract.py")
     assert not problems, "\n".join(problems)
 
 
@@ -212,3 +212,9 @@ def test_rule_files_have_only_known_keys(path):
         assert set(group) <= {"name", "interval", "rules"}
         for rule in group["rules"]:
             assert set(rule) <= allowed, rule
+
+
+def test_billing_health_is_watched(alert_rules):
+    """Billing's own series (gpumeter billing serve) feed at least one alert, not only dashboards."""
+    billing = {series.name for series in contract.BILLING_SERIES}
+    assert any(_metrics_in(rule["expr"]) & billing for rule in alert_rules)

@@ -17,6 +17,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
 import gpumeter
+from gpumeter import contract
 from gpumeter.dashboards import build
 from gpumeter.exporter.catalog import CATALOG, Scope
 from tests.dashboards.promql import panels
@@ -197,16 +198,8 @@ def test_every_series_of_the_catalog_has_its_dashboard(scope, uid):
 
 def test_every_billing_series_is_shown():
     text = _exprs("gpumeter-cost") + _exprs("gpumeter-health")
-    for name in (
-        "gpumeter_billing_cost_total",
-        "gpumeter_billing_gpu_hours_total",
-        "gpumeter_billing_unpriced_gpu_hours_total",
-        "gpumeter_billing_unallocated_cost_total",
-        "gpumeter_billing_ingest_runs_total",
-        "gpumeter_billing_last_success_timestamp_seconds",
-        "gpumeter_billing_ingest_lag_seconds",
-    ):
-        assert name in text, name
+    for series in contract.BILLING_SERIES:
+        assert series.name in text, series.name
 
 
 @pytest.mark.kubectl

@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
+from gpumeter import contract
 from gpumeter.dashboards.build import GENERATED
-from gpumeter.exporter.catalog import CATALOG
 from tests.dashboards.conftest import RULE_FILES
 from tests.dashboards.promql import metric_names, queries, substitute, variables_outside_regex
 
@@ -19,16 +19,6 @@ pytestmark = pytest.mark.slow
 MODELS = [json.loads(path.read_text()) for path in sorted(GENERATED.glob("*.json"))]
 FOUND = [found for model in MODELS for found in queries(model)]
 
-BILLING_SERIES = {
-    # billing/service.py BillingCollector: counters (rendered with _total) and gauges
-    "gpumeter_billing_cost_total",
-    "gpumeter_billing_gpu_hours_total",
-    "gpumeter_billing_unpriced_gpu_hours_total",
-    "gpumeter_billing_unallocated_cost_total",
-    "gpumeter_billing_ingest_runs_total",
-    "gpumeter_billing_last_success_timestamp_seconds",
-    "gpumeter_billing_ingest_lag_seconds",
-}
 # Series Prometheus writes itself. `up` is the only way to see an exporter or the billing service
 # that cannot be scraped at all (its own series vanish then); the alert rules use it the same way.
 PROMETHEUS_SERIES = {"ALERTS", "up"}
@@ -42,7 +32,7 @@ def _recorded() -> set[str]:
     return names
 
 
-KNOWN = {spec.name for spec in CATALOG} | _recorded() | BILLING_SERIES | PROMETHEUS_SERIES
+KNOWN = {series.name for series in contract.CONTRACT} | _recorded() | PROMETHEUS_SERIES
 
 
 def test_there_are_queries_in_every_dashboard():
