@@ -7,7 +7,8 @@ and time-sliced A100s) at a 60 s step are written by `exporter.simulator.history
 computed here from the fleet's own `PodSpec.running(offset)` schedule and time-slicing replicas,
 never from billing's code: per pod and per hour, the seconds observed (one step per sample,
 docs/billing.md §2.1), times the share (1/replicas when time-sliced), times the slice weight
-(compute slices / 7) and the rate.
+(compute slices / 7) and the rate. That this history is what a live exporter serves (same series
+names, label sets and values) is checked by tests/test_contract_parity.py.
 """
 
 from __future__ import annotations
