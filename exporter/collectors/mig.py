@@ -1,7 +1,13 @@
 """MIG instances: enumerated again every cycle (handles die when instances are destroyed), with
-their identity and memory. Static facts of an instance are cached by its MIG UUID."""
+their identity and memory. Static facts of an instance are cached by its MIG UUID.
+
+A MIG device is a compute instance (CI) of a GPU instance (GI); a GI may hold several CIs. Memory
+belongs to the GI (nvmlDeviceGetMemoryInfo on each of its MIG devices answers the GI's), so it is
+exported once per GI, on its first CI, and sums over instances match the GPU."""
 
 from __future__ import annotations
+
+import re
 
 import pynvml as N
 
@@ -9,6 +15,8 @@ from ..nvml import MigDevice
 from ..snapshot import MigIdentity
 from . import register_collector
 from .memory import read_memory
+
+_CI_PREFIX = re.compile(r"^\d+c\.")
 
 
 @register_collector("mig")
@@ -27,6 +35,7 @@ class MigCollector:
         if not device.mig_enabled:
             return
         slots = device.call("mig_max_count", N.nvmlDeviceGetMaxMigDeviceCount, device.handle) or 0
+        memory_seen: set[int] = set()  # GPU instances whose memory is already exported
         for slot in range(slots):
             handle = device.call("mig_handle", N.nvmlDeviceGetMigDeviceHandleByIndex, device.handle, slot)
             if handle is None:  # NOT_FOUND: an empty slot
@@ -46,6 +55,9 @@ class MigCollector:
                 (*identity.labels, identity.uuid, str(identity.compute_slices), str(identity.memory_slices)),
                 1,
             )
+            if identity.gpu_instance_id in memory_seen:
+                continue
+            memory_seen.add(identity.gpu_instance_id)
             memory = read_memory(device, handle, "mig_memory")
             if memory is not None:
                 total, used, free, _reserved = memory
@@ -60,8 +72,11 @@ class MigCollector:
         attrs = device.call("mig_attributes", N.nvmlDeviceGetAttributes, handle)
         if gi is None:
             return None
-        profile = name.rpartition("MIG ")[2] if "MIG " in name else ""
-        compute = attrs.gpuInstanceSliceCount if attrs else 0
+        # "MIG 3g.40gb" for a CI that is its whole GI, "MIG 1c.3g.40gb" for a smaller one: the label is the
+        # GI's profile (what the device plugin advertises and billing prices), the slices are the CI's.
+        device_profile = name.rpartition("MIG ")[2] if "MIG " in name else ""
+        profile = _CI_PREFIX.sub("", device_profile)
+        compute = attrs.computeInstanceSliceCount if attrs else 0
         slice_mib = device.static.get("memory_slice_mib")
         # NVML reports no memory-slice count: derive it from the instance's memory (reference/nvml.md §10.1)
         memory_slices = max(1, round(attrs.memorySizeMB / slice_mib)) if attrs and slice_mib else 0

@@ -3,6 +3,10 @@
 GPM metrics are differences between two samples: the previous sample of each GPU instance is kept
 between cycles, so each value is the average over the exporter's own sampling interval. Absent on
 GPUs without GPM (A100 has no per-MIG utilization in NVML) and on an instance's first cycle.
+
+nvmlGpmMigSampleGet samples a GPU instance, and nvml.h wants two samples of it "greater than 100ms"
+apart: one sample per GPU instance per cycle, however many compute instances (MIG devices) it holds,
+reported on its first one.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class MigUtilizationCollector:
         seen = set()
         for mig in device.migs:
             key = (device.uuid, mig.identity.gpu_instance_id)
+            if key in seen:  # another compute instance of a GPU instance already sampled this cycle
+                continue
             seen.add(key)
             sample = self._spare.pop() if self._spare else device.call("gpm_alloc", N.nvmlGpmSampleAlloc)
             if sample is None:

@@ -84,6 +84,10 @@ class SimulatedMig:
     def gpu_instance_id(self) -> int:
         return self.spec.gpu_instance_id
 
+    @property
+    def compute_instance_id(self) -> int:
+        return self.spec.compute_instance_id
+
 
 @dataclass
 class SimulatedGpu:
@@ -139,7 +143,14 @@ class SimulatedGpu:
         self.lost = True
 
     def set_layout(self, instances: tuple[MigInstanceSpec, ...]) -> None:
-        self.migs = [SimulatedMig(spec=i, uuid=self.spec.mig_uuid(i.gpu_instance_id)) for i in instances]
+        self.migs = [
+            SimulatedMig(spec=i, uuid=self.spec.mig_uuid(i.gpu_instance_id, i.compute_instance_id))
+            for i in instances
+        ]
+
+    def gpu_instance(self, gpu_instance_id: int) -> list[SimulatedMig]:
+        """The compute instances (MIG devices) of one GPU instance; they share its memory."""
+        return [m for m in self.migs if m.gpu_instance_id == gpu_instance_id]
 
     @property
     def mig_enabled(self) -> bool:
@@ -155,8 +166,8 @@ class SimulatedGpu:
 
     @property
     def memory_used_bytes(self) -> int:
-        if self.migs:
-            return sum(m.memory_used_bytes for m in self.migs)
+        if self.migs:  # memory belongs to GPU instances: count each once, however many CIs it has
+            return sum({m.gpu_instance_id: m.memory_used_bytes for m in self.migs}.values())
         usable = self.memory_total_bytes - self.memory_reserved_bytes
         return int(usable * min(0.95, 0.02 + 0.8 * self.load))
 
@@ -286,11 +297,7 @@ class SimulatedNode:
             if gpu.mig_enabled:
                 total = gpu.model.total_compute_slices
                 demand = (
-                    sum(
-                        mig_loads.get(m.gpu_instance_id, 0.0) * m.spec.profile.compute_slices
-                        for m in gpu.migs
-                    )
-                    / total
+                    sum(mig_loads.get(m.gpu_instance_id, 0.0) * m.spec.ci_slices for m in gpu.migs) / total
                 )
                 if not self.pod_driven:
                     base = _load_at(gpu.spec.workload, t - self.start, gpu.rng)

@@ -13,7 +13,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
         gpus:
           - model: H100-SXM5-80GB   # a key of simulator.models.MODELS
             count: 8
-            mig: ["1g.10gb*7"]      # profiles; "P*N" repeats; omit for a whole GPU
+            mig: ["1g.10gb*7"]      # profiles; "P*N" repeats; omit for a whole GPU; "3g.40gb:2c+1c" or
+                                    # {profile: 3g.40gb, compute_instances: [2, 1]}: two compute instances
             time_slicing: 4         # replicas per whole GPU (nvidia.com/gpu.shared style sharing)
             workload: {pattern: diurnal, mean: 0.55, amplitude: 0.25}
     pods:
@@ -73,11 +74,33 @@ class Workload:
     amplitude: float = 0.2
 
 
+# Compute-instance sizes a GPU instance can be split into (nvidia-smi mig -lcip: 1c, 2c, 3c, 4c, 7c).
+CI_SLICES = (1, 2, 3, 4, 7)
+
+
 @dataclass(frozen=True, slots=True)
 class MigInstanceSpec:
-    profile: MigProfile
+    """One MIG device: a compute instance of a GPU instance (most GPU instances hold one, all of it)."""
+
+    profile: MigProfile  # the GPU instance's profile
     gpu_instance_id: int
     compute_instance_id: int = 0
+    compute_slices: int | None = None  # the compute instance's slices; None: the whole GPU instance
+
+    @property
+    def ci_slices(self) -> int:
+        return self.profile.compute_slices if self.compute_slices is None else self.compute_slices
+
+    @property
+    def name(self) -> str:
+        """What follows "MIG " in nvmlDeviceGetName: the GI profile, or "<n>c.<GI profile>" for a smaller CI."""
+        if self.ci_slices == self.profile.compute_slices:
+            return self.profile.name
+        return f"{self.ci_slices}c.{self.profile.name}"
+
+    @property
+    def multiprocessors(self) -> int:
+        return self.profile.multiprocessors * self.ci_slices // self.profile.compute_slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +117,10 @@ class GpuSpec:
     def mig_enabled(self) -> bool:
         return bool(self.mig)
 
-    def mig_uuid(self, gpu_instance_id: int) -> str:
-        return _uuid("MIG", f"{self.uuid}/{gpu_instance_id}")
+    def mig_uuid(self, gpu_instance_id: int, compute_instance_id: int = 0) -> str:
+        """Each MIG device (GPU instance, compute instance) has its own UUID."""
+        key = f"{self.uuid}/{gpu_instance_id}" + (f"/{compute_instance_id}" if compute_instance_id else "")
+        return _uuid("MIG", key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,31 +221,66 @@ class _Reader:
         return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def _compute_instances(reader: _Reader, profile: MigProfile, value: Any, path: str) -> list[int | None]:
+    """Compute-instance sizes for one GPU instance: ``[2, 1]`` (YAML) or ``"2c+1c"`` (after ``:``)."""
+    if value is None:
+        return [None]
+    items = value.split("+") if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise reader.fail(path, value, "expected compute-instance sizes such as [2, 1] or 2c+1c")
+    sizes = []
+    for item in items:
+        text = str(item).strip().removesuffix("c")
+        if not text.isdigit() or int(text) not in CI_SLICES or int(text) > profile.compute_slices:
+            raise reader.fail(
+                path,
+                value,
+                f"a {profile.name} GPU instance splits into compute instances of "
+                f"{', '.join(str(n) for n in CI_SLICES if n <= profile.compute_slices)} slices",
+            )
+        sizes.append(int(text))
+    if sum(sizes) > profile.compute_slices:
+        raise reader.fail(
+            path,
+            value,
+            f"compute instances need {sum(sizes)} slices; {profile.name} has {profile.compute_slices}",
+        )
+    return sizes
+
+
 def _layout(reader: _Reader, model: GpuModel, entries: list, path: str) -> tuple[MigInstanceSpec, ...]:
+    """GPU instances, each with its compute instances: ``"3g.40gb"``, ``"1g.10gb*7"``, ``"3g.40gb:2c+1c"``
+    or ``{profile: 3g.40gb, gpu_instance_id: 1, compute_instances: [2, 1]}``."""
     if not model.supports_mig:
         raise reader.fail(path, entries, f"{model.key} has no MIG support")
     names: list[str] = []
     explicit: list[int | None] = []
+    splits: list[Any] = []
     for i, entry in enumerate(entries):
         where = f"{path}[{i}]"
         if isinstance(entry, dict):
             name = reader.get(entry, "profile", where, str)
             explicit.append(reader.get(entry, "gpu_instance_id", where, int, None))
+            splits.append((entry.get("compute_instances"), f"{where}.compute_instances"))
             names.append(name)
             continue
         if not isinstance(entry, str):
-            raise reader.fail(where, entry, "expected a profile name such as 1g.10gb or 1g.10gb*7")
+            raise reader.fail(
+                where, entry, "expected a profile name such as 1g.10gb, 1g.10gb*7 or 3g.40gb:2c+1c"
+            )
         name, _, times = entry.partition("*")
+        name, _, split = name.partition(":")
         if times and not times.strip().isdigit():
             raise reader.fail(where, entry, "repeat count after * must be a whole number")
         for _ in range(int(times) if times else 1):
             names.append(name.strip())
             explicit.append(None)
+            splits.append((split.strip() or None, where))
     used_ids: set[int] = set()
     counts: dict[str, int] = {}
     compute = memory = 0
     instances = []
-    for name, gi in zip(names, explicit, strict=True):
+    for name, gi, (split, split_path) in zip(names, explicit, splits, strict=True):
         profile = model.mig_profiles.get(name)
         if profile is None:
             raise reader.fail(
@@ -238,7 +298,8 @@ def _layout(reader: _Reader, model: GpuModel, entries: list, path: str) -> tuple
         if gi is None or gi in used_ids:
             raise reader.fail(path, name, "no free GPU instance id for this profile")
         used_ids.add(gi)
-        instances.append(MigInstanceSpec(profile=profile, gpu_instance_id=gi))
+        for ci, size in enumerate(_compute_instances(reader, profile, split, split_path)):
+            instances.append(MigInstanceSpec(profile, gi, ci, size))
     if compute > model.total_compute_slices or memory > model.total_memory_slices:
         raise reader.fail(
             path,
@@ -254,6 +315,21 @@ def _range(value: Any) -> list | None:
         low, high = (int(x) for x in value.split("-"))
         return list(range(low, high + 1))
     return None
+
+
+def _fill(r: _Reader, template: str, values: dict, path: str) -> str:
+    """``trainer-{gpu}-{gi}`` -> ``trainer-3-7``; any other brace is an error, not str.format's."""
+
+    def value(match: re.Match) -> str:
+        if match.group(1) not in values:
+            known = ", ".join(f"{{{key}}}" for key in values)
+            raise r.fail(path, template, f"only {known} may stand in braces here")
+        return str(values[match.group(1)])
+
+    filled = re.sub(r"\{([^{}]*)\}", value, template)
+    if "{" in filled or "}" in filled:
+        raise r.fail(path, template, "unbalanced brace")
+    return filled
 
 
 def _expand_pods(r: _Reader, raw_pods: list):
@@ -274,7 +350,11 @@ def _expand_pods(r: _Reader, raw_pods: list):
         for combo in combos:
             names = {keys[k]: v for k, v in {**devices[0], **combo}.items() if k in keys}
             expanded = {
-                k: (v.format(**names) if isinstance(v, str) and k in ("name", "container") else v)
+                k: (
+                    _fill(r, v, names, f"pods[{p}].{k}")
+                    if isinstance(v, str) and k in ("name", "container")
+                    else v
+                )
                 for k, v in raw.items()
             }
             expanded["devices"] = [{**devices[0], **combo}]
@@ -411,9 +491,11 @@ def load_fleet(path: str | Path) -> Fleet:
     if not candidate.exists() and (FLEETS_DIR / f"{path}.yaml").exists():
         candidate = FLEETS_DIR / f"{path}.yaml"
     try:
-        text = candidate.read_text()
+        text = candidate.read_text(encoding="utf-8")
     except OSError as exc:
         raise FleetError(f"{path}: cannot read fleet file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise FleetError(f"{candidate}: not UTF-8 text (byte at offset {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

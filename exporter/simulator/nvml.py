@@ -34,6 +34,7 @@ __all__ = ["SimulatedNvml"]
 OK = N.NVML_SUCCESS
 DEVICE_BASE, MIG_BASE, EVENTSET_BASE, GPM_BASE = 0x1000, 0x100000, 0x200000, 0x300000
 NO_INSTANCE = 0xFFFFFFFF
+GPM_MIN_SPACING_S = 0.1
 MIG_CONFIG_CHANGE = 0x100  # nvmlEventMigConfigChange: pynvml names it without the "Type"
 
 _CLOCKS = {
@@ -163,7 +164,8 @@ class SimulatedNvml:
         self.initialised = 0
         self._falls_at_init: dict[int, int] = {}  # GPU index -> its falls when NVML really initialised
         self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}
-        self._gpm: dict[int, tuple[float, float] | None] = {}  # sample token -> (timestamp, busy seconds)
+        # GPM sample token -> (timestamp, busy seconds, what was sampled)
+        self._gpm: dict[int, tuple[float, float, tuple] | None] = {}
 
     # pynvml compares ``nvmlLib == None``: keep default identity equality (no __eq__ here).
     def __getattr__(self, name: str):
@@ -292,7 +294,7 @@ def nvmlDeviceGetIndex(lib, gpu, mig, out):
 
 @device_call
 def nvmlDeviceGetName(lib, gpu, mig, buf, length):
-    name = gpu.model.nvml_name + (f" MIG {mig.spec.profile.name}" if mig else "")
+    name = gpu.model.nvml_name + (f" MIG {mig.spec.name}" if mig else "")  # e.g. "MIG 1c.3g.40gb"
     return _write_string(buf, name)
 
 
@@ -644,10 +646,12 @@ def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(lib, gpu, mig, out):
 def nvmlDeviceGetAttributes_v2(lib, gpu, mig, out):
     if mig is None:
         return N.NVML_ERROR_NOT_SUPPORTED  # MIG handles only
+    # nvmlDeviceAttributes_t (nvml.h): the GPU instance's slices and memory, the compute instance's
+    # slices and SMs; they differ when a GPU instance holds several compute instances.
     attrs, profile = _out(out), mig.spec.profile
-    attrs.multiprocessorCount = profile.multiprocessors
+    attrs.multiprocessorCount = mig.spec.multiprocessors
     attrs.gpuInstanceSliceCount = profile.compute_slices
-    attrs.computeInstanceSliceCount = profile.compute_slices
+    attrs.computeInstanceSliceCount = mig.spec.ci_slices
     attrs.memorySizeMB = profile.memory_mib
     return OK
 
@@ -678,10 +682,13 @@ def nvmlGpmSampleFree(lib, sample):
 def nvmlGpmMigSampleGet(lib, gpu, mig, gpu_instance_id, sample):
     if not gpu.model.has_gpm:
         return N.NVML_ERROR_NOT_SUPPORTED
-    target = next((m for m in gpu.migs if m.gpu_instance_id == gpu_instance_id), None)
-    if target is None:
+    computes = gpu.gpu_instance(_int(gpu_instance_id))
+    if not computes:
         return N.NVML_ERROR_NOT_FOUND
-    lib._gpm[_token(sample)] = (lib.node.clock(), target.sm_busy_seconds)
+    # The GPU instance's SM activity: its compute instances' busy time, weighted by their slices.
+    slices = computes[0].spec.profile.compute_slices
+    busy = sum(m.sm_busy_seconds * m.spec.ci_slices for m in computes) / slices
+    lib._gpm[_token(sample)] = (lib.node.clock(), busy, (gpu.spec.index, "gi", _int(gpu_instance_id)))
     return OK
 
 
@@ -690,7 +697,8 @@ def nvmlGpmSampleGet(lib, gpu, mig, sample):
     if not gpu.model.has_gpm:
         return N.NVML_ERROR_NOT_SUPPORTED
     busy = mig.sm_busy_seconds if mig else sum(m.sm_busy_seconds for m in gpu.migs)
-    lib._gpm[_token(sample)] = (lib.node.clock(), busy)
+    source = (gpu.spec.index, "mig", mig.uuid) if mig else (gpu.spec.index, "gpu", None)
+    lib._gpm[_token(sample)] = (lib.node.clock(), busy, source)
     return OK
 
 
@@ -700,9 +708,13 @@ def nvmlGpmMetricsGet(lib, metrics_arg):
     if request.version != N.NVML_GPM_METRICS_GET_VERSION:
         return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
     first, second = lib._gpm.get(_token(request.sample1)), lib._gpm.get(_token(request.sample2))
-    if first is None or second is None:
-        return N.NVML_ERROR_INVALID_ARGUMENT
+    if first is None or second is None or first[2] != second[2]:
+        return N.NVML_ERROR_INVALID_ARGUMENT  # an empty sample, or two samples of different instances
     elapsed = second[0] - first[0]
+    if elapsed <= GPM_MIN_SPACING_S:
+        # nvml.h (NVIDIA/go-nvml), nvmlGpmMigSampleGet: "The interval between two nvmlGpmMigSampleGet()
+        # calls should be greater than 100ms due to the internal sample refresh rate." Refused here.
+        return N.NVML_ERROR_INVALID_ARGUMENT
     for i in range(request.numMetrics):
         metric = request.metrics[i]
         if metric.metricId == N.NVML_GPM_METRIC_SM_UTIL and elapsed > 0:

@@ -13,6 +13,7 @@ import pynvml as N
 import pytest
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
+from gpumeter.exporter.simulator.fleet import parse_fleet
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -149,3 +150,70 @@ def test_9_healthz_fails_when_the_sampler_has_stopped(simulate):
     sim.sampler.stop()  # the sampling thread is gone; the last sample is still fresh
     answer = httpx.get(url)
     assert answer.status_code == 503 and "sampler" in answer.text
+
+
+TWO_COMPUTE_INSTANCES = {
+    "seed": 5,
+    "nodes": [
+        {
+            "name": "gpu-h100-ci-01",
+            "gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb:2c+1c", "3g.40gb"]}],
+        }
+    ],
+    "pods": [
+        {
+            "namespace": "a",
+            "name": "split",
+            "node": "gpu-h100-ci-01",
+            "devices": [{"gpu": 0, "gpu_instance_id": 1}],
+            "utilization": 0.6,
+        },
+        {
+            "namespace": "b",
+            "name": "whole",
+            "node": "gpu-h100-ci-01",
+            "devices": [{"gpu": 0, "gpu_instance_id": 2}],
+            "utilization": 0.3,
+        },
+    ],
+}
+
+
+def mig_lines(sim, name: str) -> list[dict[str, str]]:
+    found = []
+    for family in sim.exporter.registry.collect():
+        found += [dict(s.labels, value=s.value) for s in family.samples if s.name == name]
+    return found
+
+
+def test_5_two_compute_instances_in_one_gpu_instance(simulate):
+    sim = simulate(parse_fleet(TWO_COMPUTE_INSTANCES, "two-ci"))
+    for _ in range(4):
+        snapshot = sim.sample(5)
+        assert all(c.success for c in snapshot.collectors), snapshot.collectors
+    # One MIG device per compute instance, each with its own slices; the GPU instance's profile.
+    info = {
+        (m["gpu_instance_id"], m["compute_instance_id"]): m for m in mig_lines(sim, "nvidia_gpu_mig_info")
+    }
+    assert set(info) == {("1", "0"), ("1", "1"), ("2", "0")}
+    assert [info[k]["compute_slices"] for k in (("1", "0"), ("1", "1"), ("2", "0"))] == ["2", "1", "3"]
+    assert {m["mig_profile"] for m in info.values()} == {"3g.40gb"}
+    assert {m["memory_slices"] for m in info.values()} == {"4"}
+    assert len({m["mig_uuid"] for m in info.values()}) == 3
+    # Memory belongs to the GPU instance: once per GPU instance, so sums match the GPU's own figure.
+    totals = mig_lines(sim, "nvidia_gpu_mig_memory_total_bytes")
+    assert sorted(m["gpu_instance_id"] for m in totals) == ["1", "2"]
+    used = sum(m["value"] for m in mig_lines(sim, "nvidia_gpu_mig_memory_used_bytes"))
+    assert used == sim.value("nvidia_gpu_memory_used_bytes", gpu="0", uuid=sim.node.gpus[0].spec.uuid)
+    # GPM per GPU instance, between samples one interval apart (the stand-in refuses < 100 ms).
+    util = {m["gpu_instance_id"]: m["value"] for m in mig_lines(sim, "nvidia_gpu_mig_sm_utilization_ratio")}
+    assert set(util) == {"1", "2"}
+    assert abs(util["1"] - 0.6) <= 0.05 and abs(util["2"] - 0.3) <= 0.05  # pods' load, +-5 % jitter
+    # The same through fault injection: one 7g GPU instance split 4 + 3.
+    sim.node.inject("mig_reconfigure", 0, layout=["7g.80gb:4c+3c"])
+    sim.sample(5)
+    info = mig_lines(sim, "nvidia_gpu_mig_info")
+    assert sorted((m["gpu_instance_id"], m["compute_instance_id"], m["compute_slices"]) for m in info) == [
+        ("0", "0", "4"),
+        ("0", "1", "3"),
+    ]
