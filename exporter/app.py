@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from . import collectors as collector_registry
 from .config import ExporterConfig
-from .nvml import NvmlSession
+from .nvml import NvmlSession, process_is_privileged
 from .render import ExpositionCache, SnapshotCollector
 from .sampler import Sampler
 from .server import load_web_config, make_app, serve
@@ -71,6 +71,7 @@ def build_exporter(
     library: object | None = None,
     node=None,
     kubelet_client=None,
+    privileged: bool | None = None,
 ) -> Exporter:
     """Wire an exporter. Tests inject ``library``/``node``/``clock``/``kubelet_client`` directly."""
     hostname = config.hostname or socket.gethostname()
@@ -84,6 +85,8 @@ def build_exporter(
         library = SimulatedNvml(node)
         hostname = config.hostname or node.spec.name
     watcher = XidWatcher(clock=clock)
+    if privileged is None:  # a simulated node says what its driver grants; a real one asks the kernel
+        privileged = node.privileged if node is not None else process_is_privileged()
     attribution = None
     if kubelet_client is not None or config.kubelet_socket:
         from .kubelet.attribution import PodAttribution
@@ -94,7 +97,7 @@ def build_exporter(
             client, hostname, keep_cycles=config.kubelet_keep_cycles, extra_resources=config.extra_resources
         )
     chosen = collector_registry.build(
-        config.enable_collectors, config.disable_collectors, xid_watcher=watcher
+        config.enable_collectors, config.disable_collectors, xid_watcher=watcher, privileged=privileged
     )
     sampler = Sampler(
         NvmlSession(library),

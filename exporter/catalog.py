@@ -417,6 +417,12 @@ CATALOG: tuple[MetricSpec, ...] = (
             ),
         ),
     ),
+    MetricSpec(
+        contract.MIG_XID_ERRORS,
+        M,
+        "nvmlEventSetWait_v2 on the parent GPU: nvmlEventData_t.gpuInstanceId / computeInstanceId "
+        "(0xFFFFFFFF: not attributable)",
+    ),
     # --- pods -----------------------------------------------------------------------------------
     MetricSpec(contract.ALLOCATION, A, "kubelet PodResources v1 List + GetAllocatableResources"),
     # --- the exporter itself --------------------------------------------------------------------
@@ -429,6 +435,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(contract.SAMPLE_DURATION, X, "sampler"),
     MetricSpec(contract.NVML_CALLS, X, "sampler"),
     MetricSpec(contract.BUILD_INFO, X, ""),
+    MetricSpec(
+        contract.MIG_XIDS_VISIBLE, X, "process privileges (root or CAP_SYS_ADMIN), nvmlDeviceRegisterEvents"
+    ),
 )
 
 _BY_NAME = {spec.name: spec for spec in CATALOG}

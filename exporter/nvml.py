@@ -13,15 +13,24 @@ answer; anything else fails only the collector that asked, for that device, for 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml as N
 
 from .snapshot import DeviceIdentity, MigIdentity
 
-__all__ = ["LIBRARY_DOWN", "DeviceContext", "DeviceLostError", "MigDevice", "NvmlSession"]
+__all__ = [
+    "LIBRARY_DOWN",
+    "DeviceContext",
+    "DeviceLostError",
+    "MigDevice",
+    "NvmlSession",
+    "process_is_privileged",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,23 @@ LIBRARY_DOWN = (
     N.NVML_ERROR_DRIVER_NOT_LOADED,
     N.NVML_ERROR_LIBRARY_NOT_FOUND,
 )
+
+
+CAP_SYS_ADMIN = 21  # linux/capability.h
+
+
+def process_is_privileged(status: Path = Path("/proc/self/status")) -> bool:
+    """Root or CAP_SYS_ADMIN: what NVML wants before it reports MIG instances' events (and some other
+    MIG queries) to a caller."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 class DeviceLostError(Exception):

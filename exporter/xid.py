@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # undefined (docs/nvml.md, "XID events"): each wait is a short slice, so stop() returns within one
 # slice and frees the set only once the thread is out, at the cost of one cheap wait call per slice.
 WAIT_MS = 100
+NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t: the event is not attributable to a GPU / compute instance
 
 
 class XidWatcher:
@@ -29,6 +30,8 @@ class XidWatcher:
         self._clock = clock
         self._lock = threading.Lock()
         self._counts: dict[str, dict[int, tuple[int, float]]] = {}  # uuid -> xid -> (count, last seen)
+        # (uuid, GPU instance, compute instance or None) -> xid -> (count, last seen)
+        self._instance_counts: dict[tuple[str, int, int | None], dict[int, tuple[int, float]]] = {}
         self._devices: dict[int, str] = {}  # handle address -> uuid
         self._eventset = None
         self._thread: threading.Thread | None = None
@@ -91,11 +94,17 @@ class XidWatcher:
                 self._stop.wait(1.0)  # NVML went away: the sampler re-attaches after re-init
                 continue
             if event.eventType & N.nvmlEventTypeXidCriticalError:
-                self.record(self._uuid_of(event.device), int(event.eventData))
+                self.record(
+                    self._uuid_of(event.device),
+                    int(event.eventData),
+                    event.gpuInstanceId,
+                    event.computeInstanceId,
+                )
 
     def _uuid_of(self, handle) -> str | None:
         # The event carries a new handle object: match its address (a lost GPU cannot tell its UUID).
-        uuid = self._devices.get(ctypes.cast(handle, ctypes.c_void_p).value)
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        uuid = self._devices.get(address) if address is not None else None
         if uuid is None:
             try:
                 uuid = N.nvmlDeviceGetUUID(handle)
@@ -103,11 +112,29 @@ class XidWatcher:
                 return None
         return uuid
 
-    def record(self, uuid: str | None, xid: int) -> None:
+    def instance_counts(self, uuid: str) -> dict[tuple[int, int | None], dict[int, tuple[int, float]]]:
+        """(GPU instance, compute instance or None) -> xid -> (count, last seen), for one GPU."""
+        with self._lock:
+            return {k[1:]: dict(v) for k, v in self._instance_counts.items() if k[0] == uuid}
+
+    def record(
+        self,
+        uuid: str | None,
+        xid: int,
+        gpu_instance_id: int = NO_INSTANCE,
+        compute_instance_id: int = NO_INSTANCE,
+    ) -> None:
+        """Count an XID for its GPU and, when the event names one (nvmlEventData_t, MIG mode), for the
+        GPU instance and compute instance it is attributable to."""
         if uuid is None:
             return
+        now = self._clock()
         with self._lock:
-            per_device = self._counts.setdefault(uuid, {})
-            count, _ = per_device.get(xid, (0, 0.0))
-            per_device[xid] = (count + 1, self._clock())
-        log.warning("XID %d on GPU %s", xid, uuid)
+            tallies = [self._counts.setdefault(uuid, {})]
+            if gpu_instance_id != NO_INSTANCE:
+                ci = None if compute_instance_id == NO_INSTANCE else compute_instance_id
+                tallies.append(self._instance_counts.setdefault((uuid, gpu_instance_id, ci), {}))
+            for tally in tallies:
+                count, _ = tally.get(xid, (0, 0.0))
+                tally[xid] = (count + 1, now)
+        log.warning("XID %d on GPU %s%s", xid, uuid, "" if len(tallies) == 1 else f" GI {gpu_instance_id}")

@@ -282,14 +282,31 @@ MIG_INFO = _mig(
     COMPUTE_SLICES,
     MEMORY_SLICES,
 )
-MIG_MEMORY_TOTAL = _mig("nvidia_gpu_mig_memory_total_bytes", G, "bytes", "Memory of the MIG instance.")
-MIG_MEMORY_USED = _mig("nvidia_gpu_mig_memory_used_bytes", G, "bytes", "Memory of the MIG instance in use.")
-MIG_MEMORY_FREE = _mig("nvidia_gpu_mig_memory_free_bytes", G, "bytes", "Memory of the MIG instance free.")
+_GI_ONCE = " Once per GPU instance, on its first compute instance: its compute instances share it."
+MIG_MEMORY_TOTAL = _mig(
+    "nvidia_gpu_mig_memory_total_bytes", G, "bytes", "Memory of the MIG GPU instance." + _GI_ONCE
+)
+MIG_MEMORY_USED = _mig(
+    "nvidia_gpu_mig_memory_used_bytes", G, "bytes", "Memory of the MIG GPU instance in use." + _GI_ONCE
+)
+MIG_MEMORY_FREE = _mig(
+    "nvidia_gpu_mig_memory_free_bytes", G, "bytes", "Memory of the MIG GPU instance free." + _GI_ONCE
+)
 MIG_SM_UTILIZATION = _mig(
     "nvidia_gpu_mig_sm_utilization_ratio",
     G,
     "ratio",
-    "SM utilization of the GPU instance over the last sampling interval (NVML GPM; Hopper and later).",
+    "SM utilization of the GPU instance over the last sampling interval (NVML GPM; Hopper and later)."
+    + _GI_ONCE,
+)
+MIG_XID_ERRORS = _mig(
+    "nvidia_gpu_mig_xid_errors_total",
+    C,
+    "",
+    "XID errors the driver attributes to a MIG instance (also counted in nvidia_gpu_xid_errors_total); "
+    "compute_instance_id is empty when only the GPU instance is known. Absent while "
+    "gpumeter_exporter_mig_xids_visible is 0.",
+    "xid",
 )
 # --- pods ---------------------------------------------------------------------------------------------
 ALLOCATION = _exporter(
@@ -346,6 +363,13 @@ NVML_CALLS = _exporter(
     "gpumeter_exporter_nvml_calls", G, "", "NVML library calls made in the last sampling cycle."
 )
 BUILD_INFO = _exporter("gpumeter_exporter_build_info", G, "", "The exporter's version; value 1.", "version")
+MIG_XIDS_VISIBLE = _exporter(
+    "gpumeter_exporter_mig_xids_visible",
+    G,
+    "",
+    "1 when the exporter runs with the privileges (root or CAP_SYS_ADMIN) NVML needs to report MIG "
+    "instances' XIDs to it; 0: it sees only XIDs that affect a whole GPU, and misses the rest.",
+)
 
 EXPORTER_SERIES: tuple[Series, ...] = (
     GPU_INFO,
@@ -384,6 +408,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     MIG_MEMORY_USED,
     MIG_MEMORY_FREE,
     MIG_SM_UTILIZATION,
+    MIG_XID_ERRORS,
     ALLOCATION,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
@@ -394,6 +419,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     SAMPLE_DURATION,
     NVML_CALLS,
     BUILD_INFO,
+    MIG_XIDS_VISIBLE,
 )
 
 # --- kube-state-metrics: the namespace → team mapping billing reads -----------------------------------

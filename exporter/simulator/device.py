@@ -54,6 +54,8 @@ FAULTS = (
 
 NVLINK_INACTIVE, NVLINK_ACTIVE, NVLINK_SLEEP = 0, 1, 2  # NVML_NVLINK_STATE_* (nvml.h)
 
+NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t's gpuInstanceId/computeInstanceId when not attributable
+
 AMBIENT_C = 28.0
 THERMAL_TAU_S = 30.0
 STEP_S = 5.0  # longest integration step when time jumps (fast-forward)
@@ -250,7 +252,11 @@ class SimulatedNode:
         self.pods = fleet.pods_on(self.spec.name)
         self.pod_driven = bool(self.pods)
         self.nvml_available = True
-        self.events: deque[tuple[int, int, int, int]] = deque()  # (gpu, event type, data, gpu instance)
+        # (gpu, event type, data, gpu instance, compute instance); NO_INSTANCE where not attributable
+        self.events: deque[tuple[int, int, int, int, int]] = deque()
+        # Whether the exporter reading this node has the privileges NVML wants before it reports MIG
+        # instances' events to a parent-GPU registration (nvml.h, nvmlDeviceRegisterEvents).
+        self.privileged = self.spec.exporter_privileged
         self.events_changed = threading.Condition(self.lock)  # wakes a thread blocked in nvmlEventSetWait
         self._t = self.start
         self._step(self.start, 0.0)
@@ -345,8 +351,24 @@ class SimulatedNode:
                 )
             elif fault == "xid":
                 code = int(params.get("code", 79))
-                gi = params.get("gpu_instance_id")
-                self.events.append((target.spec.index, 0x8, code, 0xFFFFFFFF if gi is None else int(gi)))
+                gi, ci = params.get("gpu_instance_id"), params.get("compute_instance_id")
+                if gi is not None and not target.gpu_instance(int(gi)):
+                    raise ValueError(f"GPU {target.spec.index} has no GPU instance {gi}")
+                if ci is not None and (
+                    gi is None or int(ci) not in {m.compute_instance_id for m in target.gpu_instance(int(gi))}
+                ):
+                    raise ValueError(
+                        f"GPU instance {gi} of GPU {target.spec.index} has no compute instance {ci}"
+                    )
+                self.events.append(
+                    (
+                        target.spec.index,
+                        0x8,
+                        code,
+                        NO_INSTANCE if gi is None else int(gi),
+                        NO_INSTANCE if ci is None else int(ci),
+                    )
+                )
                 self.events_changed.notify_all()
                 if code == 79:
                     target.fall_off_the_bus()
@@ -354,7 +376,7 @@ class SimulatedNode:
                 kind = params.get("error_type", "uncorrected")
                 target.ecc[kind] += int(params.get("count", 1))
                 if kind == "uncorrected":
-                    self.events.append((target.spec.index, 0x2, 0, 0xFFFFFFFF))
+                    self.events.append((target.spec.index, 0x2, 0, NO_INSTANCE, NO_INSTANCE))
                     self.events_changed.notify_all()
             elif fault == "row_remap":
                 kind = params.get("kind", "pending")

@@ -7,6 +7,7 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
       - name: gpu-h100-01
         driver_version: "550.54.15"
         cuda_version: "12.4"
+        exporter_privileged: true   # false: NVML withholds MIG instances' XIDs from the exporter
         kubelet:                    # how the stand-in kubelet names devices (optional)
           device_ids: uuid          # uuid | gke | legacy-mig
           mig_strategy: mixed       # mixed: nvidia.com/mig-<profile>; single: nvidia.com/gpu
@@ -132,6 +133,7 @@ class NodeSpec:
     device_ids: str = "uuid"
     mig_strategy: str = "mixed"
     extra_resources: tuple[str, ...] = ()
+    exporter_privileged: bool = True  # root or CAP_SYS_ADMIN: sees MIG instances' XIDs
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +431,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 device_ids=device_ids,
                 mig_strategy=strategy,
                 extra_resources=extra,
+                exporter_privileged=r.get(raw, "exporter_privileged", path, bool, True),
             )
         )
     pods = []

@@ -769,12 +769,20 @@ def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
     with node.lock:
         while True:
             while node.events:
-                gpu, kind, data, gi = node.events.popleft()
+                gpu, kind, data, gi, ci = node.events.popleft()
+                # nvml.h, nvmlDeviceRegisterEvents: "In MIG mode, if device handle is provided, the API
+                # reports all the events for the available instances, only if the caller has appropriate
+                # privileges. In absence of required privileges, only the events which affect all the
+                # instances (i.e. whole device) are reported."
+                if gi != NO_INSTANCE and not node.privileged:
+                    continue
                 if registered.get(gpu, 0) & kind:
                     event = _out(out)
                     event.device = ctypes.cast(ctypes.c_void_p(DEVICE_BASE + gpu), N.c_nvmlDevice_t)
                     event.eventType, event.eventData = kind, data
-                    event.gpuInstanceId = event.computeInstanceId = gi
+                    # nvmlEventData_t: the GPU and compute instance the XID is attributable to, else
+                    # 0xFFFFFFFF each
+                    event.gpuInstanceId, event.computeInstanceId = gi, ci
                     return OK
             left = deadline - time.monotonic()
             if left <= 0:

@@ -7,13 +7,15 @@ say the driver does; each failed on the exporter as it was before its fix.
 from __future__ import annotations
 
 import argparse
+import time
 
 import httpx
 import pynvml as N
 import pytest
+import yaml
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
-from gpumeter.exporter.simulator.fleet import parse_fleet
+from gpumeter.exporter.simulator.fleet import FLEETS_DIR, parse_fleet
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -217,3 +219,65 @@ def test_5_two_compute_instances_in_one_gpu_instance(simulate):
         ("0", "0", "4"),
         ("0", "1", "3"),
     ]
+
+
+def wait_for_xids(sim, uuid: str, total: int) -> None:
+    deadline = time.monotonic() + 3
+    while sum(c for c, _ in sim.sampler.xid_watcher.counts(uuid).values()) < total:
+        assert time.monotonic() < deadline, sim.sampler.xid_watcher.counts(uuid)
+        time.sleep(0.01)
+
+
+def test_7_a_mig_instances_xid_is_attributed_to_it(simulate):
+    sim = simulate("h100-mig")
+    sim.sampler.start()
+    uuid = sim.node.gpus[1].spec.uuid
+    sim.node.inject("xid", 1, code=31, gpu_instance_id=9, compute_instance_id=0)
+    sim.node.inject("xid", 1, code=43, gpu_instance_id=10)  # the GPU instance only
+    sim.node.inject("xid", 1, code=48)  # the whole GPU
+    wait_for_xids(sim, uuid, 3)
+    sim.sample()
+    base = {"gpu": "1", "uuid": uuid}
+    for xid in ("31", "43", "48"):  # the GPU's count keeps every XID, as alerts read it
+        assert sim.value("nvidia_gpu_xid_errors_total", **base, xid=xid) == 1
+    instance = {**base, "mig_profile": "1g.10gb"}
+    assert (
+        sim.value(
+            "nvidia_gpu_mig_xid_errors_total",
+            **instance,
+            gpu_instance_id="9",
+            compute_instance_id="0",
+            xid="31",
+        )
+        == 1
+    )
+    assert (
+        sim.value(
+            "nvidia_gpu_mig_xid_errors_total",
+            **instance,
+            gpu_instance_id="10",
+            compute_instance_id="",
+            xid="43",
+        )
+        == 1
+    )
+    assert 'xid="48"' not in "".join(
+        line for line in sim.text().splitlines() if line.startswith("nvidia_gpu_mig_xid_errors_total{")
+    )
+    assert sim.value("gpumeter_exporter_mig_xids_visible") == 1
+
+
+def test_7_an_unprivileged_exporter_says_it_misses_mig_instances_xids(simulate):
+    data = yaml.safe_load((FLEETS_DIR / "h100-mig.yaml").read_text())
+    data["nodes"][0]["exporter_privileged"] = False
+    sim = simulate(parse_fleet(data, "unprivileged"))
+    sim.sampler.start()
+    uuid = sim.node.gpus[1].spec.uuid
+    sim.node.inject("xid", 1, code=31, gpu_instance_id=9, compute_instance_id=0)  # withheld by NVML
+    sim.node.inject("xid", 1, code=48)
+    wait_for_xids(sim, uuid, 1)
+    sim.sample()
+    assert sim.value("gpumeter_exporter_mig_xids_visible") == 0
+    assert sim.value("nvidia_gpu_xid_errors_total", gpu="1", uuid=uuid, xid="48") == 1
+    assert sim.value("nvidia_gpu_xid_errors_total", gpu="1", uuid=uuid, xid="31") is None
+    assert "nvidia_gpu_mig_xid_errors_total{" not in sim.text()
