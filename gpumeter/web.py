@@ -1,0 +1,990 @@
+"""HTTP serving for every gpumeter listener (the exporter's /metrics, billing's /metrics, the
+simulator's fault-injection port), and the Prometheus exporter-toolkit web config read strictly.
+
+The server is the standard library's WSGI server (prometheus-client's own has no basic auth and no
+routes of ours), made fit to face a network (docs/security.md):
+
+* one daemon thread per connection, so an idle, slow or hostile client holds a thread, never the
+  accept loop; at most ``Limits.max_connections`` at once, more are closed as they arrive;
+* the TLS handshake runs in that thread under a deadline, not in the accept loop;
+* the request (line, headers, body) must arrive within ``read_timeout`` and the answer leave within
+  ``write_timeout``, so a slowloris or a client that never reads is dropped;
+* a listen backlog of 1024: socketserver's 5 dropped SYNs under 20 concurrent scrapers, and each
+  drop costs the client a 1 s retransmit.
+
+The web config is exporter-toolkit's format (its docs/web-configuration.md). Unknown keys,
+malformed bcrypt hashes, unreadable files and contradictions are refused at start, naming the file,
+the field and the value: a typo must never serve without the protection it meant to add.
+
+This module imports nothing from the parts; TLS (pyOpenSSL) and bcrypt load only when configured.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import ipaddress
+import logging
+import os
+import re
+import secrets
+import select
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
+
+import yaml
+
+__all__ = [
+    "CLIENT_AUTH_TYPES",
+    "Limits",
+    "ListenError",
+    "Server",
+    "TlsSettings",
+    "WebConfig",
+    "WebConfigError",
+    "guard",
+    "is_loopback",
+    "load_web_config",
+    "parse_listen",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+
+class WebConfigError(ValueError):
+    """A web config that cannot be used; the message names the file, the field and the value."""
+
+
+class ListenError(ValueError):
+    """A listen address that is malformed, or that cannot be bound (the message names it)."""
+
+
+# --- the listen address -------------------------------------------------------------------------
+
+
+def parse_listen(text: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """``host:port``, ``:port`` (every interface) or ``[v6]:port`` -> (host, port)."""
+    host, colon, port = str(text).strip().rpartition(":")
+    if not colon:
+        raise ListenError(f"{text!r}: expected host:port or :port")
+    if host.startswith("[") != host.endswith("]"):
+        raise ListenError(f"{text!r}: unbalanced brackets around the IPv6 address")
+    host = host[1:-1] if host.startswith("[") else host
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ListenError(f"{text!r}: the port must be a number from 0 to 65535")
+    return host or default_host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (an empty host means every interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --- the web config -----------------------------------------------------------------------------
+
+# exporter-toolkit's client_auth_type -> (ask for a certificate, refuse a client without one,
+# verify it against the client CA). The last three are Go's crypto/tls ClientAuthType meanings;
+# "RequireClientCert" is exporter-toolkit's older spelling of RequireAnyClientCert.
+_CLIENT_AUTH = {
+    "NoClientCert": (False, False, False),
+    "RequestClientCert": (True, False, False),
+    "RequireAnyClientCert": (True, True, False),
+    "RequireClientCert": (True, True, False),
+    "VerifyClientCertIfGiven": (True, False, True),
+    "RequireAndVerifyClientCert": (True, True, True),
+}
+CLIENT_AUTH_TYPES = tuple(_CLIENT_AUTH)
+
+_TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+
+# Go's tls.CipherSuites() (the names exporter-toolkit accepts) -> OpenSSL's names. The TLS 1.3
+# suites are accepted and, as in Go, not configurable: they apply to TLS 1.2 and older only.
+_CIPHERS = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_AES_128_GCM_SHA256": None,
+    "TLS_AES_256_GCM_SHA384": None,
+    "TLS_CHACHA20_POLY1305_SHA256": None,
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+# Go's curve names -> OpenSSL's group names
+_CURVES = {"CurveP256": "P-256", "CurveP384": "P-384", "CurveP521": "P-521", "X25519": "X25519"}
+
+# http_server_config.headers: the only headers exporter-toolkit lets a config set, with the values
+# it allows where it restricts them (None: any value).
+_HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+
+# Every key exporter-toolkit's docs/web-configuration.md documents, with the YAML type it takes.
+_SCHEMA: dict[str, dict[str, Any]] = {
+    "": {
+        "tls_server_config": dict,
+        "http_server_config": dict,
+        "basic_auth_users": dict,
+        "rate_limit": dict,
+    },
+    "tls_server_config": {
+        "cert": str,
+        "key": str,
+        "client_ca": str,
+        "cert_file": str,
+        "key_file": str,
+        "client_auth_type": str,
+        "client_ca_file": str,
+        "client_allowed_sans": list,
+        "min_version": str,
+        "max_version": str,
+        "cipher_suites": list,
+        "prefer_server_cipher_suites": bool,
+        "curve_preferences": list,
+    },
+    "http_server_config": {"http2": bool, "headers": dict},
+    "rate_limit": {"interval": (str, int), "burst": int},
+}
+
+# A bcrypt hash as htpasswd -B and Go's bcrypt write it: version, cost 4..31, 53 characters of salt
+# and digest in bcrypt's base64 alphabet.
+_BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+# bcrypt reads at most 72 bytes of a password
+_BCRYPT_MAX_PASSWORD = 72
+
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """``tls_server_config``: where the certificate and key come from (a file, re-read when it
+    changes, or inline PEM) and the handshake policy."""
+
+    cert_file: Path | None
+    key_file: Path | None
+    cert_pem: bytes | None
+    key_pem: bytes | None
+    client_ca_pem: bytes | None
+    client_auth_type: str = "NoClientCert"
+    client_allowed_sans: tuple[str, ...] | None = None
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    cipher_suites: tuple[str, ...] = ()
+    prefer_server_cipher_suites: bool = True
+    curve_preferences: tuple[str, ...] = ()
+    source: str = "<web config>"
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """A parsed exporter-toolkit web config. An empty one (no file, or an empty file) means plain
+    HTTP with no authentication, as in exporter-toolkit."""
+
+    tls: TlsSettings | None = None
+    basic_auth_users: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    rate_limit: tuple[float, int] | None = None  # (seconds between requests, burst)
+    http2: bool = True  # accepted for compatibility; gpumeter serves HTTP/1.1 only
+    source: str = "<web config>"
+
+
+def _read_text(path: Path, what: str, error=WebConfigError) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: {what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
+_KIND_NAMES = {dict: "mapping", list: "list", str: "string", int: "whole number", bool: "true or false"}
+_KIND_NAMES.update({float: "number", type(None): "empty value"})
+
+
+def _section(data: Any, where: str, fail: Callable[[str, Any, str], WebConfigError]) -> dict:
+    """A mapping checked against the schema: unknown keys and wrong types are refused."""
+    schema = _SCHEMA[where]
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise fail(where or "(top level)", data, "expected a mapping")
+    out = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in schema:
+            known = ", ".join(schema)
+            shown = value if isinstance(value, str | int | float) else f"<a {_KIND_NAMES[type(value)]}>"
+            raise fail(path, shown, f"unknown key (exporter-toolkit's keys here: {known})")
+        if value is None:
+            continue  # YAML's empty value: as Go reads it, the default
+        kind = schema[key]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            raise fail(path, value, f"expected a {' or '.join(_KIND_NAMES[k] for k in kinds)}")
+        if kind is list and not all(isinstance(item, str) for item in value):
+            raise fail(path, value, "expected a list of strings")
+        out[key] = value
+    return out
+
+
+def _go_duration(value: str | int, path: str, fail) -> float:
+    """Seconds from a Go duration ("1s", "1m30s", "500ms") or an integer of nanoseconds."""
+    if isinstance(value, int):
+        if value < 0:
+            raise fail(path, value, "must not be negative")
+        return value * 1e-9
+    text = value.strip()
+    if text == "0":
+        return 0.0
+    parts = _GO_DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        raise fail(path, value, "expected a duration such as 1s, 500ms or 1m30s")
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
+
+
+def load_web_config(path: str | os.PathLike) -> WebConfig:
+    """Parse and check an exporter-toolkit web config. Relative file names are relative to the
+    config's own folder, as in exporter-toolkit. The certificate, key and client CA are loaded
+    here, so a missing or broken one stops the start rather than the first scrape."""
+    path = Path(path)
+    source = str(path)
+
+    def fail(field_path: str, value: Any, why: str) -> WebConfigError:
+        secret = field_path.startswith("basic_auth_users") or field_path == "tls_server_config.key"
+        shown = "<hidden>" if secret else value
+        return WebConfigError(f"{source}: {field_path}: {why} (got {shown!r})")
+
+    try:
+        data = yaml.safe_load(_read_text(path, "web config"))
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"{source}: malformed YAML: {exc}") from None
+    top = _section(data, "", fail)
+    tls = _tls_settings(_section(top.get("tls_server_config"), "tls_server_config", fail), path, fail)
+    http = _section(top.get("http_server_config"), "http_server_config", fail)
+    headers = {}
+    for name, value in (http.get("headers") or {}).items():
+        where = f"http_server_config.headers.{name}"
+        if name not in _HEADERS:
+            raise fail(where, value, f"this header cannot be set; these can: {', '.join(_HEADERS)}")
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise fail(where, value, "expected a string")
+        allowed = _HEADERS[name]
+        if allowed is not None and str(value) not in allowed:
+            raise fail(where, value, f"expected one of {', '.join(allowed)}")
+        headers[str(name)] = str(value)
+    rate = _section(top.get("rate_limit"), "rate_limit", fail)
+    interval = _go_duration(rate.get("interval", 0), "rate_limit.interval", fail)
+    burst = rate.get("burst", 0)
+    if burst < 0:
+        raise fail("rate_limit.burst", burst, "must not be negative")
+    users = {}
+    for user, hashed in _section_users(top.get("basic_auth_users"), fail).items():
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
+            raise fail(
+                f"basic_auth_users.{user}",
+                hashed,
+                "expected a bcrypt hash such as htpasswd -nBC 10 '' writes ($2y$10$ and 53 characters)",
+            )
+        users[user] = hashed.encode()
+    config = WebConfig(
+        tls=tls,
+        basic_auth_users=users,
+        headers=headers,
+        rate_limit=(interval, burst) if interval > 0 else None,
+        http2=http.get("http2", True),
+        source=source,
+    )
+    if tls is not None:
+        _TlsContext(tls).build()  # every file readable, the key matching the certificate
+    return config
+
+
+def _section_users(data: Any, fail) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise fail("basic_auth_users", data, "expected a mapping of user name to bcrypt hash")
+    users = {}
+    for user, hashed in data.items():
+        if isinstance(user, bool) or not isinstance(user, str | int) or str(user) == "":
+            raise fail(f"basic_auth_users.{user}", hashed, "expected a user name")
+        users[str(user)] = hashed
+    return users
+
+
+def _tls_settings(tls: dict, config_path: Path, fail) -> TlsSettings | None:
+    where = "tls_server_config"
+    given = {key: value for key, value in tls.items() if value not in ("", [])}
+    enabling = ("cert", "key", "client_ca", "cert_file", "key_file", "client_ca_file", "client_auth_type")
+    if not any(key in given for key in enabling):
+        if given:  # exporter-toolkit would quietly serve plain HTTP here
+            first = next(iter(given))
+            raise fail(f"{where}.{first}", given[first], "TLS settings without cert_file and key_file")
+        return None
+    pem: dict[str, bytes | None] = {}
+    files: dict[str, Path | None] = {}
+    for inline, named in (("cert", "cert_file"), ("key", "key_file"), ("client_ca", "client_ca_file")):
+        if inline in given and named in given:
+            raise fail(f"{where}.{inline}", "<inline PEM>", f"give either {inline} or {named}, not both")
+        files[named] = (config_path.parent / given[named]) if named in given else None
+        pem[inline] = given[inline].encode() if inline in given else None
+    for inline, named in (("cert", "cert_file"), ("key", "key_file")):
+        if files[named] is None and pem[inline] is None:
+            raise fail(
+                f"{where}.{named}", tls.get(named, ""), f"required when TLS is on (or {inline} inline)"
+            )
+    if files["client_ca_file"] is not None:
+        pem["client_ca"] = _read_pem(files["client_ca_file"], f"{where}.client_ca_file", fail)
+    auth = given.get("client_auth_type", "NoClientCert")
+    if auth not in _CLIENT_AUTH:
+        raise fail(f"{where}.client_auth_type", auth, f"expected one of {', '.join(CLIENT_AUTH_TYPES)}")
+    asks = _CLIENT_AUTH[auth][0]
+    if pem["client_ca"] is not None and not asks:
+        raise fail(f"{where}.client_ca_file", str(files["client_ca_file"] or "<inline>"),
+                   "a client CA needs a client_auth_type that asks for certificates")  # fmt: skip
+    if auth == "RequireAndVerifyClientCert" and pem["client_ca"] is None:
+        raise fail(f"{where}.client_ca_file", None, f"required with {auth}: no client could be verified")
+    sans = tls.get("client_allowed_sans")
+    if sans is not None:
+        if not sans:
+            raise fail(f"{where}.client_allowed_sans", sans, "an empty list would refuse every client")
+        if not asks:
+            raise fail(
+                f"{where}.client_allowed_sans", sans, "needs a client_auth_type that asks for certificates"
+            )
+    versions = {}
+    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        versions[key] = given.get(key, default)
+        if versions[key] not in _TLS_VERSIONS:
+            raise fail(f"{where}.{key}", versions[key], f"expected one of {', '.join(_TLS_VERSIONS)}")
+    if _TLS_VERSIONS.index(versions["min_version"]) > _TLS_VERSIONS.index(versions["max_version"]):
+        raise fail(f"{where}.min_version", versions["min_version"], "is above max_version")
+    for i, name in enumerate(given.get("cipher_suites", [])):
+        if name not in _CIPHERS:
+            raise fail(
+                f"{where}.cipher_suites[{i}]", name, "unknown cipher suite (Go's tls.CipherSuites() names)"
+            )
+    for i, name in enumerate(given.get("curve_preferences", [])):
+        if name not in _CURVES:
+            raise fail(f"{where}.curve_preferences[{i}]", name, f"expected one of {', '.join(_CURVES)}")
+    return TlsSettings(
+        cert_file=files["cert_file"],
+        key_file=files["key_file"],
+        cert_pem=pem["cert"],
+        key_pem=pem["key"],
+        client_ca_pem=pem["client_ca"],
+        client_auth_type=auth,
+        client_allowed_sans=tuple(sans) if sans is not None else None,
+        min_version=versions["min_version"],
+        max_version=versions["max_version"],
+        cipher_suites=tuple(given.get("cipher_suites", [])),
+        prefer_server_cipher_suites=tls.get("prefer_server_cipher_suites", True),
+        curve_preferences=tuple(given.get("curve_preferences", [])),
+        source=str(config_path),
+    )
+
+
+def _read_pem(path: Path, field_path: str, fail) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise fail(field_path, str(path), f"cannot read it: {exc.strerror or exc}") from None
+
+
+# --- TLS ------------------------------------------------------------------------------------------
+
+
+class _TlsContext:
+    """The pyOpenSSL context for new connections, rebuilt when the certificate or key file changes
+    (so a rotated certificate is served without a restart, as exporter-toolkit does).
+
+    pyOpenSSL rather than the ssl module: Python's ssl verifies every client certificate it asks
+    for, so it cannot express RequestClientCert and RequireAnyClientCert (ask, accept any)."""
+
+    def __init__(self, settings: TlsSettings):
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+        self._context = None
+
+    def _files_stamp(self) -> tuple:
+        stamp = []
+        for path in (self.settings.cert_file, self.settings.key_file):
+            try:
+                info = path.stat() if path else None
+                stamp.append((info.st_mtime_ns, info.st_size, info.st_ino) if info else None)
+            except OSError:
+                stamp.append("missing")
+        return tuple(stamp)
+
+    def current(self):
+        stamp = self._files_stamp()
+        if stamp != self._stamp:
+            with self._lock:
+                if stamp != self._stamp:
+                    try:
+                        self._context = self.build()
+                    except WebConfigError as exc:
+                        if self._context is None:
+                            raise
+                        log.error("keeping the previous TLS certificate: %s", exc)
+                    self._stamp = stamp
+        return self._context
+
+    def build(self):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from OpenSSL import SSL, crypto
+
+        s = self.settings
+        where = "tls_server_config"
+
+        def fail(field_path: str, value: Any, why: str) -> WebConfigError:
+            return WebConfigError(f"{s.source}: {where}.{field_path}: {why} (got {value!r})")
+
+        cert_pem = s.cert_pem if s.cert_file is None else _read_pem(s.cert_file, "cert_file", fail)
+        key_pem = s.key_pem if s.key_file is None else _read_pem(s.key_file, "key_file", fail)
+        cert_name = ("cert_file", str(s.cert_file)) if s.cert_file else ("cert", "<inline PEM>")
+        key_name = ("key_file", str(s.key_file)) if s.key_file else ("key", "<inline PEM>")
+        try:
+            chain = x509.load_pem_x509_certificates(cert_pem)
+        except ValueError as exc:
+            raise fail(*cert_name, f"not a PEM certificate: {exc}") from None
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None)
+        except (ValueError, TypeError) as exc:
+            raise fail(*key_name, f"not an unencrypted PEM private key: {exc}") from None
+        context = SSL.Context(SSL.TLS_SERVER_METHOD)
+        versions = dict(zip(_TLS_VERSIONS, (SSL.TLS1_VERSION, SSL.TLS1_1_VERSION, SSL.TLS1_2_VERSION, SSL.TLS1_3_VERSION), strict=True))  # fmt: skip
+        context.set_min_proto_version(versions[s.min_version])
+        context.set_max_proto_version(versions[s.max_version])
+        context.set_options(SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION)
+        if s.prefer_server_cipher_suites:
+            context.set_options(SSL.OP_CIPHER_SERVER_PREFERENCE)
+        try:
+            context.use_certificate(chain[0])
+            for extra in chain[1:]:
+                context.add_extra_chain_cert(extra)
+            context.use_privatekey(key)
+            context.check_privatekey()
+        except SSL.Error as exc:
+            raise fail(*key_name, f"does not match the certificate: {exc}") from None
+        legacy = [_CIPHERS[name] for name in s.cipher_suites if _CIPHERS[name]]
+        if legacy:
+            context.set_cipher_list(":".join(legacy).encode())
+        elif s.cipher_suites:  # only TLS 1.3 suites named: Go then offers TLS 1.2 no cipher at all
+            context.set_min_proto_version(SSL.TLS1_3_VERSION)
+        if s.curve_preferences:
+            _set_curves(context, [_CURVES[name] for name in s.curve_preferences], fail)
+        asks, requires, verifies = _CLIENT_AUTH[s.client_auth_type]
+        if asks:
+            if verifies:
+                if s.client_ca_pem is not None:
+                    store = context.get_cert_store()
+                    try:
+                        authorities = x509.load_pem_x509_certificates(s.client_ca_pem)
+                    except ValueError as exc:
+                        raise fail(
+                            "client_ca_file", "<client CA>", f"no PEM certificate in it: {exc}"
+                        ) from None
+                    for authority in authorities:
+                        store.add_cert(crypto.X509.from_cryptography(authority))
+                else:  # VerifyClientCertIfGiven without a CA: Go verifies against the system's roots
+                    context.set_default_verify_paths()
+            mode = SSL.VERIFY_PEER | (SSL.VERIFY_FAIL_IF_NO_PEER_CERT if requires else 0)
+            context.set_verify(mode, _verifier(verifies, s.client_allowed_sans))
+        else:
+            context.set_verify(SSL.VERIFY_NONE)
+        return context
+
+    def accept(self, sock: socket.socket, timeout: float) -> _TlsSocket:
+        """Handshake on an accepted socket within ``timeout`` seconds (in the connection's thread)."""
+        from OpenSSL import SSL
+
+        connection = SSL.Connection(self.current(), sock)
+        connection.set_accept_state()
+        wrapped = _TlsSocket(connection, sock)
+        wrapped.settimeout(timeout)
+        wrapped.do_handshake()
+        if self.settings.client_allowed_sans is not None and connection.get_peer_certificate() is None:
+            raise _TlsError("no client certificate, and client_allowed_sans is set")
+        return wrapped
+
+
+def _set_curves(context, groups: list[str], fail) -> None:
+    # pyOpenSSL has no public call for the group list (set_tmp_ecdh takes one NIST curve and not
+    # X25519); OpenSSL's SSL_CTX_set1_curves_list, through the binding pyOpenSSL itself is built
+    # on, is what Go's CurvePreferences means: these groups, in this order, and no others.
+    from OpenSSL._util import lib
+
+    setter = getattr(lib, "SSL_CTX_set1_curves_list", None)
+    if setter is None or setter(context._context, ":".join(groups).encode()) != 1:
+        raise fail("curve_preferences", groups, "this OpenSSL build cannot pin these curves")
+
+
+def _verifier(verify: bool, allowed_sans: tuple[str, ...] | None):
+    """OpenSSL's per-certificate callback: keep OpenSSL's verdict when the mode verifies, accept any
+    chain when it only asks; check the client's SANs (exporter-toolkit's client_allowed_sans)."""
+
+    def callback(connection, certificate, error, depth, ok) -> bool:
+        if verify and not ok:
+            return False
+        if depth == 0 and allowed_sans is not None:
+            return bool(_sans(certificate.to_cryptography()) & set(allowed_sans))
+        return True
+
+    return callback
+
+
+def _sans(certificate) -> set[str]:
+    from cryptography import x509
+
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    found = set(names.get_values_for_type(x509.DNSName)) | set(names.get_values_for_type(x509.RFC822Name))
+    found |= {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+    return found | set(names.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+class _TlsError(ConnectionError):
+    """A TLS failure, as the socket errors the server already treats as a client going away."""
+
+
+class _TlsSocket:
+    """A pyOpenSSL connection behind the socket calls the HTTP handler makes (recv_into, sendall,
+    settimeout). The socket is non-blocking and every call waits with poll() until its own
+    deadline, so a timeout bounds a whole handshake or a whole sendall, as in Python's ssl."""
+
+    _CHUNK = 64 * 1024
+
+    def __init__(self, connection, sock: socket.socket):
+        self._connection, self._sock = connection, sock
+        self._timeout: float | None = None
+        sock.setblocking(False)
+
+    def settimeout(self, seconds: float | None) -> None:
+        self._timeout = seconds
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def _deadline(self) -> float | None:
+        return None if self._timeout is None else time.monotonic() + self._timeout
+
+    def _call(self, deadline: float | None, method, *args):
+        from OpenSSL import SSL
+
+        while True:
+            try:
+                return method(*args)
+            except SSL.WantReadError:
+                self._wait(select.POLLIN, deadline)
+            except SSL.WantWriteError:
+                self._wait(select.POLLOUT, deadline)
+            except SSL.ZeroReturnError:
+                raise
+            except SSL.SysCallError as exc:
+                code = exc.args[0] if exc.args else -1
+                if code == -1:
+                    raise SSL.ZeroReturnError() from None  # the peer closed without close_notify
+                raise OSError(code, os.strerror(code)) from None
+            except SSL.Error as exc:
+                raise _TlsError(f"TLS: {exc}") from None
+
+    def _wait(self, events: int, deadline: float | None) -> None:
+        poller = select.poll()
+        poller.register(self._sock, events)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError("timed out")
+        if not poller.poll(None if remaining is None else remaining * 1000):
+            raise TimeoutError("timed out")
+
+    def do_handshake(self) -> None:
+        from OpenSSL import SSL
+
+        try:
+            self._call(self._deadline(), self._connection.do_handshake)
+        except SSL.ZeroReturnError:
+            raise _TlsError("the client closed the connection during the TLS handshake") from None
+
+    def recv_into(self, buffer, nbytes: int = 0) -> int:
+        from OpenSSL import SSL
+
+        try:
+            return self._call(self._deadline(), self._connection.recv_into, buffer, nbytes or None)
+        except SSL.ZeroReturnError:
+            return 0
+
+    def sendall(self, data) -> None:
+        from OpenSSL import SSL
+
+        view = memoryview(data).cast("B")
+        deadline = self._deadline()  # for the whole of data, as socket.sendall
+        while view:
+            try:
+                sent = self._call(deadline, self._connection.send, view[: self._CHUNK])
+            except SSL.ZeroReturnError:
+                raise BrokenPipeError("the client closed the TLS connection") from None
+            view = view[sent:]
+
+    def close_notify(self) -> None:
+        """Send TLS close_notify, without waiting for the client's (best effort)."""
+        from OpenSSL import SSL
+
+        try:
+            self._connection.shutdown()
+        except (SSL.Error, OSError):
+            pass
+
+
+# --- access: headers, rate limit, basic auth -----------------------------------------------------
+
+
+class _TokenBucket:
+    """exporter-toolkit's rate_limit (Go's rate.Limiter.Allow): one request per ``interval``
+    seconds on average, bursts of up to ``burst``; a burst of 0 refuses everything."""
+
+    def __init__(self, interval: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        self._interval, self._burst, self._clock = interval, burst, clock
+        self._tokens = float(burst)
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._burst, self._tokens + (now - self._last) / self._interval)
+            self._last = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            return False
+
+
+class _BasicAuth:
+    """Checks ``Authorization: Basic`` against the bcrypt hashes.
+
+    * An unknown user is checked against a dummy hash of the users' own cost, so it takes as long
+      as a wrong password and user names cannot be told apart by timing.
+    * A password over bcrypt's 72 bytes is refused (401) after the same amount of work.
+    * One bcrypt at a time (as exporter-toolkit): a flood of bad passwords costs one core, not all.
+    * Credentials that passed are remembered (by SHA-256, never in clear), so scrapes stay cheap.
+    """
+
+    _REMEMBERED = 64
+
+    def __init__(self, users: dict[str, bytes]):
+        import bcrypt
+
+        self._bcrypt = bcrypt
+        self._users = users
+        costs = Counter(int(hashed[4:6]) for hashed in users.values())
+        cost = max(costs, key=lambda c: (costs[c], c))
+        self._dummy = bcrypt.hashpw(secrets.token_urlsafe(18).encode(), bcrypt.gensalt(rounds=cost))
+        self._lock = threading.Lock()
+        self._passed: set[bytes] = set()
+
+    def allows(self, header: str | None) -> bool:
+        credentials = _basic_credentials(header)
+        if credentials is None:
+            return False
+        user, password = credentials
+        remembered = hashlib.sha256(user.encode("utf-8", "surrogateescape") + b"\0" + password).digest()
+        if remembered in self._passed:
+            return True
+        hashed = self._users.get(user)
+        fits = len(password) <= _BCRYPT_MAX_PASSWORD
+        with self._lock:
+            try:
+                matched = self._bcrypt.checkpw(password if fits else b"", hashed or self._dummy)
+            except ValueError:
+                matched = False
+        allowed = hashed is not None and fits and matched
+        if allowed:
+            if len(self._passed) >= self._REMEMBERED:
+                self._passed.clear()
+            self._passed.add(remembered)
+        return allowed
+
+
+def _basic_credentials(header: str | None) -> tuple[str, bytes] | None:
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = decoded.partition(b":")
+    if not colon:
+        return None
+    return user.decode("utf-8", "surrogateescape"), password
+
+
+def guard(app, web: WebConfig, public_paths: Iterable[str] = ("/healthz",)):
+    """Wrap a WSGI app with the web config's headers, rate limit and basic auth. ``public_paths``
+    skip the rate limit and the password (not TLS): the kubelet's probes carry no credentials."""
+    extra_headers = list(web.headers.items())
+    limiter = _TokenBucket(*web.rate_limit) if web.rate_limit else None
+    auth = _BasicAuth(web.basic_auth_users) if web.basic_auth_users else None
+    public = frozenset(public_paths)
+
+    def guarded(environ, start_response):
+        def respond(status, headers, exc_info=None):
+            return start_response(status, [*headers, *extra_headers], exc_info)
+
+        if environ.get("PATH_INFO") not in public:
+            if limiter is not None and not limiter.allow():
+                return _plain(respond, "429 Too Many Requests")
+            if auth is not None and not auth.allows(environ.get("HTTP_AUTHORIZATION")):
+                return _plain(respond, "401 Unauthorized", [("WWW-Authenticate", 'Basic realm="gpumeter"')])
+        return app(environ, respond)
+
+    return guarded
+
+
+def _plain(start_response, status: str, headers: list | None = None) -> list[bytes]:
+    body = status.split(" ", 1)[1].encode() + b"\n"
+    start_response(
+        status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body))), *(headers or [])]
+    )
+    return [body]
+
+
+# --- the server -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold (docs/security.md). Scrapers send their request at once and read
+    the answer at once; only a stalled or hostile client comes near these."""
+
+    backlog: int = 1024
+    max_connections: int = 512
+    handshake_timeout: float = 5.0
+    read_timeout: float = 10.0  # the whole request, from the end of the handshake
+    write_timeout: float = 30.0  # the whole answer
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The request side of a connection: every read waits only until one deadline for the request."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive within the read timeout")
+        self._sock.settimeout(remaining)
+        return self._sock.recv_into(buffer)
+
+
+class _DeadlineWriter(io.RawIOBase):
+    """The answer side: everything written must leave within ``timeout`` of the first write."""
+
+    def __init__(self, sock, timeout: float):
+        self._sock, self._timeout = sock, timeout
+        self._deadline: float | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self._timeout
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the client did not read the answer within the write timeout")
+        self._sock.settimeout(remaining)
+        self._sock.sendall(data)
+        return len(data)
+
+
+class _ServerHandler(ServerHandler):
+    server_software = "gpumeter"
+
+    def log_exception(self, exc_info) -> None:  # to the log, not a bare traceback on stderr
+        log.error("error answering %s", self.environ.get("PATH_INFO"), exc_info=exc_info)
+
+
+class _Handler(WSGIRequestHandler):
+    server_version = "gpumeter"
+
+    def setup(self) -> None:
+        self.connection = self.request
+        limits: Limits = self.server.limits
+        self.rfile = io.BufferedReader(
+            _DeadlineReader(self.connection, time.monotonic() + limits.read_timeout)
+        )
+        self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
+
+    def handle(self) -> None:
+        # wsgiref's handle(), with our ServerHandler (errors to the log; multithreaded)
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        handler = _ServerHandler(
+            self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=True
+        )
+        handler.request_handler = self
+        handler.run(self.server.get_app())
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        if self.server.tls is not None:
+            environ["HTTPS"] = "on"
+        return environ
+
+    def log_message(self, format, *args) -> None:  # a scrape every few seconds would flood the log
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class Server(ThreadingMixIn, WSGIServer):
+    """A WSGI server for one listen address; ``serve()`` builds and starts one, ``close()`` stops it."""
+
+    daemon_threads = True
+    block_on_close = False  # a stalled client must not hold up stopping
+    allow_reuse_address = True
+
+    def __init__(
+        self, address: tuple[str, int], app, *, tls: _TlsContext | None = None, limits: Limits | None = None
+    ):
+        self.tls = tls
+        self.limits = limits = limits or Limits()
+        self._refused_logged = 0.0
+        self.request_queue_size = limits.backlog
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(limits.max_connections)
+        super().__init__(address, _Handler)
+        self.set_app(app)
+
+    @property
+    def address(self) -> str:
+        host, port = self.server_address[:2]
+        return _address(host, port)
+
+    def verify_request(self, request, client_address) -> bool:
+        if self._slots.acquire(blocking=False):
+            return True
+        if time.monotonic() - self._refused_logged > 10:  # one line per 10 s, not one per connection
+            self._refused_logged = time.monotonic()
+            log.warning(
+                "%d connections open on %s; closing new ones (from %s, ...)",
+                self.limits.max_connections,
+                self.address,
+                client_address[0],
+            )
+        return False
+
+    def process_request(self, request, client_address) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def finish_request(self, request, client_address) -> None:
+        """In the connection's own thread: the TLS handshake (bounded), then the request."""
+        if self.tls is None:
+            self.RequestHandlerClass(request, client_address, self)
+            return
+        connection = self.tls.accept(request, self.limits.handshake_timeout)
+        try:
+            self.RequestHandlerClass(connection, client_address, self)
+        finally:
+            connection.close_notify()
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):  # a client that stalled, went away or spoke nonsense
+            log.debug("connection from %s dropped: %s", client_address[0], error or type(error).__name__)
+        else:
+            log.exception("error serving %s", client_address[0])
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def serve(
+    app,
+    listen: str | tuple[str, int],
+    web: WebConfig | None = None,
+    *,
+    name: str = "http",
+    limits: Limits | None = None,
+    public_paths: Iterable[str] = ("/healthz",),
+) -> Server:
+    """Bind ``listen`` and serve ``app`` from a background thread, with the web config's TLS,
+    headers, rate limit and basic auth. Returns the server (``close()`` to stop)."""
+    host, port = parse_listen(listen) if isinstance(listen, str) else listen
+    tls = _TlsContext(web.tls) if web is not None and web.tls is not None else None
+    if tls is not None:
+        tls.current()  # certificate problems stop the start, not the first scrape
+    if web is not None:
+        app = guard(app, web, public_paths)
+    try:
+        server = Server((host, port), app, tls=tls, limits=limits)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {_address(host, port)}: {exc.strerror or exc}") from None
+    threading.Thread(
+        target=server.serve_forever, name=f"{name}-{server.server_address[1]}", daemon=True
+    ).start()
+    return server
