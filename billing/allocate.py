@@ -6,12 +6,16 @@ Amounts are exact `Fraction`s built from the price book's Decimals until the one
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
+from typing import TypedDict
 
 from gpumeter.billing.models import (
     SHORTFALL,
@@ -75,6 +79,15 @@ def _qty(value: Fraction) -> Decimal:
     return (Decimal(value.numerator) / Decimal(value.denominator)).quantize(QUANTITY_QUANTUM, ROUND_HALF_EVEN)
 
 
+class _Common(TypedDict):
+    """The fields every line of one GPU-hour shares."""
+
+    hour: datetime
+    uuid: str
+    model: str
+    currency: str
+
+
 @dataclass
 class _Unit:
     key: tuple[str, str]
@@ -98,8 +111,8 @@ def _price_gpu_hour(
     version, price = book.price(hour, dev.model)
     presence = _hours(dev.present_seconds)
     model_key = price.model if price else canonical_model(dev.model, book.aliases)
-    common = {"hour": hour, "uuid": dev.uuid, "model": model_key, "currency": book.currency}
-    if price is None:
+    common = _Common(hour=hour, uuid=dev.uuid, model=model_key, currency=book.currency)
+    if version is None or price is None:  # a price comes only with the version that holds it
         reason = (
             "no price-book version covers the hour"
             if version is None
@@ -221,9 +234,7 @@ def _price_gpu_hour(
     if version.idle == "spread" and tenant_total > 0 and idle > 0:
         for line, amount, source in tenants:
             part = amount / tenant_total
-            share_line = Line(
-                **{**line.__dict__, "kind": LineKind.IDLE_SHARE, "quantity": _qty(idle_q * part)}
-            )
+            share_line = dataclasses.replace(line, kind=LineKind.IDLE_SHARE, quantity=_qty(idle_q * part))
             exact.append((share_line, idle * part, source))
         unallocated = stranded = unallocated_q = stranded_q = Fraction(0)
     for kind, namespace, amount, quantity in (
@@ -257,7 +268,7 @@ def _price_gpu_hour(
     return priced, [source for _, source in kept]
 
 
-def _evolve(line: Line, **changes) -> Line:
+def _evolve(line: Line, **changes: object) -> Line:
     """A copy of a (frozen) line with some fields changed; `dataclasses.replace` without re-validation."""
     new = object.__new__(Line)
     new.__dict__.update(line.__dict__, **changes)
@@ -277,7 +288,7 @@ class Pricer:
 
     def __init__(self, book: PriceBook, max_entries: int = 20_000):
         self.book, self.max_entries = book, max_entries
-        self._memo: dict[tuple, tuple[PricedHour, list[int | None]]] = {}
+        self._memo: dict[tuple[Hashable, ...], tuple[PricedHour, list[int | None]]] = {}
         self.hits = self.misses = 0
 
     def price(self, gpu_hour: GpuHour, teams: dict[str, str] | None = None) -> PricedHour:
@@ -308,7 +319,7 @@ class Pricer:
             ),
         )
         memo = self._memo.get(key)
-        if memo is None:
+        if memo is None or version is None:  # only hours with a price version are kept
             self.misses += 1
             priced, sources = _price_gpu_hour(gpu_hour, self.book, teams)
             if not priced.warnings and priced.device_cost is not None and version is not None:

@@ -10,12 +10,14 @@ missing reports ``gpumeter_exporter_nvml_up 0`` and is retried with backoff.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pynvml as N
 
@@ -25,6 +27,9 @@ from .collectors import Collector
 from .nvml import LIBRARY_DOWN, DeviceContext, DeviceLostError, NvmlSession
 from .snapshot import CollectorStatus, DeviceIdentity, Snapshot, SnapshotBuilder
 from .xid import XidWatcher
+
+if TYPE_CHECKING:  # the kubelet part (gRPC) loads only when attribution is configured
+    from .kubelet.attribution import PodAttribution
 
 __all__ = ["Sampler"]
 
@@ -40,11 +45,11 @@ class Sampler:
         hostname: str | None = None,
         interval: float = 5.0,
         clock: Callable[[], float] = time.time,
-        attribution=None,
+        attribution: PodAttribution | None = None,
         xid_watcher: XidWatcher | None = None,
         rediscover_seconds: float = 60.0,
         retry_seconds: tuple[float, float] = (1.0, 60.0),
-    ):
+    ) -> None:
         self.session = session
         self.collectors = list(collectors)
         self.hostname = hostname or socket.gethostname()
@@ -121,10 +126,9 @@ class Sampler:
                     self._lose_nvml(now)
             devices = self._identities()
             for collector in self.collectors:  # collectors that render for every known GPU, lost ones too
-                if hasattr(collector, "update_all"):
-                    self._timed(
-                        collector, durations, failures, lambda c=collector: c.update_all(devices, out)
-                    )
+                update_all = getattr(collector, "update_all", None)
+                if update_all is not None:
+                    self._timed(collector, durations, failures, functools.partial(update_all, devices, out))
             for device in devices:
                 info = (
                     device.model,
@@ -211,7 +215,9 @@ class Sampler:
                 out.extend(device_out)
 
     @staticmethod
-    def _timed(collector, durations: dict[str, float], failures: set[str], work) -> None:
+    def _timed(
+        collector: Collector, durations: dict[str, float], failures: set[str], work: Callable[[], None]
+    ) -> None:
         started = time.perf_counter()
         try:
             work()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from gpumeter.billing.models import GpuHour, Line
 from gpumeter.billing.pricing.base import PriceBook
@@ -82,7 +83,7 @@ class PriceVersionRecord:
     effective_from: datetime
     effective_to: datetime | None
     source: str
-    body: dict  # rates, slice_weight, idle, sharing_efficiency, aliases
+    body: dict[str, Any]  # rates, slice_weight, idle, sharing_efficiency, aliases
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,8 @@ class ReportRunRecord:
     trigger: str
     grouping: str
     out_dir: str
-    price_book_versions: list
-    ingest_runs: dict
+    price_book_versions: list[dict[str, Any]]  # JSON documents, as the report's manifest has them
+    ingest_runs: dict[str, Any]
     files: dict[str, str]
     status: str
     error: str | None
@@ -121,7 +122,9 @@ class Ledger(abc.ABC):
         """Re-price: replace the hour's lines only, in one transaction."""
 
     @abc.abstractmethod
-    def record_failure(self, hour: datetime, error: str, *, source: str = "", started_at=None) -> None:
+    def record_failure(
+        self, hour: datetime, error: str, *, source: str = "", started_at: datetime | None = None
+    ) -> None:
         """Record a failed ingest run (its own transaction; no facts or lines)."""
 
     @abc.abstractmethod
