@@ -22,7 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def wheel_files(tmp_path_factory) -> list[str]:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -51,7 +62,11 @@ def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
     installed = set(wheel_files)
     for package, folder in mapping.items():
         prefix = package.replace(".", "/")
-        missing = [name for name in _tracked(folder) if f"{prefix}/{name.removeprefix(folder + '/')}" not in installed]
+        missing = [
+            name
+            for name in _tracked(folder)
+            if f"{prefix}/{name.removeprefix(folder + '/')}" not in installed
+        ]
         assert not missing, f"{folder}/ files missing from the wheel under {prefix}/: {missing[:10]}"
     assert not [name for name in wheel_files if name.startswith(("tests/", "gpumeter/tests/"))]
 
