@@ -94,7 +94,8 @@ def write(tmp_path: Path, text: str, name: str = "web.yml") -> Path:
     return path
 
 
-HASH = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+# A fixed salt: the hash names parametrized tests, which every pytest-xdist worker must collect alike.
+HASH = bcrypt.hashpw(b"pw", b"$2b$04$rcqxf2hzhL87hM2QIUXFEe").decode()
 
 
 @pytest.mark.parametrize(
