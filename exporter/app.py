@@ -78,11 +78,12 @@ def build_exporter(
     if config.simulate and library is None:
         from .simulator.device import SimulatedNode
         from .simulator.fleet import load_fleet
+        from .simulator.latency import CALL_LATENCY_S
         from .simulator.nvml import SimulatedNvml
 
         fleet = load_fleet(config.simulate)
         node = SimulatedNode(fleet, config.simulate_node, clock=clock)
-        library = SimulatedNvml(node)
+        library = SimulatedNvml(node, latency=CALL_LATENCY_S)  # each call takes the driver's time
         hostname = config.hostname or node.spec.name
     watcher = XidWatcher(clock=clock)
     if privileged is None:  # a simulated node says what its driver grants; a real one asks the kernel

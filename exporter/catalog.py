@@ -282,7 +282,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         contract.PCIE_TX,
         D,
-        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s)",
+        "field 197 (NVML_FI_DEV_PCIE_COUNT_TX_BYTES) over two cycles, else "
+        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES) (KB/s) off the sampling thread",
         dcgm=(
             DcgmField(
                 "DCGM_FI_PROF_PCIE_TX_BYTES",
@@ -294,7 +295,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         contract.PCIE_RX,
         D,
-        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES) (KB/s)",
+        "field 198 (NVML_FI_DEV_PCIE_COUNT_RX_BYTES) over two cycles, else "
+        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES) (KB/s) off the sampling thread",
         dcgm=(
             DcgmField(
                 "DCGM_FI_PROF_PCIE_RX_BYTES",
@@ -303,6 +305,8 @@ CATALOG: tuple[MetricSpec, ...] = (
             ),
         ),
     ),
+    MetricSpec(contract.PCIE_TX_BYTES, D, "field 197 (NVML_FI_DEV_PCIE_COUNT_TX_BYTES)"),
+    MetricSpec(contract.PCIE_RX_BYTES, D, "field 198 (NVML_FI_DEV_PCIE_COUNT_RX_BYTES)"),
     MetricSpec(
         contract.PCIE_REPLAY,
         D,

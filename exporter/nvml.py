@@ -92,6 +92,7 @@ class DeviceContext:
     handle_address: int | None
     static: dict[str, Any] = field(default_factory=dict)  # per-collector facts read once at discovery
     fields: dict[tuple[int, int], float | None] = field(default_factory=dict)  # this cycle's field values
+    field_times: dict[tuple[int, int], int] = field(default_factory=dict)  # their driver timestamps (µs)
     migs: list[MigDevice] = field(default_factory=list)  # this cycle's MIG instances
     mig_enabled: bool = False
     lost: bool = False
@@ -103,12 +104,17 @@ class DeviceContext:
     def labels(self) -> tuple[str, str]:
         return (str(self.index), self.uuid)
 
-    def call(self, key: str, fn: Callable, *args):
+    def call(self, key: str, fn: Callable, *args, in_cycle: bool = True):
         """Call ``fn(*args)``; None when unsupported (remembered) or not found."""
-        return self.session.call(self.uuid, key, fn, *args)
+        return self.session.call(self.uuid, key, fn, *args, in_cycle=in_cycle)
 
     def field(self, field_id: int, scope: int = 0) -> float | None:
         return self.fields.get((field_id, scope))
+
+    def field_time(self, field_id: int, scope: int = 0) -> float | None:
+        """When the driver read the field (seconds), for rates between two cycles' readings."""
+        micros = self.field_times.get((field_id, scope))
+        return None if micros is None else micros / 1e6
 
     def identity(self) -> DeviceIdentity:
         return DeviceIdentity(
@@ -160,10 +166,12 @@ class NvmlSession:
                 log.debug("nvmlShutdown: %s", exc)
 
     # --- calls --------------------------------------------------------------------------------
-    def call(self, uuid: str, key: str, fn: Callable, *args):
+    def call(self, uuid: str, key: str, fn: Callable, *args, in_cycle: bool = True):
+        """``in_cycle=False``: a call made beside the sampling cycle, not counted as one of its calls."""
         if (uuid, key) in self.unsupported:
             return None
-        self.calls += 1
+        if in_cycle:
+            self.calls += 1
         try:
             return fn(*args)
         except N.NVMLError as exc:
@@ -193,7 +201,7 @@ class NvmlSession:
 
     def field_values(self, device: DeviceContext, wanted: list[tuple[int, int]]) -> None:
         """One batched nvmlDeviceGetFieldValues per device per cycle; per-entry status is checked."""
-        device.fields = {}
+        device.fields, device.field_times = {}, {}
         if not wanted:
             return
         values = device.call("field_values", N.nvmlDeviceGetFieldValues, device.handle, wanted)
@@ -205,6 +213,7 @@ class NvmlSession:
                 device.fields[key] = None
                 continue
             device.fields[key] = _field_number(entry)
+            device.field_times[key] = entry.timestamp
 
 
 def _field_number(entry) -> float:

@@ -218,11 +218,17 @@ CLOCKS_EVENT_SECONDS = _device(
     "reason",
 )
 # --- PCIe ---------------------------------------------------------------------------------------------
-PCIE_TX = _device(
-    "nvidia_gpu_pcie_tx_bytes_per_second", G, "bytes", "PCIe transmit throughput (20 ms window)."
+_PCIE_RATE = (
+    " over the last sampling interval where the byte counters exist (driver 555+), else over NVML's "
+    "20 ms window, one interval late."
 )
-PCIE_RX = _device(
-    "nvidia_gpu_pcie_rx_bytes_per_second", G, "bytes", "PCIe receive throughput (20 ms window)."
+PCIE_TX = _device("nvidia_gpu_pcie_tx_bytes_per_second", G, "bytes", "PCIe transmit throughput" + _PCIE_RATE)
+PCIE_RX = _device("nvidia_gpu_pcie_rx_bytes_per_second", G, "bytes", "PCIe receive throughput" + _PCIE_RATE)
+PCIE_TX_BYTES = _device(
+    "nvidia_gpu_pcie_tx_bytes_total", C, "bytes", "PCIe bytes transmitted (driver 555+; may wrap)."
+)
+PCIE_RX_BYTES = _device(
+    "nvidia_gpu_pcie_rx_bytes_total", C, "bytes", "PCIe bytes received (driver 555+; may wrap)."
 )
 PCIE_REPLAY = _device("nvidia_gpu_pcie_replay_total", C, "", "PCIe replays (retransmissions).")
 # --- memory errors ------------------------------------------------------------------------------------
@@ -394,6 +400,8 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     CLOCKS_EVENT_SECONDS,
     PCIE_TX,
     PCIE_RX,
+    PCIE_TX_BYTES,
+    PCIE_RX_BYTES,
     PCIE_REPLAY,
     ECC_ERRORS,
     REMAPPED_ROWS,

@@ -43,6 +43,7 @@ from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,6 +72,9 @@ BACKGROUND_CALLS = frozenset({"nvmlEventSetWait_v2"})
 # always-on inference pods (GPUs 0-3), the 8h-18h notebooks (4-5) and the 0h-6h-every-8h fine-tuning
 # jobs (6-7) all run, so all 56 MIG instances are held.
 KUBELET_OFFSET_S = 8.5 * 3600
+# Cycles at the driver's per-call cost: before driver 555 (PCIe throughput read beside the sampler) and
+# after (byte counters in the batched read).
+DRIVER_COST_FLEETS = ("h100-mig", "h200")
 
 
 class ManualClock:
@@ -201,10 +205,12 @@ def log(text: str) -> None:
 class InProcess:
     """A simulated exporter on a manual clock, as tests/exporter/conftest.py builds one."""
 
-    def __init__(self, kubelet_socket: str | None = None, interval: float = 5.0):
+    def __init__(
+        self, kubelet_socket: str | None = None, interval: float = 5.0, fleet: str = FLEET, latency=None
+    ):
         self.clock = ManualClock()
-        self.node = SimulatedNode(load_fleet(FLEET), clock=self.clock)
-        self.lib = SimulatedNvml(self.node)
+        self.node = SimulatedNode(load_fleet(fleet), clock=self.clock)
+        self.lib = SimulatedNvml(self.node, latency=latency)
         config = ExporterConfig(
             listen="127.0.0.1:0",
             kubelet_socket=kubelet_socket,
@@ -288,6 +294,35 @@ def measure_cycles(sim: InProcess, cycles: int) -> dict:
         "wall_rediscovery": summary_ms([r["wall"] for r in rediscovery]),
         "gc": watch.summary(),
     }
+
+
+def measure_cycles_at_driver_cost(fleet: str, cycles: int, pause: float = 0.25) -> dict:
+    """Wall and CPU time per cycle when every stand-in call takes what the driver's does
+    (simulator/latency.py). A real pause separates cycles, as the interval does: what runs beside the
+    sampler (PCIe throughput reads on drivers before 555) gets the time it has on a node."""
+    sim = InProcess(fleet=fleet, latency=CALL_LATENCY_S)
+    try:
+        for _ in range(3):
+            time.sleep(pause)
+            sim.sample()
+        walls, cpus = [], []
+        for _ in range(cycles):
+            time.sleep(pause)
+            sim.clock.advance(5.0)
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            sim.sampler.sample_once()
+            cpus.append(time.process_time() - cpu0)
+            walls.append(time.perf_counter() - wall0)
+        return {
+            "fleet": fleet,
+            "driver": sim.node.spec.driver_version,
+            "cycles": cycles,
+            "wall": summary_ms(walls),
+            "cpu": summary_ms(cpus),
+            "pcie_throughput_calls": sim.lib.calls["nvmlDeviceGetPcieThroughput"],
+        }
+    finally:
+        sim.close()
 
 
 def measure_render(sim: InProcess, iterations: int) -> dict:
@@ -693,6 +728,11 @@ def main(argv: list[str] | None = None) -> int:
     sim = InProcess()
     try:
         report["cycle"] = measure_cycles(sim, args.cycles)
+        log("[1b/5] sampling cycles at the driver's per-call cost (simulator/latency.py)")
+        report["driver_cost"] = {
+            fleet: measure_cycles_at_driver_cost(fleet, max(10, args.cycles // 10))
+            for fleet in DRIVER_COST_FLEETS
+        }
         log(f"[2/5] {args.render} uncached renders, {args.http} in-process HTTP scrapes")
         gc.collect()
         report["render"] = measure_render(sim, args.render)
@@ -792,6 +832,15 @@ def main(argv: list[str] | None = None) -> int:
             verdict(c["cpu_all"]["p99_ms"] < TARGET_CYCLE_CPU_MS),
         ),
         ("wall / rediscovery cycle max", fmt(c["wall_rediscovery"].get("max_ms"), " ms"), "", ""),
+        *(
+            (
+                f"wall / cycle p50/p99 at driver cost ({d['fleet']}, driver {d['driver']})",
+                f"{fmt(d['wall']['p50_ms'])}/{fmt(d['wall']['p99_ms'])} ms",
+                f"CPU p50/p99 {fmt(d['cpu']['p50_ms'])}/{fmt(d['cpu']['p99_ms'])} ms",
+                "",
+            )
+            for d in report["driver_cost"].values()
+        ),
         (
             "pre-render per snapshot p50 (text)",
             fmt(r["generate_latest_text"]["p50_ms"], " ms"),

@@ -108,6 +108,7 @@ class SimulatedGpu:
     remap_pending: bool = False
     remap_failure: bool = False
     pcie_replays: int = 0
+    pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})  # fields 197/198
     # Per link, what field 165 answers. nvml.h (NVIDIA/go-nvml), "NVML_FI_DEV_NVLINK_GET_STATE state enums":
     # NVML_NVLINK_STATE_INACTIVE 0, _ACTIVE 1, _SLEEP 2 (a power-saving state, not a fault).
     nvlink_state: list[int] = field(default_factory=list)
@@ -127,6 +128,7 @@ class SimulatedGpu:
 
     def __post_init__(self) -> None:
         model = self.spec.model
+        self.pcie_rng = random.Random(self.rng.random())
         self.power_limit_w = model.power_limit_w
         self.power_w = model.idle_power_w
         self.nvlink_state = [NVLINK_ACTIVE] * model.nvlinks
@@ -196,8 +198,13 @@ class SimulatedGpu:
         return int(min(100, max(30, 30 + 70 * (self.temperature_c - AMBIENT_C - 10) / span)))
 
     def pcie_kbps(self, direction: str) -> int:
-        share = 0.6 if direction == "tx" else 0.4
-        return int(self.load * share * 25_000_000 * (1 + self.rng.uniform(-0.1, 0.1)))
+        # Its own random stream: the exporter reads throughput beside the sampler, and sharing the
+        # dynamics' stream would make every other value depend on thread timing.
+        noise = self.pcie_rng.uniform(-0.1, 0.1)
+        return int(self.pcie_mean_bytes_per_second(direction) / 1000 * (1 + noise))
+
+    def pcie_mean_bytes_per_second(self, direction: str) -> float:
+        return self.load * (0.6 if direction == "tx" else 0.4) * 25e9
 
     # --- dynamics -------------------------------------------------------------------------------
     def step(self, t: float, dt: float, demand: float, mig_loads: dict[int, float]) -> None:
@@ -230,6 +237,8 @@ class SimulatedGpu:
             if reason in reasons:
                 self.violation_ns[reason] += dt * 1e9
         self.energy_mj += self.power_w * dt * 1000
+        for direction in self.pcie_bytes:
+            self.pcie_bytes[direction] += self.pcie_mean_bytes_per_second(direction) * dt
         for link, rate in self.crc_rate.items():
             self.nvlink_errors[link]["crc_flit"] += rate * dt * 0.7
             self.nvlink_errors[link]["crc_data"] += rate * dt * 0.3

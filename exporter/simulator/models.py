@@ -196,3 +196,14 @@ MODELS: dict[str, GpuModel] = {
 
 def model_named(key: str) -> GpuModel:
     return MODELS[key]
+
+
+def driver_branch(version: str) -> int:
+    """The branch of a driver version string: "550.54.15" -> 550."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+# NVML's change log (docs.nvidia.com/deploy/nvml-api/change-log), "Changes between v550 and v555": "Added
+# two new field IDs NVML_FI_DEV_PCIE_COUNT_TX_BYTES and NVML_FI_DEV_PCIE_COUNT_RX_BYTES".
+PCIE_BYTE_COUNTERS_FROM_DRIVER = 555

@@ -14,9 +14,10 @@ many NVML calls a sampling cycle makes.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pynvml as N
 
@@ -28,6 +29,8 @@ from .device import (
     SimulatedMig,
     SimulatedNode,
 )
+from .latency import call_latency
+from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, driver_branch
 
 __all__ = ["SimulatedNvml"]
 
@@ -113,6 +116,8 @@ class _CFunction:
     def __call__(self, *args):
         lib = self.lib
         lib.calls[self.name] += 1
+        if lib.latency is not None:
+            lib.pay(call_latency(self.name, lib.latency))
         if self.name not in ("nvmlErrorString", "nvmlInitWithFlags", "nvmlShutdown"):
             if lib.initialised <= 0:
                 return N.NVML_ERROR_UNINITIALIZED
@@ -157,9 +162,17 @@ def device_call(fn):
 class SimulatedNvml:
     """The library object pynvml calls into. ``missing`` names C symbols this "driver" lacks."""
 
-    def __init__(self, node: SimulatedNode, *, missing: frozenset[str] | set[str] = frozenset()):
+    def __init__(
+        self,
+        node: SimulatedNode,
+        *,
+        missing: frozenset[str] | set[str] = frozenset(),
+        latency: Mapping[str, float] | None = None,
+    ):
         self.node = node
         self.missing = frozenset(missing)
+        self.latency = latency  # C name -> seconds a call takes (latency.CALL_LATENCY_S); None: instant
+        self._owed = threading.local()  # latency not yet slept, per calling thread
         self.calls: Counter[str] = Counter()
         self.initialised = 0
         self._falls_at_init: dict[int, int] = {}  # GPU index -> its falls when NVML really initialised
@@ -192,6 +205,15 @@ class SimulatedNvml:
         """Whether this initialisation can reach the GPU: not lost, and not lost since NVML last really
         initialised (a GPU back from a reset is only found again by a fresh nvmlInit)."""
         return not gpu.lost and self._falls_at_init.get(gpu.spec.index) == gpu.falls
+
+    def pay(self, seconds: float) -> None:
+        """Take a call's wall time, outside every lock as the driver would. Sleeps shorter than a
+        millisecond overshoot, so they are owed and slept together once they add up to one."""
+        owed = getattr(self._owed, "seconds", 0.0) + seconds
+        if owed >= 1e-3:
+            time.sleep(owed)
+            owed = 0.0
+        self._owed.seconds = owed
 
     def total_calls(self) -> int:
         return sum(self.calls.values())
@@ -504,7 +526,7 @@ def nvmlDeviceGetNvLinkErrorCounter(lib, gpu, mig, link, counter, out):
 
 
 # --- field values -----------------------------------------------------------------------------------
-def _field_value(gpu: SimulatedGpu, field_id: int, scope: int):
+def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
     """(nvmlReturn, valueType, value) for one field-value entry."""
     model = gpu.model
     ull, dbl = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, N.NVML_VALUE_TYPE_DOUBLE
@@ -520,6 +542,12 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int):
         return OK, ull, int(gpu.violation_ns[_VIOLATION_FIELDS[field_id]])
     if field_id == N.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
         return OK, ull, gpu.pcie_replays
+    if field_id in (N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES):
+        # nvml.h: "PCIe transmit bytes. Value can be wrapped." From driver 555 on (models.py).
+        if driver_branch(driver) < PCIE_BYTE_COUNTERS_FROM_DRIVER:
+            return unsupported
+        direction = "tx" if field_id == N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES else "rx"
+        return OK, ull, int(gpu.pcie_bytes[direction]) % 2**64
     if field_id in (N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL):
         if not model.has_ecc:
             return unsupported
@@ -572,7 +600,7 @@ def nvmlDeviceGetFieldValues(lib, gpu, mig, count, values):
     now_us = int(lib.node.clock() * 1e6)
     for i in range(_int(count)):
         entry = entries[i]
-        ret, value_type, value = _field_value(gpu, entry.fieldId, entry.scopeId)
+        ret, value_type, value = _field_value(gpu, entry.fieldId, entry.scopeId, lib.node.spec.driver_version)
         entry.nvmlReturn, entry.valueType, entry.timestamp = ret, value_type, now_us
         if ret == OK:
             if value_type == N.NVML_VALUE_TYPE_SIGNED_INT:

@@ -16,6 +16,7 @@ import yaml
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 from gpumeter.exporter.simulator.fleet import FLEETS_DIR, parse_fleet
+from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -281,3 +282,34 @@ def test_7_an_unprivileged_exporter_says_it_misses_mig_instances_xids(simulate):
     assert sim.value("nvidia_gpu_xid_errors_total", gpu="1", uuid=uuid, xid="48") == 1
     assert sim.value("nvidia_gpu_xid_errors_total", gpu="1", uuid=uuid, xid="31") is None
     assert "nvidia_gpu_mig_xid_errors_total{" not in sim.text()
+
+
+def test_8_pcie_byte_counters_where_the_driver_has_them(simulate):
+    sim = simulate("h200")  # driver 560: fields 197/198 exist (NVML change log, v550 to v555)
+    sim.sampler.sample_once()
+    labels = {"gpu": "2", "uuid": sim.node.gpus[2].spec.uuid}
+    before = {d: sim.value(f"nvidia_gpu_pcie_{d}_bytes_total", **labels) for d in ("tx", "rx")}
+    sim.sample(5)
+    for direction in ("tx", "rx"):
+        after = sim.value(f"nvidia_gpu_pcie_{direction}_bytes_total", **labels)
+        assert after > before[direction]
+        # the gauge is the counters' average over the interval, not a 20 ms window
+        rate = sim.value(f"nvidia_gpu_pcie_{direction}_bytes_per_second", **labels)
+        assert rate == pytest.approx((after - before[direction]) / 5)
+    assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_8_the_sampling_cycle_does_not_wait_for_pcie_throughput(simulate):
+    # h100-mig runs driver 550, before the byte counters: nvmlDeviceGetPcieThroughput, 20 ms per call
+    # and two per GPU, with every stand-in call taking the driver's time.
+    sim = simulate("h100-mig", latency=CALL_LATENCY_S)
+    sim.sampler.sample_once()
+    walls = []
+    for _ in range(3):
+        time.sleep(0.5)  # the interval passing, as between real cycles
+        sim.sample(5)
+        walls.append(sim.value("gpumeter_exporter_sample_duration_seconds"))
+    assert max(walls) < 0.2, walls  # 16 throughput calls in the cycle would take 0.32 s alone
+    assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] >= 2 * 8 * 2
+    assert sim.value("nvidia_gpu_pcie_tx_bytes_per_second", gpu="0", uuid=sim.node.gpus[0].spec.uuid) > 0
+    assert "nvidia_gpu_pcie_tx_bytes_total{" not in sim.text()  # no counters on this driver: absent
