@@ -68,7 +68,8 @@ test: setup lint
 demo: tools venv
 	$(BIN)/gpumeter demo
 
-# Targets (DESIGN.md) are checked here, not in timed unit tests; figures go to docs/performance.md.
+# The targets (docs/architecture.md, "Targets") are measured here, not in timed unit tests; figures go to
+# docs/performance.md.
 bench: setup
 	$(BIN)/python -m tests.bench
 	$(BIN)/python -m tests.bench_billing

@@ -6,7 +6,7 @@ Conventions every dashboard follows:
 
 * every query selects template variables through regex matchers (``=~"$var"``); "All" is ``.*``;
 * device series are joined ``* on(instance, uuid) group_left(hostname, model) nvidia_gpu_info{...}``
-  (DESIGN.md: descriptive metadata sits on ``_info`` series), which is also how a panel is filtered
+  (docs/architecture.md, "The contract": descriptive metadata sits on ``_info`` series), which is also how a panel is filtered
   by host and GPU;
 * power and temperature are per *physical* GPU: no panel sums a device series over MIG series;
 * thresholds are relative to each GPU's own limits: panels show headroom (slowdown − temperature)

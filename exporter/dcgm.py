@@ -1,6 +1,6 @@
 """``--naming dcgm``: the same snapshot under dcgm-exporter's metric names, labels and units.
 
-A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, reference/dcgm-compat.md §2-4):
+A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, docs/dcgm-mode.md §A.2-A.4):
 
 * The metric name is the DCGM field name, e.g. ``DCGM_FI_DEV_GPU_TEMP``; units are dcgm-exporter's
   (MiB, MHz, mJ, %, ns). Which native metric feeds which field, and the scale, is declared in the

@@ -3,9 +3,9 @@
 pynvml keeps its library object in a module global. :class:`NvmlSession` points it at the real
 ``libnvidia-ml.so.1`` (``library=None``) or at a stand-in object (the simulator), and resets pynvml's
 function-pointer cache so that names cached against another library are never reused
-(reference/nvml.md §12.8). One session per process.
+(docs/nvml.md §12.8). One session per process.
 
-The error model (reference/nvml.md §11): a function a device does not support is remembered per
+The error model (docs/nvml.md §11): a function a device does not support is remembered per
 (device, call) and not asked again; ``GPU_IS_LOST`` marks the device lost; ``NOT_FOUND`` is an empty
 answer; anything else fails only the collector that asked, for that device, for this cycle.
 """
@@ -190,7 +190,7 @@ class NvmlSession:
                     self.warn_once(key, f"{key}: the driver lacks this NVML function; using fallbacks")
                 return None
             raise
-        except N.NVMLLibraryMismatchError:  # not an NVMLError (reference/nvml.md §11.4)
+        except N.NVMLLibraryMismatchError:  # not an NVMLError (docs/nvml.md §11.4)
             self.unsupported.add((uuid, key))
             return None
 

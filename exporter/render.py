@@ -38,7 +38,7 @@ def _family(
 
 
 class SnapshotCollector:
-    """Renders ``snapshots()`` under native names (DESIGN.md) or dcgm-exporter's (``naming="dcgm"``)."""
+    """Renders ``snapshots()`` under native names (docs/metrics.md) or dcgm-exporter's (``naming="dcgm"``)."""
 
     def __init__(self, snapshots: Callable[[], Snapshot], naming: str = "native"):
         if naming not in ("native", "dcgm"):

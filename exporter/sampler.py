@@ -250,7 +250,7 @@ class Sampler:
             except N.NVMLError as exc:
                 self._lose_nvml(now, exc)
                 return
-        # A GPU lost, NVML down or the GPU count changed: start over, as reference/nvml.md §11.3 advises.
+        # A GPU lost, NVML down or the GPU count changed: start over, as docs/nvml.md §11.3 advises.
         if self.xid_watcher:
             self.xid_watcher.detach()
         self.session.stop()

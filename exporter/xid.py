@@ -2,7 +2,7 @@
 
 Events from before registration are not delivered, so counts start at 0 when the exporter starts;
 ``nvidia_gpu_xid_last_timestamp_seconds`` lets alerts see the first event of a new series
-(reference/nvml.md §8).
+(docs/nvml.md §8).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["XidWatcher"]
 
 log = logging.getLogger(__name__)
 # nvml.h promises no wake-up when another thread frees the set, and freeing it under a waiter is
-# undefined (docs/nvml.md, "XID events"): each wait is a short slice, so stop() returns within one
+# undefined (docs/nvml.md §8): each wait is a short slice, so stop() returns within one
 # slice and frees the set only once the thread is out, at the cost of one cheap wait call per slice.
 WAIT_MS = 100
 NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t: the event is not attributable to a GPU / compute instance

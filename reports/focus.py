@@ -1,9 +1,9 @@
 """FOCUS 1.2 cost-and-usage rows from a report, and the project's own schema check.
 
-Mapping (docs/reports.md, reference/billing.md §2.4): one row per charge line of the ledger, summed
+Mapping (docs/reports.md, "FOCUS 1.2 mapping"): one row per charge line of the ledger, summed
 over the report's grain (a UTC day by default, an hour with ``--grain hour``), ``x_``-prefixed custom
-columns after the FOCUS columns. The check enforces, row by row, what reference/billing.md §2.3 and
-§2.5 say focus-validator does not reliably catch: column presence and order, types, ``T…Z`` dates,
+columns after the FOCUS columns. The check enforces, row by row, what the same section says focus-validator does
+not reliably catch: column presence and order, types, ``T…Z`` dates,
 allowed values on every row, the cost identities and the ``x_`` prefix.
 """
 

@@ -1,6 +1,6 @@
 """The exporter benchmark behind ``make bench`` (``python -m tests.bench``).
 
-Measures DESIGN.md's exporter targets on the simulated 8×H100 node with 7 MIG 1g.10gb instances per
+Measures the exporter's targets (docs/architecture.md) on the simulated 8×H100 node with 7 MIG 1g.10gb instances per
 GPU (fleet ``h100-mig``), prints a table with PASS/MISS beside each target and writes everything it
 measured to ``.bench/exporter.json``. It asserts nothing: it is a measurement, not a test.
 
@@ -54,7 +54,7 @@ FLEET = "h100-mig"
 T0 = 1_790_000_000.0  # the test suite's fixed start time
 MIB = 1024 * 1024
 
-# DESIGN.md "Targets"
+# docs/architecture.md, "Targets"
 TARGET_RSS_MIB = 80.0
 TARGET_RSS_FLAT = 0.05
 TARGET_RENDER_P99_MS = 10.0
@@ -65,8 +65,8 @@ ACCEPT_OPENMETRICS = (  # what Prometheus 2.x sends
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 )
-# A background thread of the exporter (the XID event watcher) blocks in this call, one call per
-# second of wall time; it is not part of a sampling cycle.
+# A background thread of the exporter (the XID event watcher) blocks in this call, one call per wait
+# slice (exporter/xid.py WAIT_MS); it is not part of a sampling cycle.
 BACKGROUND_CALLS = frozenset({"nvmlEventSetWait_v2"})
 # The stand-in kubelet serves the node at this offset into the fleet's schedule: 8.5 h in, the
 # always-on inference pods (GPUs 0-3), the 8h-18h notebooks (4-5) and the 0h-6h-every-8h fine-tuning

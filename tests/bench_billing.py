@@ -11,7 +11,7 @@
    alone), `ingest_hours` of the 720 hours into an empty ledger: queries, pricing, ledger writes.
 4. Times Prometheus answering the month's totals in ONE query over HTTP, for comparison.
 
-Prints a table against DESIGN.md's target (< 120 s, < 1 GiB peak) and writes .bench/billing.json.
+Prints a table against its target (docs/architecture.md: < 120 s, < 1 GiB peak) and writes .bench/billing.json.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pynvml as N
 
 from . import register_collector
 
-# reason label -> nvmlClocksEventReason* bit (reference/nvml.md §5.2)
+# reason label -> nvmlClocksEventReason* bit (docs/nvml.md §5.2)
 REASONS = {
     "gpu_idle": N.nvmlClocksEventReasonGpuIdle,
     "applications_clocks": N.nvmlClocksEventReasonApplicationsClocksSetting,
@@ -18,7 +18,7 @@ REASONS = {
     "hw_power_brake": N.nvmlClocksEventReasonHwPowerBrakeSlowdown,
     "display_clocks": N.nvmlClocksEventReasonDisplayClockSetting,
 }
-# Violation-time counters, in ns (reference/nvml.md §5.3)
+# Violation-time counters, in ns (docs/nvml.md §5.3)
 VIOLATION_FIELDS = {
     "sw_power_cap": N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
     "sync_boost": N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST,

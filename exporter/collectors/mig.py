@@ -78,7 +78,7 @@ class MigCollector:
         profile = _CI_PREFIX.sub("", device_profile)
         compute = attrs.computeInstanceSliceCount if attrs else 0
         slice_mib = device.static.get("memory_slice_mib")
-        # NVML reports no memory-slice count: derive it from the instance's memory (reference/nvml.md §10.1)
+        # NVML reports no memory-slice count: derive it from the instance's memory (docs/nvml.md §10.1)
         memory_slices = max(1, round(attrs.memorySizeMB / slice_mib)) if attrs and slice_mib else 0
         return MigIdentity(
             uuid=uuid,

@@ -3,7 +3,7 @@
 Field values carry link state, replay and recovery for every link (scopeId = link) and the CRC
 FLIT/DATA split for links 0-11 (numbered IDs), all in the device's one batched call. Hopper's links
 12-17 have no numbered CRC IDs, so only those are read with nvmlDeviceGetNvLinkErrorCounter
-(reference/nvml.md §6.5).
+(docs/nvml.md §6.5).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Kubelet device IDs → the GPU or MIG instance they name: pure functions, no I/O.
 
 The kubelet reports what a device plugin handed a container as ``(resource_name, device_ids)``. The
-NVIDIA device plugin and GKE's plugin name the same hardware in several ways (reference/dcgm-compat.md
-§5.4, nvml.md §10.5):
+NVIDIA device plugin and GKE's plugin name the same hardware in several ways (docs/dcgm-mode.md
+§A.5.4, docs/nvml.md §10.5):
 
 =============================== ===================================================================
 ``GPU-<uuid>``                  whole GPU

@@ -19,7 +19,7 @@ from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
 
 __all__ = ["FAULTS", "THROTTLE_BITS", "SimulatedGpu", "SimulatedMig", "SimulatedNode"]
 
-# nvmlClocksEventReason* bits (reference/nvml.md §5.2)
+# nvmlClocksEventReason* bits (docs/nvml.md §5.2)
 THROTTLE_BITS = {
     "gpu_idle": 0x1,
     "applications_clocks": 0x2,

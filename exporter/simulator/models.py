@@ -1,7 +1,7 @@
 """GPU models the simulator knows: the facts a real board reports through NVML.
 
-Thresholds, power limits, memory sizes, NVLink counts and MIG profiles follow reference/nvml.md §4,
-§6 and reference/billing.md §3.1 (profile table). Nothing here is measured on hardware.
+Thresholds, power limits, memory sizes, NVLink counts and MIG profiles follow docs/nvml.md §4,
+§6 and §10.6 (profile table). Nothing here is measured on hardware.
 """
 
 from __future__ import annotations

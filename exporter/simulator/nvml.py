@@ -3,7 +3,7 @@
 pynvml looks C functions up by name on its library object (``getattr(nvmlLib, "nvmlDeviceGetCount_v2")``)
 and calls them with ctypes arguments. This object answers those lookups from a :class:`SimulatedNode`,
 so the exporter's real pynvml code path runs in tests and in the demo. The contract it meets is
-reference/nvml.md §12: C names (versioned where pynvml uses them), ``AttributeError`` for a missing
+docs/nvml.md §12: C names (versioned where pynvml uses them), ``AttributeError`` for a missing
 symbol (an older driver), plain ``int`` status codes, outputs written through ``byref`` arguments,
 integer handle tokens from distinct ranges, versioned-struct checks, per-entry field-value status.
 
@@ -71,7 +71,7 @@ _VIOLATION_FIELDS = {
     N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "hw_thermal",
     N.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "hw_power_brake",
 }
-# Numbered per-link CRC fields exist for links 0-11 only (reference/nvml.md §6.3).
+# Numbered per-link CRC fields exist for links 0-11 only (docs/nvml.md §6.3).
 _CRC_FIELDS: dict[int, tuple[str, int]] = {}
 for _link in range(12):
     _CRC_FIELDS[(32 + _link) if _link < 6 else (96 + _link - 6)] = ("crc_flit", _link)
@@ -687,7 +687,7 @@ def nvmlDeviceGetAttributes_v2(lib, gpu, mig, out):
 # --- GPM (per-MIG utilization, Hopper and later) ------------------------------------------------
 @device_call
 def nvmlGpmQueryDeviceSupport(lib, gpu, mig, out):
-    # GPM structs carry plain versions; never size-check them (reference/nvml.md §10.4).
+    # GPM structs carry plain versions; never size-check them (docs/nvml.md §10.4).
     _out(out).isSupportedDevice = int(gpu.model.has_gpm)
     return OK
 
@@ -754,7 +754,7 @@ def nvmlGpmMetricsGet(lib, metrics_arg):
 
 
 # --- events (XID) ---------------------------------------------------------------------------------
-# As nvml.h documents nvmlEventSetWait_v2 and nvmlEventSetFree (docs/nvml.md, "XID events"): a wait
+# As nvml.h documents nvmlEventSetWait_v2 and nvmlEventSetFree (docs/nvml.md §8): a wait
 # returns at once when an event is ready, else sleeps until one arrives "but not longer than specified
 # timeout" and returns NVML_ERROR_TIMEOUT. nvmlEventSetFree "releases events in the set" and promises
 # nothing to a thread blocked on it, so the stand-in does not wake that thread; when it wakes on its

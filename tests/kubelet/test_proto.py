@@ -12,7 +12,7 @@ from gpumeter.exporter.kubelet import api_pb2, api_pb2_grpc, generate
 F = FieldDescriptor
 MSG, STR, I64, U64 = F.TYPE_MESSAGE, F.TYPE_STRING, F.TYPE_INT64, F.TYPE_UINT64
 
-# kubernetes/kubelet pkg/apis/podresources/v1/api.proto (reference/podresources-v1.proto):
+# kubernetes/kubelet pkg/apis/podresources/v1/api.proto (docs/dcgm-mode.md §A.5.7):
 # message -> (field name, number, type, repeated)
 UPSTREAM = {
     "AllocatableResourcesRequest": [],

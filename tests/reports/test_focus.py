@@ -1,5 +1,5 @@
 """The FOCUS 1.2 export: the project's own schema check (which must catch what focus-validator is
-known to miss, reference/billing.md §2.5), and focus-validator itself as an advisory step.
+known to miss, docs/reports.md "FOCUS 1.2 mapping"), and focus-validator itself as an advisory step.
 
 focus-validator 2.x needs Python >= 3.12 (the project runs on 3.11), so it lives in its own virtual
 environment: `.bench/focus-venv` (see docs/reports.md for the two commands), or the program named by
@@ -23,7 +23,7 @@ from gpumeter.reports.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 # focus-validator 2.2.1 with model 1.2.0.1: InvoiceId-C-004-C ("MUST be null") and -005-C ("MUST NOT be
-# null") both have empty conditions, so one of them always fails (reference/billing.md §2.5, problem 6).
+# null") both have empty conditions, so one of them always fails (docs/reports.md).
 KNOWN_VALIDATOR_FAILURES = {"InvoiceId-C-004-C", "InvoiceId-C-005-C"}
 
 
@@ -60,7 +60,7 @@ def test_own_check_passes_the_export_and_catches_what_the_validator_misses(worke
         return edit
 
     cases = {
-        # focus-validator passes all three of these (reference/billing.md §2.5 "false negatives")
+        # focus-validator passes all three of these (docs/reports.md, "FOCUS 1.2 mapping")
         "ListCost": one_row("ListCost", "99"),
         "ChargeCategory": one_row("ChargeCategory", "GPU"),
         "ChargePeriodStart": one_row("ChargePeriodStart", "2026-11-01 00:00:00"),
@@ -118,7 +118,7 @@ def test_focus_validator_advisory(worked_ledger, tmp_path, record_property, caps
             print(f"\nadvisory: {why}")
         return
     # it loads currency codes from a path relative to the working directory: run it beside a link
-    # to the installed package (reference/billing.md §2.5, problem 2); rules offline (problem 3)
+    # to the installed package; its rules offline (both workarounds: docs/reports.md)
     package = subprocess.run(
         [
             str(Path(program).parent / "python"),
