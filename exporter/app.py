@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from gpumeter.web import is_loopback, load_web_config, serve
+
 from . import collectors as collector_registry
-from .config import ExporterConfig
+from .config import ConfigError, ExporterConfig
 from .nvml import NvmlSession, process_is_privileged
 from .render import ExpositionCache, SnapshotCollector
 from .sampler import Sampler
-from .server import load_web_config, make_app, serve
+from .server import make_app
 from .xid import XidWatcher
 
 __all__ = ["Exporter", "build_exporter"]
@@ -44,19 +46,32 @@ class Exporter:
         return True, f"ok: sampled {age:.1f}s ago, nvml {'up' if snapshot.nvml_up else 'down'}"
 
     def start(self) -> Exporter:
-        self.sampler.start()
+        """Sample and serve. A bad web config or a busy port stops the start with nothing left running."""
         web = load_web_config(self.config.web_config) if self.config.web_config else None
-        self.servers.append(serve(make_app(self.exposition, self.health, web), self.config.listen, web))
-        if self.node is not None and self.config.admin_listen:
-            from .simulator.admin import make_admin_app
+        self.sampler.start()
+        try:
+            app = make_app(self.exposition, self.health)
+            self.servers.append(serve(app, self.config.listen, web, name="metrics"))
+            if self.node is not None and self.config.admin_listen:
+                from .simulator.admin import make_admin_app
 
-            self.servers.append(serve(make_admin_app(self.node), self.config.admin_listen))
+                admin = serve(make_admin_app(self.node), self.config.admin_listen, name="faults")
+                self.servers.append(admin)
+                if not is_loopback(admin.server_address[0]):
+                    log.warning(
+                        "the simulator's fault-injection endpoint on %s takes unauthenticated requests "
+                        "from the network; bind it to 127.0.0.1 unless that is meant",
+                        admin.address,
+                    )
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
         for server in self.servers:
-            server.shutdown()
-            server.server_close()
+            server.close()
+        self.servers.clear()
         self.sampler.stop()
 
     @property
@@ -82,6 +97,12 @@ def build_exporter(
         from .simulator.nvml import SimulatedNvml
 
         fleet = load_fleet(config.simulate)
+        names = [n.name for n in fleet.nodes]
+        if config.simulate_node is not None and config.simulate_node not in names:
+            raise ConfigError(
+                f"simulate_node: no node {config.simulate_node!r} in {fleet.source}; "
+                f"its nodes: {', '.join(names)}"
+            )
         node = SimulatedNode(fleet, config.simulate_node, clock=clock)
         library = SimulatedNvml(node, latency=CALL_LATENCY_S)  # each call takes the driver's time
         hostname = config.hostname or node.spec.name

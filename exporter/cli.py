@@ -63,12 +63,11 @@ def register(subparsers) -> None:
 
 def run_exporter(args: argparse.Namespace) -> int:
     from .app import build_exporter
-    from .server import WebConfigError
 
     try:
         config = exporter_config.resolve(args)
         exporter = build_exporter(config).start()
-    except (exporter_config.ConfigError, WebConfigError, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # ConfigError, FleetError, WebConfigError, ListenError: one line
         print(f"gpumeter exporter: {exc}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects live forever: keep them out of every later full collection

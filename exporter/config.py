@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from gpumeter.web import ListenError, parse_listen
+
 __all__ = ["OPTIONS", "ConfigError", "ExporterConfig", "add_arguments", "resolve"]
 
 
@@ -58,6 +60,11 @@ OPTIONS = {
 }
 
 
+# exporter-toolkit's flag name, which operators of other exporters type by habit
+ALIASES = {"web_config": ("--web.config.file",)}
+LISTEN_OPTIONS = ("listen", "admin_listen")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="YAML config file with any of the options below (env GPUMETER_CONFIG)"
@@ -65,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, help_text in OPTIONS.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}",
+            *ALIASES.get(name, ()),
             dest=name,
             default=None,
             help=f"{help_text} [env GPUMETER_{name.upper()}]",
@@ -82,9 +90,15 @@ def _convert(name: str, value, source: str):
             return float(value)
         if "int" in str(kind):
             return int(value)
-        return None if value in ("", None) else str(value)
+        text = None if value in ("", None) else str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name}: cannot use {value!r}") from None
+    if text is not None and name in LISTEN_OPTIONS:
+        try:
+            parse_listen(text)
+        except ListenError as exc:
+            raise ConfigError(f"{source}: {name}: {exc}") from None
+    return text
 
 
 def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ExporterConfig:
@@ -93,12 +107,19 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     config_path = args.config or environ.get("GPUMETER_CONFIG")
     if config_path:
         try:
-            data = yaml.safe_load(Path(config_path).read_text()) or {}
+            data = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"{config_path}: cannot read config: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{config_path}: not UTF-8 text (byte at offset {exc.start})") from None
+        data = {} if data is None else data
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{config_path}: expected a mapping of option: value, got a {type(data).__name__} ({data!r:.60})"
+            )
         unknown = set(data) - set(OPTIONS)
         if unknown:
-            raise ConfigError(f"{config_path}: unknown option(s): {', '.join(sorted(unknown))}")
+            raise ConfigError(f"{config_path}: unknown option(s): {', '.join(sorted(map(str, unknown)))}")
         values.update({k: _convert(k, v, config_path) for k, v in data.items()})
     for name in OPTIONS:
         env = environ.get(f"GPUMETER_{name.upper()}")

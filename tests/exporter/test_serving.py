@@ -1,147 +1,204 @@
-"""HTTP serving: content negotiation, /healthz, basic auth and TLS from an exporter-toolkit web config;
-settings from file, environment and flags; bad input named precisely."""
+"""HTTP serving of the exporter: content negotiation, /healthz, basic auth and TLS from an
+exporter-toolkit web config, and staying available to scrapers while idle or hostile clients hold
+connections (issue 13, points 9 and 11); settings from file, environment and flags; bad input named
+precisely, in one line and without a traceback (point 14)."""
 
 from __future__ import annotations
 
 import argparse
-import ssl
-import subprocess
+import base64
+import logging
+import socket
+import time
 from pathlib import Path
 
 import bcrypt
 import httpx
 import pytest
 
+from gpumeter.cli import main as gpumeter_main
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
-from gpumeter.exporter.server import WebConfigError, load_web_config, make_app, serve
 from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.web import WebConfigError
+from tests.support.certs import client_context, make_pki
 
 
-class _Served:
-    def __init__(self, server):
-        self.server = server
-
-    def shutdown(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def start(sim, web=None):
-    sim.sampler.sample_once()
-    server = serve(make_app(sim.exporter.exposition, sim.exporter.health, web), "127.0.0.1:0", web)
-    return _Served(server), server.server_address[1]
+def start(sim, web_config: Path | None = None):
+    """The exporter as the command runs it (Exporter.start: web config, sampler, server)."""
+    sim.exporter.config = type(sim.exporter.config)(
+        **{**sim.exporter.config.__dict__, "web_config": str(web_config) if web_config else None}
+    )
+    sim.exporter.start()
+    return sim.exporter.port
 
 
-def test_text_and_openmetrics_by_content_negotiation(simulate):
-    sim = simulate("workstation")
-    server, port = start(sim)
-    try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics")
-        assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
-        assert "# EOF" not in text.text
-        om = httpx.get(
-            f"http://127.0.0.1:{port}/metrics",
-            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
-        )
-        assert om.headers["content-type"].startswith("application/openmetrics-text")
-        assert om.text.rstrip().endswith("# EOF")
-        assert "nvidia_gpu_energy_joules_total" in om.text
-        raw = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"})
-        assert raw.headers["content-encoding"] == "gzip"
-        assert "nvidia_gpu_info" in raw.text  # httpx undid the gzip
-    finally:
-        server.shutdown()
+@pytest.fixture
+def exporter(simulate):
+    """exporter(fleet="workstation", web_config=None) -> (sim, port); stopped after the test."""
+    started = []
+
+    def make(fleet: str = "workstation", web_config: Path | None = None):
+        sim = simulate(fleet)
+        started.append(sim)
+        return sim, start(sim, web_config)
+
+    yield make
+    for sim in started:
+        sim.exporter.stop()
 
 
-def test_healthz_reports_a_stale_sampler(simulate):
-    sim = simulate("workstation")
-    sim.sampler.start()  # a running sampling thread whose samples stop coming
-    server, port = start(sim)
-    try:
-        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
-        sim.clock.advance(60)  # no sample for 12 intervals
-        answer = httpx.get(f"http://127.0.0.1:{port}/healthz")
-        assert answer.status_code == 503 and "old" in answer.text
-    finally:
-        server.shutdown()
+def test_text_and_openmetrics_by_content_negotiation(exporter):
+    _, port = exporter()
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics")
+    assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "# EOF" not in text.text
+    om = httpx.get(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+    )
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.rstrip().endswith("# EOF")
+    assert "nvidia_gpu_energy_joules_total" in om.text
+    raw = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"})
+    assert raw.headers["content-encoding"] == "gzip"
+    assert "nvidia_gpu_info" in raw.text  # httpx undid the gzip
 
 
-def write_web_config(path: Path, password: str, tls: tuple[Path, Path] | None = None) -> Path:
+def test_healthz_reports_a_stale_sampler(exporter):
+    sim, port = exporter()  # a running sampling thread whose samples stop coming
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    sim.clock.advance(60)  # no sample for 12 intervals
+    answer = httpx.get(f"http://127.0.0.1:{port}/healthz")
+    assert answer.status_code == 503 and "old" in answer.text
+
+
+def write_web_config(
+    path: Path, password: str, tls: tuple[Path, Path] | None = None, extra: str = ""
+) -> Path:
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$", 1)
     text = f"basic_auth_users:\n  prometheus: '{hashed}'\n"
     if tls:
-        text += f"tls_server_config:\n  cert_file: {tls[0]}\n  key_file: {tls[1]}\n"
+        text += f"tls_server_config:\n  cert_file: {tls[0]}\n  key_file: {tls[1]}\n{extra}"
     path.write_text(text)
     return path
 
 
-def test_basic_auth_with_bcrypt_hashes(simulate, tmp_path):
-    web = load_web_config(write_web_config(tmp_path / "web.yml", "s3cret"))
-    server, port = start(simulate("workstation"), web)
-    try:
-        url = f"http://127.0.0.1:{port}/metrics"
-        assert httpx.get(url).status_code == 401
-        assert httpx.get(url, auth=("prometheus", "wrong")).status_code == 401
-        assert httpx.get(url, auth=("prometheus", "s3cret")).status_code == 200
-        assert httpx.get(url, auth=("prometheus", "s3cret")).status_code == 200  # the remembered path
-    finally:
-        server.shutdown()
+def test_basic_auth_with_bcrypt_hashes(exporter, tmp_path):
+    _, port = exporter(web_config=write_web_config(tmp_path / "web.yml", "s3cret"))
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, auth=("prometheus", "wrong")).status_code == 401
+    assert httpx.get(url, auth=("prometheus", "s3cret")).status_code == 200
+    assert httpx.get(url, auth=("prometheus", "s3cret")).status_code == 200  # the remembered path
+    # the kubelet's probes carry no password: /healthz stays open (docs/security.md)
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
 
 
-def test_tls_from_the_web_config(simulate, tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    web = load_web_config(write_web_config(tmp_path / "web.yml", "pw", tls=(cert, key)))
-    server, port = start(simulate("workstation"), web)
-    try:
-        context = ssl.create_default_context(cafile=str(cert))
-        answer = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=context, auth=("prometheus", "pw"))
-        assert answer.status_code == 200 and "nvidia_gpu_info" in answer.text
-        with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
-    finally:
-        server.shutdown()
+def test_a_password_over_72_bytes_gets_401_not_500(exporter, tmp_path):
+    """bcrypt refuses passwords over 72 bytes; that was a 500 with a traceback (issue 13, point 11)."""
+    _, port = exporter(web_config=write_web_config(tmp_path / "web.yml", "s3cret"))
+    token = base64.b64encode(b"prometheus:" + b"x" * 100).decode()
+    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Basic {token}"})
+    assert answer.status_code == 401
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
+    "text",
     [
-        ("basic_auth_users:\n  bob: plaintext\n", "basic_auth_users.bob: expected a bcrypt hash"),
-        ("tls_server_config:\n  cert_file: a.pem\n", "tls_server_config.key_file: required"),
-        (
-            "tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS99\n",
-            "min_version: unknown value 'TLS99'",
-        ),
-        ("tls_server_config: [\n", "cannot read web config"),
+        "basic_auth_userz:\n  prometheus: '{hash}'\n",  # the typo that served without auth
+        "basic_auth_users:\n  prometheus: '{hash}'\ntls_server_config:\n  cert_filse: x.pem\n",
+        "basic_auth_users:\n  prometheus: plaintext\n",
     ],
 )
-def test_bad_web_configs_are_named(tmp_path, content, message):
+def test_a_web_config_the_exporter_cannot_honour_stops_the_start(simulate, tmp_path, text):
+    """Fail closed: never serve without the protection the file asked for (issue 13, point 11)."""
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
     path = tmp_path / "web.yml"
-    path.write_text(content)
-    with pytest.raises(WebConfigError, match=message) as raised:
-        load_web_config(path)
-    assert str(path) in str(raised.value)
+    path.write_text(text.format(hash=hashed))
+    sim = simulate("workstation")
+    with pytest.raises(WebConfigError, match=str(path)):
+        start(sim, path)
+    assert sim.exporter.servers == [] and not sim.exporter.sampler.running
+
+
+@pytest.fixture
+def pki(tmp_path):
+    return make_pki(tmp_path / "pki")
+
+
+def test_tls_from_the_web_config(exporter, tmp_path, pki):
+    _, port = exporter(
+        web_config=write_web_config(tmp_path / "web.yml", "pw", tls=(pki.server_cert, pki.server_key))
+    )
+    answer = httpx.get(
+        f"https://127.0.0.1:{port}/metrics", verify=client_context(pki), auth=("prometheus", "pw")
+    )
+    assert answer.status_code == 200 and "nvidia_gpu_info" in answer.text
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_tls_exporter_with_10_idle_connections_serves_metrics_in_under_10_ms(exporter, tmp_path, pki):
+    """Issue 13, point 9: the handshake ran in the accept loop with no timeout, so one idle TCP
+    connection froze every scrape and the liveness probe. Now each connection handshakes in its own
+    thread. Best of five scrapes (a new TLS connection each, as Prometheus without keep-alive)."""
+    _, port = exporter(
+        "h100-mig", write_web_config(tmp_path / "web.yml", "pw", tls=(pki.server_cert, pki.server_key))
+    )
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
+    try:
+        times = []
+        for _ in range(5):
+            start_at = time.perf_counter()
+            answer = httpx.get(
+                f"https://127.0.0.1:{port}/metrics",
+                verify=client_context(pki),
+                auth=("prometheus", "pw"),
+                headers={"Accept-Encoding": "gzip"},
+                timeout=3,
+            )
+            times.append(time.perf_counter() - start_at)
+            assert answer.status_code == 200 and "nvidia_gpu_mig_info" in answer.text
+        assert min(times) < 0.010, [f"{t * 1000:.1f} ms" for t in times]
+        health = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=client_context(pki), timeout=3)
+        assert health.status_code == 200  # the liveness probe too
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_require_any_client_cert_takes_a_self_signed_client(exporter, tmp_path, pki):
+    """Issue 13, point 11: RequireAnyClientCert asks for a certificate and takes any (Go's meaning);
+    it used to verify it, refusing every certificate no configured CA had signed."""
+    config = write_web_config(
+        tmp_path / "web.yml",
+        "pw",
+        tls=(pki.server_cert, pki.server_key),
+        extra="  client_auth_type: RequireAnyClientCert\n",
+    )
+    _, port = exporter(web_config=config)
+    url = f"https://127.0.0.1:{port}/metrics"
+    answer = httpx.get(url, verify=client_context(pki, "stranger"), auth=("prometheus", "pw"), timeout=5)
+    assert answer.status_code == 200
+    with pytest.raises(httpx.HTTPError):  # without a certificate: refused
+        httpx.get(url, verify=client_context(pki), auth=("prometheus", "pw"), timeout=5)
+
+
+def test_the_fault_port_warns_when_bound_beyond_loopback(simulate, caplog):
+    sim = simulate("workstation", admin_listen="0.0.0.0:0")
+    sim.exporter.start()
+    try:
+        warned = [
+            r for r in caplog.records if r.levelno == logging.WARNING and "fault-injection" in r.message
+        ]
+        assert warned and "0.0.0.0:" in warned[0].message
+    finally:
+        sim.exporter.stop()
+    caplog.clear()
+    quiet = simulate("workstation", admin_listen="127.0.0.1:0")
+    quiet.exporter.start()
+    quiet.exporter.stop()
+    assert not [r for r in caplog.records if "fault-injection" in r.message]
 
 
 def parse(*argv):
@@ -247,3 +304,115 @@ def test_the_example_fleets_load_with_the_documented_shapes():
     assert [g.time_slicing for g in a100.nodes[0].gpus] == [1, 1, 1, 1, 4, 4]
     assert len(load_fleet("h200").nodes[0].gpus) == 8
     assert len(load_fleet("workstation").nodes[0].gpus) == 2
+
+
+# --- errors without tracebacks (issue 13, point 14) ----------------------------------------------
+
+
+def run_exporter_command(capsys, *argv: str) -> tuple[int, str]:
+    """``gpumeter exporter ARGV`` in process, for the cases that must stop at start."""
+    code = gpumeter_main(["exporter", "--kubelet-socket", "", *argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err.strip()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("42\n", "expected a mapping of option: value, got a int (42)"),
+        ("- listen: ':9835'\n", "expected a mapping of option: value, got a list ([{'listen': ':9835'}])"),
+        ("listen: ':99999'\n", "listen: ':99999': the port must be a number from 0 to 65535"),
+        ("1: x\n", "unknown option(s): 1"),
+    ],
+)
+def test_a_config_file_of_the_wrong_shape_is_one_line_naming_it(tmp_path, capsys, content, message):
+    path = tmp_path / "exporter.yml"
+    path.write_text(content)
+    code, err = run_exporter_command(capsys, "--config", str(path), "--simulate", "workstation")
+    assert code == 2 and err == f"gpumeter exporter: {path}: {message}"
+
+
+@pytest.mark.parametrize(
+    ("name", "flag"),
+    [("exporter.yml", "--config"), ("fleet.yaml", "--simulate"), ("web.yml", "--web-config")],
+)
+def test_files_that_are_not_utf8_are_named(tmp_path, capsys, name, flag):
+    path = tmp_path / name
+    path.write_bytes(b"nodes:\n  - name: n\xe9ud\n")
+    argv = [flag, str(path)] + ([] if flag == "--simulate" else ["--simulate", "workstation"])
+    code, err = run_exporter_command(capsys, *argv, "--listen", "127.0.0.1:0")
+    assert code == 2 and str(path) in err and "UTF-8" in err and err.count("\n") == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--listen", ":99999"], "--listen: listen: ':99999': the port must be a number from 0 to 65535"),
+        (["--listen", "9835"], "--listen: listen: '9835': expected host:port or :port"),
+        (
+            ["--admin-listen", "127.0.0.1:http"],
+            "--admin-listen: admin_listen: '127.0.0.1:http': the port must be a number",
+        ),
+        (["--simulate-node", "gpu-nope"], "simulate_node: no node 'gpu-nope' in "),
+    ],
+)
+def test_bad_flags_are_one_line(capsys, argv, message):
+    code, err = run_exporter_command(capsys, "--simulate", "workstation", *argv)
+    assert code == 2 and err.startswith("gpumeter exporter: ") and message in err, err
+
+
+def test_a_port_in_use_names_the_address(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = run_exporter_command(capsys, "--simulate", "workstation", "--listen", f"127.0.0.1:{port}")
+    assert code == 2
+    assert err == f"gpumeter exporter: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+@pytest.mark.parametrize("missing", ["cert_file", "client_ca_file"])
+def test_missing_certificate_files_are_named(tmp_path, capsys, pki, missing):
+    gone = tmp_path / f"no-{missing}.pem"
+    files = {"cert_file": pki.server_cert, "client_ca_file": pki.ca, missing: gone}
+    path = tmp_path / "web.yml"
+    path.write_text(
+        f"tls_server_config:\n  cert_file: {files['cert_file']}\n  key_file: {pki.server_key}\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {files['client_ca_file']}\n"
+    )
+    code, err = run_exporter_command(
+        capsys, "--simulate", "workstation", "--web.config.file", str(path), "--listen", "127.0.0.1:0"
+    )
+    assert code == 2
+    assert err == (
+        f"gpumeter exporter: {path}: tls_server_config.{missing}: cannot read it: "
+        f"No such file or directory (got '{gone}')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("trainer-{gpu}-{pod}", r"pods\[0\].name: only \{gpu\} may stand in braces here"),
+        ("trainer-{gpu.__class__}", r"pods\[0\].name: only \{gpu\} may stand in braces here"),
+        ("trainer-{gpu", r"pods\[0\].name: unbalanced brace"),
+        ("trainer-}{gpu}", r"pods\[0\].name: unbalanced brace"),
+    ],
+)
+def test_braces_in_fleet_pod_names_are_named_not_a_traceback(name, message):
+    fleet = {
+        "nodes": [{"name": "n", "gpus": [{"model": "H200-SXM-141GB", "count": 2}]}],
+        "pods": [{"namespace": "a", "name": name, "node": "n", "devices": [{"gpu": "0-1"}]}],
+    }
+    with pytest.raises(FleetError, match=message) as raised:
+        parse_fleet(fleet, source="fleet.yaml")
+    assert str(raised.value).startswith("fleet.yaml: ")
+
+
+def test_ranges_still_fill_pod_names():
+    fleet = {
+        "nodes": [{"name": "n", "gpus": [{"model": "H200-SXM-141GB", "count": 2}]}],
+        "pods": [{"namespace": "a", "name": "job-{gpu}", "node": "n", "devices": [{"gpu": "0-1"}]}],
+    }
+    assert [p.name for p in parse_fleet(fleet).pods] == ["job-0", "job-1"]
