@@ -137,7 +137,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         contract.TEMPERATURE_THRESHOLD,
         D,
-        "fields 193-196 (T.Limit), falling back to nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetTemperatureThreshold (not the T.Limit offsets of fields 193-196)",
         dcgm=(
             DcgmField(
                 "DCGM_FI_DEV_SLOWDOWN_TEMP",
@@ -158,6 +158,17 @@ CATALOG: tuple[MetricSpec, ...] = (
                 "DCGM_FI_DEV_MEM_MAX_OP_TEMP",
                 match=(("threshold", "memory_max"),),
                 help="Maximum operating temperature for the memory (in C).",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.TEMPERATURE_MARGIN,
+        D,
+        "nvmlDeviceGetMarginTemperature",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_GPU_TEMP_LIMIT",
+                help="Thermal margin temperature (distance to nearest slowdown threshold).",
             ),
         ),
     ),
@@ -359,6 +370,29 @@ CATALOG: tuple[MetricSpec, ...] = (
         D,
         "field 145 (NVML_FI_DEV_REMAPPED_FAILURE)",
         dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE", help="Whether remapping of rows has failed"),),
+    ),
+    MetricSpec(
+        contract.RETIRED_PAGES,
+        D,
+        "fields 29 (NVML_FI_DEV_RETIRED_SBE), 30 (_DBE)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_RETIRED_SBE",
+                match=(("error_type", "corrected"),),
+                help="Total number of retired pages due to single-bit errors.",
+            ),
+            DcgmField(
+                "DCGM_FI_DEV_RETIRED_DBE",
+                match=(("error_type", "uncorrected"),),
+                help="Total number of retired pages due to double-bit errors.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.RETIRED_PAGES_PENDING,
+        D,
+        "field 31 (NVML_FI_DEV_RETIRED_PENDING)",
+        dcgm=(DcgmField("DCGM_FI_DEV_RETIRED_PENDING", help="Total number of pages pending retirement."),),
     ),
     # --- XID ------------------------------------------------------------------------------------
     MetricSpec(

@@ -59,6 +59,9 @@ def register(subparsers) -> None:
     docs = subparsers.add_parser("docs", help="generated documentation")
     docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="WHAT")
     docs_sub.add_parser("metrics", help="print docs/metrics.md from the catalog").set_defaults(func=run_docs)
+    docs_sub.add_parser(
+        "models", help="print the simulated GPU models' capability tables (docs/simulator.md)"
+    ).set_defaults(func=run_docs_models)
 
 
 def run_exporter(args: argparse.Namespace) -> int:
@@ -117,6 +120,13 @@ def run_inject(args: argparse.Namespace) -> int:
         print(f"gpumeter simulate inject: {answer.get('error')}", file=sys.stderr)
         return 2
     print(answer["done"])
+    return 0
+
+
+def run_docs_models(args: argparse.Namespace) -> int:
+    from .simulator.models import render_capabilities_markdown
+
+    sys.stdout.write(render_capabilities_markdown())
     return 0
 
 

@@ -153,6 +153,13 @@ TEMPERATURE_THRESHOLD = _device(
     "(SW thermal slowdown starts), memory_max.",
     "threshold",
 )
+TEMPERATURE_MARGIN = _device(
+    "nvidia_gpu_temperature_margin_celsius",
+    G,
+    "celsius",
+    "Degrees left before the GPU's nearest slowdown threshold (its T.Limit margin); negative once past it. "
+    "Driver 570 and later.",
+)
 # --- power --------------------------------------------------------------------------------------------
 POWER = _device(
     "nvidia_gpu_power_watts", G, "watts", "Power draw (1 s average on Ampere and newer, except GA100)."
@@ -251,6 +258,20 @@ REMAPPED_ROWS_PENDING = _device(
 )
 REMAPPED_ROWS_FAILURE = _device(
     "nvidia_gpu_remapped_rows_failure", G, "", "1 when a row remap failed: unrecoverable memory damage."
+)
+RETIRED_PAGES = _device(
+    "nvidia_gpu_retired_pages_total",
+    C,
+    "",
+    "Memory pages retired (before Ampere), by cause: corrected (multiple single-bit errors), "
+    "uncorrected (a double-bit error).",
+    "error_type",
+)
+RETIRED_PAGES_PENDING = _device(
+    "nvidia_gpu_retired_pages_pending",
+    G,
+    "",
+    "1 while a page retirement waits for the next GPU reset or driver reload (before Ampere).",
 )
 # --- XID ----------------------------------------------------------------------------------------------
 XID_ERRORS = _device(
@@ -383,6 +404,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     TEMPERATURE,
     MEMORY_TEMPERATURE,
     TEMPERATURE_THRESHOLD,
+    TEMPERATURE_MARGIN,
     POWER,
     POWER_LIMIT,
     ENERGY,
@@ -407,6 +429,8 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     REMAPPED_ROWS,
     REMAPPED_ROWS_PENDING,
     REMAPPED_ROWS_FAILURE,
+    RETIRED_PAGES,
+    RETIRED_PAGES_PENDING,
     XID_ERRORS,
     XID_LAST_TIMESTAMP,
     NVLINK_UP,

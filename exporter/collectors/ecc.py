@@ -1,4 +1,5 @@
-"""ECC error counts (volatile) and row remapping (Ampere and later), from batched field values."""
+"""ECC error counts (volatile), row remapping (Ampere and later) and retired pages (before Ampere, which
+remap rows instead), all from batched field values; a generation's missing half is absent, never 0."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from . import register_collector
 
 ECC = {"corrected": N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "uncorrected": N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL}
 REMAPPED = {"corrected": N.NVML_FI_DEV_REMAPPED_COR, "uncorrected": N.NVML_FI_DEV_REMAPPED_UNC}
+RETIRED = {"corrected": N.NVML_FI_DEV_RETIRED_SBE, "uncorrected": N.NVML_FI_DEV_RETIRED_DBE}
 
 
 @register_collector("ecc")
@@ -18,6 +20,8 @@ class EccCollector:
             *REMAPPED.values(),
             N.NVML_FI_DEV_REMAPPED_PENDING,
             N.NVML_FI_DEV_REMAPPED_FAILURE,
+            *RETIRED.values(),
+            N.NVML_FI_DEV_RETIRED_PENDING,
         ]
         return [(field, 0) for field in ids]
 
@@ -33,3 +37,8 @@ class EccCollector:
             out.add("nvidia_gpu_remapped_rows_pending", labels, 1 if pending else 0)
         if (failure := device.field(N.NVML_FI_DEV_REMAPPED_FAILURE)) is not None:
             out.add("nvidia_gpu_remapped_rows_failure", labels, 1 if failure else 0)
+        for error_type, field in RETIRED.items():
+            if (value := device.field(field)) is not None:
+                out.add("nvidia_gpu_retired_pages_total", (*labels, error_type), value)
+        if (pending := device.field(N.NVML_FI_DEV_RETIRED_PENDING)) is not None:
+            out.add("nvidia_gpu_retired_pages_pending", labels, 1 if pending else 0)

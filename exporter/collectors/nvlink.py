@@ -1,9 +1,9 @@
 """NVLink state and per-link error counters.
 
 Field values carry link state, replay and recovery for every link (scopeId = link) and the CRC
-FLIT/DATA split for links 0-11 (numbered IDs), all in the device's one batched call. Hopper's links
-12-17 have no numbered CRC IDs, so only those are read with nvmlDeviceGetNvLinkErrorCounter
-(docs/nvml.md §6.5).
+FLIT/DATA split for links 0-11 (numbered IDs) where the GPU still answers those, all in the device's
+one batched call. Links 12-17 have no numbered CRC IDs, and Hopper no longer answers the numbered FLIT
+ones (NVML change log, v520 to v525): those counters are read with nvmlDeviceGetNvLinkErrorCounter.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pynvml as N
 from . import register_collector
 
 NUMBERED_LINKS = 12
+CRC_COUNTERS = {"crc_flit": N.NVML_NVLINK_ERROR_DL_CRC_FLIT, "crc_data": N.NVML_NVLINK_ERROR_DL_CRC_DATA}
 # nvml.h (NVIDIA/go-nvml), "NVML_FI_DEV_NVLINK_GET_STATE state enums": INACTIVE 0, ACTIVE 1, SLEEP 2. A
 # sleeping link saves power and wakes on traffic: it is up, only INACTIVE is down.
 NVLINK_STATE_INACTIVE = 0
@@ -26,13 +27,13 @@ def crc_field(kind: str, link: int) -> int:
 @register_collector("nvlink")
 class NvlinkCollector:
     def discover(self, device) -> None:
-        values = device.call(
-            "nvlink_count", N.nvmlDeviceGetFieldValues, device.handle, [N.NVML_FI_DEV_NVLINK_LINK_COUNT]
-        )
-        count = 0
-        if values is not None and values[0].nvmlReturn == N.NVML_SUCCESS:
-            count = values[0].value.uiVal
-        device.static["nvlinks"] = count
+        """The link count, and which numbered CRC fields this GPU answers: Hopper dropped the FLIT ones
+        (NVML change log, v520 to v525), so their links are read with nvmlDeviceGetNvLinkErrorCounter."""
+        probe = [N.NVML_FI_DEV_NVLINK_LINK_COUNT, crc_field("crc_flit", 0), crc_field("crc_data", 0)]
+        values = device.call("nvlink_count", N.nvmlDeviceGetFieldValues, device.handle, probe)
+        answered = [v is not None and v.nvmlReturn == N.NVML_SUCCESS for v in values or [None] * len(probe)]
+        device.static["nvlinks"] = values[0].value.uiVal if answered[0] else 0
+        device.static["numbered_crc"] = {"crc_flit": answered[1], "crc_data": answered[2]}
 
     def fields(self, device):
         wanted = []
@@ -43,7 +44,8 @@ class NvlinkCollector:
                 (N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, link),
             ]
             if link < NUMBERED_LINKS:
-                wanted += [(crc_field("crc_flit", link), 0), (crc_field("crc_data", link), 0)]
+                numbered = device.static.get("numbered_crc", {})
+                wanted += [(crc_field(kind, link), 0) for kind in CRC_COUNTERS if numbered.get(kind)]
         return wanted
 
     def update(self, device, out) -> None:
@@ -57,14 +59,11 @@ class NvlinkCollector:
                 "replay": device.field(N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, link),
                 "recovery": device.field(N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, link),
             }
-            if link < NUMBERED_LINKS:
-                counts["crc_flit"] = device.field(crc_field("crc_flit", link))
-                counts["crc_data"] = device.field(crc_field("crc_data", link))
-            else:
-                for kind, counter in (
-                    ("crc_flit", N.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-                    ("crc_data", N.NVML_NVLINK_ERROR_DL_CRC_DATA),
-                ):
+            numbered = device.static.get("numbered_crc", {})
+            for kind, counter in CRC_COUNTERS.items():
+                if link < NUMBERED_LINKS and numbered.get(kind):
+                    counts[kind] = device.field(crc_field(kind, link))
+                else:
                     counts[kind] = device.call(
                         f"nvlink_{kind}", N.nvmlDeviceGetNvLinkErrorCounter, device.handle, link, counter
                     )

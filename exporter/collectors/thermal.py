@@ -50,3 +50,7 @@ class ThermalCollector:
             out.add("nvidia_gpu_memory_temperature_celsius", labels, memory_temp)
         for label, value in device.static.get("thresholds", {}).items():
             out.add("nvidia_gpu_temperature_threshold_celsius", (*labels, label), value)
+        # The T.Limit margin, signed: how far below the nearest slowdown threshold the GPU runs (driver 570+).
+        margin = device.call("temperature_margin", N.nvmlDeviceGetMarginTemperature, device.handle)
+        if margin is not None:
+            out.add("nvidia_gpu_temperature_margin_celsius", labels, margin)

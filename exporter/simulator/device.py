@@ -50,6 +50,7 @@ FAULTS = (
     "unsupported",
     "nvml_error",
     "nvlink_sleep",
+    "page_retire",
 )
 
 NVLINK_INACTIVE, NVLINK_ACTIVE, NVLINK_SLEEP = 0, 1, 2  # NVML_NVLINK_STATE_* (nvml.h)
@@ -107,6 +108,9 @@ class SimulatedGpu:
     remapped: dict[str, int] = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
     remap_pending: bool = False
     remap_failure: bool = False
+    # Retired pages (before Ampere): by cause, and whether a retirement waits for the next reset
+    retired: dict[str, int] = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
+    retire_pending: bool = False
     pcie_replays: int = 0
     pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})  # fields 197/198
     # Per link, what field 165 answers. nvml.h (NVIDIA/go-nvml), "NVML_FI_DEV_NVLINK_GET_STATE state enums":
@@ -395,6 +399,18 @@ class SimulatedNode:
                     target.remap_failure = True
                 else:
                     target.remapped[kind] += int(params.get("count", 1))
+            elif fault == "page_retire":
+                if not target.model.has_retired_pages:
+                    raise ValueError(
+                        f"a {target.model.key} remaps rows instead of retiring pages (row_remap)"
+                    )
+                cause = params.get("cause", "dbe")
+                if cause not in ("sbe", "dbe"):
+                    raise ValueError(f"cause must be sbe or dbe (got {cause!r})")
+                target.retired["corrected" if cause == "sbe" else "uncorrected"] += int(
+                    params.get("count", 1)
+                )
+                target.retire_pending = True
             elif fault == "gpu_lost":
                 target.fall_off_the_bus()
             elif fault == "unsupported":
@@ -423,6 +439,7 @@ class SimulatedNode:
                 target.crc_rate.clear()
                 target.nvlink_state = [NVLINK_ACTIVE] * target.model.nvlinks
                 target.remap_pending = False
+                target.retire_pending = False  # a reset applies the pending retirement
                 target.lost = False
                 target.unsupported.clear()
                 target.nvml_errors.clear()

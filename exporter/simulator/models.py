@@ -1,19 +1,41 @@
-"""GPU models the simulator knows: the facts a real board reports through NVML.
+"""GPU models the simulator knows: the facts a real board reports through NVML, and what it refuses.
 
-Thresholds, power limits, memory sizes, NVLink counts and MIG profiles follow docs/nvml.md §4,
-§6 and §10.6 (profile table). Nothing here is measured on hardware.
+Each model is a capability table with its evidence. Per-architecture rules (which functions and fields
+a generation answers) are properties of :class:`GpuModel`, each citing where it comes from: the NVML
+header (``nvml.h`` as vendored in NVIDIA/go-nvml: "For Hopper or newer fully supported devices" and the
+like), NVML's change log (docs.nvidia.com/deploy/nvml-api/change-log: which driver branch added a field
+or function), NVIDIA's memory-error documents, and DCGM's source. Per-board figures (thresholds, limits,
+sizes, links) come from public ``nvidia-smi -q`` output and the boards' datasheets; where a figure is
+not from a dump of that exact board the ``evidence`` says so. ``gpumeter doctor`` on a real node is
+how these get checked: its report lists what each call answered.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["MODELS", "GpuModel", "MigProfile", "model_named"]
+__all__ = [
+    "MODELS",
+    "SYMBOL_SINCE_DRIVER",
+    "GpuModel",
+    "MigProfile",
+    "capabilities",
+    "driver_branch",
+    "model_named",
+    "render_capabilities_markdown",
+]
 
 MIB = 1024 * 1024
 
-# NVML_DEVICE_ARCH_*
-ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER = 7, 8, 9
+# NVML_DEVICE_ARCH_* (nvml.h)
+ARCH_VOLTA, ARCH_TURING, ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER = 5, 6, 7, 8, 9
+ARCH_NAMES = {
+    ARCH_VOLTA: "Volta",
+    ARCH_TURING: "Turing",
+    ARCH_AMPERE: "Ampere",
+    ARCH_ADA: "Ada",
+    ARCH_HOPPER: "Hopper",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +68,13 @@ class GpuModel:
     pcie_gen: int
     has_fan: bool = False
     has_ecc: bool = True
-    has_gpm: bool = False
     pci_device_id: int = 0
     total_compute_slices: int = 7
     total_memory_slices: int = 8
     mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
+    form_factor: str = "SXM"  # SXM | PCIe
+    memory_kind: str = "HBM"  # HBM | GDDR
+    evidence: str = ""  # where this board's figures come from
     # What fields 193-196 answer: signed offsets from the GPU's own T.Limit, not temperatures. nvml.h
     # (NVIDIA/go-nvml): NVML_FI_DEV_TEMPERATURE_*_TLIMIT, "T.Limit temperature after which GPU may ...";
     # the NVML change log (v530 to v535) adds them "on Ada and later architectures". A real H100 NVL
@@ -63,8 +87,37 @@ class GpuModel:
         return bool(self.mig_profiles)
 
     @property
+    def has_gpm(self) -> bool:
+        # nvml.h, nvmlGpmQueryDeviceSupport and every nvmlGpm* call: "For Hopper or newer fully supported devices."
+        return self.arch >= ARCH_HOPPER
+
+    @property
+    def has_row_remap(self) -> bool:
+        # NVIDIA "A100 GPU Memory Error Management", Supported GPUs: row remapping on GA100, GA10x, AD10x,
+        # GH100; nvml.h, nvmlDeviceGetRemappedRows: "For Ampere or newer fully supported devices."
+        return self.arch >= ARCH_AMPERE and self.has_ecc
+
+    @property
+    def has_retired_pages(self) -> bool:
+        # Same document: row remapping "is a replacement for the page retirement scheme used in prior
+        # generation GPUs"; dynamic page retirement needs ECC (NVIDIA "Dynamic Page Retirement").
+        return self.arch < ARCH_AMPERE and self.has_ecc
+
+    @property
+    def has_memory_temp(self) -> bool:
+        # Field 82 reads the HBM sensor; GDDR boards (T4, A10, workstation cards) print "Memory Current
+        # Temp: N/A" in nvidia-smi -q.
+        return self.memory_kind == "HBM"
+
+    @property
     def has_tlimit_fields(self) -> bool:
         return self.arch >= ARCH_ADA
+
+    @property
+    def numbered_nvlink_crc_fields(self) -> bool:
+        # NVML change log, v520 to v525: "Removed support for NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT{0..}
+        # field IDs in Hopper. Replaced with NVML_FI_DEV_NVLINK_ERROR_DL_CRC with scope as link ID."
+        return self.nvlinks > 0 and self.arch < ARCH_HOPPER
 
     def tlimit(self, threshold: str) -> int | None:
         """The T.Limit offset field 193-196 reports for a threshold; None where the field is unsupported."""
@@ -80,6 +133,59 @@ class GpuModel:
         )
 
 
+def driver_branch(version: str) -> int:
+    """The branch of a driver version string: "550.54.15" -> 550."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+# NVML's change log (docs.nvidia.com/deploy/nvml-api/change-log), "Changes between v550 and v555": "Added
+# two new field IDs NVML_FI_DEV_PCIE_COUNT_TX_BYTES and NVML_FI_DEV_PCIE_COUNT_RX_BYTES".
+PCIE_BYTE_COUNTERS_FROM_DRIVER = 555
+
+# C symbols an older driver's libnvidia-ml.so.1 lacks: the first driver branch that has them. pynvml
+# raises NVMLError_FunctionNotFound for a missing one, and the exporter falls back.
+SYMBOL_SINCE_DRIVER: dict[str, int] = {
+    # Change log, v530 to v535: "Introduced ClockEventReasons and related APIs which should be used
+    # instead of ClockThrottleReasons."
+    "nvmlDeviceGetCurrentClocksEventReasons": 535,
+    "nvmlDeviceGetSupportedClocksEventReasons": 535,
+    # Change log, v565 to v570: "Added nvmlDeviceGetMarginTemperature() to retrieve the thermal margin
+    # temperature (distance to nearest slowdown threshold)."
+    "nvmlDeviceGetMarginTemperature": 570,
+    # Driver 550 fails with "undefined symbol" (HackTestes/NVML-GPU-Control#19); the first branch with it
+    # is not in the change log: 555 is assumed.
+    "nvmlDeviceGetTemperatureV": 555,
+}
+
+
+def capabilities(model: GpuModel) -> list[tuple[str, str]]:
+    """(capability, answer) rows of a model's table, for docs/simulator.md and ``gpumeter doctor``."""
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    return [
+        (
+            "architecture, form factor, memory",
+            f"{ARCH_NAMES[model.arch]}, {model.form_factor}, {model.memory_kind}",
+        ),
+        ("MIG", f"{len(model.mig_profiles)} profiles" if model.mig_profiles else "no (NOT_SUPPORTED)"),
+        ("GPM (per-MIG SM utilization)", yes(model.has_gpm)),
+        ("row remapping (fields 142-145)", yes(model.has_row_remap)),
+        ("retired pages (fields 29-31)", yes(model.has_retired_pages)),
+        ("ECC", yes(model.has_ecc)),
+        ("HBM temperature (field 82)", yes(model.has_memory_temp)),
+        ("T.Limit fields 193-196", yes(model.has_tlimit_fields)),
+        ("NVLinks", str(model.nvlinks) if model.nvlinks else "none (NOT_SUPPORTED)"),
+        ("numbered NVLink CRC FLIT fields", yes(model.numbered_nvlink_crc_fields) if model.nvlinks else "-"),
+        ("fan", yes(model.has_fan)),
+        (
+            "thresholds shutdown/slowdown/gpu_max/memory_max",
+            f"{model.shutdown_c}/{model.slowdown_c}/{model.gpu_max_c}/{model.memory_max_c or 'N/A'} °C",
+        ),
+        ("power limit", f"{model.power_limit_w:.0f} W"),
+        ("evidence", model.evidence),
+    ]
+
+
 def _profiles(*rows: tuple) -> dict[str, MigProfile]:
     return {row[0]: MigProfile(*row) for row in rows}
 
@@ -90,6 +196,27 @@ _ONE = (7, 8, 9, 10, 11, 12, 13)
 _ONE_DOUBLE = (3, 4, 5, 6)
 _TWO = (3, 4, 5)
 _THREE = (1, 2)
+
+_A100_40GB_PROFILES = _profiles(
+    ("1g.5gb", 1, 1, 4864, 7, _ONE, 14),
+    ("1g.10gb", 1, 2, 9856, 4, _ONE_DOUBLE, 14),
+    ("2g.10gb", 2, 2, 9856, 3, _TWO, 28),
+    ("3g.20gb", 3, 4, 19968, 2, _THREE, 42),
+    ("4g.20gb", 4, 4, 19968, 1, (1,), 56),
+    ("7g.40gb", 7, 8, 40192, 1, (0,), 98),
+)
+_H100_80GB_PROFILES = _profiles(
+    ("1g.10gb", 1, 1, 10240, 7, _ONE, 16),
+    ("1g.20gb", 1, 2, 20480, 4, _ONE_DOUBLE, 16),
+    ("2g.20gb", 2, 2, 20480, 3, _TWO, 32),
+    ("3g.40gb", 3, 4, 40960, 2, _THREE, 60),
+    ("4g.40gb", 4, 4, 40960, 1, (1,), 64),
+    ("7g.80gb", 7, 8, 81920, 1, (0,), 132),
+)
+# Thresholds printed by nvidia-smi -q (docs/nvml.md §4 collects the dumps): A100 80GB PCIe 92/89/85/95;
+# "other datacenter boards" (V100 and kin) 90/87/83/85.
+_A100_THRESHOLDS = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 85, "memory_max_c": 95}
+_H100_THRESHOLDS = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 87, "memory_max_c": 95}
 
 MODELS: dict[str, GpuModel] = {
     m.key: m
@@ -102,23 +229,63 @@ MODELS: dict[str, GpuModel] = {
             reserved_mib=1024,
             power_limit_w=700.0,
             idle_power_w=72.0,
-            shutdown_c=92,
-            slowdown_c=89,
-            gpu_max_c=87,
-            memory_max_c=95,
+            **_H100_THRESHOLDS,
             nvlinks=18,
             clocks_max_mhz={"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1755},
             pcie_gen=5,
-            has_gpm=True,
             pci_device_id=0x233010DE,
+            mig_profiles=_H100_80GB_PROFILES,
+            evidence="H100 SXM5 datasheet (700 W, 18 NVLink4 links); thresholds not from a dump of this board, "
+            "to be confirmed with gpumeter doctor",
+        ),
+        GpuModel(
+            key="H100-PCIe-80GB",
+            nvml_name="NVIDIA H100 PCIe",
+            arch=ARCH_HOPPER,
+            memory_mib=81559,
+            reserved_mib=1024,
+            power_limit_w=350.0,
+            idle_power_w=48.0,
+            **_H100_THRESHOLDS,
+            nvlinks=12,  # three NVLink bridges between a pair of boards
+            clocks_max_mhz={"graphics": 1755, "sm": 1755, "memory": 1593, "video": 1545},
+            pcie_gen=5,
+            pci_device_id=0x233110DE,
+            mig_profiles=_H100_80GB_PROFILES,
+            form_factor="PCIe",
+            evidence="H100 PCIe datasheet (350 W, NVLink bridge 600 GB/s); thresholds not from a dump of this "
+            "board, to be confirmed with gpumeter doctor",
+        ),
+        GpuModel(
+            key="H100-NVL-94GB",
+            nvml_name="NVIDIA H100 NVL",
+            arch=ARCH_HOPPER,
+            memory_mib=95830,
+            reserved_mib=1024,
+            power_limit_w=400.0,
+            idle_power_w=60.0,
+            shutdown_c=95,
+            slowdown_c=89,
+            gpu_max_c=87,
+            memory_max_c=95,
+            # nvidia-smi -q of a real H100 NVL, driver 550 (docs/nvml.md §4): shutdown -8, slowdown -2,
+            # GPU max 0, memory max 0; the absolute thresholds above are placed on that scale (gpu_max = 0).
+            tlimit_c={"shutdown": -8, "slowdown": -2, "gpu_max": 0, "memory_max": 0},
+            nvlinks=12,
+            clocks_max_mhz={"graphics": 1785, "sm": 1785, "memory": 2619, "video": 1590},
+            pcie_gen=5,
+            pci_device_id=0x232110DE,
             mig_profiles=_profiles(
-                ("1g.10gb", 1, 1, 10240, 7, _ONE, 16),
-                ("1g.20gb", 1, 2, 20480, 4, _ONE_DOUBLE, 16),
-                ("2g.20gb", 2, 2, 20480, 3, _TWO, 32),
-                ("3g.40gb", 3, 4, 40960, 2, _THREE, 60),
-                ("4g.40gb", 4, 4, 40960, 1, (1,), 64),
-                ("7g.80gb", 7, 8, 81920, 1, (0,), 132),
+                ("1g.12gb", 1, 1, 11264, 7, _ONE, 16),
+                ("1g.24gb", 1, 2, 23552, 4, _ONE_DOUBLE, 16),
+                ("2g.24gb", 2, 2, 23552, 3, _TWO, 32),
+                ("3g.47gb", 3, 4, 47104, 2, _THREE, 60),
+                ("4g.47gb", 4, 4, 47104, 1, (1,), 64),
+                ("7g.94gb", 7, 8, 95232, 1, (0,), 132),
             ),
+            form_factor="PCIe",
+            evidence="T.Limit values from an H100 NVL nvidia-smi -q (driver 550); 400 W, 94 GB and NVLink "
+            "bridge from the datasheet; MIG profile sizes approximate",
         ),
         GpuModel(
             key="A100-SXM4-40GB",
@@ -128,22 +295,93 @@ MODELS: dict[str, GpuModel] = {
             reserved_mib=512,
             power_limit_w=400.0,
             idle_power_w=55.0,
-            shutdown_c=92,
-            slowdown_c=89,
-            gpu_max_c=85,
-            memory_max_c=95,
+            **_A100_THRESHOLDS,
             nvlinks=12,
             clocks_max_mhz={"graphics": 1410, "sm": 1410, "memory": 1215, "video": 1290},
             pcie_gen=4,
             pci_device_id=0x20B010DE,
-            mig_profiles=_profiles(
-                ("1g.5gb", 1, 1, 4864, 7, _ONE, 14),
-                ("1g.10gb", 1, 2, 9856, 4, _ONE_DOUBLE, 14),
-                ("2g.10gb", 2, 2, 9856, 3, _TWO, 28),
-                ("3g.20gb", 3, 4, 19968, 2, _THREE, 42),
-                ("4g.20gb", 4, 4, 19968, 1, (1,), 56),
-                ("7g.40gb", 7, 8, 40192, 1, (0,), 98),
-            ),
+            mig_profiles=_A100_40GB_PROFILES,
+            evidence="A100 datasheet (400 W SXM4, 12 NVLink3 links); thresholds from the A100 80GB PCIe dump",
+        ),
+        GpuModel(
+            key="A100-PCIe-40GB",
+            nvml_name="NVIDIA A100-PCIE-40GB",
+            arch=ARCH_AMPERE,
+            memory_mib=40960,
+            reserved_mib=512,
+            power_limit_w=250.0,
+            idle_power_w=35.0,
+            **_A100_THRESHOLDS,
+            nvlinks=12,  # NVLink bridges between pairs of boards
+            clocks_max_mhz={"graphics": 1410, "sm": 1410, "memory": 1215, "video": 1290},
+            pcie_gen=4,
+            pci_device_id=0x20F110DE,
+            mig_profiles=_A100_40GB_PROFILES,
+            form_factor="PCIe",
+            evidence="seed 000's 8-GPU nodes; A100 PCIe datasheet (250 W, NVLink bridge); thresholds from the "
+            "nvidia-smi -q dump of an A100 80GB PCIe (docs/nvml.md §4)",
+        ),
+        GpuModel(
+            key="A10-24GB",
+            nvml_name="NVIDIA A10",
+            arch=ARCH_AMPERE,
+            memory_mib=23028,
+            reserved_mib=384,
+            power_limit_w=150.0,
+            idle_power_w=16.0,
+            shutdown_c=98,
+            slowdown_c=95,
+            gpu_max_c=88,
+            memory_max_c=None,
+            nvlinks=0,
+            clocks_max_mhz={"graphics": 1695, "sm": 1695, "memory": 6251, "video": 1515},
+            pcie_gen=4,
+            pci_device_id=0x223610DE,
+            form_factor="PCIe",
+            memory_kind="GDDR",
+            evidence="seed 003's cost model; A10 datasheet (150 W, GDDR6 with ECC, no NVLink, no MIG); "
+            "thresholds approximate, to be confirmed with gpumeter doctor",
+        ),
+        GpuModel(
+            key="V100-PCIe-32GB",
+            nvml_name="Tesla V100-PCIE-32GB",
+            arch=ARCH_VOLTA,
+            memory_mib=32510,
+            reserved_mib=0,
+            power_limit_w=250.0,
+            idle_power_w=25.0,
+            shutdown_c=90,
+            slowdown_c=87,
+            gpu_max_c=83,
+            memory_max_c=85,
+            nvlinks=0,
+            clocks_max_mhz={"graphics": 1380, "sm": 1380, "memory": 877, "video": 1237},
+            pcie_gen=3,
+            pci_device_id=0x1DB610DE,
+            form_factor="PCIe",
+            evidence="seed 003's cost model (250 W); V100 PCIe datasheet (HBM2, no NVLink); thresholds from "
+            "the 'other datacenter boards' dump (docs/nvml.md §4)",
+        ),
+        GpuModel(
+            key="T4-16GB",
+            nvml_name="Tesla T4",
+            arch=ARCH_TURING,
+            memory_mib=15360,
+            reserved_mib=0,
+            power_limit_w=70.0,
+            idle_power_w=9.0,
+            shutdown_c=96,
+            slowdown_c=93,
+            gpu_max_c=85,
+            memory_max_c=None,
+            nvlinks=0,
+            clocks_max_mhz={"graphics": 1590, "sm": 1590, "memory": 5001, "video": 1470},
+            pcie_gen=3,
+            pci_device_id=0x1EB810DE,
+            form_factor="PCIe",
+            memory_kind="GDDR",
+            evidence="seed 003's cost model (70 W); T4 datasheet (GDDR6 with ECC, passive, no NVLink); "
+            "thresholds approximate, to be confirmed with gpumeter doctor",
         ),
         GpuModel(
             key="H200-SXM-141GB",
@@ -153,14 +391,10 @@ MODELS: dict[str, GpuModel] = {
             reserved_mib=1280,
             power_limit_w=700.0,
             idle_power_w=75.0,
-            shutdown_c=92,
-            slowdown_c=89,
-            gpu_max_c=87,
-            memory_max_c=95,
+            **_H100_THRESHOLDS,
             nvlinks=18,
             clocks_max_mhz={"graphics": 1980, "sm": 1980, "memory": 3201, "video": 1755},
             pcie_gen=5,
-            has_gpm=True,
             pci_device_id=0x233510DE,
             mig_profiles=_profiles(
                 ("1g.18gb", 1, 1, 18432, 7, _ONE, 16),
@@ -170,6 +404,7 @@ MODELS: dict[str, GpuModel] = {
                 ("4g.71gb", 4, 4, 72704, 1, (1,), 64),
                 ("7g.141gb", 7, 8, 144384, 1, (0,), 132),
             ),
+            evidence="H200 datasheet (141 GB HBM3e, 700 W, 18 NVLink4 links); thresholds assumed as H100's",
         ),
         GpuModel(
             key="RTX-6000-Ada",
@@ -189,6 +424,10 @@ MODELS: dict[str, GpuModel] = {
             has_fan=True,
             has_ecc=False,  # ECC off, as workstations usually run
             pci_device_id=0x26B110DE,
+            form_factor="PCIe",
+            memory_kind="GDDR",
+            evidence="RTX 6000 Ada datasheet (300 W, GDDR6, blower fan); thresholds of the 'typical consumer "
+            "card (target 83)' dump (docs/nvml.md §4)",
         ),
     )
 }
@@ -198,12 +437,17 @@ def model_named(key: str) -> GpuModel:
     return MODELS[key]
 
 
-def driver_branch(version: str) -> int:
-    """The branch of a driver version string: "550.54.15" -> 550."""
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
-
-
-# NVML's change log (docs.nvidia.com/deploy/nvml-api/change-log), "Changes between v550 and v555": "Added
-# two new field IDs NVML_FI_DEV_PCIE_COUNT_TX_BYTES and NVML_FI_DEV_PCIE_COUNT_RX_BYTES".
-PCIE_BYTE_COUNTERS_FROM_DRIVER = 555
+def render_capabilities_markdown() -> str:
+    """The capability table of docs/simulator.md (``gpumeter docs models``): capabilities by model, then
+    each model's evidence. Rules per generation are cited in exporter/simulator/models.py."""
+    models = list(MODELS.values())
+    rows = [dict(capabilities(m)) for m in models]
+    names = [name for name, _ in capabilities(models[0]) if name != "evidence"]
+    lines = [
+        "| capability | " + " | ".join(f"`{m.key}`" for m in models) + " |",
+        "|---|" + "---|" * len(models),
+    ]
+    lines += [f"| {name} | " + " | ".join(row[name] for row in rows) + " |" for name in names]
+    lines += ["", "Evidence per board:", ""]
+    lines += [f"* `{m.key}` ({m.nvml_name}): {row['evidence']}." for m, row in zip(models, rows, strict=True)]
+    return "\n".join(lines) + "\n"

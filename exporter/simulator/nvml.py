@@ -30,7 +30,7 @@ from .device import (
     SimulatedNode,
 )
 from .latency import call_latency
-from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, driver_branch
+from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, SYMBOL_SINCE_DRIVER, driver_branch
 
 __all__ = ["SimulatedNvml"]
 
@@ -76,6 +76,13 @@ _CRC_FIELDS: dict[int, tuple[str, int]] = {}
 for _link in range(12):
     _CRC_FIELDS[(32 + _link) if _link < 6 else (96 + _link - 6)] = ("crc_flit", _link)
     _CRC_FIELDS[(39 + _link) if _link < 6 else (102 + _link - 6)] = ("crc_data", _link)
+# nvml.h: NVML_FI_DEV_RETIRED_SBE 29 / _DBE 30 "Number of retired pages because of single / double bit
+# errors", _PENDING 31 "If any pages are pending retirement. 1=yes. 0=no."
+_RETIRED_FIELDS = {
+    N.NVML_FI_DEV_RETIRED_SBE: "corrected",
+    N.NVML_FI_DEV_RETIRED_DBE: "uncorrected",
+    N.NVML_FI_DEV_RETIRED_PENDING: "pending",
+}
 _NVLINK_COUNTERS = {
     N.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
     N.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
@@ -184,6 +191,10 @@ class SimulatedNvml:
     def __getattr__(self, name: str):
         if name.startswith("_") or name in self.missing or name not in _IMPLS:
             raise AttributeError(name)
+        if driver_branch(self.node.spec.driver_version) < SYMBOL_SINCE_DRIVER.get(name, 0):
+            raise AttributeError(
+                name
+            )  # this driver's library predates the symbol (models.SYMBOL_SINCE_DRIVER)
         fn = _CFunction(self, name, _IMPLS[name])
         object.__setattr__(self, name, fn)  # later lookups skip __getattr__
         return fn
@@ -369,6 +380,17 @@ def nvmlDeviceGetTemperature(lib, gpu, mig, sensor, out):
 
 
 @device_call
+def nvmlDeviceGetMarginTemperature(lib, gpu, mig, out):
+    # nvml.h: nvmlMarginTemperature_v1_t, "the distance to the nearest slowdown threshold", signed; the
+    # symbol exists from driver 570 (models.SYMBOL_SINCE_DRIVER). The nearest is the SW-thermal limit.
+    margin = _out(out)
+    if margin.version != N.nvmlMarginTemperature_v1:
+        return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    margin.marginTemperature = gpu.model.gpu_max_c - round(gpu.temperature_c)
+    return OK
+
+
+@device_call
 def nvmlDeviceGetTemperatureThreshold(lib, gpu, mig, kind, out):
     value = getattr(gpu.model, _THRESHOLDS.get(_int(kind), ""), None)
     if value is None:
@@ -487,6 +509,12 @@ def nvmlDeviceGetSupportedClocksEventReasons(lib, gpu, mig, out):
     return OK
 
 
+# The same bits under the names every driver has (DEPRECATED(13.0) in nvml.h): what a driver before 535,
+# which lacks the ClocksEvent symbols, answers.
+_IMPLS["nvmlDeviceGetCurrentClocksThrottleReasons"] = _IMPLS["nvmlDeviceGetCurrentClocksEventReasons"]
+_IMPLS["nvmlDeviceGetSupportedClocksThrottleReasons"] = _IMPLS["nvmlDeviceGetSupportedClocksEventReasons"]
+
+
 @device_call
 def nvmlDeviceGetPcieThroughput(lib, gpu, mig, counter, out):
     _out(out).value = gpu.pcie_kbps("tx" if _int(counter) == N.NVML_PCIE_UTIL_TX_BYTES else "rx")
@@ -510,6 +538,8 @@ def nvmlDeviceGetTotalEccErrors(lib, gpu, mig, error_type, counter_type, out):
 
 @device_call
 def nvmlDeviceGetNvLinkState(lib, gpu, mig, link, out):
+    if not gpu.model.nvlinks:
+        return N.NVML_ERROR_NOT_SUPPORTED  # a board without NVLink (T4, A10, V100 PCIe)
     if not 0 <= link < gpu.model.nvlinks:
         return N.NVML_ERROR_INVALID_ARGUMENT
     # An nvmlEnableState_t from before SLEEP existed: enabled only while the link is active.
@@ -519,6 +549,8 @@ def nvmlDeviceGetNvLinkState(lib, gpu, mig, link, out):
 
 @device_call
 def nvmlDeviceGetNvLinkErrorCounter(lib, gpu, mig, link, counter, out):
+    if not gpu.model.nvlinks:
+        return N.NVML_ERROR_NOT_SUPPORTED
     if not 0 <= link < gpu.model.nvlinks or counter not in _NVLINK_COUNTERS:
         return N.NVML_ERROR_INVALID_ARGUMENT
     _out(out).value = int(gpu.nvlink_errors[link][_NVLINK_COUNTERS[counter]])
@@ -532,7 +564,7 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
     ull, dbl = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, N.NVML_VALUE_TYPE_DOUBLE
     unsupported = (N.NVML_ERROR_NOT_SUPPORTED, ull, 0)
     if field_id == N.NVML_FI_DEV_MEMORY_TEMP:
-        return (OK, ull, round(gpu.temperature_c + 6)) if model.memory_max_c is not None else unsupported
+        return (OK, ull, round(gpu.temperature_c + 6)) if model.has_memory_temp else unsupported
     if field_id in _TLIMIT_FIELDS:
         value = model.tlimit(_TLIMIT_FIELDS[field_id])
         return (OK, N.NVML_VALUE_TYPE_SIGNED_INT, value) if value is not None else unsupported
@@ -558,7 +590,9 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
         N.NVML_FI_DEV_REMAPPED_PENDING,
         N.NVML_FI_DEV_REMAPPED_FAILURE,
     ):
-        if not model.has_ecc or gpu.mig_enabled:  # not while MIG instances are active
+        # nvml.h, nvmlDeviceGetRemappedRows: Ampere or newer; "On MIG-enabled GPUs with active instances,
+        # querying the number of remapped rows is not supported".
+        if not model.has_row_remap or gpu.mig_enabled:
             return unsupported
         value = {
             N.NVML_FI_DEV_REMAPPED_COR: gpu.remapped["corrected"],
@@ -589,7 +623,16 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
         return OK, ull, value
     if field_id in _CRC_FIELDS:
         kind, link = _CRC_FIELDS[field_id]
-        return (OK, ull, int(gpu.nvlink_errors[link][kind])) if link < model.nvlinks else unsupported
+        if link >= model.nvlinks or (kind == "crc_flit" and not model.numbered_nvlink_crc_fields):
+            return (
+                unsupported  # the FLIT fields are gone on Hopper (models.GpuModel.numbered_nvlink_crc_fields)
+            )
+        return OK, ull, int(gpu.nvlink_errors[link][kind])
+    if field_id in _RETIRED_FIELDS:
+        if not model.has_retired_pages:
+            return unsupported  # Ampere and later remap rows instead (models.GpuModel.has_retired_pages)
+        kind = _RETIRED_FIELDS[field_id]
+        return OK, ull, int(gpu.retire_pending) if kind == "pending" else gpu.retired[kind]
     del dbl
     return unsupported
 

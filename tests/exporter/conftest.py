@@ -56,13 +56,14 @@ def clock():
 
 @pytest.fixture
 def simulate(clock):
-    """simulate("h100-mig", missing={...}, latency=None, **config) -> Simulated; stopped after the test.
+    """simulate("h100-mig", node=None, missing={...}, latency=None, **config) -> Simulated; stopped after
+    the test. ``node`` picks a node of the fleet (default: the first).
     ``latency`` (e.g. simulator.latency.CALL_LATENCY_S) makes each stand-in call take the driver's time."""
     started: list[Simulated] = []
 
-    def make(fleet: str | Fleet, *, missing=frozenset(), latency=None, **config) -> Simulated:
+    def make(fleet: str | Fleet, *, node=None, missing=frozenset(), latency=None, **config) -> Simulated:
         fleet = load_fleet(fleet) if isinstance(fleet, str) else fleet
-        node = SimulatedNode(fleet, clock=clock)
+        node = SimulatedNode(fleet, node, clock=clock)
         lib = SimulatedNvml(node, missing=missing, latency=latency)
         defaults = {
             "listen": "127.0.0.1:0",

@@ -11,10 +11,22 @@ import pytest
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.catalog import CATALOG, render_markdown
 from gpumeter.exporter.config import ExporterConfig
+from gpumeter.exporter.simulator.fleet import FLEETS_DIR, load_fleet
 from tests.support.servers import PrometheusServer, require_binary
 
 GOLDEN = Path(__file__).parent / "golden"
-FLEETS = ["h100-mig", "a100-mixed", "h200", "workstation"]
+# Every node of every example fleet: (fleet, node); a fleet of one node keeps the plain golden name.
+EXAMPLES = [
+    (path.stem, node.name) for path in sorted(FLEETS_DIR.glob("*.yaml")) for node in load_fleet(path).nodes
+]
+FLEETS = sorted({fleet for fleet, _ in EXAMPLES})
+
+
+def golden_name(fleet: str, node: str) -> str:
+    nodes = [n for f, n in EXAMPLES if f == fleet]
+    return f"{fleet}.prom" if len(nodes) == 1 else f"{fleet}.{node}.prom"
+
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -38,14 +50,14 @@ def stable(text: str) -> str:
     return "".join(lines)
 
 
-@pytest.mark.parametrize("fleet", ["h100-mig", "a100-mixed", "workstation"])
-def test_golden_exposition(simulate, fleet, request):
-    sim = simulate(fleet)
+@pytest.mark.parametrize(("fleet", "node"), EXAMPLES)
+def test_golden_exposition(simulate, fleet, node, request):
+    sim = simulate(fleet, node=node)
     sim.sampler.sample_once()
     sim.sample(5)
     sim.sample(5)
     actual = stable(sim.text())
-    golden = GOLDEN / f"{fleet}.prom"
+    golden = GOLDEN / golden_name(fleet, node)
     if request.config.getoption("--update-golden"):
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(actual)
@@ -54,9 +66,9 @@ def test_golden_exposition(simulate, fleet, request):
 
 
 @pytest.mark.prometheus
-@pytest.mark.parametrize("fleet", FLEETS)
-def test_promtool_finds_nothing_to_report(simulate, fleet):
-    sim = simulate(fleet)
+@pytest.mark.parametrize(("fleet", "node"), EXAMPLES)
+def test_promtool_finds_nothing_to_report(simulate, fleet, node):
+    sim = simulate(fleet, node=node)
     sim.sampler.sample_once()
     sim.sample()
     result = subprocess.run(
