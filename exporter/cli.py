@@ -56,6 +56,10 @@ def register(subparsers) -> None:
     if history is not None:
         history.add_parser(sim)
 
+    from .doctor import add_parser as add_doctor
+
+    add_doctor(subparsers)
+
     docs = subparsers.add_parser("docs", help="generated documentation")
     docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="WHAT")
     docs_sub.add_parser("metrics", help="print docs/metrics.md from the catalog").set_defaults(func=run_docs)

@@ -16,7 +16,7 @@ from gpumeter import __version__
 # Each part's module, by the commands it registers. A command loads only its own part, so the
 # exporter does not carry billing's SQLAlchemy and Alembic in its resident memory.
 PARTS = {
-    "gpumeter.exporter.cli": ("exporter", "simulate", "docs"),
+    "gpumeter.exporter.cli": ("exporter", "simulate", "docs", "doctor"),
     "gpumeter.billing.cli": ("billing",),
     "gpumeter.reports.cli": ("report",),
     "gpumeter.dashboards.cli": ("dashboards",),

@@ -1,0 +1,470 @@
+"""``gpumeter doctor``: first contact with a node, in a report a user can paste into a bug report.
+
+It asks NVML what the exporter will ask, the way the exporter asks it, and says per GPU which functions
+and fields answered, which did not and with which return code (and how long each call took), the MIG
+layout, XID event support and whether MIG instances' XIDs reach this process, GPM support, whether the
+kubelet's pod-resources socket is reachable, and which series the exporter will therefore not export.
+Then one sampling cycle of the real exporter confirms the last point. The exit status is 1 when
+something blocks monitoring (NVML does not start, no GPU, a GPU lost or unreadable, a configured kubelet
+socket that does not answer), else 0.
+
+``--simulate FLEET`` runs it against the stand-in (with the driver's per-call latency and a stand-in
+kubelet), which is how it is tested on every example fleet. On a real node it is the evidence for the
+stand-in's capability tables (exporter/simulator/models.py) and latency table (simulator/latency.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml as N
+
+from . import collectors as collector_registry
+from .catalog import CATALOG, Scope
+from .kubelet.client import DEFAULT_SOCKET
+from .nvml import NvmlSession, process_is_privileged
+from .sampler import Sampler
+from .xid import XidWatcher
+
+__all__ = ["Report", "add_parser", "diagnose"]
+
+OK = "ok"
+_CODES = {v: k for k, v in vars(N).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+# Field IDs by value; aliases share a value, the first name pynvml defines wins.
+_FIELD_NAMES: dict[int, str] = {}
+for _name, _value in vars(N).items():
+    if _name.startswith("NVML_FI_") and isinstance(_value, int):
+        _FIELD_NAMES.setdefault(_value, _name.removeprefix("NVML_FI_"))
+# Fields the exporter may ask besides its collectors' batch, so the report shows what they answer.
+PROBE_FIELDS = (
+    N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT,
+    N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT,
+    N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT,
+    N.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT,
+    N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    N.NVML_FI_DEV_NVLINK_LINK_COUNT,
+)
+
+
+def code_name(code: int) -> str:
+    return _CODES.get(code, f"NVML error {code}").removeprefix("NVML_ERROR_")
+
+
+@dataclass
+class Answer:
+    what: str  # "nvmlDeviceGetPowerUsage" or "field 82 MEMORY_TEMP"
+    result: str  # "ok" or the return code's name
+    value: str = ""
+    ms: float | None = None
+
+
+@dataclass
+class GpuReport:
+    index: int
+    uuid: str = ""
+    name: str = ""
+    up: bool = True
+    problem: str = ""
+    calls: list[Answer] = field(default_factory=list)
+    fields: list[Answer] = field(default_factory=list)
+    mig: list[dict[str, Any]] = field(default_factory=list)
+    xid_events: str = ""
+    gpm: str = ""
+    not_exported: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    nvml: str = ""
+    driver: str = ""
+    cuda: str = ""
+    privileged: bool = False
+    gpus: list[GpuReport] = field(default_factory=list)
+    kubelet: str = ""
+    kubelet_ok: bool | None = None  # None: not checked
+    blocking: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.blocking else 0
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {**asdict(self), "exit_status": self.exit_status}
+
+
+def _timed(fn: Callable, *args) -> tuple[str, Any, float]:
+    started = time.perf_counter()
+    try:
+        value = fn(*args)
+        result = OK
+    except N.NVMLError as exc:
+        value, result = None, code_name(exc.value)
+    except N.NVMLLibraryMismatchError:
+        value, result = None, "LIBRARY_MISMATCH"
+    return result, value, (time.perf_counter() - started) * 1000
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if hasattr(value, "_fields_"):  # a ctypes structure: its first few members
+        parts = [f"{name}={getattr(value, name)}" for name, *_ in value._fields_[:4] if name != "version"]
+        return ", ".join(parts)
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _probes(handle) -> list[tuple[str, Callable, tuple]]:
+    """The per-device calls the collectors make, in the form the exporter makes them."""
+    return [
+        ("nvmlDeviceGetTemperatureV", N.nvmlDeviceGetTemperatureV, (handle, N.NVML_TEMPERATURE_GPU)),
+        ("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature, (handle, N.NVML_TEMPERATURE_GPU)),
+        (
+            "nvmlDeviceGetTemperatureThreshold(SLOWDOWN)",
+            N.nvmlDeviceGetTemperatureThreshold,
+            (handle, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+        ),
+        (
+            "nvmlDeviceGetTemperatureThreshold(MEM_MAX)",
+            N.nvmlDeviceGetTemperatureThreshold,
+            (handle, N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
+        ),
+        ("nvmlDeviceGetMarginTemperature", N.nvmlDeviceGetMarginTemperature, (handle,)),
+        ("nvmlDeviceGetPowerUsage", N.nvmlDeviceGetPowerUsage, (handle,)),
+        ("nvmlDeviceGetEnforcedPowerLimit", N.nvmlDeviceGetEnforcedPowerLimit, (handle,)),
+        ("nvmlDeviceGetTotalEnergyConsumption", N.nvmlDeviceGetTotalEnergyConsumption, (handle,)),
+        ("nvmlDeviceGetUtilizationRates", N.nvmlDeviceGetUtilizationRates, (handle,)),
+        ("nvmlDeviceGetMemoryInfo(v2)", N.nvmlDeviceGetMemoryInfo, (handle, N.nvmlMemory_v2)),
+        ("nvmlDeviceGetClockInfo(SM)", N.nvmlDeviceGetClockInfo, (handle, N.NVML_CLOCK_SM)),
+        ("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState, (handle,)),
+        ("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed, (handle,)),
+        ("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons, (handle,)),
+        ("nvmlDeviceGetCurrentClocksThrottleReasons", N.nvmlDeviceGetCurrentClocksThrottleReasons, (handle,)),
+        (
+            "nvmlDeviceGetPcieThroughput(TX)",
+            N.nvmlDeviceGetPcieThroughput,
+            (handle, N.NVML_PCIE_UTIL_TX_BYTES),
+        ),
+        ("nvmlDeviceGetNvLinkState(0)", N.nvmlDeviceGetNvLinkState, (handle, 0)),
+        ("nvmlDeviceGetMigMode", N.nvmlDeviceGetMigMode, (handle,)),
+        ("nvmlGpmQueryDeviceSupport", N.nvmlGpmQueryDeviceSupport, (handle,)),
+        ("nvmlDeviceGetSupportedEventTypes", N.nvmlDeviceGetSupportedEventTypes, (handle,)),
+    ]
+
+
+def _fields(handle, wanted: list[tuple[int, int]]) -> list[Answer]:
+    """One batched read, as the exporter does; per field its own status. Scoped fields are summarised."""
+    ids = list(dict.fromkeys(wanted + [(f, 0) for f in PROBE_FIELDS]))
+    result, values, ms = _timed(N.nvmlDeviceGetFieldValues, handle, ids)
+    if result != OK:
+        return [Answer(f"nvmlDeviceGetFieldValues ({len(ids)} fields)", result, ms=ms)]
+    by_field: dict[int, list[tuple[int, str]]] = {}
+    for entry in values:
+        ret = OK if entry.nvmlReturn == N.NVML_SUCCESS else code_name(entry.nvmlReturn)
+        by_field.setdefault(entry.fieldId, []).append((entry.scopeId, ret))
+    answers = [Answer(f"nvmlDeviceGetFieldValues ({len(ids)} fields, one call)", OK, ms=ms)]
+    for field_id, scoped in sorted(by_field.items()):
+        results = sorted({ret for _, ret in scoped})
+        scopes = f" scopes {scoped[0][0]}-{scoped[-1][0]}" if len(scoped) > 1 else ""
+        answers.append(
+            Answer(f"field {field_id} {_FIELD_NAMES.get(field_id, '?')}{scopes}", "/".join(results))
+        )
+    return answers
+
+
+def _mig_layout(handle) -> list[dict[str, Any]]:
+    layout = []
+    result, count, _ = _timed(N.nvmlDeviceGetMaxMigDeviceCount, handle)
+    for slot in range(count or 0):
+        result, mig, _ = _timed(N.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+        if result != OK:
+            continue
+        entry: dict[str, Any] = {"slot": slot}
+        for key, fn in (
+            ("gpu_instance_id", N.nvmlDeviceGetGpuInstanceId),
+            ("compute_instance_id", N.nvmlDeviceGetComputeInstanceId),
+            ("name", N.nvmlDeviceGetName),
+            ("uuid", N.nvmlDeviceGetUUID),
+        ):
+            result, value, _ = _timed(fn, mig)
+            entry[key] = value if result == OK else result
+        layout.append(entry)
+    return layout
+
+
+def _kubelet(socket_path: str | None, required: bool) -> tuple[str, bool | None]:
+    if not socket_path:
+        return "not checked (no kubelet socket configured): pod attribution off", None
+    path = Path(socket_path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if not required:
+            return f"{socket_path}: {exc.strerror} (not a Kubernetes node?): pod attribution off", None
+        return f"{socket_path}: {exc.strerror}", False
+    if not stat.S_ISSOCK(mode):
+        return f"{socket_path}: not a unix socket", False
+    if not os.access(socket_path, os.R_OK | os.W_OK):
+        return (
+            f"{socket_path}: no read/write permission for uid {os.geteuid()} (mount it, run as root)",
+            False,
+        )
+    from .kubelet.client import KubeletError, PodResourcesClient
+
+    try:
+        with PodResourcesClient(socket_path, timeout=3.0) as client:
+            started = time.perf_counter()
+            pods = client.list()
+            devices = client.allocatable().devices
+            ms = (time.perf_counter() - started) * 1000
+    except KubeletError as exc:
+        return str(exc), False
+    held = sum(1 for p in pods for c in p.containers if c.devices)
+    answer = (
+        f"{socket_path}: List and GetAllocatableResources answered in {ms:.1f} ms "
+        f"({len(devices)} allocatable device groups, {held} containers holding devices)"
+    )
+    return answer, True
+
+
+def diagnose(
+    library: object | None = None,
+    *,
+    kubelet_socket: str | None = None,
+    kubelet_required: bool = False,
+    privileged: bool | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Report:
+    """Everything the report says. ``library``: None for the real libnvidia-ml, else a stand-in."""
+    report = Report(privileged=process_is_privileged() if privileged is None else privileged)
+    session = NvmlSession(library)
+    try:
+        session.start()
+    except N.NVMLError as exc:
+        report.nvml = f"nvmlInit failed: {code_name(exc.value)} ({exc})"
+        report.blocking.append(
+            "NVML does not start: is the NVIDIA driver loaded and libnvidia-ml.so.1 found?"
+        )
+        report.kubelet, report.kubelet_ok = _kubelet(kubelet_socket, kubelet_required)
+        return report
+    try:
+        report.nvml = N.nvmlSystemGetNVMLVersion()
+        report.driver = N.nvmlSystemGetDriverVersion()
+        cuda = N.nvmlSystemGetCudaDriverVersion()
+        report.cuda = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        count = N.nvmlDeviceGetCount()
+        if count == 0:
+            report.blocking.append("NVML sees no GPU")
+        chosen = collector_registry.build(xid_watcher=None, privileged=report.privileged)
+        for index in range(count):
+            report.gpus.append(_gpu(index, chosen, report))
+        _confirm_with_a_cycle(session, report, clock)
+    finally:
+        session.stop()
+    report.kubelet, report.kubelet_ok = _kubelet(kubelet_socket, kubelet_required)
+    if report.kubelet_ok is False:
+        report.blocking.append(f"kubelet: {report.kubelet}")
+    return report
+
+
+def _gpu(index: int, chosen, report: Report) -> GpuReport:
+    gpu = GpuReport(index)
+    result, handle, _ = _timed(N.nvmlDeviceGetHandleByIndex, index)
+    if result != OK:
+        gpu.up, gpu.problem = False, f"nvmlDeviceGetHandleByIndex: {result}"
+        report.blocking.append(f"GPU {index}: {gpu.problem}")
+        return gpu
+    for key, fn in (("uuid", N.nvmlDeviceGetUUID), ("name", N.nvmlDeviceGetName)):
+        result, value, _ = _timed(fn, handle)
+        setattr(gpu, key, value if result == OK else f"({result})")
+    raw: dict[str, Any] = {}
+    for what, fn, args in _probes(handle):
+        result, value, ms = _timed(fn, *args)
+        raw[what] = value
+        gpu.calls.append(Answer(what, result, _show(value) if result == OK else "", ms))
+    # The batch the collectors ask for, after their discovery (link counts, thresholds ...)
+    from .nvml import DeviceContext
+
+    device = DeviceContext(NvmlSession(), index, handle, gpu.uuid, gpu.name, "", None, None)
+    for collector in chosen:
+        if hasattr(collector, "discover"):
+            try:
+                collector.discover(device)
+            except Exception:  # the probes above already show what failed
+                pass
+    wanted = [f for c in chosen if hasattr(c, "fields") for f in c.fields(device)]
+    gpu.fields = _fields(handle, wanted)
+    if gpu.fields[0].result in ("GPU_IS_LOST",) or (len(gpu.fields) == 1 and gpu.fields[0].result != OK):
+        gpu.up, gpu.problem = False, f"nvmlDeviceGetFieldValues: {gpu.fields[0].result}"
+        report.blocking.append(f"GPU {index} ({gpu.uuid}): {gpu.problem}")
+    mode = raw["nvmlDeviceGetMigMode"]
+    if mode is not None and mode[0] == N.NVML_DEVICE_MIG_ENABLE:
+        gpu.mig = _mig_layout(handle)
+    events = next(a for a in gpu.calls if a.what == "nvmlDeviceGetSupportedEventTypes")
+    if events.result != OK:
+        gpu.xid_events = f"not available ({events.result}): no XID counts for this GPU"
+    else:
+        xid = bool(raw["nvmlDeviceGetSupportedEventTypes"] & N.nvmlEventTypeXidCriticalError)
+        gpu.xid_events = "XID events supported" if xid else "XID events not supported by this GPU"
+        if xid and gpu.mig:
+            gpu.xid_events += (
+                "; MIG instances' XIDs reach this process"
+                if report.privileged
+                else "; MIG instances' XIDs are withheld (not root, no CAP_SYS_ADMIN): only whole-GPU XIDs"
+            )
+    gpm = next(a for a in gpu.calls if a.what == "nvmlGpmQueryDeviceSupport")
+    support = raw["nvmlGpmQueryDeviceSupport"]
+    if support is not None and support.isSupportedDevice:
+        gpu.gpm = "supported: per-MIG SM utilization"
+    else:
+        gpu.gpm = f"not supported ({gpm.result if gpm.result != OK else 'isSupportedDevice 0'})"
+    return gpu
+
+
+def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock) -> None:
+    """Two cycles of the real sampler (GPM needs two samples): which device and MIG series came out."""
+    sampler = Sampler(
+        NvmlSession(session.library),
+        collector_registry.build(xid_watcher=XidWatcher(clock=clock), privileged=report.privileged),
+        hostname="doctor",
+        clock=clock,
+        xid_watcher=None,
+    )
+    try:
+        sampler.sample_once()
+        time.sleep(0.15)  # GPM wants its two samples more than 100 ms apart (nvml.h)
+        snapshot = sampler.sample_once()
+    finally:
+        sampler.session.stop()
+    by_gpu: dict[str, set[str]] = {}
+    for name, samples in snapshot.series.items():
+        for labels, _ in samples:
+            if len(labels) >= 2:
+                by_gpu.setdefault(labels[1], set()).add(name)
+    if not snapshot.nvml_up:
+        report.blocking.append("the exporter's sampling cycle found NVML down")
+    for gpu in report.gpus:
+        exported = by_gpu.get(gpu.uuid, set())
+        up = snapshot.value("nvidia_gpu_up", (str(gpu.index), gpu.uuid))
+        if up == 0 and gpu.up:
+            gpu.up, gpu.problem = False, "nvidia_gpu_up 0 in the exporter's cycle"
+            report.blocking.append(f"GPU {gpu.index} ({gpu.uuid}): {gpu.problem}")
+        for spec in CATALOG:
+            if spec.scope is Scope.MIG and not gpu.mig:
+                continue
+            if spec.scope in (Scope.DEVICE, Scope.MIG) and spec.name not in exported:
+                if spec.name.startswith("nvidia_gpu_xid") or spec.name == "nvidia_gpu_mig_xid_errors_total":
+                    continue  # event counts appear with the first event, not before
+                gpu.not_exported.append(f"{spec.name} ({spec.nvml})")
+
+
+def render_text(report: Report) -> str:
+    out = ["gpumeter doctor", ""]
+    out.append(f"NVML {report.nvml or '-'}, driver {report.driver or '-'}, CUDA {report.cuda or '-'}")
+    out.append(f"process privileged (root or CAP_SYS_ADMIN): {'yes' if report.privileged else 'no'}")
+    out.append(f"GPUs: {len(report.gpus)}")
+    for gpu in report.gpus:
+        out += [
+            "",
+            f"== GPU {gpu.index}: {gpu.name} {gpu.uuid} ({'up' if gpu.up else 'DOWN: ' + gpu.problem})",
+        ]
+        out.append("  functions (result, time, value):")
+        width = max((len(a.what) for a in gpu.calls), default=0)
+        for a in gpu.calls:
+            ms = f"{a.ms:8.3f} ms" if a.ms is not None else ""
+            out.append(f"    {a.what:<{width}}  {a.result:<20} {ms}  {a.value}".rstrip())
+        out.append("  fields (batched, per-entry status):")
+        for a in gpu.fields:
+            ms = f"  {a.ms:.3f} ms" if a.ms is not None else ""
+            out.append(f"    {a.what}: {a.result}{ms}")
+        if gpu.mig:
+            out.append("  MIG layout (slot: GPU instance / compute instance, name, UUID):")
+            for m in gpu.mig:
+                out.append(
+                    f"    {m['slot']}: GI {m['gpu_instance_id']} / CI {m['compute_instance_id']}, {m['name']}, {m['uuid']}"
+                )
+        else:
+            out.append("  MIG: not enabled")
+        out.append(f"  XID events: {gpu.xid_events}")
+        out.append(f"  GPM: {gpu.gpm}")
+        if gpu.not_exported:
+            out.append("  the exporter will not export (series, and where it would come from):")
+            out += [f"    {line}" for line in gpu.not_exported]
+    out += ["", f"kubelet pod-resources: {report.kubelet}", ""]
+    if report.blocking:
+        out.append("BLOCKING:")
+        out += [f"  {line}" for line in report.blocking]
+    else:
+        out.append("nothing blocks monitoring")
+    return "\n".join(out) + "\n"
+
+
+def add_parser(subparsers) -> None:
+    doctor = subparsers.add_parser(
+        "doctor", help="what NVML, MIG, XID events, GPM and the kubelet answer on this node, for a bug report"
+    )
+    doctor.add_argument(
+        "--simulate", metavar="FLEET", help="run against the stand-in for a fleet (e.g. h100-mig)"
+    )
+    doctor.add_argument(
+        "--simulate-node", metavar="NODE", help="which node of the fleet (default: the first)"
+    )
+    doctor.add_argument(
+        "--kubelet-socket",
+        default=None,
+        help=f"the kubelet pod-resources socket (default {DEFAULT_SOCKET}; with --simulate a stand-in kubelet)",
+    )
+    doctor.add_argument("--json", action="store_true", help="the report as JSON")
+    doctor.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.simulate:
+        report = _simulated(args.simulate, args.simulate_node, args.kubelet_socket)
+    else:
+        socket_path = args.kubelet_socket if args.kubelet_socket is not None else DEFAULT_SOCKET
+        report = diagnose(kubelet_socket=socket_path, kubelet_required=args.kubelet_socket is not None)
+    sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json else render_text(report))
+    return report.exit_status
+
+
+def _simulated(fleet_name: str, node_name: str | None, socket_path: str | None) -> Report:
+    from .simulator.device import SimulatedNode
+    from .simulator.fleet import FleetError, load_fleet
+    from .simulator.kubelet import StandInKubelet
+    from .simulator.latency import CALL_LATENCY_S
+    from .simulator.nvml import SimulatedNvml
+
+    try:
+        fleet = load_fleet(fleet_name)
+        node = SimulatedNode(fleet, node_name, clock=time.time)
+    except (FleetError, KeyError) as exc:
+        raise SystemExit(f"gpumeter doctor: {exc}") from None
+    library = SimulatedNvml(node, latency=CALL_LATENCY_S)
+    if socket_path is not None:
+        return diagnose(
+            library, kubelet_socket=socket_path, kubelet_required=True, privileged=node.privileged
+        )
+    with tempfile.TemporaryDirectory(prefix="gpumeter-doctor-") as tmp:
+        kubelet = StandInKubelet(fleet, node.spec.name, Path(tmp) / "kubelet.sock").start()
+        try:
+            return diagnose(
+                library, kubelet_socket=kubelet.socket_path, kubelet_required=True, privileged=node.privileged
+            )
+        finally:
+            kubelet.stop()
