@@ -1,5 +1,7 @@
 # gpumeter: the README's two commands are `make demo` and `make test`.
 # Both do their own set-up on a fresh Debian machine: Debian tools, a virtual env, the package.
+# `make check` is the fast loop: lint, type check and every test that needs no server or binary from
+# outside the virtual env (tests/support/needs.py says which do). No sudo, no apt, no database.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -15,7 +17,7 @@ STAMP := $(VENV)/.installed
 TOOLS_VENV := .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
 
-.PHONY: all setup tools tools-venv venv postgres test lint unit demo bench proto docs dashboards clean
+.PHONY: all setup tools tools-venv venv postgres test check lint typecheck demo bench proto docs dashboards clean
 
 all: test
 
@@ -59,10 +61,16 @@ lint: venv
 	$(BIN)/ruff format --check exporter billing reports dashboards alerts deploy tests gpumeter || \
 	  { echo "run: $(BIN)/ruff format ."; exit 1; }
 
-unit: setup
-	$(BIN)/pytest -q
+# mypy over the package laid out as installed (pyproject's [tool.mypy] says what is strict).
+typecheck: venv
+	$(BIN)/python -m tests.support.typecheck
 
-test: setup lint
+# The fast loop; the tests spread over the cores (pytest-xdist).
+check: lint typecheck
+	$(BIN)/pytest -q -m "not external" -n auto
+
+# Everything, against the real servers and tools; a missing one fails its tests, never skips them.
+test: setup lint typecheck
 	$(BIN)/pytest -q
 
 demo: tools venv
