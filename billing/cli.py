@@ -102,7 +102,17 @@ def register(subparsers) -> None:
 
     serve = sub.add_parser("serve", help="run the billing service (scheduler, /metrics, /healthz)")
     _common(serve)
-    serve.add_argument("--listen", default="0.0.0.0:9402", help="address for /metrics and /healthz")
+    serve.add_argument(
+        "--listen",
+        default="127.0.0.1:9402",
+        help="address for /metrics and /healthz (default 127.0.0.1:9402; :9402 for every interface)",
+    )
+    serve.add_argument(
+        "--web-config",
+        "--web.config.file",
+        dest="web_config",
+        help="exporter-toolkit web config: TLS, basic auth (docs/security.md)",
+    )
     serve.set_defaults(func=cmd_serve)
 
 
@@ -194,8 +204,13 @@ def cmd_price(args) -> int:
 
 def cmd_serve(args) -> int:
     from gpumeter.billing.service import serve
+    from gpumeter.web import ListenError, WebConfigError
 
     book, _ = _load_inputs(args)
     if book is None:
         return 2
-    return serve(_settings(args), args.listen)
+    try:
+        return serve(_settings(args), args.listen, web_config=args.web_config)
+    except (WebConfigError, ListenError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

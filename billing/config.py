@@ -48,9 +48,13 @@ def load_team_map(path: str | Path) -> dict[str, str]:
     """``namespaces: {namespace: team}`` → dict; errors name the file, the field and the value."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: (file): cannot load team map: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: (file): the team map is not UTF-8 text (byte at offset {exc.start})"
+        ) from None
     namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
     if not isinstance(namespaces, dict):
         raise ConfigError(

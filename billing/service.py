@@ -10,7 +10,6 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -19,7 +18,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import text
 
-from gpumeter import contract
+from gpumeter import contract, web
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger.base import Ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, open_ledger
@@ -129,8 +128,10 @@ def build_app(ledger: SqlLedger, clock: Callable[[], datetime] | None = None):
                 with ledger.engine.connect() as conn:
                     conn.execute(text("SELECT 1"))
             except Exception as exc:  # any database failure is unhealthy
+                # /healthz needs no password (docs/security.md): the database's error goes to the log only
+                log.warning("healthz: database unreachable: %s", exc)
                 start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-                return [f"database: {exc}\n".encode()]
+                return [b"database unreachable\n"]
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"ok\n"]
         if path == "/metrics":
@@ -139,11 +140,6 @@ def build_app(ledger: SqlLedger, clock: Callable[[], datetime] | None = None):
         return [b"not found\n"]
 
     return app
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):
-        log.debug("%s " + format, self.address_string(), *args)
 
 
 def build_scheduler(
@@ -179,13 +175,20 @@ def build_scheduler(
     return scheduler
 
 
-def serve(settings: Settings, listen: str, stop: threading.Event | None = None) -> int:
+def serve(
+    settings: Settings, listen: str, stop: threading.Event | None = None, web_config: str | None = None
+) -> int:
+    """/metrics and /healthz through gpumeter.web (threads, TLS and basic auth from an exporter-toolkit
+    web config, bounded clients: docs/security.md), and the scheduler. A bad web config or listen
+    address raises (WebConfigError, ListenError) before anything starts."""
+    web_settings = web.load_web_config(web_config) if web_config else None
+    web.parse_listen(listen)
     ledger = open_ledger(settings.db, schema=settings.schema)
-    host, _, port = listen.rpartition(":")
-    server: WSGIServer = make_server(
-        host or "0.0.0.0", int(port), build_app(ledger), handler_class=_QuietHandler
-    )
-    threading.Thread(target=server.serve_forever, name="billing-http", daemon=True).start()
+    try:
+        server = web.serve(build_app(ledger), listen, web_settings, name="billing")
+    except web.ListenError:
+        ledger.close()
+        raise
     scheduler = build_scheduler(ledger, settings)
     scheduler.start()
     log.info(
@@ -197,7 +200,6 @@ def serve(settings: Settings, listen: str, stop: threading.Event | None = None) 
             signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     scheduler.shutdown(wait=True)
-    server.shutdown()
-    server.server_close()
+    server.close()
     ledger.close()
     return 0
