@@ -45,7 +45,13 @@ def _labels(series: Series, values: dict[str, str], scrape: dict[str, str]) -> s
             f"history: {series.name} gets labels {sorted(values)}, gpumeter.contract declares {series.labels}"
         )
     pairs = [(name, values[name]) for name in series.labels]
-    return ",".join(f'{k}="{v}"' for k, v in [*pairs, *scrape.items()])
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in [*pairs, *scrape.items()])
+
+
+def _escape(value: str) -> str:
+    """A label value as the exposition formats write it, and as the live exporter's renderer
+    (prometheus_client) does: backslash, newline and double quote escaped, in that order."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _model_name(gpu: GpuSpec) -> str:

@@ -9,6 +9,7 @@ import argparse
 import base64
 import logging
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -416,3 +417,77 @@ def test_ranges_still_fill_pod_names():
         "pods": [{"namespace": "a", "name": "job-{gpu}", "node": "n", "devices": [{"gpu": "0-1"}]}],
     }
     assert [p.name for p in parse_fleet(fleet).pods] == ["job-0", "job-1"]
+
+
+# --- simulate history writes label values as the live exporter does (issue 13, point 15) --------
+
+WEIRD = 'team "a"\\b\nc'  # a double quote, a backslash and a newline
+
+
+def weird_history() -> str:
+    import io
+
+    from gpumeter.exporter.simulator.history import write_history
+
+    fleet = parse_fleet(
+        {
+            "nodes": [{"name": "n", "gpus": [{"model": "H200-SXM-141GB"}]}],
+            "pods": [{"namespace": WEIRD, "name": "p", "node": "n", "devices": [{"gpu": 0}]}],
+        }
+    )
+    out = io.StringIO()
+    write_history([fleet], 1_790_000_000.0, 1_790_000_180.0, 60.0, out)
+    return out.getvalue()
+
+
+def test_history_escapes_label_values_as_the_live_exporter_does():
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.openmetrics.exposition import generate_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    text = weird_history()
+
+    class One:
+        def collect(self):
+            family = GaugeMetricFamily("nvidia_gpu_allocation", "", labels=["namespace"])
+            family.add_metric([WEIRD], 1.0)
+            yield family
+
+    registry = CollectorRegistry()
+    registry.register(One())
+    live = generate_latest(registry).decode()
+    escaped = live[live.index('namespace="') : live.index("} ")]
+    assert escaped in text  # the same bytes as the exporter's renderer writes
+    namespaces = {
+        sample.labels["namespace"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "namespace" in sample.labels
+    }
+    assert namespaces == {WEIRD}  # and read back as they were
+
+
+@pytest.mark.prometheus
+def test_promtool_backfills_history_with_such_label_values(tmp_path):
+    from tests.support.servers import require_binary
+
+    promtool = require_binary("promtool")
+    source = tmp_path / "history.om"
+    source.write_text(weird_history())
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "tsdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "tsdb" / "wal").mkdir()  # promtool's dump opens the head too
+    dump = subprocess.run(
+        [promtool, "tsdb", "dump", "--match", '{__name__="nvidia_gpu_allocation"}', str(tmp_path / "tsdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dump.returncode == 0, dump.stderr
+    assert 'namespace="team \\"a\\"\\\\b\\nc"' in dump.stdout, dump.stdout[:500]
