@@ -23,6 +23,7 @@ import gc
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -680,6 +681,70 @@ def compare_nvitop(scrapes: int, idle_seconds: float) -> dict:
     return result
 
 
+# --- 50 concurrent scrapers (issue 13, point 12; docs/security.md) ------------------------------
+CONCURRENT_CLIENTS = 50
+_WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _wrk_ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(number) * _WRK_UNITS[unit]
+
+
+def parse_wrk(output: str) -> dict:
+    """wrk --latency's report: percentiles, requests, and every error it counts."""
+    percentiles = {
+        f"p{q}_ms": _wrk_ms(value) for q, value in re.findall(r"^\s+(\d+)%\s+(\S+)$", output, re.MULTILINE)
+    }
+    requests = re.search(r"(\d+) requests in ([\d.]+)(\w+)", output)
+    sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = (
+        dict(zip(("connect", "read", "write", "timeout"), map(int, sockets.groups()), strict=True))
+        if sockets
+        else {}
+    )
+    errors["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
+    return {
+        **percentiles,
+        "requests": int(requests.group(1)) if requests else 0,
+        "requests_per_second": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
+        "errors": errors,
+        "error_count": sum(errors.values()),
+    }
+
+
+def measure_concurrent_scrapes(seconds: float, clients: int = CONCURRENT_CLIENTS) -> dict:
+    """wrk with ``clients`` connections for ``seconds`` against ``gpumeter exporter --simulate
+    h100-mig`` in its own process, asking as Prometheus does (OpenMetrics, gzip). wrk is closed-loop:
+    each connection sends its next scrape when the last is answered, so this is the exporter at
+    saturation, and latency is about ``clients`` / throughput."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return {"ran": False, "error": "wrk is not installed (make tools installs the Debian package)"}
+    process = gpumeter_exporter("gpumeter-exporter-concurrent")
+    try:
+        time.sleep(2)
+        argv = [wrk, "-t2", f"-c{clients}", f"-d{seconds:.0f}s", "--latency", "--timeout", "5s"]
+        argv += ["-H", f"Accept: {ACCEPT_OPENMETRICS}", "-H", "Accept-Encoding: gzip", process.url]
+        cpu0 = cpu_seconds(process.pid)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        cpu = cpu_seconds(process.pid) - cpu0
+    finally:
+        process.stop()
+    if done.returncode != 0:
+        return {"ran": False, "error": f"wrk exited {done.returncode}: {done.stderr.strip()[-300:]}"}
+    result = {
+        "ran": True,
+        "clients": clients,
+        "seconds": seconds,
+        "wrk": done.stdout,
+        **parse_wrk(done.stdout),
+    }
+    result["exporter_cpu_ms_per_request"] = round(cpu * 1000 / max(1, result["requests"]), 3)
+    return result
+
+
 # --- the report ---------------------------------------------------------------------------------
 def fmt(value, unit: str = "", digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and value != value):
@@ -705,6 +770,15 @@ def ratio(a, b) -> str:
         return "—"
 
 
+def concurrent_row(run: dict) -> tuple[str, str, str, str]:
+    name = f"{CONCURRENT_CLIENTS} concurrent scrapers p99, errors (wrk, subprocess)"
+    if not run.get("ran"):
+        return (name, "—", f"< {TARGET_RENDER_P99_MS:.0f} ms, 0 errors", run.get("error", "not run"))
+    ok = run["p99_ms"] < TARGET_RENDER_P99_MS and run["error_count"] == 0
+    value = f"{fmt(run['p99_ms'])} ms, {run['error_count']} errors ({run['requests_per_second']:.0f} req/s)"
+    return (name, value, f"< {TARGET_RENDER_P99_MS:.0f} ms, 0 errors", verdict(ok))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=10_000, help="scrapes for the memory runs")
@@ -715,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvitop-scrapes", type=int, default=500)
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
     parser.add_argument("--skip-nvitop", action="store_true")
+    parser.add_argument("--concurrent-seconds", type=float, default=20.0, help="the 50-client wrk run")
     parser.add_argument("--out", default=str(BENCH_DIR / "exporter.json"))
     args = parser.parse_args(argv)
 
@@ -758,6 +833,9 @@ def main(argv: list[str] | None = None) -> int:
         process.stop()
 
     report["memory"]["imports"] = import_probe()
+
+    log(f"[3b/5] {CONCURRENT_CLIENTS} concurrent scrapers (wrk, {args.concurrent_seconds:.0f} s)")
+    report["concurrent"] = measure_concurrent_scrapes(args.concurrent_seconds)
 
     # 4: with the stand-in kubelet and 56 pods
     log("[4/5] with the stand-in kubelet (56 pods)")
@@ -898,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
             f"±{TARGET_RSS_FLAT * 100:.0f} %",
             verdict(m["flat"]),
         ),
+        concurrent_row(report["concurrent"]),
         (
             "pods: allocation series",
             fmt(p["memory"]["allocation_series"]),
