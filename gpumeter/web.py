@@ -568,7 +568,10 @@ def _verifier(verify: bool, allowed_sans: tuple[str, ...] | None):
         if verify and not ok:
             return False
         if depth == 0 and allowed_sans is not None:
-            return bool(_sans(certificate.to_cryptography()) & set(allowed_sans))
+            try:
+                return bool(_sans(certificate.to_cryptography()) & set(allowed_sans))
+            except Exception:  # a malformed certificate: refused, and nothing raised into OpenSSL
+                return False
         return True
 
     return callback
@@ -847,7 +850,7 @@ class _DeadlineWriter(io.RawIOBase):
         return len(data)
 
     def flush(self) -> None:
-        if not self._pending:
+        if not self._pending or self._deadline is None:
             return
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
