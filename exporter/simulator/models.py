@@ -13,6 +13,7 @@ how these get checked: its report lists what each call answered.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 __all__ = [
     "MODELS",
@@ -213,10 +214,19 @@ _H100_80GB_PROFILES = _profiles(
     ("4g.40gb", 4, 4, 40960, 1, (1,), 64),
     ("7g.80gb", 7, 8, 81920, 1, (0,), 132),
 )
+
+
 # Thresholds printed by nvidia-smi -q (docs/nvml.md §4 collects the dumps): A100 80GB PCIe 92/89/85/95;
 # "other datacenter boards" (V100 and kin) 90/87/83/85.
-_A100_THRESHOLDS = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 85, "memory_max_c": 95}
-_H100_THRESHOLDS = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 87, "memory_max_c": 95}
+class _Thresholds(TypedDict):
+    shutdown_c: int
+    slowdown_c: int
+    gpu_max_c: int
+    memory_max_c: int
+
+
+_A100_THRESHOLDS: _Thresholds = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 85, "memory_max_c": 95}
+_H100_THRESHOLDS: _Thresholds = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 87, "memory_max_c": 95}
 
 MODELS: dict[str, GpuModel] = {
     m.key: m
