@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpumeter.billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports.model import month_period
 from gpumeter.reports.render import FORMATS

@@ -114,6 +114,13 @@ class ReportRunRecord:
 
 class Ledger(abc.ABC):
     @abc.abstractmethod
+    def ping(self) -> None:
+        """Raise when the store cannot be reached (the service's /healthz)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         """Replace everything of ``record.hour`` (facts, lines) and record a successful run, atomically."""
 
@@ -153,6 +160,10 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def summary(self) -> LedgerSummary: ...
+
+    @abc.abstractmethod
+    def counts(self) -> dict[str, int]:
+        """Stored records per kind, named as the SQL ledger's tables (proof that nothing was written)."""
 
     # --- reads for reports (not abstract: implementations that have no reports may skip them) ---
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
     insert,
     literal_column,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -53,9 +54,8 @@ from gpumeter.billing.ledger.orm import (
     ReportRun,
 )
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, Line, LineKind, MigInstance
-from gpumeter.billing.pricing.base import PriceBook, PriceVersion
+from gpumeter.billing.pricing.base import PriceBook
 
-DEFAULT_URL = "sqlite:///gpumeter-billing.db"
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
@@ -81,30 +81,20 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
-def open_ledger(url: str = DEFAULT_URL, *, schema: str | None = None, migrate: bool = True) -> SqlLedger:
+def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) -> SqlLedger:
     engine = make_engine(url, schema=schema)
     if migrate:
         upgrade(engine)
     return SqlLedger(engine)
 
 
-def _version_body(book: PriceBook, version: PriceVersion) -> str:
-    return json.dumps(
-        {
-            "rates": {m: str(p.hourly_rate) for m, p in sorted(version.gpus.items())},
-            "derived": sorted(m for m, p in version.gpus.items() if p.derived),
-            "slice_weight": version.slice_weight,
-            "idle": version.idle,
-            "sharing_efficiency": {k: str(v) for k, v in sorted(version.sharing_efficiency.items())},
-            "aliases": book.aliases,
-        },
-        sort_keys=True,
-    )
-
-
 class SqlLedger(Ledger):
     def __init__(self, engine: Engine):
         self.engine = engine
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -129,7 +119,7 @@ class SqlLedger(Ledger):
             effective_from=version.effective_from,
             effective_to=version.effective_to,
             source=version.source,
-            body=_version_body(book, version),
+            body=book.version_body(version),
         )
         try:
             with session.begin_nested():  # ingest workers may register the same version at once

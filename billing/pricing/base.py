@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import abc
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -27,7 +27,6 @@ class GpuPrice:
     model: str
     hourly_rate: Decimal
     derived: bool = False  # True when computed from purchase price, depreciation, power...
-    inputs: dict = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -72,17 +71,24 @@ class PriceBook:
                 return version
         return None
 
+    def version_body(self, version: PriceVersion) -> str:
+        """What priced a line under ``version``, as canonical JSON: stored once per version by the
+        ledger and shown by reports (docs/billing.md §7)."""
+        return json.dumps(
+            {
+                "rates": {m: str(p.hourly_rate) for m, p in sorted(version.gpus.items())},
+                "derived": sorted(m for m, p in version.gpus.items() if p.derived),
+                "slice_weight": version.slice_weight,
+                "idle": version.idle,
+                "sharing_efficiency": {k: str(v) for k, v in sorted(version.sharing_efficiency.items())},
+                "aliases": self.aliases,
+            },
+            sort_keys=True,
+        )
+
     def price(self, hour: datetime, nvml_model: str) -> tuple[PriceVersion | None, GpuPrice | None]:
         version = self.version_at(hour)
         if version is None:
             return None, None
         key = resolve_model(nvml_model, set(version.gpus), self.aliases)
         return version, (version.gpus[key] if key else None)
-
-
-class PriceSource(abc.ABC):
-    """Where price books come from (a YAML file today; a CSV sheet or a cloud API later)."""
-
-    @abc.abstractmethod
-    def load(self) -> PriceBook:
-        """Return a validated price book or raise PriceBookError."""

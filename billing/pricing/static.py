@@ -21,7 +21,6 @@ from gpumeter.billing.pricing.base import (
     GpuPrice,
     PriceBook,
     PriceBookError,
-    PriceSource,
     PriceVersion,
 )
 from gpumeter.billing.pricing.currency import MINOR_UNITS
@@ -64,14 +63,6 @@ _SEED_TOP = {
 }
 _SEED_GPU = {"name", "hourlyCost", "purchasePrice", "powerConsumption", "depreciation"}
 _SEED_SHARING = {"mig": "mig", "vgpu": "vgpu", "timeSharing": "time_slicing"}
-
-
-class YamlPriceSource(PriceSource):
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def load(self) -> PriceBook:
-        return load_price_book(self.path)
 
 
 def load_price_book(path: str | Path) -> PriceBook:
@@ -229,7 +220,7 @@ def _derive_rate(
     if overhead is not None:
         rate += _dec(path, f"{where}.overhead_per_hour", overhead)
     rate = rate.quantize(RATE_QUANTUM, rounding=ROUND_HALF_EVEN)
-    return GpuPrice(model="", hourly_rate=rate, derived=True, inputs=dict(spec))
+    return GpuPrice(model="", hourly_rate=rate, derived=True)
 
 
 _NATIVE_NAMES = {k: k for k in _GPU_KEYS}
@@ -249,7 +240,7 @@ def _native_gpu(path, where: str, model: str, spec: Any) -> GpuPrice:
         if key in spec:
             _dec(path, f"{where}.{key}", spec[key])
     if spec.get("hourly_rate") is not None:
-        return GpuPrice(model, _dec(path, f"{where}.hourly_rate", spec["hourly_rate"]), inputs=dict(spec))
+        return GpuPrice(model, _dec(path, f"{where}.hourly_rate", spec["hourly_rate"]))
     derived = _derive_rate(path, where, spec, _NATIVE_NAMES)
     if derived is None:
         raise PriceBookError(
@@ -258,7 +249,7 @@ def _native_gpu(path, where: str, model: str, spec: Any) -> GpuPrice:
             None,
             "missing: give hourly_rate, or purchase_price + depreciation_months",
         )
-    return GpuPrice(model, derived.hourly_rate, True, derived.inputs)
+    return GpuPrice(model, derived.hourly_rate, True)
 
 
 def _check_overlaps(
@@ -382,9 +373,7 @@ def _parse_seed(path: Path, doc: dict, digest: str) -> PriceBook:
         if "depreciation" in spec:
             _dec(path, f"{where}.depreciation", spec["depreciation"], positive=True)
         if spec.get("hourlyCost") is not None:
-            gpus[model] = GpuPrice(
-                model, _dec(path, f"{where}.hourlyCost", spec["hourlyCost"]), inputs=dict(spec)
-            )
+            gpus[model] = GpuPrice(model, _dec(path, f"{where}.hourlyCost", spec["hourlyCost"]))
             continue
         electricity = doc.get("electricityPrice")
         derived = _derive_rate(path, where, spec, names, electricity)
@@ -392,7 +381,7 @@ def _parse_seed(path: Path, doc: dict, digest: str) -> PriceBook:
             raise PriceBookError(
                 path, f"{where}.hourlyCost", None, "missing: give hourlyCost, or purchasePrice + depreciation"
             )
-        gpus[model] = GpuPrice(model, derived.hourly_rate, True, derived.inputs)
+        gpus[model] = GpuPrice(model, derived.hourly_rate, True)
     version = PriceVersion(
         effective_from=EPOCH
         if doc.get("effectiveFrom") is None

@@ -1,6 +1,10 @@
-"""Backend-parametrised ledger fixture: the same tests run on SQLite and on the real PostgreSQL
-server (127.0.0.1:5432, trust auth, user postgres, database test), each run in a fresh schema that is
-dropped afterwards. A PostgreSQL server that does not answer fails the test loudly; it never skips."""
+"""Backend-parametrised ledger fixtures, APScheduler's pattern: the same tests run on every
+implementation of the ledger interface.
+
+``ledger``: the in-memory ledger, SQLite, and the real PostgreSQL server (127.0.0.1:5432, trust auth,
+user postgres, database test) in a fresh schema dropped afterwards. ``sql_ledger``: the SQL backends
+only, for tests that hand a database URL to another process or inspect tables. A PostgreSQL server
+that does not answer fails the test loudly; it never skips."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import uuid
 import psycopg
 import pytest
 
-from gpumeter.billing.ledger.sqlalchemy import open_ledger
+from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from tests.support import needs
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
@@ -32,18 +36,38 @@ def pg_schema():
         admin.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db(request, tmp_path):
-    """(url, schema) of an empty database on each backend."""
-    if request.param == "sqlite":
+SQL_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def _database(request, tmp_path, backend: str) -> tuple[str, str | None]:
+    if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.db'}", None
     return PG_URL, request.getfixturevalue("pg_schema")
 
 
-@pytest.fixture
-def ledger(db):
-    url, schema = db
+@pytest.fixture(params=SQL_BACKENDS)
+def db(request, tmp_path):
+    """(url, schema) of an empty database on each SQL backend."""
+    return _database(request, tmp_path, request.param)
+
+
+def _opened(url: str, schema: str | None):
     ledger = open_ledger(url, schema=schema)
     yield ledger
-    assert ledger.engine.pool.checkedout() == 0, "connection leak"
+    if url != MEMORY_URL:
+        assert ledger.engine.pool.checkedout() == 0, "connection leak"
     ledger.close()
+
+
+@pytest.fixture
+def sql_ledger(db):
+    yield from _opened(*db)
+
+
+@pytest.fixture(params=["memory", *SQL_BACKENDS])
+def ledger(request, tmp_path):
+    """Every implementation of the ledger interface: in memory, SQLite and PostgreSQL."""
+    if request.param == "memory":
+        yield from _opened(MEMORY_URL, None)
+    else:
+        yield from _opened(*_database(request, tmp_path, request.param))

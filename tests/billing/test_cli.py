@@ -14,7 +14,8 @@ from tests.billing.factories import HOUR0, alloc, gpu_hour, write_book
 B200 = "NVIDIA B200"
 
 
-def test_unpriced_hours_are_priced_after_the_book_learns_the_model(ledger, tmp_path, capsys):
+def test_unpriced_hours_are_priced_after_the_book_learns_the_model(sql_ledger, tmp_path, capsys):
+    ledger = sql_ledger  # the CLI opens the database by URL
     doc = {"currency": "USD", "versions": [{"effective_from": "2026-01-01", "gpus": {"H100-80GB": "6.88"}}]}
     prices = load_price_book(write_book(tmp_path, doc))
     gh = gpu_hour("GPU-b", B200, allocations=[alloc("GPU-b", "ml", "p", share="0.5")])

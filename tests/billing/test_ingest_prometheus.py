@@ -191,7 +191,8 @@ def test_ingest_matches_hand_computed_totals_and_is_idempotent(prometheus, ledge
         }
 
 
-def test_prometheus_down_commits_nothing_and_the_next_run_catches_up(tsdb, tmp_path, ledger, book):
+def test_prometheus_down_commits_nothing_and_the_next_run_catches_up(tsdb, tmp_path, sql_ledger, book):
+    ledger = sql_ledger  # the CLI opens the database by URL
     import shutil
 
     data = tmp_path / "prom-data"
@@ -267,7 +268,8 @@ def test_an_error_mid_hour_commits_nothing(ledger, book):
     assert after["gpu_hours"] == after["cost_lines"] == after["allocations"] == 0
 
 
-def test_a_database_failure_mid_write_keeps_the_previous_hour(ledger, book, monkeypatch):
+def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, monkeypatch):
+    ledger = sql_ledger  # a crash inside the SQL ledger's transaction
     """Re-ingesting an hour deletes then inserts in one transaction: a crash in between rolls back."""
     from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 

@@ -9,9 +9,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.ledger.orm import Base
-from gpumeter.billing.ledger.sqlalchemy import open_ledger
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 
@@ -24,7 +24,8 @@ def _hour(uuid="GPU-l"):
     )
 
 
-def test_migrations_match_the_orm(ledger):
+def test_migrations_match_the_orm(sql_ledger):
+    ledger = sql_ledger
     with ledger.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diffs == []

@@ -24,10 +24,10 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.ledger.sqlalchemy import open_ledger
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
-from gpumeter.billing.service import build_app
+from gpumeter.service import build_app
 from tests.billing.factories import book
 from tests.support.servers import PrometheusServer
 

@@ -15,14 +15,15 @@ import psycopg
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.ledger.sqlalchemy import open_ledger
 from gpumeter.billing.models import Allocation
 from gpumeter.billing.pricing import load_price_book
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.conftest import db as db  # re-exported fixtures: the same backends as billing
 from tests.billing.conftest import ledger as ledger
 from tests.billing.conftest import pg_schema as pg_schema
+from tests.billing.conftest import sql_ledger as sql_ledger
 from tests.billing.factories import A100, H100, alloc, gpu_hour, mig, write_book
 from tests.support import needs
 
@@ -142,10 +143,11 @@ def worked_book(tmp_path_factory):
     return load_price_book(write_book(tmp_path_factory.mktemp("book"), BOOK))
 
 
-@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def worked_ledger(request, tmp_path_factory, worked_book):
-    """The worked-example ledger on each backend (session scope: built once)."""
-    if request.param == "sqlite":
+def _worked(request, tmp_path_factory, worked_book):
+    if request.param == "memory":
+        ledger = open_ledger(MEMORY_URL)
+        admin = schema = None
+    elif request.param == "sqlite":
         ledger = open_ledger(f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}")
         admin = schema = None
     else:
@@ -167,3 +169,17 @@ def worked_ledger(request, tmp_path_factory, worked_book):
         if admin is not None:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
             admin.close()
+
+
+@pytest.fixture(
+    scope="session", params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def worked_ledger(request, tmp_path_factory, worked_book):
+    """The worked-example ledger on every ledger implementation (session scope: built once)."""
+    yield from _worked(request, tmp_path_factory, worked_book)
+
+
+@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def worked_sql_ledger(request, tmp_path_factory, worked_book):
+    """The worked-example ledger in a database, for the command line and the scheduled job."""
+    yield from _worked(request, tmp_path_factory, worked_book)

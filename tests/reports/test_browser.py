@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.ledger.sqlalchemy import open_ledger
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports.model import month_period
 from gpumeter.reports.render import RenderOptions

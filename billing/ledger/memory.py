@@ -1,0 +1,284 @@
+"""The in-memory ledger: the whole `Ledger` interface over plain Python containers.
+
+For fast tests (`make check` runs the ledger suite on it with no database) and for one-shot runs
+(``memory://``). It keeps the SQL ledger's semantics, which the same suite checks on all three
+backends: an hour is replaced whole, price versions are registered once per (book digest, effective
+from), sums are exact at the stored scales (quantities to 10⁻⁶, money to 10⁻⁴), and one lock holder
+at a time. A lock guards every method, as a database transaction would.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections import defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from gpumeter.billing.ledger.base import (
+    HourRecord,
+    IngestRunRecord,
+    Ledger,
+    LedgerSummary,
+    LineTotal,
+    PriceVersionRecord,
+    ReportRunRecord,
+)
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind
+from gpumeter.billing.pricing.base import PriceBook
+
+__all__ = ["MemoryLedger"]
+
+_QUANTITY = Decimal("0.000001")  # the SQL ledger's NUMERIC(18, 6)
+_MONEY = Decimal("0.0001")  # the SQL ledger's NUMERIC(20, 4)
+
+
+def _scaled(value: Decimal, quantum: Decimal) -> Decimal:
+    return value.quantize(quantum, rounding=ROUND_HALF_UP)  # SQL's round(): half away from zero
+
+
+class MemoryLedger(Ledger):
+    def __init__(self) -> None:
+        self._guard = threading.RLock()
+        self._facts: dict[datetime, list[GpuHour]] = {}
+        self._lines: dict[datetime, list[tuple[Line, int | None]]] = {}
+        self._versions: dict[tuple[str, datetime], PriceVersionRecord] = {}
+        self._runs: list[IngestRunRecord] = []
+        self._errors: dict[int, str] = {}
+        self._teams: dict[str, str] = {}
+        self._reports: list[ReportRunRecord] = []
+        self._locks: dict[str, tuple[str, datetime]] = {}
+
+    def ping(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def _version_id(self, book: PriceBook, hour: datetime) -> int | None:
+        version = book.version_at(hour)
+        if version is None:
+            return None
+        key = (book.digest or "inline", version.effective_from)
+        if key not in self._versions:
+            self._versions[key] = PriceVersionRecord(
+                id=len(self._versions) + 1,
+                digest=key[0],
+                path=book.path,
+                currency=book.currency,
+                effective_from=version.effective_from,
+                effective_to=version.effective_to,
+                source=version.source,
+                body=json.loads(book.version_body(version)),
+            )
+        return self._versions[key].id
+
+    def _run(
+        self, hour: datetime, status: str, source: str, started_at: datetime | None, error: str | None
+    ) -> None:
+        now = datetime.now(UTC)
+        run = IngestRunRecord(len(self._runs) + 1, hour, started_at or now, now, status, source)
+        self._runs.append(run)
+        if error is not None:
+            self._errors[run.id] = error[:4000]
+
+    def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
+        with self._guard:
+            version_id = self._version_id(record.book, record.hour) if record.book else None
+            self._facts[record.hour] = copy.deepcopy(record.gpu_hours)
+            self._lines[record.hour] = [(line, version_id) for line in record.lines]
+            self._run(record.hour, "ok", source, started_at, None)
+
+    def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
+        with self._guard:
+            version_id = self._version_id(book, hour)
+            self._lines[hour] = [(line, version_id) for line in lines]
+
+    def record_failure(
+        self, hour: datetime, error: str, *, source: str = "", started_at: datetime | None = None
+    ) -> None:
+        with self._guard:
+            self._run(hour, "failed", source, started_at, error)
+
+    def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None:
+        with self._guard:
+            self._teams.update(teams)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def namespace_teams(self) -> dict[str, str]:
+        with self._guard:
+            return dict(self._teams)
+
+    def facts(self, hour: datetime) -> list[GpuHour]:
+        with self._guard:
+            stored = sorted(self._facts.get(hour, []), key=lambda gh: gh.device.uuid)
+            out = copy.deepcopy(stored)
+        for gh in out:  # the SQL ledger's read order
+            gh.instances.sort(key=lambda m: (m.uuid, m.gpu_instance_id, m.mig_profile))
+            gh.allocations.sort(
+                key=lambda a: (a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container, a.resource)
+            )
+        return out
+
+    def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
+        with self._guard:
+            return {r.hour for r in self._runs if r.status == "ok" and start <= r.hour < end}
+
+    def _stored_lines(self, start: datetime, end: datetime) -> list[tuple[Line, int | None]]:
+        with self._guard:
+            return [pair for hour in sorted(self._lines) if start <= hour < end for pair in self._lines[hour]]
+
+    def lines(self, start: datetime, end: datetime) -> list[Line]:
+        return [line for line, _ in self._stored_lines(start, end)]
+
+    def counts(self) -> dict[str, int]:
+        with self._guard:
+            hours = [gh for ghs in self._facts.values() for gh in ghs]
+            return {
+                "ingest_runs": len(self._runs),
+                "price_book_versions": len(self._versions),
+                "gpu_hours": len(hours),
+                "mig_instances": sum(len(gh.instances) for gh in hours),
+                "allocations": sum(len(gh.allocations) for gh in hours),
+                "cost_lines": sum(len(lines) for lines in self._lines.values()),
+                "namespace_teams": len(self._teams),
+            }
+
+    def summary(self) -> LedgerSummary:
+        cost: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
+        hours: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
+        unpriced: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
+        with self._guard:
+            every = [pair for pairs in self._lines.values() for pair in pairs]
+            ok = [r.hour for r in self._runs if r.status == "ok"]
+            runs: dict[str, int] = defaultdict(int)
+            for run in self._runs:
+                runs[run.status] += 1
+        for line, _ in every:
+            if line.amount is None:
+                unpriced[(line.model,)] += line.quantity
+                continue
+            key = (line.namespace, line.team, line.model, line.mig_profile)
+            cost[(*key, line.kind.value, line.currency)] += line.amount
+            if line.kind is LineKind.TENANT:
+                hours[key] += line.quantity
+        cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
+        hour_keys = ("namespace", "team", "model", "mig_profile")
+        return LedgerSummary(
+            cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
+            gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
+            unpriced=[({"model": k[0]}, v) for k, v in sorted(unpriced.items())],
+            last_success=max(ok) + HOUR if ok else None,
+            runs=dict(runs),
+        )
+
+    # --- reads for reports --------------------------------------------------------------------
+
+    def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
+        if grain not in ("hour", "day", "range"):
+            raise ValueError(f"unknown grain {grain!r}")
+        groups: dict[tuple[Any, ...], LineTotal] = {}
+        for line, version_id in self._stored_lines(start, end):
+            if grain == "hour":
+                bucket = line.hour
+            elif grain == "day":
+                bucket = line.hour.replace(hour=0, minute=0, second=0, microsecond=0)
+            else:
+                bucket = start
+            key = (
+                bucket,
+                line.kind.value,
+                line.namespace,
+                line.team,
+                line.pod,
+                line.container,
+                line.uuid,
+                line.gpu_instance_id,
+                line.mig_profile,
+                line.model,
+                line.currency,
+                version_id,
+            )
+            quantity = _scaled(line.quantity, _QUANTITY)
+            amount = None if line.amount is None else _scaled(line.amount, _MONEY)
+            utilization, efficiency = line.utilization, line.efficiency
+            this = LineTotal(
+                bucket=bucket,
+                first_hour=line.hour,
+                last_hour=line.hour,
+                kind=line.kind.value,
+                namespace=line.namespace,
+                team=line.team,
+                pod=line.pod,
+                container=line.container,
+                uuid=line.uuid,
+                gpu_instance_id=line.gpu_instance_id,
+                mig_profile=line.mig_profile,
+                model=line.model,
+                currency=line.currency,
+                price_version_id=version_id,
+                lines=1,
+                quantity=quantity,
+                amount=amount,
+                utilization_weighted=0.0 if utilization is None else float(utilization * line.quantity),
+                utilization_quantity=Decimal(0) if utilization is None else quantity,
+                efficiency_weighted=0.0 if efficiency is None else float(efficiency * line.quantity),
+                efficiency_quantity=Decimal(0) if efficiency is None else quantity,
+            )
+            seen = groups.get(key)
+            if seen is None:
+                groups[key] = this
+                continue
+            groups[key] = replace(
+                seen,
+                first_hour=min(seen.first_hour, this.first_hour),
+                last_hour=max(seen.last_hour, this.last_hour),
+                lines=seen.lines + 1,
+                quantity=seen.quantity + this.quantity,
+                amount=this.amount if seen.amount is None else seen.amount + (this.amount or Decimal(0)),
+                utilization_weighted=seen.utilization_weighted + this.utilization_weighted,
+                utilization_quantity=seen.utilization_quantity + this.utilization_quantity,
+                efficiency_weighted=seen.efficiency_weighted + this.efficiency_weighted,
+                efficiency_quantity=seen.efficiency_quantity + this.efficiency_quantity,
+            )
+        return list(groups.values())
+
+    def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
+        with self._guard:
+            return {v.id: v for v in self._versions.values() if v.id in ids}
+
+    def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
+        with self._guard:
+            chosen = [r for r in self._runs if start <= r.hour < end]
+        return sorted(chosen, key=lambda r: (r.hour, r.id))
+
+    def record_report_run(self, run: ReportRunRecord) -> int:
+        with self._guard:
+            stored = replace(run, id=len(self._reports) + 1)
+            self._reports.append(copy.deepcopy(stored))
+            return stored.id
+
+    def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
+        with self._guard:
+            return [copy.deepcopy(r) for r in self._reports if start is None or r.period_start == start]
+
+    # --- lock ----------------------------------------------------------------------------------
+
+    def acquire_lock(self, name: str, holder: str, now: datetime, ttl_seconds: int) -> bool:
+        with self._guard:
+            held = self._locks.get(name)
+            if held is not None and held[0] != holder and held[1] >= now:
+                return False
+            self._locks[name] = (holder, now + timedelta(seconds=ttl_seconds))
+            return True
+
+    def release_lock(self, name: str, holder: str) -> None:
+        with self._guard:
+            if self._locks.get(name, ("", None))[0] == holder:
+                del self._locks[name]
