@@ -1,4 +1,4 @@
-"""`gpumeter billing {prices check, ingest, price, serve}`."""
+"""`gpumeter billing {prices check, ingest, price}`; `serve` is added by the composition root, gpumeter/service.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _interval(text: str) -> float:
     return value
 
 
-def _common(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
+def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
     from gpumeter.billing.config import Settings
 
     defaults = Settings()
@@ -53,7 +53,7 @@ def _common(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None
         parser.add_argument("--catchup-hours", type=int, default=168, help="catch-up window (default 168)")
 
 
-def _settings(args):
+def settings_from(args):
     from gpumeter.billing.config import Settings
 
     return Settings(
@@ -69,7 +69,9 @@ def _settings(args):
     )
 
 
-def register(subparsers) -> None:
+def register(subparsers):
+    """Add `gpumeter billing ...`; returns its sub-command action, so the composition root
+    (gpumeter/service.py) can add `serve` without billing importing it."""
     billing = subparsers.add_parser("billing", help="chargeback: price book, hourly ingest, ledger, service")
     sub = billing.add_subparsers(dest="billing_command", required=True, metavar="SUBCOMMAND")
 
@@ -82,7 +84,7 @@ def register(subparsers) -> None:
     ingest = sub.add_parser(
         "ingest", help="ingest closed hours from Prometheus (default: catch up missed hours)"
     )
-    _common(ingest)
+    common_arguments(ingest)
     ingest.add_argument("--from", dest="start", type=_when, help="first hour (ISO 8601, UTC)")
     ingest.add_argument("--to", dest="end", type=_when, help="end, exclusive (ISO 8601, UTC)")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -95,28 +97,14 @@ def register(subparsers) -> None:
     ingest.set_defaults(func=cmd_ingest)
 
     price = sub.add_parser("price", help="re-price stored hours with the current price book")
-    _common(price, prometheus=False)
+    common_arguments(price, prometheus=False)
     price.add_argument("--from", dest="start", type=_when, required=True)
     price.add_argument("--to", dest="end", type=_when, required=True)
     price.set_defaults(func=cmd_price)
-
-    serve = sub.add_parser("serve", help="run the billing service (scheduler, /metrics, /healthz)")
-    _common(serve)
-    serve.add_argument(
-        "--listen",
-        default="127.0.0.1:9402",
-        help="address for /metrics and /healthz (default 127.0.0.1:9402; :9402 for every interface)",
-    )
-    serve.add_argument(
-        "--web-config",
-        "--web.config.file",
-        dest="web_config",
-        help="exporter-toolkit web config: TLS, basic auth (docs/security.md)",
-    )
-    serve.set_defaults(func=cmd_serve)
+    return sub
 
 
-def _load_inputs(args):
+def load_inputs(args):
     """Price book and team map, validated before any database is opened (errors write nothing)."""
     from gpumeter.billing.config import ConfigError, load_team_map
     from gpumeter.billing.pricing import PriceBookError, load_price_book
@@ -156,13 +144,13 @@ def cmd_ingest(args) -> int:
     from tqdm import tqdm
 
     from gpumeter.billing.ingest import catch_up, ingest_hours
-    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.prom import PrometheusClient
 
-    book, _ = _load_inputs(args)  # the team map is re-read into the ingest config below
+    book, _ = load_inputs(args)  # the team map is re-read into the ingest config below
     if book is None:
         return 2
-    settings = _settings(args)
+    settings = settings_from(args)
     config = settings.ingest_config()
     now = datetime.now(UTC)
     ledger = open_ledger(settings.db, schema=settings.schema)
@@ -188,9 +176,9 @@ def cmd_ingest(args) -> int:
 
 def cmd_price(args) -> int:
     from gpumeter.billing.ingest import reprice
-    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ledger import open_ledger
 
-    book, teams = _load_inputs(args)
+    book, teams = load_inputs(args)
     if book is None:
         return 2
     ledger = open_ledger(args.db, schema=args.db_schema)
@@ -200,17 +188,3 @@ def cmd_price(args) -> int:
         ledger.close()
     print(f"re-priced {count} hour(s)")
     return 0
-
-
-def cmd_serve(args) -> int:
-    from gpumeter.billing.service import serve
-    from gpumeter.web import ListenError, WebConfigError
-
-    book, _ = _load_inputs(args)
-    if book is None:
-        return 2
-    try:
-        return serve(_settings(args), args.listen, web_config=args.web_config)
-    except (WebConfigError, ListenError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2

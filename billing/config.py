@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from gpumeter.billing.ingest import IngestConfig
-from gpumeter.billing.ledger.sqlalchemy import DEFAULT_URL
+from gpumeter.billing.ledger import DEFAULT_URL
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 
 

@@ -431,7 +431,7 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress) -> IngestR
 
 def _ingest_task(target, source, book, hours, config) -> IngestResult:
     """One worker's task: its own ledger connection and Prometheus client, hours in order."""
-    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ledger import open_ledger
 
     (url, schema), (base_url, timeout, headers) = target, source
     ledger = open_ledger(url, schema=schema, migrate=False)

@@ -34,9 +34,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     words = set(sys.argv[1:] if argv is None else argv)
     wanted = [name for name, commands in PARTS.items() if words & set(commands)]
+    registered = {}
     for name in wanted or PARTS:  # no known command given: all of them, for --help
         module = importlib.import_module(name)
-        module.register(subparsers)
+        registered[name] = module.register(subparsers)
+    if "gpumeter.billing.cli" in registered:
+        # `billing serve` runs the composition root, which sits above billing and reports
+        from gpumeter import service
+
+        service.register(registered["gpumeter.billing.cli"])
     return parser
 
 

@@ -1,5 +1,11 @@
-"""`gpumeter billing serve`: APScheduler 3 with its SQLAlchemyJobStore in the ledger database,
-a lock row so two replicas never ingest at once, and /metrics + /healthz (docs/billing.md §7)."""
+"""The composition root: `gpumeter billing serve` wires billing and reports into one service.
+
+APScheduler 3 runs the hourly ingest (billing) and the monthly reports (reports) from its
+SQLAlchemyJobStore in the ledger database, under the ledger's lock so two replicas never ingest at
+once, and /metrics + /healthz are served through gpumeter.web (docs/billing.md §7, docs/security.md).
+This module sits above the parts: it imports billing and reports, and none of them imports it
+(tests/test_layering.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,18 +22,22 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import text
 
-from gpumeter import contract, web
+from gpumeter import web
+from gpumeter.billing import cli as billing_cli
 from gpumeter.billing.config import Settings
-from gpumeter.billing.ledger.base import Ledger
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger, open_ledger
+from gpumeter.billing.ingest import catch_up
+from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
+from gpumeter.billing.metrics import BillingCollector
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.prom import PrometheusClient
+from gpumeter.reports.schedule import ReportSchedule, run_monthly
 
 log = logging.getLogger(__name__)
 
 INGEST_LOCK = "ingest"
-PLATFORM_KINDS = ("unallocated", "stranded", "sharing_shortfall")
 
 
 def holder_id() -> str:
@@ -35,24 +46,17 @@ def holder_id() -> str:
 
 def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | None = None) -> str:
     """The scheduled job: catch up every missed closed hour, under the lock row. Returns what it did."""
-    from gpumeter.billing.ingest import catch_up
-    from gpumeter.billing.pricing import load_price_book
-    from gpumeter.billing.prom import PrometheusClient
-
     cfg = Settings(**settings)
     now = now or datetime.now(UTC)
     holder = holder or holder_id()
     book = load_price_book(cfg.prices)
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     try:
-        if not ledger.acquire_lock(INGEST_LOCK, holder, now, 1800):
-            log.info("another replica holds the ingest lock; skipping")
-            return "skipped"
-        try:
-            with PrometheusClient(cfg.prometheus) as client:
-                result = catch_up(client, ledger, book, now, cfg.ingest_config())
-        finally:
-            ledger.release_lock(INGEST_LOCK, holder)
+        with ledger.lock(INGEST_LOCK, holder, now), PrometheusClient(cfg.prometheus) as client:
+            result = catch_up(client, ledger, book, now, cfg.ingest_config())
+    except LockNotAcquired:
+        log.info("another replica holds the ingest lock; skipping")
+        return "skipped"
     finally:
         ledger.close()
     if result.failed:
@@ -63,59 +67,10 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
     """The scheduled job: render last month's chargeback reports (reports/, docs/reports.md) into the
     configured directory and record each run (period, price-book versions, checksums) in the ledger."""
-    from gpumeter.reports.schedule import run_monthly
-
     return run_monthly(settings, report, now)
 
 
-class BillingCollector:
-    """Renders cost series from the ledger at scrape time (no state kept in the process)."""
-
-    def __init__(self, ledger: Ledger, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
-        self.ledger, self.clock = ledger, clock
-
-    def collect(self):
-        summary = self.ledger.summary()
-        cost = _family(contract.BILLING_COST)
-        platform: dict[tuple[str, str], float] = {}
-        for labels, value in summary.cost:
-            cost.add_metric([labels[k] for k in contract.BILLING_COST.labels], float(value))
-            if labels[contract.KIND] in PLATFORM_KINDS:
-                key = (labels[contract.KIND], labels[contract.CURRENCY])
-                platform[key] = platform.get(key, 0.0) + float(value)
-        yield cost
-        hours = _family(contract.BILLING_GPU_HOURS)
-        for labels, value in summary.gpu_hours:
-            hours.add_metric([labels[k] for k in contract.BILLING_GPU_HOURS.labels], float(value))
-        yield hours
-        unpriced = _family(contract.BILLING_UNPRICED_GPU_HOURS)
-        for labels, value in summary.unpriced:
-            unpriced.add_metric([labels[k] for k in contract.BILLING_UNPRICED_GPU_HOURS.labels], float(value))
-        yield unpriced
-        idle = _family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
-        for (kind, currency), value in sorted(platform.items()):
-            idle.add_metric([kind, currency], value)
-        yield idle
-        runs = _family(contract.BILLING_INGEST_RUNS)
-        for status, count in sorted(summary.runs.items()):
-            runs.add_metric([status], count)
-        yield runs
-        if summary.last_success is not None:
-            last = _family(contract.BILLING_LAST_SUCCESS)
-            last.add_metric([], summary.last_success.timestamp())
-            yield last
-            lag = _family(contract.BILLING_INGEST_LAG)
-            lag.add_metric([], (self.clock() - summary.last_success).total_seconds())
-            yield lag
-
-
-def _family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
-    """An empty family for one of billing's series, named, typed and labelled by the contract."""
-    cls = CounterMetricFamily if series.type is contract.MetricType.COUNTER else GaugeMetricFamily
-    return cls(series.family_name, series.help, labels=list(series.labels))
-
-
-def build_app(ledger: SqlLedger, clock: Callable[[], datetime] | None = None):
+def build_app(ledger: Ledger, clock: Callable[[], datetime] | None = None):
     """WSGI app: /metrics from the ledger, /healthz checks the database answers."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BillingCollector(ledger, clock) if clock else BillingCollector(ledger))
@@ -125,8 +80,7 @@ def build_app(ledger: SqlLedger, clock: Callable[[], datetime] | None = None):
         path = environ.get("PATH_INFO", "/")
         if path == "/healthz":
             try:
-                with ledger.engine.connect() as conn:
-                    conn.execute(text("SELECT 1"))
+                ledger.ping()
             except Exception as exc:  # any database failure is unhealthy
                 # /healthz needs no password (docs/security.md): the database's error goes to the log only
                 log.warning("healthz: database unreachable: %s", exc)
@@ -159,8 +113,6 @@ def build_scheduler(
         kwargs=kwargs,
         replace_existing=True,
     )
-    from gpumeter.reports.schedule import ReportSchedule
-
     report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
     scheduler.add_job(
         monthly_report,
@@ -183,7 +135,7 @@ def serve(
     address raises (WebConfigError, ListenError) before anything starts."""
     web_settings = web.load_web_config(web_config) if web_config else None
     web.parse_listen(listen)
-    ledger = open_ledger(settings.db, schema=settings.schema)
+    ledger = open_sql_ledger(settings.db, schema=settings.schema)  # the job store shares its database
     try:
         server = web.serve(build_app(ledger), listen, web_settings, name="billing")
     except web.ListenError:
@@ -203,3 +155,34 @@ def serve(
     server.close()
     ledger.close()
     return 0
+
+
+def register(billing_commands) -> None:
+    """Add `gpumeter billing serve` to the sub-commands `gpumeter.billing.cli.register` returned."""
+    serve_parser = billing_commands.add_parser(
+        "serve", help="run the billing service (scheduler, /metrics, /healthz)"
+    )
+    billing_cli.common_arguments(serve_parser)
+    serve_parser.add_argument(
+        "--listen",
+        default="127.0.0.1:9402",
+        help="address for /metrics and /healthz (default 127.0.0.1:9402; :9402 for every interface)",
+    )
+    serve_parser.add_argument(
+        "--web-config",
+        "--web.config.file",
+        dest="web_config",
+        help="exporter-toolkit web config: TLS, basic auth (docs/security.md)",
+    )
+    serve_parser.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    book, _ = billing_cli.load_inputs(args)
+    if book is None:
+        return 2
+    try:
+        return serve(billing_cli.settings_from(args), args.listen, web_config=args.web_config)
+    except (web.WebConfigError, web.ListenError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

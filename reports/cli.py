@@ -27,7 +27,7 @@ def _formats(text: str) -> tuple[str, ...]:
 def register(subparsers) -> None:
     import os
 
-    from gpumeter.billing.ledger.sqlalchemy import DEFAULT_URL
+    from gpumeter.billing.ledger import DEFAULT_URL
 
     parser = subparsers.add_parser(
         "report", help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2)"
@@ -57,7 +57,7 @@ def register(subparsers) -> None:
 
 
 def cmd_report(args) -> int:
-    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ledger import open_ledger
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
     from gpumeter.reports.render import RenderOptions
     from gpumeter.reports.run import generate, load_labels

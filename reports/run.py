@@ -10,8 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from gpumeter.billing.ledger.base import ReportRunRecord
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.billing.ledger.base import Ledger, ReportRunRecord
 from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
 from gpumeter.reports.render import FORMATS, RenderOptions, render
 
@@ -45,7 +44,7 @@ def load_labels(path: str | Path | None) -> dict[str, dict[str, str]]:
 
 
 def generate(
-    ledger: SqlLedger,
+    ledger: Ledger,
     period: Period,
     grouping: Grouping | str,
     formats: tuple[str, ...],

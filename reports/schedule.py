@@ -55,7 +55,7 @@ class ReportSchedule:
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
     """Render last month (relative to ``now``) for every configured grouping; record each run."""
-    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.ledger import open_ledger
     from gpumeter.reports.model import Grouping, last_month
     from gpumeter.reports.render import RenderOptions
     from gpumeter.reports.run import generate, load_labels

@@ -91,7 +91,7 @@ def listener(request, tmp_path) -> Iterator[Listener]:
 
 def _billing(tmp_path: Path, tls: bool) -> Iterator[Listener]:
     from gpumeter.billing.config import Settings
-    from gpumeter.billing.service import serve
+    from gpumeter.service import serve
 
     settings = Settings(
         db=f"sqlite:///{tmp_path / 'ledger.db'}", prometheus="http://127.0.0.1:9", catchup_hours=1

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
+from gpumeter.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 from tests.support.servers import free_port, wait_http_ok
 
@@ -81,7 +81,8 @@ def test_metrics_render_costs_from_the_ledger(ledger, tmp_path):
         assert client.get("/nope").status_code == 404
 
 
-def test_scheduler_keeps_its_jobs_in_the_ledger_database(ledger, tmp_path):
+def test_scheduler_keeps_its_jobs_in_the_ledger_database(sql_ledger, tmp_path):
+    ledger = sql_ledger  # the job store and the CLI need a database URL
     settings = _settings(ledger, tmp_path)
     scheduler = build_scheduler(ledger, settings, catch_up_now=False)
     scheduler.start(paused=True)
@@ -105,7 +106,8 @@ def test_scheduler_keeps_its_jobs_in_the_ledger_database(ledger, tmp_path):
         again.shutdown(wait=False)
 
 
-def test_hourly_job_skips_while_another_replica_holds_the_lock(ledger, tmp_path):
+def test_hourly_job_skips_while_another_replica_holds_the_lock(sql_ledger, tmp_path):
+    ledger = sql_ledger  # the job store and the CLI need a database URL
     settings = _settings(ledger, tmp_path, catchup_hours=2)
     now = HOUR0 + timedelta(minutes=5)
     assert ledger.acquire_lock(INGEST_LOCK, "other-replica", now, 1800)
@@ -118,7 +120,8 @@ def test_hourly_job_skips_while_another_replica_holds_the_lock(ledger, tmp_path)
 
 
 @pytest.mark.timeout(60)
-def test_serve_answers_healthz_and_metrics_then_stops(ledger, tmp_path):
+def test_serve_answers_healthz_and_metrics_then_stops(sql_ledger, tmp_path):
+    ledger = sql_ledger  # the job store and the CLI need a database URL
     settings = _settings(ledger, tmp_path, catchup_hours=1)
     port, stop = free_port(), threading.Event()
     thread = threading.Thread(target=serve, args=(settings, f"127.0.0.1:{port}", stop), daemon=True)

@@ -10,8 +10,8 @@ from apscheduler.triggers.cron import CronTrigger
 import gpumeter
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger.orm import Base
-from gpumeter.billing.service import build_scheduler, monthly_report
 from gpumeter.reports.schedule import ReportSchedule
+from gpumeter.service import build_scheduler, monthly_report
 from tests.reports.helpers import read_csv
 
 
@@ -21,8 +21,8 @@ def _url(ledger) -> tuple[str, str | None]:
     return url, schema
 
 
-def test_cli_renders_the_requested_formats(worked_ledger, tmp_path, capsys):
-    url, schema = _url(worked_ledger)
+def test_cli_renders_the_requested_formats(worked_sql_ledger, tmp_path, capsys):
+    url, schema = _url(worked_sql_ledger)
     argv = ["report", "--db", url, "--period", "2026-11", "--by", "team", "--format", "html,csv,focus"]
     argv += ["--out", str(tmp_path)] + (["--db-schema", schema] if schema else [])
     assert gpumeter.main(argv) == 0
@@ -40,8 +40,8 @@ def test_cli_renders_the_requested_formats(worked_ledger, tmp_path, capsys):
     assert rows["__total__"] == "4253.68"
 
 
-def test_cli_from_to_range(worked_ledger, tmp_path, capsys):
-    url, schema = _url(worked_ledger)
+def test_cli_from_to_range(worked_sql_ledger, tmp_path, capsys):
+    url, schema = _url(worked_sql_ledger)
     argv = [
         "report",
         "--db",
@@ -75,8 +75,8 @@ def test_cli_rejects_bad_arguments_before_opening_the_ledger(tmp_path, capsys):
     assert not db.exists()
 
 
-def test_monthly_job_renders_last_month_and_records_it(worked_ledger, tmp_path):
-    url, schema = _url(worked_ledger)
+def test_monthly_job_renders_last_month_and_records_it(worked_sql_ledger, tmp_path):
+    url, schema = _url(worked_sql_ledger)
     settings = Settings(db=url, schema=schema).as_dict()
     schedule = ReportSchedule(out_dir=str(tmp_path), by="team,mig_profile").as_dict()
     message = monthly_report(settings, schedule, now=datetime(2026, 12, 1, 1, 0, tzinfo=UTC))
@@ -85,7 +85,7 @@ def test_monthly_job_renders_last_month_and_records_it(worked_ledger, tmp_path):
     assert (month_dir / "gpumeter-2026-11-by-team.html").exists()
     assert (month_dir / "gpumeter-2026-11-by-mig_profile.csv").exists()
     runs = [
-        r for r in worked_ledger.report_runs(datetime(2026, 11, 1, tzinfo=UTC)) if r.trigger == "schedule"
+        r for r in worked_sql_ledger.report_runs(datetime(2026, 11, 1, tzinfo=UTC)) if r.trigger == "schedule"
     ]
     assert [r.grouping for r in runs[-2:]] == ["team", "mig_profile"]
     for run in runs[-2:]:
@@ -98,7 +98,8 @@ def test_monthly_job_renders_last_month_and_records_it(worked_ledger, tmp_path):
             assert hashlib.sha256((month_dir / name).read_bytes()).hexdigest() == digest
 
 
-def test_scheduler_cron_is_configurable(ledger, monkeypatch):
+def test_scheduler_cron_is_configurable(sql_ledger, monkeypatch):
+    ledger = sql_ledger  # the job store lives in the ledger database
     default = build_scheduler(ledger, Settings(db="sqlite://"), catch_up_now=False)
     job = default.get_job("monthly-report")
     assert str(job.trigger) == "cron[day='1', hour='1', minute='0']"
@@ -116,6 +117,7 @@ def test_scheduler_cron_is_configurable(ledger, monkeypatch):
     )
 
 
-def test_report_runs_table_comes_from_the_migration(ledger):
+def test_report_runs_table_comes_from_the_migration(sql_ledger):
+    ledger = sql_ledger
     assert "report_runs" in Base.metadata.tables
     assert ledger.report_runs() == []

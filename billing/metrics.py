@@ -1,0 +1,67 @@
+"""Billing's own series on /metrics, rendered from the ledger at scrape time.
+
+Names, types, labels and help come from the contract (gpumeter/contract.py), which the cost
+dashboard and the GpumeterBillingIngestStale alert read too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gpumeter import contract
+from gpumeter.billing.ledger.base import Ledger
+from gpumeter.billing.models import LineKind
+
+__all__ = ["BillingCollector"]
+
+PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
+
+
+class BillingCollector:
+    """Renders cost series from the ledger at scrape time (no state kept in the process)."""
+
+    def __init__(self, ledger: Ledger, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.ledger, self.clock = ledger, clock
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        summary = self.ledger.summary()
+        cost = _family(contract.BILLING_COST)
+        platform: dict[tuple[str, str], float] = {}
+        for labels, value in summary.cost:
+            cost.add_metric([labels[k] for k in contract.BILLING_COST.labels], float(value))
+            if labels[contract.KIND] in PLATFORM_KINDS:
+                key = (labels[contract.KIND], labels[contract.CURRENCY])
+                platform[key] = platform.get(key, 0.0) + float(value)
+        yield cost
+        hours = _family(contract.BILLING_GPU_HOURS)
+        for labels, value in summary.gpu_hours:
+            hours.add_metric([labels[k] for k in contract.BILLING_GPU_HOURS.labels], float(value))
+        yield hours
+        unpriced = _family(contract.BILLING_UNPRICED_GPU_HOURS)
+        for labels, value in summary.unpriced:
+            unpriced.add_metric([labels[k] for k in contract.BILLING_UNPRICED_GPU_HOURS.labels], float(value))
+        yield unpriced
+        idle = _family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
+        for (kind, currency), amount in sorted(platform.items()):
+            idle.add_metric([kind, currency], amount)
+        yield idle
+        runs = _family(contract.BILLING_INGEST_RUNS)
+        for status, count in sorted(summary.runs.items()):
+            runs.add_metric([status], count)
+        yield runs
+        if summary.last_success is not None:
+            last = _family(contract.BILLING_LAST_SUCCESS)
+            last.add_metric([], summary.last_success.timestamp())
+            yield last
+            lag = _family(contract.BILLING_INGEST_LAG)
+            lag.add_metric([], (self.clock() - summary.last_success).total_seconds())
+            yield lag
+
+
+def _family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
+    """An empty family for one of billing's series, named, typed and labelled by the contract."""
+    cls = CounterMetricFamily if series.type is contract.MetricType.COUNTER else GaugeMetricFamily
+    return cls(series.family_name, series.help, labels=list(series.labels))

@@ -1,0 +1,122 @@
+"""The layers, checked on the imports of every module (docs/architecture.md, "Layout").
+
+gpumeter.contract and gpumeter.web are leaves every part may use; the parts (exporter, billing,
+reports, dashboards, alerts, deploy) sit above them; billing sits below reports; the command
+(gpumeter.cli) and the composition root (gpumeter.service) sit on top, and nothing imports them.
+The concrete SQL ledger is reached through the ledger package's factory, except by the root.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("exporter", "billing", "reports", "dashboards", "alerts", "deploy")
+SQL_LEDGER = "gpumeter.billing.ledger.sqlalchemy"
+
+
+def _module_name(path: Path, folders: dict[str, str]) -> str:
+    relative = path.relative_to(ROOT)
+    package = folders[relative.parts[0]]
+    rest = [p for p in relative.with_suffix("").parts[1:] if p != "__init__"]
+    return ".".join([package, *rest])
+
+
+def imports_of(source: str, module: str) -> set[str]:
+    """Every module ``source`` imports, absolute, function-local imports included."""
+    found = set()
+    package = module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parents = package.split(".")
+                base = ".".join([*parents[: len(parents) - node.level + 1], base]).strip(".")
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def violations(module: str, imported: set[str]) -> list[str]:
+    """The layering rules broken by ``module`` importing ``imported``."""
+
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    out = []
+    part = module.split(".")[1] if module.count(".") >= 1 else ""
+    for name in sorted(imported):
+        if part in PARTS and any(under(name, top) for top in ("gpumeter.cli", "gpumeter.service")):
+            out.append(f"{module} imports {name}: a part never imports the command or the composition root")
+        if part == "billing" and under(name, "gpumeter.reports"):
+            out.append(f"{module} imports {name}: billing sits below reports")
+        if module in ("gpumeter.contract", "gpumeter.web") and any(
+            under(name, f"gpumeter.{p}") for p in PARTS
+        ):
+            out.append(f"{module} imports {name}: the contract and the web module are leaves")
+        if under(name, SQL_LEDGER) and not (
+            under(module, "gpumeter.billing.ledger") or module in ("gpumeter.service", "gpumeter.cli")
+        ):
+            out.append(
+                f"{module} imports {name}: use gpumeter.billing.ledger.open_ledger and the Ledger interface"
+            )
+    return out
+
+
+def installed_modules() -> dict[str, Path]:
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    by_folder = {folder: package for package, folder in folders.items()}
+    modules = {}
+    for folder in by_folder:
+        for path in (ROOT / folder).rglob("*.py"):
+            modules[_module_name(path, by_folder)] = path
+    return modules
+
+
+def test_no_module_breaks_the_layers():
+    modules = installed_modules()
+    assert "gpumeter.service" in modules and "gpumeter.billing.ledger.memory" in modules
+    broken = [
+        problem
+        for name, path in sorted(modules.items())
+        for problem in violations(name, imports_of(path.read_text(encoding="utf-8"), name))
+    ]
+    assert broken == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "rule"),
+    [
+        ("gpumeter.billing.ingest", "from gpumeter.reports.schedule import run_monthly", "below reports"),
+        ("gpumeter.billing.cli", "def f():\n    from gpumeter.service import serve", "composition root"),
+        ("gpumeter.reports.run", "from gpumeter.billing.ledger.sqlalchemy import SqlLedger", "open_ledger"),
+        ("gpumeter.reports.run", "from ..billing.ledger import sqlalchemy", "open_ledger"),
+        ("gpumeter.contract", "import gpumeter.exporter.catalog", "leaves"),
+    ],
+)
+def test_the_check_catches_a_bad_import(module, source, rule):
+    problems = violations(module, imports_of(source, module))
+    assert problems and rule in problems[0]
+
+
+def test_what_is_allowed_passes():
+    assert (
+        violations(
+            "gpumeter.service",
+            imports_of("from gpumeter.billing.ledger.sqlalchemy import SqlLedger", "gpumeter.service"),
+        )
+        == []
+    )
+    assert (
+        violations(
+            "gpumeter.reports.run",
+            imports_of("from gpumeter.billing.ledger import open_ledger", "gpumeter.reports.run"),
+        )
+        == []
+    )
