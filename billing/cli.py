@@ -8,6 +8,7 @@ import os
 import sys
 from datetime import UTC, datetime
 
+from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.models import hour_floor, hours_between
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,22 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
         parser.add_argument(
             "--scrape-interval",
             type=_interval,
-            default=30.0,
-            help="seconds per sample, or 'auto' to detect it each hour from nvidia_gpu_info (default 30)",
+            default=IngestConfig.scrape_interval,
+            help="seconds per sample, or 'auto' to detect it each hour from nvidia_gpu_info "
+            f"(default {IngestConfig.scrape_interval:g})",
         )
         parser.add_argument(
-            "--gap-grace-intervals", type=int, default=2, help="missed scrapes bridged (default 2)"
+            "--gap-grace-intervals",
+            type=int,
+            default=IngestConfig.gap_grace_intervals,
+            help=f"missed scrapes bridged (default {IngestConfig.gap_grace_intervals})",
         )
-        parser.add_argument("--catchup-hours", type=int, default=168, help="catch-up window (default 168)")
+        parser.add_argument(
+            "--catchup-hours",
+            type=int,
+            default=IngestConfig.catchup_hours,
+            help=f"catch-up window in hours (default {IngestConfig.catchup_hours})",
+        )
 
 
 def settings_from(args):
@@ -62,10 +72,10 @@ def settings_from(args):
         prometheus=getattr(args, "prometheus", Settings().prometheus),
         prices=args.prices,
         teams_file=args.teams,
-        scrape_interval=getattr(args, "scrape_interval", 30.0),
-        gap_grace_intervals=getattr(args, "gap_grace_intervals", 2),
-        catchup_hours=getattr(args, "catchup_hours", 168),
-        workers=getattr(args, "workers", 1),
+        scrape_interval=getattr(args, "scrape_interval", IngestConfig.scrape_interval),
+        gap_grace_intervals=getattr(args, "gap_grace_intervals", IngestConfig.gap_grace_intervals),
+        catchup_hours=getattr(args, "catchup_hours", IngestConfig.catchup_hours),
+        workers=getattr(args, "workers", IngestConfig.workers),
     )
 
 

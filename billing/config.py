@@ -26,10 +26,10 @@ class Settings:
     prometheus: str = os.environ.get("GPUMETER_PROMETHEUS_URL", "http://127.0.0.1:9090")
     prices: str = str(DEFAULT_BOOK)
     teams_file: str | None = None
-    scrape_interval: float = 30.0
-    gap_grace_intervals: int = 2
-    catchup_hours: int = 168
-    workers: int = 1
+    scrape_interval: float = IngestConfig.scrape_interval  # the defaults are IngestConfig's, written once
+    gap_grace_intervals: int = IngestConfig.gap_grace_intervals
+    catchup_hours: int = IngestConfig.catchup_hours
+    workers: int = IngestConfig.workers
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -33,7 +33,6 @@ _ALLOC_KEYS = contract.BILLING_QUERIES["alloc_count"].by
 ALLOC_LABELS = ",".join(_ALLOC_KEYS)
 _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
 _RATIO = Decimal("0.000000001")
-DEFAULT_INTERVAL = 30
 
 
 @dataclass
@@ -126,7 +125,7 @@ def build_hour(
     """The GPU-hours of one hour from its query answers (docs/billing.md §2)."""
     if config.scrape_interval <= 0:  # "auto": the densest GPU series of the hour had one sample per interval
         densest = max((s.value for s in results["gpu_count"]), default=0.0)
-        interval = max(1, round(3600 / densest)) if densest else DEFAULT_INTERVAL
+        interval = max(1, round(3600 / densest)) if densest else IngestConfig.scrape_interval
         config = replace(config, scrape_interval=float(interval))
         log.debug("hour %s: detected scrape interval %ss", hour.isoformat(), interval)
 

@@ -10,7 +10,7 @@ builder; it never runs during a scrape. Its optional hooks:
 
 The sampler times each collector and publishes ``gpumeter_exporter_collector_success`` and
 ``..._duration_seconds`` for it. Collectors register themselves with :func:`register_collector`;
-:func:`build` picks the enabled ones (``--collector.NAME`` / ``--no-collector.NAME``).
+:func:`build` picks the enabled ones (``--enable-collectors`` / ``--disable-collectors``).
 """
 
 from __future__ import annotations
