@@ -26,6 +26,7 @@ from gpumeter.billing.models import (
     GpuHour,
     Line,
     LineKind,
+    QuantityUnit,
 )
 from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
@@ -86,6 +87,7 @@ class _Common(TypedDict):
     uuid: str
     model: str
     currency: str
+    price_version: str | None
 
 
 @dataclass
@@ -93,6 +95,7 @@ class _Unit:
     key: tuple[str, str]
     weight: Fraction
     presence: Fraction  # hours
+    compute_slices: int = 0  # of a MIG instance; 0 for a whole GPU
     utilization: Decimal | None = None
     allocations: list[Allocation] = field(default_factory=list)
 
@@ -111,7 +114,10 @@ def _price_gpu_hour(
     version, price = book.price(hour, dev.model)
     presence = _hours(dev.present_seconds)
     model_key = price.model if price else canonical_model(dev.model, book.aliases)
-    common = _Common(hour=hour, uuid=dev.uuid, model=model_key, currency=book.currency)
+    priced_by = version.id if version is not None and price is not None else None
+    common = _Common(
+        hour=hour, uuid=dev.uuid, model=model_key, currency=book.currency, price_version=priced_by
+    )
     if version is None or price is None:  # a price comes only with the version that holds it
         reason = (
             "no price-book version covers the hour"
@@ -121,7 +127,12 @@ def _price_gpu_hour(
         message = f"unpriced GPU model {dev.model!r} (uuid {dev.uuid}, hour {hour.isoformat()}): {reason}"
         log.warning(message)
         line = Line(
-            kind=LineKind.UNPRICED, namespace=UNPRICED, amount=None, quantity=_qty(presence), **common
+            kind=LineKind.UNPRICED,
+            namespace=UNPRICED,
+            amount=None,
+            quantity=_qty(presence),
+            held=_qty(presence),
+            **common,
         )
         return PricedHour([line], None, model_key, version, [message]), [None]
 
@@ -140,9 +151,15 @@ def _price_gpu_hour(
             if key in units:  # the same instance reported twice (e.g. two compute instances)
                 units[key].presence = max(units[key].presence, _hours(inst.present_seconds))
             else:
-                units[key] = _Unit(key, weight, _hours(inst.present_seconds), inst.utilization)
+                units[key] = _Unit(
+                    key,
+                    weight,
+                    _hours(inst.present_seconds),
+                    compute_slices=inst.compute_slices,
+                    utilization=inst.utilization,
+                )
     else:
-        units[("", "")] = _Unit(("", ""), Fraction(1), presence, dev.utilization)
+        units[("", "")] = _Unit(("", ""), Fraction(1), presence, utilization=dev.utilization)
 
     for alloc in gpu_hour.allocations:
         if mig != bool(alloc.gpu_instance_id):
@@ -159,7 +176,7 @@ def _price_gpu_hour(
             else:
                 c, m = slices_from_profile(alloc.mig_profile, totals)
                 weight = slice_weight(version.slice_weight, c, m, totals)
-                units[key] = _Unit(key, weight, Fraction(0))
+                units[key] = _Unit(key, weight, Fraction(0), compute_slices=c)
                 warnings.append(
                     f"MIG instance {key} of {dev.uuid} missing from the layout; taken from the allocation"
                 )
@@ -210,6 +227,9 @@ def _price_gpu_hour(
                 namespace=alloc.namespace,
                 amount=None,
                 quantity=_qty(quantity),
+                # the quantity held is a fact of pricing: slice-hours of a MIG instance, GPU-hours else
+                held=_qty(h * unit.compute_slices) if mig else _qty(h),
+                held_unit=QuantityUnit.SLICE_HOUR if mig else QuantityUnit.GPU_HOUR,
                 pod=alloc.pod,
                 container=alloc.container,
                 gpu_instance_id=alloc.gpu_instance_id,
@@ -234,7 +254,13 @@ def _price_gpu_hour(
     if version.idle == "spread" and tenant_total > 0 and idle > 0:
         for line, amount, source in tenants:
             part = amount / tenant_total
-            share_line = dataclasses.replace(line, kind=LineKind.IDLE_SHARE, quantity=_qty(idle_q * part))
+            share_line = dataclasses.replace(
+                line,
+                kind=LineKind.IDLE_SHARE,
+                quantity=_qty(idle_q * part),
+                held=_qty(idle_q * part),
+                held_unit=QuantityUnit.GPU_HOUR,
+            )
             exact.append((share_line, idle * part, source))
         unallocated = stranded = unallocated_q = stranded_q = Fraction(0)
     for kind, namespace, amount, quantity in (
@@ -245,7 +271,14 @@ def _price_gpu_hour(
         if amount != 0:
             exact.append(
                 (
-                    Line(kind=kind, namespace=namespace, amount=None, quantity=_qty(quantity), **common),
+                    Line(
+                        kind=kind,
+                        namespace=namespace,
+                        amount=None,
+                        quantity=_qty(quantity),
+                        held=_qty(quantity),
+                        **common,
+                    ),
                     amount,
                     None,
                 )

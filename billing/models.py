@@ -50,6 +50,13 @@ class LineKind(enum.StrEnum):
         return list(LineKind).index(self)
 
 
+class QuantityUnit(enum.StrEnum):
+    """What a line's ``held`` counts: slices of a MIG GPU, or whole GPUs."""
+
+    SLICE_HOUR = "slice_hour"  # compute-slice-hours of a MIG instance (instance-hours x compute slices)
+    GPU_HOUR = "gpu_hour"  # GPU-hours (share-weighted for time-sliced GPUs; weighted for platform lines)
+
+
 @dataclass(frozen=True)
 class Device:
     """A physical GPU during one hour."""
@@ -102,7 +109,7 @@ class Line:
     kind: LineKind
     namespace: str
     amount: Decimal | None
-    quantity: Decimal  # weighted GPU-hours
+    quantity: Decimal  # weighted GPU-hours: what the amount is the rate times
     model: str = ""
     pod: str = ""
     container: str = ""
@@ -112,6 +119,9 @@ class Line:
     currency: str = "USD"
     efficiency: Decimal | None = None  # utilization-tier efficiency score (report only)
     utilization: Decimal | None = None
+    held: Decimal = Decimal(0)  # the quantity held, in held_unit: a fact of pricing, never recomputed
+    held_unit: QuantityUnit = QuantityUnit.GPU_HOUR
+    price_version: str | None = None  # PriceVersion.id of the version that priced it; None: unpriced
 
     @property
     def sort_key(self) -> tuple:

@@ -19,6 +19,7 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
 
+from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.reports.model import HOUR, WHOLE_GPU, Report, version_label
 
@@ -142,7 +143,7 @@ CUSTOM: list[tuple[str, bool, object]] = [
     (
         "x_LineKind",
         False,
-        {"tenant", "idle_share", "sharing_shortfall", "unallocated", "stranded", "unpriced"},
+        {kind.value for kind in LineKind},
     ),
     ("x_Team", True, "string"),
     ("x_Namespace", False, "string"),
@@ -165,12 +166,12 @@ _UNIT = re.compile(
     r"|[A-Za-z]+/(Year|Month|Day|Hour|Minute|Second))$"
 )
 
-DESCRIPTIONS = {
-    "tenant": "GPU usage",
-    "idle_share": "Idle GPU capacity spread to the tenant (idle: spread)",
-    "sharing_shortfall": "Sharing-efficiency shortfall (platform discount on shared GPUs)",
-    "unallocated": "Unallocated GPU capacity",
-    "stranded": "Stranded GPU capacity (no MIG instance covers it)",
+DESCRIPTIONS: dict[str, str] = {  # by line kind (LineKind is a str)
+    LineKind.TENANT: "GPU usage",
+    LineKind.IDLE_SHARE: "Idle GPU capacity spread to the tenant (idle: spread)",
+    LineKind.SHARING_SHORTFALL: "Sharing-efficiency shortfall (platform discount on shared GPUs)",
+    LineKind.UNALLOCATED: "Unallocated GPU capacity",
+    LineKind.STRANDED: "Stranded GPU capacity (no MIG instance covers it)",
 }
 
 
@@ -195,7 +196,7 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
     labels = {v.id: version_label(v) for v in report.price_versions}
     for c in report.charges:
         mig = bool(c.gpu_instance_id)
-        tenant = c.kind in ("tenant", "idle_share")
+        tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
         unpriced = c.amount is None
         rate = None if unpriced else report.rate(c)
         slices = report.slices(c)
@@ -206,7 +207,7 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
             description = (
                 f"Unpriced GPU model {c.model}: no rate in the price book; quantity only, not billed"
             )
-        elif c.kind == "tenant":
+        elif c.kind == LineKind.TENANT:
             what = f"MIG {c.mig_profile} instance" if mig else "whole GPU"
             description = f"GPU usage: {what} on {c.model}"
         else:
@@ -273,7 +274,7 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
                 "x_MigProfile": profile,
                 "x_GpuUuid": c.uuid,
                 "x_GpuInstanceId": c.gpu_instance_id,
-                "x_LineKind": "unpriced" if unpriced else c.kind,
+                "x_LineKind": LineKind.UNPRICED.value if unpriced else c.kind,
                 "x_Team": c.team,
                 "x_Namespace": c.namespace,
                 "x_Pod": c.pod,

@@ -15,22 +15,19 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
-from gpumeter.billing.models import STRANDED, UNALLOCATED
-from gpumeter.billing.pricing.aliases import slice_totals
+from gpumeter.billing.models import SHORTFALL, STRANDED, UNALLOCATED, LineKind, QuantityUnit
 from gpumeter.billing.pricing.currency import minor_unit
 
 HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile")
-TENANT_KINDS = ("tenant", "idle_share")
-PLATFORM_KINDS = ("unallocated", "stranded", "sharing_shortfall")
-PLATFORM_NAMES = {
-    "unallocated": UNALLOCATED,
-    "stranded": STRANDED,
-    "sharing_shortfall": "__sharing_shortfall__",
+TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
+PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
+PLATFORM_NAMES: dict[str, str] = {  # by line kind (LineKind is a str)
+    LineKind.UNALLOCATED: UNALLOCATED,
+    LineKind.STRANDED: STRANDED,
+    LineKind.SHARING_SHORTFALL: SHORTFALL,
 }
 NO_TEAM, WHOLE_GPU, NO_LABEL = "(no team)", "(whole GPU)", "(none)"
-_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb", re.IGNORECASE)
-_MEMORY_SLICES_7 = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}  # as billing.allocate, for profiles of 7-slice GPUs
 ZERO = Decimal(0)
 
 
@@ -179,9 +176,9 @@ class Usage:
         self.lines += line.lines
         if line.amount is not None:
             self.cost += line.amount
-            if line.kind == "idle_share":
+            if line.kind == LineKind.IDLE_SHARE:
                 self.idle_share += line.amount
-        if line.kind == "idle_share":
+        if line.kind == LineKind.IDLE_SHARE:
             return  # its quantity is idle capacity, not usage
         self.gpu_hours += line.quantity
         self.slice_hours += slice_hours
@@ -298,7 +295,7 @@ class Report:
     price_versions: list[PriceVersionRecord]
     ingest: IngestSummary
     charges: list[LineTotal]  # the ledger lines summed per grain bucket, sorted: FOCUS and detail CSV
-    slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours, see slice_hours_of
+    slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours held, as the lines state them
 
     @property
     def exponent(self) -> int:
@@ -339,50 +336,14 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def profile_slices(profile: str, model: str) -> tuple[int, int] | None:
-    """(compute, memory) slices of a MIG profile name such as ``3g.40gb`` on a GPU model."""
-    match = _PROFILE.match(profile)
-    if not match:
-        return None
-    compute = int(match.group(1))
-    totals = slice_totals(model)
-    memory = compute if totals == (4, 4) else _MEMORY_SLICES_7.get(compute, compute)
-    return compute, memory
-
-
-def slice_hours_of(line: LineTotal, policy: str) -> Decimal:
-    """Compute-slice-hours held by a MIG line: instance-hours held x compute slices of the profile,
-    to 0.001 slice-hour.
-
-    The ledger stores weighted GPU-hours (held x weight), so held = quantity / weight under the
-    version's slice-weight policy. Whole-GPU lines and platform lines hold no slices (0). Under the
-    ``max`` policy a layout that over-recovers is normalised by billing; the figure here uses the
-    un-normalised weight (documented in docs/reports.md).
-    """
-    if not line.gpu_instance_id or line.kind not in TENANT_KINDS:
-        return ZERO
-    slices = profile_slices(line.mig_profile, line.model)
-    if slices is None:
-        return ZERO
-    compute, memory = slices
-    ctot, mtot = slice_totals(line.model)
-    weight = {
-        "compute": Decimal(compute) / ctot,
-        "memory": Decimal(memory) / mtot,
-        "max": max(Decimal(compute) / ctot, Decimal(memory) / mtot),
-    }.get(policy, Decimal(compute) / ctot)
-    # quantities are stored to 6 dp, so the quotient is exact only to a few 1e-6: shown to 0.001
-    return (line.quantity / weight * compute).quantize(Decimal("0.001"))
-
-
 # --- building -------------------------------------------------------------------------------------
 
 
 def _sort_key(line: LineTotal) -> tuple:
     return (
         line.bucket,
-        list(TENANT_KINDS + PLATFORM_KINDS + ("unpriced",)).index(line.kind)
-        if line.kind in TENANT_KINDS + PLATFORM_KINDS + ("unpriced",)
+        list((*TENANT_KINDS, *PLATFORM_KINDS, LineKind.UNPRICED)).index(line.kind)
+        if line.kind in (*TENANT_KINDS, *PLATFORM_KINDS, LineKind.UNPRICED)
         else 99,
         line.namespace,
         line.pod,
@@ -453,7 +414,6 @@ def build_report(
 
     version_ids = {c.price_version_id for c in charges + previous if c.price_version_id is not None}
     versions = ledger.price_versions(version_ids)
-    policies = {vid: v.body.get("slice_weight", "compute") for vid, v in versions.items()}
     currencies = sorted({c.currency for c in charges if c.amount is not None}) or sorted(
         {v.currency for v in versions.values()}
     )
@@ -461,7 +421,11 @@ def build_report(
         raise ReportError(f"ledger: lines in several currencies in one period (value {currencies!r})")
     currency = currencies[0] if currencies else "USD"
 
-    slice_hours = {id(c): slice_hours_of(c, policies.get(c.price_version_id, "compute")) for c in charges}
+    # slice-hours are a fact pricing stated on each line (docs/billing.md §4): read, never recomputed
+    slice_hours = {
+        id(c): c.held if c.held_unit == QuantityUnit.SLICE_HOUR and c.kind in TENANT_KINDS else ZERO
+        for c in charges
+    }
 
     total, tenants = Usage(), Usage()
     groups: dict[str, Usage] = defaultdict(Usage)
@@ -477,7 +441,7 @@ def build_report(
     for c in charges:
         sh = slice_hours[id(c)]
         day = c.bucket.date()
-        if c.kind == "unpriced" or c.amount is None:
+        if c.kind == LineKind.UNPRICED or c.amount is None:
             hours, gpus = unpriced.get(c.model, (ZERO, set()))
             gpus.add(c.uuid)
             unpriced[c.model] = (hours + c.quantity, gpus)
@@ -587,7 +551,7 @@ def _pod_probe(pod: tuple[str, str], meta: dict) -> LineTotal:
         bucket=datetime.min.replace(tzinfo=UTC),
         first_hour=datetime.min.replace(tzinfo=UTC),
         last_hour=datetime.min.replace(tzinfo=UTC),
-        kind="tenant",
+        kind=LineKind.TENANT,
         namespace=pod[0],
         team=team,
         pod=pod[1],

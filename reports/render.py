@@ -20,6 +20,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from gpumeter.billing.models import LineKind
 from gpumeter.reports import focus
 from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
 
@@ -149,7 +150,7 @@ def summary_csv(report: Report) -> str:
         )
 
     for group in report.groups:
-        row(group.key, "tenant", group.usage, group.change)
+        row(group.key, LineKind.TENANT, group.usage, group.change)
     for platform in report.platform:
         row(platform.namespace, platform.kind, platform.usage, platform.change)
     for unpriced in report.unpriced:
@@ -158,7 +159,7 @@ def summary_csv(report: Report) -> str:
             [
                 *head,
                 f"__unpriced__ {unpriced.model}",
-                "unpriced",
+                LineKind.UNPRICED.value,
                 "",
                 "",
                 report.currency,
@@ -182,7 +183,7 @@ def lines_csv(report: Report) -> str:
                 _ts(c.bucket),
                 _ts(c.first_hour),
                 _ts(c.last_hour + HOUR),
-                "unpriced" if c.amount is None else c.kind,
+                LineKind.UNPRICED.value if c.amount is None else c.kind,
                 _cell(c.team),
                 _cell(c.namespace),
                 _cell(c.pod),

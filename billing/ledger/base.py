@@ -70,6 +70,8 @@ class LineTotal:
     utilization_quantity: Decimal = Decimal(0)  # sum of quantity where utilization is known
     efficiency_weighted: float = 0.0
     efficiency_quantity: Decimal = Decimal(0)
+    held: Decimal = Decimal(0)  # sum of the lines' held quantity, in held_unit (a grouping key)
+    held_unit: str = "gpu_hour"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from gpumeter.billing.ledger.base import (
     ReportRunRecord,
 )
 from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind
-from gpumeter.billing.pricing.base import PriceBook
+from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 __all__ = ["MemoryLedger"]
 
@@ -60,10 +60,16 @@ class MemoryLedger(Ledger):
 
     # --- writes ----------------------------------------------------------------------------
 
-    def _version_id(self, book: PriceBook, hour: datetime) -> int | None:
-        version = book.version_at(hour)
-        if version is None:
-            return None
+    def _version_rows(self, book: PriceBook | None, lines: list[Line]) -> dict[str | None, int | None]:
+        """The stored id of each price version the lines name (registered once, body and all)."""
+        rows: dict[str | None, int | None] = {None: None}
+        for name in {line.price_version for line in lines if line.price_version is not None}:
+            if book is None:
+                raise ValueError("lines name a price version but no price book came with them")
+            rows[name] = self._version_row(book, book.version(name))
+        return rows
+
+    def _version_row(self, book: PriceBook, version: PriceVersion) -> int:
         key = (book.digest or "inline", version.effective_from)
         if key not in self._versions:
             self._versions[key] = PriceVersionRecord(
@@ -89,15 +95,15 @@ class MemoryLedger(Ledger):
 
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         with self._guard:
-            version_id = self._version_id(record.book, record.hour) if record.book else None
+            rows = self._version_rows(record.book, record.lines)
             self._facts[record.hour] = copy.deepcopy(record.gpu_hours)
-            self._lines[record.hour] = [(line, version_id) for line in record.lines]
+            self._lines[record.hour] = [(line, rows[line.price_version]) for line in record.lines]
             self._run(record.hour, "ok", source, started_at, None)
 
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
         with self._guard:
-            version_id = self._version_id(book, hour)
-            self._lines[hour] = [(line, version_id) for line in lines]
+            rows = self._version_rows(book, lines)
+            self._lines[hour] = [(line, rows[line.price_version]) for line in lines]
 
     def record_failure(
         self, hour: datetime, error: str, *, source: str = "", started_at: datetime | None = None
@@ -204,6 +210,7 @@ class MemoryLedger(Ledger):
                 line.model,
                 line.currency,
                 version_id,
+                line.held_unit.value,
             )
             quantity = _scaled(line.quantity, _QUANTITY)
             amount = None if line.amount is None else _scaled(line.amount, _MONEY)
@@ -230,6 +237,8 @@ class MemoryLedger(Ledger):
                 utilization_quantity=Decimal(0) if utilization is None else quantity,
                 efficiency_weighted=0.0 if efficiency is None else float(efficiency * line.quantity),
                 efficiency_quantity=Decimal(0) if efficiency is None else quantity,
+                held=_scaled(line.held, _QUANTITY),
+                held_unit=line.held_unit.value,
             )
             seen = groups.get(key)
             if seen is None:
@@ -246,6 +255,7 @@ class MemoryLedger(Ledger):
                 utilization_quantity=seen.utilization_quantity + this.utilization_quantity,
                 efficiency_weighted=seen.efficiency_weighted + this.efficiency_weighted,
                 efficiency_quantity=seen.efficiency_quantity + this.efficiency_quantity,
+                held=seen.held + this.held,
             )
         return list(groups.values())
 

@@ -107,6 +107,8 @@ class CostLine(Base):
     price_version_id: Mapped[int | None] = mapped_column(ForeignKey("price_book_versions.id"))
     efficiency: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    held: Mapped[Decimal] = mapped_column(Exact(18, 6))  # in held_unit (billing.models.QuantityUnit)
+    held_unit: Mapped[str] = mapped_column(String(16))
 
 
 class BillingLock(Base):

@@ -53,8 +53,17 @@ from gpumeter.billing.ledger.orm import (
     PriceBookVersion,
     ReportRun,
 )
-from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, Line, LineKind, MigInstance
-from gpumeter.billing.pricing.base import PriceBook
+from gpumeter.billing.models import (
+    HOUR,
+    Allocation,
+    Device,
+    GpuHour,
+    Line,
+    LineKind,
+    MigInstance,
+    QuantityUnit,
+)
+from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -101,10 +110,16 @@ class SqlLedger(Ledger):
 
     # --- writes ----------------------------------------------------------------------------
 
-    def _version_id(self, session: Session, book: PriceBook, hour: datetime) -> int | None:
-        version = book.version_at(hour)
-        if version is None:
-            return None
+    def _version_rows(self, session: Session, book: PriceBook | None, lines: list[Line]) -> dict[str, int]:
+        """The stored row of each price version the lines name (registered once, body and all)."""
+        named = {line.price_version for line in lines if line.price_version is not None}
+        if named and book is None:
+            raise ValueError("lines name a price version but no price book came with them")
+        return {
+            version_id: self._version_row(session, book, book.version(version_id)) for version_id in named
+        }
+
+    def _version_row(self, session: Session, book: PriceBook, version: PriceVersion) -> int:
         digest = book.digest or "inline"
         query = select(PriceBookVersion.id).where(
             PriceBookVersion.digest == digest, PriceBookVersion.effective_from == version.effective_from
@@ -151,6 +166,8 @@ class SqlLedger(Ledger):
         "price_version_id",
         "efficiency",
         "utilization",
+        "held",
+        "held_unit",
     )
     DEVICE_COLUMNS = (
         "hour",
@@ -188,7 +205,7 @@ class SqlLedger(Ledger):
     )
 
     @staticmethod
-    def _line_rows(lines: list[Line], version_id: int | None, hour, exact) -> list[tuple]:
+    def _line_rows(lines: list[Line], version_rows: dict[str, int], hour, exact) -> list[tuple]:
         """Rows of ``cost_lines`` in LINE_COLUMNS order, already in the driver's form."""
         return [
             (
@@ -205,9 +222,11 @@ class SqlLedger(Ledger):
                 exact(line.quantity),
                 exact(line.amount),
                 line.currency,
-                version_id,
+                None if line.price_version is None else version_rows[line.price_version],
                 exact(line.efficiency),
                 exact(line.utilization),
+                exact(line.held),
+                line.held_unit.value,
             )
             for line in lines
         ]
@@ -300,8 +319,8 @@ class SqlLedger(Ledger):
                 (AllocationRow.__table__, self.ALLOCATION_COLUMNS, allocations),
             ):
                 self._bulk_insert(session, table, columns, rows)
-            version_id = self._version_id(session, record.book, record.hour) if record.book else None
-            rows = self._line_rows(record.lines, version_id, hour, exact)
+            versions = self._version_rows(session, record.book, record.lines)
+            rows = self._line_rows(record.lines, versions, hour, exact)
             self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
             session.add(
                 IngestRun(
@@ -318,8 +337,8 @@ class SqlLedger(Ledger):
         stored_hour, exact = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
-            version_id = self._version_id(session, book, hour)
-            rows = self._line_rows(lines, version_id, stored_hour, exact)
+            versions = self._version_rows(session, book, lines)
+            rows = self._line_rows(lines, versions, stored_hour, exact)
             self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
 
     def record_failure(self, hour: datetime, error: str, *, source: str = "", started_at=None) -> None:
@@ -419,8 +438,11 @@ class SqlLedger(Ledger):
 
     def lines(self, start: datetime, end: datetime) -> list[Line]:
         with Session(self.engine) as session:
-            rows = session.scalars(
-                select(CostLine).where(CostLine.hour >= start, CostLine.hour < end).order_by(CostLine.id)
+            rows = session.execute(
+                select(CostLine, PriceBookVersion.effective_from)
+                .outerjoin(PriceBookVersion, CostLine.price_version_id == PriceBookVersion.id)
+                .where(CostLine.hour >= start, CostLine.hour < end)
+                .order_by(CostLine.id)
             )
             return [
                 Line(
@@ -439,8 +461,11 @@ class SqlLedger(Ledger):
                     currency=r.currency,
                     efficiency=r.efficiency,
                     utilization=r.utilization,
+                    held=r.held,
+                    held_unit=QuantityUnit(r.held_unit),
+                    price_version=None if since is None else version_id(since),
                 )
-                for r in rows
+                for r, since in rows
             ]
 
     def counts(self) -> dict[str, int]:
@@ -530,6 +555,7 @@ class SqlLedger(Ledger):
             c.model,
             c.currency,
             c.price_version_id,
+            c.held_unit,
         ]
         group = ([bucket] if bucket is not None else []) + keys
         query = (
@@ -545,6 +571,7 @@ class SqlLedger(Ledger):
                 func.sum(case((c.utilization.isnot(None), scaled(c.quantity, qty_scale)), else_=None)),
                 cast(func.sum(c.efficiency * c.quantity), Float),
                 func.sum(case((c.efficiency.isnot(None), scaled(c.quantity, qty_scale)), else_=None)),
+                func.sum(scaled(c.held, qty_scale)),
             )
             .where(c.hour >= bindparam("lo", type_=c.hour.type), c.hour < bindparam("hi", type_=c.hour.type))
             .group_by(*group)
@@ -581,8 +608,8 @@ class SqlLedger(Ledger):
                     when = datetime.fromisoformat(when)
                 if when.tzinfo is None:
                     when = when.replace(tzinfo=UTC)
-            (kind, ns, team, pod, container, uuid, gi, profile, model, currency, version) = rest[:11]
-            (first, last, n, qty, amount, priced, u_w, u_q, e_w, e_q) = rest[11:]
+            (kind, ns, team, pod, container, uuid, gi, profile, model, currency, version, unit) = rest[:12]
+            (first, last, n, qty, amount, priced, u_w, u_q, e_w, e_q, held) = rest[12:]
             out.append(
                 LineTotal(
                     bucket=when,
@@ -606,6 +633,8 @@ class SqlLedger(Ledger):
                     utilization_quantity=Decimal(int(u_q or 0)) * qty_unit,
                     efficiency_weighted=float(e_w or 0.0),
                     efficiency_quantity=Decimal(int(e_q or 0)) * qty_unit,
+                    held=Decimal(int(held or 0)) * qty_unit,
+                    held_unit=unit,
                 )
             )
         return out

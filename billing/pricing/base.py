@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from gpumeter.billing.pricing.aliases import resolve_model
@@ -29,6 +29,11 @@ class GpuPrice:
     derived: bool = False  # True when computed from purchase price, depreciation, power...
 
 
+def version_id(effective_from: datetime) -> str:
+    """A price version's id: when it takes effect, in UTC (versions of one book never overlap)."""
+    return effective_from.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @dataclass(frozen=True)
 class PriceVersion:
     effective_from: datetime
@@ -39,6 +44,12 @@ class PriceVersion:
     idle: str = "platform"
     sharing_efficiency: dict[str, Decimal] = field(default_factory=dict)
     utilization_tiers: tuple[tuple[Decimal, Decimal, Decimal], ...] = ()
+
+    @property
+    def id(self) -> str:
+        """The version's key within its price book (versions never overlap): what every line it
+        priced carries, and what the ledger registers the version's body under (docs/billing.md §7)."""
+        return version_id(self.effective_from)
 
     def covers(self, hour: datetime) -> bool:
         return self.effective_from <= hour and (self.effective_to is None or hour < self.effective_to)
@@ -64,6 +75,13 @@ class PriceBook:
     aliases: dict[str, str] = field(default_factory=dict)
     path: str = ""
     digest: str = ""
+
+    def version(self, version_id: str) -> PriceVersion:
+        """The version a line's ``price_version`` names."""
+        for version in self.versions:
+            if version.id == version_id:
+                return version
+        raise KeyError(f"{self.path or 'price book'}: no version {version_id}")
 
     def version_at(self, hour: datetime) -> PriceVersion | None:
         for version in self.versions:
