@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
+import operator
 import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -149,26 +151,11 @@ class SqlLedger(Ledger):
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
 
-    LINE_COLUMNS = (
-        "hour",
-        "uuid",
-        "kind",
-        "namespace",
-        "team",
-        "pod",
-        "container",
-        "gpu_instance_id",
-        "mig_profile",
-        "model",
-        "quantity",
-        "amount",
-        "currency",
-        "price_version_id",
-        "efficiency",
-        "utilization",
-        "held",
-        "held_unit",
-    )
+    # cost_lines holds the Line record's fields, declared once in billing/models.py; the price version
+    # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees)
+    LINE_FIELDS = tuple(f.name for f in dataclasses.fields(Line))
+    LINE_COLUMNS = tuple("price_version_id" if name == "price_version" else name for name in LINE_FIELDS)
+    EXACT_FIELDS = frozenset(("quantity", "amount", "efficiency", "utilization", "held"))  # Decimals
     DEVICE_COLUMNS = (
         "hour",
         "uuid",
@@ -207,27 +194,19 @@ class SqlLedger(Ledger):
     @staticmethod
     def _line_rows(lines: list[Line], version_rows: dict[str, int], hour, exact) -> list[tuple]:
         """Rows of ``cost_lines`` in LINE_COLUMNS order, already in the driver's form."""
+        stored = {
+            "hour": lambda _: hour,
+            "kind": lambda kind: kind.value,
+            "held_unit": lambda unit: unit.value,
+            "price_version": lambda name: None if name is None else version_rows[name],
+        }
+        convert = [
+            stored.get(name, exact if name in SqlLedger.EXACT_FIELDS else None)
+            for name in SqlLedger.LINE_FIELDS
+        ]
+        values = operator.attrgetter(*SqlLedger.LINE_FIELDS)
         return [
-            (
-                hour,
-                line.uuid,
-                line.kind.value,
-                line.namespace,
-                line.team,
-                line.pod,
-                line.container,
-                line.gpu_instance_id,
-                line.mig_profile,
-                line.model,
-                exact(line.quantity),
-                exact(line.amount),
-                line.currency,
-                None if line.price_version is None else version_rows[line.price_version],
-                exact(line.efficiency),
-                exact(line.utilization),
-                exact(line.held),
-                line.held_unit.value,
-            )
+            tuple(value if to is None else to(value) for to, value in zip(convert, values(line), strict=True))
             for line in lines
         ]
 
@@ -444,29 +423,16 @@ class SqlLedger(Ledger):
                 .where(CostLine.hour >= start, CostLine.hour < end)
                 .order_by(CostLine.id)
             )
-            return [
-                Line(
-                    hour=r.hour,
-                    uuid=r.uuid,
-                    kind=LineKind(r.kind),
-                    namespace=r.namespace,
-                    amount=r.amount,
-                    quantity=r.quantity,
-                    model=r.model,
-                    pod=r.pod,
-                    container=r.container,
-                    gpu_instance_id=r.gpu_instance_id,
-                    mig_profile=r.mig_profile,
-                    team=r.team,
-                    currency=r.currency,
-                    efficiency=r.efficiency,
-                    utilization=r.utilization,
-                    held=r.held,
-                    held_unit=QuantityUnit(r.held_unit),
-                    price_version=None if since is None else version_id(since),
-                )
-                for r, since in rows
-            ]
+            read = {
+                "kind": LineKind,
+                "held_unit": QuantityUnit,
+            }
+            out = []
+            for r, since in rows:
+                fields = {name: getattr(r, name) for name in self.LINE_FIELDS if name != "price_version"}
+                fields.update({name: to(fields[name]) for name, to in read.items()})
+                out.append(Line(**fields, price_version=None if since is None else version_id(since)))
+            return out
 
     def counts(self) -> dict[str, int]:
         """Row counts per table (tests use it to prove nothing was written)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from decimal import Decimal
 
@@ -11,7 +12,9 @@ from alembic.migration import MigrationContext
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.ledger.orm import Base
+from gpumeter.billing.ledger.orm import Base, CostLine
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.billing.models import Line
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 
@@ -29,6 +32,15 @@ def test_migrations_match_the_orm(sql_ledger):
     with ledger.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diffs == []
+
+
+def test_cost_lines_are_the_line_record():
+    """One line record: cost_lines' columns are billing.models.Line's fields (plus the row id), and
+    the SQL ledger writes them in that order."""
+    columns = [c.name for c in CostLine.__table__.columns if c.name != "id"]
+    fields = ["price_version_id" if f.name == "price_version" else f.name for f in dataclasses.fields(Line)]
+    assert sorted(columns) == sorted(fields)
+    assert list(SqlLedger.LINE_COLUMNS) == fields
 
 
 def test_migrating_twice_is_a_no_op(db):
