@@ -283,4 +283,17 @@ def build() -> d.Dashboard:
         ),
         stack=True,
     )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "XID errors per MIG instance",
+            [Query(mig("nvidia_gpu_mig_xid_errors_total"), table=True)],
+            description="XIDs the driver attributes to a GPU or compute instance, so to the pod that holds it "
+            "(they are also counted per GPU on the node dashboard). Empty while "
+            "gpumeter_exporter_mig_xids_visible is 0: an unprivileged exporter does not see instance XIDs.",
+            transformations=[organize(exclude=["uuid"], rename={"Value": "count"})],
+            w=24,
+            h=6,
+        ),
+    )
     return layout.builder
