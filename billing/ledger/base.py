@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from gpumeter.billing.models import GpuHour, Line
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind
 from gpumeter.billing.pricing.base import PriceBook
 
 
@@ -37,6 +38,35 @@ class LedgerSummary:
     unpriced: list[tuple[dict[str, str], Decimal]]
     last_success: datetime | None  # end of the newest hour ingested successfully
     runs: dict[str, int]
+
+
+def summarise(
+    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None]],
+    last_hour: datetime | None,
+    runs: dict[str, int],
+) -> LedgerSummary:
+    """The /metrics aggregates from (namespace, team, model, mig_profile, kind, currency, quantity,
+    amount) per line, the newest successful hour and the run counts: every ledger sums the same way,
+    in Python over Decimals (SQLite stores exact decimals as text)."""
+    cost: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
+    hours: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
+    unpriced: dict[str, Decimal] = defaultdict(Decimal)
+    for ns, team, model, profile, kind, currency, quantity, amount in lines:
+        if amount is None:
+            unpriced[model] += quantity
+            continue
+        cost[(ns, team, model, profile, kind, currency)] += amount
+        if kind == LineKind.TENANT:
+            hours[(ns, team, model, profile)] += quantity
+    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
+    hour_keys = ("namespace", "team", "model", "mig_profile")
+    return LedgerSummary(
+        cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
+        gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
+        unpriced=[({"model": m}, v) for m, v in sorted(unpriced.items())],
+        last_success=None if last_hour is None else last_hour + HOUR,
+        runs=dict(runs),
+    )
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    summarise,
 )
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind
+from gpumeter.billing.models import GpuHour, Line
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 __all__ = ["MemoryLedger"]
@@ -157,32 +158,17 @@ class MemoryLedger(Ledger):
             }
 
     def summary(self) -> LedgerSummary:
-        cost: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
-        hours: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
-        unpriced: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
         with self._guard:
-            every = [pair for pairs in self._lines.values() for pair in pairs]
+            every = [line for pairs in self._lines.values() for line, _ in pairs]
             ok = [r.hour for r in self._runs if r.status == "ok"]
             runs: dict[str, int] = defaultdict(int)
             for run in self._runs:
                 runs[run.status] += 1
-        for line, _ in every:
-            if line.amount is None:
-                unpriced[(line.model,)] += line.quantity
-                continue
-            key = (line.namespace, line.team, line.model, line.mig_profile)
-            cost[(*key, line.kind.value, line.currency)] += line.amount
-            if line.kind is LineKind.TENANT:
-                hours[key] += line.quantity
-        cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
-        hour_keys = ("namespace", "team", "model", "mig_profile")
-        return LedgerSummary(
-            cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
-            gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
-            unpriced=[({"model": k[0]}, v) for k, v in sorted(unpriced.items())],
-            last_success=max(ok) + HOUR if ok else None,
-            runs=dict(runs),
-        )
+        rows = [
+            (x.namespace, x.team, x.model, x.mig_profile, x.kind.value, x.currency, x.quantity, x.amount)
+            for x in every
+        ]
+        return summarise(rows, max(ok) if ok else None, runs)
 
     # --- reads for reports --------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ import json
 import logging
 import operator
 import os
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -43,6 +42,7 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    summarise,
 )
 from gpumeter.billing.ledger.orm import (
     AllocationRow,
@@ -56,7 +56,6 @@ from gpumeter.billing.ledger.orm import (
     ReportRun,
 )
 from gpumeter.billing.models import (
-    HOUR,
     Allocation,
     Device,
     GpuHour,
@@ -449,10 +448,6 @@ class SqlLedger(Ledger):
             return {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
 
     def summary(self) -> LedgerSummary:
-        # Sums are done in Python over Decimals: SQLite stores exact decimals as text.
-        cost: dict[tuple, Decimal] = defaultdict(Decimal)
-        hours: dict[tuple, Decimal] = defaultdict(Decimal)
-        unpriced: dict[tuple, Decimal] = defaultdict(Decimal)
         with Session(self.engine) as session:
             query = select(
                 CostLine.namespace,
@@ -464,29 +459,11 @@ class SqlLedger(Ledger):
                 CostLine.quantity,
                 CostLine.amount,
             )
-            for ns, team, model, profile, kind, currency, quantity, amount in session.execute(query):
-                if amount is None:
-                    unpriced[(model,)] += quantity
-                    continue
-                cost[(ns, team, model, profile, kind, currency)] += amount
-                if kind == LineKind.TENANT.value:
-                    hours[(ns, team, model, profile)] += quantity
+            lines = [tuple(row) for row in session.execute(query)]
             last = session.scalar(select(func.max(IngestRun.hour)).where(IngestRun.status == "ok"))
-            runs = {
-                status: n
-                for status, n in session.execute(
-                    select(IngestRun.status, func.count()).group_by(IngestRun.status)
-                )
-            }
-        cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
-        hour_keys = ("namespace", "team", "model", "mig_profile")
-        return LedgerSummary(
-            cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
-            gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
-            unpriced=[({"model": k[0]}, v) for k, v in sorted(unpriced.items())],
-            last_success=None if last is None else last + HOUR,
-            runs=runs,
-        )
+            counted = session.execute(select(IngestRun.status, func.count()).group_by(IngestRun.status))
+            runs = {status: n for status, n in counted}
+        return summarise(lines, last, runs)
 
     # --- reads for reports --------------------------------------------------------------------
 
