@@ -197,27 +197,27 @@ class Ledger(abc.ABC):
     def counts(self) -> dict[str, int]:
         """Stored records per kind, named as the SQL ledger's tables (proof that nothing was written)."""
 
-    # --- reads for reports (not abstract: implementations that have no reports may skip them) ---
+    # --- reads for reports ---
 
+    @abc.abstractmethod
     def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
         """Lines of [start, end) summed per ``grain`` bucket: "hour", "day" (UTC) or "range"."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
         """Stored price-book versions by id."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
         """Ingest runs of the hours in [start, end), oldest first (successful and failed)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def record_report_run(self, run: ReportRunRecord) -> int:
         """Store a rendered report (the ``id`` of ``run`` is ignored); returns its id."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
         """Recorded report runs (of periods starting at ``start`` when given), oldest first."""
-        raise NotImplementedError
 
     @contextlib.contextmanager
     def lock(self, name: str, holder: str, now: datetime, ttl_seconds: int = 1800) -> Iterator[None]:
