@@ -98,6 +98,14 @@ def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) ->
     return SqlLedger(engine)
 
 
+_HOUR_LOCK_SPACE = 0x6770_6D00_0000_0000  # "gpm": keeps gpumeter's advisory locks apart from others'
+
+
+def _hour_lock_key(hour: datetime) -> int:
+    """A signed 64-bit advisory-lock key for one UTC hour."""
+    return _HOUR_LOCK_SPACE | int(hour.timestamp()) // 3600
+
+
 class SqlLedger(Ledger):
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -146,6 +154,15 @@ class SqlLedger(Ledger):
 
     @staticmethod
     def _delete_hour(session: Session, hour: datetime, *, facts: bool) -> None:
+        """Delete the hour's rows, first taking the hour's writer lock for the rest of the transaction.
+
+        Under READ COMMITTED two writers of one hour would both delete nothing and both insert
+        (a double bill). PostgreSQL: a transaction-scoped advisory lock keyed by the hour serialises
+        them, and the second one's DELETE then sees the first one's committed rows. SQLite: the DELETE
+        takes the database's write lock, which the second writer waits for (busy timeout).
+        """
+        if session.bind.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _hour_lock_key(hour)})
         tables = (CostLine, AllocationRow, MigInstanceRow, GpuHourRow) if facts else (CostLine,)
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
