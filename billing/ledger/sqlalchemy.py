@@ -79,6 +79,17 @@ def make_engine(url: str, *, schema: str | None = None) -> Engine:
     return create_engine(url, **kwargs)
 
 
+_HOUR_LOCK_SPACE = 0x6770_6D00_0000_0000  # "gpm": keeps gpumeter's advisory locks apart from others'
+
+
+_MIGRATION_LOCK_KEY = _HOUR_LOCK_SPACE - 1  # below every hour's key
+
+
+def _hour_lock_key(hour: datetime) -> int:
+    """A signed 64-bit advisory-lock key for one UTC hour."""
+    return _HOUR_LOCK_SPACE | int(hour.timestamp()) // 3600
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Run the Alembic migrations programmatically on ``engine``."""
     migration_log = logging.getLogger("alembic.runtime.migration")
@@ -87,6 +98,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # two processes migrating one empty database at once would both create the tables; the
+            # second waits here and then finds the schema at head (PostgreSQL's DDL is transactional)
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 
@@ -96,14 +111,6 @@ def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) ->
     if migrate:
         upgrade(engine)
     return SqlLedger(engine)
-
-
-_HOUR_LOCK_SPACE = 0x6770_6D00_0000_0000  # "gpm": keeps gpumeter's advisory locks apart from others'
-
-
-def _hour_lock_key(hour: datetime) -> int:
-    """A signed 64-bit advisory-lock key for one UTC hour."""
-    return _HOUR_LOCK_SPACE | int(hour.timestamp()) // 3600
 
 
 class SqlLedger(Ledger):

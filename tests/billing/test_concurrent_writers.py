@@ -9,13 +9,17 @@ barrier, many times over; after every round the hour holds exactly one writer's 
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
+from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 ROUNDS = 25
@@ -70,3 +74,34 @@ def test_two_writers_of_one_hour_leave_one_copy(ledger, tmp_path, second):
         stored = ledger.lines(hour, hour + timedelta(hours=1))
         assert len(stored) == expected_lines, f"round {n}: {len(stored)} lines"
         assert sum(line.amount for line in stored) == Decimal("3.00"), f"round {n}"
+
+
+@pytest.mark.postgres
+def test_two_processes_migrating_one_empty_database_both_succeed(request):
+    """Two billing processes starting at once on an empty PostgreSQL schema: neither crashes on the
+    other's CREATE TABLE, and both find the schema at head."""
+    for _ in range(3):
+        schema = _fresh_schema(request)
+        opened: list = []
+
+        def start(schema=schema, opened=opened):
+            opened.append(open_ledger(PG_URL, schema=schema))
+
+        _race(start, start)
+        assert len(opened) == 2
+        assert all(ledger.counts()["ingest_runs"] == 0 for ledger in opened)
+        for ledger in opened:
+            ledger.close()
+
+
+def _fresh_schema(request) -> str:
+    schema = f"billing_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+
+    def drop():
+        with psycopg.connect(PG_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+    request.addfinalizer(drop)
+    return schema
