@@ -1,0 +1,53 @@
+"""Worker processes of `billing ingest --workers N` die with the ingest that started them.
+
+A killed ingest used to leave its busy workers running (and writing hours) for as long as their task
+took. The parent here starts the real worker pool, gives a worker a minute-long task, reports the
+worker's pid and is killed with SIGKILL; the worker must be gone within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PARENT = """
+import os, sys, time
+from gpumeter.billing.ingest import worker_pool
+pool = worker_pool(1)
+worker = pool.submit(os.getpid).result()
+pool.submit(time.sleep, 60)
+time.sleep(0.5)  # the worker is now inside its minute-long task
+print(worker, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited; only its entry is left
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_killed_ingest_takes_its_busy_workers_with_it():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    worker = 0
+    try:
+        worker = int(parent.stdout.readline())
+        assert _alive(worker)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), f"worker {worker} outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.stdout.close()
+        if worker and _alive(worker):  # the failure case: do not leave it sleeping
+            os.kill(worker, signal.SIGKILL)
