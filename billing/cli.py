@@ -15,17 +15,43 @@ log = logging.getLogger(__name__)
 
 
 def _when(text: str) -> datetime:
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-11-01T00:00Z (value {text!r})"
+        ) from None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+MAX_SCRAPE_INTERVAL = 3600.0  # one sample an hour at most: the billing window
 
 
 def _interval(text: str) -> float:
     if text == "auto":
         return 0.0
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0 or 'auto'")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'auto' (value {text!r})") from None
+    if not (0 < value <= MAX_SCRAPE_INTERVAL):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(
+            f"expected seconds in (0, {MAX_SCRAPE_INTERVAL:g}] or 'auto' (value {text!r})"
+        )
     return value
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number (value {text!r})") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected at least {minimum} (value {text!r})")
+        return value
+
+    return parse
 
 
 def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
@@ -51,13 +77,13 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
         )
         parser.add_argument(
             "--gap-grace-intervals",
-            type=int,
+            type=_count(0),
             default=IngestConfig.gap_grace_intervals,
             help=f"missed scrapes bridged (default {IngestConfig.gap_grace_intervals})",
         )
         parser.add_argument(
             "--catchup-hours",
-            type=int,
+            type=_count(1),
             default=IngestConfig.catchup_hours,
             help=f"catch-up window in hours (default {IngestConfig.catchup_hours})",
         )
@@ -100,7 +126,7 @@ def register(subparsers):
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
     ingest.add_argument(
         "--workers",
-        type=int,
+        type=_count(1),
         default=min(2, os.cpu_count() or 1),
         help="processes ingesting runs of hours side by side (default: 2, or 1 on a single CPU)",
     )
@@ -157,6 +183,12 @@ def cmd_ingest(args) -> int:
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.prom import PrometheusClient
 
+    if args.start and args.end and args.start >= args.end:
+        print(
+            f"error: --from must be before --to (value --from {args.start.isoformat()} --to {args.end.isoformat()})",
+            file=sys.stderr,
+        )
+        return 2
     book, _ = load_inputs(args)  # the team map is re-read into the ingest config below
     if book is None:
         return 2
@@ -171,7 +203,14 @@ def cmd_ingest(args) -> int:
     try:
         with PrometheusClient(settings.prometheus) as client:
             if args.start or args.end:
-                end = args.end or hour_floor(now - config.settle)
+                closed = hour_floor(now - config.settle)  # the open hour and the future are not billable yet
+                end = min(args.end or closed, closed)
+                if args.end and args.end > closed:
+                    print(
+                        f"note: --to {args.end.isoformat()} is past the last closed hour; ingesting up to "
+                        f"{closed.isoformat()} (later hours are caught up once they close)",
+                        file=sys.stderr,
+                    )
                 start = args.start or end
                 result = ingest_hours(client, ledger, book, hours_between(start, end), config, progress)
             else:
