@@ -139,10 +139,12 @@ def test_tls_from_the_web_config(exporter, tmp_path, pki):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
-def test_a_tls_exporter_with_10_idle_connections_serves_metrics_in_under_10_ms(exporter, tmp_path, pki):
+def test_a_tls_exporter_with_10_idle_connections_still_serves_metrics(exporter, tmp_path, pki):
     """Issue 13, point 9: the handshake ran in the accept loop with no timeout, so one idle TCP
-    connection froze every scrape and the liveness probe. Now each connection handshakes in its own
-    thread. Best of five scrapes (a new TLS connection each, as Prometheus without keep-alive)."""
+    connection froze every scrape and the liveness probe (each scrape here hit its 3 s timeout). Now
+    each connection handshakes in its own thread. Best of five scrapes (a new TLS connection each, as
+    Prometheus without keep-alive); the bound is loose on purpose, since this is a test and not a
+    benchmark: the measured figure (about 6-8 ms) is in docs/performance.md."""
     _, port = exporter(
         "h100-mig", write_web_config(tmp_path / "web.yml", "pw", tls=(pki.server_cert, pki.server_key))
     )
@@ -160,7 +162,7 @@ def test_a_tls_exporter_with_10_idle_connections_serves_metrics_in_under_10_ms(e
             )
             times.append(time.perf_counter() - start_at)
             assert answer.status_code == 200 and "nvidia_gpu_mig_info" in answer.text
-        assert min(times) < 0.010, [f"{t * 1000:.1f} ms" for t in times]
+        assert min(times) < 0.5, [f"{t * 1000:.1f} ms" for t in times]
         health = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=client_context(pki), timeout=3)
         assert health.status_code == 200  # the liveness probe too
     finally:
