@@ -6,11 +6,10 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.ledger import DEFAULT_URL
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
+from gpumeter.billing.pricing.yamlload import MAX_BYTES, YamlRefused, load_yaml
 
 
 class ConfigError(ValueError):
@@ -48,13 +47,12 @@ def load_team_map(path: str | Path) -> dict[str, str]:
     """``namespaces: {namespace: team}`` → dict; errors name the file, the field and the value."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: (file): cannot load team map: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: (file): the team map is not UTF-8 text (byte at offset {exc.start})"
-        ) from None
+        with path.open("rb") as file:
+            doc = load_yaml(file.read(MAX_BYTES + 1))  # no aliases, no duplicate namespaces, bounded
+    except OSError as exc:
+        raise ConfigError(f"{path}: (file): cannot load team map: {exc.strerror}") from None
+    except YamlRefused as exc:
+        raise ConfigError(f"{path}: {exc.field}: {exc.problem} (value {exc.value!r})") from None
     namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
     if not isinstance(namespaces, dict):
         raise ConfigError(

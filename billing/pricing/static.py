@@ -12,8 +12,6 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpumeter.billing.pricing.base import (
     IDLE_POLICIES,
     SHARING_MODES,
@@ -24,11 +22,24 @@ from gpumeter.billing.pricing.base import (
     PriceVersion,
 )
 from gpumeter.billing.pricing.currency import MINOR_UNITS
+from gpumeter.billing.pricing.yamlload import YamlRefused, load_yaml
 
 HOURS_PER_MONTH = Decimal(730)  # 8760 / 12
 RATE_QUANTUM = Decimal("0.000001")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_BOOK = Path(__file__).resolve().parent.parent / "pricebooks" / "default.yaml"
+
+# What money can be (docs/billing.md §3.4): every number of a book is bounded, so no later sum or
+# column overflows. A rate (given or derived) is at most 10^7 currency units per GPU-hour with 6
+# decimals: a month of 100,000 GPUs stays below 10^15, inside the ledger's NUMERIC(20, 4).
+MAX_RATE = Decimal(10) ** 7
+RATE_PLACES = 6
+MAX_NUMBER = Decimal(10) ** 12  # purchase prices, in any currency's major unit
+NUMBER_PLACES = 9
+MAX_DEPRECIATION_MONTHS = Decimal(1200)
+MAX_POWER_WATTS = Decimal(100_000)
+MAX_PUE = Decimal(10)
+MAX_BOOK_BYTES = 1 << 20
 
 _GPU_KEYS = {
     "hourly_rate",
@@ -69,17 +80,14 @@ def load_price_book(path: str | Path) -> PriceBook:
     """Load and validate a price book file (either layout)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as file:
+            raw = file.read(MAX_BOOK_BYTES + 1)  # a bounded read: the size is checked by load_yaml
     except OSError as exc:
         raise PriceBookError(path, "(file)", str(path), f"cannot read: {exc.strerror}") from None
     try:
-        doc = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"
-        raise PriceBookError(
-            path, "(yaml)", where, f"malformed YAML: {getattr(exc, 'problem', exc)}"
-        ) from None
+        doc = load_yaml(raw, max_bytes=MAX_BOOK_BYTES)
+    except YamlRefused as exc:
+        raise PriceBookError(path, exc.field, exc.value, exc.problem) from None
     digest = hashlib.sha256(raw).hexdigest()
     if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
         doc = _unwrap_configmap(path, doc)
@@ -95,20 +103,34 @@ def _unwrap_configmap(path: Path, doc: dict) -> Any:
     if not isinstance(data, dict) or not data:
         raise PriceBookError(path, "data", data, "ConfigMap without data")
     key = "cost-model.yaml" if "cost-model.yaml" in data else next(iter(data))
+    if not isinstance(data[key], str):  # a ConfigMap's data values are strings (the file's text)
+        raise PriceBookError(path, f"data.{key}", data[key], "expected the price book as a string (use |)")
     try:
-        return yaml.safe_load(data[key])
-    except yaml.YAMLError as exc:
-        raise PriceBookError(path, f"data.{key}", "(yaml)", f"malformed YAML: {exc}") from None
+        return load_yaml(data[key], max_bytes=MAX_BOOK_BYTES)
+    except YamlRefused as exc:
+        raise PriceBookError(path, f"data.{key}: {exc.field}", exc.value, exc.problem) from None
 
 
 # --- field helpers -------------------------------------------------------------------------
 
 
-def _dec(path, name: str, value: Any, *, positive: bool = False, at_most_one: bool = False) -> Decimal:
+def _dec(
+    path,
+    name: str,
+    value: Any,
+    *,
+    positive: bool = False,
+    at_most_one: bool = False,
+    maximum: Decimal = MAX_NUMBER,
+    places: int = NUMBER_PLACES,
+) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise PriceBookError(path, name, value, "not a number")
+    text = str(value).strip()
+    if len(text) > 64:  # Decimal would parse a megabyte of digits; no price needs more than 20
+        raise PriceBookError(path, name, f"{text[:20]}... ({len(text)} characters)", "not a number")
     try:
-        number = Decimal(str(value).strip())
+        number = Decimal(text)
     except InvalidOperation:
         raise PriceBookError(path, name, value, "not a number") from None
     if not number.is_finite():
@@ -119,7 +141,16 @@ def _dec(path, name: str, value: Any, *, positive: bool = False, at_most_one: bo
         raise PriceBookError(path, name, value, "must be greater than 0")
     if at_most_one and number > 1:
         raise PriceBookError(path, name, value, "must be between 0 and 1")
+    if number > maximum:
+        raise PriceBookError(path, name, value, f"larger than {maximum:,} (docs/billing.md §3.4)")
+    exponent = number.normalize().as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > places:
+        raise PriceBookError(path, name, value, f"more than {places} decimal places")
     return number
+
+
+def _rate(path, name: str, value: Any) -> Decimal:
+    return _dec(path, name, value, maximum=MAX_RATE, places=RATE_PLACES)
 
 
 def _when(path, name: str, value: Any) -> datetime:
@@ -201,11 +232,17 @@ def _derive_rate(
     if purchase is None or months is None:
         return None
     purchase = _dec(path, f"{where}.{names['purchase_price']}", purchase)
-    months = _dec(path, f"{where}.{names['depreciation_months']}", months, positive=True)
+    months = _dec(
+        path,
+        f"{where}.{names['depreciation_months']}",
+        months,
+        positive=True,
+        maximum=MAX_DEPRECIATION_MONTHS,
+    )
     rate = purchase / (months * HOURS_PER_MONTH)
     watts = get("power_watts")
     if watts is not None:
-        watts = _dec(path, f"{where}.{names['power_watts']}", watts)
+        watts = _dec(path, f"{where}.{names['power_watts']}", watts, maximum=MAX_POWER_WATTS)
         price_field = names.get("electricity_price_per_kwh", "electricityPrice")
         kwh = get("electricity_price_per_kwh") if electricity is None else electricity
         if kwh is None:
@@ -214,12 +251,19 @@ def _derive_rate(
             )
         kwh = _dec(path, f"{where}.{price_field}", kwh)
         pue = get("pue")
-        pue = Decimal(1) if pue is None else _dec(path, f"{where}.pue", pue, positive=True)
+        pue = Decimal(1) if pue is None else _dec(path, f"{where}.pue", pue, positive=True, maximum=MAX_PUE)
         rate += watts / 1000 * pue * kwh
     overhead = get("overhead_per_hour")
     if overhead is not None:
-        rate += _dec(path, f"{where}.overhead_per_hour", overhead)
+        rate += _rate(path, f"{where}.overhead_per_hour", overhead)
     rate = rate.quantize(RATE_QUANTUM, rounding=ROUND_HALF_EVEN)
+    if rate > MAX_RATE:
+        raise PriceBookError(
+            path,
+            f"{where}.{names['purchase_price']}",
+            str(purchase),
+            f"derives {rate} per hour, over {MAX_RATE:,}",
+        )
     return GpuPrice(model="", hourly_rate=rate, derived=True)
 
 
@@ -230,17 +274,14 @@ def _native_gpu(path, where: str, model: str, spec: Any) -> GpuPrice:
     if not isinstance(spec, dict):
         spec = {"hourly_rate": spec}
     _mapping(path, where, spec, _GPU_KEYS)
-    for key in (
-        "purchase_price",
-        "depreciation_months",
-        "power_watts",
-        "electricity_price_per_kwh",
-        "overhead_per_hour",
-    ):
+    bounds = {"depreciation_months": MAX_DEPRECIATION_MONTHS, "power_watts": MAX_POWER_WATTS}
+    for key in ("purchase_price", "depreciation_months", "power_watts", "electricity_price_per_kwh"):
         if key in spec:
-            _dec(path, f"{where}.{key}", spec[key])
+            _dec(path, f"{where}.{key}", spec[key], maximum=bounds.get(key, MAX_NUMBER))
+    if "overhead_per_hour" in spec:
+        _rate(path, f"{where}.overhead_per_hour", spec["overhead_per_hour"])
     if spec.get("hourly_rate") is not None:
-        return GpuPrice(model, _dec(path, f"{where}.hourly_rate", spec["hourly_rate"]))
+        return GpuPrice(model, _rate(path, f"{where}.hourly_rate", spec["hourly_rate"]))
     derived = _derive_rate(path, where, spec, _NATIVE_NAMES)
     if derived is None:
         raise PriceBookError(
@@ -304,9 +345,18 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
     currency = _currency(path, "currency", doc["currency"])
     aliases = doc.get("aliases") or {}
     _mapping(path, "aliases", aliases)
+    seen_aliases: dict[str, str] = {}
     for alias, model in aliases.items():
         if not isinstance(alias, str) or not isinstance(model, str):
             raise PriceBookError(path, f"aliases.{alias}", model, "expected NVML name: model")
+        if alias.upper() in seen_aliases:  # names are matched case-insensitively
+            raise PriceBookError(
+                path,
+                f"aliases.{alias}",
+                alias,
+                f"duplicate alias (also written {seen_aliases[alias.upper()]!r})",
+            )
+        seen_aliases[alias.upper()] = alias
     raw_versions = doc.get("versions")
     if not isinstance(raw_versions, list) or not raw_versions:
         raise PriceBookError(path, "versions", raw_versions, "expected a non-empty list of versions")
@@ -322,6 +372,7 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
                 path, f"{where}.gpus", gpus_raw, "expected a non-empty mapping of GPU model to price"
             )
         gpus = {str(m): _native_gpu(path, f"{where}.gpus.{m}", str(m), s) for m, s in gpus_raw.items()}
+        _refuse_case_duplicates(path, f"{where}.gpus", gpus)
         versions.append(
             PriceVersion(
                 effective_from=_when(path, f"{where}.effective_from", raw["effective_from"]),
@@ -343,7 +394,23 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
                 utilization_tiers=_tiers(path, f"{where}.utilization_tiers", raw.get("utilization_tiers")),
             )
         )
+    models = {m.upper() for version in versions for m in version.gpus}
+    for alias, model in aliases.items():
+        if model.upper() not in models:
+            raise PriceBookError(path, f"aliases.{alias}", model, "no version of this book prices that model")
     return PriceBook(currency, _check_overlaps(path, versions), dict(aliases), str(path), digest)
+
+
+def _refuse_case_duplicates(path, where: str, gpus: dict[str, GpuPrice]) -> None:
+    """Model keys are matched case-insensitively (billing/pricing/aliases.py): two spellings of one
+    model would make the price depend on which one the lookup met first."""
+    seen: dict[str, str] = {}
+    for model in gpus:
+        if model.upper() in seen:
+            raise PriceBookError(
+                path, f"{where}.{model}", model, f"duplicate model (also written {seen[model.upper()]!r})"
+            )
+        seen[model.upper()] = model
 
 
 def _parse_seed(path: Path, doc: dict, digest: str) -> PriceBook:
@@ -367,13 +434,20 @@ def _parse_seed(path: Path, doc: dict, digest: str) -> PriceBook:
         model = name.strip().upper()
         if model in gpus:
             raise PriceBookError(path, f"{where}.name", name, "duplicate GPU type")
-        for key in ("purchasePrice", "powerConsumption"):
-            if key in spec:
-                _dec(path, f"{where}.{key}", spec[key])
+        if "purchasePrice" in spec:
+            _dec(path, f"{where}.purchasePrice", spec["purchasePrice"])
+        if "powerConsumption" in spec:
+            _dec(path, f"{where}.powerConsumption", spec["powerConsumption"], maximum=MAX_POWER_WATTS)
         if "depreciation" in spec:
-            _dec(path, f"{where}.depreciation", spec["depreciation"], positive=True)
+            _dec(
+                path,
+                f"{where}.depreciation",
+                spec["depreciation"],
+                positive=True,
+                maximum=MAX_DEPRECIATION_MONTHS,
+            )
         if spec.get("hourlyCost") is not None:
-            gpus[model] = GpuPrice(model, _dec(path, f"{where}.hourlyCost", spec["hourlyCost"]))
+            gpus[model] = GpuPrice(model, _rate(path, f"{where}.hourlyCost", spec["hourlyCost"]))
             continue
         electricity = doc.get("electricityPrice")
         derived = _derive_rate(path, where, spec, names, electricity)

@@ -20,8 +20,15 @@ A100_PROFILES["7g.40gb"] = (7, 8)
 
 def write_book(tmp_path: Path, doc: dict | str, name: str = "prices.yaml") -> Path:
     path = tmp_path / name
-    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
+    path.write_text(doc if isinstance(doc, str) else yaml.dump(doc, Dumper=_NoAliasDumper, sort_keys=False))
     return path
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Repeated objects written out, not as anchors and aliases (price books refuse aliases)."""
+
+    def ignore_aliases(self, data):
+        return True
 
 
 def book(tmp_path: Path, gpus: dict, **version) -> PriceBook:
