@@ -24,7 +24,9 @@ def _when(text: str) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-MAX_SCRAPE_INTERVAL = 3600.0  # one sample an hour at most: the billing window
+# Seconds per sample a billing interval can be: Prometheus scrapes at 1 s at the finest, and one
+# sample an hour is the billing window itself.
+MIN_SCRAPE_INTERVAL, MAX_SCRAPE_INTERVAL = 1.0, 3600.0
 
 
 def _interval(text: str) -> float:
@@ -34,9 +36,9 @@ def _interval(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds or 'auto' (value {text!r})") from None
-    if not (0 < value <= MAX_SCRAPE_INTERVAL):  # also refuses nan and inf
+    if not (MIN_SCRAPE_INTERVAL <= value <= MAX_SCRAPE_INTERVAL):  # also refuses nan and inf
         raise argparse.ArgumentTypeError(
-            f"expected seconds in (0, {MAX_SCRAPE_INTERVAL:g}] or 'auto' (value {text!r})"
+            f"expected seconds in [{MIN_SCRAPE_INTERVAL:g}, {MAX_SCRAPE_INTERVAL:g}] or 'auto' (value {text!r})"
         )
     return value
 
@@ -72,8 +74,8 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
             "--scrape-interval",
             type=_interval,
             default=IngestConfig.scrape_interval,
-            help="seconds per sample, or 'auto' to detect it each hour from nvidia_gpu_info "
-            f"(default {IngestConfig.scrape_interval:g})",
+            help="seconds per sample; hours whose samples show another interval are refused "
+            "(default: auto, derived per exporter and hour from the samples, docs/billing.md §2.1)",
         )
         parser.add_argument(
             "--gap-grace-intervals",
@@ -218,6 +220,14 @@ def cmd_ingest(args) -> int:
     finally:
         ledger.close()
     print(f"ingested {len(result.ingested)} hour(s); unpriced GPU-hours: {result.unpriced_gpu_hours}")
+    if result.empty:
+        print(
+            f"note: {len(result.empty)} hour(s) from {result.empty[0].isoformat()} had no series in Prometheus; "
+            "nothing was written for them and catch-up retries them",
+            file=sys.stderr,
+        )
+    for hour, why in result.suspect:
+        print(f"warning: hour {hour.isoformat()} ingested but suspect: {why}", file=sys.stderr)
     for hour, error in result.failed:
         print(f"error: hour {hour.isoformat()} not ingested: {error}", file=sys.stderr)
     return 1 if result.failed else 0

@@ -13,6 +13,8 @@ import itertools
 import logging
 import multiprocessing
 import os
+import statistics
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -36,9 +38,20 @@ _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
 _RATIO = Decimal("0.000000001")
 
 
+# The seconds per sample assumed when the data cannot tell (docs/billing.md §2.1): the interval the
+# ServiceMonitor in deploy/ asks for. An hour billed on this assumption is recorded "suspect".
+ASSUMED_INTERVAL = 30.0
+STEADY_SEARCH_HOURS = 24  # how far from an hour its exporter's interval is looked for
+INTERVAL_TOLERANCE = 0.10  # observed vs assumed interval: a larger difference refuses or flags the hour
+# sample counts of each exporter's densest nvidia_gpu_info series, per hour (interval detection)
+HOST_COUNTS = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).promql()
+
+
 @dataclass
 class IngestConfig:
-    scrape_interval: float = 30.0  # seconds per sample (docs/billing.md §2.1); 0 = detect per hour
+    # seconds per sample (docs/billing.md §2.1); 0 = derived from the data, per exporter and hour.
+    # Given explicitly, an hour whose samples show another interval is refused, not billed.
+    scrape_interval: float = 0.0
     gap_grace_intervals: int = 2
     catchup_hours: int = 168
     settle: timedelta = timedelta(minutes=2)  # an hour is closed this long after its end
@@ -49,17 +62,130 @@ class IngestConfig:
 
 @dataclass
 class IngestResult:
-    ingested: list[datetime] = field(default_factory=list)
+    ingested: list[datetime] = field(default_factory=list)  # written (suspect ones included)
     failed: list[tuple[datetime, str]] = field(default_factory=list)
     unpriced_gpu_hours: int = 0
+    suspect: list[tuple[datetime, str]] = field(default_factory=list)  # written, but doubtful
+    empty: list[datetime] = field(default_factory=list)  # nothing in Prometheus: not written, retried
 
 
-def seconds_from_count(count: float, config: IngestConfig) -> int:
+class IntervalMismatch(ValueError):
+    """The samples of an hour show another scrape interval than the one given: billing it would
+    under- or over-bill every series of the hour."""
+
+
+@dataclass(frozen=True)
+class HourIntervals:
+    """Seconds per sample during one hour: per exporter (its hostname), else the fleet's."""
+
+    by_host: dict[str, float]
+    fleet: float
+    problems: tuple[str, ...] = ()  # what makes the hour doubtful (suspect) or, given an interval, refused
+
+    def of(self, host: str) -> float:
+        return self.by_host.get(host, self.fleet)
+
+
+def seconds_from_count(count: float, config: IngestConfig, interval: float | None = None) -> int:
     """Sample count → seconds: count × interval, bridged to 3600 near the full hour, capped at 3600."""
-    seconds = count * config.scrape_interval
-    if seconds >= 3600 - config.gap_grace_intervals * config.scrape_interval:
+    interval = interval or config.scrape_interval or ASSUMED_INTERVAL
+    seconds = count * interval
+    if seconds >= 3600 - config.gap_grace_intervals * interval:
         return 3600
     return max(0, min(3600, round(seconds)))
+
+
+def steady_intervals(counts: dict[datetime, float]) -> dict[datetime, float]:
+    """Seconds per sample at each steady hour of one exporter: an hour whose sample count and both
+    neighbours' agree within one sample. A series present the three hours through was there all of
+    the middle one, so the count is the hour's and 3600 / count the interval; an exporter that came,
+    went or restarted inside the hour shows in the counts and is not steady."""
+    out = {}
+    for hour, count in counts.items():
+        trio = (counts.get(hour - HOUR, 0.0), count, counts.get(hour + HOUR, 0.0))
+        if min(trio) >= 1 and max(trio) - min(trio) <= 1:
+            out[hour] = 3600 / statistics.median(trio)
+    return out
+
+
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= INTERVAL_TOLERANCE * min(a, b)
+
+
+def detect_intervals(
+    host_counts: dict[str, dict[datetime, float]], hours: list[datetime], config: IngestConfig
+) -> dict[datetime, HourIntervals]:
+    """Each hour's intervals from the exporters' sample counts (docs/billing.md §2.1).
+
+    An exporter's interval in hour h is the one of its steady hour nearest to h (within
+    STEADY_SEARCH_HOURS, the earlier one on a tie); one without a steady hour gets the fleet's (the
+    most common of the hour, the shorter one on a tie). With no steady hour in the fleet, the
+    densest hour near h sets it (else ASSUMED_INTERVAL), and the hour is doubtful: a problem. With an explicit ``config.scrape_interval`` every series uses it, and each exporter
+    whose samples say otherwise is a problem (the hour is then refused).
+    """
+    steady = {host: steady_intervals(counts) for host, counts in host_counts.items()}
+    reach = timedelta(hours=STEADY_SEARCH_HOURS)
+    out = {}
+    for hour in hours:
+        detected: dict[str, float] = {}
+        changes: list[str] = []  # doubtful with a derived interval; a given one is checked below
+        for host, found in sorted(steady.items()):
+            before = max((t for t in found if hour - reach <= t <= hour), default=None)
+            after = min((t for t in found if hour < t <= hour + reach), default=None)
+            if before is None and after is None:
+                continue
+            nearest = (
+                before if after is None or (before is not None and hour - before <= after - hour) else after
+            )
+            detected[host] = found[nearest]
+            changed = before is not None and after is not None and not _near(found[before], found[after])
+            if changed and before != hour:  # the interval changed between two steady hours around h
+                changes.append(
+                    f"{host or '(no hostname)'}: scrape interval changed from {found[before]:g} s "
+                    f"to {found[after]:g} s around this hour; {detected[host]:g} s used"
+                )
+        if config.scrape_interval > 0:
+            given = config.scrape_interval
+            mismatches = tuple(
+                f"{host or '(no hostname)'}: samples every {interval:g} s, but --scrape-interval is {given:g} s"
+                for host, interval in detected.items()
+                if not _near(interval, given)
+            )
+            out[hour] = HourIntervals({}, given, mismatches)
+            continue
+        problems = changes
+        if detected:
+            common = Counter(round(v, 3) for v in detected.values()).most_common()
+            fleet = min(v for v, n in common if n == common[0][1])
+        else:  # a young or flapping fleet: the densest hour near h, else the assumption
+            densest = max(
+                (c for counts in host_counts.values() for t, c in counts.items() if abs(t - hour) <= reach),
+                default=0.0,
+            )
+            fleet = 3600 / densest if densest >= 1 else ASSUMED_INTERVAL
+            how = "the densest hour's" if densest >= 1 else "assumed"
+            problems.append(
+                f"no exporter had three steady hours within {STEADY_SEARCH_HOURS} h; {fleet:g} s per sample "
+                f"({how})"
+            )
+        out[hour] = HourIntervals(detected, fleet, tuple(problems))
+    return out
+
+
+def query_intervals(
+    client: PrometheusClient, hours: list[datetime], config: IngestConfig
+) -> dict[datetime, HourIntervals]:
+    """The intervals of ``hours`` (consecutive) from one range query of every exporter's sample
+    counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side."""
+    margin = timedelta(hours=STEADY_SEARCH_HOURS + 1)
+    counts: dict[str, dict[datetime, float]] = defaultdict(dict)
+    for labels, points in client.query_range(
+        HOST_COUNTS, _at(hours[0] - margin), _at(hours[-1] + margin), 3600
+    ):
+        host = labels.get(contract.HOSTNAME, "")
+        for t, value in points:
+            counts[host][hour_floor(datetime.fromtimestamp(float(t), UTC))] = float(value)
+    return detect_intervals(counts, hours, config)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -114,21 +240,35 @@ def query_hours(client: PrometheusClient, hours: list[datetime]) -> dict[datetim
 
 
 def collect_hour(
-    client: PrometheusClient, hour: datetime, config: IngestConfig
+    client: PrometheusClient, hour: datetime, config: IngestConfig, problems: list[str] | None = None
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """Query Prometheus for one hour; returns the GPU-hours and the kube namespace→team labels."""
-    return build_hour(query_hours(client, [hour])[hour], hour, config)
+    intervals = query_intervals(client, [hour], config)[hour]
+    return build_hour(query_hours(client, [hour])[hour], hour, config, intervals, problems)
 
 
 def build_hour(
-    results: dict[str, list[Sample]], hour: datetime, config: IngestConfig
+    results: dict[str, list[Sample]],
+    hour: datetime,
+    config: IngestConfig,
+    intervals: HourIntervals | None = None,
+    problems: list[str] | None = None,
 ) -> tuple[list[GpuHour], dict[str, str]]:
-    """The GPU-hours of one hour from its query answers (docs/billing.md §2)."""
-    if config.scrape_interval <= 0:  # "auto": the densest GPU series of the hour had one sample per interval
-        densest = max((s.value for s in results["gpu_count"]), default=0.0)
-        interval = max(1, round(3600 / densest)) if densest else IngestConfig.scrape_interval
-        config = replace(config, scrape_interval=float(interval))
-        log.debug("hour %s: detected scrape interval %ss", hour.isoformat(), interval)
+    """The GPU-hours of one hour from its query answers (docs/billing.md §2).
+
+    ``intervals`` gives each exporter's seconds per sample (default: ``config``'s, else the assumed
+    one); ``problems`` collects the series with more samples than the hour holds at their interval.
+    """
+    if intervals is None:
+        intervals = HourIntervals({}, config.scrape_interval or ASSUMED_INTERVAL)
+    if problems is not None:
+        problems.extend(intervals.problems)
+
+    def seconds(count: float, host: str, what: str) -> int:
+        interval = intervals.of(host)
+        if count > 3600 / interval + 1 and problems is not None:  # one sample of slack at the edges
+            problems.append(f"{what}: {count:g} samples, more than an hour holds at {interval:g} s")
+        return seconds_from_count(count, config, interval)
 
     devices: dict[str, dict] = {}
     for sample in results["gpu_count"]:
@@ -149,7 +289,7 @@ def build_hour(
         device = Device(
             uuid=uuid,
             model=labels.get(contract.MODEL, ""),
-            present_seconds=seconds_from_count(entry["count"], config),
+            present_seconds=seconds(entry["count"], labels.get(contract.HOSTNAME, ""), uuid),
             hostname=labels.get(contract.HOSTNAME, ""),
             gpu=labels.get(contract.GPU, ""),
             mig_mode=labels.get(contract.MIG_MODE, "").lower() in _MIG_ON,
@@ -177,7 +317,7 @@ def build_hour(
                 labels.get(contract.MIG_PROFILE, ""),
                 compute,
                 memory,
-                seconds_from_count(sample.value, config),
+                seconds(sample.value, hours[uuid].device.hostname, f"{uuid} instance {gi}"),
                 mig_util.get((uuid, gi)),
             )
         )
@@ -187,11 +327,14 @@ def build_hour(
     for sample in results["alloc_count"]:
         labels = sample.labels
         uuid, gi = labels.get(contract.UUID, ""), labels.get(contract.GPU_INSTANCE_ID, "")
-        seconds = seconds_from_count(sample.value, config)
+        host = labels.get(contract.HOSTNAME) or (hours[uuid].device.hostname if uuid in hours else "")
+        held = seconds(
+            sample.value, host, f"{labels.get(contract.NAMESPACE, '')}/{labels.get(contract.POD, '')}"
+        )
         if uuid not in hours:  # allocated but the device was never seen: priced as an unknown model
             hours[uuid] = GpuHour(
                 hour,
-                Device(uuid, "", seconds, labels.get(contract.HOSTNAME, ""), labels.get(contract.GPU, "")),
+                Device(uuid, "", held, labels.get(contract.HOSTNAME, ""), labels.get(contract.GPU, "")),
             )
         share = shares.get(_alloc_key(labels), 1.0)
         hours[uuid].allocations.append(
@@ -200,7 +343,7 @@ def build_hour(
                 namespace=labels.get(contract.NAMESPACE, ""),
                 pod=labels.get(contract.POD, ""),
                 container=labels.get(contract.CONTAINER, ""),
-                allocated_seconds=seconds,
+                allocated_seconds=held,
                 share=_ratio(share),
                 gpu_instance_id=gi,
                 mig_profile=labels.get(contract.MIG_PROFILE, ""),
@@ -224,33 +367,67 @@ def ingest_hour(
     hour: datetime,
     config: IngestConfig,
 ) -> int:
-    """Ingest and price one closed hour; returns the number of unpriced GPU-hours. Raises PrometheusError."""
-    hour = hour_floor(hour)
+    """Ingest and price one closed hour; returns the number of unpriced GPU-hours.
+
+    Raises PrometheusError, or IntervalMismatch (recorded as a failed run, nothing written). An hour
+    Prometheus has no series for is recorded "empty" and written nowhere, so catch-up retries it.
+    """
+    result = IngestResult()
+    _ingest_one(client, ledger, Pricer(book), hour_floor(hour), config, result)
+    if result.failed:
+        raise IntervalMismatch(result.failed[0][1])
+    return result.unpriced_gpu_hours
+
+
+def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, result: IngestResult) -> None:
+    """One hour with instant queries, start to finish; the outcome lands in ``result``. Raises
+    PrometheusError after recording it (later hours would fail too)."""
     started = datetime.now(UTC)
     try:
         answers = query_hours(client, [hour])[hour]
+        intervals = query_intervals(client, [hour], config)[hour]
     except PrometheusError as exc:
         log.error("ingest of %s failed: %s", hour.isoformat(), exc)
         ledger.record_failure(hour, str(exc), source=client.base_url, started_at=started)
         raise
-    return _store_hour(client.base_url, ledger, Pricer(book), hour, answers, config, started)
+    try:
+        record, kube_teams, unpriced = _price_hour(
+            pricer, hour, answers, intervals, config, ledger.namespace_teams()
+        )
+    except IntervalMismatch as exc:
+        _refuse(ledger, hour, str(exc), client.base_url, started, result)
+        return
+    if record is None:
+        _record_empty(ledger, hour, client.base_url, started, result)
+        return
+    _write_hour(ledger, record, kube_teams, client.base_url, started)
+    _count_written(record, unpriced, result)
 
 
-def _store_hour(source, ledger, pricer: Pricer, hour, answers, config, started) -> int:
-    """Build, price and write one hour from its query answers; returns its unpriced GPU-hours."""
-    record, kube_teams, unpriced = _price_hour(pricer, hour, answers, config, ledger.namespace_teams())
-    _write_hour(ledger, record, kube_teams, source, started)
-    return unpriced
+def _price_hour(pricer: Pricer, hour, answers, intervals: HourIntervals, config, known_teams: dict[str, str]):
+    """(the hour's record, its kube teams, its unpriced GPU-hours): everything but the write.
 
-
-def _price_hour(pricer: Pricer, hour, answers, config, known_teams: dict[str, str]):
-    """(the hour's record, its kube teams, its unpriced GPU-hours): everything but the write."""
-    gpu_hours, kube_teams = build_hour(answers, hour, config)
+    The record is None when Prometheus had no GPU or allocation series for the hour: nothing to
+    bill yet, and nothing to replace what an earlier ingest stored. Raises IntervalMismatch when an
+    explicit scrape interval disagrees with the samples; with a derived one the disagreement makes
+    the record's warnings (a "suspect" run).
+    """
+    problems: list[str] = []
+    gpu_hours, kube_teams = build_hour(answers, hour, config, intervals, problems)
+    if not gpu_hours:
+        return None, kube_teams, 0
+    if problems:
+        problems = list(dict.fromkeys(problems))  # in order, once each
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        if config.scrape_interval > 0:
+            raise IntervalMismatch(f"samples disagree with the scrape interval given: {shown}")
+        log.warning("hour %s is suspect: %s", hour.isoformat(), shown)
+        problems = [shown]
     teams = {**known_teams, **kube_teams, **config.teams}
     priced = [pricer.price(gh, teams) for gh in gpu_hours]
     lines = [line for p in priced for line in p.lines]
     unpriced = sum(1 for p in priced if p.device_cost is None)
-    return HourRecord(hour, gpu_hours, lines, pricer.book), kube_teams, unpriced
+    return HourRecord(hour, gpu_hours, lines, pricer.book, tuple(problems)), kube_teams, unpriced
 
 
 def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, started: datetime) -> None:
@@ -258,8 +435,25 @@ def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, sta
     ledger.set_namespace_teams(kube_teams, "kube", started)
 
 
-_DONE: Future = Future()  # an already written hour (ingested hour by hour)
-_DONE.set_result(None)
+def _count_written(record: HourRecord, unpriced: int, result: IngestResult) -> None:
+    result.ingested.append(record.hour)
+    result.unpriced_gpu_hours += unpriced
+    if record.warnings:
+        result.suspect.append((record.hour, "; ".join(record.warnings)))
+
+
+def _record_empty(
+    ledger: Ledger, hour: datetime, source: str, started: datetime, result: IngestResult
+) -> None:
+    reason = "Prometheus had no GPU or allocation series for this hour; it will be retried"
+    ledger.record_run(hour, contract.INGEST_EMPTY, reason, source=source, started_at=started)
+    result.empty.append(hour)
+
+
+def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: datetime, result) -> None:
+    log.error("ingest of %s refused: %s", hour.isoformat(), reason)
+    ledger.record_failure(hour, reason, source=source, started_at=started)
+    result.failed.append((hour, reason))
 
 
 def _runs(hours: list[datetime], size: int) -> list[list[datetime]]:
@@ -281,14 +475,16 @@ def ingest_hours(
     config: IngestConfig,
     progress: Callable[[Iterable], Iterable] | None = None,
 ) -> IngestResult:
-    """Ingest hours in order; stops at the first Prometheus error (later hours would fail too).
+    """Ingest hours in order; stops at the first Prometheus error or refused hour (later hours would
+    fail too).
 
     Three stages overlap (docs/billing.md §6): consecutive hours are queried a run of
-    ``config.chunk_hours`` at a time with range queries (`query_hours`), the next run's queries in
-    flight in one thread while this thread builds and prices an hour, and a writer thread writes the
-    previous hour (at most one hour in flight; each hour is still its own transaction, written in
-    order). A run whose range queries fail is retried hour by hour with instant queries, so the
-    failure is recorded against the first hour that fails, and nothing after it is written.
+    ``config.chunk_hours`` at a time with range queries (`query_hours`, `query_intervals`), the next
+    run's queries in flight in one thread while this thread builds and prices an hour, and a writer
+    thread writes the previous hour (at most one hour in flight; each hour is still its own
+    transaction, written in order). A run whose range queries fail is retried hour by hour with
+    instant queries, so the failure is recorded against the first hour that fails, and nothing after
+    it is written.
     """
     hours = [hour_floor(h) for h in hours]
     if (
@@ -319,60 +515,79 @@ def _few_collections():
         gc.set_threshold(*old)
 
 
+def _query_run(client, hours: list[datetime], config):
+    """The answers and the scrape intervals of a run of consecutive hours."""
+    return query_hours(client, hours), query_intervals(client, hours, config)
+
+
 def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestResult:
     result = IngestResult()
     ticks = _ticks(progress, hours)
     runs = _runs(hours, max(1, config.chunk_hours))
     pricer = Pricer(book)
     known_teams = ledger.namespace_teams()
-    writing: tuple[datetime, Future] | None = None  # the hour being written, by the writer thread
+    writing: tuple[HourRecord, int, Future] | None = None  # the hour being written, by the writer thread
+
+    def tick() -> None:
+        if ticks is not None:
+            next(ticks, None)
 
     def written() -> None:
         """Wait for the hour in the writer thread (its errors are raised here) and count it."""
         nonlocal writing
         if writing is not None:
-            hour, future = writing
+            record, unpriced, future = writing
             writing = None
             future.result()
-            result.ingested.append(hour)
-            if ticks is not None:
-                next(ticks, None)
+            _count_written(record, unpriced, result)
+            tick()
 
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-write") as writer,
     ):
         try:
-            pending = queries.submit(query_hours, client, runs[0]) if runs else None
+            pending = queries.submit(_query_run, client, runs[0], config) if runs else None
             for i, run in enumerate(runs):
                 future, pending = pending, None
                 if i + 1 < len(runs):
-                    pending = queries.submit(query_hours, client, runs[i + 1])
+                    pending = queries.submit(_query_run, client, runs[i + 1], config)
                 try:
-                    answers = future.result()
+                    answers, intervals = future.result()
                 except PrometheusError as exc:
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
-                    answers = None
+                    answers = intervals = None
                 for hour in run:
-                    if answers is None:  # hour by hour, instant queries, in this thread
+                    if answers is None or intervals is None:  # hour by hour, instant queries, in this thread
                         written()
                         try:
-                            result.unpriced_gpu_hours += ingest_hour(client, ledger, book, hour, config)
+                            _ingest_one(client, ledger, pricer, hour, config, result)
                         except PrometheusError as exc:
                             result.failed.append((hour, str(exc)))
                             return result
-                        writing = (hour, _DONE)
-                        written()
+                        if result.failed:
+                            return result
+                        tick()
                         continue
                     started = datetime.now(UTC)
-                    record, kube_teams, unpriced = _price_hour(
-                        pricer, hour, answers.pop(hour), config, known_teams
-                    )
+                    try:
+                        record, kube_teams, unpriced = _price_hour(
+                            pricer, hour, answers.pop(hour), intervals[hour], config, known_teams
+                        )
+                    except IntervalMismatch as exc:
+                        written()
+                        _refuse(ledger, hour, str(exc), client.base_url, started, result)
+                        return result
+                    if record is None:
+                        written()  # runs are recorded in hour order
+                        _record_empty(ledger, hour, client.base_url, started, result)
+                        tick()
+                        continue
                     known_teams.update(kube_teams)
-                    result.unpriced_gpu_hours += unpriced
                     written()  # one hour in flight at most: the previous one must be in
                     writing = (
-                        hour,
+                        record,
+                        unpriced,
                         writer.submit(_write_hour, ledger, record, kube_teams, client.base_url, started),
                     )
             written()
@@ -440,8 +655,10 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress) -> IngestR
         def merge(part: IngestResult) -> None:
             result.ingested.extend(part.ingested)
             result.failed.extend(part.failed)
+            result.suspect.extend(part.suspect)
+            result.empty.extend(part.empty)
             result.unpriced_gpu_hours += part.unpriced_gpu_hours
-            for _ in part.ingested if ticks is not None else ():
+            for _ in [*part.ingested, *part.empty] if ticks is not None else ():
                 next(ticks, None)
 
         try:

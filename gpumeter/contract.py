@@ -96,8 +96,11 @@ STATUS = "status"
 
 MIG_MODE_ENABLED = "enabled"  # the values of `mig_mode`
 MIG_MODE_DISABLED = "disabled"
-INGEST_OK = "ok"  # the values of gpumeter_billing_ingest_runs_total's `status`
+INGEST_OK = "ok"  # the values of gpumeter_billing_ingest_runs_total's `status` (docs/billing.md §6)
 INGEST_FAILED = "failed"
+INGEST_SUSPECT = "suspect"  # ingested, but the samples disagreed with the scrape interval assumed
+INGEST_EMPTY = "empty"  # Prometheus had no series for the hour (yet): nothing written, retried
+INGEST_DONE = (INGEST_OK, INGEST_SUSPECT)  # statuses of an hour that catch-up need not ingest again
 
 DEVICE_LABELS = (GPU, UUID)  # every series of a physical GPU
 MIG_LABELS = (GPU, UUID, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID, MIG_PROFILE)  # every series of a MIG instance

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+from gpumeter import contract
 from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
 from gpumeter.billing.models import SHORTFALL, STRANDED, UNALLOCATED, LineKind, QuantityUnit
 from gpumeter.billing.pricing.currency import minor_unit
@@ -376,9 +377,9 @@ def _ingest_summary(ledger: Ledger, period: Period) -> IngestSummary:
     latest_ok: dict[datetime, int] = {}
     failed = 0
     for run in runs:
-        if run.status == "ok":
+        if run.status in contract.INGEST_DONE:
             latest_ok[run.hour] = max(run.id, latest_ok.get(run.hour, 0))
-        else:
+        elif run.status == contract.INGEST_FAILED:  # an "empty" run is a retry to come, not a failure
             failed += 1
     used = sorted((run_id, hour) for hour, run_id in latest_ok.items())
     digest = hashlib.sha256("\n".join(f"{i}:{_iso(h)}" for i, h in used).encode()).hexdigest()

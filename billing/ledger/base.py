@@ -11,6 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from gpumeter import contract
 from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind
 from gpumeter.billing.pricing.base import PriceBook
 
@@ -27,6 +28,8 @@ class HourRecord:
     gpu_hours: list[GpuHour]
     lines: list[Line]
     book: PriceBook | None
+    # what made the ingest doubt the hour (docs/billing.md §2.1): the run is recorded "suspect"
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,10 +164,23 @@ class Ledger(abc.ABC):
         """Re-price: replace the hour's lines only, in one transaction."""
 
     @abc.abstractmethod
+    def record_run(
+        self,
+        hour: datetime,
+        status: str,
+        reason: str,
+        *,
+        source: str = "",
+        started_at: datetime | None = None,
+    ) -> None:
+        """Record an ingest run that wrote nothing (its own transaction; no facts or lines):
+        ``status`` is contract.INGEST_FAILED or INGEST_EMPTY, ``reason`` says why."""
+
     def record_failure(
         self, hour: datetime, error: str, *, source: str = "", started_at: datetime | None = None
     ) -> None:
         """Record a failed ingest run (its own transaction; no facts or lines)."""
+        self.record_run(hour, contract.INGEST_FAILED, error, source=source, started_at=started_at)
 
     @abc.abstractmethod
     def facts(self, hour: datetime) -> list[GpuHour]:
@@ -172,7 +188,7 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
-        """Hours in [start, end) with a successful ingest run."""
+        """Hours in [start, end) with a successful ingest run (status in contract.INGEST_DONE)."""
 
     @abc.abstractmethod
     def lines(self, start: datetime, end: datetime) -> list[Line]:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from gpumeter import contract
 from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestRunRecord,
@@ -99,18 +100,25 @@ class MemoryLedger(Ledger):
             rows = self._version_rows(record.book, record.lines)
             self._facts[record.hour] = copy.deepcopy(record.gpu_hours)
             self._lines[record.hour] = [(line, rows[line.price_version]) for line in record.lines]
-            self._run(record.hour, "ok", source, started_at, None)
+            status = contract.INGEST_SUSPECT if record.warnings else contract.INGEST_OK
+            self._run(record.hour, status, source, started_at, "; ".join(record.warnings) or None)
 
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
         with self._guard:
             rows = self._version_rows(book, lines)
             self._lines[hour] = [(line, rows[line.price_version]) for line in lines]
 
-    def record_failure(
-        self, hour: datetime, error: str, *, source: str = "", started_at: datetime | None = None
+    def record_run(
+        self,
+        hour: datetime,
+        status: str,
+        reason: str,
+        *,
+        source: str = "",
+        started_at: datetime | None = None,
     ) -> None:
         with self._guard:
-            self._run(hour, "failed", source, started_at, error)
+            self._run(hour, status, source, started_at, reason)
 
     def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None:
         with self._guard:
@@ -135,7 +143,7 @@ class MemoryLedger(Ledger):
 
     def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
         with self._guard:
-            return {r.hour for r in self._runs if r.status == "ok" and start <= r.hour < end}
+            return {r.hour for r in self._runs if r.status in contract.INGEST_DONE and start <= r.hour < end}
 
     def _stored_lines(self, start: datetime, end: datetime) -> list[tuple[Line, int | None]]:
         with self._guard:
@@ -160,7 +168,7 @@ class MemoryLedger(Ledger):
     def summary(self) -> LedgerSummary:
         with self._guard:
             every = [line for pairs in self._lines.values() for line, _ in pairs]
-            ok = [r.hour for r in self._runs if r.status == "ok"]
+            ok = [r.hour for r in self._runs if r.status in contract.INGEST_DONE]
             runs: dict[str, int] = defaultdict(int)
             for run in self._runs:
                 runs[run.status] += 1

@@ -22,8 +22,8 @@ class IngestRun(Base):
     hour: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
     started_at: Mapped[datetime] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
-    status: Mapped[str] = mapped_column(String(16))  # ok | failed
-    error: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))  # contract.INGEST_*: ok | suspect | empty | failed
+    error: Mapped[str | None] = mapped_column(Text)  # why it failed, was empty or is suspect
     source: Mapped[str] = mapped_column(String(512), default="")
 
 

@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpumeter import contract
 from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestRunRecord,
@@ -329,8 +330,8 @@ class SqlLedger(Ledger):
                     hour=record.hour,
                     started_at=started_at or now,
                     finished_at=now,
-                    status="ok",
-                    error=None,
+                    status=contract.INGEST_SUSPECT if record.warnings else contract.INGEST_OK,
+                    error="; ".join(record.warnings)[:4000] or None,
                     source=source,
                 )
             )
@@ -343,7 +344,9 @@ class SqlLedger(Ledger):
             rows = self._line_rows(lines, versions, stored_hour, exact)
             self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
 
-    def record_failure(self, hour: datetime, error: str, *, source: str = "", started_at=None) -> None:
+    def record_run(
+        self, hour: datetime, status: str, reason: str, *, source: str = "", started_at=None
+    ) -> None:
         now = datetime.now(UTC)
         with Session(self.engine) as session, session.begin():
             session.add(
@@ -351,8 +354,8 @@ class SqlLedger(Ledger):
                     hour=hour,
                     started_at=started_at or now,
                     finished_at=now,
-                    status="failed",
-                    error=error[:4000],
+                    status=status,
+                    error=reason[:4000],
                     source=source,
                 )
             )
@@ -433,7 +436,7 @@ class SqlLedger(Ledger):
         with Session(self.engine) as session:
             rows = session.scalars(
                 select(IngestRun.hour).where(
-                    IngestRun.status == "ok", IngestRun.hour >= start, IngestRun.hour < end
+                    IngestRun.status.in_(contract.INGEST_DONE), IngestRun.hour >= start, IngestRun.hour < end
                 )
             )
             return set(rows)
@@ -484,7 +487,9 @@ class SqlLedger(Ledger):
                 CostLine.amount,
             )
             lines = [tuple(row) for row in session.execute(query)]
-            last = session.scalar(select(func.max(IngestRun.hour)).where(IngestRun.status == "ok"))
+            last = session.scalar(
+                select(func.max(IngestRun.hour)).where(IngestRun.status.in_(contract.INGEST_DONE))
+            )
             counted = session.execute(select(IngestRun.status, func.count()).group_by(IngestRun.status))
             runs = {status: n for status, n in counted}
         return summarise(lines, last, runs)

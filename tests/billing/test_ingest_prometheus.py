@@ -285,6 +285,10 @@ def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, 
     }
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/query_range"):  # the scrape-interval counts: none, 30 s given
+            return httpx.Response(
+                200, json={"status": "success", "data": {"resultType": "matrix", "result": []}}
+            )
         query = dict(httpx.QueryParams(request.content.decode()))["query"]
         result = [sample] if "nvidia_gpu_info" in query else []
         return httpx.Response(
@@ -293,7 +297,7 @@ def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, 
 
     prices = load_price_book(book)
     with PrometheusClient("http://prometheus.test", transport=httpx.MockTransport(handler)) as client:
-        ingest_hour(client, ledger, prices, H0, IngestConfig())
+        ingest_hour(client, ledger, prices, H0, IngestConfig(scrape_interval=30))
         before = _snapshot(ledger)
         assert before[1][0][3] == UNALLOCATED and before[1][0][5] == D("6.88")
 
@@ -302,5 +306,5 @@ def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, 
 
         monkeypatch.setattr(SqlLedger, "_line_rows", staticmethod(crash))
         with pytest.raises(RuntimeError):
-            ingest_hour(client, ledger, prices, H0, IngestConfig())
+            ingest_hour(client, ledger, prices, H0, IngestConfig(scrape_interval=30))
     assert _snapshot(ledger) == before

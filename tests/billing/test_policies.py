@@ -100,26 +100,3 @@ def test_team_map_file(tmp_path):
     bad.write_text("namespaces:\n  web: 7\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: namespaces.web: expected a team name \(value 7\)"):
         load_team_map(bad)
-
-
-def test_scrape_interval_auto_detection():
-    import httpx
-
-    from gpumeter.billing.ingest import collect_hour
-    from gpumeter.billing.prom import PrometheusClient
-    from tests.billing.factories import HOUR0
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        query = dict(httpx.QueryParams(request.content.decode()))["query"]
-        result = []
-        if "nvidia_gpu_info" in query:  # a 15 s scrape: 240 samples for a GPU seen all hour
-            result = [{"metric": {"uuid": "G", "model": H100}, "value": [0, "240"]}]
-        elif "count_over_time(nvidia_gpu_allocation" in query:  # a pod that ran 10 minutes
-            result = [{"metric": {"uuid": "G", "namespace": "ns", "pod": "p"}, "value": [0, "40"]}]
-        return httpx.Response(
-            200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
-        )
-
-    with PrometheusClient("http://p.test", transport=httpx.MockTransport(handler)) as client:
-        (gh,), _ = collect_hour(client, HOUR0, IngestConfig(scrape_interval=0))
-    assert gh.device.present_seconds == 3600 and gh.allocations[0].allocated_seconds == 600
