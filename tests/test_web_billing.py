@@ -79,7 +79,8 @@ def test_a_team_map_that_is_not_utf8_is_named(tmp_path, capsys):
     teams = tmp_path / "teams.yaml"
     teams.write_bytes(b"namespaces:\n  ml: \xe9quipe\n")
     code, err = run_billing(capsys, tmp_path, "--teams", str(teams))
-    assert code == 2 and err == f"error: {teams}: (file): the team map is not UTF-8 text (byte at offset 18)"
+    # the convention of every billing input error: file, field, problem, value
+    assert code == 2 and err == f"error: {teams}: (file): not UTF-8 text (value 'byte at offset 18')"
 
 
 def test_healthz_needs_no_password_and_metrics_does(tmp_path):
