@@ -183,6 +183,7 @@ def cmd_ingest(args) -> int:
 
     from gpumeter.billing.ingest import catch_up, ingest_hours
     from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.ledger.base import LedgerError
     from gpumeter.billing.prom import PrometheusClient
 
     if args.start and args.end and args.start >= args.end:
@@ -197,7 +198,11 @@ def cmd_ingest(args) -> int:
     settings = settings_from(args)
     config = settings.ingest_config()
     now = datetime.now(UTC)
-    ledger = open_ledger(settings.db, schema=settings.schema)
+    try:
+        ledger = open_ledger(settings.db, schema=settings.schema)
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
     def progress(hours):
         return tqdm(hours, unit="h", desc="ingest", disable=args.no_progress, file=sys.stderr)
@@ -217,6 +222,9 @@ def cmd_ingest(args) -> int:
                 result = ingest_hours(client, ledger, book, hours_between(start, end), config, progress)
             else:
                 result = catch_up(client, ledger, book, now, config, progress)
+    except LedgerError as exc:  # the ledger was lost past its retries before any hour could be recorded
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         ledger.close()
     print(f"ingested {len(result.ingested)} hour(s); unpriced GPU-hours: {result.unpriced_gpu_hours}")
@@ -236,14 +244,19 @@ def cmd_ingest(args) -> int:
 def cmd_price(args) -> int:
     from gpumeter.billing.ingest import reprice
     from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.ledger.base import LedgerError
 
     book, teams = load_inputs(args)
     if book is None:
         return 2
-    ledger = open_ledger(args.db, schema=args.db_schema)
     try:
-        count = reprice(ledger, book, args.start, args.end, teams)
-    finally:
-        ledger.close()
+        ledger = open_ledger(args.db, schema=args.db_schema)
+        try:
+            count = reprice(ledger, book, args.start, args.end, teams)
+        finally:
+            ledger.close()
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"re-priced {count} hour(s)")
     return 0

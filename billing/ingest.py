@@ -23,7 +23,7 @@ from decimal import Decimal
 
 from gpumeter import contract
 from gpumeter.billing.allocate import Pricer
-from gpumeter.billing.ledger.base import HourRecord, Ledger
+from gpumeter.billing.ledger.base import HourRecord, Ledger, LedgerError
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
@@ -400,7 +400,11 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
     if record is None:
         _record_empty(ledger, hour, client.base_url, started, result)
         return
-    _write_hour(ledger, record, kube_teams, client.base_url, started)
+    try:
+        _write_hour(ledger, record, kube_teams, client.base_url, started)
+    except LedgerError as exc:
+        _write_failed(ledger, hour, exc, client.base_url, started, result)
+        return
     _count_written(record, unpriced, result)
 
 
@@ -448,6 +452,19 @@ def _record_empty(
     reason = "Prometheus had no GPU or allocation series for this hour; it will be retried"
     ledger.record_run(hour, contract.INGEST_EMPTY, reason, source=source, started_at=started)
     result.empty.append(hour)
+
+
+def _write_failed(
+    ledger: Ledger, hour: datetime, exc: LedgerError, source: str, started: datetime, result
+) -> None:
+    """The ledger refused the hour (or lost its database past the retries): nothing of it was
+    committed. Recorded as a failed run when the ledger still answers; the range stops here."""
+    log.error("ingest of %s failed: %s", hour.isoformat(), exc)
+    try:
+        ledger.record_failure(hour, str(exc), source=source, started_at=started)
+    except LedgerError as again:
+        log.error("the failed run of %s could not be recorded either: %s", hour.isoformat(), again)
+    result.failed.append((hour, str(exc)))
 
 
 def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: datetime, result) -> None:
@@ -526,21 +543,27 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
     runs = _runs(hours, max(1, config.chunk_hours))
     pricer = Pricer(book)
     known_teams = ledger.namespace_teams()
-    writing: tuple[HourRecord, int, Future] | None = None  # the hour being written, by the writer thread
+    writing: tuple[HourRecord, int, Future, datetime] | None = None  # the hour the writer thread writes
 
     def tick() -> None:
         if ticks is not None:
             next(ticks, None)
 
-    def written() -> None:
-        """Wait for the hour in the writer thread (its errors are raised here) and count it."""
+    def written() -> bool:
+        """Wait for the hour in the writer thread and count it; False when the ledger refused it
+        (recorded as failed: the range stops there)."""
         nonlocal writing
         if writing is not None:
-            record, unpriced, future = writing
+            record, unpriced, future, started = writing
             writing = None
-            future.result()
+            try:
+                future.result()
+            except LedgerError as exc:
+                _write_failed(ledger, record.hour, exc, client.base_url, started, result)
+                return False
             _count_written(record, unpriced, result)
             tick()
+        return True
 
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries,
@@ -559,7 +582,8 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
                     answers = intervals = None
                 for hour in run:
                     if answers is None or intervals is None:  # hour by hour, instant queries, in this thread
-                        written()
+                        if not written():
+                            return result
                         try:
                             _ingest_one(client, ledger, pricer, hour, config, result)
                         except PrometheusError as exc:
@@ -575,20 +599,23 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
                             pricer, hour, answers.pop(hour), intervals[hour], config, known_teams
                         )
                     except IntervalMismatch as exc:
-                        written()
-                        _refuse(ledger, hour, str(exc), client.base_url, started, result)
+                        if written():
+                            _refuse(ledger, hour, str(exc), client.base_url, started, result)
                         return result
                     if record is None:
-                        written()  # runs are recorded in hour order
+                        if not written():  # runs are recorded in hour order
+                            return result
                         _record_empty(ledger, hour, client.base_url, started, result)
                         tick()
                         continue
                     known_teams.update(kube_teams)
-                    written()  # one hour in flight at most: the previous one must be in
+                    if not written():  # one hour in flight at most: the previous one must be in
+                        return result
                     writing = (
                         record,
                         unpriced,
                         writer.submit(_write_hour, ledger, record, kube_teams, client.base_url, started),
+                        started,
                     )
             written()
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,49 @@ from gpumeter.billing.pricing.base import PriceBook
 
 class LockNotAcquired(RuntimeError):
     """Another replica holds the lock."""
+
+
+class LedgerError(RuntimeError):
+    """The ledger's store refused a write or read, or could not be reached (after retrying what
+    was transient). The message is one line naming the store and the cause."""
+
+
+class DuplicateLine(LedgerError):
+    """Two lines of one hour share their natural key (`line_key`): one of them would be a double bill."""
+
+
+def line_key_of(uuid: str, kind: str, namespace: str, pod: str, container: str, gi: str, profile: str) -> str:
+    """The natural key of a cost line within its hour, as a fixed-size digest (so no name length
+    can make the unique index too wide): the GPU, the kind and who or what the line charges."""
+    text = "\x1f".join((uuid, kind, namespace, pod, container, gi, profile))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def line_key(line: Line) -> str:
+    return line_key_of(
+        line.uuid,
+        line.kind.value,
+        line.namespace,
+        line.pod,
+        line.container,
+        line.gpu_instance_id,
+        line.mig_profile,
+    )
+
+
+def refuse_duplicate_lines(hour: datetime, lines: Iterable[Line]) -> list[str]:
+    """The lines' keys, in order; raises DuplicateLine naming the first key met twice."""
+    keys, seen = [], set()
+    for line in lines:
+        key = line_key(line)
+        if key in seen:
+            raise DuplicateLine(
+                f"hour {hour.isoformat()}: two {line.kind.value} lines for {line.namespace}/{line.pod}/"
+                f"{line.container} on {line.uuid} {line.gpu_instance_id}".rstrip()
+            )
+        seen.add(key)
+        keys.append(key)
+    return keys
 
 
 @dataclass(frozen=True)

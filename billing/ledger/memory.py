@@ -27,6 +27,7 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    refuse_duplicate_lines,
     summarise,
 )
 from gpumeter.billing.models import GpuHour, Line
@@ -96,6 +97,7 @@ class MemoryLedger(Ledger):
             self._errors[run.id] = error[:4000]
 
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
+        refuse_duplicate_lines(record.hour, record.lines)  # the SQL ledger's unique (hour, line_key)
         with self._guard:
             rows = self._version_rows(record.book, record.lines)
             self._facts[record.hour] = copy.deepcopy(record.gpu_hours)
@@ -104,6 +106,7 @@ class MemoryLedger(Ledger):
             self._run(record.hour, status, source, started_at, "; ".join(record.warnings) or None)
 
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
+        refuse_duplicate_lines(hour, lines)
         with self._guard:
             rows = self._version_rows(book, lines)
             self._lines[hour] = [(line, rows[line.price_version]) for line in lines]

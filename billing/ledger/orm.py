@@ -24,14 +24,14 @@ class IngestRun(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     status: Mapped[str] = mapped_column(String(16))  # contract.INGEST_*: ok | suspect | empty | failed
     error: Mapped[str | None] = mapped_column(Text)  # why it failed, was empty or is suspect
-    source: Mapped[str] = mapped_column(String(512), default="")
+    source: Mapped[str] = mapped_column(Text, default="")
 
 
 class PriceBookVersion(Base):
     __tablename__ = "price_book_versions"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     digest: Mapped[str] = mapped_column(String(64))
-    path: Mapped[str] = mapped_column(String(1024), default="")
+    path: Mapped[str] = mapped_column(Text, default="")
     currency: Mapped[str] = mapped_column(String(3))
     effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
     effective_to: Mapped[datetime | None] = mapped_column(UtcDateTime)
@@ -43,10 +43,10 @@ class PriceBookVersion(Base):
 class GpuHourRow(Base):
     __tablename__ = "gpu_hours"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
-    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
-    hostname: Mapped[str] = mapped_column(String(255), default="")
-    gpu: Mapped[str] = mapped_column(String(16), default="")
-    model: Mapped[str] = mapped_column(String(128))
+    uuid: Mapped[str] = mapped_column(Text, primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text, default="")
+    gpu: Mapped[str] = mapped_column(Text, default="")
+    model: Mapped[str] = mapped_column(Text)
     mig_mode: Mapped[bool] = mapped_column(default=False)
     present_seconds: Mapped[int]
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
@@ -55,9 +55,9 @@ class GpuHourRow(Base):
 class MigInstanceRow(Base):
     __tablename__ = "mig_instances"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
-    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
-    gpu_instance_id: Mapped[str] = mapped_column(String(16), primary_key=True)
-    mig_profile: Mapped[str] = mapped_column(String(64), primary_key=True)
+    uuid: Mapped[str] = mapped_column(Text, primary_key=True)
+    gpu_instance_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    mig_profile: Mapped[str] = mapped_column(Text, primary_key=True)
     compute_slices: Mapped[int]
     memory_slices: Mapped[int]
     present_seconds: Mapped[int]
@@ -67,14 +67,14 @@ class MigInstanceRow(Base):
 class AllocationRow(Base):
     __tablename__ = "allocations"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
-    uuid: Mapped[str] = mapped_column(String(128), primary_key=True)
-    gpu_instance_id: Mapped[str] = mapped_column(String(16), primary_key=True)
-    namespace: Mapped[str] = mapped_column(String(255), primary_key=True)
-    pod: Mapped[str] = mapped_column(String(255), primary_key=True)
-    container: Mapped[str] = mapped_column(String(255), primary_key=True)
-    resource: Mapped[str] = mapped_column(String(255), primary_key=True)
-    hostname: Mapped[str] = mapped_column(String(255), default="")
-    mig_profile: Mapped[str] = mapped_column(String(64), default="")
+    uuid: Mapped[str] = mapped_column(Text, primary_key=True)
+    gpu_instance_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    pod: Mapped[str] = mapped_column(Text, primary_key=True)
+    container: Mapped[str] = mapped_column(Text, primary_key=True)
+    resource: Mapped[str] = mapped_column(Text, primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text, default="")
+    mig_profile: Mapped[str] = mapped_column(Text, default="")
     allocated_seconds: Mapped[int]
     share: Mapped[Decimal] = mapped_column(Exact(12, 9))
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
@@ -82,8 +82,8 @@ class AllocationRow(Base):
 
 class NamespaceTeam(Base):
     __tablename__ = "namespace_teams"
-    namespace: Mapped[str] = mapped_column(String(255), primary_key=True)
-    team: Mapped[str] = mapped_column(String(255))
+    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
+    team: Mapped[str] = mapped_column(Text)
     source: Mapped[str] = mapped_column(String(32))  # kube
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
@@ -92,15 +92,15 @@ class CostLine(Base):
     __tablename__ = "cost_lines"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     hour: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
-    uuid: Mapped[str] = mapped_column(String(128))
+    uuid: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(32))
-    namespace: Mapped[str] = mapped_column(String(255), index=True)
-    team: Mapped[str] = mapped_column(String(255), default="")
-    pod: Mapped[str] = mapped_column(String(255), default="")
-    container: Mapped[str] = mapped_column(String(255), default="")
-    gpu_instance_id: Mapped[str] = mapped_column(String(16), default="")
-    mig_profile: Mapped[str] = mapped_column(String(64), default="")
-    model: Mapped[str] = mapped_column(String(128), default="")
+    namespace: Mapped[str] = mapped_column(Text, index=True)
+    team: Mapped[str] = mapped_column(Text, default="")
+    pod: Mapped[str] = mapped_column(Text, default="")
+    container: Mapped[str] = mapped_column(Text, default="")
+    gpu_instance_id: Mapped[str] = mapped_column(Text, default="")
+    mig_profile: Mapped[str] = mapped_column(Text, default="")
+    model: Mapped[str] = mapped_column(Text, default="")
     quantity: Mapped[Decimal] = mapped_column(Exact(18, 6))
     amount: Mapped[Decimal | None] = mapped_column(Money())  # NULL only for __unpriced__
     currency: Mapped[str] = mapped_column(String(3))
@@ -109,12 +109,15 @@ class CostLine(Base):
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
     held: Mapped[Decimal] = mapped_column(Exact(18, 6))  # in held_unit (billing.models.QuantityUnit)
     held_unit: Mapped[str] = mapped_column(String(16))
+    # the natural key within the hour (billing.ledger.base.line_key): a line cannot be stored twice
+    line_key: Mapped[str] = mapped_column(String(64))
+    __table_args__ = (Index("ux_cost_lines_hour_line_key", "hour", "line_key", unique=True),)
 
 
 class BillingLock(Base):
     __tablename__ = "billing_locks"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(255))
+    holder: Mapped[str] = mapped_column(Text)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
@@ -127,8 +130,8 @@ class ReportRun(Base):
     period_end: Mapped[datetime] = mapped_column(UtcDateTime)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     trigger: Mapped[str] = mapped_column(String(16))  # schedule | cli
-    grouping: Mapped[str] = mapped_column(String(128))
-    out_dir: Mapped[str] = mapped_column(String(1024))
+    grouping: Mapped[str] = mapped_column(Text)
+    out_dir: Mapped[str] = mapped_column(Text)
     price_book_versions: Mapped[str] = mapped_column(Text)  # JSON list: id, digest, effective_from
     ingest_runs: Mapped[str] = mapped_column(Text)  # JSON: count, first/last id, digest, missing hours
     files: Mapped[str] = mapped_column(Text)  # JSON: {file name: sha256}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
 import operator
 import os
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -31,7 +34,9 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from gpumeter import contract
@@ -39,10 +44,12 @@ from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestRunRecord,
     Ledger,
+    LedgerError,
     LedgerSummary,
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    refuse_duplicate_lines,
     summarise,
 )
 from gpumeter.billing.ledger.orm import (
@@ -68,6 +75,11 @@ from gpumeter.billing.models import (
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+log = logging.getLogger(__name__)
+
+# Seconds between tries of a ledger operation that lost its connection (a PostgreSQL restart or
+# failover takes a few seconds; a transaction that fails is rolled back whole, so a retry is safe).
+RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
 
 
 def make_engine(url: str, *, schema: str | None = None) -> Engine:
@@ -75,9 +87,51 @@ def make_engine(url: str, *, schema: str | None = None) -> Engine:
     if url.startswith("sqlite"):
         # timeout: seconds a writer waits for another (ingest workers, the service) to commit
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
-    elif schema:
-        kwargs["connect_args"] = {"options": f"-csearch_path={schema}"}
+    else:
+        kwargs["pool_pre_ping"] = True  # a pooled connection the server dropped is replaced, not used
+        if schema:
+            kwargs["connect_args"] = {"options": f"-csearch_path={schema}"}
     return create_engine(url, **kwargs)
+
+
+def one_line(exc: BaseException) -> str:
+    """The driver's own message, first line only (SQLAlchemy adds the statement and a link)."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _transient(exc: Exception, dbapi) -> bool:
+    """Lost or refused connections, server shutdowns, deadlocks and lock timeouts: worth another try.
+    (COPY runs on the driver's own connection, so its errors come unwrapped, as the driver's.)"""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, OperationalError | getattr(dbapi, "OperationalError", OperationalError))
+
+
+def _stored(what: str):
+    """Run a SqlLedger method, retrying transient database errors (RETRY_DELAYS); any other error,
+    or one that outlasts the retries, becomes a one-line LedgerError naming the store."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            delays = iter(self.retry_delays)
+            dbapi = self.engine.dialect.dbapi
+            errors = (SQLAlchemyError, getattr(dbapi, "Error", SQLAlchemyError))
+            while True:
+                try:
+                    return method(self, *args, **kwargs)
+                except errors as exc:
+                    delay = next(delays, None) if _transient(exc, dbapi) else None
+                    if delay is None:
+                        raise LedgerError(f"{self.name}: {what}: {one_line(exc)}") from exc
+                    log.warning("%s: %s: %s; retrying in %gs", self.name, what, one_line(exc), delay)
+                    self.sleep(delay)
+
+        return run
+
+    return wrap
 
 
 _HOUR_LOCK_SPACE = 0x6770_6D00_0000_0000  # "gpm": keeps gpumeter's advisory locks apart from others'
@@ -108,15 +162,32 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) -> SqlLedger:
-    engine = make_engine(url, schema=schema)
-    if migrate:
-        upgrade(engine)
+    """The SQL ledger at ``url``, migrated to head; LedgerError (one line) when it cannot be opened."""
+    try:
+        engine = make_engine(url, schema=schema)
+    except (SQLAlchemyError, ImportError, ValueError) as exc:
+        raise LedgerError(f"{url.split('@')[-1]}: not a usable database URL: {one_line(exc)}") from exc
+    try:
+        if migrate:
+            upgrade(engine)
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        name = engine.url.render_as_string(hide_password=True)
+        raise LedgerError(f"{name}: cannot open the ledger: {one_line(exc)}") from exc
     return SqlLedger(engine)
 
 
 class SqlLedger(Ledger):
-    def __init__(self, engine: Engine):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        retry_delays: tuple[float, ...] = RETRY_DELAYS,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.engine = engine
+        self.name = engine.url.render_as_string(hide_password=True)
+        self.retry_delays, self.sleep = retry_delays, sleep
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -161,6 +232,12 @@ class SqlLedger(Ledger):
         return row.id
 
     @staticmethod
+    def _lock_hour(session: Session, hour: datetime) -> None:
+        """The hour's writer lock, held until the transaction ends (PostgreSQL; SQLite locks the file)."""
+        if session.bind.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _hour_lock_key(hour)})
+
+    @staticmethod
     def _delete_hour(session: Session, hour: datetime, *, facts: bool) -> None:
         """Delete the hour's rows, first taking the hour's writer lock for the rest of the transaction.
 
@@ -169,8 +246,7 @@ class SqlLedger(Ledger):
         them, and the second one's DELETE then sees the first one's committed rows. SQLite: the DELETE
         takes the database's write lock, which the second writer waits for (busy timeout).
         """
-        if session.bind.dialect.name == "postgresql":
-            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _hour_lock_key(hour)})
+        SqlLedger._lock_hour(session, hour)
         tables = (CostLine, AllocationRow, MigInstanceRow, GpuHourRow) if facts else (CostLine,)
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
@@ -215,9 +291,13 @@ class SqlLedger(Ledger):
         "utilization",
     )
 
+    INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
+
     @staticmethod
-    def _line_rows(lines: list[Line], version_rows: dict[str, int], hour, exact) -> list[tuple]:
-        """Rows of ``cost_lines`` in LINE_COLUMNS order, already in the driver's form."""
+    def _line_rows(
+        lines: list[Line], version_rows: dict[str, int], hour, exact, keys: list[str]
+    ) -> list[tuple]:
+        """Rows of ``cost_lines`` in INSERT_LINE_COLUMNS order, already in the driver's form."""
         stored = {
             "hour": lambda _: hour,
             "kind": lambda kind: kind.value,
@@ -230,8 +310,14 @@ class SqlLedger(Ledger):
         ]
         values = operator.attrgetter(*SqlLedger.LINE_FIELDS)
         return [
-            tuple(value if to is None else to(value) for to, value in zip(convert, values(line), strict=True))
-            for line in lines
+            (
+                *(
+                    value if to is None else to(value)
+                    for to, value in zip(convert, values(line), strict=True)
+                ),
+                key,
+            )
+            for line, key in zip(lines, keys, strict=True)
         ]
 
     @staticmethod
@@ -266,8 +352,10 @@ class SqlLedger(Ledger):
             return stored_hour, lambda value: None if value is None else str(value)
         return stored_hour, lambda value: value
 
+    @_stored("write hour")
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         now = datetime.now(UTC)
+        keys = refuse_duplicate_lines(record.hour, record.lines)  # before any row is touched
         hour, exact = self._driver_values(record.hour)
         devices = [
             (
@@ -323,8 +411,8 @@ class SqlLedger(Ledger):
             ):
                 self._bulk_insert(session, table, columns, rows)
             versions = self._version_rows(session, record.book, record.lines)
-            rows = self._line_rows(record.lines, versions, hour, exact)
-            self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
+            rows = self._line_rows(record.lines, versions, hour, exact, keys)
+            self._bulk_insert(session, CostLine.__table__, self.INSERT_LINE_COLUMNS, rows)
             session.add(
                 IngestRun(
                     hour=record.hour,
@@ -336,14 +424,17 @@ class SqlLedger(Ledger):
                 )
             )
 
+    @_stored("re-price hour")
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
+        keys = refuse_duplicate_lines(hour, lines)
         stored_hour, exact = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
             versions = self._version_rows(session, book, lines)
-            rows = self._line_rows(lines, versions, stored_hour, exact)
-            self._bulk_insert(session, CostLine.__table__, self.LINE_COLUMNS, rows)
+            rows = self._line_rows(lines, versions, stored_hour, exact, keys)
+            self._bulk_insert(session, CostLine.__table__, self.INSERT_LINE_COLUMNS, rows)
 
+    @_stored("record run")
     def record_run(
         self, hour: datetime, status: str, reason: str, *, source: str = "", started_at=None
     ) -> None:
@@ -360,19 +451,36 @@ class SqlLedger(Ledger):
                 )
             )
 
+    @_stored("store namespace teams")
     def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None:
         if not teams:
             return
-        with Session(self.engine) as session, session.begin():
-            for namespace, team in teams.items():
-                session.merge(NamespaceTeam(namespace=namespace, team=team, source=source, updated_at=now))
+        # one upsert, not a read then an insert: two ingests naming the same namespace at once would
+        # both insert it, and the second would fail its hour on the primary key
+        dialect = self.engine.dialect.name
+        upsert = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(NamespaceTeam)
+        rows = [
+            {"namespace": ns, "team": team, "source": source, "updated_at": now} for ns, team in teams.items()
+        ]
+        statement = upsert.on_conflict_do_update(
+            index_elements=["namespace"],
+            set_={
+                "team": upsert.excluded.team,
+                "source": upsert.excluded.source,
+                "updated_at": upsert.excluded.updated_at,
+            },
+        )
+        with self.engine.begin() as conn:
+            conn.execute(statement, rows)
 
     # --- reads -----------------------------------------------------------------------------
 
+    @_stored("read namespace teams")
     def namespace_teams(self) -> dict[str, str]:
         with Session(self.engine) as session:
             return dict(session.execute(select(NamespaceTeam.namespace, NamespaceTeam.team)).all())
 
+    @_stored("read facts")
     def facts(self, hour: datetime) -> list[GpuHour]:
         with Session(self.engine) as session:
             devices = session.scalars(
@@ -432,6 +540,7 @@ class SqlLedger(Ledger):
                 )
             return list(out.values())
 
+    @_stored("read ingest runs")
     def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
         with Session(self.engine) as session:
             rows = session.scalars(
@@ -441,6 +550,7 @@ class SqlLedger(Ledger):
             )
             return set(rows)
 
+    @_stored("read lines")
     def lines(self, start: datetime, end: datetime) -> list[Line]:
         with Session(self.engine) as session:
             rows = session.execute(
@@ -460,6 +570,7 @@ class SqlLedger(Ledger):
                 out.append(Line(**fields, price_version=None if since is None else version_id(since)))
             return out
 
+    @_stored("count rows")
     def counts(self) -> dict[str, int]:
         """Row counts per table (tests use it to prove nothing was written)."""
         tables = (
@@ -474,6 +585,7 @@ class SqlLedger(Ledger):
         with Session(self.engine) as session:
             return {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
 
+    @_stored("summarise")
     def summary(self) -> LedgerSummary:
         with Session(self.engine) as session:
             query = select(
@@ -496,6 +608,7 @@ class SqlLedger(Ledger):
 
     # --- reads for reports --------------------------------------------------------------------
 
+    @_stored("sum lines")
     def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
         """Lines summed in SQL per bucket; money and quantities summed exactly as integers of their
         stored scale (SQLite keeps exact decimal text, so no float ever carries an amount)."""
@@ -611,6 +724,7 @@ class SqlLedger(Ledger):
             )
         return out
 
+    @_stored("read price versions")
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
         if not ids:
             return {}
@@ -630,6 +744,7 @@ class SqlLedger(Ledger):
                 for r in rows
             }
 
+    @_stored("read ingest runs")
     def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
         with Session(self.engine) as session:
             rows = session.execute(
@@ -646,6 +761,7 @@ class SqlLedger(Ledger):
             )
             return [IngestRunRecord(*row) for row in rows]
 
+    @_stored("record report run")
     def record_report_run(self, run: ReportRunRecord) -> int:
         with Session(self.engine) as session, session.begin():
             row = ReportRun(
@@ -665,6 +781,7 @@ class SqlLedger(Ledger):
             session.flush()
             return row.id
 
+    @_stored("read report runs")
     def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
         query = select(ReportRun).order_by(ReportRun.id)
         if start is not None:
@@ -690,6 +807,7 @@ class SqlLedger(Ledger):
 
     # --- lock row ----------------------------------------------------------------------------
 
+    @_stored("take lock")
     def acquire_lock(self, name: str, holder: str, now: datetime, ttl_seconds: int) -> bool:
         expires = now + timedelta(seconds=ttl_seconds)
         try:
@@ -708,6 +826,7 @@ class SqlLedger(Ledger):
             )
             return taken.rowcount == 1
 
+    @_stored("release lock")
     def release_lock(self, name: str, holder: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(delete(BillingLock).where(BillingLock.name == name, BillingLock.holder == holder))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import psycopg
@@ -18,7 +18,7 @@ import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
-from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.ledger.base import DuplicateLine, HourRecord, LedgerError
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
@@ -105,3 +105,109 @@ def _fresh_schema(request) -> str:
 
     request.addfinalizer(drop)
     return schema
+
+
+# --- the natural key: a second copy of a line cannot be stored, lock or no lock ------------------
+
+
+def test_a_record_holding_a_line_twice_is_refused_whole(ledger, tmp_path):
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    record = _record(prices, HOUR0)
+    before = ledger.counts()
+    doubled = HourRecord(record.hour, record.gpu_hours, [*record.lines, record.lines[0]], prices)
+    with pytest.raises(DuplicateLine, match=r"hour 2026-.*: two tenant lines for ns-a/a/"):
+        ledger.write_hour(doubled)
+    with pytest.raises(DuplicateLine):
+        ledger.replace_lines(record.hour, doubled.lines, prices)
+    assert ledger.counts() == before  # nothing of it: no facts, no lines, no run
+
+
+@pytest.mark.postgres
+def test_without_the_hour_lock_the_unique_key_still_keeps_one_copy(request, tmp_path, monkeypatch):
+    """The per-hour lock taken away (as a writer that bypasses it would): racing re-prices of one hour
+    used to leave it doubled; now the second insert fails on the unique (hour, line_key) and the hour
+    keeps one copy of each line."""
+    from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+
+    monkeypatch.setattr(SqlLedger, "_lock_hour", staticmethod(lambda session, hour: None))
+    ledger = open_ledger(PG_URL, schema=_fresh_schema(request))
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    refused = 0
+    try:
+        for n in range(ROUNDS):
+            record = _record(prices, HOUR0 + timedelta(hours=n))
+            errors: list[BaseException] = []
+
+            def reprice(record=record, errors=errors):
+                try:
+                    ledger.replace_lines(record.hour, record.lines, prices)
+                except LedgerError as exc:
+                    errors.append(exc)
+
+            _race(reprice, reprice)
+            assert all(
+                "UniqueViolation" in str(e) and "ux_cost_lines_hour_line_key" in str(e) for e in errors
+            ), errors
+            refused += len(errors)
+            stored = ledger.lines(record.hour, record.hour + timedelta(hours=1))
+            assert sum(line.amount for line in stored) == Decimal("3.00"), f"round {n}: {len(stored)} lines"
+    finally:
+        ledger.close()
+    assert refused > 0  # the race did happen: the key, not luck, kept the copies out
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_the_migration_keeps_one_copy_of_lines_doubled_before_it(request, tmp_path, backend, caplog):
+    """A ledger doubled by the old race: revision 0004 keeps the first copy of each line (lowest id)
+    and can then add the unique key."""
+    import sqlalchemy as sa
+
+    from gpumeter.billing.ledger.sqlalchemy import make_engine, upgrade
+
+    url, schema = (
+        (f"sqlite:///{tmp_path / 'old.db'}", None)
+        if backend == "sqlite"
+        else (PG_URL, _fresh_schema(request))
+    )
+    engine = make_engine(url, schema=schema)
+    upgrade(engine, "0003")
+    row = {
+        "uuid": "GPU-1",
+        "kind": "tenant",
+        "namespace": "ns-a",
+        "team": "",
+        "pod": "a",
+        "container": "main",
+        "gpu_instance_id": "",
+        "mig_profile": "",
+        "model": "A100-40GB",
+        "quantity": "1",
+        "amount": "3.00",
+        "currency": "USD",
+        "held": "1",
+        "held_unit": "gpu_hour",
+    }
+    lines = sa.table("cost_lines", *map(sa.column, ["hour", *row]))
+    hours = [datetime(2026, 11, 1, h) for h in range(3)]
+    with engine.begin() as conn:
+        for copies, hour in zip((2, 1, 3), hours, strict=True):
+            for _ in range(copies):
+                conn.execute(sa.insert(lines).values(hour=hour, **row))
+    caplog.set_level("WARNING", logger="alembic.runtime.migration")
+    upgrade(engine)
+    with engine.connect() as conn:
+        per_hour = conn.execute(
+            sa.text("SELECT hour, count(*) FROM cost_lines GROUP BY hour ORDER BY hour")
+        ).all()
+        with pytest.raises(sa.exc.IntegrityError):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO cost_lines (hour, uuid, kind, namespace, team, pod, container, gpu_instance_id, "
+                    "mig_profile, model, quantity, amount, currency, held, held_unit, line_key) SELECT hour, uuid, "
+                    "kind, namespace, team, pod, container, gpu_instance_id, mig_profile, model, quantity, amount, "
+                    "currency, held, held_unit, line_key FROM cost_lines"
+                )
+            )
+    engine.dispose()
+    assert [n for _, n in per_hour] == [1, 1, 1]
+    assert "held 1 doubled line(s)" in caplog.text and "held 2 doubled line(s)" in caplog.text

@@ -35,9 +35,9 @@ def test_migrations_match_the_orm(sql_ledger):
 
 
 def test_cost_lines_are_the_line_record():
-    """One line record: cost_lines' columns are billing.models.Line's fields (plus the row id), and
-    the SQL ledger writes them in that order."""
-    columns = [c.name for c in CostLine.__table__.columns if c.name != "id"]
+    """One line record: cost_lines' columns are billing.models.Line's fields (plus the row id and the
+    natural key derived from the fields), and the SQL ledger writes them in that order."""
+    columns = [c.name for c in CostLine.__table__.columns if c.name not in ("id", "line_key")]
     fields = ["price_version_id" if f.name == "price_version" else f.name for f in dataclasses.fields(Line)]
     assert sorted(columns) == sorted(fields)
     assert list(SqlLedger.LINE_COLUMNS) == fields
