@@ -17,6 +17,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 from typing import TypedDict
 
+from gpumeter import contract
 from gpumeter.billing.models import (
     SHORTFALL,
     STRANDED,
@@ -29,7 +30,7 @@ from gpumeter.billing.models import (
     QuantityUnit,
 )
 from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
-from gpumeter.billing.pricing.base import PriceBook, PriceVersion
+from gpumeter.billing.pricing.base import SHARING_MODES, PriceBook, PriceVersion
 from gpumeter.billing.pricing.currency import minor_unit
 from gpumeter.billing.rounding import largest_remainder, round_total, to_fraction, units_to_decimal
 
@@ -196,7 +197,7 @@ def _price_gpu_hour(
         for unit in units.values():
             unit.weight *= factor
 
-    e_mig, e_ts = to_fraction(version.efficiency("mig")), to_fraction(version.efficiency("time_slicing"))
+    efficiency = {mode: to_fraction(version.efficiency(mode)) for mode in SHARING_MODES}
     tenants: list[tuple[Line, Fraction, int]] = []  # (line without amount, exact amount, allocation index)
     index = {id(alloc): i for i, alloc in enumerate(gpu_hour.allocations)}
     shortfall = shortfall_q = Fraction(0)
@@ -216,11 +217,10 @@ def _price_gpu_hour(
         for alloc, h in zip(unit.allocations, held, strict=True):
             quantity = h * unit.weight
             gross = quantity * rate
-            eff = Fraction(1)
-            if mig:
-                eff *= e_mig
-            if to_fraction(alloc.share) < 1 or alloc.resource.endswith(".shared"):
-                eff *= e_ts
+            eff = efficiency["mig"] if mig else Fraction(1)
+            replica = _replica_mode(alloc)
+            if replica:
+                eff *= efficiency[replica]
             utilization = alloc.utilization if alloc.utilization is not None else unit.utilization
             line = Line(
                 kind=LineKind.TENANT,
@@ -390,3 +390,15 @@ class Pricer:
                 )
             )
         return PricedHour(lines, template.device_cost, template.model, template.price_version, [])
+
+
+def _replica_mode(alloc: Allocation) -> str | None:
+    """The sharing mode whose efficiency applies on top of MIG's: a time-sliced or MPS replica."""
+    if alloc.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS):
+        return alloc.sharing
+    if alloc.sharing:  # exclusive, mig: nothing more
+        return None
+    # samples from before the `sharing` label: a share below 1 or a .shared resource is a replica
+    if to_fraction(alloc.share) < 1 or alloc.resource.endswith(".shared"):
+        return contract.SHARING_TIME_SLICING
+    return None

@@ -350,6 +350,7 @@ def build_hour(
                 resource=labels.get(contract.RESOURCE, ""),
                 hostname=labels.get(contract.HOSTNAME, ""),
                 utilization=mig_util.get((uuid, gi)) if gi else gpu_util.get(uuid),
+                sharing=labels.get(contract.SHARING, ""),
             )
         )
     teams = {

@@ -98,6 +98,9 @@ class Allocation:
     resource: str = ""
     hostname: str = ""
     utilization: Decimal | None = None
+    # contract.SHARING_MODES, as the exporter labelled the holding; "" for samples from before the
+    # label existed, which pricing reads the old way (share < 1 or a .shared resource: time-slicing)
+    sharing: str = ""
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,13 @@ def build_exporter(
         from .kubelet.client import PodResourcesClient
 
         client = kubelet_client or PodResourcesClient(config.kubelet_socket, timeout=config.kubelet_timeout)
+        strategy = config.gpu_sharing_strategy or (node.spec.sharing_strategy if node is not None else None)
         attribution = PodAttribution(
-            client, hostname, keep_cycles=config.kubelet_keep_cycles, extra_resources=config.extra_resources
+            client,
+            hostname,
+            keep_cycles=config.kubelet_keep_cycles,
+            extra_resources=config.extra_resources,
+            replicas_under_mps=strategy == "mps",
         )
     chosen = collector_registry.build(
         config.enable_collectors, config.disable_collectors, xid_watcher=watcher, privileged=privileged

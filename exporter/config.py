@@ -17,6 +17,9 @@ __all__ = ["OPTIONS", "ConfigError", "ExporterConfig", "add_arguments", "resolve
 
 
 MIN_INTERVAL_S = 0.1
+# The values GPU Feature Discovery gives the node label nvidia.com/gpu.sharing-strategy (NVIDIA
+# k8s-device-plugin, gpu-feature-discovery's sharing labeler): replicas are time-sliced or run under MPS.
+SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 
 
 class ConfigError(ValueError):
@@ -34,6 +37,7 @@ class ExporterConfig:
     kubelet_timeout: float = 2.0
     kubelet_keep_cycles: int = 5
     extra_resources: tuple[str, ...] = ()
+    gpu_sharing_strategy: str | None = None  # SHARING_STRATEGIES; None: time-slicing (a fleet node's own)
     naming: str = "native"
     web_config: str | None = None
     hostname: str | None = None
@@ -52,6 +56,8 @@ OPTIONS = {
     "kubelet_timeout": "seconds before a kubelet query is abandoned (default 2)",
     "kubelet_keep_cycles": "sampling cycles the last good allocations survive a kubelet outage (default 5)",
     "extra_resources": "comma-separated extra resource names that are GPUs (e.g. nvidia.com/a100)",
+    "gpu_sharing_strategy": "how the device plugin shares replicas on this node: time-slicing (default) or mps "
+    "(the node's GPU Feature Discovery label nvidia.com/gpu.sharing-strategy)",
     "naming": "metric names: native (default) or dcgm (dcgm-exporter's names, labels and units)",
     "web_config": "exporter-toolkit web config file (TLS, basic auth)",
     "hostname": "hostname label (default: $NODE_NAME, else the OS hostname)",
@@ -131,6 +137,11 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     if values.get("hostname") is None and environ.get("NODE_NAME"):
         values["hostname"] = environ["NODE_NAME"]
     config = ExporterConfig(**values)
+    if config.gpu_sharing_strategy not in (None, *SHARING_STRATEGIES):
+        raise ConfigError(
+            f"gpu_sharing_strategy: must be one of {', '.join(SHARING_STRATEGIES)} "
+            f"(got {config.gpu_sharing_strategy!r})"
+        )
     if config.naming not in ("native", "dcgm"):
         raise ConfigError(f"naming: must be native or dcgm (got {config.naming!r})")
     # GPM needs samples more than 100 ms apart (nvml.h, nvmlGpmSampleGet); inf would stop the sampler

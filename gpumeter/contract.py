@@ -88,6 +88,7 @@ NAMESPACE = "namespace"
 POD = "pod"
 CONTAINER = "container"
 RESOURCE = "resource"
+SHARING = "sharing"  # how a container's holding is shared: one of SHARING_MODES
 LABEL_TEAM = "label_team"  # kube-state-metrics' name for the namespace's Kubernetes label `team`
 TEAM = "team"
 KIND = "kind"
@@ -101,6 +102,24 @@ INGEST_FAILED = "failed"
 INGEST_SUSPECT = "suspect"  # ingested, but the samples disagreed with the scrape interval assumed
 INGEST_EMPTY = "empty"  # Prometheus had no series for the hour (yet): nothing written, retried
 INGEST_DONE = (INGEST_OK, INGEST_SUSPECT)  # statuses of an hour that catch-up need not ingest again
+
+# The values of `sharing` on nvidia_gpu_allocation (docs/pod-attribution.md): how the thing a container
+# holds is shared. A replica of a GPU or of a MIG instance is `time_slicing` or `mps` (its
+# gpu_instance_id says which it is a replica of); a MIG instance held alone is `mig`.
+SHARING_EXCLUSIVE = "exclusive"  # a whole GPU, alone
+SHARING_MIG = "mig"  # a MIG instance, alone
+SHARING_TIME_SLICING = "time_slicing"  # a device plugin replica, time-sliced (sharing.timeSlicing)
+SHARING_MPS = "mps"  # a device plugin replica under CUDA MPS (sharing.mps)
+SHARING_FRACTIONAL = "fractional"  # a memory/compute fraction granted by HAMi or gpushare
+SHARING_VGPU = "vgpu"  # a vGPU of a virtual machine
+SHARING_MODES = (
+    SHARING_EXCLUSIVE,
+    SHARING_MIG,
+    SHARING_TIME_SLICING,
+    SHARING_MPS,
+    SHARING_FRACTIONAL,
+    SHARING_VGPU,
+)
 
 DEVICE_LABELS = (GPU, UUID)  # every series of a physical GPU
 MIG_LABELS = (GPU, UUID, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID, MIG_PROFILE)  # every series of a MIG instance
@@ -344,7 +363,8 @@ ALLOCATION = _exporter(
     G,
     "",
     "Share of a GPU or MIG instance a pod's container holds: 1 for a whole GPU or MIG instance, "
-    "1/replicas for a time-sliced GPU. gpu_instance_id and mig_profile are empty for whole GPUs.",
+    "1/replicas for a time-sliced or MPS replica. gpu_instance_id and mig_profile are empty for whole "
+    "GPUs; sharing says how the holding is shared (exclusive, mig, time_slicing, mps, fractional, vgpu).",
     HOSTNAME,
     NAMESPACE,
     POD,
@@ -354,6 +374,7 @@ ALLOCATION = _exporter(
     GPU,
     GPU_INSTANCE_ID,
     MIG_PROFILE,
+    SHARING,
 )
 # --- the exporter itself ------------------------------------------------------------------------------
 COLLECTOR_SUCCESS = _exporter(

@@ -29,13 +29,19 @@ from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.render import SnapshotCollector
 from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
 from gpumeter.exporter.simulator.history import write_history
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 
-FLEETS = ("h100-mig", "a100-mixed")
+# (fleet, node): shared-modes' two nodes share replicas two ways (time-slicing, MPS)
+FLEETS = (
+    ("h100-mig", None),
+    ("a100-mixed", None),
+    ("shared-modes", "gpu-shared-ts-01"),
+    ("shared-modes", "gpu-shared-mps-01"),
+)
 START = 1_790_208_000.0  # the period's start; the fleets' pod schedules count from it
 OFFSET = 10 * 3600.0  # 10:00 of day 0: every scheduled pod of both fleets is running
 STEP = 600.0  # the history's step; OFFSET is one of its instants
@@ -94,7 +100,7 @@ def compare(live: Exposition, history: Exposition, inputs=EXPORTED_INPUTS) -> li
 
 @dataclasses.dataclass
 class Sampled:
-    fleet: str
+    fleet: Fleet  # the one node the live exporter simulates
     snapshot: object  # the live exporter's Snapshot at START + OFFSET
     live: Exposition
     history: Exposition
@@ -107,8 +113,14 @@ def _render(snapshot) -> str:
     return generate_latest(registry).decode()
 
 
-def _live_snapshot(fleet_name: str):
+def _one_node(fleet_name: str, node_name: str | None):
+    """The fleet with only the node the live exporter simulates (the first unless named)."""
     fleet = load_fleet(fleet_name)
+    node = fleet.node(node_name) if node_name else fleet.nodes[0]
+    return dataclasses.replace(fleet, nodes=(node,), pods=fleet.pods_on(node.name))
+
+
+def _live_snapshot(fleet):
     clock = Clock(START)
     node = SimulatedNode(fleet, clock=clock, start=START)
     directory = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")  # sun_path is short: not under tmp_path
@@ -127,29 +139,40 @@ def _live_snapshot(fleet_name: str):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture(scope="module", params=FLEETS)
+@pytest.fixture(scope="module", params=FLEETS, ids=[node or fleet for fleet, node in FLEETS])
 def sampled(request) -> Sampled:
-    snapshot = _live_snapshot(request.param)
+    fleet = _one_node(*request.param)
+    snapshot = _live_snapshot(fleet)
     out = io.StringIO()
-    write_history([load_fleet(request.param)], START, START + OFFSET + STEP, STEP, out)
+    write_history([fleet], START, START + OFFSET + STEP, STEP, out)
     history = _collect(parse_openmetrics(_at_instant(out.getvalue(), START + OFFSET)))
-    return Sampled(request.param, snapshot, _collect(parse_text(_render(snapshot))), history)
+    return Sampled(fleet, snapshot, _collect(parse_text(_render(snapshot))), history)
 
 
 def test_live_exporter_and_history_agree_on_every_series_billing_consumes(sampled):
     assert compare(sampled.live, sampled.history) == []
     # not vacuous: the fleet's GPUs, MIG instances and pods are there, in both
-    fleet = load_fleet(sampled.fleet)
-    gpus = [gpu for node in fleet.nodes for gpu in node.gpus]
+    fleet = sampled.fleet
+    (node,) = fleet.nodes
+    gpus = node.gpus
     assert len(sampled.live[contract.GPU_INFO.name]) == len(gpus)
-    assert len(sampled.live[contract.MIG_INFO.name]) == sum(len(gpu.mig) for gpu in gpus) > 0
+    assert len(sampled.live.get(contract.MIG_INFO.name, {})) == sum(len(gpu.mig) for gpu in gpus)
     held = {
         (p.namespace, p.name, d.gpu, d.gpu_instance_id)
         for p in fleet.pods
         if p.running(OFFSET)
         for d in p.devices
     }
-    assert len(sampled.live[contract.ALLOCATION.name]) == len(held) >= 12
+    assert len(sampled.live[contract.ALLOCATION.name]) == len(held) > 0
+    # how each holding is shared, worked out from the fleet file: replicas by the node's strategy
+    replica = contract.SHARING_MPS if node.sharing_strategy == "mps" else contract.SHARING_TIME_SLICING
+    sharing = {
+        replica if gpus[d.gpu].time_slicing > 1 else "exclusive" if d.gpu_instance_id is None else "mig"
+        for p in fleet.pods
+        if p.running(OFFSET)
+        for d in p.devices
+    }
+    assert {dict(labels)[contract.SHARING] for labels in sampled.live[contract.ALLOCATION.name]} == sharing
     assert contract.UTILIZATION.name in sampled.live or all(gpu.mig_enabled for gpu in gpus)
     has_gpm = any(gpu.model.has_gpm and gpu.mig for gpu in gpus)
     assert (contract.MIG_SM_UTILIZATION.name in sampled.live) == has_gpm

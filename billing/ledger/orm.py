@@ -78,6 +78,7 @@ class AllocationRow(Base):
     allocated_seconds: Mapped[int]
     share: Mapped[Decimal] = mapped_column(Exact(12, 9))
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    sharing: Mapped[str] = mapped_column(String(16), default="", server_default="")  # contract.SHARING_MODES
 
 
 class NamespaceTeam(Base):

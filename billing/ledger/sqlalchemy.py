@@ -289,6 +289,7 @@ class SqlLedger(Ledger):
         "allocated_seconds",
         "share",
         "utilization",
+        "sharing",
     )
 
     INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
@@ -398,6 +399,7 @@ class SqlLedger(Ledger):
                 a.allocated_seconds,
                 exact(a.share),
                 exact(a.utilization),
+                a.sharing,
             )
             for gh in record.gpu_hours
             for a in gh.allocations
@@ -536,6 +538,7 @@ class SqlLedger(Ledger):
                         a.resource,
                         a.hostname,
                         a.utilization,
+                        a.sharing,
                     )
                 )
             return list(out.values())

@@ -11,7 +11,7 @@ from gpumeter.billing.pricing.aliases import resolve_model
 
 SLICE_WEIGHT_POLICIES = ("compute", "memory", "max")
 IDLE_POLICIES = ("platform", "spread")
-SHARING_MODES = ("mig", "time_slicing", "vgpu")
+SHARING_MODES = ("mig", "time_slicing", "mps", "vgpu")
 
 
 class PriceBookError(ValueError):
@@ -55,6 +55,10 @@ class PriceVersion:
         return self.effective_from <= hour and (self.effective_to is None or hour < self.effective_to)
 
     def efficiency(self, mode: str) -> Decimal:
+        """The sharing efficiency of a mode; MPS replicas take time-slicing's unless given their own
+        (the device plugin hands both out the same way, docs/billing.md §3.2)."""
+        if mode == "mps" and mode not in self.sharing_efficiency:
+            mode = "time_slicing"
         return self.sharing_efficiency.get(mode, Decimal(1))
 
     def tier_efficiency(self, utilization: Decimal | None) -> Decimal | None:

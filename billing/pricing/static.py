@@ -73,7 +73,7 @@ _SEED_TOP = {
     "effectiveFrom",
 }
 _SEED_GPU = {"name", "hourlyCost", "purchasePrice", "powerConsumption", "depreciation"}
-_SEED_SHARING = {"mig": "mig", "vgpu": "vgpu", "timeSharing": "time_slicing"}
+_SEED_SHARING = {"mig": "mig", "vgpu": "vgpu", "timeSharing": "time_slicing", "mps": "mps"}
 
 
 def load_price_book(path: str | Path) -> PriceBook:

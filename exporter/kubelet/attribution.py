@@ -4,10 +4,13 @@ The exporter's sampler calls :meth:`PodAttribution.sample` once per sampling cyc
 It asks the kubelet for List and GetAllocatableResources, resolves every device ID through the cycle's
 device inventory and adds to the snapshot:
 
-* ``nvidia_gpu_allocation{hostname,namespace,pod,container,resource,uuid,gpu,gpu_instance_id,mig_profile}``
-  = the share held: 1 for a whole GPU or MIG instance, 1/replicas for a time-sliced replica (replicas
-  counted from GetAllocatableResources). Two replicas of one GPU in one container are one series (2/N).
-  Every pod sharing a GPU gets its own series.
+* ``nvidia_gpu_allocation{hostname,namespace,pod,container,resource,uuid,gpu,gpu_instance_id,mig_profile,
+  sharing}`` = the share held: 1 for a whole GPU or MIG instance, 1/replicas for a time-sliced or MPS
+  replica (replicas counted from GetAllocatableResources). Two replicas of one GPU in one container are
+  one series (2/N). Every pod sharing a GPU gets its own series. ``sharing`` is ``exclusive`` (a whole
+  GPU), ``mig`` (a MIG instance), or for a replica ``time_slicing`` or ``mps``: the device plugin gives
+  both the same IDs, so the node's strategy (GPU Feature Discovery's ``nvidia.com/gpu.sharing-strategy``,
+  passed as ``--gpu-sharing-strategy``) tells them apart.
 * ``gpumeter_exporter_kubelet_up`` 1/0 and ``gpumeter_exporter_kubelet_errors_total``.
 
 The mapping is rebuilt from every successful List, so a pod's series disappear the cycle after it ends.
@@ -21,6 +24,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpumeter import contract
 from gpumeter.exporter.catalog import by_name
 from gpumeter.exporter.snapshot import DeviceIdentity, SnapshotBuilder
 
@@ -44,6 +48,7 @@ LABELS = (
     "gpu",
     "gpu_instance_id",
     "mig_profile",
+    "sharing",
 )
 assert by_name(ALLOCATION).label_names == LABELS, "catalog label order changed; update Allocation.labels"
 
@@ -62,6 +67,7 @@ class Allocation:
     gpu: int
     gpu_instance_id: int | None
     mig_profile: str
+    sharing: str  # contract.SHARING_MODES
     share: float
 
     def labels(self, hostname: str) -> tuple[str, ...]:
@@ -76,14 +82,23 @@ class Allocation:
             str(self.gpu),
             gi,
             self.mig_profile,
+            self.sharing,
         )
 
 
 class PodAttribution:
     """Kubelet PodResources → allocation series; one :meth:`sample` per sampling cycle."""
 
-    def __init__(self, client, hostname: str, keep_cycles: int = 5, extra_resources: Iterable[str] = ()):
+    def __init__(
+        self,
+        client,
+        hostname: str,
+        keep_cycles: int = 5,
+        extra_resources: Iterable[str] = (),
+        replicas_under_mps: bool = False,
+    ):
         self.client = client
+        self.replica_sharing = contract.SHARING_MPS if replicas_under_mps else contract.SHARING_TIME_SLICING
         self.hostname = hostname
         self.keep_cycles = max(0, int(keep_cycles))
         self.extra_resources = tuple(extra_resources)
@@ -211,11 +226,17 @@ class PodAttribution:
                             resolved.gpu,
                             resolved.gpu_instance_id,
                             resolved.mig_profile,
+                            self._sharing(ref, resolved.gpu_instance_id),
                         )
                         shares[key] = shares.get(key, 0.0) + share(ref, replicas)
         return tuple(
             Allocation(*key, min(value, 1.0)) for key, value in sorted(shares.items(), key=_sort_key)
         )
+
+    def _sharing(self, ref, gpu_instance_id: int | None) -> str:
+        if ref.shared:
+            return self.replica_sharing
+        return contract.SHARING_EXCLUSIVE if gpu_instance_id is None else contract.SHARING_MIG
 
     def _wanted(self, resource_name: str) -> bool:
         if is_gpu_resource(resource_name, self.extra_resources):

@@ -11,6 +11,7 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
         kubelet:                    # how the stand-in kubelet names devices (optional)
           device_ids: uuid          # uuid | gke | legacy-mig
           mig_strategy: mixed       # mixed: nvidia.com/mig-<profile>; single: nvidia.com/gpu
+          sharing_strategy: mps     # how the device plugin shares replicas: time-slicing (default) | mps
         gpus:
           - model: H100-SXM5-80GB   # a key of simulator.models.MODELS
             count: 8
@@ -62,6 +63,7 @@ FLEETS_DIR = Path(__file__).parent / "fleets"
 WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
+SHARING_STRATEGIES = ("time-slicing", "mps")  # the device plugin's sharing.timeSlicing / sharing.mps
 
 
 class FleetError(ValueError):
@@ -134,6 +136,9 @@ class NodeSpec:
     mig_strategy: str = "mixed"
     extra_resources: tuple[str, ...] = ()
     exporter_privileged: bool = True  # root or CAP_SYS_ADMIN: sees MIG instances' XIDs
+    # the device plugin's sharing of replicas (its config's sharing.timeSlicing or sharing.mps), as GPU
+    # Feature Discovery labels the node: nvidia.com/gpu.sharing-strategy
+    sharing_strategy: str = "time-slicing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,6 +393,11 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 f"{path}.kubelet.mig_strategy", strategy, f"expected one of {', '.join(MIG_STRATEGIES)}"
             )
         extra = tuple(r.get(kubelet, "extra_resources", f"{path}.kubelet", list, []))
+        sharing = r.get(kubelet, "sharing_strategy", f"{path}.kubelet", str, "time-slicing")
+        if sharing not in SHARING_STRATEGIES:
+            raise r.fail(
+                f"{path}.kubelet.sharing_strategy", sharing, f"expected one of {', '.join(SHARING_STRATEGIES)}"
+            )
         gpus: list[GpuSpec] = []
         for g, group in enumerate(r.get(raw, "gpus", path, list)):
             gpath = f"{path}.gpus[{g}]"
@@ -432,6 +442,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 mig_strategy=strategy,
                 extra_resources=extra,
                 exporter_privileged=r.get(raw, "exporter_privileged", path, bool, True),
+                sharing_strategy=sharing,
             )
         )
     pods = []

@@ -148,6 +148,7 @@ class _Series:
                     contract.GPU: str(gpu.index),
                     contract.GPU_INSTANCE_ID: "" if dev.gpu_instance_id is None else str(dev.gpu_instance_id),
                     contract.MIG_PROFILE: profile,
+                    contract.SHARING: _sharing(self.node, dev),
                 }
                 key = tuple(values.items())  # in the contract's order
                 share = 1.0 / gpu.time_slicing if dev.replica is not None else 1.0
@@ -269,3 +270,11 @@ def run(args: argparse.Namespace) -> int:
         samples = write_history(fleets, start, end, args.step, out, bar)
     print(f"wrote {samples} samples", file=sys.stderr)
     return 0
+
+
+def _sharing(node, dev) -> str:
+    """The `sharing` label the exporter gives a pod's device (exporter.kubelet.attribution): the
+    stand-in kubelet hands out replica IDs for every device of a time-sliced GPU."""
+    if node.gpus[dev.gpu].time_slicing > 1:
+        return contract.SHARING_MPS if node.sharing_strategy == "mps" else contract.SHARING_TIME_SLICING
+    return contract.SHARING_EXCLUSIVE if dev.gpu_instance_id is None else contract.SHARING_MIG

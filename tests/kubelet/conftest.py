@@ -38,6 +38,8 @@ class Harness:
         self.node = fleet.nodes[0]
         self.kubelet = StandInKubelet(fleet, self.node.name, sock, clock=clock, start=0.0)
         self.client = PodResourcesClient(sock, timeout=timeout)
+        # as the exporter does: replicas are MPS where the node's device plugin shares by MPS
+        attribution.setdefault("replicas_under_mps", self.node.sharing_strategy == "mps")
         self.attribution = PodAttribution(self.client, self.node.name, **attribution)
 
 

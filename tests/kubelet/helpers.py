@@ -91,7 +91,14 @@ def expected_allocations(fleet: Fleet, t: float) -> dict[tuple[str, ...], float]
                 (m.profile.name for m in gpu.mig if m.gpu_instance_id == device.gpu_instance_id), ""
             )
             gi = "" if device.gpu_instance_id is None else str(device.gpu_instance_id)
-            key = (node.name, pod.namespace, pod.name, pod.container, gpu.uuid, str(gpu.index), gi, profile)
+            # how the holding is shared, from the fleet: replicas by the node's device plugin strategy
+            if gpu.time_slicing > 1:
+                sharing = "mps" if node.sharing_strategy == "mps" else "time_slicing"
+            else:
+                sharing = "exclusive" if device.gpu_instance_id is None else "mig"
+            key = (
+                node.name, pod.namespace, pod.name, pod.container, gpu.uuid, str(gpu.index), gi, profile, sharing
+            )  # fmt: skip
             out[key] = out.get(key, 0.0) + 1.0 / gpu.time_slicing
     return out
 

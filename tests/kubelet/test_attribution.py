@@ -10,7 +10,7 @@ import pytest
 from gpumeter.exporter.catalog import by_name
 from gpumeter.exporter.kubelet.attribution import ALLOCATION, LABELS, PodAttribution
 from gpumeter.exporter.kubelet.client import KubeletError
-from gpumeter.exporter.simulator.fleet import load_fleet, parse_fleet
+from gpumeter.exporter.simulator.fleet import Fleet, load_fleet, parse_fleet
 from gpumeter.exporter.snapshot import SnapshotBuilder
 
 from .helpers import (
@@ -57,6 +57,7 @@ def test_pod_on_a_whole_gpu(harness):
             str(i),
             "",
             "",
+            "exclusive",
         ): 1.0
         for i in range(8)
     }
@@ -87,7 +88,7 @@ def test_pod_on_each_mig_profile(harness, clock, fleet_name, profile):
             if instance is None or instance.profile.name != profile:
                 continue
             labels = (h.node.name, pod.namespace, pod.name, pod.container, f"nvidia.com/mig-{profile}",
-                      gpu.uuid, str(gpu.index), str(device.gpu_instance_id), profile)  # fmt: skip
+                      gpu.uuid, str(gpu.index), str(device.gpu_instance_id), profile, "mig")  # fmt: skip
             expected[labels] = 1.0
     assert expected, f"the example fleet has no running pod on {profile}"
     assert {k: v for k, v in series.items() if k[8] == profile} == expected
@@ -123,7 +124,18 @@ def test_four_pods_time_slicing_one_gpu(harness):
     gpu4 = h.node.gpus[4]
     shared = {k: v for k, v in allocations(sample(h)).items() if k[5] == gpu4.uuid}
     assert shared == {
-        (h.node.name, "data-eng", f"etl-{r}", "worker", "nvidia.com/gpu.shared", gpu4.uuid, "4", "", ""): 0.25
+        (
+            h.node.name,
+            "data-eng",
+            f"etl-{r}",
+            "worker",
+            "nvidia.com/gpu.shared",
+            gpu4.uuid,
+            "4",
+            "",
+            "",
+            "time_slicing",
+        ): 0.25
         for r in range(4)
     }
     assert sum(shared.values()) == pytest.approx(1.0)
@@ -144,8 +156,8 @@ def test_two_replicas_in_one_container_are_one_series(harness):
     series = allocations(sample(h))
     uuid = fleet.nodes[0].gpus[0].uuid
     assert series == {
-        ("n1", "a", "greedy", "main", "nvidia.com/gpu.shared", uuid, "0", "", ""): 0.5,
-        ("n1", "b", "modest", "main", "nvidia.com/gpu.shared", uuid, "0", "", ""): 0.25,
+        ("n1", "a", "greedy", "main", "nvidia.com/gpu.shared", uuid, "0", "", "", "time_slicing"): 0.5,
+        ("n1", "b", "modest", "main", "nvidia.com/gpu.shared", uuid, "0", "", "", "time_slicing"): 0.25,
     }
 
 
@@ -226,6 +238,47 @@ def test_kubelet_gone_and_back(harness, sock):
 
 FORMS = [("uuid", "mixed"), ("gke", "mixed"), ("legacy-mig", "mixed"), ("uuid", "single"), ("gke", "single"),
          ("legacy-mig", "single")]  # fmt: skip
+
+
+def _shared_node(strategy: str | None) -> Fleet:
+    kubelet = {} if strategy is None else {"kubelet": {"sharing_strategy": strategy}}
+    return parse_fleet(
+        {
+            "nodes": [{"name": "n1", **kubelet, "gpus": [
+                {"model": "H100-SXM5-80GB", "count": 1, "time_slicing": 4},
+                {"model": "H100-SXM5-80GB", "count": 1},
+                {"model": "H100-SXM5-80GB", "count": 1, "mig": ["7g.80gb"]},
+            ]}],
+            "pods": [
+                {"namespace": "inf", "name": "r-{replica}", "node": "n1", "devices": [{"gpu": 0, "replica": "0-3"}]},
+                {"namespace": "train", "name": "whole", "node": "n1", "devices": [{"gpu": 1}]},
+                {"namespace": "nb", "name": "slice", "node": "n1", "devices": [{"gpu": 2, "gpu_instance_id": 0}]},
+            ],
+        }
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("strategy", "replicas"), [(None, "time_slicing"), ("time-slicing", "time_slicing"), ("mps", "mps")]
+)
+def test_sharing_says_how_each_holding_is_shared(harness, strategy, replicas):
+    """The device plugin gives MPS and time-sliced replicas the same IDs (`<uuid>::<n>`); only the
+    node's strategy (GPU Feature Discovery's nvidia.com/gpu.sharing-strategy) tells them apart."""
+    h = harness(_shared_node(strategy))
+    sharing = {(k[2], k[9]): v for k, v in allocations(sample(h)).items()}
+    assert sharing == {
+        **{(f"r-{r}", replicas): 0.25 for r in range(4)},
+        ("whole", "exclusive"): 1.0,
+        ("slice", "mig"): 1.0,
+    }
+
+
+def test_an_unknown_sharing_strategy_names_the_field():
+    from gpumeter.exporter.simulator.fleet import FleetError
+
+    with pytest.raises(FleetError, match=r"nodes\[0\]\.kubelet\.sharing_strategy.*'timeslicing'"):
+        parse_fleet({"nodes": [{"name": "n", "kubelet": {"sharing_strategy": "timeslicing"},
+                                "gpus": [{"model": "H100-SXM5-80GB"}]}]})  # fmt: skip
 
 
 @pytest.mark.parametrize(("device_ids", "strategy"), FORMS, ids=[f"{d}-{s}" for d, s in FORMS])
