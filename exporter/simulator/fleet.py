@@ -396,7 +396,9 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
         sharing = r.get(kubelet, "sharing_strategy", f"{path}.kubelet", str, "time-slicing")
         if sharing not in SHARING_STRATEGIES:
             raise r.fail(
-                f"{path}.kubelet.sharing_strategy", sharing, f"expected one of {', '.join(SHARING_STRATEGIES)}"
+                f"{path}.kubelet.sharing_strategy",
+                sharing,
+                f"expected one of {', '.join(SHARING_STRATEGIES)}",
             )
         gpus: list[GpuSpec] = []
         for g, group in enumerate(r.get(raw, "gpus", path, list)):
