@@ -42,8 +42,10 @@ __all__ = [
     "MAX_PODS_PER_DEVICE",
     "MIG_LABELS",
     "POD_LABELS",
+    "DcgmOptions",
     "collect_dcgm",
     "describe_dcgm",
+    "options_from_collectors",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 HOSTNAME_LABEL = "Hostname"
+HOSTNAME_LABELS = ("Hostname", "hostname")  # --dcgm-hostname-label
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"  # the `label` row of default-counters.csv
 POD_LABELS = ("pod", "namespace", "container")
 XID_CODE_LABEL = "err_code"
@@ -112,6 +115,55 @@ class DcgmMetric:
         return any(s.spec.scope is Scope.MIG for s in self.sources)
 
 
+@dataclass(frozen=True, slots=True)
+class DcgmOptions:
+    """What ``-f/--collectors FILE`` and ``--dcgm-hostname-label`` change about dcgm naming.
+
+    ``fields`` None exports every field the catalog maps (the default); otherwise exactly these, each
+    with the type and help text its CSV row gives (dcgm-exporter prints the row's). ``driver_label``
+    is the ``DCGM_FI_DRIVER_VERSION`` label row: on by default, and with a file only if it lists it.
+    """
+
+    fields: frozenset[str] | None = None
+    types: tuple[tuple[str, str], ...] = ()  # field -> "gauge" / "counter" from the CSV
+    helps: tuple[tuple[str, str], ...] = ()
+    hostname_label: str = HOSTNAME_LABEL
+    driver_label: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hostname_label not in HOSTNAME_LABELS:
+            raise ValueError(
+                f"dcgm_hostname_label: must be {' or '.join(HOSTNAME_LABELS)} (got {self.hostname_label!r:.40})"
+            )
+
+
+DEFAULT_OPTIONS = DcgmOptions()
+
+
+def options_from_collectors(collectors, hostname_label: str = HOSTNAME_LABEL) -> DcgmOptions:
+    """Options for a parsed collectors file (``exporter.dcgm_csv.CollectorsFile``); the fields it lists
+    that this exporter cannot export are named in one warning (dcgm-exporter skips them too)."""
+    if collectors is None:
+        return DcgmOptions(hostname_label=hostname_label)
+    missing = collectors.unexported(frozenset(FIELDS), frozenset({DRIVER_LABEL}))
+    if missing:
+        log.warning(
+            "%s: %d listed field(s) not exported, NVML cannot answer them or they are not DCGM fields "
+            "(docs/dcgm-mode.md): %s",
+            collectors.path,
+            len(missing),
+            ", ".join(missing),
+        )
+    rows = [f for f in collectors.fields if f.name in FIELDS and f.type != "label"]
+    return DcgmOptions(
+        fields=frozenset(f.name for f in rows),
+        types=tuple((f.name, f.type) for f in rows if f.type in ("gauge", "counter")),
+        helps=tuple((f.name, f.help) for f in rows if f.help),
+        hostname_label=hostname_label,
+        driver_label=DRIVER_LABEL in collectors.labels,
+    )
+
+
 def _build_fields() -> dict[str, DcgmMetric]:
     grouped: dict[str, list[Source]] = {}
     for spec in CATALOG:
@@ -138,11 +190,19 @@ FIELDS: dict[str, DcgmMetric] = _build_fields()
 _NATIVE = tuple(spec for spec in CATALOG if spec.scope is Scope.EXPORTER)
 
 
-def _dcgm_family(metric: DcgmMetric) -> Metric:
-    family = Metric(metric.name, metric.help, "gauge")
-    if metric.type is MetricType.COUNTER:
+def _dcgm_family(metric: DcgmMetric, options: DcgmOptions = DEFAULT_OPTIONS) -> Metric:
+    help_text = dict(options.helps).get(metric.name, metric.help)
+    kind = dict(options.types).get(metric.name, "counter" if metric.type is MetricType.COUNTER else "gauge")
+    family = Metric(metric.name, help_text, "gauge")
+    if kind == "counter":
         family.type = _COUNTER
     return family
+
+
+def _selected(options: DcgmOptions) -> Iterator[DcgmMetric]:
+    for metric in FIELDS.values():
+        if options.fields is None or metric.name in options.fields:
+            yield metric
 
 
 def _native_family(spec: MetricSpec) -> Metric:
@@ -151,9 +211,9 @@ def _native_family(spec: MetricSpec) -> Metric:
     return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.label_names))
 
 
-def describe_dcgm() -> Iterator[Metric]:
-    for metric in FIELDS.values():
-        yield _dcgm_family(metric)
+def describe_dcgm(options: DcgmOptions = DEFAULT_OPTIONS) -> Iterator[Metric]:
+    for metric in _selected(options):
+        yield _dcgm_family(metric, options)
     for spec in _NATIVE:
         yield _native_family(spec)
 
@@ -161,8 +221,9 @@ def describe_dcgm() -> Iterator[Metric]:
 class _View:
     """What one snapshot says about devices and pods, indexed for rendering."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, options: DcgmOptions = DEFAULT_OPTIONS):
         self.snapshot = snapshot
+        self.options = options
         self.devices = {d.uuid: d for d in snapshot.devices}
         driver_at = _INFO.label_names.index("driver_version")
         drivers = {labels[1]: labels[driver_at] for labels, _ in snapshot.samples(_INFO.name)}
@@ -173,8 +234,8 @@ class _View:
                 "pci_bus_id": d.pci_bus_id,
                 "device": f"nvidia{d.index if d.minor_number is None else d.minor_number}",
                 "modelName": d.model,
-                HOSTNAME_LABEL: snapshot.hostname,
-                DRIVER_LABEL: drivers.get(d.uuid, ""),
+                options.hostname_label: snapshot.hostname,
+                **({DRIVER_LABEL: drivers.get(d.uuid, "")} if options.driver_label else {}),
             }
             for d in snapshot.devices
         }
@@ -224,7 +285,7 @@ def _add(family: Metric, labels: dict[str, str], holders: tuple[dict[str, str], 
 
 
 def _render(metric: DcgmMetric, view: _View) -> Metric:
-    family = _dcgm_family(metric)
+    family = _dcgm_family(metric, view.options)
     per_instance = metric.per_mig_instance
     for source in metric.sources:
         samples = view.snapshot.samples(source.spec.name)
@@ -277,9 +338,9 @@ def _render_latest(family: Metric, source: Source, samples, view: _View) -> None
         _add(family, labels, view.holders.get((device.uuid, ""), ()), _value(code, source.field.scale))
 
 
-def collect_dcgm(snapshot: Snapshot) -> Iterator[Metric]:
-    view = _View(snapshot)
-    for metric in FIELDS.values():
+def collect_dcgm(snapshot: Snapshot, options: DcgmOptions = DEFAULT_OPTIONS) -> Iterator[Metric]:
+    view = _View(snapshot, options)
+    for metric in _selected(options):
         family = _render(metric, view)
         if family.samples:  # unsupported or absent: no family, never NaN or 0
             yield family
