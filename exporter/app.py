@@ -119,7 +119,11 @@ def build_exporter(
             client, hostname, keep_cycles=config.kubelet_keep_cycles, extra_resources=config.extra_resources
         )
     chosen = collector_registry.build(
-        config.enable_collectors, config.disable_collectors, xid_watcher=watcher, privileged=privileged
+        config.enable_collectors,
+        config.disable_collectors,
+        xid_watcher=watcher,
+        privileged=privileged,
+        clock=clock,
     )
     sampler = Sampler(
         NvmlSession(library),

@@ -419,6 +419,29 @@ CATALOG: tuple[MetricSpec, ...] = (
         D,
         "fields 32-37/96-101 (crc_flit), 39-44/102-107 (crc_data), 161 (replay), 162 (recovery), batched",
     ),
+    MetricSpec(
+        contract.NVLINK_TX_BYTES,
+        D,
+        "field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (138) per link (scopeId), KiB x 1024, batched",
+    ),
+    MetricSpec(
+        contract.NVLINK_RX_BYTES,
+        D,
+        "field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (139) per link (scopeId), KiB x 1024, batched",
+    ),
+    # --- video engines -------------------------------------------------------------------------------
+    MetricSpec(
+        contract.ENCODER_UTILIZATION,
+        D,
+        "nvmlDeviceGetEncoderUtilization / 100",
+        dcgm=(DcgmField("DCGM_FI_DEV_ENC_UTIL", scale=100.0, help="Encoder utilization (in %)."),),
+    ),
+    MetricSpec(
+        contract.DECODER_UTILIZATION,
+        D,
+        "nvmlDeviceGetDecoderUtilization / 100",
+        dcgm=(DcgmField("DCGM_FI_DEV_DEC_UTIL", scale=100.0, help="Decoder utilization (in %)."),),
+    ),
     # --- MIG ------------------------------------------------------------------------------------
     MetricSpec(
         contract.MIG_INFO,
@@ -447,11 +470,108 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         contract.MIG_SM_UTILIZATION,
         M,
-        "nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100",
+        "nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100 (the sample pair of "
+        "nvidia_gpu_sm_active_ratio, which DCGM_FI_PROF_SM_ACTIVE is rendered from)",
+    ),
+    # --- profiling: NVML GPM (Hopper and later), one sample per GPU or GPU instance per cycle ---------
+    # DCGM fills DCGM_FI_PROF_* from these very GPM metrics on Hopper (dcgmlib/src/dcgm_fields.cpp,
+    # DcgmFieldIdToNvmlGpmMetricId; DcgmGpmManager.cpp divides the percentages by 100, as we do).
+    MetricSpec(
+        contract.SM_ACTIVE,
+        M,
+        "nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100",
         dcgm=(
             DcgmField(
-                "DCGM_FI_PROF_SM_ACTIVE",
-                help="The ratio of cycles an SM has at least 1 warp assigned.",
+                "DCGM_FI_PROF_SM_ACTIVE", help="The ratio of cycles an SM has at least 1 warp assigned."
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.SM_OCCUPANCY,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_OCCUPANCY) / 100",
+        dcgm=(
+            DcgmField("DCGM_FI_PROF_SM_OCCUPANCY", help="The ratio of number of warps resident on an SM."),
+        ),
+    ),
+    MetricSpec(
+        contract.TENSOR_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_ANY_TENSOR_UTIL, HMMA_, IMMA_, DFMA_TENSOR_UTIL) / 100",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                match=(("pipe", "any"),),
+                help="Ratio of cycles the tensor (HMMA) pipe is active.",
+            ),
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+                match=(("pipe", "hmma"),),
+                help="Ratio of cycles the tensor (HMMA) pipe is active.",
+            ),
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+                match=(("pipe", "imma"),),
+                help="Ratio of cycles the tensor (IMMA) pipe is active.",
+            ),
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+                match=(("pipe", "dfma"),),
+                help="Ratio of cycles the tensor (DFMA) pipe is active.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.DRAM_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_DRAM_BW_UTIL) / 100",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_DRAM_ACTIVE",
+                help="Ratio of cycles the device memory interface is active sending or receiving data.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.GRAPHICS_ENGINE_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_GRAPHICS_UTIL) / 100",
+        dcgm=(
+            DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", help="Ratio of time the graphics engine is active."),
+        ),
+    ),
+    MetricSpec(
+        contract.FP_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_FP64_UTIL, FP32_UTIL, FP16_UTIL) / 100",
+        dcgm=tuple(
+            DcgmField(
+                f"DCGM_FI_PROF_PIPE_{p.upper()}_ACTIVE",
+                match=(("precision", p),),
+                help=f"Ratio of cycles the {p} pipes are active.",
+            )
+            for p in ("fp64", "fp32", "fp16")
+        ),
+    ),
+    MetricSpec(
+        contract.NVLINK_TX_RATE,
+        D,
+        "nvmlGpmSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC) x 2^20 (MiB/s)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_NVLINK_TX_BYTES",
+                help="The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.NVLINK_RX_RATE,
+        D,
+        "nvmlGpmSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC) x 2^20 (MiB/s)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_NVLINK_RX_BYTES",
+                help="The rate of data received over NVLink, not including protocol headers, in bytes per second.",
             ),
         ),
     ),
@@ -498,6 +618,16 @@ def render_markdown() -> str:
         "does not support on a device is left out, never exported as NaN or 0.",
         "Device series carry `gpu` (index) and `uuid`; MIG series add `gpu_instance_id`,",
         "`compute_instance_id` and `mig_profile`.",
+        "",
+        "**Profiling metrics** (`nvidia_gpu_sm_active_ratio`, `_sm_occupancy_ratio`, `_tensor_active_ratio`,",
+        "`_dram_active_ratio`, `_graphics_engine_active_ratio`, `_fp_active_ratio`, the NVLink byte rates) come",
+        'from NVML GPM, which exists on Hopper and later only (nvml.h, nvmlGpmQueryDeviceSupport: "For Hopper',
+        'or newer fully supported devices"). On V100, T4 and A100 they are absent, not 0: there the only',
+        "source is DCGM's closed profiling module (DCP), which gpumeter does not depend on, and `gpumeter",
+        "doctor` says so for the node. They are per GPU (empty MIG labels) or, on a MIG-enabled GPU, per GPU",
+        "instance; one GPM sample per GPU or GPU instance per cycle, each value the average over the",
+        'sampling interval. `nvidia_gpu_utilization_ratio` (NVML\'s "a kernel was running") reads 100 % for one',
+        "busy warp; SM active and occupancy say how much of the GPU that kernel used.",
         "",
         "| metric | type | labels | help | NVML source | dcgm-exporter name (`--naming dcgm`) |",
         "|---|---|---|---|---|---|",

@@ -296,7 +296,13 @@ def _render(metric: DcgmMetric, view: _View) -> Metric:
                 device = view.device(uuid)
                 if device is None or (uuid, gi) in seen:
                     continue  # compute instances are never shown apart (§4)
+                if any(labels[i] != wanted for i, wanted in source.match):
+                    continue
                 seen.add((uuid, gi))
+                if gi == "":  # a whole GPU's series of a per-GPU-or-instance metric (GPM profiling)
+                    holders = view.holders.get((uuid, ""), ())
+                    _add(family, view.base[uuid], holders, _value(value, source.field.scale))
+                    continue
                 base = {**view.base[uuid], "GPU_I_PROFILE": profile, "GPU_I_ID": gi}
                 _add(family, base, view.holders.get((gpu, gi), ()), _value(value, source.field.scale))
         elif source.latest is not None:

@@ -37,13 +37,7 @@ MIG = {"GPU_I_PROFILE", "GPU_I_ID"}
 PODS = {"pod", "namespace", "container"}
 MIB = 2**20
 # default-counters.csv rows NVML cannot provide: never emitted, not even as 0
-NOT_PROVIDED = (
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-)
+NOT_PROVIDED = ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS")
 
 
 # --- helpers ------------------------------------------------------------------------------------
