@@ -10,6 +10,7 @@ a label, so the catalog cannot disagree with the contract.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -53,7 +54,7 @@ class DcgmField:
     s to ns); ``match`` picks the series of a labelled native metric that this field stands for;
     ``latest_label`` makes the field's value the numeric value of that label on the device's series
     with the highest native value (the XID with the newest timestamp: dcgm-exporter's "last XID" gauge),
-    0 for a device that has none. The Prometheus type is the native metric's, which is the type
+    0 for a device that has none; ``total`` sums the matched series per device. The Prometheus type is the native metric's, which is the type
     dcgm-exporter's default-counters.csv gives every mapped field. A field that both a device and a MIG
     metric provide is shown per MIG instance only on a MIG-enabled GPU, as dcgm-exporter does.
     """
@@ -63,6 +64,7 @@ class DcgmField:
     match: tuple[tuple[str, str], ...] = ()
     help: str = ""
     latest_label: str = ""
+    total: bool = False  # the sum of the matched series per device (a per-link counter's _TOTAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,37 @@ class MetricSpec:
     def family_name(self) -> str:
         """The name prometheus-client wants: counters without their ``_total``."""
         return self.series.family_name
+
+
+# DCGM's per-link NVLink error fields, _L0 ... _L17 (dcgm_fields.h: 18 links, NVML_NVLINK_MAX_LINKS), and
+# their per-GPU _TOTAL (409/419/429/439), from the per-link native counter.
+NVLINK_MAX_LINKS = 18
+_NVLINK_DCGM = {
+    "crc_flit": ("CRC_FLIT", "NVLink flow-control CRC errors"),
+    "crc_data": ("CRC_DATA", "NVLink data CRC errors"),
+    "replay": ("REPLAY", "NVLink retries"),
+    "recovery": ("RECOVERY", "NVLink recovery errors"),
+}
+
+
+def _nvlink_error_fields() -> tuple[DcgmField, ...]:
+    fields = []
+    for kind, (dcgm, what) in _NVLINK_DCGM.items():
+        base = f"DCGM_FI_DEV_NVLINK_{dcgm}_ERROR_COUNT"
+        fields.append(
+            DcgmField(
+                f"{base}_TOTAL", match=(("error_type", kind),), total=True, help=f"Total number of {what}."
+            )
+        )
+        fields += [
+            DcgmField(
+                f"{base}_L{link}",
+                match=(("link", str(link)), ("error_type", kind)),
+                help=f"Number of {what} on link {link}.",
+            )
+            for link in range(NVLINK_MAX_LINKS)
+        ]
+    return tuple(fields)
 
 
 D, M, A, X = Scope.DEVICE, Scope.MIG, Scope.ALLOCATION, Scope.EXPORTER
@@ -418,6 +451,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         contract.NVLINK_ERRORS,
         D,
         "fields 32-37/96-101 (crc_flit), 39-44/102-107 (crc_data), 161 (replay), 162 (recovery), batched",
+        dcgm=_nvlink_error_fields(),
     ),
     MetricSpec(
         contract.NVLINK_TX_BYTES,
@@ -633,10 +667,19 @@ def render_markdown() -> str:
         "|---|---|---|---|---|---|",
     ]
     for spec in CATALOG:
-        dcgm = "<br>".join(
-            f"`{f.name}`" + (f" ({', '.join(f'{k}={v}' for k, v in f.match)})" if f.match else "")
-            for f in spec.dcgm
-        )
+        entries: list[str] = []
+        for f in spec.dcgm:
+            per_link = re.fullmatch(r"(.*)_L(\d+)", f.name)
+            if per_link and int(per_link.group(2)) > 0:
+                continue  # one row per per-link family: _L0 ... _L17
+            if per_link:
+                others = ", ".join(f"{k}={v}" for k, v in f.match if k != "link")
+                entries.append(f"`{per_link.group(1)}_L0` ... `_L{NVLINK_MAX_LINKS - 1}` (link=N, {others})")
+                continue
+            entries.append(
+                f"`{f.name}`" + (f" ({', '.join(f'{k}={v}' for k, v in f.match)})" if f.match else "")
+            )
+        dcgm = "<br>".join(entries)
         labels = ", ".join(f"`{label}`" for label in spec.label_names)
         lines.append(f"| `{spec.name}` | {spec.type.value} | {labels} | {spec.help} | {spec.nvml} | {dcgm} |")
     return "\n".join(lines) + "\n"

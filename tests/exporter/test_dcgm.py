@@ -142,11 +142,16 @@ def test_device_fields_are_native_values_in_dcgm_units(simulate, fleet):
                 "DCGM_FI_DEV_FB_FREE": native(sim, "nvidia_gpu_memory_free_bytes")[key] / MIB,
                 "DCGM_FI_DEV_FB_TOTAL": native(sim, "nvidia_gpu_memory_total_bytes")[key] / MIB,
             }
+        instances = {str(m.gpu_instance_id): m.profile for m in device.migs}
         for name, value in expected.items():
             found = series(sim, name, **at)
             assert found, (name, device.index)
-            # one series per GPU, never repeated per MIG instance (#317); one per pod only when shared
-            assert all(labels.keys().isdisjoint(MIG) for labels, _ in found), name
+            if device.mig_enabled:
+                # dcgm-exporter's MIG shape: the device value repeated on each GPU instance (§4, #317)
+                assert {labels["GPU_I_ID"]: labels["GPU_I_PROFILE"] for labels, _ in found} == instances, name
+                assert len(found) == len(instances), name
+            else:
+                assert all(labels.keys().isdisjoint(MIG) for labels, _ in found), name
             for _, got in found:
                 assert got == pytest.approx(value, abs=1e-6), (name, device.index)
             checked += 1
@@ -190,7 +195,7 @@ def test_label_set_and_values(simulate, fleet):
     dcgm_series = [(n, labels) for n, labels, _ in rendered if n.startswith("DCGM_")]
     assert dcgm_series
     for name, labels in dcgm_series:
-        extra = {"err_code"} if name == "DCGM_FI_DEV_XID_ERRORS" else set()
+        extra = {"err_code", "err_msg"} if name == "DCGM_FI_DEV_XID_ERRORS" else set()
         assert set(labels) in (BASE | extra, BASE | MIG | extra), (name, labels)
         device = devices[labels["gpu"]]
         assert labels["UUID"] == device.uuid
@@ -224,7 +229,10 @@ def test_counters_keep_their_bare_dcgm_names_and_counter_type(simulate):
 def test_xid_errors_is_the_code_of_the_newest_xid(simulate):
     sim = sampled(simulate, "h100-mig")
     uuid = sim.node.gpus[1].spec.uuid
-    assert one(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid) == 0
+    assert {v for _, v in series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)} == {0}
+    assert {labels["err_msg"] for labels, _ in series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)} == {
+        "No Error"
+    }
     watcher = sim.sampler.xid_watcher
     sim.node.inject("xid", 1, code=48)
     assert wait_until(lambda: 48 in watcher.counts(uuid))
@@ -233,12 +241,15 @@ def test_xid_errors_is_the_code_of_the_newest_xid(simulate):
         sim.node.inject("xid", 1, code=13)
     assert wait_until(lambda: watcher.counts(uuid).get(13, (0, 0))[0] == 2)
     sim.sample()
-    [(labels, value)] = series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)
-    assert value == 13 and labels["err_code"] == "13"  # the last one, not the highest code
+    found = series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)
+    assert len(found) == len({m.gpu_instance_id for m in sim.node.gpus[1].migs})  # per GPU instance
+    for labels, value in found:
+        assert value == 13 and labels["err_code"] == "13"  # the last one, not the highest code
+        assert labels["err_msg"] == "Graphics Engine Exception"  # NVIDIA's XID catalog text
     # native mode keeps every XID, counted
     assert native(sim, "nvidia_gpu_xid_errors_total")[("1", uuid, "13")] == 2
     assert native(sim, "nvidia_gpu_xid_errors_total")[("1", uuid, "48")] == 1
-    assert one(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=sim.node.gpus[0].spec.uuid) == 0
+    assert {v for _, v in series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=sim.node.gpus[0].spec.uuid)} == {0}
 
 
 def test_a_lost_gpu_shows_no_dcgm_series(simulate):
@@ -310,9 +321,14 @@ def test_pods_on_mig_instances_whole_and_time_sliced_gpus(with_kubelet):
     # an instance nobody holds is still shown, without pod labels
     [(labels, _)] = series(sim, "DCGM_FI_DEV_FB_USED", gpu="0", GPU_I_ID="8")
     assert labels.keys().isdisjoint(PODS)
-    # the physical GPU of MIG instances: one series, no pod (seven instances, seven pods)
-    [(labels, _)] = series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0")
-    assert labels.keys().isdisjoint(PODS)
+    # the physical GPU's fields repeated per GPU instance with that instance's pod, as dcgm-exporter does,
+    # so `DCGM_FI_DEV_GPU_TEMP{pod=...}` and `sum by (pod) (DCGM_FI_DEV_POWER_USAGE)` find the pod
+    [(labels, temp)] = series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0", GPU_I_ID="1")
+    assert labels["pod"] == "detector-train" and labels["GPU_I_PROFILE"]
+    [(labels, _)] = series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0", GPU_I_ID="8")
+    assert labels.keys().isdisjoint(PODS)  # nobody holds instance 8
+    assert {v for _, v in series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0")} == {temp}
+    assert not [lb for lb, _ in series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0") if "GPU_I_ID" not in lb]
     # a whole GPU: matched by UUID, every device field
     for name in (
         "DCGM_FI_DEV_GPU_TEMP",
@@ -431,13 +447,15 @@ def test_prometheus_scrapes_dcgm_names_with_pods_on_mig(tmp_path, sock):
                 f'gpu="0",UUID="{uuid}",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
                 f'Hostname="gpu-h100-mig-01",DCGM_FI_DRIVER_VERSION="550.54.15"'
             )
-            [temp] = prom.wait_for(f"DCGM_FI_DEV_GPU_TEMP{{{identity}}}")
+            instance = f'{identity},GPU_I_ID="7",GPU_I_PROFILE="1g.10gb"'
+            [temp] = prom.wait_for(f"DCGM_FI_DEV_GPU_TEMP{{{instance}}}")
             assert 20 < float(temp["value"][1]) < 89
-            assert "GPU_I_ID" not in temp["metric"] and temp["metric"]["pci_bus_id"] == "00000000:17:00.0"
-            assert len(prom.wait_for("DCGM_FI_DEV_GPU_TEMP", predicate=lambda r: len(r) == 8)) == 8
-            [power] = prom.wait_for(f"DCGM_FI_DEV_POWER_USAGE{{{identity}}}")
+            assert temp["metric"]["pci_bus_id"] == "00000000:17:00.0"
+            # device fields repeated on each of the 56 GPU instances, as dcgm-exporter reports MIG GPUs
+            assert len(prom.wait_for("DCGM_FI_DEV_GPU_TEMP", predicate=lambda r: len(r) == 56)) == 56
+            [power] = prom.wait_for(f"DCGM_FI_DEV_POWER_USAGE{{{instance}}}")
             assert 72 <= float(power["value"][1]) <= 700
-            [xid] = prom.wait_for(f'DCGM_FI_DEV_XID_ERRORS{{{identity},err_code="0"}}')
+            [xid] = prom.wait_for(f'DCGM_FI_DEV_XID_ERRORS{{{instance},err_code="0",err_msg="No Error"}}')
             assert float(xid["value"][1]) == 0
             [fb] = prom.wait_for(
                 f'DCGM_FI_DEV_FB_USED{{{identity},GPU_I_ID="7",GPU_I_PROFILE="1g.10gb",'
@@ -446,7 +464,7 @@ def test_prometheus_scrapes_dcgm_names_with_pods_on_mig(tmp_path, sock):
             assert 0 < float(fb["value"][1]) <= 10240
             assert len(prom.wait_for("DCGM_FI_DEV_FB_USED", predicate=lambda r: len(r) == 56)) == 56
             # counters arrive under their bare names, typed counter, whichever format was negotiated
-            [energy] = prom.wait_for(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{identity}}}")
+            [energy] = prom.wait_for(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{instance}}}")
             assert float(energy["value"][1]) > 0
             metadata = httpx.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
             assert metadata["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0]["type"] == "counter"

@@ -8,6 +8,7 @@ nothing is fetched.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from gpumeter.exporter import config as exporter_config
 from gpumeter.exporter.config import ConfigError, ExporterConfig
@@ -183,3 +185,159 @@ def test_gpumeter_exporter_f_dcp_metrics_included_a_9400_starts_and_exports_exac
     warned = [line for line in err.decode().splitlines() if "not exported" in line]
     assert len(warned) == 1 and "DCGM_FI_DEV_VGPU_LICENSE_STATUS" in warned[0], err.decode()[-2000:]
     assert 'DCGM_FI_DRIVER_VERSION="' in text  # the file's `label` row
+
+
+# --- "Done when": NVIDIA's dashboard and field lists against a real Prometheus ----------------------
+SEED_RULES = DATA.parent / "seed-003" / "gpu-alerts.rules.yaml"
+# Fields of the CSVs NVML cannot answer at all (docs/dcgm-mode.md §1.2)
+DCGM_ONLY = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"}
+# ... and what NVML does not answer on MIG-enabled GPUs, as dcgm-exporter shows them absent there too:
+# utilization rates and the video engines (nvml.h, nvmlDeviceGetUtilizationRates: not on MIG-enabled
+# GPUs; nvidia-smi prints N/A), the row remapper with active instances (nvmlDeviceGetRemappedRows).
+NOT_ON_MIG = {
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+}
+FLEETS = {"hopper": "h200", "mig": "h100-mig"}
+
+
+@pytest.fixture(scope="module")
+def dcgm_stack(tmp_path_factory):
+    """A Hopper node (8 whole H200s) and a MIG node (8 H100s, 56 instances), both with pods from a
+    stand-in kubelet, each served by its own `gpumeter exporter --naming dcgm` process (pynvml's library
+    binding is per process) and scraped by a real Prometheus every second. NVLink link 0 of the Hopper
+    node's GPU 0 takes 100 CRC errors per second, injected through the simulator's fault endpoint."""
+    from gpumeter.exporter.simulator.fleet import load_fleet
+    from gpumeter.exporter.simulator.kubelet import StandInKubelet
+    from tests.support.servers import PrometheusServer
+
+    workdir = tmp_path_factory.mktemp("dcgm-stack")
+    kubelets, processes, targets = [], [], {}
+    prom = None
+    try:
+        for role, fleet_name in FLEETS.items():
+            fleet = load_fleet(fleet_name)
+            sock = str(workdir / f"{role}.sock")
+            kubelets.append(StandInKubelet(fleet, fleet.nodes[0].name, sock).start())
+            port, admin = free_port(), free_port()
+            argv = [
+                sys.executable,
+                "-m",
+                "gpumeter",
+                "exporter",
+                "--naming",
+                "dcgm",
+                "-a",
+                f"127.0.0.1:{port}",
+            ]
+            argv += ["--simulate", fleet_name, "--kubelet-socket", sock, "--interval", "1"]
+            argv += ["--admin-listen", f"127.0.0.1:{admin}"]
+            log = open(workdir / f"{role}.log", "wb")  # noqa: SIM115 - closed with the process
+            processes.append((subprocess.Popen(argv, stdout=log, stderr=log), log))
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc=processes[-1][0])
+            targets[role] = f"127.0.0.1:{port}"
+            if role == "hopper":
+                fault = {"fault": "nvlink_crc", "gpu": 0, "link": 0, "rate": 100}
+                answer = httpx.post(f"http://127.0.0.1:{admin}/faults", content=json.dumps(fault), timeout=10)
+                assert answer.status_code == 200, answer.text
+        prom = PrometheusServer(
+            workdir / "prom",
+            scrape_targets={role: [t] for role, t in targets.items()},
+            rule_files=[SEED_RULES],
+        ).start()
+        for role in FLEETS:  # GPM needs two samples, rate() two scrapes
+            prom.wait_for(f'DCGM_FI_DEV_GPU_TEMP{{job="{role}"}}')
+            prom.wait_for(f'DCGM_FI_PROF_SM_ACTIVE{{job="{role}"}}')
+        prom.wait_for('rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0{job="hopper"}[5m])')
+        yield prom, targets
+    finally:
+        if prom is not None:
+            prom.stop()
+        for proc, log in processes:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+            log.close()
+        for kubelet in kubelets:
+            kubelet.stop()
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+@pytest.mark.parametrize("role", list(FLEETS))
+def test_every_panel_of_nvidias_dashboard_returns_data(dcgm_stack, role):
+    prom, targets = dcgm_stack
+    dashboard = json.loads((DATA / "dashboard-queries.json").read_text())
+    assert prom.query(f'count(DCGM_FI_DEV_GPU_TEMP{{instance="{targets[role]}"}})')  # $instance's source
+    checked = 0
+    for panel in dashboard["panels"]:
+        if role == "mig" and panel["panel"] == "GPU Utilization":
+            continue  # NVML has no utilization rates on MIG GPUs; dcgm-exporter shows none either
+        expr = panel["expr"].replace("$instance", targets[role]).replace("$gpu", ".*")
+        assert prom.query(expr), (role, panel["panel"], expr)
+        checked += 1
+    assert checked == len(dashboard["panels"]) - (role == "mig")
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+@pytest.mark.parametrize("csv_name", ["default-counters.csv", "dcp-metrics-included.csv"])
+@pytest.mark.parametrize("role", list(FLEETS))
+def test_every_csv_field_nvml_answers_is_present_with_dcgms_type(dcgm_stack, role, csv_name):
+    prom, targets = dcgm_stack
+    metadata = httpx.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
+    rows = csv_fields(DATA / csv_name)
+    expected_absent = DCGM_ONLY | (NOT_ON_MIG if role == "mig" else set())
+    for name, kind in rows:
+        present = prom.query(f'{name}{{instance="{targets[role]}"}}') if kind != "label" else None
+        if kind == "label":
+            assert prom.query(f'DCGM_FI_DEV_GPU_TEMP{{instance="{targets[role]}",{name}!=""}}'), name
+        elif name in expected_absent:
+            assert not present, (role, name)
+        else:
+            assert present, (role, name)
+            assert metadata[name][0]["type"] == kind, (name, metadata[name])
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_mig_node_pod_queries_of_dcgm_exporter_users_return_data(dcgm_stack):
+    prom, targets = dcgm_stack
+    mig = targets["mig"]
+    assert prom.query(f'DCGM_FI_DEV_GPU_TEMP{{instance="{mig}",pod!=""}}')
+    by_pod = prom.query(f'sum by (pod) (DCGM_FI_DEV_POWER_USAGE{{instance="{mig}",pod!=""}})')
+    assert len(by_pod) > 1
+    # per GPU instance: GPU_I_ID and GPU_I_PROFILE on every device field
+    assert not prom.query(f'DCGM_FI_DEV_POWER_USAGE{{instance="{mig}",GPU_I_ID=""}}')
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_injected_nvlink_crc_errors_make_seed_003s_rule_expression_return_data(dcgm_stack):
+    prom, targets = dcgm_stack
+    rules = yaml.safe_load(SEED_RULES.read_text())["groups"][0]["rules"]
+    [rule] = [r for r in rules if r["alert"] == "NVLinkErrorRateHigh"]
+    assert rule["expr"] == "rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0[5m]) > 10"  # seed 003, as is
+    # rate() over [5m] divides the increase by 300 s: with 70 FLIT errors/s it passes 10 after ~45 s of data
+    result = prom.wait_for(rule["expr"], timeout=150)
+    assert {(r["metric"]["instance"], r["metric"]["gpu"]) for r in result} == {(targets["hopper"], "0")}
+    assert 10 < float(result[0]["value"][1]) <= 100 * 0.7 * 1.1  # 70 % of 100 CRC errors/s are FLIT ones
+    # the alert itself goes pending through Prometheus' rule evaluation (`for: 2m` keeps it from firing)
+    alerts = prom.wait_for('ALERTS{alertname="NVLinkErrorRateHigh"}')
+    assert alerts[0]["metric"]["alertstate"] == "pending"
+    # every seed-003 rule loads and evaluates against dcgm mode's names
+    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    health = {r["name"]: r["health"] for g in groups for r in g["rules"]}
+    assert set(health) == {r["alert"] for r in rules}
+    assert prom.wait_for(
+        "count(ALERTS)",
+        predicate=lambda _: all(
+            r["health"] == "ok"
+            for g in httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            for r in g["rules"]
+        ),
+    )
