@@ -341,3 +341,40 @@ def test_injected_nvlink_crc_errors_make_seed_003s_rule_expression_return_data(d
             for r in g["rules"]
         ),
     )
+
+
+# --- seed 003's rules, unchanged ------------------------------------------------------------------
+@pytest.mark.prometheus
+def test_seed_003_rules_pass_promtool_unit_tests_over_dcgm_names():
+    from tests.support.servers import require_binary
+
+    result = subprocess.run(
+        [require_binary("promtool"), "test", "rules", "gpu-alerts-test.yaml"],
+        cwd=SEED_RULES.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and "SUCCESS" in result.stdout + result.stderr, (
+        result.stdout + result.stderr
+    )
+
+
+def test_every_metric_seed_003_alerts_on_is_a_dcgm_mode_field():
+    import re as regex
+
+    from gpumeter.exporter.dcgm import FIELDS
+
+    rules = yaml.safe_load(SEED_RULES.read_text())["groups"][0]["rules"]
+    assert len(rules) == 6
+    used = {name for rule in rules for name in regex.findall(r"DCGM_FI_[A-Z0-9_]+", rule["expr"])}
+    assert used == {
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_THERMAL_VIOLATION",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0",
+        "DCGM_FI_DEV_POWER_USAGE",
+    }
+    assert used <= set(FIELDS)
