@@ -30,6 +30,7 @@ A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, docs/dcgm-mod
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -130,7 +131,7 @@ class DcgmOptions:
     is the ``DCGM_FI_DRIVER_VERSION`` label row: on by default, and with a file only if it lists it.
     """
 
-    fields: frozenset[str] | None = None
+    fields: frozenset[str] | None = None  # None: DEFAULT_FIELDS
     types: tuple[tuple[str, str], ...] = ()  # field -> "gauge" / "counter" from the CSV
     helps: tuple[tuple[str, str], ...] = ()
     hostname_label: str = HOSTNAME_LABEL
@@ -193,6 +194,10 @@ def _build_fields() -> dict[str, DcgmMetric]:
 
 
 FIELDS: dict[str, DcgmMetric] = _build_fields()
+# Without -f: every field except the per-link NVLink ones (_L0 ... _L17), which dcgm-exporter's own CSVs
+# leave out too; on a MIG node they would be 4 x 18 links x every GPU instance (4,032 series on 8xH100
+# 1g.10gb). A collectors file that lists them gets them (seed 003's lists _L0); the _TOTALs are in.
+DEFAULT_FIELDS = frozenset(name for name in FIELDS if not re.fullmatch(r".+_L\d+", name))
 _NATIVE = tuple(spec for spec in CATALOG if spec.scope is Scope.EXPORTER)
 
 
@@ -206,8 +211,9 @@ def _dcgm_family(metric: DcgmMetric, options: DcgmOptions = DEFAULT_OPTIONS) -> 
 
 
 def _selected(options: DcgmOptions) -> Iterator[DcgmMetric]:
+    wanted = DEFAULT_FIELDS if options.fields is None else options.fields
     for metric in FIELDS.values():
-        if options.fields is None or metric.name in options.fields:
+        if metric.name in wanted:
             yield metric
 
 

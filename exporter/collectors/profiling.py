@@ -56,6 +56,7 @@ class ProfilingCollector:
         self._clock = clock
         self._previous: dict[tuple[str, int | None], tuple[object, float]] = {}  # (uuid, GI) -> sample, time
         self._spare: list[object] = []  # allocated samples not holding a "previous"
+        self._requests: dict[tuple, object] = {}  # metric list -> its reusable nvmlGpmMetricsGet_t
 
     def discover(self, device) -> None:
         support = device.call("gpm_support", N.nvmlGpmQueryDeviceSupport, device.handle)
@@ -115,18 +116,21 @@ class ProfilingCollector:
         if previous is None:
             return {}
         self._spare.append(previous[0])
-        request = N.c_nvmlGpmMetricsGet_t()
-        request.version = N.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(wanted)
+        request = self._requests.get(wanted)
+        if request is None:  # 19 KB (pynvml sizes metrics[] for every metric): built once per metric list
+            request = self._requests[wanted] = N.c_nvmlGpmMetricsGet_t()
+            request.version = N.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(wanted)
+            for i, (_name, _extra, metric) in enumerate(wanted):
+                request.metrics[i].metricId = metric  # an input; the driver writes nvmlReturn and value
         request.sample1, request.sample2 = previous[0], sample
-        for i, (_name, _extra, metric) in enumerate(wanted):
-            request.metrics[i].metricId = metric
         result = device.call("gpm_metrics", N.nvmlGpmMetricsGet, request)
         if result is None:
             return {}
         values = {}
+        entries = result.metrics
         for i in range(len(wanted)):
-            entry = result.metrics[i]
+            entry = entries[i]
             if entry.nvmlReturn != N.NVML_SUCCESS or entry.value != entry.value:  # NaN: no value
                 continue
             ratio = max(0.0, entry.value / 100)

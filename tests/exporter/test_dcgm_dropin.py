@@ -204,14 +204,22 @@ NOT_ON_MIG = {
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 }
 FLEETS = {"hopper": "h200", "mig": "h100-mig"}
+SEED_CSV = DATA.parent / "seed-003" / "dcp-metrics-included.csv"
+# role -> (fleet, extra arguments): seed 003's DaemonSet runs with its own ConfigMap's CSV
+STACK = {
+    "hopper": ("h200", []),
+    "mig": ("h100-mig", []),
+    "seed": ("h200", ["-f", str(SEED_CSV)]),
+}
 
 
 @pytest.fixture(scope="module")
 def dcgm_stack(tmp_path_factory):
     """A Hopper node (8 whole H200s) and a MIG node (8 H100s, 56 instances), both with pods from a
     stand-in kubelet, each served by its own `gpumeter exporter --naming dcgm` process (pynvml's library
-    binding is per process) and scraped by a real Prometheus every second. NVLink link 0 of the Hopper
-    node's GPU 0 takes 100 CRC errors per second, injected through the simulator's fault endpoint."""
+    binding is per process) and scraped by a real Prometheus every second; and a third, Hopper node run
+    as seed 003's DaemonSet runs dcgm-exporter (`-f` its ConfigMap's CSV), whose GPU 0 takes 100 NVLink
+    CRC errors per second on link 0, injected through the simulator's fault endpoint."""
     from gpumeter.exporter.simulator.fleet import load_fleet
     from gpumeter.exporter.simulator.kubelet import StandInKubelet
     from tests.support.servers import PrometheusServer
@@ -220,7 +228,7 @@ def dcgm_stack(tmp_path_factory):
     kubelets, processes, targets = [], [], {}
     prom = None
     try:
-        for role, fleet_name in FLEETS.items():
+        for role, (fleet_name, extra) in STACK.items():
             fleet = load_fleet(fleet_name)
             sock = str(workdir / f"{role}.sock")
             kubelets.append(StandInKubelet(fleet, fleet.nodes[0].name, sock).start())
@@ -236,12 +244,12 @@ def dcgm_stack(tmp_path_factory):
                 f"127.0.0.1:{port}",
             ]
             argv += ["--simulate", fleet_name, "--kubelet-socket", sock, "--interval", "1"]
-            argv += ["--admin-listen", f"127.0.0.1:{admin}"]
+            argv += ["--admin-listen", f"127.0.0.1:{admin}", *extra]
             log = open(workdir / f"{role}.log", "wb")  # noqa: SIM115 - closed with the process
             processes.append((subprocess.Popen(argv, stdout=log, stderr=log), log))
             wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc=processes[-1][0])
             targets[role] = f"127.0.0.1:{port}"
-            if role == "hopper":
+            if role == "seed":
                 fault = {"fault": "nvlink_crc", "gpu": 0, "link": 0, "rate": 100}
                 answer = httpx.post(f"http://127.0.0.1:{admin}/faults", content=json.dumps(fault), timeout=10)
                 assert answer.status_code == 200, answer.text
@@ -253,7 +261,7 @@ def dcgm_stack(tmp_path_factory):
         for role in FLEETS:  # GPM needs two samples, rate() two scrapes
             prom.wait_for(f'DCGM_FI_DEV_GPU_TEMP{{job="{role}"}}')
             prom.wait_for(f'DCGM_FI_PROF_SM_ACTIVE{{job="{role}"}}')
-        prom.wait_for('rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0{job="hopper"}[5m])')
+        prom.wait_for('rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0{job="seed"}[5m])')
         yield prom, targets
     finally:
         if prom is not None:
@@ -324,8 +332,13 @@ def test_injected_nvlink_crc_errors_make_seed_003s_rule_expression_return_data(d
     assert rule["expr"] == "rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0[5m]) > 10"  # seed 003, as is
     # rate() over [5m] divides the increase by 300 s: with 70 FLIT errors/s it passes 10 after ~45 s of data
     result = prom.wait_for(rule["expr"], timeout=150)
-    assert {(r["metric"]["instance"], r["metric"]["gpu"]) for r in result} == {(targets["hopper"], "0")}
+    assert {(r["metric"]["instance"], r["metric"]["gpu"]) for r in result} == {(targets["seed"], "0")}
     assert 10 < float(result[0]["value"][1]) <= 100 * 0.7 * 1.1  # 70 % of 100 CRC errors/s are FLIT ones
+    # seed 003's DaemonSet gets exactly its CSV's fields (Hopper, whole GPUs: NVML answers all 16)
+    names = {
+        r["metric"]["__name__"] for r in prom.query('count by (__name__) ({job="seed", __name__=~"DCGM_.*"})')
+    }
+    assert names == {name for name, _kind in csv_fields(SEED_CSV)}
     # the alert itself goes pending through Prometheus' rule evaluation (`for: 2m` keeps it from firing)
     alerts = prom.wait_for('ALERTS{alertname="NVLinkErrorRateHigh"}')
     assert alerts[0]["metric"]["alertstate"] == "pending"
@@ -378,3 +391,43 @@ def test_every_metric_seed_003_alerts_on_is_a_dcgm_mode_field():
         "DCGM_FI_DEV_POWER_USAGE",
     }
     assert used <= set(FIELDS)
+
+
+def test_per_link_nvlink_fields_when_listed_totals_by_default(simulate, tmp_path):
+    default = simulate("h200", naming="dcgm")
+    default.sample()
+    families = exposed(default.text())
+    assert families["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == "counter"
+    assert not any(regex_link(name) for name in families)
+    path = tmp_path / "links.csv"
+    path.write_text(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0, counter, link 0\n"
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L17, counter, link 17\n"
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, counter, total\n"
+    )
+    listed = simulate("h200", naming="dcgm", collectors=str(path))
+    listed.node.inject("nvlink_crc", 0, link=0, count=1000)
+    listed.sample()
+    text = listed.text()
+    assert {n for n in exposed(text) if n.startswith("DCGM_")} == {
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L17",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    }
+    uuid = listed.node.gpus[0].spec.uuid
+    flit = listed.value("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0", **dcgm_labels(text, uuid))
+    data_total = listed.value("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", **dcgm_labels(text, uuid))
+    assert (flit, data_total) == (700, 300)  # the stand-in splits an injected burst 70/30 FLIT/DATA
+
+
+def regex_link(name: str) -> bool:
+    import re as regex
+
+    return regex.fullmatch(r"DCGM_.+_L\d+", name) is not None
+
+
+def dcgm_labels(text: str, uuid: str) -> dict[str, str]:
+    import re as regex
+
+    line = next(x for x in text.splitlines() if x.startswith("DCGM_") and f'UUID="{uuid}"' in x)
+    return dict(regex.findall(r'(\w+)="([^"]*)"', line.split("{", 1)[1].rsplit("}", 1)[0]))
