@@ -56,7 +56,7 @@ class ProfilingCollector:
         self._clock = clock
         self._previous: dict[tuple[str, int | None], tuple[object, float]] = {}  # (uuid, GI) -> sample, time
         self._spare: list[object] = []  # allocated samples not holding a "previous"
-        self._requests: dict[tuple, object] = {}  # metric list -> its reusable nvmlGpmMetricsGet_t
+        self._requests: dict[tuple, N.c_nvmlGpmMetricsGet_t] = {}  # metric list -> its reusable request
 
     def discover(self, device) -> None:
         support = device.call("gpm_support", N.nvmlGpmQueryDeviceSupport, device.handle)
