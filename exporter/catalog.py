@@ -46,6 +46,10 @@ SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
 }
 
 
+# dcgm_fields.h: the DCGM_FI_DEV_* fields we map that are DCGM_FT_DOUBLE; the rest are DCGM_FT_INT64
+DCGM_DOUBLE_FIELDS = frozenset({"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT"})
+
+
 @dataclass(frozen=True, slots=True)
 class DcgmField:
     """How dcgm-exporter names the same value (``--naming dcgm``, rendered by ``exporter/dcgm.py``).
@@ -65,6 +69,13 @@ class DcgmField:
     help: str = ""
     latest_label: str = ""
     total: bool = False  # the sum of the matched series per device (a per-link counter's _TOTAL)
+
+    @property
+    def integer(self) -> bool:
+        """DCGM keeps the field as an int64 (dcgm_fields.h, DCGM_FT_INT64), so dcgm-exporter prints a
+        whole number: MiB as DCGM's integer division of bytes leaves them, clocks, temperatures,
+        percentages, counts, mJ, ns. Power and the profiling (DCP) fields are doubles."""
+        return not self.name.startswith("DCGM_FI_PROF_") and self.name not in DCGM_DOUBLE_FIELDS
 
 
 @dataclass(frozen=True, slots=True)

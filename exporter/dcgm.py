@@ -30,6 +30,7 @@ A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, docs/dcgm-mod
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -310,7 +311,9 @@ class _View:
         return device if device is not None and device.up else None
 
 
-def _value(value: float, scale: float) -> float:
+def _value(value: float, scale: float, integer: bool = False) -> float:
+    if integer:  # DCGM's int64 fields: truncated as its integer division of bytes into MiB truncates
+        return float(math.floor(value * scale + 1e-9))  # (the epsilon keeps 0.29 x 100 at 29)
     return round(value * scale, DECIMALS)
 
 
@@ -352,10 +355,20 @@ def _render(metric: DcgmMetric, view: _View) -> Metric:
                 seen.add((uuid, gi))
                 if gi == "":  # a whole GPU's series of a per-GPU-or-instance metric (GPM profiling)
                     holders = view.holders.get((uuid, ""), ())
-                    _add(family, view.base[uuid], holders, _value(value, source.field.scale))
+                    _add(
+                        family,
+                        view.base[uuid],
+                        holders,
+                        _value(value, source.field.scale, source.field.integer),
+                    )
                     continue
                 base = {**view.base[uuid], "GPU_I_PROFILE": profile, "GPU_I_ID": gi}
-                _add(family, base, view.holders.get((gpu, gi), ()), _value(value, source.field.scale))
+                _add(
+                    family,
+                    base,
+                    view.holders.get((gpu, gi), ()),
+                    _value(value, source.field.scale, source.field.integer),
+                )
         elif source.latest is not None:
             _render_latest(family, source, samples, view)
         elif source.field.total:
@@ -366,13 +379,13 @@ def _render(metric: DcgmMetric, view: _View) -> Metric:
                 device = view.device(uuid)
                 if device is not None:
                     for labels, holders in view.targets(device):
-                        _add(family, labels, holders, _value(total, source.field.scale))
+                        _add(family, labels, holders, _value(total, source.field.scale, source.field.integer))
         else:
             for labels, value in samples:
                 device = view.device(labels[1])
                 if device is None or (per_instance and device.mig_enabled):
                     continue
-                scaled = _value(value, source.field.scale)
+                scaled = _value(value, source.field.scale, source.field.integer)
                 for target, holders in view.targets(device):
                     _add(family, target, holders, scaled)
     return family
@@ -402,7 +415,7 @@ def _render_latest(family: Metric, source: Source, samples, view: _View) -> None
             continue
         error = {XID_CODE_LABEL: f"{code:g}", XID_TEXT_LABEL: xid_message(int(code))}
         for labels, holders in view.targets(device):
-            _add(family, {**labels, **error}, holders, _value(code, source.field.scale))
+            _add(family, {**labels, **error}, holders, _value(code, source.field.scale, source.field.integer))
 
 
 def collect_dcgm(snapshot: Snapshot, options: DcgmOptions = DEFAULT_OPTIONS) -> Iterator[Metric]:

@@ -7,6 +7,7 @@ socket, the exposition with promtool, and the whole path with a real Prometheus 
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -36,6 +37,7 @@ BASE = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI
 MIG = {"GPU_I_PROFILE", "GPU_I_ID"}
 PODS = {"pod", "namespace", "container"}
 MIB = 2**20
+DOUBLES = {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_PCIE_TX_BYTES"}  # DCGM_FT_DOUBLE, or a DCP rate
 # default-counters.csv rows NVML cannot provide: never emitted, not even as 0
 NOT_PROVIDED = ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS")
 
@@ -119,7 +121,7 @@ def test_device_fields_are_native_values_in_dcgm_units(simulate, fleet):
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": native(sim, "nvidia_gpu_energy_joules_total")[key] * 1000,
             "DCGM_FI_DEV_SM_CLOCK": native(sim, "nvidia_gpu_clock_hz")[(*key, "sm")] / 1e6,
             "DCGM_FI_DEV_MEM_CLOCK": native(sim, "nvidia_gpu_clock_hz")[(*key, "memory")] / 1e6,
-            "DCGM_FI_DEV_FB_RESERVED": native(sim, "nvidia_gpu_memory_reserved_bytes")[key] / MIB,
+            "DCGM_FI_DEV_FB_RESERVED": native(sim, "nvidia_gpu_memory_reserved_bytes")[key] // MIB,
             "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": native(sim, "nvidia_gpu_pcie_replay_total")[key],
             "DCGM_FI_PROF_PCIE_TX_BYTES": native(sim, "nvidia_gpu_pcie_tx_bytes_per_second")[key],
             "DCGM_FI_DEV_POWER_VIOLATION": native(sim, "nvidia_gpu_clocks_event_seconds_total")[
@@ -138,9 +140,9 @@ def test_device_fields_are_native_values_in_dcgm_units(simulate, fleet):
             expected |= {
                 "DCGM_FI_DEV_GPU_UTIL": native(sim, "nvidia_gpu_utilization_ratio")[key] * 100,
                 "DCGM_FI_DEV_MEM_COPY_UTIL": native(sim, "nvidia_gpu_memory_utilization_ratio")[key] * 100,
-                "DCGM_FI_DEV_FB_USED": native(sim, "nvidia_gpu_memory_used_bytes")[key] / MIB,
-                "DCGM_FI_DEV_FB_FREE": native(sim, "nvidia_gpu_memory_free_bytes")[key] / MIB,
-                "DCGM_FI_DEV_FB_TOTAL": native(sim, "nvidia_gpu_memory_total_bytes")[key] / MIB,
+                "DCGM_FI_DEV_FB_USED": native(sim, "nvidia_gpu_memory_used_bytes")[key] // MIB,
+                "DCGM_FI_DEV_FB_FREE": native(sim, "nvidia_gpu_memory_free_bytes")[key] // MIB,
+                "DCGM_FI_DEV_FB_TOTAL": native(sim, "nvidia_gpu_memory_total_bytes")[key] // MIB,
             }
         instances = {str(m.gpu_instance_id): m.profile for m in device.migs}
         for name, value in expected.items():
@@ -152,8 +154,11 @@ def test_device_fields_are_native_values_in_dcgm_units(simulate, fleet):
                 assert len(found) == len(instances), name
             else:
                 assert all(labels.keys().isdisjoint(MIG) for labels, _ in found), name
+            if name not in DOUBLES:  # DCGM's int64 fields: whole numbers, truncated (dcgm_fields.h)
+                value = math.floor(value + 1e-9)
             for _, got in found:
                 assert got == pytest.approx(value, abs=1e-6), (name, device.index)
+                assert name in DOUBLES or got == int(got), (name, got)
             checked += 1
     assert checked > 90
 
@@ -168,9 +173,9 @@ def test_mig_instances_get_their_own_memory_series(simulate, fleet):
     for (gpu, uuid, gi, _ci, profile), value in used.items():
         at = {"gpu": gpu, "UUID": uuid, "GPU_I_ID": gi, "GPU_I_PROFILE": profile}
         key = (gpu, uuid, gi, _ci, profile)
-        assert one(sim, "DCGM_FI_DEV_FB_USED", **at) == pytest.approx(value / MIB, abs=1e-6)
-        assert one(sim, "DCGM_FI_DEV_FB_FREE", **at) == pytest.approx(free[key] / MIB, abs=1e-6)
-        assert one(sim, "DCGM_FI_DEV_FB_TOTAL", **at) == total[key] / MIB
+        assert one(sim, "DCGM_FI_DEV_FB_USED", **at) == value // MIB
+        assert one(sim, "DCGM_FI_DEV_FB_FREE", **at) == free[key] // MIB
+        assert one(sim, "DCGM_FI_DEV_FB_TOTAL", **at) == total[key] // MIB
     mig_fb = [labels for labels, _ in series(sim, "DCGM_FI_DEV_FB_USED") if "GPU_I_ID" in labels]
     assert len(mig_fb) == len(used)
 
@@ -361,7 +366,7 @@ def test_pod_on_h100_mig_instance(with_kubelet):
     )
     assert labels["GPU_I_PROFILE"] == "1g.10gb"
     key = ("2", uuid, "9", "0", "1g.10gb")
-    assert value == pytest.approx(native(sim, "nvidia_gpu_mig_memory_used_bytes")[key] / MIB, abs=1e-6)
+    assert value == native(sim, "nvidia_gpu_mig_memory_used_bytes")[key] // MIB  # whole MiB, as DCGM's int64
     # notebooks run 8h-18h: GPU 4's instances are free at the start, shown without pod labels
     assert all(labels.keys().isdisjoint(PODS) for labels, _ in series(sim, "DCGM_FI_DEV_FB_USED", gpu="4"))
 
