@@ -35,6 +35,7 @@ KEY = "hostname, namespace, pod, container, gpu, gpu_instance_id, mig_profile"
 # One MIG info series per GPU instance (several compute instances of one GI would otherwise make
 # the join many-to-many).
 ONE_PER_GI = "topk by (instance, uuid, gpu_instance_id) (1, nvidia_gpu_mig_info)"
+GI_LEGEND = "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}}"
 IDLE = steps((None, "red"), (0.05, "orange"), (0.25, "green"))
 
 
@@ -216,6 +217,48 @@ def build() -> d.Dashboard:
                 )
             ],
             description="NVML GPM: Hopper and later only (A100 MIG instances have no such series).",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Real work per MIG instance: occupancy, tensor, DRAM (Hopper and later)",
+            [
+                Query(mig('nvidia_gpu_sm_occupancy_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} occupancy"),
+                Query(
+                    mig('nvidia_gpu_tensor_active_ratio{gpu_instance_id!="", pipe="any"}'),
+                    f"{GI_LEGEND} tensor",
+                ),
+                Query(mig('nvidia_gpu_dram_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} DRAM"),
+                Query(mig('nvidia_gpu_sm_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} SM active"),
+            ],
+            description="NVML GPM per GPU instance, beside SM utilization (= SM active): occupancy is how many "
+            "warps of the maximum were resident, tensor the share of cycles any tensor pipe worked, DRAM the "
+            "share of the instance's memory bandwidth used. NVML has no coarse utilization under MIG; these "
+            "say whether a pod's instance does real work. Absent on A100 (no GPM).",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Pipes per MIG instance: graphics engine and FP64/32/16 (Hopper and later)",
+            [
+                Query(
+                    mig('nvidia_gpu_graphics_engine_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} engine"
+                ),
+                Query(
+                    mig('nvidia_gpu_fp_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} {{{{precision}}}}"
+                ),
+            ],
+            description="NVML GPM per GPU instance: the share of time the graphics/compute engine had work "
+            "(at least SM active), and of cycles each floating-point pipe worked. fp64 high with tensor low "
+            "is HPC code; fp16 or tensor high is mixed-precision training.",
             unit="percentunit",
             min=0,
             max=1,

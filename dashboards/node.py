@@ -42,6 +42,8 @@ def g(expr: str, labels: str = "hostname") -> str:
 
 
 GPU_LEGEND = "GPU {{gpu}}"
+# Profiling series are per GPU, or per GPU instance on a MIG GPU (the MIG labels are empty on a whole GPU)
+PROFILED = "GPU {{gpu}} {{mig_profile}} {{gpu_instance_id}}"
 TO_MIG = link(
     "MIG & pods: ${__data.fields.namespace}/${__data.fields.pod}",
     url(
@@ -281,7 +283,43 @@ def build() -> d.Dashboard:
                 Query(g("nvidia_gpu_utilization_ratio"), f"{GPU_LEGEND} kernels"),
                 Query(g("nvidia_gpu_memory_utilization_ratio"), f"{GPU_LEGEND} memory bandwidth"),
             ],
-            description="Absent in MIG mode: see MIG & pods for per-instance SM utilization.",
+            description="Coarse: NVML's share of time in which any kernel ran, so one busy warp reads 100 %. "
+            "Absent in MIG mode: see MIG & pods for per-instance activity. How much of the GPU that kernel "
+            "used is in the next panel.",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Video engines",
+            [
+                Query(g("nvidia_gpu_encoder_utilization_ratio"), f"{GPU_LEGEND} encoder"),
+                Query(g("nvidia_gpu_decoder_utilization_ratio"), f"{GPU_LEGEND} decoder"),
+            ],
+            description="Share of time NVENC / NVDEC were busy (whole GPUs; NVML has none under MIG).",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Real work: SM active, occupancy, tensor, DRAM (Hopper and later)",
+            [
+                Query(g("nvidia_gpu_sm_active_ratio"), f"{PROFILED} SM active"),
+                Query(g("nvidia_gpu_sm_occupancy_ratio"), f"{PROFILED} SM occupancy"),
+                Query(g('nvidia_gpu_tensor_active_ratio{pipe="any"}'), f"{PROFILED} tensor"),
+                Query(g("nvidia_gpu_dram_active_ratio"), f"{PROFILED} DRAM"),
+            ],
+            description="Fine-grained, from NVML GPM over each sampling interval: SM active is the share of SM "
+            "cycles with a warp resident, occupancy how many warps of the maximum were resident, tensor the "
+            "share of cycles any tensor pipe worked, DRAM the share of memory bandwidth used. A GPU at 100 % "
+            "utilization with low SM active or tensor is busy but not working hard. Absent before Hopper "
+            "(V100, T4, A100: only DCGM's profiling module measures these). On a MIG GPU, one line per GPU instance.",
             unit="percentunit",
             min=0,
             max=1,
@@ -349,6 +387,34 @@ def build() -> d.Dashboard:
             "recovery: the link retransmitting or retraining.",
             unit="ops",
             h=12,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "NVLink traffic per GPU",
+            [
+                Query(
+                    g(
+                        "sum by (instance, uuid, gpu) "
+                        "(rate(nvidia_gpu_nvlink_transmit_bytes_total[$__rate_interval]))"
+                    ),
+                    GPU_LEGEND + " sent",
+                ),
+                Query(
+                    g(
+                        "sum by (instance, uuid, gpu) "
+                        "(rate(nvidia_gpu_nvlink_receive_bytes_total[$__rate_interval]))"
+                    ),
+                    GPU_LEGEND + " received",
+                ),
+                Query(g("nvidia_gpu_nvlink_transmit_bytes_per_second"), GPU_LEGEND + " sent (GPM)"),
+                Query(g("nvidia_gpu_nvlink_receive_bytes_per_second"), GPU_LEGEND + " received (GPM)"),
+            ],
+            description="Data bytes (payload) over all links, from NVML's per-link counters (fields 138/139), and "
+            "on whole Hopper GPUs NVML GPM's rate over the sampling interval: the two should agree.",
+            unit="Bps",
+            w=24,
         ),
     )
 

@@ -124,7 +124,11 @@ def build_exporter(
             replicas_under_mps=strategy == "mps",
         )
     chosen = collector_registry.build(
-        config.enable_collectors, config.disable_collectors, xid_watcher=watcher, privileged=privileged
+        config.enable_collectors,
+        config.disable_collectors,
+        xid_watcher=watcher,
+        privileged=privileged,
+        clock=clock,
     )
     sampler = Sampler(
         NvmlSession(library),
@@ -136,7 +140,14 @@ def build_exporter(
         xid_watcher=watcher,
     )
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(SnapshotCollector(sampler.snapshot, naming=config.naming))
+    dcgm_options = None
+    if config.naming == "dcgm":
+        from .dcgm import options_from_collectors
+        from .dcgm_csv import read_collectors
+
+        collectors = read_collectors(config.collectors) if config.collectors else None
+        dcgm_options = options_from_collectors(collectors, config.dcgm_hostname_label)
+    registry.register(SnapshotCollector(sampler.snapshot, naming=config.naming, dcgm_options=dcgm_options))
     exposition = ExpositionCache(registry, sampler.snapshot)
     sampler.listeners.append(exposition.prepare)
     return Exporter(config, sampler, registry, exposition, node, library)

@@ -10,6 +10,7 @@ a label, so the catalog cannot disagree with the contract.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -45,6 +46,10 @@ SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
 }
 
 
+# dcgm_fields.h: the DCGM_FI_DEV_* fields we map that are DCGM_FT_DOUBLE; the rest are DCGM_FT_INT64
+DCGM_DOUBLE_FIELDS = frozenset({"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT"})
+
+
 @dataclass(frozen=True, slots=True)
 class DcgmField:
     """How dcgm-exporter names the same value (``--naming dcgm``, rendered by ``exporter/dcgm.py``).
@@ -53,7 +58,7 @@ class DcgmField:
     s to ns); ``match`` picks the series of a labelled native metric that this field stands for;
     ``latest_label`` makes the field's value the numeric value of that label on the device's series
     with the highest native value (the XID with the newest timestamp: dcgm-exporter's "last XID" gauge),
-    0 for a device that has none. The Prometheus type is the native metric's, which is the type
+    0 for a device that has none; ``total`` sums the matched series per device. The Prometheus type is the native metric's, which is the type
     dcgm-exporter's default-counters.csv gives every mapped field. A field that both a device and a MIG
     metric provide is shown per MIG instance only on a MIG-enabled GPU, as dcgm-exporter does.
     """
@@ -63,6 +68,14 @@ class DcgmField:
     match: tuple[tuple[str, str], ...] = ()
     help: str = ""
     latest_label: str = ""
+    total: bool = False  # the sum of the matched series per device (a per-link counter's _TOTAL)
+
+    @property
+    def integer(self) -> bool:
+        """DCGM keeps the field as an int64 (dcgm_fields.h, DCGM_FT_INT64), so dcgm-exporter prints a
+        whole number: MiB as DCGM's integer division of bytes leaves them, clocks, temperatures,
+        percentages, counts, mJ, ns. Power and the profiling (DCP) fields are doubles."""
+        return not self.name.startswith("DCGM_FI_PROF_") and self.name not in DCGM_DOUBLE_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +121,37 @@ class MetricSpec:
     def family_name(self) -> str:
         """The name prometheus-client wants: counters without their ``_total``."""
         return self.series.family_name
+
+
+# DCGM's per-link NVLink error fields, _L0 ... _L17 (dcgm_fields.h: 18 links, NVML_NVLINK_MAX_LINKS), and
+# their per-GPU _TOTAL (409/419/429/439), from the per-link native counter.
+NVLINK_MAX_LINKS = 18
+_NVLINK_DCGM = {
+    "crc_flit": ("CRC_FLIT", "NVLink flow-control CRC errors"),
+    "crc_data": ("CRC_DATA", "NVLink data CRC errors"),
+    "replay": ("REPLAY", "NVLink retries"),
+    "recovery": ("RECOVERY", "NVLink recovery errors"),
+}
+
+
+def _nvlink_error_fields() -> tuple[DcgmField, ...]:
+    fields = []
+    for kind, (dcgm, what) in _NVLINK_DCGM.items():
+        base = f"DCGM_FI_DEV_NVLINK_{dcgm}_ERROR_COUNT"
+        fields.append(
+            DcgmField(
+                f"{base}_TOTAL", match=(("error_type", kind),), total=True, help=f"Total number of {what}."
+            )
+        )
+        fields += [
+            DcgmField(
+                f"{base}_L{link}",
+                match=(("link", str(link)), ("error_type", kind)),
+                help=f"Number of {what} on link {link}.",
+            )
+            for link in range(NVLINK_MAX_LINKS)
+        ]
+    return tuple(fields)
 
 
 D, M, A, X = Scope.DEVICE, Scope.MIG, Scope.ALLOCATION, Scope.EXPORTER
@@ -418,6 +462,30 @@ CATALOG: tuple[MetricSpec, ...] = (
         contract.NVLINK_ERRORS,
         D,
         "fields 32-37/96-101 (crc_flit), 39-44/102-107 (crc_data), 161 (replay), 162 (recovery), batched",
+        dcgm=_nvlink_error_fields(),
+    ),
+    MetricSpec(
+        contract.NVLINK_TX_BYTES,
+        D,
+        "field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (138) per link (scopeId), KiB x 1024, batched",
+    ),
+    MetricSpec(
+        contract.NVLINK_RX_BYTES,
+        D,
+        "field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (139) per link (scopeId), KiB x 1024, batched",
+    ),
+    # --- video engines -------------------------------------------------------------------------------
+    MetricSpec(
+        contract.ENCODER_UTILIZATION,
+        D,
+        "nvmlDeviceGetEncoderUtilization / 100",
+        dcgm=(DcgmField("DCGM_FI_DEV_ENC_UTIL", scale=100.0, help="Encoder utilization (in %)."),),
+    ),
+    MetricSpec(
+        contract.DECODER_UTILIZATION,
+        D,
+        "nvmlDeviceGetDecoderUtilization / 100",
+        dcgm=(DcgmField("DCGM_FI_DEV_DEC_UTIL", scale=100.0, help="Decoder utilization (in %)."),),
     ),
     # --- MIG ------------------------------------------------------------------------------------
     MetricSpec(
@@ -447,11 +515,108 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         contract.MIG_SM_UTILIZATION,
         M,
-        "nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100",
+        "nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100 (the sample pair of "
+        "nvidia_gpu_sm_active_ratio, which DCGM_FI_PROF_SM_ACTIVE is rendered from)",
+    ),
+    # --- profiling: NVML GPM (Hopper and later), one sample per GPU or GPU instance per cycle ---------
+    # DCGM fills DCGM_FI_PROF_* from these very GPM metrics on Hopper (dcgmlib/src/dcgm_fields.cpp,
+    # DcgmFieldIdToNvmlGpmMetricId; DcgmGpmManager.cpp divides the percentages by 100, as we do).
+    MetricSpec(
+        contract.SM_ACTIVE,
+        M,
+        "nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_UTIL) / 100",
         dcgm=(
             DcgmField(
-                "DCGM_FI_PROF_SM_ACTIVE",
-                help="The ratio of cycles an SM has at least 1 warp assigned.",
+                "DCGM_FI_PROF_SM_ACTIVE", help="The ratio of cycles an SM has at least 1 warp assigned."
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.SM_OCCUPANCY,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_SM_OCCUPANCY) / 100",
+        dcgm=(
+            DcgmField("DCGM_FI_PROF_SM_OCCUPANCY", help="The ratio of number of warps resident on an SM."),
+        ),
+    ),
+    MetricSpec(
+        contract.TENSOR_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_ANY_TENSOR_UTIL, HMMA_, IMMA_, DFMA_TENSOR_UTIL) / 100",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                match=(("pipe", "any"),),
+                help="Ratio of cycles the tensor (HMMA) pipe is active.",
+            ),
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+                match=(("pipe", "hmma"),),
+                help="Ratio of cycles the tensor (HMMA) pipe is active.",
+            ),
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+                match=(("pipe", "imma"),),
+                help="Ratio of cycles the tensor (IMMA) pipe is active.",
+            ),
+            DcgmField(
+                "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+                match=(("pipe", "dfma"),),
+                help="Ratio of cycles the tensor (DFMA) pipe is active.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.DRAM_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_DRAM_BW_UTIL) / 100",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_DRAM_ACTIVE",
+                help="Ratio of cycles the device memory interface is active sending or receiving data.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.GRAPHICS_ENGINE_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_GRAPHICS_UTIL) / 100",
+        dcgm=(
+            DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", help="Ratio of time the graphics engine is active."),
+        ),
+    ),
+    MetricSpec(
+        contract.FP_ACTIVE,
+        M,
+        "nvmlGpmMetricsGet(NVML_GPM_METRIC_FP64_UTIL, FP32_UTIL, FP16_UTIL) / 100",
+        dcgm=tuple(
+            DcgmField(
+                f"DCGM_FI_PROF_PIPE_{p.upper()}_ACTIVE",
+                match=(("precision", p),),
+                help=f"Ratio of cycles the {p} pipes are active.",
+            )
+            for p in ("fp64", "fp32", "fp16")
+        ),
+    ),
+    MetricSpec(
+        contract.NVLINK_TX_RATE,
+        D,
+        "nvmlGpmSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC) x 2^20 (MiB/s)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_NVLINK_TX_BYTES",
+                help="The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.NVLINK_RX_RATE,
+        D,
+        "nvmlGpmSampleGet + nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC) x 2^20 (MiB/s)",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_PROF_NVLINK_RX_BYTES",
+                help="The rate of data received over NVLink, not including protocol headers, in bytes per second.",
             ),
         ),
     ),
@@ -499,14 +664,33 @@ def render_markdown() -> str:
         "Device series carry `gpu` (index) and `uuid`; MIG series add `gpu_instance_id`,",
         "`compute_instance_id` and `mig_profile`.",
         "",
+        "**Profiling metrics** (`nvidia_gpu_sm_active_ratio`, `_sm_occupancy_ratio`, `_tensor_active_ratio`,",
+        "`_dram_active_ratio`, `_graphics_engine_active_ratio`, `_fp_active_ratio`, the NVLink byte rates) come",
+        'from NVML GPM, which exists on Hopper and later only (nvml.h, nvmlGpmQueryDeviceSupport: "For Hopper',
+        'or newer fully supported devices"). On V100, T4 and A100 they are absent, not 0: there the only',
+        "source is DCGM's closed profiling module (DCP), which gpumeter does not depend on, and `gpumeter",
+        "doctor` says so for the node. They are per GPU (empty MIG labels) or, on a MIG-enabled GPU, per GPU",
+        "instance; one GPM sample per GPU or GPU instance per cycle, each value the average over the",
+        'sampling interval. `nvidia_gpu_utilization_ratio` (NVML\'s "a kernel was running") reads 100 % for one',
+        "busy warp; SM active and occupancy say how much of the GPU that kernel used.",
+        "",
         "| metric | type | labels | help | NVML source | dcgm-exporter name (`--naming dcgm`) |",
         "|---|---|---|---|---|---|",
     ]
     for spec in CATALOG:
-        dcgm = "<br>".join(
-            f"`{f.name}`" + (f" ({', '.join(f'{k}={v}' for k, v in f.match)})" if f.match else "")
-            for f in spec.dcgm
-        )
+        entries: list[str] = []
+        for f in spec.dcgm:
+            per_link = re.fullmatch(r"(.*)_L(\d+)", f.name)
+            if per_link and int(per_link.group(2)) > 0:
+                continue  # one row per per-link family: _L0 ... _L17
+            if per_link:
+                others = ", ".join(f"{k}={v}" for k, v in f.match if k != "link")
+                entries.append(f"`{per_link.group(1)}_L0` ... `_L{NVLINK_MAX_LINKS - 1}` (link=N, {others})")
+                continue
+            entries.append(
+                f"`{f.name}`" + (f" ({', '.join(f'{k}={v}' for k, v in f.match)})" if f.match else "")
+            )
+        dcgm = "<br>".join(entries)
         labels = ", ".join(f"`{label}`" for label in spec.label_names)
         lines.append(f"| `{spec.name}` | {spec.type.value} | {labels} | {spec.help} | {spec.nvml} | {dcgm} |")
     return "\n".join(lines) + "\n"

@@ -43,6 +43,8 @@ class ExporterConfig:
     hostname: str | None = None
     enable_collectors: tuple[str, ...] = ()
     disable_collectors: tuple[str, ...] = ()
+    collectors: str | None = None
+    dcgm_hostname_label: str = "Hostname"
 
 
 # (option, help) — the flag is --<option with dashes>, the env var GPUMETER_<OPTION UPPER>
@@ -63,11 +65,21 @@ OPTIONS = {
     "hostname": "hostname label (default: $NODE_NAME, else the OS hostname)",
     "enable_collectors": "comma-separated collectors to enable in addition to the defaults",
     "disable_collectors": "comma-separated collectors to disable",
+    "collectors": "dcgm-exporter collectors CSV (-f): export exactly the DCGM fields it lists; implies --naming dcgm",
+    "dcgm_hostname_label": "dcgm naming: spelling of the hostname label, Hostname (dcgm-exporter <= 4.8.2, "
+    "default) or hostname (4.8.3 and later)",
 }
 
 
 # exporter-toolkit's flag name, which operators of other exporters type by habit
-ALIASES = {"web_config": ("--web.config.file",)}
+# and dcgm-exporter's flags (pkg/cmd/app.go), so its DaemonSet arguments work unchanged
+ALIASES = {
+    "web_config": ("--web.config.file",),
+    "listen": ("-a", "--address"),
+    "collectors": ("-f",),
+}
+# dcgm-exporter's environment variables (pkg/cmd/app.go); GPUMETER_* ones win over them
+DCGM_EXPORTER_ENV = {"collectors": "DCGM_EXPORTER_COLLECTORS", "listen": "DCGM_EXPORTER_LISTEN"}
 LISTEN_OPTIONS = ("listen", "admin_listen")
 
 
@@ -128,6 +140,9 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             raise ConfigError(f"{config_path}: unknown option(s): {', '.join(sorted(map(str, unknown)))}")
         values.update({k: _convert(k, v, config_path) for k, v in data.items()})
     for name in OPTIONS:
+        dcgm_env = DCGM_EXPORTER_ENV.get(name)
+        if dcgm_env and environ.get(dcgm_env) is not None:
+            values[name] = _convert(name, environ[dcgm_env], dcgm_env)
         env = environ.get(f"GPUMETER_{name.upper()}")
         if env is not None:
             values[name] = _convert(name, env, f"GPUMETER_{name.upper()}")
@@ -136,6 +151,13 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             values[name] = _convert(name, flag, f"--{name.replace('_', '-')}")
     if values.get("hostname") is None and environ.get("NODE_NAME"):
         values["hostname"] = environ["NODE_NAME"]
+    if values.get("collectors"):  # a dcgm-exporter collectors file only makes sense with its names
+        if values.get("naming", "dcgm") != "dcgm":
+            raise ConfigError(
+                f"collectors: {values['collectors']} lists DCGM fields, which only --naming dcgm exports "
+                f"(got naming {values['naming']!r})"
+            )
+        values["naming"] = "dcgm"
     config = ExporterConfig(**values)
     if config.gpu_sharing_strategy not in (None, *SHARING_STRATEGIES):
         raise ConfigError(
@@ -144,6 +166,17 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         )
     if config.naming not in ("native", "dcgm"):
         raise ConfigError(f"naming: must be native or dcgm (got {config.naming!r})")
+    if config.dcgm_hostname_label not in ("Hostname", "hostname"):
+        raise ConfigError(
+            f"dcgm_hostname_label: must be Hostname or hostname (got {config.dcgm_hostname_label!r:.40})"
+        )
+    if config.collectors:
+        from .dcgm_csv import CollectorsFileError, read_collectors
+
+        try:
+            read_collectors(config.collectors)  # a bad file stops the start here, in one line
+        except CollectorsFileError as exc:
+            raise ConfigError(str(exc)) from None
     # GPM needs samples more than 100 ms apart (nvml.h, nvmlGpmSampleGet); inf would stop the sampler
     # for good and nan would spin it (math.isfinite guards both, comparisons with nan are all False).
     if not math.isfinite(config.interval) or config.interval < MIN_INTERVAL_S:

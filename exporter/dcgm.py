@@ -5,20 +5,24 @@ A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, docs/dcgm-mod
 * The metric name is the DCGM field name, e.g. ``DCGM_FI_DEV_GPU_TEMP``; units are dcgm-exporter's
   (MiB, MHz, mJ, %, ns). Which native metric feeds which field, and the scale, is declared in the
   catalog (``MetricSpec.dcgm``); this module only applies it. Fields NVML cannot provide (the DCP
-  profiling fields, NVLink bandwidth totals, vGPU license) are absent, never 0 (docs/dcgm-mode.md).
+  profiling fields before Hopper, NVLink bandwidth totals, vGPU license) are absent, never 0
+  (docs/dcgm-mode.md).
 * Every GPU series carries ``gpu``, ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<minor>``),
   ``modelName``, ``hostname`` and the ``DCGM_FI_DRIVER_VERSION`` label row of default-counters.csv.
-* MIG: a field that dcgm-exporter reports per GPU instance (``FB_USED``, ``FB_FREE``, ``FB_TOTAL``,
-  ``PROF_SM_ACTIVE``) is shown per instance only on a MIG-enabled GPU, with the parent's labels plus
-  ``GPU_I_PROFILE`` and ``GPU_I_ID``. Physical-GPU values (temperature, power, energy, clocks) are shown
-  once per GPU instead of being repeated on every instance (#317): sums stay right.
+* MIG: a MIG-enabled GPU appears as its GPU instances, as in dcgm-exporter: per-instance fields
+  (``FB_*``, ``PROF_*``) carry the instance's value, device fields (temperature, power, clocks ...) the
+  parent's, repeated on each instance with ``GPU_I_PROFILE``, ``GPU_I_ID`` and the instance's pods
+  (#317), so pod queries written for dcgm-exporter work. Native names keep one series per GPU.
 * Pods: ``pod``, ``namespace`` and ``container`` from ``nvidia_gpu_allocation`` of the same snapshot,
   whole GPUs matched by UUID, MIG instances by (GPU index, GPU instance id) (#272, #577). A device
   that several pods share (time-slicing) gets one series per pod, at most ``MAX_PODS_PER_DEVICE``,
   where dcgm-exporter labels only the last one (#307). Each of those series carries the device's
   value: do not sum them across pods.
-* ``DCGM_FI_DEV_XID_ERRORS`` is the code of the last XID (the newest timestamp), 0 when none, with an
-  ``err_code`` label, as dcgm-exporter reports it (quirk §2.4). Native mode counts every XID.
+* ``DCGM_FI_DEV_XID_ERRORS`` is the code of the last XID (the newest timestamp), 0 when none, with
+  ``err_code`` and ``err_msg`` labels, as dcgm-exporter reports it (quirk §2.4). Native mode counts
+  every XID.
+* Per-link NVLink error fields ``…_L0`` … ``…_L17`` and their per-GPU ``…_TOTAL``.
+* ``-f FILE`` (``DcgmOptions``) exports exactly the fields a dcgm-exporter CSV lists.
 * Counters keep dcgm-exporter's names (no ``_total`` suffix) and their ``counter`` type.
 * The exporter's own ``gpumeter_exporter_*`` series keep their native names.
 """
@@ -26,6 +30,8 @@ A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, docs/dcgm-mod
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .catalog import CATALOG, DcgmField, MetricSpec, MetricType, Scope, by_name
 from .snapshot import DeviceIdentity, Snapshot
+from .xid_messages import message as xid_message
 
 __all__ = [
     "DEVICE_LABELS",
@@ -42,8 +49,10 @@ __all__ = [
     "MAX_PODS_PER_DEVICE",
     "MIG_LABELS",
     "POD_LABELS",
+    "DcgmOptions",
     "collect_dcgm",
     "describe_dcgm",
+    "options_from_collectors",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,9 +62,11 @@ log = logging.getLogger(__name__)
 DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 HOSTNAME_LABEL = "Hostname"
+HOSTNAME_LABELS = ("Hostname", "hostname")  # --dcgm-hostname-label
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"  # the `label` row of default-counters.csv
 POD_LABELS = ("pod", "namespace", "container")
 XID_CODE_LABEL = "err_code"
+XID_TEXT_LABEL = "err_msg"
 MAX_PODS_PER_DEVICE = 16  # bound on the series a time-sliced device fans out to
 DECIMALS = 6  # dcgm-exporter prints doubles with %f
 
@@ -112,6 +123,55 @@ class DcgmMetric:
         return any(s.spec.scope is Scope.MIG for s in self.sources)
 
 
+@dataclass(frozen=True, slots=True)
+class DcgmOptions:
+    """What ``-f/--collectors FILE`` and ``--dcgm-hostname-label`` change about dcgm naming.
+
+    ``fields`` None exports every field the catalog maps (the default); otherwise exactly these, each
+    with the type and help text its CSV row gives (dcgm-exporter prints the row's). ``driver_label``
+    is the ``DCGM_FI_DRIVER_VERSION`` label row: on by default, and with a file only if it lists it.
+    """
+
+    fields: frozenset[str] | None = None  # None: DEFAULT_FIELDS
+    types: tuple[tuple[str, str], ...] = ()  # field -> "gauge" / "counter" from the CSV
+    helps: tuple[tuple[str, str], ...] = ()
+    hostname_label: str = HOSTNAME_LABEL
+    driver_label: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hostname_label not in HOSTNAME_LABELS:
+            raise ValueError(
+                f"dcgm_hostname_label: must be {' or '.join(HOSTNAME_LABELS)} (got {self.hostname_label!r:.40})"
+            )
+
+
+DEFAULT_OPTIONS = DcgmOptions()
+
+
+def options_from_collectors(collectors, hostname_label: str = HOSTNAME_LABEL) -> DcgmOptions:
+    """Options for a parsed collectors file (``exporter.dcgm_csv.CollectorsFile``); the fields it lists
+    that this exporter cannot export are named in one warning (dcgm-exporter skips them too)."""
+    if collectors is None:
+        return DcgmOptions(hostname_label=hostname_label)
+    missing = collectors.unexported(frozenset(FIELDS), frozenset({DRIVER_LABEL}))
+    if missing:
+        log.warning(
+            "%s: %d listed field(s) not exported, NVML cannot answer them or they are not DCGM fields "
+            "(docs/dcgm-mode.md): %s",
+            collectors.path,
+            len(missing),
+            ", ".join(missing),
+        )
+    rows = [f for f in collectors.fields if f.name in FIELDS and f.type != "label"]
+    return DcgmOptions(
+        fields=frozenset(f.name for f in rows),
+        types=tuple((f.name, f.type) for f in rows if f.type in ("gauge", "counter")),
+        helps=tuple((f.name, f.help) for f in rows if f.help),
+        hostname_label=hostname_label,
+        driver_label=DRIVER_LABEL in collectors.labels,
+    )
+
+
 def _build_fields() -> dict[str, DcgmMetric]:
     grouped: dict[str, list[Source]] = {}
     for spec in CATALOG:
@@ -135,14 +195,27 @@ def _build_fields() -> dict[str, DcgmMetric]:
 
 
 FIELDS: dict[str, DcgmMetric] = _build_fields()
+# Without -f: every field except the per-link NVLink ones (_L0 ... _L17), which dcgm-exporter's own CSVs
+# leave out too; on a MIG node they would be 4 x 18 links x every GPU instance (4,032 series on 8xH100
+# 1g.10gb). A collectors file that lists them gets them (seed 003's lists _L0); the _TOTALs are in.
+DEFAULT_FIELDS = frozenset(name for name in FIELDS if not re.fullmatch(r".+_L\d+", name))
 _NATIVE = tuple(spec for spec in CATALOG if spec.scope is Scope.EXPORTER)
 
 
-def _dcgm_family(metric: DcgmMetric) -> Metric:
-    family = Metric(metric.name, metric.help, "gauge")
-    if metric.type is MetricType.COUNTER:
+def _dcgm_family(metric: DcgmMetric, options: DcgmOptions = DEFAULT_OPTIONS) -> Metric:
+    help_text = dict(options.helps).get(metric.name, metric.help)
+    kind = dict(options.types).get(metric.name, "counter" if metric.type is MetricType.COUNTER else "gauge")
+    family = Metric(metric.name, help_text, "gauge")
+    if kind == "counter":
         family.type = _COUNTER
     return family
+
+
+def _selected(options: DcgmOptions) -> Iterator[DcgmMetric]:
+    wanted = DEFAULT_FIELDS if options.fields is None else options.fields
+    for metric in FIELDS.values():
+        if metric.name in wanted:
+            yield metric
 
 
 def _native_family(spec: MetricSpec) -> Metric:
@@ -151,9 +224,9 @@ def _native_family(spec: MetricSpec) -> Metric:
     return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.label_names))
 
 
-def describe_dcgm() -> Iterator[Metric]:
-    for metric in FIELDS.values():
-        yield _dcgm_family(metric)
+def describe_dcgm(options: DcgmOptions = DEFAULT_OPTIONS) -> Iterator[Metric]:
+    for metric in _selected(options):
+        yield _dcgm_family(metric, options)
     for spec in _NATIVE:
         yield _native_family(spec)
 
@@ -161,8 +234,9 @@ def describe_dcgm() -> Iterator[Metric]:
 class _View:
     """What one snapshot says about devices and pods, indexed for rendering."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, options: DcgmOptions = DEFAULT_OPTIONS):
         self.snapshot = snapshot
+        self.options = options
         self.devices = {d.uuid: d for d in snapshot.devices}
         driver_at = _INFO.label_names.index("driver_version")
         drivers = {labels[1]: labels[driver_at] for labels, _ in snapshot.samples(_INFO.name)}
@@ -173,12 +247,37 @@ class _View:
                 "pci_bus_id": d.pci_bus_id,
                 "device": f"nvidia{d.index if d.minor_number is None else d.minor_number}",
                 "modelName": d.model,
-                HOSTNAME_LABEL: snapshot.hostname,
-                DRIVER_LABEL: drivers.get(d.uuid, ""),
+                options.hostname_label: snapshot.hostname,
+                **({DRIVER_LABEL: drivers.get(d.uuid, "")} if options.driver_label else {}),
             }
             for d in snapshot.devices
         }
         self.holders = self._holders(snapshot)
+        self.indexes: dict[tuple, dict[tuple[str, ...], list]] = {}
+        self._targets: dict[str, tuple[tuple[dict[str, str], tuple[dict[str, str], ...]], ...]] = {}
+
+    def targets(self, device: DeviceIdentity):
+        """Where a device field's value goes: the GPU itself, or on a MIG-enabled GPU each of its GPU
+        instances, with ``GPU_I_PROFILE``, ``GPU_I_ID`` and that instance's pods, as dcgm-exporter
+        reports a MIG GPU (as its GPU instances, device fields repeated on each: §4, #317)."""
+        found = self._targets.get(device.uuid)
+        if found is None:
+            base = self.base[device.uuid]
+            if device.mig_enabled and device.migs:
+                instances: dict[int, str] = {}
+                for mig in device.migs:
+                    instances.setdefault(mig.gpu_instance_id, mig.profile)
+                found = tuple(
+                    (
+                        {**base, "GPU_I_PROFILE": profile, "GPU_I_ID": str(gi)},
+                        self.holders.get((str(device.index), str(gi)), ()),
+                    )
+                    for gi, profile in sorted(instances.items())
+                )
+            else:
+                found = ((base, self.holders.get((device.uuid, ""), ())),)
+            self._targets[device.uuid] = found
+        return found
 
     @staticmethod
     def _holders(snapshot: Snapshot) -> dict[tuple[str, str], tuple[dict[str, str], ...]]:
@@ -212,7 +311,9 @@ class _View:
         return device if device is not None and device.up else None
 
 
-def _value(value: float, scale: float) -> float:
+def _value(value: float, scale: float, integer: bool = False) -> float:
+    if integer:  # DCGM's int64 fields: truncated as its integer division of bytes into MiB truncates
+        return float(math.floor(value * scale + 1e-9))  # (the epsilon keeps 0.29 x 100 at 29)
     return round(value * scale, DECIMALS)
 
 
@@ -223,11 +324,27 @@ def _add(family: Metric, labels: dict[str, str], holders: tuple[dict[str, str], 
         family.add_sample(family.name, {**labels, **pod}, value)
 
 
+def _matching(view: _View, source: Source) -> tuple:
+    """The samples of the source's native metric that its ``match`` picks, from an index built once
+    per snapshot and label positions: a field per NVLink link would otherwise rescan every sample."""
+    if not source.match:
+        return view.snapshot.samples(source.spec.name)
+    positions = tuple(i for i, _ in source.match)
+    key = (source.spec.name, positions)
+    index = view.indexes.get(key)
+    if index is None:
+        index = {}
+        for sample in view.snapshot.samples(source.spec.name):
+            index.setdefault(tuple(sample[0][i] for i in positions), []).append(sample)
+        view.indexes[key] = index
+    return tuple(index.get(tuple(wanted for _, wanted in source.match), ()))
+
+
 def _render(metric: DcgmMetric, view: _View) -> Metric:
-    family = _dcgm_family(metric)
+    family = _dcgm_family(metric, view.options)
     per_instance = metric.per_mig_instance
     for source in metric.sources:
-        samples = view.snapshot.samples(source.spec.name)
+        samples = _matching(view, source)
         if source.spec.scope is Scope.MIG:
             seen: set[tuple[str, str]] = set()
             for labels, value in samples:
@@ -236,24 +353,47 @@ def _render(metric: DcgmMetric, view: _View) -> Metric:
                 if device is None or (uuid, gi) in seen:
                     continue  # compute instances are never shown apart (§4)
                 seen.add((uuid, gi))
+                if gi == "":  # a whole GPU's series of a per-GPU-or-instance metric (GPM profiling)
+                    holders = view.holders.get((uuid, ""), ())
+                    _add(
+                        family,
+                        view.base[uuid],
+                        holders,
+                        _value(value, source.field.scale, source.field.integer),
+                    )
+                    continue
                 base = {**view.base[uuid], "GPU_I_PROFILE": profile, "GPU_I_ID": gi}
-                _add(family, base, view.holders.get((gpu, gi), ()), _value(value, source.field.scale))
+                _add(
+                    family,
+                    base,
+                    view.holders.get((gpu, gi), ()),
+                    _value(value, source.field.scale, source.field.integer),
+                )
         elif source.latest is not None:
             _render_latest(family, source, samples, view)
+        elif source.field.total:
+            totals: dict[str, float] = {}
+            for labels, value in samples:
+                totals[labels[1]] = totals.get(labels[1], 0.0) + value
+            for uuid, total in totals.items():
+                device = view.device(uuid)
+                if device is not None:
+                    for labels, holders in view.targets(device):
+                        _add(family, labels, holders, _value(total, source.field.scale, source.field.integer))
         else:
             for labels, value in samples:
                 device = view.device(labels[1])
                 if device is None or (per_instance and device.mig_enabled):
                     continue
-                if any(labels[i] != wanted for i, wanted in source.match):
-                    continue
-                holders = view.holders.get((device.uuid, ""), ())
-                _add(family, view.base[device.uuid], holders, _value(value, source.field.scale))
+                scaled = _value(value, source.field.scale, source.field.integer)
+                for target, holders in view.targets(device):
+                    _add(family, target, holders, scaled)
     return family
 
 
 def _render_latest(family: Metric, source: Source, samples, view: _View) -> None:
-    """The label value of each device's series with the highest value (the newest XID), 0 if none."""
+    """The label value of each device's series with the highest value (the newest XID), 0 if none,
+    with dcgm-exporter's ``err_code`` and ``err_msg`` (NVIDIA's XID catalog text) labels."""
     newest: dict[str, tuple[float, float]] = {}
     for labels, value in samples:
         try:
@@ -273,13 +413,14 @@ def _render_latest(family: Metric, source: Source, samples, view: _View) -> None
             code = 0.0
         else:
             continue
-        labels = {**view.base[device.uuid], XID_CODE_LABEL: f"{code:g}"}
-        _add(family, labels, view.holders.get((device.uuid, ""), ()), _value(code, source.field.scale))
+        error = {XID_CODE_LABEL: f"{code:g}", XID_TEXT_LABEL: xid_message(int(code))}
+        for labels, holders in view.targets(device):
+            _add(family, {**labels, **error}, holders, _value(code, source.field.scale, source.field.integer))
 
 
-def collect_dcgm(snapshot: Snapshot) -> Iterator[Metric]:
-    view = _View(snapshot)
-    for metric in FIELDS.values():
+def collect_dcgm(snapshot: Snapshot, options: DcgmOptions = DEFAULT_OPTIONS) -> Iterator[Metric]:
+    view = _View(snapshot, options)
+    for metric in _selected(options):
         family = _render(metric, view)
         if family.samples:  # unsupported or absent: no family, never NaN or 0
             yield family

@@ -330,9 +330,16 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
     gpm = next(a for a in gpu.calls if a.what == "nvmlGpmQueryDeviceSupport")
     support = raw["nvmlGpmQueryDeviceSupport"]
     if support is not None and support.isSupportedDevice:
-        gpu.gpm = "supported: per-MIG SM utilization"
+        gpu.gpm = (
+            "supported: SM active and occupancy, tensor, DRAM, graphics-engine and FP pipe activity, "
+            "NVLink rates, per GPU or MIG GPU instance"
+        )
     else:
-        gpu.gpm = f"not supported ({gpm.result if gpm.result != OK else 'isSupportedDevice 0'})"
+        gpu.gpm = (
+            f"not supported ({gpm.result if gpm.result != OK else 'isSupportedDevice 0'}): no profiling "
+            "metrics (SM active, occupancy, tensor, DRAM) for this GPU; NVML GPM needs Hopper or later, and "
+            "DCGM's profiling module is the only source on older GPUs"
+        )
     return gpu
 
 
@@ -405,6 +412,13 @@ def render_text(report: Report) -> str:
         if gpu.not_exported:
             out.append("  the exporter will not export (series, and where it would come from):")
             out += [f"    {line}" for line in gpu.not_exported]
+    without_gpm = [g for g in report.gpus if not g.gpm.startswith("supported")]
+    if without_gpm:
+        out += [
+            "",
+            f"profiling metrics: absent on {len(without_gpm)} of {len(report.gpus)} GPUs of this node (no NVML "
+            "GPM before Hopper; docs/metrics.md); nvidia_gpu_utilization_ratio is the only activity measure there",
+        ]
     out += ["", f"kubelet pod-resources: {report.kubelet}", ""]
     if report.blocking:
         out.append("BLOCKING:")

@@ -40,17 +40,18 @@ def _family(
 class SnapshotCollector:
     """Renders ``snapshots()`` under native names (docs/metrics.md) or dcgm-exporter's (``naming="dcgm"``)."""
 
-    def __init__(self, snapshots: Callable[[], Snapshot], naming: str = "native"):
+    def __init__(self, snapshots: Callable[[], Snapshot], naming: str = "native", dcgm_options=None):
         if naming not in ("native", "dcgm"):
             raise ValueError(f"naming must be native or dcgm, not {naming!r}")
         self._snapshots = snapshots
         self.naming = naming
+        self.dcgm_options = dcgm_options  # exporter.dcgm.DcgmOptions; None: the defaults
 
     def describe(self) -> Iterator[Metric]:
         if self.naming == "dcgm":
-            from .dcgm import describe_dcgm
+            from .dcgm import DEFAULT_OPTIONS, describe_dcgm
 
-            yield from describe_dcgm()
+            yield from describe_dcgm(self.dcgm_options or DEFAULT_OPTIONS)
             return
         for spec in CATALOG:
             yield _family(spec)
@@ -58,9 +59,9 @@ class SnapshotCollector:
     def collect(self) -> Iterator[Metric]:
         snapshot = self._snapshots()
         if self.naming == "dcgm":
-            from .dcgm import collect_dcgm
+            from .dcgm import DEFAULT_OPTIONS, collect_dcgm
 
-            yield from collect_dcgm(snapshot)
+            yield from collect_dcgm(snapshot, self.dcgm_options or DEFAULT_OPTIONS)
             return
         for spec in CATALOG:
             samples = snapshot.samples(spec.name)

@@ -348,6 +348,84 @@ MIG_SM_UTILIZATION = _mig(
     "SM utilization of the GPU instance over the last sampling interval (NVML GPM; Hopper and later)."
     + _GI_ONCE,
 )
+# --- profiling (NVML GPM, Hopper and later): per GPU, and per MIG GPU instance ------------------------
+# One name for both: a whole GPU's series has empty MIG labels (Prometheus drops empty labels), a MIG
+# GPU instance's carries them, so `sum by (pod)` joins and per-GPU panels work the same on both shapes.
+_GPM = (
+    " over the last sampling interval (NVML GPM, Hopper and later; absent on older GPUs, where only "
+    "DCGM's profiling module measures it). Per GPU, or per MIG GPU instance with its MIG labels."
+)
+SM_ACTIVE = _mig(
+    "nvidia_gpu_sm_active_ratio", G, "ratio", "Share of SM cycles with at least one warp resident" + _GPM
+)
+SM_OCCUPANCY = _mig(
+    "nvidia_gpu_sm_occupancy_ratio", G, "ratio", "Warps resident on the SMs, as a share of the maximum" + _GPM
+)
+TENSOR_ACTIVE = _mig(
+    "nvidia_gpu_tensor_active_ratio",
+    G,
+    "ratio",
+    "Share of cycles a tensor pipe was active; pipe=any for any tensor work, hmma/imma/dfma per pipe "
+    "(do not sum over pipe)" + _GPM,
+    "pipe",
+)
+DRAM_ACTIVE = _mig(
+    "nvidia_gpu_dram_active_ratio",
+    G,
+    "ratio",
+    "Share of DRAM bandwidth used, of the theoretical maximum" + _GPM,
+)
+GRAPHICS_ENGINE_ACTIVE = _mig(
+    "nvidia_gpu_graphics_engine_active_ratio",
+    G,
+    "ratio",
+    "Share of time the graphics/compute engine had work" + _GPM,
+)
+FP_ACTIVE = _mig(
+    "nvidia_gpu_fp_active_ratio",
+    G,
+    "ratio",
+    "Share of cycles the floating-point pipe of this precision was active" + _GPM,
+    "precision",
+)
+NVLINK_TX_RATE = _device(
+    "nvidia_gpu_nvlink_transmit_bytes_per_second",
+    G,
+    "bytes",
+    "NVLink bytes sent per second over all links, over the last sampling interval (NVML GPM; Hopper and later).",
+)
+NVLINK_RX_RATE = _device(
+    "nvidia_gpu_nvlink_receive_bytes_per_second",
+    G,
+    "bytes",
+    "NVLink bytes received per second over all links, over the last sampling interval (NVML GPM; Hopper and later).",
+)
+NVLINK_TX_BYTES = _device(
+    "nvidia_gpu_nvlink_transmit_bytes_total",
+    C,
+    "bytes",
+    "NVLink data bytes sent on this link (payload, field 138, counted in KiB by NVML).",
+    "link",
+)
+NVLINK_RX_BYTES = _device(
+    "nvidia_gpu_nvlink_receive_bytes_total",
+    C,
+    "bytes",
+    "NVLink data bytes received on this link (payload, field 139, counted in KiB by NVML).",
+    "link",
+)
+ENCODER_UTILIZATION = _device(
+    "nvidia_gpu_encoder_utilization_ratio",
+    G,
+    "ratio",
+    "Share of time the video encoder was busy, over NVML's sampling period (absent on MIG-enabled GPUs).",
+)
+DECODER_UTILIZATION = _device(
+    "nvidia_gpu_decoder_utilization_ratio",
+    G,
+    "ratio",
+    "Share of time the video decoder was busy, over NVML's sampling period (absent on MIG-enabled GPUs).",
+)
 MIG_XID_ERRORS = _mig(
     "nvidia_gpu_mig_xid_errors_total",
     C,
@@ -465,6 +543,18 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     MIG_MEMORY_FREE,
     MIG_SM_UTILIZATION,
     MIG_XID_ERRORS,
+    SM_ACTIVE,
+    SM_OCCUPANCY,
+    TENSOR_ACTIVE,
+    DRAM_ACTIVE,
+    GRAPHICS_ENGINE_ACTIVE,
+    FP_ACTIVE,
+    NVLINK_TX_RATE,
+    NVLINK_RX_RATE,
+    NVLINK_TX_BYTES,
+    NVLINK_RX_BYTES,
+    ENCODER_UTILIZATION,
+    DECODER_UTILIZATION,
     ALLOCATION,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,

@@ -64,18 +64,21 @@ def build(
     return chosen
 
 
-# Run order matters: "mig" enumerates the instances that "mig_utilization" reads.
+# Run order matters: "mig" enumerates the instances that "profiling" reads; "nvlink" discovers the link
+# count "nvlink_traffic" reads.
 from . import (  # noqa: E402
     clocks,  # noqa: F401
     clocks_event,  # noqa: F401
     ecc,  # noqa: F401
     memory,  # noqa: F401
     mig,  # noqa: F401
-    mig_utilization,  # noqa: F401
     nvlink,  # noqa: F401
+    nvlink_traffic,  # noqa: F401
     pcie,  # noqa: F401
     power,  # noqa: F401
+    profiling,  # noqa: F401
     thermal,  # noqa: F401
     utilization,  # noqa: F401
+    video,  # noqa: F401
     xid,  # noqa: F401
 )

@@ -1,4 +1,4 @@
-"""Whole-GPU utilization. NVML has none for MIG-enabled GPUs (see mig_utilization for GPM)."""
+"""Whole-GPU utilization. NVML has none for MIG-enabled GPUs (see profiling for GPM)."""
 
 from __future__ import annotations
 

@@ -57,6 +57,9 @@ NVLINK_INACTIVE, NVLINK_ACTIVE, NVLINK_SLEEP = 0, 1, 2  # NVML_NVLINK_STATE_* (n
 
 NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t's gpuInstanceId/computeInstanceId when not attributable
 
+# A workload model, not an NVML fact: data bytes per second per NVLink link at full load, per direction
+# (an all-reduce-heavy job moves about a third of H100's 26.562 GB/s per link and direction, field 164).
+NVLINK_DATA_RATE = {"tx": 9e9, "rx": 8.5e9}
 AMBIENT_C = 28.0
 THERMAL_TAU_S = 30.0
 STEP_S = 5.0  # longest integration step when time jumps (fast-forward)
@@ -113,6 +116,9 @@ class SimulatedGpu:
     retire_pending: bool = False
     pcie_replays: int = 0
     pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})  # fields 197/198
+    sm_busy_seconds: float = 0.0  # whole-GPU integral of SM activity, what a GPU's GPM samples difference
+    # Per link, NVLink data bytes sent and received: fields 138/139 (KiB) and GPM's NVLink rates.
+    nvlink_bytes: list[dict[str, float]] = field(default_factory=list)
     # Per link, what field 165 answers. nvml.h (NVIDIA/go-nvml), "NVML_FI_DEV_NVLINK_GET_STATE state enums":
     # NVML_NVLINK_STATE_INACTIVE 0, _ACTIVE 1, _SLEEP 2 (a power-saving state, not a fault).
     nvlink_state: list[int] = field(default_factory=list)
@@ -136,6 +142,7 @@ class SimulatedGpu:
         self.power_limit_w = model.power_limit_w
         self.power_w = model.idle_power_w
         self.nvlink_state = [NVLINK_ACTIVE] * model.nvlinks
+        self.nvlink_bytes = [{"tx": 0.0, "rx": 0.0} for _ in range(model.nvlinks)]
         self.nvlink_errors = [
             dict.fromkeys(("crc_flit", "crc_data", "replay", "recovery"), 0.0) for _ in range(model.nvlinks)
         ]
@@ -243,6 +250,11 @@ class SimulatedGpu:
         self.energy_mj += self.power_w * dt * 1000
         for direction in self.pcie_bytes:
             self.pcie_bytes[direction] += self.pcie_mean_bytes_per_second(direction) * dt
+        self.sm_busy_seconds += (demand if not self.migs else 0.0) * dt
+        for link, counters in enumerate(self.nvlink_bytes):
+            if self.nvlink_state[link] != NVLINK_INACTIVE:  # an inactive link carries nothing
+                for direction, rate in NVLINK_DATA_RATE.items():
+                    counters[direction] += demand * rate * dt
         for link, rate in self.crc_rate.items():
             self.nvlink_errors[link]["crc_flit"] += rate * dt * 0.7
             self.nvlink_errors[link]["crc_data"] += rate * dt * 0.3

@@ -169,7 +169,7 @@ def capabilities(model: GpuModel) -> list[tuple[str, str]]:
             f"{ARCH_NAMES[model.arch]}, {model.form_factor}, {model.memory_kind}",
         ),
         ("MIG", f"{len(model.mig_profiles)} profiles" if model.mig_profiles else "no (NOT_SUPPORTED)"),
-        ("GPM (per-MIG SM utilization)", yes(model.has_gpm)),
+        ("GPM (profiling: SM, tensor, DRAM, FP pipes, NVLink rates)", yes(model.has_gpm)),
         ("row remapping (fields 142-145)", yes(model.has_row_remap)),
         ("retired pages (fields 29-31)", yes(model.has_retired_pages)),
         ("ECC", yes(model.has_ecc)),

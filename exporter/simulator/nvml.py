@@ -185,7 +185,7 @@ class SimulatedNvml:
         self._falls_at_init: dict[int, int] = {}  # GPU index -> its falls when NVML really initialised
         self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}
         # GPM sample token -> (timestamp, busy seconds, what was sampled)
-        self._gpm: dict[int, tuple[float, float, tuple] | None] = {}
+        self._gpm: dict[int, tuple[float, dict[str, float], tuple] | None] = {}
 
     # pynvml compares ``nvmlLib == None``: keep default identity equality (no __eq__ here).
     def __getattr__(self, name: str):
@@ -621,6 +621,12 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
             N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: int(errors["crc_flit"] + errors["crc_data"]),
         }[field_id]
         return OK, ull, value
+    if field_id in (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+        # nvml.h: "NVLink TX/RX Data throughput in KiB", scopeId = link; cumulative (docs/nvml.md).
+        if not 0 <= scope < model.nvlinks:
+            return unsupported
+        direction = "tx" if field_id == N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else "rx"
+        return OK, ull, int(gpu.nvlink_bytes[scope][direction] // 1024)
     if field_id in _CRC_FIELDS:
         kind, link = _CRC_FIELDS[field_id]
         if link >= model.nvlinks or (kind == "crc_flit" and not model.numbered_nvlink_crc_fields):
@@ -749,6 +755,9 @@ def nvmlGpmSampleFree(lib, sample):
     return OK
 
 
+# What one GPM sample holds: the entity's counters at the sample's time. A GPU instance's sample has
+# only SM activity; link and bus traffic belong to the physical GPU (docs/nvml.md §10.3), and the
+# collector asks for them on whole-GPU samples only, so a GPU-instance sample answers NOT_SUPPORTED.
 @device_call
 def nvmlGpmMigSampleGet(lib, gpu, mig, gpu_instance_id, sample):
     if not gpu.model.has_gpm:
@@ -759,7 +768,8 @@ def nvmlGpmMigSampleGet(lib, gpu, mig, gpu_instance_id, sample):
     # The GPU instance's SM activity: its compute instances' busy time, weighted by their slices.
     slices = computes[0].spec.profile.compute_slices
     busy = sum(m.sm_busy_seconds * m.spec.ci_slices for m in computes) / slices
-    lib._gpm[_token(sample)] = (lib.node.clock(), busy, (gpu.spec.index, "gi", _int(gpu_instance_id)))
+    source = (gpu.spec.index, "gi", _int(gpu_instance_id))
+    lib._gpm[_token(sample)] = (lib.node.clock(), {"sm": busy}, source)
     return OK
 
 
@@ -767,10 +777,46 @@ def nvmlGpmMigSampleGet(lib, gpu, mig, gpu_instance_id, sample):
 def nvmlGpmSampleGet(lib, gpu, mig, sample):
     if not gpu.model.has_gpm:
         return N.NVML_ERROR_NOT_SUPPORTED
-    busy = mig.sm_busy_seconds if mig else sum(m.sm_busy_seconds for m in gpu.migs)
-    source = (gpu.spec.index, "mig", mig.uuid) if mig else (gpu.spec.index, "gpu", None)
-    lib._gpm[_token(sample)] = (lib.node.clock(), busy, source)
+    if mig:
+        counters = {"sm": mig.sm_busy_seconds}
+        source = (gpu.spec.index, "mig", mig.uuid)
+    else:
+        counters = {
+            "sm": gpu.sm_busy_seconds + sum(m.sm_busy_seconds for m in gpu.migs),
+            "pcie_tx": gpu.pcie_bytes["tx"],
+            "pcie_rx": gpu.pcie_bytes["rx"],
+            "nvlink_tx": sum(link["tx"] for link in gpu.nvlink_bytes),
+            "nvlink_rx": sum(link["rx"] for link in gpu.nvlink_bytes),
+        }
+        source = (gpu.spec.index, "gpu", None)
+    lib._gpm[_token(sample)] = (lib.node.clock(), counters, source)
     return OK
+
+
+# Utilization metrics as shares of SM activity: a workload model (a mixed-precision training step:
+# tensor-bound, DRAM-heavy, little fp64), not an NVML fact. What is NVIDIA's: the graphics engine is
+# busy at least as long as any SM (DCGM: SM_ACTIVE <= GR_ENGINE_ACTIVE), any-tensor covers each pipe,
+# and values are percentages, 0-100 (nvml.h, nvmlGpmMetricId_t).
+GPM_SHARE_OF_SM = {
+    N.NVML_GPM_METRIC_GRAPHICS_UTIL: 1.08,
+    N.NVML_GPM_METRIC_SM_UTIL: 1.0,
+    N.NVML_GPM_METRIC_SM_OCCUPANCY: 0.55,
+    N.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.62,
+    N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: 0.58,
+    N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: 0.03,
+    N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL: 0.01,
+    N.NVML_GPM_METRIC_DRAM_BW_UTIL: 0.47,
+    N.NVML_GPM_METRIC_FP64_UTIL: 0.02,
+    N.NVML_GPM_METRIC_FP32_UTIL: 0.21,
+    N.NVML_GPM_METRIC_FP16_UTIL: 0.33,
+}
+# Byte rates in MiB/s (nvml.h: "PCIe traffic from this GPU in MiB/sec", NVLink likewise)
+GPM_RATES = {
+    N.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "pcie_tx",
+    N.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx",
+    N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "nvlink_tx",
+    N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "nvlink_rx",
+}
 
 
 @c_function()
@@ -786,13 +832,45 @@ def nvmlGpmMetricsGet(lib, metrics_arg):
         # nvml.h (NVIDIA/go-nvml), nvmlGpmMigSampleGet: "The interval between two nvmlGpmMigSampleGet()
         # calls should be greater than 100ms due to the internal sample refresh rate." Refused here.
         return N.NVML_ERROR_INVALID_ARGUMENT
+    sm_util = 100.0 * max(0.0, second[1]["sm"] - first[1]["sm"]) / elapsed
     for i in range(request.numMetrics):
         metric = request.metrics[i]
-        if metric.metricId == N.NVML_GPM_METRIC_SM_UTIL and elapsed > 0:
+        share = GPM_SHARE_OF_SM.get(metric.metricId)
+        counter = GPM_RATES.get(metric.metricId)
+        if share is not None:
             metric.nvmlReturn = OK
-            metric.value = 100.0 * max(0.0, second[1] - first[1]) / elapsed
+            metric.value = min(100.0, share * sm_util)
+        elif counter is not None and counter in second[1]:
+            metric.nvmlReturn = OK
+            metric.value = max(0.0, second[1][counter] - first[1][counter]) / elapsed / 2**20
         else:
             metric.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+    return OK
+
+
+# --- video engines --------------------------------------------------------------------------------
+# nvidia-smi -q on a MIG-enabled A100/H100 prints "Encoder : N/A" and "Decoder : N/A" under
+# Utilization, beside Gpu and Memory: like nvmlDeviceGetUtilizationRates, not on MIG-enabled GPUs.
+# The simulated workloads are compute jobs: the video engines idle. NVML_ENC/DEC sampling periods are
+# the driver's; 1 s here.
+VIDEO_SAMPLING_PERIOD_US = 1_000_000
+
+
+@device_call
+def nvmlDeviceGetEncoderUtilization(lib, gpu, mig, utilization, period):
+    if gpu.mig_enabled or mig:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(utilization).value = 0
+    _out(period).value = VIDEO_SAMPLING_PERIOD_US
+    return OK
+
+
+@device_call
+def nvmlDeviceGetDecoderUtilization(lib, gpu, mig, utilization, period):
+    if gpu.mig_enabled or mig:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(utilization).value = 0
+    _out(period).value = VIDEO_SAMPLING_PERIOD_US
     return OK
 
 

@@ -39,6 +39,7 @@ BILLING_JOB = "gpumeter-billing"
 FLEETS = (
     ("h100-mig", "gpu-h100-mig-01", True),
     ("a100-mixed", "gpu-a100-mixed-01", True),
+    ("h200", "gpu-h200-01", True),  # whole Hopper GPUs: GPM profiling and NVLink rates per GPU
     ("workstation", "ws-01", False),
 )
 TEAMS = {
@@ -161,6 +162,7 @@ FAULTS = {
         {"fault": "row_remap", "gpu": 2, "kind": "pending"},
         {"fault": "row_remap", "gpu": 2, "kind": "uncorrected", "count": 1},
     ],
+    "gpu-h200-01": [],
     "ws-01": [],
 }
 

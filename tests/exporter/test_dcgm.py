@@ -7,6 +7,7 @@ socket, the exposition with promtool, and the whole path with a real Prometheus 
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -36,14 +37,9 @@ BASE = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI
 MIG = {"GPU_I_PROFILE", "GPU_I_ID"}
 PODS = {"pod", "namespace", "container"}
 MIB = 2**20
+DOUBLES = {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_PCIE_TX_BYTES"}  # DCGM_FT_DOUBLE, or a DCP rate
 # default-counters.csv rows NVML cannot provide: never emitted, not even as 0
-NOT_PROVIDED = (
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-)
+NOT_PROVIDED = ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS")
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -125,7 +121,7 @@ def test_device_fields_are_native_values_in_dcgm_units(simulate, fleet):
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": native(sim, "nvidia_gpu_energy_joules_total")[key] * 1000,
             "DCGM_FI_DEV_SM_CLOCK": native(sim, "nvidia_gpu_clock_hz")[(*key, "sm")] / 1e6,
             "DCGM_FI_DEV_MEM_CLOCK": native(sim, "nvidia_gpu_clock_hz")[(*key, "memory")] / 1e6,
-            "DCGM_FI_DEV_FB_RESERVED": native(sim, "nvidia_gpu_memory_reserved_bytes")[key] / MIB,
+            "DCGM_FI_DEV_FB_RESERVED": native(sim, "nvidia_gpu_memory_reserved_bytes")[key] // MIB,
             "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": native(sim, "nvidia_gpu_pcie_replay_total")[key],
             "DCGM_FI_PROF_PCIE_TX_BYTES": native(sim, "nvidia_gpu_pcie_tx_bytes_per_second")[key],
             "DCGM_FI_DEV_POWER_VIOLATION": native(sim, "nvidia_gpu_clocks_event_seconds_total")[
@@ -144,17 +140,25 @@ def test_device_fields_are_native_values_in_dcgm_units(simulate, fleet):
             expected |= {
                 "DCGM_FI_DEV_GPU_UTIL": native(sim, "nvidia_gpu_utilization_ratio")[key] * 100,
                 "DCGM_FI_DEV_MEM_COPY_UTIL": native(sim, "nvidia_gpu_memory_utilization_ratio")[key] * 100,
-                "DCGM_FI_DEV_FB_USED": native(sim, "nvidia_gpu_memory_used_bytes")[key] / MIB,
-                "DCGM_FI_DEV_FB_FREE": native(sim, "nvidia_gpu_memory_free_bytes")[key] / MIB,
-                "DCGM_FI_DEV_FB_TOTAL": native(sim, "nvidia_gpu_memory_total_bytes")[key] / MIB,
+                "DCGM_FI_DEV_FB_USED": native(sim, "nvidia_gpu_memory_used_bytes")[key] // MIB,
+                "DCGM_FI_DEV_FB_FREE": native(sim, "nvidia_gpu_memory_free_bytes")[key] // MIB,
+                "DCGM_FI_DEV_FB_TOTAL": native(sim, "nvidia_gpu_memory_total_bytes")[key] // MIB,
             }
+        instances = {str(m.gpu_instance_id): m.profile for m in device.migs}
         for name, value in expected.items():
             found = series(sim, name, **at)
             assert found, (name, device.index)
-            # one series per GPU, never repeated per MIG instance (#317); one per pod only when shared
-            assert all(labels.keys().isdisjoint(MIG) for labels, _ in found), name
+            if device.mig_enabled:
+                # dcgm-exporter's MIG shape: the device value repeated on each GPU instance (§4, #317)
+                assert {labels["GPU_I_ID"]: labels["GPU_I_PROFILE"] for labels, _ in found} == instances, name
+                assert len(found) == len(instances), name
+            else:
+                assert all(labels.keys().isdisjoint(MIG) for labels, _ in found), name
+            if name not in DOUBLES:  # DCGM's int64 fields: whole numbers, truncated (dcgm_fields.h)
+                value = math.floor(value + 1e-9)
             for _, got in found:
                 assert got == pytest.approx(value, abs=1e-6), (name, device.index)
+                assert name in DOUBLES or got == int(got), (name, got)
             checked += 1
     assert checked > 90
 
@@ -169,9 +173,9 @@ def test_mig_instances_get_their_own_memory_series(simulate, fleet):
     for (gpu, uuid, gi, _ci, profile), value in used.items():
         at = {"gpu": gpu, "UUID": uuid, "GPU_I_ID": gi, "GPU_I_PROFILE": profile}
         key = (gpu, uuid, gi, _ci, profile)
-        assert one(sim, "DCGM_FI_DEV_FB_USED", **at) == pytest.approx(value / MIB, abs=1e-6)
-        assert one(sim, "DCGM_FI_DEV_FB_FREE", **at) == pytest.approx(free[key] / MIB, abs=1e-6)
-        assert one(sim, "DCGM_FI_DEV_FB_TOTAL", **at) == total[key] / MIB
+        assert one(sim, "DCGM_FI_DEV_FB_USED", **at) == value // MIB
+        assert one(sim, "DCGM_FI_DEV_FB_FREE", **at) == free[key] // MIB
+        assert one(sim, "DCGM_FI_DEV_FB_TOTAL", **at) == total[key] // MIB
     mig_fb = [labels for labels, _ in series(sim, "DCGM_FI_DEV_FB_USED") if "GPU_I_ID" in labels]
     assert len(mig_fb) == len(used)
 
@@ -196,7 +200,7 @@ def test_label_set_and_values(simulate, fleet):
     dcgm_series = [(n, labels) for n, labels, _ in rendered if n.startswith("DCGM_")]
     assert dcgm_series
     for name, labels in dcgm_series:
-        extra = {"err_code"} if name == "DCGM_FI_DEV_XID_ERRORS" else set()
+        extra = {"err_code", "err_msg"} if name == "DCGM_FI_DEV_XID_ERRORS" else set()
         assert set(labels) in (BASE | extra, BASE | MIG | extra), (name, labels)
         device = devices[labels["gpu"]]
         assert labels["UUID"] == device.uuid
@@ -230,7 +234,10 @@ def test_counters_keep_their_bare_dcgm_names_and_counter_type(simulate):
 def test_xid_errors_is_the_code_of_the_newest_xid(simulate):
     sim = sampled(simulate, "h100-mig")
     uuid = sim.node.gpus[1].spec.uuid
-    assert one(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid) == 0
+    assert {v for _, v in series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)} == {0}
+    assert {labels["err_msg"] for labels, _ in series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)} == {
+        "No Error"
+    }
     watcher = sim.sampler.xid_watcher
     sim.node.inject("xid", 1, code=48)
     assert wait_until(lambda: 48 in watcher.counts(uuid))
@@ -239,12 +246,15 @@ def test_xid_errors_is_the_code_of_the_newest_xid(simulate):
         sim.node.inject("xid", 1, code=13)
     assert wait_until(lambda: watcher.counts(uuid).get(13, (0, 0))[0] == 2)
     sim.sample()
-    [(labels, value)] = series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)
-    assert value == 13 and labels["err_code"] == "13"  # the last one, not the highest code
+    found = series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid)
+    assert len(found) == len({m.gpu_instance_id for m in sim.node.gpus[1].migs})  # per GPU instance
+    for labels, value in found:
+        assert value == 13 and labels["err_code"] == "13"  # the last one, not the highest code
+        assert labels["err_msg"] == "Graphics Engine Exception"  # NVIDIA's XID catalog text
     # native mode keeps every XID, counted
     assert native(sim, "nvidia_gpu_xid_errors_total")[("1", uuid, "13")] == 2
     assert native(sim, "nvidia_gpu_xid_errors_total")[("1", uuid, "48")] == 1
-    assert one(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=sim.node.gpus[0].spec.uuid) == 0
+    assert {v for _, v in series(sim, "DCGM_FI_DEV_XID_ERRORS", UUID=sim.node.gpus[0].spec.uuid)} == {0}
 
 
 def test_a_lost_gpu_shows_no_dcgm_series(simulate):
@@ -316,9 +326,14 @@ def test_pods_on_mig_instances_whole_and_time_sliced_gpus(with_kubelet):
     # an instance nobody holds is still shown, without pod labels
     [(labels, _)] = series(sim, "DCGM_FI_DEV_FB_USED", gpu="0", GPU_I_ID="8")
     assert labels.keys().isdisjoint(PODS)
-    # the physical GPU of MIG instances: one series, no pod (seven instances, seven pods)
-    [(labels, _)] = series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0")
-    assert labels.keys().isdisjoint(PODS)
+    # the physical GPU's fields repeated per GPU instance with that instance's pod, as dcgm-exporter does,
+    # so `DCGM_FI_DEV_GPU_TEMP{pod=...}` and `sum by (pod) (DCGM_FI_DEV_POWER_USAGE)` find the pod
+    [(labels, temp)] = series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0", GPU_I_ID="1")
+    assert labels["pod"] == "detector-train" and labels["GPU_I_PROFILE"]
+    [(labels, _)] = series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0", GPU_I_ID="8")
+    assert labels.keys().isdisjoint(PODS)  # nobody holds instance 8
+    assert {v for _, v in series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0")} == {temp}
+    assert not [lb for lb, _ in series(sim, "DCGM_FI_DEV_GPU_TEMP", gpu="0") if "GPU_I_ID" not in lb]
     # a whole GPU: matched by UUID, every device field
     for name in (
         "DCGM_FI_DEV_GPU_TEMP",
@@ -351,7 +366,7 @@ def test_pod_on_h100_mig_instance(with_kubelet):
     )
     assert labels["GPU_I_PROFILE"] == "1g.10gb"
     key = ("2", uuid, "9", "0", "1g.10gb")
-    assert value == pytest.approx(native(sim, "nvidia_gpu_mig_memory_used_bytes")[key] / MIB, abs=1e-6)
+    assert value == native(sim, "nvidia_gpu_mig_memory_used_bytes")[key] // MIB  # whole MiB, as DCGM's int64
     # notebooks run 8h-18h: GPU 4's instances are free at the start, shown without pod labels
     assert all(labels.keys().isdisjoint(PODS) for labels, _ in series(sim, "DCGM_FI_DEV_FB_USED", gpu="4"))
 
@@ -437,13 +452,15 @@ def test_prometheus_scrapes_dcgm_names_with_pods_on_mig(tmp_path, sock):
                 f'gpu="0",UUID="{uuid}",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
                 f'Hostname="gpu-h100-mig-01",DCGM_FI_DRIVER_VERSION="550.54.15"'
             )
-            [temp] = prom.wait_for(f"DCGM_FI_DEV_GPU_TEMP{{{identity}}}")
+            instance = f'{identity},GPU_I_ID="7",GPU_I_PROFILE="1g.10gb"'
+            [temp] = prom.wait_for(f"DCGM_FI_DEV_GPU_TEMP{{{instance}}}")
             assert 20 < float(temp["value"][1]) < 89
-            assert "GPU_I_ID" not in temp["metric"] and temp["metric"]["pci_bus_id"] == "00000000:17:00.0"
-            assert len(prom.wait_for("DCGM_FI_DEV_GPU_TEMP", predicate=lambda r: len(r) == 8)) == 8
-            [power] = prom.wait_for(f"DCGM_FI_DEV_POWER_USAGE{{{identity}}}")
+            assert temp["metric"]["pci_bus_id"] == "00000000:17:00.0"
+            # device fields repeated on each of the 56 GPU instances, as dcgm-exporter reports MIG GPUs
+            assert len(prom.wait_for("DCGM_FI_DEV_GPU_TEMP", predicate=lambda r: len(r) == 56)) == 56
+            [power] = prom.wait_for(f"DCGM_FI_DEV_POWER_USAGE{{{instance}}}")
             assert 72 <= float(power["value"][1]) <= 700
-            [xid] = prom.wait_for(f'DCGM_FI_DEV_XID_ERRORS{{{identity},err_code="0"}}')
+            [xid] = prom.wait_for(f'DCGM_FI_DEV_XID_ERRORS{{{instance},err_code="0",err_msg="No Error"}}')
             assert float(xid["value"][1]) == 0
             [fb] = prom.wait_for(
                 f'DCGM_FI_DEV_FB_USED{{{identity},GPU_I_ID="7",GPU_I_PROFILE="1g.10gb",'
@@ -452,7 +469,7 @@ def test_prometheus_scrapes_dcgm_names_with_pods_on_mig(tmp_path, sock):
             assert 0 < float(fb["value"][1]) <= 10240
             assert len(prom.wait_for("DCGM_FI_DEV_FB_USED", predicate=lambda r: len(r) == 56)) == 56
             # counters arrive under their bare names, typed counter, whichever format was negotiated
-            [energy] = prom.wait_for(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{identity}}}")
+            [energy] = prom.wait_for(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{instance}}}")
             assert float(energy["value"][1]) > 0
             metadata = httpx.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
             assert metadata["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0]["type"] == "counter"
