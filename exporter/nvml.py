@@ -144,12 +144,18 @@ class NvmlSession:
         self._warned: set[str] = set()
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Initialise NVML; raises NVMLError when the library or driver is missing."""
-        if self.library is not None:
+    def bind(self) -> None:
+        """Point pynvml at this session's library if another session (a second in-process exporter in a
+        test or the bench) has bound its own since: pynvml holds one library per process, and calls,
+        inits and shutdowns made through the wrong one fail or leak that library's init count."""
+        if self.library is not None and N.nvmlLib is not self.library:
             with N.libLoadLock:
                 N.nvmlLib = self.library
                 N._nvmlGetFunctionPointer_cache = {}
+
+    def start(self) -> None:
+        """Initialise NVML; raises NVMLError when the library or driver is missing."""
+        self.bind()
         self.calls += 1
         N.nvmlInit()
         self.initialised = self.up = True
@@ -159,6 +165,7 @@ class NvmlSession:
         self.up = False
         if self.initialised:
             self.initialised = False
+            self.bind()  # the reference goes back to the library it was taken from
             try:
                 self.calls += 1
                 N.nvmlShutdown()

@@ -112,6 +112,7 @@ class Sampler:
         with self._lock:
             started = time.perf_counter()
             self.session.calls = 0
+            self.session.bind()
             now = self.clock()
             if not self.session.up or now - self._discovered_at >= self.rediscover_seconds:
                 self._discover(now)

@@ -406,3 +406,24 @@ def test_the_exposition_is_rendered_once_per_snapshot_for_the_formats_asked_for(
     sim.exporter.registry.collect = lambda: calls.append(1) or original()
     second, content_type = exposition.render("application/openmetrics-text; version=1.0.0", gzip_ok=False)
     assert calls == [] and second != first and content_type.startswith("application/openmetrics-text")
+
+
+def test_a_second_exporter_in_the_process_does_not_take_nvml_from_the_first(simulate, caplog):
+    # pynvml binds one library per process (a module global). `make bench` builds a second in-process
+    # exporter beside the first (the driver-cost cycles) and stops it: its nvmlShutdown went to the
+    # library it had bound, and the first exporter's next cycle then called that shut-down library and
+    # logged "NVML stopped answering: Uninitialized", leaving its own library's init count one too high.
+    first = simulate("h100-mig")
+    first.sample()
+    second = simulate("h200")
+    second.sample()
+    second.exporter.stop()
+    caplog.clear()
+    reads = first.lib.calls["nvmlDeviceGetFieldValues"]
+    first.sample()
+    assert first.value("gpumeter_exporter_nvml_up") == 1
+    assert "stopped answering" not in caplog.text
+    assert first.lib.calls["nvmlDeviceGetFieldValues"] == reads + 8  # asked its own library
+    assert second.lib.initialised == 0
+    first.exporter.stop()
+    assert first.lib.initialised == 0  # every init given back to the library it was taken from
