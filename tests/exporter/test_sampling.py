@@ -427,3 +427,32 @@ def test_a_second_exporter_in_the_process_does_not_take_nvml_from_the_first(simu
     assert second.lib.initialised == 0
     first.exporter.stop()
     assert first.lib.initialised == 0  # every init given back to the library it was taken from
+
+
+def test_nvlink_split_crc_counters_are_read_only_where_they_can_have_moved(simulate):
+    # Hopper answers no numbered FLIT field and links 12-17 have none at all: each such split is one
+    # nvmlDeviceGetNvLinkErrorCounter call. A healthy cycle re-reads one link per GPU in turn, not all 18.
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    before = sim.lib.calls["nvmlDeviceGetNvLinkErrorCounter"]
+    sim.sample()
+    assert sim.lib.calls["nvmlDeviceGetNvLinkErrorCounter"] - before <= 2 * len(sim.node.gpus)
+    # A link whose combined CRC count (field 163) moved is read again in the same cycle.
+    uuid = sim.node.gpus[5].spec.uuid
+    labels = {"gpu": "5", "uuid": uuid, "link": "15"}
+    sim.node.inject("nvlink_crc", 5, link=15, count=100)
+    sim.sample()
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_flit") == 70
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_data") == 30
+    # A change the combined count does not show (nvml.h does not define it as the sum) still arrives
+    # within one round of the 18 links.
+    errors = sim.node.gpus[5].nvlink_errors[15]
+    errors["crc_flit"] += 5
+    errors["crc_data"] -= 5
+    sim.sample()
+    for _ in range(18):
+        if sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_flit") == 75:
+            break
+        sim.sample()
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_flit") == 75
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_data") == 25
