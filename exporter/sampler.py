@@ -177,9 +177,10 @@ class Sampler:
         for device in self.devices:
             if device.lost:
                 continue
-            wanted = device.static.setdefault(
-                "fields", [f for c in self.collectors if hasattr(c, "fields") for f in c.fields(device)]
-            )
+            wanted = device.static.get("fields")
+            if wanted is None:  # collectors ask for the same fields every cycle: listed once per discovery
+                wanted = [f for c in self.collectors if hasattr(c, "fields") for f in c.fields(device)]
+                device.static["fields"] = wanted
             device.error = None
             try:
                 self.session.field_values(device, wanted)
