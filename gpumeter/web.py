@@ -818,6 +818,10 @@ class _DeadlineReader(io.RawIOBase):
     def __init__(self, sock, deadline: float):
         self._sock, self._deadline = sock, deadline
 
+    def renew(self, deadline: float) -> None:
+        """The next request on a kept-alive connection: it has until ``deadline`` to arrive."""
+        self._deadline = deadline
+
     def readable(self) -> bool:
         return True
 
@@ -858,6 +862,7 @@ class _DeadlineWriter(io.RawIOBase):
         self._sock.settimeout(remaining)
         data, self._pending = self._pending, bytearray()
         self._sock.sendall(data)
+        self._deadline = None  # the next answer on a kept-alive connection has its own
 
     def close(self) -> None:
         try:
@@ -868,6 +873,9 @@ class _DeadlineWriter(io.RawIOBase):
 
 class _ServerHandler(ServerHandler):
     server_software = "gpumeter"
+    http_version = "1.1"
+    length_known = False  # the answer says where it ends (Content-Length)
+    completed = False  # and it left in full
     # wsgiref copies the whole process environment into every request's environ: slow, and it
     # would hand the apps every secret in it
     os_environ: dict[str, str] = {}  # noqa: RUF012
@@ -875,9 +883,22 @@ class _ServerHandler(ServerHandler):
     def log_exception(self, exc_info) -> None:  # to the log, not a bare traceback on stderr
         log.error("error answering %s", self.environ.get("PATH_INFO"), exc_info=exc_info)
 
+    def cleanup_headers(self) -> None:
+        super().cleanup_headers()
+        # An answer of unknown length ends when the connection closes: only a delimited one keeps it open.
+        self.length_known = "Content-Length" in self.headers
+
+    def finish_content(self) -> None:
+        super().finish_content()
+        self.completed = True
+
 
 class _Handler(WSGIRequestHandler):
     server_version = "gpumeter"
+    # HTTP/1.1 keep-alive: a scraper's next request reuses its connection (no accept, thread or TLS
+    # handshake per scrape). Each request still has ``read_timeout`` to arrive, counted from the end of
+    # the previous answer, so an idle kept-alive connection is closed after that long.
+    protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
         self.connection = self.request
@@ -888,8 +909,19 @@ class _Handler(WSGIRequestHandler):
         self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
 
     def handle(self) -> None:
-        # wsgiref's handle(), with our ServerHandler (errors to the log; multithreaded)
+        self.close_connection = True
+        self.handle_one_request()
+        reader = self.rfile.raw
+        while not self.close_connection:
+            reader.renew(time.monotonic() + self.server.limits.read_timeout)
+            self.handle_one_request()
+
+    def handle_one_request(self) -> None:
+        # wsgiref's handle(), with our ServerHandler (errors to the log; multithreaded), per request
+        self.close_connection = True
         self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline:  # the client closed its kept-alive connection
+            return
         if len(self.raw_requestline) > 65536:
             self.requestline = self.request_version = self.command = ""
             self.send_error(414)
@@ -900,7 +932,10 @@ class _Handler(WSGIRequestHandler):
             self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=True
         )
         handler.request_handler = self
+        keep_alive = not self.close_connection and self.request_version == "HTTP/1.1"
+        self.close_connection = True
         handler.run(self.server.get_app())
+        self.close_connection = not (keep_alive and handler.length_known and handler.completed)
 
     def get_environ(self) -> dict:
         environ = super().get_environ()
