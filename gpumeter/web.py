@@ -1095,6 +1095,9 @@ class Server(ThreadingMixIn, WSGIServer):
 
     def finish_request(self, request, client_address) -> None:
         """In the connection's own thread: the TLS handshake (bounded), then the request."""
+        # Each answer leaves in one write, so Nagle's algorithm can only hold back its last segment until
+        # the client's delayed ACK (tens of ms) on a kept-alive connection: send at once, as Go's net/http does.
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.tls is None:
             self.RequestHandlerClass(request, client_address, self)
             return
