@@ -12,6 +12,7 @@ answer; anything else fails only the collector that asked, for that device, for 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from collections.abc import Callable
@@ -144,12 +145,18 @@ class NvmlSession:
         self._warned: set[str] = set()
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Initialise NVML; raises NVMLError when the library or driver is missing."""
-        if self.library is not None:
+    def bind(self) -> None:
+        """Point pynvml at this session's library if another session (a second in-process exporter in a
+        test or the bench) has bound its own since: pynvml holds one library per process, and calls,
+        inits and shutdowns made through the wrong one fail or leak that library's init count."""
+        if self.library is not None and N.nvmlLib is not self.library:
             with N.libLoadLock:
                 N.nvmlLib = self.library
                 N._nvmlGetFunctionPointer_cache = {}
+
+    def start(self) -> None:
+        """Initialise NVML; raises NVMLError when the library or driver is missing."""
+        self.bind()
         self.calls += 1
         N.nvmlInit()
         self.initialised = self.up = True
@@ -159,6 +166,7 @@ class NvmlSession:
         self.up = False
         if self.initialised:
             self.initialised = False
+            self.bind()  # the reference goes back to the library it was taken from
             try:
                 self.calls += 1
                 N.nvmlShutdown()
@@ -204,16 +212,50 @@ class NvmlSession:
         device.fields, device.field_times = {}, {}
         if not wanted:
             return
-        values = device.call("field_values", N.nvmlDeviceGetFieldValues, device.handle, wanted)
+        request = device.static.get("field_request")
+        if request is None or request.keys != wanted:
+            request = device.static["field_request"] = FieldRequest(wanted)
+        values = device.call("field_values", request.read, device.handle)
         if values is None:
             return
-        for entry in values:
-            key = (entry.fieldId, entry.scopeId)
+        fields, times = device.fields, device.field_times
+        for key, entry in zip(request.keys, values, strict=True):
             if entry.nvmlReturn != N.NVML_SUCCESS:
-                device.fields[key] = None
+                fields[key] = None
                 continue
-            device.fields[key] = _field_number(entry)
-            device.field_times[key] = entry.timestamp
+            fields[key] = _field_number(entry)
+            times[key] = entry.timestamp
+
+
+class _FieldValue(ctypes.Structure):
+    """``nvmlFieldValue_t`` with pynvml's own layout but without its per-attribute Python hooks
+    (``_PrintableStructure.__getattribute__``/``__setattr__``), which cost more than the driver call."""
+
+    _fields_ = N.c_nvmlFieldValue_t._fields_
+
+
+class FieldRequest:
+    """A device's batched field-value request, built once: the (fieldId, scopeId) array is kept as a
+    template and copied into the answer buffer before each call (nvml.h: the caller fills fieldId and
+    scopeId; the driver writes the rest), and the answer is read through :class:`_FieldValue`. The
+    call is pynvml's own ``nvmlDeviceGetFieldValues`` body, on a prepared array."""
+
+    def __init__(self, wanted: list[tuple[int, int]]):
+        self.keys = list(wanted)
+        count = len(self.keys)
+        self._template = (_FieldValue * count)()
+        for entry, (field_id, scope_id) in zip(self._template, self.keys, strict=True):
+            entry.fieldId, entry.scopeId = field_id, scope_id
+        self._buffer = (N.c_nvmlFieldValue_t * count)()
+        self._answers = (_FieldValue * count).from_buffer(self._buffer)
+        self._count = ctypes.c_int32(count)
+        self._size = ctypes.sizeof(self._template)
+
+    def read(self, handle) -> ctypes.Array:
+        ctypes.memmove(self._buffer, self._template, self._size)
+        fn = N._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        N._nvmlCheckReturn(fn(handle, self._count, ctypes.byref(self._buffer)))
+        return self._answers
 
 
 def _field_number(entry) -> float:

@@ -88,9 +88,16 @@ class ExpositionCache:
         self._key: object = None
         self._cache: dict[tuple[str, bool], bytes] = {}
         self._wanted: dict[tuple[str, bool], Callable] = {}  # formats scrapers asked for, with their encoder
+        self._negotiated: dict[str, tuple[Callable, str]] = {}  # Accept header -> (encoder, content type)
 
     def render(self, accept: str | None, gzip_ok: bool) -> tuple[bytes, str]:
-        encoder, content_type = choose_encoder(accept or "")
+        accept = accept or ""
+        chosen = self._negotiated.get(accept)
+        if chosen is None:  # content negotiation parses the header: once per distinct header, not per scrape
+            chosen = choose_encoder(accept)
+            if len(self._negotiated) < 64:  # scrapers send a handful; a client varying it gets no cache
+                self._negotiated[accept] = chosen
+        encoder, content_type = chosen
         with self._lock:
             self._wanted[(content_type, gzip_ok)] = encoder
             return self._render(self._snapshots(), encoder, content_type, gzip_ok), content_type

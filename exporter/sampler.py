@@ -112,6 +112,7 @@ class Sampler:
         with self._lock:
             started = time.perf_counter()
             self.session.calls = 0
+            self.session.bind()
             now = self.clock()
             if not self.session.up or now - self._discovered_at >= self.rediscover_seconds:
                 self._discover(now)
@@ -176,9 +177,10 @@ class Sampler:
         for device in self.devices:
             if device.lost:
                 continue
-            wanted = device.static.setdefault(
-                "fields", [f for c in self.collectors if hasattr(c, "fields") for f in c.fields(device)]
-            )
+            wanted = device.static.get("fields")
+            if wanted is None:  # collectors ask for the same fields every cycle: listed once per discovery
+                wanted = [f for c in self.collectors if hasattr(c, "fields") for f in c.fields(device)]
+                device.static["fields"] = wanted
             device.error = None
             try:
                 self.session.field_values(device, wanted)

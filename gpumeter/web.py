@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
+from urllib.parse import unquote
+from wsgiref.handlers import format_date_time
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import yaml
 
@@ -818,6 +820,10 @@ class _DeadlineReader(io.RawIOBase):
     def __init__(self, sock, deadline: float):
         self._sock, self._deadline = sock, deadline
 
+    def renew(self, deadline: float) -> None:
+        """The next request on a kept-alive connection: it has until ``deadline`` to arrive."""
+        self._deadline = deadline
+
     def readable(self) -> bool:
         return True
 
@@ -858,6 +864,7 @@ class _DeadlineWriter(io.RawIOBase):
         self._sock.settimeout(remaining)
         data, self._pending = self._pending, bytearray()
         self._sock.sendall(data)
+        self._deadline = None  # the next answer on a kept-alive connection has its own
 
     def close(self) -> None:
         try:
@@ -866,18 +873,25 @@ class _DeadlineWriter(io.RawIOBase):
             super().close()
 
 
-class _ServerHandler(ServerHandler):
-    server_software = "gpumeter"
-    # wsgiref copies the whole process environment into every request's environ: slow, and it
-    # would hand the apps every secret in it
-    os_environ: dict[str, str] = {}  # noqa: RUF012
+_MAX_LINE = 65536  # http.server's limits: a request or header line, and the number of headers
+_MAX_HEADERS = 100
+_date_cache: tuple[int, str] = (0, "")
 
-    def log_exception(self, exc_info) -> None:  # to the log, not a bare traceback on stderr
-        log.error("error answering %s", self.environ.get("PATH_INFO"), exc_info=exc_info)
+
+def _http_date() -> str:
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:  # formatted once a second, not once a request
+        _date_cache = (now, format_date_time(now))
+    return _date_cache[1]
 
 
 class _Handler(WSGIRequestHandler):
     server_version = "gpumeter"
+    # HTTP/1.1 keep-alive: a scraper's next request reuses its connection (no accept, thread or TLS
+    # handshake per scrape). Each request still has ``read_timeout`` to arrive, counted from the end of
+    # the previous answer, so an idle kept-alive connection is closed after that long.
+    protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
         self.connection = self.request
@@ -888,25 +902,142 @@ class _Handler(WSGIRequestHandler):
         self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
 
     def handle(self) -> None:
-        # wsgiref's handle(), with our ServerHandler (errors to the log; multithreaded)
-        self.raw_requestline = self.rfile.readline(65537)
-        if len(self.raw_requestline) > 65536:
-            self.requestline = self.request_version = self.command = ""
+        self.close_connection = True
+        self.handle_one_request()
+        reader = self.rfile.raw
+        while not self.close_connection:
+            reader.renew(time.monotonic() + self.server.limits.read_timeout)
+            self.handle_one_request()
+
+    def handle_one_request(self) -> None:
+        """One request, parsed here rather than by http.server and wsgiref: their email-based header
+        parser and per-request header objects cost most of a scrape's CPU, and 50 scrapers share one
+        GIL. Same limits and refusals as http.server: 414 for a request line over 64 KiB, 431 for a
+        header line over 64 KiB or more than 100 headers, 400 for anything that is not HTTP/1.x."""
+        self.close_connection = True
+        line = self.rfile.readline(_MAX_LINE + 1)
+        if not line:  # the client closed its kept-alive connection
+            return
+        self.raw_requestline = line
+        self.requestline = self.request_version = self.command = ""
+        if len(line) > _MAX_LINE:
             self.send_error(414)
             return
-        if not self.parse_request():
+        headers: list[tuple[str, str]] = []
+        while True:
+            raw = self.rfile.readline(_MAX_LINE + 1)
+            if len(raw) > _MAX_LINE:
+                self.send_error(431, "Line too long")
+                return
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            if len(headers) >= _MAX_HEADERS:
+                self.send_error(431, "Too many headers")
+                return
+            text = raw.decode("iso-8859-1").rstrip("\r\n")
+            if text[:1] in (" ", "\t") and headers:  # an obsolete folded line continues the last header
+                name, value = headers[-1]
+                headers[-1] = (name, f"{value} {text.strip()}")
+                continue
+            name, colon, value = text.partition(":")
+            if colon and name and name == name.strip():
+                headers.append((name, value.strip()))
+        self.requestline = line.decode("iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if len(words) != 3 or words[2] not in ("HTTP/1.1", "HTTP/1.0"):
+            self.request_version = "HTTP/1.0"  # so the refusal has a status line http.server can write
+            self.send_error(400, "Bad request syntax" if len(words) != 3 else "Bad request version")
             return
-        handler = _ServerHandler(
-            self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=True
+        self.command, target, self.request_version = words
+        environ = self._environ(target, headers)
+        keep_alive = (
+            self.request_version == "HTTP/1.1" and "close" not in environ.get("HTTP_CONNECTION", "").lower()
         )
-        handler.request_handler = self
-        handler.run(self.server.get_app())
+        if environ.get("CONTENT_LENGTH") or "HTTP_TRANSFER_ENCODING" in environ:
+            keep_alive = False  # a body the app may not read in full must not be taken for the next request
+        if environ.get("HTTP_EXPECT", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.wfile.flush()
+        self._respond(environ, keep_alive)
 
-    def get_environ(self) -> dict:
-        environ = super().get_environ()
+    def _environ(self, target: str, headers: list[tuple[str, str]]) -> dict:
+        path, _, query = target.partition("?")
+        environ = dict(self.server.base_environ)
+        environ.update(
+            {
+                "SERVER_PROTOCOL": self.request_version,
+                "SERVER_SOFTWARE": self.server_version,
+                "REQUEST_METHOD": self.command,
+                "PATH_INFO": unquote(path, "iso-8859-1"),
+                "QUERY_STRING": query,
+                "REMOTE_ADDR": self.client_address[0],
+                "CONTENT_TYPE": "text/plain",
+                "wsgi.version": (1, 0),
+                "wsgi.url_scheme": "https" if self.server.tls is not None else "http",
+                "wsgi.input": self.rfile,
+                "wsgi.errors": sys.stderr,
+                "wsgi.multithread": True,
+                "wsgi.multiprocess": False,
+                "wsgi.run_once": False,
+            }
+        )
         if self.server.tls is not None:
             environ["HTTPS"] = "on"
+        for name, value in headers:
+            key = name.upper().replace("-", "_")
+            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                key = "HTTP_" + key
+                if key in environ:  # a repeated header: its values joined, as wsgiref does
+                    value = f"{environ[key]},{value}"
+            environ[key] = value
         return environ
+
+    def _respond(self, environ: dict, keep_alive: bool) -> None:
+        """Run the app and send its answer in one write, with a Content-Length (every answer is
+        delimited, so the connection can stay open)."""
+        answer: list = []
+
+        def start_response(status: str, headers: list, exc_info=None):
+            if exc_info and answer:
+                raise exc_info[1].with_traceback(exc_info[2])
+            answer[:] = [status, headers]
+            return body.append
+
+        body: list[bytes] = []
+        try:
+            result = self.server.get_app()(environ, start_response)
+            try:
+                body.extend(result)
+            finally:
+                if hasattr(result, "close"):
+                    result.close()
+            if not answer:
+                raise RuntimeError("the app returned without calling start_response")
+        except Exception:
+            log.error("error answering %s", environ.get("PATH_INFO"), exc_info=True)
+            answer, body, keep_alive = (
+                ["500 Internal Server Error", [("Content-Type", "text/plain")]],
+                [],
+                False,
+            )
+            body.append(b"A server error occurred.  Please contact the administrator.")
+        status, headers = answer
+        content = b"".join(body)
+        lines = [f"HTTP/1.1 {status}", f"Date: {_http_date()}", f"Server: {self.server_version}"]
+        named = set()
+        for name, value in headers:
+            named.add(name.lower())
+            lines.append(f"{name}: {value}")
+        if "content-length" not in named:
+            lines.append(f"Content-Length: {len(content)}")
+        if not keep_alive:
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1")
+        self.wfile.write(head if self.command == "HEAD" else head + content)
+        self.wfile.flush()
+        self.close_connection = not keep_alive
+        if log.isEnabledFor(logging.DEBUG):
+            self.log_request(status.split(" ", 1)[0], len(content))
 
     def log_message(self, format, *args) -> None:  # a scrape every few seconds would flood the log
         log.debug("%s " + format, self.address_string(), *args)
@@ -964,6 +1095,9 @@ class Server(ThreadingMixIn, WSGIServer):
 
     def finish_request(self, request, client_address) -> None:
         """In the connection's own thread: the TLS handshake (bounded), then the request."""
+        # Each answer leaves in one write, so Nagle's algorithm can only hold back its last segment until
+        # the client's delayed ACK (tens of ms) on a kept-alive connection: send at once, as Go's net/http does.
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.tls is None:
             self.RequestHandlerClass(request, client_address, self)
             return

@@ -43,7 +43,6 @@ from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
@@ -441,6 +440,45 @@ class Process:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+KUBELET_SCRIPT = """
+import signal, sys, threading, time
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubelet import StandInKubelet
+fleet = load_fleet(sys.argv[1])
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+kubelet = StandInKubelet(fleet, fleet.nodes[0].name, sys.argv[2], start=time.time() - float(sys.argv[3])).start()
+print("ready", flush=True)
+stop.wait()
+kubelet.stop()
+"""
+
+
+class KubeletProcess:
+    """The stand-in kubelet for FLEET's first node, KUBELET_OFFSET_S into its schedule, in a subprocess."""
+
+    def __init__(self, sock: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", KUBELET_SCRIPT, FLEET, sock, str(KUBELET_OFFSET_S)],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        line = self.proc.stdout.readline() if self.proc.stdout else b""
+        if line.strip() != b"ready":
+            self.stop()
+            raise RuntimeError(f"the stand-in kubelet did not start (exit {self.proc.returncode})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def gpumeter_exporter(name: str, kubelet_socket: str = "") -> Process:
@@ -841,8 +879,9 @@ def main(argv: list[str] | None = None) -> int:
     log("[4/5] with the stand-in kubelet (56 pods)")
     sockdir = tempfile.mkdtemp(prefix="gpm-bench-", dir="/tmp")
     sock = os.path.join(sockdir, "kubelet.sock")
-    fleet = load_fleet(FLEET)
-    kubelet = StandInKubelet(fleet, fleet.nodes[0].name, sock, start=time.time() - KUBELET_OFFSET_S).start()
+    # The stand-in kubelet runs in its own process, as the kubelet does on a node: in the benchmark's
+    # process its gRPC server's threads were counted in the exporter's CPU per cycle.
+    kubelet = KubeletProcess(sock)
     try:
         sim = InProcess(kubelet_socket=sock)
         try:
@@ -984,7 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict(p["memory"]["allocation_series"] == 56),
         ),
         (
-            "pods: CPU / cycle p99 (incl. gRPC)",
+            "pods: CPU / cycle p99 (kubelet in its own process)",
             fmt(p["cycle"]["cpu_all"]["p99_ms"], " ms"),
             f"< {TARGET_CYCLE_CPU_MS:.0f} ms",
             verdict(p["cycle"]["cpu_all"]["p99_ms"] < TARGET_CYCLE_CPU_MS),

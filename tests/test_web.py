@@ -346,6 +346,30 @@ def test_a_slowloris_is_dropped_at_the_read_deadline_and_others_are_served_meanw
     assert took < 3.0, f"the slowloris held its connection {took:.1f} s (read_timeout is 1 s)"
 
 
+def test_a_kept_alive_connection_serves_several_scrapes_and_is_closed_when_idle(served):
+    """HTTP/1.1 keep-alive: the second scrape reuses the connection (one accept for both), and an idle
+    connection is closed read_timeout after its last answer; Connection: close is honoured."""
+    url = served(limits=SHORT)
+    with connect(url) as sock:
+        stream = sock.makefile("rb")
+        for _ in range(2):
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert stream.readline().startswith(b"HTTP/1.1 200")
+            length = None
+            while (line := stream.readline()) != b"\r\n":
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+                assert name.lower() != "connection", line  # no Connection: close on a kept-alive answer
+            assert stream.read(length) == b"hello over http\n"
+        start = time.monotonic()
+        assert closed_by_server(sock, 3) < 2.0, "an idle kept-alive connection outlived read_timeout (1 s)"
+        assert time.monotonic() - start >= 0.8  # and was not closed right after the answer
+    with connect(url) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert closed_by_server(sock, 3) < 0.5  # answered, then closed at once
+
+
 def test_a_tls_client_that_never_handshakes_is_dropped_at_the_handshake_deadline(tmp_path, pki, served):
     web = web_config(
         tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"

@@ -193,7 +193,11 @@ def raw_scrape(listener: Listener) -> tuple[float, int]:
         auth = f"Authorization: Basic {token}\r\n"
     path = "/" + listener.url.split("/", 3)[3]
     try:
-        stream.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: gzip\r\n{auth}\r\n".encode())
+        # reads to the end of the stream, so it asks for the close (HTTP/1.1 keeps connections open)
+        request = (
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept-Encoding: gzip\r\n{auth}\r\n"
+        )
+        stream.sendall(request.encode())
         reply = b""
         while chunk := stream.recv(65536):
             reply += chunk

@@ -292,6 +292,7 @@ def test_8_pcie_byte_counters_where_the_driver_has_them(simulate):
     sim.sample(5)
     for direction in ("tx", "rx"):
         after = sim.value(f"nvidia_gpu_pcie_{direction}_bytes_total", **labels)
+        assert before[direction] is not None and after is not None, "no PCIe byte counter exported"
         assert after > before[direction]
         # the gauge is the counters' average over the interval, not a 20 ms window
         rate = sim.value(f"nvidia_gpu_pcie_{direction}_bytes_per_second", **labels)

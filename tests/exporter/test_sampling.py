@@ -406,3 +406,53 @@ def test_the_exposition_is_rendered_once_per_snapshot_for_the_formats_asked_for(
     sim.exporter.registry.collect = lambda: calls.append(1) or original()
     second, content_type = exposition.render("application/openmetrics-text; version=1.0.0", gzip_ok=False)
     assert calls == [] and second != first and content_type.startswith("application/openmetrics-text")
+
+
+def test_a_second_exporter_in_the_process_does_not_take_nvml_from_the_first(simulate, caplog):
+    # pynvml binds one library per process (a module global). `make bench` builds a second in-process
+    # exporter beside the first (the driver-cost cycles) and stops it: its nvmlShutdown went to the
+    # library it had bound, and the first exporter's next cycle then called that shut-down library and
+    # logged "NVML stopped answering: Uninitialized", leaving its own library's init count one too high.
+    first = simulate("h100-mig")
+    first.sample()
+    second = simulate("h200")
+    second.sample()
+    second.exporter.stop()
+    caplog.clear()
+    reads = first.lib.calls["nvmlDeviceGetFieldValues"]
+    first.sample()
+    assert first.value("gpumeter_exporter_nvml_up") == 1
+    assert "stopped answering" not in caplog.text
+    assert first.lib.calls["nvmlDeviceGetFieldValues"] == reads + 8  # asked its own library
+    assert second.lib.initialised == 0
+    first.exporter.stop()
+    assert first.lib.initialised == 0  # every init given back to the library it was taken from
+
+
+def test_nvlink_split_crc_counters_are_read_only_where_they_can_have_moved(simulate):
+    # Hopper answers no numbered FLIT field and links 12-17 have none at all: each such split is one
+    # nvmlDeviceGetNvLinkErrorCounter call. A healthy cycle re-reads one link per GPU in turn, not all 18.
+    sim = simulate("h100-mig")
+    sim.sampler.sample_once()
+    before = sim.lib.calls["nvmlDeviceGetNvLinkErrorCounter"]
+    sim.sample()
+    assert sim.lib.calls["nvmlDeviceGetNvLinkErrorCounter"] - before <= 2 * len(sim.node.gpus)
+    # A link whose combined CRC count (field 163) moved is read again in the same cycle.
+    uuid = sim.node.gpus[5].spec.uuid
+    labels = {"gpu": "5", "uuid": uuid, "link": "15"}
+    sim.node.inject("nvlink_crc", 5, link=15, count=100)
+    sim.sample()
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_flit") == 70
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_data") == 30
+    # A change the combined count does not show (nvml.h does not define it as the sum) still arrives
+    # within one round of the 18 links.
+    errors = sim.node.gpus[5].nvlink_errors[15]
+    errors["crc_flit"] += 5
+    errors["crc_data"] -= 5
+    sim.sample()
+    for _ in range(18):
+        if sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_flit") == 75:
+            break
+        sim.sample()
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_flit") == 75
+    assert sim.value("nvidia_gpu_nvlink_errors_total", **labels, error_type="crc_data") == 25
