@@ -8,6 +8,7 @@ snapshot cost a dictionary lookup.
 
 from __future__ import annotations
 
+import copy
 import gzip
 import threading
 from collections.abc import Callable, Iterator
@@ -15,11 +16,12 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
 
 from .catalog import CATALOG, MetricSpec, MetricType
 from .snapshot import Snapshot
 
-__all__ = ["ExpositionCache", "SnapshotCollector"]
+__all__ = ["ExpositionCache", "LineCache", "SnapshotCollector"]
 
 
 def _family(
@@ -73,12 +75,105 @@ class SnapshotCollector:
             yield family
 
 
+class _Families:
+    """A registry stand-in whose ``collect()`` yields the given families: how the library's encoders
+    are asked to write one family, or one sample, and nothing else."""
+
+    __slots__ = ("families",)
+
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+_PLAIN = (None, None, None)  # a sample's timestamp, exemplar and native histogram when it has none
+
+
+class LineCache:
+    """Writes families exactly as one of prometheus-client's encoders does, reusing each line's text.
+
+    Between snapshots the metric families and every series' name and labels stay the same; only values
+    change. prometheus-client validates and escapes every label of every sample on each render (most
+    of a render's cost). Here the library's own encoder writes each family header, and each distinct
+    series once, as a one-sample family; the text before the value is kept and later renders format
+    only the value. A line the library would write other than as ``prefix value\\n`` (a timestamp, an
+    exemplar, a sample the text format moves to a family of its own such as ``_created``) makes its
+    family be written by the library, every time. Entries not used by a render are dropped, so the
+    cache holds the current exposition's series and no more.
+    """
+
+    def __init__(self, encoder):
+        self._encoder = encoder
+        self._trailer = encoder(_Families(())).decode()  # OpenMetrics' "# EOF\n"; nothing for text
+        self._headers: dict = {}
+        self._lines: dict = {}
+
+    def _write(self, families) -> str:
+        text = self._encoder(_Families(families)).decode()
+        return text[: len(text) - len(self._trailer)] if self._trailer else text
+
+    def _header(self, metric) -> str | None:
+        key = (metric.name, metric.type, metric.documentation, metric.unit)
+        header = self._headers.get(key)
+        if header is None:
+            empty = copy.copy(metric)
+            empty.samples = []
+            header = self._headers[key] = self._write([empty])
+        return header
+
+    def _prefix(self, metric, sample, header: str) -> str | None:
+        one = copy.copy(metric)
+        one.samples = [sample]
+        text = self._write([one])
+        value = floatToGoString(sample.value) + "\n"
+        if (
+            not text.startswith(header)
+            or text.count("\n") != header.count("\n") + 1
+            or not text.endswith(value)
+        ):
+            return None
+        return text[len(header) : len(text) - len(value)]
+
+    def encode(self, families) -> bytes:
+        out: list[str] = []
+        append = out.append
+        seen: dict = {}
+        lines = self._lines
+        for metric in families:
+            header = self._header(metric)
+            mark = len(out)
+            append(header)
+            for sample in metric.samples:
+                if sample[3:] != _PLAIN:
+                    break
+                key = (metric.name, sample.name, tuple(sample.labels.items()))
+                prefix = lines.get(key)
+                if prefix is None:
+                    prefix = self._prefix(metric, sample, header)
+                    if prefix is None:
+                        break
+                seen[key] = prefix
+                append(prefix)
+                append(floatToGoString(sample.value))
+                append("\n")
+            else:
+                continue
+            del out[mark:]  # a line that is not ``prefix value``: the library writes this family
+            append(self._write([metric]))
+        append(self._trailer)
+        self._lines = seen
+        return "".join(out).encode()
+
+
 class ExpositionCache:
     """The rendered exposition of the current snapshot, per content type and encoding.
 
-    Rendering costs milliseconds (prometheus-client formats and escapes every sample), so it is done
-    once per snapshot: ``prepare()``, called by the sampler right after it publishes a snapshot,
-    renders every format scrapers asked for before. A scrape then only copies bytes.
+    A render is done once per snapshot: ``prepare()``, called by the sampler right after it publishes
+    a snapshot, renders every format scrapers asked for before, from one ``collect()`` of the
+    registry, each through its format's ``LineCache``; a scrape then only copies bytes. The bytes are
+    the ones the negotiated prometheus-client encoder would write (tests/exporter/test_render.py).
     """
 
     def __init__(self, registry: CollectorRegistry, snapshots: Callable[[], Snapshot]):
@@ -86,8 +181,10 @@ class ExpositionCache:
         self._snapshots = snapshots
         self._lock = threading.Lock()
         self._key: object = None
+        self._families: list[Metric] | None = None  # the snapshot's families, collected once
         self._cache: dict[tuple[str, bool], bytes] = {}
         self._wanted: dict[tuple[str, bool], Callable] = {}  # formats scrapers asked for, with their encoder
+        self._writers: dict[str, LineCache] = {}  # content type -> its line cache
         self._negotiated: dict[str, tuple[Callable, str]] = {}  # Accept header -> (encoder, content type)
 
     def render(self, accept: str | None, gzip_ok: bool) -> tuple[bytes, str]:
@@ -110,12 +207,21 @@ class ExpositionCache:
 
     def _render(self, snapshot: Snapshot, encoder, content_type: str, gzip_ok: bool) -> bytes:
         if self._key is not snapshot:
-            self._key, self._cache = snapshot, {}
+            self._key, self._cache, self._families = snapshot, {}, None
         body = self._cache.get((content_type, gzip_ok))
         if body is None:
             plain = self._cache.get((content_type, False))
             if plain is None:
-                plain = self._cache[(content_type, False)] = encoder(self._registry)
+                if self._families is None:
+                    self._families = list(self._registry.collect())
+                writer = self._writers.get(content_type)
+                if writer is None:
+                    # content types name the encoder's format, version and escaping; a client varying
+                    # them (at most 64 Accept headers are kept) is served by a bounded set of caches
+                    writer = LineCache(encoder)
+                    if len(self._writers) < 16:
+                        self._writers[content_type] = writer
+                plain = self._cache[(content_type, False)] = writer.encode(self._families)
             body = gzip.compress(plain, compresslevel=1) if gzip_ok else plain
             self._cache[(content_type, gzip_ok)] = body
         return body
