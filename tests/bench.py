@@ -959,27 +959,16 @@ def main(argv: list[str] | None = None) -> int:
             for d in report["driver_cost"].values()
         ),
         (
-            "pre-render per snapshot p50 (text)",
-            fmt(r["generate_latest_text"]["p50_ms"], " ms"),
-            "not on the scrape path: once per snapshot, in the sampler thread",
+            "pre-render per snapshot p50/p99 (OpenMetrics + gzip, exposition cache)",
+            f"{fmt(r['exposition_cache_miss_gzip']['p50_ms'])}/{fmt(r['exposition_cache_miss_gzip']['p99_ms'])} ms",
+            "once per snapshot, in the sampler thread (holds the GIL)",
             "",
         ),
         (
-            "pre-render per snapshot p99 (text)",
-            fmt(r["generate_latest_text"]["p99_ms"], " ms"),
-            "not on the scrape path: once per snapshot, in the sampler thread",
-            "",
-        ),
-        (
-            "pre-render per snapshot p99 (OpenMetrics)",
-            fmt(r["generate_latest_openmetrics"]["p99_ms"], " ms"),
-            "not on the scrape path: once per snapshot, in the sampler thread",
-            "",
-        ),
-        (
-            "pre-render per snapshot p99 (+ gzip)",
-            fmt(r["exposition_cache_miss_gzip"]["p99_ms"], " ms"),
-            "not on the scrape path: once per snapshot, in the sampler thread",
+            "the same by prometheus-client, p50/p99 (text; OpenMetrics)",
+            f"{fmt(r['generate_latest_text']['p50_ms'])}/{fmt(r['generate_latest_text']['p99_ms'])}; "
+            f"{fmt(r['generate_latest_openmetrics']['p50_ms'])}/{fmt(r['generate_latest_openmetrics']['p99_ms'])} ms",
+            "reference: the bytes the exposition cache must equal",
             "",
         ),
         ("render cache hit p99", fmt(r["exposition_cache_hit"]["p99_ms"], " ms", 4), "", ""),
@@ -1029,9 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
             verdict(p["cycle"]["cpu_all"]["p99_ms"] < TARGET_CYCLE_CPU_MS),
         ),
         (
-            "pods: pre-render per snapshot p99 (text)",
-            fmt(p["render"]["generate_latest_text"]["p99_ms"], " ms"),
-            "not on the scrape path: once per snapshot, in the sampler thread",
+            "pods: pre-render per snapshot p99 (OpenMetrics + gzip, exposition cache)",
+            fmt(p["render"]["exposition_cache_miss_gzip"]["p99_ms"], " ms"),
+            "once per snapshot, in the sampler thread",
             "",
         ),
         (
