@@ -136,11 +136,34 @@ class LineCache:
             return None
         return text[len(header) : len(text) - len(value)]
 
+    def _learn(self, metric, header: str, lines: dict) -> None:
+        """Every line of a family from one library render of it (start-up, a new pod), where the text is
+        the header and then one ``prefix value`` line per sample, in order; otherwise nothing is learnt
+        here and each sample is learnt alone."""
+        samples = metric.samples
+        if any(sample[3:] != _PLAIN for sample in samples):
+            return
+        text = self._write([metric])
+        if not text.startswith(header):
+            return
+        body = text[len(header) :].split("\n")
+        if len(body) != len(samples) + 1 or body[-1]:
+            return
+        learnt = {}
+        for sample, line in zip(samples, body, strict=False):
+            value = floatToGoString(sample.value)
+            prefix = line[: len(line) - len(value)]
+            if not line.endswith(value) or not prefix.endswith(" "):
+                return
+            learnt[(metric.name, sample.name, tuple(sample.labels.items()))] = prefix
+        lines.update(learnt)
+
     def encode(self, families) -> bytes:
         out: list[str] = []
         append = out.append
         seen: dict = {}
         lines = self._lines
+        learnt = None
         for metric in families:
             header = self._header(metric)
             mark = len(out)
@@ -150,6 +173,10 @@ class LineCache:
                     break
                 key = (metric.name, sample.name, tuple(sample.labels.items()))
                 prefix = lines.get(key)
+                if prefix is None and learnt is not metric:  # a new series: learn its whole family at once
+                    learnt = metric
+                    self._learn(metric, header, lines)
+                    prefix = lines.get(key)
                 if prefix is None:
                     prefix = self._prefix(metric, sample, header)
                     if prefix is None:
