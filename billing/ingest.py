@@ -29,6 +29,10 @@ from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
 
 log = logging.getLogger(__name__)
+# Hours that failed or were refused: the service's log keeps them; `billing ingest` states each itself
+# in one line on stderr and silences this logger (FAILURES_LOGGER), so none is said twice.
+FAILURES_LOGGER = f"{__name__}.failures"
+failures = logging.getLogger(FAILURES_LOGGER)
 
 # The PromQL of docs/billing.md §6, built from the metric contract's declarations of the series.
 QUERIES = {name: query.promql() for name, query in contract.BILLING_QUERIES.items()}
@@ -387,7 +391,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
         answers = query_hours(client, [hour])[hour]
         intervals = query_intervals(client, [hour], config)[hour]
     except PrometheusError as exc:
-        log.error("ingest of %s failed: %s", hour.isoformat(), exc)
+        failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
         ledger.record_failure(hour, str(exc), source=client.base_url, started_at=started)
         raise
     try:
@@ -459,7 +463,7 @@ def _write_failed(
 ) -> None:
     """The ledger refused the hour (or lost its database past the retries): nothing of it was
     committed. Recorded as a failed run when the ledger still answers; the range stops here."""
-    log.error("ingest of %s failed: %s", hour.isoformat(), exc)
+    failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
     try:
         ledger.record_failure(hour, str(exc), source=source, started_at=started)
     except LedgerError as again:
@@ -468,7 +472,7 @@ def _write_failed(
 
 
 def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: datetime, result) -> None:
-    log.error("ingest of %s refused: %s", hour.isoformat(), reason)
+    failures.error("ingest of %s refused: %s", hour.isoformat(), reason)
     ledger.record_failure(hour, reason, source=source, started_at=started)
     result.failed.append((hour, reason))
 

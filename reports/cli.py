@@ -58,6 +58,7 @@ def register(subparsers) -> None:
 
 def cmd_report(args) -> int:
     from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.ledger.base import LedgerError
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
     from gpumeter.reports.render import RenderOptions
     from gpumeter.reports.run import generate, load_labels
@@ -76,7 +77,11 @@ def cmd_report(args) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ledger = open_ledger(args.db, schema=args.db_schema)
+    try:
+        ledger = open_ledger(args.db, schema=args.db_schema)
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         result = generate(
             ledger,
@@ -92,6 +97,9 @@ def cmd_report(args) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LedgerError as exc:  # the database was lost past the ledger's retries
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         ledger.close()
     report = result.report
