@@ -154,7 +154,8 @@ def _price_gpu_hour(
     version, price = book.price(hour, dev.model)
     presence = _hours(dev.present_seconds)
     model_key = price.model if price else canonical_model(dev.model, book.aliases)
-    priced_by = version.id if version is not None and price is not None else None
+    # the version in effect: it priced the hour, or (an unpriced line) it has no rate for the model
+    priced_by = version.id if version is not None else None
     common = _Common(
         hour=hour, uuid=dev.uuid, model=model_key, currency=book.currency, price_version=priced_by
     )

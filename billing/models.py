@@ -122,7 +122,9 @@ class Line:
     utilization: Decimal | None = None
     held: Decimal = Decimal(0)  # the quantity held, in held_unit: a fact of pricing, never recomputed
     held_unit: QuantityUnit = QuantityUnit.GPU_HOUR
-    price_version: str | None = None  # PriceVersion.id of the version that priced it; None: unpriced
+    # PriceVersion.id of the version in effect for the hour: the one that priced the line, or, on an
+    # UNPRICED line, the one without a rate for its model; None: no version was in effect
+    price_version: str | None = None
 
     @property
     def sort_key(self) -> tuple:
