@@ -45,6 +45,7 @@ STOPPING = threading.Event()
 # Seconds a running job has, after the signal, to reach an hour boundary; past it the process ends
 # and the database rolls back the hour's open transaction (docs/billing.md §7). Under 2 s in all.
 STOP_GRACE_SECONDS = 1.0
+LOCK_RELEASE_SECONDS = 0.4  # then, at most this long to free the lock row of a job that did not stop
 
 
 def holder_id() -> str:
@@ -178,6 +179,11 @@ def serve(
         # keeps whole hours only, and the next start catches the hour up. Threads of the job would
         # keep a normal interpreter exit waiting, hence _exit.
         log.warning("a job did not stop within %gs; its hour in progress is rolled back", STOP_GRACE_SECONDS)
+        # the job's lock row would bar the next start's catch-up for its 30-min lease: free it if the
+        # database answers at once (on SQLite the stuck hour holds the write lock: then it stays)
+        release = threading.Thread(target=ledger.release_lock, args=(INGEST_LOCK, holder_id()), daemon=True)
+        release.start()
+        release.join(LOCK_RELEASE_SECONDS)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
