@@ -329,17 +329,17 @@ def _price_gpu_hour(
     exponent = minor_unit(book.currency)
     total_units = round_total(device_cost, exponent)
     lines = [line for line, _, _ in exact]
-    units, tie = apportion([a for _, a, _ in exact], total_units, exponent, tie_break(lines, hour))
+    cents, tie = apportion([a for _, a, _ in exact], total_units, exponent, tie_break(lines, hour))
     kept = [
         (i, _evolve(line, amount=units_to_decimal(n, exponent)), source)
-        for i, ((line, _, source), n) in enumerate(zip(exact, units, strict=True))
+        for i, ((line, _, source), n) in enumerate(zip(exact, cents, strict=True))
         if n != 0 or line.kind is LineKind.TENANT  # a platform line rounded to 0 is not written
     ]
     kept_tie = None
     if tie is not None:
         position = {i: at for at, (i, _, _) in enumerate(kept)}
-        chosen = {i for i in tie.lines if units[i] > math.floor(exact[i][1] * 10**exponent)}
-        bases = [units[i] - (i in chosen) for i in tie.lines]
+        chosen = {i for i in tie.lines if cents[i] > math.floor(exact[i][1] * 10**exponent)}
+        bases = [cents[i] - (i in chosen) for i in tie.lines]
         if all(
             i in position and (base > 0 or lines[i].kind is LineKind.TENANT)
             for i, base in zip(tie.lines, bases, strict=True)
