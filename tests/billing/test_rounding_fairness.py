@@ -20,7 +20,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.rounding import rotate
 from tests.billing.factories import H100, alloc, book, gpu_hour
 
 D = Decimal
@@ -62,3 +66,23 @@ def test_the_cent_moves_between_pods_not_names(tmp_path):
         (winner,) = [line.pod for line in price_gpu_hour(hour, prices).lines if line.amount == D("2.30")]
         firsts.add(winner)
     assert len(firsts) > 1, "the same name wins the first hour on every GPU"
+
+
+@given(
+    members=st.integers(min_value=2, max_value=12),
+    data=st.data(),
+    first_turn=st.integers(min_value=0, max_value=10**7),
+    turns=st.integers(min_value=1, max_value=800),
+)
+def test_turns_favour_no_member_by_more_than_one(members, data, first_turn, turns):
+    """The bound of docs/billing.md §5: over any run of consecutive hours with the same tie, each
+    tied line gets the extra unit ⌊n·e/k⌋ or ⌈n·e/k⌉ times."""
+    extra = data.draw(st.integers(min_value=1, max_value=members - 1))
+    counts = dict.fromkeys(range(members), 0)
+    for turn in range(first_turn, first_turn + turns):
+        chosen = rotate(list(range(members)), extra, turn)
+        assert len(set(chosen)) == extra
+        for member in chosen:
+            counts[member] += 1
+    assert max(counts.values()) - min(counts.values()) <= 1
+    assert sum(counts.values()) == turns * extra
