@@ -271,7 +271,9 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
                 "ServiceName": service,
                 "ServiceSubcategory": "Containers",
                 "SkuId": f"mig-{c.mig_profile}" if mig else f"gpu-{c.model.lower()}",
-                "SkuPriceId": f"{c.model.lower()}:{profile or 'whole'}:{labels.get(c.price_version_id, 'unpriced')}",
+                # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
+                "SkuPriceId": f"{c.model.lower()}:{profile or 'whole'}:"
+                + ("unpriced" if unpriced else labels.get(c.price_version_id, "unpriced")),
                 "SubAccountId": sub[0],
                 "SubAccountName": sub[1],
                 "SubAccountType": sub[2],

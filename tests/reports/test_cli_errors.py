@@ -101,6 +101,10 @@ def test_focus_says_why_an_hour_is_unpriced(tmp_path):
         "Unpriced GPU model H100-80GB: no price-book version in effect for the hour; quantity only, not billed"
     )
     assert "no rate" not in before
+    assert [r["SkuPriceId"] for r in october + november] == [
+        "h100-80gb:whole:unpriced",
+        "nvidia b200:whole:unpriced",
+    ]
     (missing,) = [r["ChargeDescription"] for r in november]
     assert (
         missing.startswith(f"Unpriced GPU model {B200}: price-book version ")
