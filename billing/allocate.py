@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -28,11 +29,12 @@ from gpumeter.billing.models import (
     Line,
     LineKind,
     QuantityUnit,
+    line_key,
 )
 from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
 from gpumeter.billing.pricing.base import SHARING_MODES, PriceBook, PriceVersion
 from gpumeter.billing.pricing.currency import minor_unit
-from gpumeter.billing.rounding import largest_remainder, round_total, to_fraction, units_to_decimal
+from gpumeter.billing.rounding import TieBreak, apportion, rotate, round_total, to_fraction, units_to_decimal
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,43 @@ class _Unit:
     allocations: list[Allocation] = field(default_factory=list)
 
 
+def tie_break(lines: list[Line], hour: datetime) -> TieBreak:
+    """How the residue's last units are shared among lines with equal remainders (docs/billing.md §5):
+    tenant lines before platform lines (kind order); within a kind, in turns by the hour: the lines
+    ordered by their natural key's digest (`line_key`, which favours no name), hour h starting
+    where hour h−1 stopped. Identical tenants thus get the extra unit equally often, within one unit
+    over any run of hours (`rounding.rotate`)."""
+    turn = int(hour.timestamp()) // 3600
+
+    def choose(tied: list[int], extra: int) -> list[int]:
+        chosen: list[int] = []
+        for rank in sorted({lines[i].kind.rank for i in tied}):
+            group = sorted((i for i in tied if lines[i].kind.rank == rank), key=lambda i: line_key(lines[i]))
+            left = extra - len(chosen)
+            if left >= len(group):
+                chosen += group
+            else:
+                chosen += rotate(group, left, turn)
+                break
+        return chosen
+
+    return choose
+
+
+@dataclass(frozen=True)
+class _KeptTie:
+    """A tie `Pricer` re-breaks for each hour it re-uses a result for: positions in the kept lines,
+    their amounts without and with the extra unit, and how many get it."""
+
+    positions: tuple[int, ...]
+    bases: tuple[Decimal, ...]
+    pluses: tuple[Decimal, ...]
+    extra: int
+
+
+_UNREUSABLE = _KeptTie((), (), (), 0)
+
+
 def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | None = None) -> PricedHour:
     """Price and reconcile one physical GPU-hour into lines that sum exactly to its device cost."""
     return _price_gpu_hour(gpu_hour, book, teams or {})[0]
@@ -108,14 +147,16 @@ def price_gpu_hour(gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str] | N
 
 def _price_gpu_hour(
     gpu_hour: GpuHour, book: PriceBook, teams: dict[str, str]
-) -> tuple[PricedHour, list[int | None]]:
+) -> tuple[PricedHour, list[int | None], _KeptTie | None]:
     """`price_gpu_hour`, plus for each line the index in ``gpu_hour.allocations`` it prices (None:
-    a platform line), which `Pricer` needs to re-use the result for another hour."""
+    a platform line), and the tie its rounding broke, which `Pricer` needs to re-use the result for
+    another hour."""
     dev, hour = gpu_hour.device, gpu_hour.hour
     version, price = book.price(hour, dev.model)
     presence = _hours(dev.present_seconds)
     model_key = price.model if price else canonical_model(dev.model, book.aliases)
-    priced_by = version.id if version is not None and price is not None else None
+    # the version in effect: it priced the hour, or (an unpriced line) it has no rate for the model
+    priced_by = version.id if version is not None else None
     common = _Common(
         hour=hour, uuid=dev.uuid, model=model_key, currency=book.currency, price_version=priced_by
     )
@@ -135,7 +176,7 @@ def _price_gpu_hour(
             held=_qty(presence),
             **common,
         )
-        return PricedHour([line], None, model_key, version, [message]), [None]
+        return PricedHour([line], None, model_key, version, [message]), [None], None
 
     rate = to_fraction(price.hourly_rate)
     device_cost = rate * presence
@@ -287,18 +328,36 @@ def _price_gpu_hour(
     exact.sort(key=lambda pair: pair[0].sort_key)
     exponent = minor_unit(book.currency)
     total_units = round_total(device_cost, exponent)
-    rounded = largest_remainder([a for _, a, _ in exact], total_units, exponent)
+    lines = [line for line, _, _ in exact]
+    cents, tie = apportion([a for _, a, _ in exact], total_units, exponent, tie_break(lines, hour))
     kept = [
-        (_evolve(line, amount=amount), source)
-        for (line, _, source), amount in zip(exact, rounded, strict=True)
-        if amount != 0 or line.kind is LineKind.TENANT  # a platform line rounded to 0 is not written
+        (i, _evolve(line, amount=units_to_decimal(n, exponent)), source)
+        for i, ((line, _, source), n) in enumerate(zip(exact, cents, strict=True))
+        if n != 0 or line.kind is LineKind.TENANT  # a platform line rounded to 0 is not written
     ]
+    kept_tie = None
+    if tie is not None:
+        position = {i: at for at, (i, _, _) in enumerate(kept)}
+        chosen = {i for i in tie.lines if cents[i] > math.floor(exact[i][1] * 10**exponent)}
+        bases = [cents[i] - (i in chosen) for i in tie.lines]
+        if all(
+            i in position and (base > 0 or lines[i].kind is LineKind.TENANT)
+            for i, base in zip(tie.lines, bases, strict=True)
+        ):
+            kept_tie = _KeptTie(
+                tuple(position[i] for i in tie.lines),
+                tuple(units_to_decimal(b, exponent) for b in bases),
+                tuple(units_to_decimal(b + 1, exponent) for b in bases),
+                tie.extra,
+            )
+        else:
+            kept_tie = _UNREUSABLE  # a line the tie leaves at 0 would be dropped: price each hour afresh
     for message in warnings:
         log.warning(message)
     priced = PricedHour(
-        [line for line, _ in kept], units_to_decimal(total_units, exponent), model_key, version, warnings
+        [line for _, line, _ in kept], units_to_decimal(total_units, exponent), model_key, version, warnings
     )
-    return priced, [source for _, source in kept]
+    return priced, [source for _, _, source in kept], kept_tie
 
 
 def _evolve(line: Line, **changes: object) -> Line:
@@ -321,7 +380,7 @@ class Pricer:
 
     def __init__(self, book: PriceBook, max_entries: int = 20_000):
         self.book, self.max_entries = book, max_entries
-        self._memo: dict[tuple[Hashable, ...], tuple[PricedHour, list[int | None]]] = {}
+        self._memo: dict[tuple[Hashable, ...], tuple[PricedHour, list[int | None], _KeptTie | None]] = {}
         self.hits = self.misses = 0
 
     def price(self, gpu_hour: GpuHour, teams: dict[str, str] | None = None) -> PricedHour:
@@ -354,14 +413,15 @@ class Pricer:
         memo = self._memo.get(key)
         if memo is None or version is None:  # only hours with a price version are kept
             self.misses += 1
-            priced, sources = _price_gpu_hour(gpu_hour, self.book, teams)
-            if not priced.warnings and priced.device_cost is not None and version is not None:
+            priced, sources, tie = _price_gpu_hour(gpu_hour, self.book, teams)
+            reusable = tie is not _UNREUSABLE
+            if not priced.warnings and priced.device_cost is not None and version is not None and reusable:
                 if len(self._memo) >= self.max_entries:
                     self._memo.clear()
-                self._memo[key] = (priced, sources)
+                self._memo[key] = (priced, sources, tie)
             return priced
         self.hits += 1
-        template, sources = memo
+        template, sources, tie = memo
         unit_utilization: dict[tuple[str, str], Decimal | None] = {}
         for inst in gpu_hour.instances:
             unit_utilization.setdefault((inst.gpu_instance_id, inst.mig_profile), inst.utilization)
@@ -389,6 +449,10 @@ class Pricer:
                     efficiency=version.tier_efficiency(utilization),
                 )
             )
+        if tie is not None:  # the residue's last units fell on a tie: this hour's turn decides it
+            chosen = set(tie_break(lines, gpu_hour.hour)(list(tie.positions), tie.extra))
+            for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
+                lines[at] = _evolve(lines[at], amount=plus if at in chosen else base)
         return PricedHour(lines, template.device_cost, template.model, template.price_version, [])
 
 

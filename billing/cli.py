@@ -181,10 +181,12 @@ def cmd_prices_check(args) -> int:
 def cmd_ingest(args) -> int:
     from tqdm import tqdm
 
-    from gpumeter.billing.ingest import catch_up, ingest_hours
+    from gpumeter.billing.ingest import FAILURES_LOGGER, catch_up, ingest_hours
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
     from gpumeter.billing.prom import PrometheusClient
+
+    logging.getLogger(FAILURES_LOGGER).setLevel(logging.CRITICAL + 1)  # printed below, one line each
 
     if args.start and args.end and args.start >= args.end:
         print(

@@ -29,6 +29,10 @@ from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
 
 log = logging.getLogger(__name__)
+# Hours that failed or were refused: the service's log keeps them; `billing ingest` states each itself
+# in one line on stderr and silences this logger (FAILURES_LOGGER), so none is said twice.
+FAILURES_LOGGER = f"{__name__}.failures"
+failures = logging.getLogger(FAILURES_LOGGER)
 
 # The PromQL of docs/billing.md §6, built from the metric contract's declarations of the series.
 QUERIES = {name: query.promql() for name, query in contract.BILLING_QUERIES.items()}
@@ -67,6 +71,7 @@ class IngestResult:
     unpriced_gpu_hours: int = 0
     suspect: list[tuple[datetime, str]] = field(default_factory=list)  # written, but doubtful
     empty: list[datetime] = field(default_factory=list)  # nothing in Prometheus: not written, retried
+    stopped: bool = False  # asked to stop (`stopping`): the hours after the last one written are left
 
 
 class IntervalMismatch(ValueError):
@@ -388,7 +393,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
         answers = query_hours(client, [hour])[hour]
         intervals = query_intervals(client, [hour], config)[hour]
     except PrometheusError as exc:
-        log.error("ingest of %s failed: %s", hour.isoformat(), exc)
+        failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
         ledger.record_failure(hour, str(exc), source=client.base_url, started_at=started)
         raise
     try:
@@ -460,7 +465,7 @@ def _write_failed(
 ) -> None:
     """The ledger refused the hour (or lost its database past the retries): nothing of it was
     committed. Recorded as a failed run when the ledger still answers; the range stops here."""
-    log.error("ingest of %s failed: %s", hour.isoformat(), exc)
+    failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
     try:
         ledger.record_failure(hour, str(exc), source=source, started_at=started)
     except LedgerError as again:
@@ -469,7 +474,7 @@ def _write_failed(
 
 
 def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: datetime, result) -> None:
-    log.error("ingest of %s refused: %s", hour.isoformat(), reason)
+    failures.error("ingest of %s refused: %s", hour.isoformat(), reason)
     ledger.record_failure(hour, reason, source=source, started_at=started)
     result.failed.append((hour, reason))
 
@@ -492,9 +497,11 @@ def ingest_hours(
     hours: Iterable[datetime],
     config: IngestConfig,
     progress: Callable[[Iterable], Iterable] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> IngestResult:
     """Ingest hours in order; stops at the first Prometheus error or refused hour (later hours would
-    fail too).
+    fail too), or at the next hour boundary once ``stopping()`` is true (`billing serve` on SIGTERM:
+    the hour being written is finished, nothing after it is started).
 
     Three stages overlap (docs/billing.md §6): consecutive hours are queried a run of
     ``config.chunk_hours`` at a time with range queries (`query_hours`, `query_intervals`), the next
@@ -511,9 +518,9 @@ def ingest_hours(
         and getattr(client, "reopenable", False)
         and getattr(ledger, "engine", None) is not None
     ):
-        return _ingest_in_workers(client, ledger, book, hours, config, progress)
+        return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
     with _few_collections():
-        return _ingest_serially(client, ledger, book, hours, config, progress)
+        return _ingest_serially(client, ledger, book, hours, config, progress, stopping)
 
 
 @contextlib.contextmanager
@@ -538,7 +545,7 @@ def _query_run(client, hours: list[datetime], config):
     return query_hours(client, hours), query_intervals(client, hours, config)
 
 
-def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestResult:
+def _ingest_serially(client, ledger, book, hours, config, progress, stopping=None) -> IngestResult:
     result = IngestResult()
     ticks = _ticks(progress, hours)
     runs = _runs(hours, max(1, config.chunk_hours))
@@ -566,6 +573,13 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
             tick()
         return True
 
+    def stop_here() -> bool:
+        """Asked to stop: finish the hour in flight and stop before the next one."""
+        if stopping is None or not stopping():
+            return False
+        result.stopped = written()
+        return True
+
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-write") as writer,
@@ -573,6 +587,8 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
         try:
             pending = queries.submit(_query_run, client, runs[0], config) if runs else None
             for i, run in enumerate(runs):
+                if stop_here():
+                    return result
                 future, pending = pending, None
                 if i + 1 < len(runs):
                     pending = queries.submit(_query_run, client, runs[i + 1], config)
@@ -582,6 +598,8 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
                 for hour in run:
+                    if stop_here():
+                        return result
                     if answers is None or intervals is None:  # hour by hour, instant queries, in this thread
                         if not written():
                             return result
@@ -611,6 +629,8 @@ def _ingest_serially(client, ledger, book, hours, config, progress) -> IngestRes
                         continue
                     known_teams.update(kube_teams)
                     if not written():  # one hour in flight at most: the previous one must be in
+                        return result
+                    if stop_here():  # asked while the previous hour was written: start no other
                         return result
                     writing = (
                         record,
@@ -660,7 +680,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _ingest_in_workers(client, ledger, book, hours, config, progress) -> IngestResult:
+def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=None) -> IngestResult:
     """`ingest_hours` split over ``config.workers`` processes, a few days of hours per task.
 
     Every hour is still one transaction, so the ledger ends up the same as with one process. The
@@ -691,6 +711,12 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress) -> IngestR
 
         try:
             for i, future in enumerate(futures):
+                if stopping is not None and stopping():  # tasks not started are dropped; running ones end
+                    result.stopped = True
+                    for later in futures[i:]:
+                        later.cancel()
+                if future.cancelled():
+                    continue
                 merge(future.result())
                 if result.failed:
                     for later in futures[i + 1 :]:
@@ -743,8 +769,10 @@ def missing_hours(ledger: Ledger, now: datetime, config: IngestConfig) -> list[d
     return [h for h in hours_between(start, end) if h not in done]
 
 
-def catch_up(client, ledger, book, now: datetime, config: IngestConfig, progress=None) -> IngestResult:
-    return ingest_hours(client, ledger, book, missing_hours(ledger, now, config), config, progress)
+def catch_up(
+    client, ledger, book, now: datetime, config: IngestConfig, progress=None, stopping=None
+) -> IngestResult:
+    return ingest_hours(client, ledger, book, missing_hours(ledger, now, config), config, progress, stopping)
 
 
 def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, teams: dict[str, str]) -> int:

@@ -6,6 +6,7 @@ Pure data, no I/O; `billing.allocate` computes on these, `billing.ledger` stores
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -124,7 +125,9 @@ class Line:
     utilization: Decimal | None = None
     held: Decimal = Decimal(0)  # the quantity held, in held_unit: a fact of pricing, never recomputed
     held_unit: QuantityUnit = QuantityUnit.GPU_HOUR
-    price_version: str | None = None  # PriceVersion.id of the version that priced it; None: unpriced
+    # PriceVersion.id of the version in effect for the hour: the one that priced the line, or, on an
+    # UNPRICED line, the one without a rate for its model; None: no version was in effect
+    price_version: str | None = None
 
     @property
     def sort_key(self) -> tuple:
@@ -139,3 +142,22 @@ class GpuHour:
     device: Device
     instances: list[MigInstance] = field(default_factory=list)
     allocations: list[Allocation] = field(default_factory=list)
+
+
+def line_key_of(uuid: str, kind: str, namespace: str, pod: str, container: str, gi: str, profile: str) -> str:
+    """The natural key of a cost line within its hour, as a fixed-size digest (so no name length
+    can make the unique index too wide): the GPU, the kind and who or what the line charges."""
+    text = "\x1f".join((uuid, kind, namespace, pod, container, gi, profile))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def line_key(line: Line) -> str:
+    return line_key_of(
+        line.uuid,
+        line.kind.value,
+        line.namespace,
+        line.pod,
+        line.container,
+        line.gpu_instance_id,
+        line.mig_profile,
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
@@ -35,11 +36,31 @@ def _half_even(value: Fraction) -> int:
     return floor
 
 
-def largest_remainder(exact: Sequence[Fraction], total_units: int, exponent: int) -> list[Decimal]:
-    """Round each exact amount (≥ 0, in listed order = tie order) so they sum to ``total_units``.
+# Given the tied lines' indices and how many of them get a unit, the indices that get it.
+TieBreak = Callable[[list[int], int], Iterable[int]]
+
+
+def _first_listed(tied: list[int], extra: int) -> list[int]:
+    return tied[:extra]
+
+
+@dataclass(frozen=True)
+class Tie:
+    """Lines whose remainders are equal at the cut of the residue: ``extra`` of ``lines`` (indices,
+    in listed order) got one more unit, chosen by the tie break; the others did not."""
+
+    lines: tuple[int, ...]
+    extra: int
+
+
+def apportion(
+    exact: Sequence[Fraction], total_units: int, exponent: int, break_tie: TieBreak = _first_listed
+) -> tuple[list[int], Tie | None]:
+    """Each exact amount (≥ 0) in whole minor units, summing to ``total_units``, and the tie the
+    residue's cut fell in (None when no tie decided anything).
 
     Every amount is floored to the minor unit; the residue is handed out one unit at a time to the
-    largest remainders, ties to the earlier amount.
+    largest remainders. Where the last units fall among equal remainders, ``break_tie`` chooses.
     """
     scale = 10**exponent
     floors, remainders = [], []
@@ -52,10 +73,36 @@ def largest_remainder(exact: Sequence[Fraction], total_units: int, exponent: int
     residue = total_units - sum(floors)
     if residue < 0 or residue > len(exact):
         raise ValueError(f"rounding residue {residue} out of range for {len(exact)} lines")
-    order = sorted(range(len(exact)), key=lambda i: (-remainders[i], i))
-    for i in order[:residue]:
+    if residue == 0:
+        return floors, None
+    cut = sorted(remainders, reverse=True)[residue - 1]
+    above = [i for i, rest in enumerate(remainders) if rest > cut]
+    at = [i for i, rest in enumerate(remainders) if rest == cut]
+    extra = residue - len(above)
+    chosen = at if extra == len(at) else list(break_tie(at, extra))
+    if len(set(chosen)) != extra or not set(chosen) <= set(at):
+        raise ValueError(f"tie break chose {chosen!r}, not {extra} of {at!r}")
+    for i in (*above, *chosen):
         floors[i] += 1
-    return [units_to_decimal(units, exponent) for units in floors]
+    return floors, (None if extra == len(at) else Tie(tuple(at), extra))
+
+
+def largest_remainder(
+    exact: Sequence[Fraction], total_units: int, exponent: int, break_tie: TieBreak = _first_listed
+) -> list[Decimal]:
+    """`apportion`, as Decimals at the minor unit (ties to the earlier amount unless told)."""
+    units, _ = apportion(exact, total_units, exponent, break_tie)
+    return [units_to_decimal(u, exponent) for u in units]
+
+
+def rotate(ordered: Sequence[int], extra: int, turn: int) -> list[int]:
+    """``extra`` of ``ordered``, taken round-robin: turn t takes the ``extra`` after turn t−1's.
+
+    Over any run of consecutive turns each member is taken ⌊n·extra/k⌋ or ⌈n·extra/k⌉ times
+    (k members, n turns), so no member is favoured by more than one."""
+    k = len(ordered)
+    start = (turn * extra) % k
+    return [ordered[(start + j) % k] for j in range(extra)]
 
 
 def units_to_decimal(units: int, exponent: int) -> Decimal:

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for chatty in ("httpx", "httpcore"):  # one line per request drowns what matters
+    # one line per request, or alembic's "setup plugin ..." on every start, drowns what matters
+    for chatty in ("httpx", "httpcore", "alembic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     return int(args.func(args) or 0)
 

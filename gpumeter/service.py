@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -38,6 +39,13 @@ from gpumeter.reports.schedule import ReportSchedule, run_monthly
 log = logging.getLogger(__name__)
 
 INGEST_LOCK = "ingest"
+# Set when `billing serve` is asked to stop (SIGTERM, SIGINT): a running catch-up finishes the hour it
+# is writing and starts no other (`catch_up(stopping=...)`).
+STOPPING = threading.Event()
+# Seconds a running job has, after the signal, to reach an hour boundary; past it the process ends
+# and the database rolls back the hour's open transaction (docs/billing.md §7). Under 2 s in all.
+STOP_GRACE_SECONDS = 1.0
+LOCK_RELEASE_SECONDS = 0.4  # then, at most this long to free the lock row of a job that did not stop
 
 
 def holder_id() -> str:
@@ -53,15 +61,20 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     try:
         with ledger.lock(INGEST_LOCK, holder, now), PrometheusClient(cfg.prometheus) as client:
-            result = catch_up(client, ledger, book, now, cfg.ingest_config())
+            result = catch_up(client, ledger, book, now, cfg.ingest_config(), stopping=STOPPING.is_set)
     except LockNotAcquired:
         log.info("another replica holds the ingest lock; skipping")
         return "skipped"
     finally:
         ledger.close()
     if result.failed:
-        return f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
-    return f"ingested {len(result.ingested)}"
+        outcome = f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
+    elif result.stopped:
+        outcome = f"stopped after {len(result.ingested)} hour(s): the service is stopping"
+    else:
+        outcome = f"ingested {len(result.ingested)}"
+    log.info("hourly ingest: %s", outcome)
+    return outcome
 
 
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
@@ -147,12 +160,34 @@ def serve(
         "billing service on %s; ledger %s", listen, ledger.engine.url.render_as_string(hide_password=True)
     )
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
+    signalled = threading.current_thread() is threading.main_thread()
+    if signalled:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+    STOPPING.clear()
     stop.wait()
-    scheduler.shutdown(wait=True)
+    STOPPING.set()  # a running catch-up stops at the next hour boundary
+    log.info("billing service stopping")
+    jobs_done = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+    jobs_done.start()  # the jobs wind down while the listener closes (up to its 0.5 s poll)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
     server.close()
+    jobs_done.join(max(0.0, deadline - time.monotonic()) if signalled else None)
+    if jobs_done.is_alive():
+        # A job is inside one hour's transaction (or a long Prometheus query) past the grace period.
+        # Ending the process drops its connection, and the database rolls the hour back: the ledger
+        # keeps whole hours only, and the next start catches the hour up. Threads of the job would
+        # keep a normal interpreter exit waiting, hence _exit.
+        log.warning("a job did not stop within %gs; its hour in progress is rolled back", STOP_GRACE_SECONDS)
+        # the job's lock row would bar the next start's catch-up for its 30-min lease: free it if the
+        # database answers at once (on SQLite the stuck hour holds the write lock: then it stays)
+        release = threading.Thread(target=ledger.release_lock, args=(INGEST_LOCK, holder_id()), daemon=True)
+        release.start()
+        release.join(LOCK_RELEASE_SECONDS)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     ledger.close()
     return 0
 

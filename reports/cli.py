@@ -5,10 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 
-def _when(text: str) -> datetime:
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+def _when(flag: str, text: str | None) -> datetime | None:
+    """An ISO 8601 moment in UTC; a bad one is the command's one-line error (argparse's would add
+    its usage), so --from/--to are read as text and parsed here."""
+    from gpumeter.reports.model import ReportError
+
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ReportError(f"period: {flag} is not an ISO 8601 date or time (value {text!r})") from None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
@@ -35,8 +45,8 @@ def register(subparsers) -> None:
     parser.add_argument("--db", default=os.environ.get("GPUMETER_BILLING_DB", DEFAULT_URL), help="ledger URL")
     parser.add_argument("--db-schema", default=None, help="PostgreSQL schema (search_path) of the ledger")
     parser.add_argument("--period", help="a month, YYYY-MM (default: last month)")
-    parser.add_argument("--from", dest="start", type=_when, help="start (ISO 8601, UTC), instead of --period")
-    parser.add_argument("--to", dest="end", type=_when, help="end, exclusive (ISO 8601, UTC)")
+    parser.add_argument("--from", dest="start", help="start (ISO 8601, UTC), instead of --period")
+    parser.add_argument("--to", dest="end", help="end, exclusive (ISO 8601, UTC)")
     parser.add_argument(
         "--by", default="team", help="team, namespace, model, mig_profile or label:KEY (default team)"
     )
@@ -56,14 +66,31 @@ def register(subparsers) -> None:
     parser.set_defaults(func=cmd_report)
 
 
+def missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite ledger ``url`` names that does not exist (None: it exists, or the URL
+    is not a SQLite file). A report reads a ledger; it never creates one."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # open_ledger names the bad URL
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    return None if Path(parsed.database).is_file() else parsed.database
+
+
 def cmd_report(args) -> int:
     from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.ledger.base import LedgerError
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
     from gpumeter.reports.render import RenderOptions
     from gpumeter.reports.run import generate, load_labels
 
     now = datetime.now(UTC)
     try:
+        args.start, args.end = _when("--from", args.start), _when("--to", args.end)
         if args.start or args.end:
             if args.period:
                 raise ReportError("period: give --period or --from/--to, not both (value --period)")
@@ -76,7 +103,15 @@ def cmd_report(args) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ledger = open_ledger(args.db, schema=args.db_schema)
+    missing = missing_sqlite_file(args.db)
+    if missing:  # opening it would create an empty ledger and report $0
+        print(f"error: db: no such SQLite file {missing} (value {args.db!r})", file=sys.stderr)
+        return 2
+    try:
+        ledger = open_ledger(args.db, schema=args.db_schema)
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         result = generate(
             ledger,
@@ -92,6 +127,9 @@ def cmd_report(args) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LedgerError as exc:  # the database was lost past the ledger's retries
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         ledger.close()
     report = result.report

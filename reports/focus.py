@@ -203,9 +203,15 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
         amount = Decimal(0) if unpriced else c.amount
         list_cost = (rate * c.quantity) if rate is not None else Decimal(0)
         profile = c.mig_profile if mig else ""
-        if unpriced:
+        if unpriced and c.price_version_id is None:
             description = (
-                f"Unpriced GPU model {c.model}: no rate in the price book; quantity only, not billed"
+                f"Unpriced GPU model {c.model}: no price-book version in effect for the hour; "
+                "quantity only, not billed"
+            )
+        elif unpriced:
+            description = (
+                f"Unpriced GPU model {c.model}: price-book version {labels.get(c.price_version_id, '')} "
+                "has no rate for it; quantity only, not billed"
             )
         elif c.kind == LineKind.TENANT:
             what = f"MIG {c.mig_profile} instance" if mig else "whole GPU"
@@ -265,7 +271,9 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
                 "ServiceName": service,
                 "ServiceSubcategory": "Containers",
                 "SkuId": f"mig-{c.mig_profile}" if mig else f"gpu-{c.model.lower()}",
-                "SkuPriceId": f"{c.model.lower()}:{profile or 'whole'}:{labels.get(c.price_version_id, 'unpriced')}",
+                # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
+                "SkuPriceId": f"{c.model.lower()}:{profile or 'whole'}:"
+                + ("unpriced" if unpriced else labels.get(c.price_version_id, "unpriced")),
                 "SubAccountId": sub[0],
                 "SubAccountName": sub[1],
                 "SubAccountType": sub[2],

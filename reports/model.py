@@ -79,11 +79,18 @@ def _day_label(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d")
 
 
+# Years a report period may fall in: the ledger counts hours from the Unix epoch, and a month's end
+# (the next month's first day) must still be a date Python can hold.
+FIRST_YEAR, LAST_YEAR = 1970, 9998
+
+
 def month_period(text: str) -> Period:
     match = re.fullmatch(r"(\d{4})-(\d{2})", text)
     if not match or not 1 <= int(match.group(2)) <= 12:
         raise ReportError(f"period: expected YYYY-MM (value {text!r})")
     year, month = int(match.group(1)), int(match.group(2))
+    if not FIRST_YEAR <= year <= LAST_YEAR:
+        raise ReportError(f"period: year out of range {FIRST_YEAR}..{LAST_YEAR} (value {text!r})")
     start = datetime(year, month, 1, tzinfo=UTC)
     end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC)
     return Period(start, end, text)
@@ -91,6 +98,11 @@ def month_period(text: str) -> Period:
 
 def range_period(start: datetime, end: datetime) -> Period:
     start, end = _utc_hour(start), _utc_hour(end)
+    for flag, moment in (("--from", start), ("--to", end)):
+        if not FIRST_YEAR <= moment.year <= LAST_YEAR:
+            raise ReportError(
+                f"period: {flag} year out of range {FIRST_YEAR}..{LAST_YEAR} (value {moment.isoformat()})"
+            )
     if end <= start:
         raise ReportError(
             f"period: --to must be after --from (value {start.isoformat()} .. {end.isoformat()})"

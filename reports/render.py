@@ -378,9 +378,17 @@ PLATFORM_COLOURS = {
 }
 
 
+def chart_text(value: str) -> str:
+    """A string as plotly draws it literally. plotly reads a subset of HTML in every text it draws
+    (titles, legend names, axis categories, pie labels, hover): a team named
+    `<a href="…">Pay here</a>` became a link in the chart. Its entities `&amp;`, `&lt;`, `&gt;` stand
+    for the characters, so escaping those three leaves no tag to parse and shows the name as given."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _layout(title: str, **extra) -> dict:
     return {
-        "title": {"text": title, "font": {"size": 15}},
+        "title": {"text": chart_text(title), "font": {"size": 15}},
         "margin": {"l": 60, "r": 20, "t": 50, "b": 60},
         "height": 360,
         "paper_bgcolor": "#ffffff",
@@ -396,7 +404,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
     shown = keys[:8]
     summary: list[dict] = []
     # 1. cost by group, with platform lines
-    labels = [*keys[:20], *[p.namespace for p in report.platform]]
+    labels = [chart_text(k) for k in [*keys[:20], *[p.namespace for p in report.platform]]]
     costs = [float(g.usage.cost) for g in report.groups[:20]] + [float(p.usage.cost) for p in report.platform]
     colours = [PALETTE[0]] * min(20, len(keys)) + [
         PLATFORM_COLOURS.get(p.namespace, "#999") for p in report.platform
@@ -411,7 +419,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
                     "y": labels[::-1],
                     "x": costs[::-1],
                     "marker": {"color": colours[::-1]},
-                    "hovertemplate": "%{y}: %{x:,.2f} " + cur + "<extra></extra>",
+                    "hovertemplate": "%{y}: %{x:,.2f} " + chart_text(cur) + "<extra></extra>",
                 }
             ],
             "layout": _layout(
@@ -428,7 +436,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
         traces.append(
             {
                 "type": "bar",
-                "name": key,
+                "name": chart_text(key),
                 "x": days,
                 "y": [float(costs_of.get(key, 0)) for _, costs_of in report.daily],
                 "marker": {"color": PALETTE[i % len(PALETTE)]},
@@ -452,7 +460,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
             traces.append(
                 {
                     "type": "bar",
-                    "name": name,
+                    "name": chart_text(name),
                     "x": days,
                     "y": [float(c.get(name, 0)) for _, c in report.daily],
                     "marker": {"color": PLATFORM_COLOURS[name]},
@@ -477,7 +485,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
                 {
                     "type": "pie",
                     "hole": 0.45,
-                    "labels": split_labels,
+                    "labels": [chart_text(label) for label in split_labels],
                     "values": split_values,
                     "sort": False,
                     "marker": {
@@ -501,7 +509,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
                         "x": days,
                         "y": [float(group.daily.get(d, 0)) for d, _ in report.daily],
                         "marker": {"color": PALETTE[index % len(PALETTE)]},
-                        "name": group.key,
+                        "name": chart_text(group.key),
                     }
                 ],
                 "layout": _layout(f"Cost per day ({cur})", height=300),
@@ -511,7 +519,7 @@ def _charts(report: Report, top: int) -> tuple[list[dict], dict[str, list[dict]]
                 "data": [
                     {
                         "type": "bar",
-                        "x": [f"{m} {p}" for m, p, _ in group.models[:top]],
+                        "x": [chart_text(f"{m} {p}") for m, p, _ in group.models[:top]],
                         "y": [float(u.cost) for _, _, u in group.models[:top]],
                         "marker": {"color": PALETTE[(index + 1) % len(PALETTE)]},
                         "name": "cost",

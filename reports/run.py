@@ -65,8 +65,14 @@ def generate(
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ReportError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
-    report = build_report(ledger, period, grouping, grain=grain, top=options.top)
     out = Path(out_dir)
+    try:  # before any work: a file where the directory should be is the caller's mistake
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(
+            f"out: not a directory that can be created or written ({exc.strerror}; value {str(out)!r})"
+        ) from exc
+    report = build_report(ledger, period, grouping, grain=grain, top=options.top)
     files = render(report, out, formats, options)
     versions = [
         {"id": v.id, "label": version_label(v), "digest": v.digest, "path": v.path}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, line_key
 from gpumeter.billing.pricing.base import PriceBook
 
 
@@ -28,25 +27,6 @@ class LedgerError(RuntimeError):
 
 class DuplicateLine(LedgerError):
     """Two lines of one hour share their natural key (`line_key`): one of them would be a double bill."""
-
-
-def line_key_of(uuid: str, kind: str, namespace: str, pod: str, container: str, gi: str, profile: str) -> str:
-    """The natural key of a cost line within its hour, as a fixed-size digest (so no name length
-    can make the unique index too wide): the GPU, the kind and who or what the line charges."""
-    text = "\x1f".join((uuid, kind, namespace, pod, container, gi, profile))
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def line_key(line: Line) -> str:
-    return line_key_of(
-        line.uuid,
-        line.kind.value,
-        line.namespace,
-        line.pod,
-        line.container,
-        line.gpu_instance_id,
-        line.mig_profile,
-    )
 
 
 def refuse_duplicate_lines(hour: datetime, lines: Iterable[Line]) -> list[str]:

@@ -147,8 +147,8 @@ def _hour_lock_key(hour: datetime) -> int:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Run the Alembic migrations programmatically on ``engine``."""
-    migration_log = logging.getLogger("alembic.runtime.migration")
-    if migration_log.level == logging.NOTSET:  # "Context impl SQLiteImpl." on every CLI run is noise
+    migration_log = logging.getLogger("alembic")
+    if migration_log.level == logging.NOTSET:  # "Context impl SQLiteImpl.", "setup plugin ..." are noise
         migration_log.setLevel(logging.WARNING)
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -11,7 +12,7 @@ from gpumeter.billing.config import ConfigError, load_team_map
 from gpumeter.billing.ingest import IngestConfig, seconds_from_count
 from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.pricing.aliases import resolve_model
-from tests.billing.factories import A100, H100, alloc, book, gpu_hour, mig
+from tests.billing.factories import A100, H100, HOUR0, alloc, book, gpu_hour, mig
 
 D = Decimal
 
@@ -52,10 +53,16 @@ def test_over_allocated_instance_is_scaled_never_negative(tmp_path):
     prices = book(tmp_path, {"H100-80GB": {"hourly_rate": "6.88"}})
     u = "GPU-o"
     held = [alloc(u, "ns", f"p{i}", share="0.5") for i in range(3)]  # 1.5 GPUs of one GPU
-    priced = price_gpu_hour(gpu_hour(u, H100, allocations=held), prices)
-    # scaled to 1/3 each: 2.2933.. -> 2.30, 2.29, 2.29 (residue to the first in order)
-    assert [x.amount for x in priced.lines] == [D("2.30"), D("2.29"), D("2.29")]
-    assert any("over-allocated" in w for w in priced.warnings)
+    # scaled to 1/3 each: 2.2933.. -> 2.29 each and the residue cent to one of them, in turns by the
+    # hour: over three hours each pod gets it once
+    per_pod = {f"p{i}": D(0) for i in range(3)}
+    for h in range(3):
+        priced = price_gpu_hour(gpu_hour(u, H100, allocations=held, hour=HOUR0 + timedelta(hours=h)), prices)
+        assert sorted(x.amount for x in priced.lines) == [D("2.29"), D("2.29"), D("2.30")]
+        assert any("over-allocated" in w for w in priced.warnings)
+        for line in priced.lines:
+            per_pod[line.pod] += line.amount
+    assert per_pod == {"p0": D("6.88"), "p1": D("6.88"), "p2": D("6.88")}
 
 
 def test_whole_gpu_allocation_on_a_mig_gpu_is_dropped_with_a_warning(tmp_path):

@@ -107,15 +107,29 @@ def test_c_price_change_mid_month(tmp_path):
 def test_d_stranded_seventh_slice_and_tie_break(tmp_path):
     prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
     u = "GPU-d"
-    hour = gpu_hour(
-        u,
-        A100,
-        [mig(u, "1", "3g.20gb"), mig(u, "2", "3g.20gb")],
-        [alloc(u, "ns-b", "b", gi="2", profile="3g.20gb"), alloc(u, "ns-a", "a", gi="1", profile="3g.20gb")],
-    )
-    priced = price_gpu_hour(hour, prices)
-    # 1.2857.. x2 (rem .5714 each), stranded 0.4285.. (rem .8571); residue 2: stranded, then ns-a.
-    assert by_namespace(priced.lines) == {"ns-a": D("1.29"), "ns-b": D("1.28"), STRANDED: D("0.43")}
+
+    def priced_at(hour):
+        return price_gpu_hour(
+            gpu_hour(
+                u,
+                A100,
+                [mig(u, "1", "3g.20gb"), mig(u, "2", "3g.20gb")],
+                [
+                    alloc(u, "ns-b", "b", gi="2", profile="3g.20gb"),
+                    alloc(u, "ns-a", "a", gi="1", profile="3g.20gb"),
+                ],
+                hour=hour,
+            ),
+            prices,
+        )
+
+    # 1.2857.. x2 (rem .5714 each), stranded 0.4285.. (rem .8571); residue 2: stranded, then the tie
+    # at .5714 between ns-a and ns-b, in turns by the hour: one of them this hour, the other the next.
+    first, second = (by_namespace(priced_at(HOUR0 + timedelta(hours=h)).lines) for h in (0, 1))
+    for figures in (first, second):
+        assert figures[STRANDED] == D("0.43")
+        assert sorted((figures["ns-a"], figures["ns-b"])) == [D("1.28"), D("1.29")]
+    assert first["ns-a"] + second["ns-a"] == first["ns-b"] + second["ns-b"] == D("2.57")
 
 
 def test_idle_spread_policy_moves_unallocated_to_tenants(tmp_path):

@@ -11,6 +11,7 @@ every console message as a `CONSOLE` line. A deliberately broken copy proves bot
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -123,3 +124,37 @@ def _chromium_installed():
     from tests.support.servers import require_binary
 
     require_binary("chromium")
+
+
+PHISH = '<a href="https://evil.example/login">Pay here</a>'
+_LINK = re.compile(r"<a\b[^>]*evil\.example", re.IGNORECASE)
+
+
+def test_a_team_named_like_a_link_is_drawn_as_text_not_a_link(tmp_path):
+    """plotly reads HTML tags in the text it draws: the team's name became a clickable link in the
+    bar chart's axis, the legend and the group's chart (issue 13, point 7). Escaped, Chromium's DOM
+    holds no <a> element pointing at evil.example, and the name is drawn as typed."""
+    book = load_price_book(
+        write_book(
+            tmp_path,
+            {
+                "currency": "USD",
+                "versions": [{"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": "3.00"}}],
+            },
+        )
+    )
+    u = "GPU-p"
+    hour = HOUR0.replace(month=10, day=20)
+    gh = gpu_hour(
+        u, A100, [mig(u, "1", "7g.40gb")], [alloc(u, "billing", "p", gi="1", profile="7g.40gb")], hour=hour
+    )
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'phish.db'}")
+    ledger.write_hour(HourRecord(hour, [gh], price_gpu_hour(gh, book, {"billing": PHISH}).lines, book))
+    result = generate(ledger, month_period("2026-10"), "team", ("html",), tmp_path / "out", record=False)
+    ledger.close()
+    html = next(p for p in result.out_dir.iterdir() if p.suffix == ".html")
+    run = browser.load(html, tmp_path)
+    _check_clean(run)
+    assert not _LINK.search(run.dom), _LINK.search(run.dom).group(0)
+    # drawn as typed: plotly's SVG text holds the escaped characters, the tables the same as text
+    assert run.dom.count('&lt;a href="https://evil.example/login"&gt;Pay here&lt;/a&gt;') >= 3

@@ -59,16 +59,18 @@ def test_html_shows_tenant_strings_as_text_only(ledger, tmp_path):
         assert charts >= 3
         assert _script_tags(text) == 3 + charts
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
-        assert "\\u003cscript\\u003e" in text or grouping.name == "team"  # inside chart JSON
+        # inside chart JSON, entity-escaped for plotly (which reads tags in what it draws), then
+        # JSON-escaped for the <script> element
+        assert "\\u0026lt;script\\u0026gt;" in text or grouping.name == "team"
         tables = html_tables(text)
         shown = {cell for row in tables["groups"] + tables["top-pods"] for cell in row}
         assert DROP in shown  # displayed, as text
         if grouping.name == "team":
             assert IMG in shown and SCRIPT in shown
-            assert "\\u003cimg src=x onerror=alert(2)\\u003e" in text  # the team in chart JSON
+            assert "\\u0026lt;img src=x onerror=alert(2)\\u0026gt;" in text  # the team in chart JSON
         else:
             assert BREAKOUT in shown
-            assert "\\u003c/script\\u003e\\u003cscript\\u003ealert(3)" in text
+            assert "\\u0026lt;/script\\u0026gt;\\u0026lt;script\\u0026gt;alert(3)" in text
 
 
 def test_csv_quotes_tenant_strings_and_defuses_formulas(ledger, tmp_path):

@@ -18,7 +18,7 @@ import logging
 import sqlalchemy as sa
 from alembic import op
 
-from gpumeter.billing.ledger.base import line_key_of
+from gpumeter.billing.models import line_key_of
 
 revision = "0004"
 down_revision = "0003"
