@@ -146,8 +146,8 @@ def grants_of(pod: dict[str, Any]) -> list[Grant]:
         if device_memory <= 0:
             raise ValueError(f"{GPUSHARE_DEV}={annotations[GPUSHARE_DEV]!r}: must be above 0")
         for container in containers:
-            memory = _limit(container, GPUSHARE_MEM)
-            if not memory:
+            granted = _limit(container, GPUSHARE_MEM)
+            if not granted:
                 continue
             core = _limit(container, GPUSHARE_CORE)
             out.append(
@@ -159,7 +159,7 @@ def grants_of(pod: dict[str, Any]) -> list[Grant]:
                     None,
                     index,
                     None,
-                    min(memory / device_memory, 1.0),
+                    min(granted / device_memory, 1.0),
                     min(core / 100, 1.0) if core else None,
                 )
             )
