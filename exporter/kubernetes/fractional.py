@@ -189,6 +189,7 @@ class FractionalAttribution:
         self.errors = dict.fromkeys(REASONS, 0)
         self._grants: list[Grant] | None = None
         self._listed_at: float | None = None
+        self._listed_once: bool | None = False  # False: never tried; None: failing since the start
         self._memory_bytes: dict[str, float] = {}  # GPU uuid → memory total, remembered across cycles
         self._logged: set[str] = set()
 
@@ -201,7 +202,8 @@ class FractionalAttribution:
             pods = self.lister.list_pods(self.node)
         except KubeApiError as exc:
             self.errors[exc.reason] += 1
-            if self.up or self._grants is None:
+            if self.up or self._listed_once is False:  # once per outage, and at a first failure
+                self._listed_once = None
                 log.warning(
                     "listing the pods of %s failed; fractional holdings as the kubelet says: %s",
                     self.node,
@@ -227,6 +229,7 @@ class FractionalAttribution:
                     meta.get("name"),
                     exc,
                 )
+        self._listed_once = True
         if not self.up:
             log.info("the Kubernetes API lists the pods of %s: %d fractional grants", self.node, len(grants))
         self.up, self._grants = True, grants

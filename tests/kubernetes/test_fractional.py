@@ -257,3 +257,14 @@ def test_a_grant_on_a_gpu_the_fleet_cannot_give_is_refused_naming_the_field():
     }
     with pytest.raises(FleetError, match=r"pods\[0\]\.devices\[0\]\.memory_mib.*multiple of 1024"):
         parse_fleet(fleet)
+
+
+def test_an_outage_is_logged_once_not_every_list(running, caplog):
+    r = running()
+    r.api.set_fault("forbidden")
+    with caplog.at_level("WARNING", logger="gpumeter.exporter.kubernetes.fractional"):
+        for _ in range(4):
+            r.sample()
+    assert len([m for m in caplog.messages if "listing the pods" in m and "403 Forbidden" in m]) == 1
+    errors = {labels["reason"]: v for labels, v in r.sample()[contract.KUBE_API_ERRORS.name]}
+    assert errors["forbidden"] == 5  # but every failure is counted
