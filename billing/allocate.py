@@ -246,7 +246,7 @@ def _price_gpu_hour(
     capacity_q = Fraction(0)
     for unit in units.values():
         capacity_q += unit.weight * unit.presence
-        held = [_hours(a.allocated_seconds) * to_fraction(a.share) for a in unit.allocations]
+        held = [_hours(a.allocated_seconds) * _share(a, version.slice_weight) for a in unit.allocations]
         total_held = sum(held, Fraction(0))
         if total_held > unit.presence:
             scale = unit.presence / total_held if total_held else Fraction(0)
@@ -406,6 +406,9 @@ class Pricer:
                     a.gpu_instance_id,
                     a.mig_profile,
                     a.resource,
+                    a.sharing,
+                    a.memory_share,
+                    a.compute_share,
                 )
                 for a in gpu_hour.allocations
             ),
@@ -454,6 +457,24 @@ class Pricer:
             for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
                 lines[at] = _evolve(lines[at], amount=plus if at in chosen else base)
         return PricedHour(lines, template.device_cost, template.model, template.price_version, [])
+
+
+def _share(alloc: Allocation, policy: str) -> Fraction:
+    """The share of its unit an allocation holds. A fractional grant (HAMi, gpushare) holds a memory
+    and a compute fraction of the GPU; the slice_weight policy that weights MIG slices picks between
+    them (compute, memory, or the larger: docs/billing.md §3.3). Without its fractions (a sample from
+    before they were exported) the allocation's value, the compute fraction, counts."""
+    if alloc.sharing == contract.SHARING_FRACTIONAL and (
+        alloc.memory_share is not None or alloc.compute_share is not None
+    ):
+        compute = to_fraction(alloc.compute_share if alloc.compute_share is not None else alloc.share)
+        memory = to_fraction(alloc.memory_share) if alloc.memory_share is not None else compute
+        if policy == "memory":
+            return memory
+        if policy == "max":
+            return max(memory, compute)
+        return compute
+    return to_fraction(alloc.share)
 
 
 def _replica_mode(alloc: Allocation) -> str | None:

@@ -329,6 +329,9 @@ def build_hour(
 
     # both allocation queries keep exactly the ALLOC_LABELS: match their answers on those values
     shares = {_alloc_key(s.labels): s.value for s in results["alloc_share"]}
+    # fractional grants only (an hour of Prometheus from before them has no such answers)
+    memory_shares = {_alloc_key(s.labels): s.value for s in results.get("alloc_memory", ())}
+    compute_shares = {_alloc_key(s.labels): s.value for s in results.get("alloc_compute", ())}
     for sample in results["alloc_count"]:
         labels = sample.labels
         uuid, gi = labels.get(contract.UUID, ""), labels.get(contract.GPU_INSTANCE_ID, "")
@@ -341,7 +344,9 @@ def build_hour(
                 hour,
                 Device(uuid, "", held, labels.get(contract.HOSTNAME, ""), labels.get(contract.GPU, "")),
             )
-        share = shares.get(_alloc_key(labels), 1.0)
+        key = _alloc_key(labels)
+        share = shares.get(key, 1.0)
+        memory, compute = memory_shares.get(key), compute_shares.get(key)
         hours[uuid].allocations.append(
             Allocation(
                 uuid=uuid,
@@ -356,6 +361,8 @@ def build_hour(
                 hostname=labels.get(contract.HOSTNAME, ""),
                 utilization=mig_util.get((uuid, gi)) if gi else gpu_util.get(uuid),
                 sharing=labels.get(contract.SHARING, ""),
+                memory_share=None if memory is None else _ratio(memory),
+                compute_share=None if compute is None else _ratio(compute),
             )
         )
     teams = {

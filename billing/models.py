@@ -102,6 +102,11 @@ class Allocation:
     # contract.SHARING_MODES, as the exporter labelled the holding; "" for samples from before the
     # label existed, which pricing reads the old way (share < 1 or a .shared resource: time-slicing)
     sharing: str = ""
+    # a fractional grant (sharing="fractional", HAMi/gpushare): the fractions of the GPU's memory and
+    # compute granted, which the price version's slice_weight policy picks from (docs/billing.md §3.3).
+    # None for other holdings; ``share`` then is what counts.
+    memory_share: Decimal | None = None
+    compute_share: Decimal | None = None
 
 
 @dataclass(frozen=True)

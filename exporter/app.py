@@ -115,6 +115,22 @@ def build_exporter(
         from .kubelet.client import PodResourcesClient
 
         client = kubelet_client or PodResourcesClient(config.kubelet_socket, timeout=config.kubelet_timeout)
+        fractional = None
+        if config.kube_api:
+            from .kubernetes.api import KubeApiError, PodLister
+            from .kubernetes.fractional import FractionalAttribution
+
+            try:
+                lister = (
+                    PodLister.in_cluster(timeout=config.kubelet_timeout)
+                    if config.kube_api == "in-cluster"
+                    else PodLister(
+                        config.kube_api, token_path=config.kube_api_token_file, timeout=config.kubelet_timeout
+                    )
+                )
+            except KubeApiError as exc:
+                raise ConfigError(f"kube_api: {exc}") from None
+            fractional = FractionalAttribution(lister, hostname, refresh_s=config.kube_api_refresh)
         strategy = config.gpu_sharing_strategy or (node.spec.sharing_strategy if node is not None else None)
         attribution = PodAttribution(
             client,
@@ -122,6 +138,7 @@ def build_exporter(
             keep_cycles=config.kubelet_keep_cycles,
             extra_resources=config.extra_resources,
             replicas_under_mps=strategy == "mps",
+            fractional=fractional,
         )
     chosen = collector_registry.build(
         config.enable_collectors,

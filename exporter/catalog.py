@@ -628,12 +628,16 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     # --- pods -----------------------------------------------------------------------------------
     MetricSpec(contract.ALLOCATION, A, "kubelet PodResources v1 List + GetAllocatableResources"),
+    MetricSpec(contract.ALLOCATION_MEMORY, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
+    MetricSpec(contract.ALLOCATION_COMPUTE, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     # --- the exporter itself --------------------------------------------------------------------
     MetricSpec(contract.COLLECTOR_SUCCESS, X, "sampler"),
     MetricSpec(contract.COLLECTOR_DURATION, X, "sampler"),
     MetricSpec(contract.NVML_UP, X, "nvmlInit"),
     MetricSpec(contract.KUBELET_UP, X, "kubelet List"),
     MetricSpec(contract.KUBELET_ERRORS, X, "kubelet List"),
+    MetricSpec(contract.KUBE_API_UP, X, "GET /api/v1/pods?fieldSelector=spec.nodeName=<node>"),
+    MetricSpec(contract.KUBE_API_ERRORS, X, "GET /api/v1/pods?fieldSelector=spec.nodeName=<node>"),
     MetricSpec(contract.LAST_SAMPLE_TIMESTAMP, X, "sampler"),
     MetricSpec(contract.SAMPLE_DURATION, X, "sampler"),
     MetricSpec(contract.NVML_CALLS, X, "sampler"),

@@ -454,6 +454,25 @@ ALLOCATION = _exporter(
     MIG_PROFILE,
     SHARING,
 )
+# A fractional holding (HAMi, gpushare: sharing="fractional") is granted memory and compute apart; the
+# allocation's value is the compute fraction, and these two carry both, so billing can weight it by its
+# slice_weight policy as it weights MIG slices (docs/billing.md §3.3). Only fractional holdings have them.
+ALLOCATION_MEMORY = _exporter(
+    "nvidia_gpu_allocation_memory_ratio",
+    G,
+    "ratio",
+    "Fraction of the GPU's memory a fractional holding (HAMi, gpushare) was granted: memory granted / "
+    "the GPU's memory. Only for sharing=\"fractional\"; the labels are nvidia_gpu_allocation's.",
+    *ALLOCATION.labels,
+)
+ALLOCATION_COMPUTE = _exporter(
+    "nvidia_gpu_allocation_compute_ratio",
+    G,
+    "ratio",
+    "Fraction of the GPU's compute a fractional holding was granted: HAMi's cores / 100 (gpushare: its "
+    'memory fraction unless a core limit is given). Only for sharing="fractional".',
+    *ALLOCATION.labels,
+)
 # --- the exporter itself ------------------------------------------------------------------------------
 COLLECTOR_SUCCESS = _exporter(
     "gpumeter_exporter_collector_success",
@@ -478,6 +497,21 @@ KUBELET_UP = _exporter(
 )
 KUBELET_ERRORS = _exporter(
     "gpumeter_exporter_kubelet_errors_total", C, "", "Failed kubelet PodResources queries."
+)
+KUBE_API_UP = _exporter(
+    "gpumeter_exporter_kube_api_up",
+    G,
+    "",
+    "1 when the last list of this node's pods from the Kubernetes API succeeded; 0: fractional holdings "
+    "are attributed as the kubelet reports them (absent when the pod lister is off).",
+)
+KUBE_API_ERRORS = _exporter(
+    "gpumeter_exporter_kube_api_errors_total",
+    C,
+    "",
+    "Failed lists of this node's pods from the Kubernetes API, by reason (unreachable, unauthorized, "
+    "forbidden, http, malformed).",
+    "reason",
 )
 LAST_SAMPLE_TIMESTAMP = _exporter(
     "gpumeter_exporter_last_sample_timestamp_seconds",
@@ -556,11 +590,15 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     ENCODER_UTILIZATION,
     DECODER_UTILIZATION,
     ALLOCATION,
+    ALLOCATION_MEMORY,
+    ALLOCATION_COMPUTE,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
     NVML_UP,
     KUBELET_UP,
     KUBELET_ERRORS,
+    KUBE_API_UP,
+    KUBE_API_ERRORS,
     LAST_SAMPLE_TIMESTAMP,
     SAMPLE_DURATION,
     NVML_CALLS,
@@ -667,6 +705,9 @@ BILLING_QUERIES: dict[str, HourQuery] = {
     # every allocation label: the two answers are matched series by series on these values
     "alloc_count": HourQuery(ALLOCATION, "count_over_time", ALLOCATION.labels),
     "alloc_share": HourQuery(ALLOCATION, "avg_over_time", ALLOCATION.labels),
+    # fractional holdings only: both fractions granted, for the slice_weight policy
+    "alloc_memory": HourQuery(ALLOCATION_MEMORY, "avg_over_time", ALLOCATION.labels),
+    "alloc_compute": HourQuery(ALLOCATION_COMPUTE, "avg_over_time", ALLOCATION.labels),
     "gpu_count": HourQuery(GPU_INFO, "count_over_time", (UUID, GPU, MODEL, HOSTNAME, MIG_MODE)),
     "mig_count": HourQuery(
         MIG_INFO, "count_over_time", (UUID, GPU_INSTANCE_ID, MIG_PROFILE, COMPUTE_SLICES, MEMORY_SLICES)

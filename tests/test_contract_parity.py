@@ -31,16 +31,19 @@ from gpumeter.exporter.render import SnapshotCollector
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
 from gpumeter.exporter.simulator.history import write_history
+from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 
-# (fleet, node): shared-modes' two nodes share replicas two ways (time-slicing, MPS)
+# (fleet, node): shared-modes' nodes share replicas two ways (time-slicing, MPS) and hand out
+# fractional grants (HAMi, gpushare; read from the stand-in Kubernetes API)
 FLEETS = (
     ("h100-mig", None),
     ("a100-mixed", None),
     ("shared-modes", "gpu-shared-ts-01"),
     ("shared-modes", "gpu-shared-mps-01"),
+    ("shared-modes", "gpu-shared-frac-01"),
 )
 START = 1_790_208_000.0  # the period's start; the fleets' pod schedules count from it
 OFFSET = 10 * 3600.0  # 10:00 of day 0: every scheduled pod of both fleets is running
@@ -120,13 +123,25 @@ def _one_node(fleet_name: str, node_name: str | None):
     return dataclasses.replace(fleet, nodes=(node,), pods=fleet.pods_on(node.name))
 
 
+def _fractional(fleet) -> bool:
+    return any(gpu.fractional for node in fleet.nodes for gpu in node.gpus)
+
+
 def _live_snapshot(fleet):
     clock = Clock(START)
     node = SimulatedNode(fleet, clock=clock, start=START)
     directory = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")  # sun_path is short: not under tmp_path
     sock = str(Path(directory) / "kubelet.sock")
     kubelet = StandInKubelet(fleet, node.spec.name, sock, clock=clock, start=START).start()
-    config = ExporterConfig(listen="127.0.0.1:0", kubelet_socket=sock, hostname=node.spec.name, interval=5.0)
+    # fractional grants are on the pods: the exporter lists them from the (stand-in) Kubernetes API
+    kube_api = StandInKubeApi(fleet, clock=clock, start=START).start() if _fractional(fleet) else None
+    config = ExporterConfig(
+        listen="127.0.0.1:0",
+        kubelet_socket=sock,
+        hostname=node.spec.name,
+        interval=5.0,
+        kube_api=kube_api.base_url if kube_api else None,
+    )
     exporter = build_exporter(config, clock=clock, library=SimulatedNvml(node), node=node)
     try:
         clock.t = START + OFFSET - 5.0
@@ -136,6 +151,8 @@ def _live_snapshot(fleet):
     finally:
         exporter.sampler.stop()
         kubelet.stop()
+        if kube_api is not None:
+            kube_api.stop()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -167,12 +184,22 @@ def test_live_exporter_and_history_agree_on_every_series_billing_consumes(sample
     # how each holding is shared, worked out from the fleet file: replicas by the node's strategy
     replica = contract.SHARING_MPS if node.sharing_strategy == "mps" else contract.SHARING_TIME_SLICING
     sharing = {
-        replica if gpus[d.gpu].time_slicing > 1 else "exclusive" if d.gpu_instance_id is None else "mig"
+        "fractional"
+        if gpus[d.gpu].fractional
+        else replica
+        if gpus[d.gpu].time_slicing > 1
+        else "exclusive"
+        if d.gpu_instance_id is None
+        else "mig"
         for p in fleet.pods
         if p.running(OFFSET)
         for d in p.devices
     }
     assert {dict(labels)[contract.SHARING] for labels in sampled.live[contract.ALLOCATION.name]} == sharing
+    # a fractional grant carries both fractions, in both producers (compare() checked the values)
+    grants = sum(1 for p in fleet.pods if p.running(OFFSET) for d in p.devices if gpus[d.gpu].fractional)
+    for series in (contract.ALLOCATION_MEMORY, contract.ALLOCATION_COMPUTE):
+        assert len(sampled.live.get(series.name, {})) == grants
     assert contract.UTILIZATION.name in sampled.live or all(gpu.mig_enabled for gpu in gpus)
     has_gpm = any(gpu.model.has_gpm and gpu.mig for gpu in gpus)
     assert (contract.MIG_SM_UTILIZATION.name in sampled.live) == has_gpm

@@ -79,6 +79,9 @@ class AllocationRow(Base):
     share: Mapped[Decimal] = mapped_column(Exact(12, 9))
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
     sharing: Mapped[str] = mapped_column(String(16), default="", server_default="")  # contract.SHARING_MODES
+    # a fractional grant's memory and compute fractions (migration 0006); NULL for other holdings
+    memory_share: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    compute_share: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
 
 
 class NamespaceTeam(Base):

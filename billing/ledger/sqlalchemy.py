@@ -290,6 +290,8 @@ class SqlLedger(Ledger):
         "share",
         "utilization",
         "sharing",
+        "memory_share",
+        "compute_share",
     )
 
     INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
@@ -400,6 +402,8 @@ class SqlLedger(Ledger):
                 exact(a.share),
                 exact(a.utilization),
                 a.sharing,
+                exact(a.memory_share),
+                exact(a.compute_share),
             )
             for gh in record.gpu_hours
             for a in gh.allocations
@@ -539,6 +543,8 @@ class SqlLedger(Ledger):
                         a.hostname,
                         a.utilization,
                         a.sharing,
+                        a.memory_share,
+                        a.compute_share,
                     )
                 )
             return list(out.values())

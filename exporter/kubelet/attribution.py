@@ -96,8 +96,11 @@ class PodAttribution:
         keep_cycles: int = 5,
         extra_resources: Iterable[str] = (),
         replicas_under_mps: bool = False,
+        fractional=None,
     ):
         self.client = client
+        # exporter.kubernetes.fractional.FractionalAttribution: HAMi/gpushare grants from the pods
+        self.fractional = fractional
         self.replica_sharing = contract.SHARING_MPS if replicas_under_mps else contract.SHARING_TIME_SLICING
         self.hostname = hostname
         self.keep_cycles = max(0, int(keep_cycles))
@@ -139,7 +142,10 @@ class PodAttribution:
             self.up = True
             self._failed_cycles = 0
             self._last = allocations
-        for allocation in self._last:
+        emitted = self._last
+        if self.fractional is not None:
+            emitted = self.fractional.apply(emitted, devices, builder, self.hostname)
+        for allocation in emitted:
             builder.add(ALLOCATION, allocation.labels(self.hostname), allocation.share)
         builder.add(KUBELET_UP, (), 1.0 if self.up else 0.0)
         builder.add(KUBELET_ERRORS, (), float(self.errors))

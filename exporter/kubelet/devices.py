@@ -12,6 +12,8 @@ NVIDIA device plugin and GKE's plugin name the same hardware in several ways (do
 ``nvidia<N>``                   GKE whole GPU: ``N`` is the minor number (``/dev/nvidia<N>``)
 ``nvidia<N>/gi<M>``             GKE MIG instance ``M`` on GPU ``N``
 ``nvidia<N>[/gi<M>]/vgpu<K>``   GKE time-sharing replica ``K``
+``GPU-<uuid>-<n>``              HAMi's split ``n`` of the GPU (its device plugin's GetPluginDevices)
+``GPU-<uuid>-_-<n>``            gpushare's memory unit ``n`` (``aliyun.com/gpu-mem``, its device plugin)
 =============================== ===================================================================
 
 Everything resolves to one canonical key, (parent GPU UUID, GPU instance id or None), so a MIG instance
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 GPU_RESOURCE = "nvidia.com/gpu"
+GPUSHARE_RESOURCE = "aliyun.com/gpu-mem"  # Alibaba gpushare: one device ID per memory unit
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
@@ -52,12 +55,16 @@ _UUID = re.compile(rf"^(GPU|MIG)-({_HEX_ID})$")
 _LEGACY_MIG = re.compile(rf"^MIG-(GPU-{_HEX_ID})/(\d+)/(\d+)$")
 _GKE = re.compile(r"^nvidia(\d+)(?:/gi(\d+))?(?:/vgpu(\d+))?$")
 _REPLICA = re.compile(r"^(.+)::(\d+)$")
+# fractional schedulers' fake IDs, read as replicas of the GPU when the pods' grants are not known
+# (exporter.kubernetes.fractional): HAMi "<uuid>-<n>", gpushare "<uuid>-_-<n>"
+_H = "[0-9A-Fa-f]"
+_FRACTIONAL_ID = re.compile(rf"^(GPU-{_H}{{8}}-{_H}{{4}}-{_H}{{4}}-{_H}{{4}}-{_H}{{12}})(?:-_-|-)(\d+)$")
 
 
 def is_gpu_resource(resource_name: str, extra_resources: Iterable[str] = ()) -> bool:
     """Whether a ``ContainerDevices.resource_name`` holds NVIDIA GPUs or MIG instances."""
     return (
-        resource_name in (GPU_RESOURCE, SHARED_RESOURCE)
+        resource_name in (GPU_RESOURCE, SHARED_RESOURCE, GPUSHARE_RESOURCE)
         or (resource_name.startswith(MIG_RESOURCE_PREFIX) and len(resource_name) > len(MIG_RESOURCE_PREFIX))
         or resource_name in tuple(extra_resources)
     )
@@ -95,7 +102,7 @@ def parse_device_id(device_id: str) -> DeviceRef | None:
     """Parse one kubelet device ID; ``None`` for a form this module does not know."""
     raw = device_id.strip()
     base, replica = raw, None
-    match = _REPLICA.match(raw)
+    match = _REPLICA.match(raw) or _FRACTIONAL_ID.match(raw)
     if match:
         base, replica = match.group(1), int(match.group(2))
     match = _LEGACY_MIG.match(base)

@@ -18,6 +18,7 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
             mig: ["1g.10gb*7"]      # profiles; "P*N" repeats; omit for a whole GPU; "3g.40gb:2c+1c" or
                                     # {profile: 3g.40gb, compute_instances: [2, 1]}: two compute instances
             time_slicing: 4         # replicas per whole GPU (nvidia.com/gpu.shared style sharing)
+            fractional: hami        # shared by memory/compute grants: hami | gpushare (whole GPUs only)
             workload: {pattern: diurnal, mean: 0.55, amplitude: 0.25}
     pods:
       - namespace: ml-research
@@ -26,6 +27,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
         container: main
         node: gpu-h100-01
         devices: [{gpu: 0, gpu_instance_id: 7}]   # or {gpu: 1} whole, or {gpu: 2, replica: 1} time-sliced
+                                    # or {gpu: 3, memory_mib: 20480, cores: 30} on a fractional GPU
+                                    # (gpushare: memory_mib a multiple of 1024, cores optional)
         utilization: 0.7            # load the pod puts on what it holds
         start: 0h                   # offset from the start of the simulation
         end: 48h                    # optional; absent = runs forever
@@ -63,7 +66,11 @@ FLEETS_DIR = Path(__file__).parent / "fleets"
 WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
-SHARING_STRATEGIES = ("time-slicing", "mps")  # the device plugin's sharing.timeSlicing / sharing.mps
+SHARING_STRATEGIES = ("time-slicing", "mps")
+FRACTIONAL_SCHEDULERS = (
+    "hami",
+    "gpushare",
+)  # who hands out memory/compute grants on a GPU  # the device plugin's sharing.timeSlicing / sharing.mps
 
 
 class FleetError(ValueError):
@@ -115,6 +122,7 @@ class GpuSpec:
     mig: tuple[MigInstanceSpec, ...]  # empty: MIG disabled
     time_slicing: int  # replicas; 1 = not shared
     workload: Workload
+    fractional: str = ""  # FRACTIONAL_SCHEDULERS; "" = not shared by grants
 
     @property
     def mig_enabled(self) -> bool:
@@ -146,6 +154,8 @@ class PodDevice:
     gpu: int
     gpu_instance_id: int | None = None
     replica: int | None = None
+    memory_mib: int | None = None  # a grant on a fractional GPU (HAMi, gpushare)
+    cores: int | None = None  # percent of the GPU's compute; None: no compute grant
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,6 +428,13 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 raise r.fail(
                     f"{gpath}.time_slicing", replicas, "must be >= 1, and only on whole (non-MIG) GPUs"
                 )
+            fractional = r.get(group, "fractional", gpath, str, "")
+            if fractional and (fractional not in FRACTIONAL_SCHEDULERS or mig or replicas > 1):
+                raise r.fail(
+                    f"{gpath}.fractional",
+                    fractional,
+                    f"expected one of {', '.join(FRACTIONAL_SCHEDULERS)}, on a whole GPU without time_slicing",
+                )
             wl = r.get(group, "workload", gpath, dict, {})
             pattern = r.get(wl, "pattern", f"{gpath}.workload", str, "steady")
             if pattern not in WORKLOAD_PATTERNS:
@@ -432,7 +449,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             for _ in range(count):
                 index = len(gpus)
                 uuid = _uuid("GPU", f"{seed}/{name}/{index}")
-                gpus.append(GpuSpec(name, index, model, uuid, mig, replicas, workload))
+                gpus.append(GpuSpec(name, index, model, uuid, mig, replicas, workload, fractional))
         gpus_by_node[name] = tuple(gpus)
         nodes.append(
             NodeSpec(
@@ -476,7 +493,24 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 raise r.fail(
                     f"{dpath}.replica", replica, f"GPU {gpu} has {spec.time_slicing} time-slicing replicas"
                 )
-            devices.append(PodDevice(gpu, gi, replica))
+            memory_mib = r.get(dev, "memory_mib", dpath, int, None)
+            cores = r.get(dev, "cores", dpath, int, None)
+            if spec.fractional:
+                if memory_mib is None or not 0 < memory_mib <= spec.model.memory_mib:
+                    raise r.fail(
+                        f"{dpath}.memory_mib",
+                        memory_mib,
+                        f"GPU {gpu} of {node} is shared by {spec.fractional}: grant 1..{spec.model.memory_mib} MiB",
+                    )
+                if spec.fractional == "gpushare" and memory_mib % 1024:
+                    raise r.fail(
+                        f"{dpath}.memory_mib", memory_mib, "gpushare grants whole GiB: a multiple of 1024"
+                    )
+                if cores is not None and not 0 < cores <= 100:
+                    raise r.fail(f"{dpath}.cores", cores, "must be within 1..100 (percent)")
+            elif memory_mib is not None or cores is not None:
+                raise r.fail(f"{dpath}.memory_mib", memory_mib, f"GPU {gpu} of {node} is not fractional")
+            devices.append(PodDevice(gpu, gi, replica, memory_mib, cores))
         utilization = r.get(raw, "utilization", path, float, 0.6)
         start = r.duration(raw.get("start", 0), f"{path}.start")
         end = r.duration(raw["end"], f"{path}.end") if raw.get("end") is not None else None

@@ -152,8 +152,41 @@ class _Series:
                 }
                 key = tuple(values.items())  # in the contract's order
                 share = 1.0 / gpu.time_slicing if dev.replica is not None else 1.0
+                if gpu.fractional:  # the exporter values a grant at its compute fraction
+                    share = grant_fractions(gpu, dev)[1]
                 shares[key] = shares.get(key, 0.0) + share
         return shares
+
+    def _grants(self, offset: float, which: int) -> Iterator[tuple[str, float]]:
+        """nvidia_gpu_allocation_{memory,compute}_ratio of the running grants (which: 0 memory, 1 compute)."""
+        sums: dict[tuple, float] = {}
+        for key in self.held(offset):
+            values = dict(key)
+            if values[contract.SHARING] != contract.SHARING_FRACTIONAL:
+                continue
+            gpu = self.node.gpus[int(values[contract.GPU])]
+            for pod in self.pods:
+                if (pod.namespace, pod.name, pod.container) == (
+                    values[contract.NAMESPACE],
+                    values[contract.POD],
+                    values[contract.CONTAINER],
+                ) and pod.running(offset):
+                    for dev in pod.devices:
+                        if dev.gpu == gpu.index:
+                            sums[key] = min(1.0, sums.get(key, 0.0) + grant_fractions(gpu, dev)[which])
+        for key, value in sums.items():
+            yield (
+                self._render(
+                    contract.ALLOCATION_MEMORY if which == 0 else contract.ALLOCATION_COMPUTE, dict(key)
+                ),
+                value,
+            )
+
+    def allocation_memory(self, offset: float) -> Iterator[tuple[str, float]]:
+        return self._grants(offset, 0)
+
+    def allocation_compute(self, offset: float) -> Iterator[tuple[str, float]]:
+        return self._grants(offset, 1)
 
     def allocation(self, offset: float) -> Iterator[tuple[str, float]]:
         for key, share in self.held(offset).items():
@@ -200,6 +233,8 @@ class _Series:
 STATIC = {contract.GPU_INFO: "info", contract.GPU_UP: "up", contract.MIG_INFO: "mig_info"}
 DYNAMIC = {
     contract.ALLOCATION: "allocation",
+    contract.ALLOCATION_MEMORY: "allocation_memory",
+    contract.ALLOCATION_COMPUTE: "allocation_compute",
     contract.UTILIZATION: "utilization",
     contract.MIG_SM_UTILIZATION: "mig_utilization",
 }
@@ -272,9 +307,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def grant_fractions(gpu, dev) -> tuple[float, float]:
+    """(memory, compute) fractions the exporter reads from a grant's pod (exporter.kubernetes.fractional):
+    HAMi MiB over the GPU's memory, gpushare GiB over its whole GiB; compute cores / 100, else the
+    memory fraction."""
+    if gpu.fractional == "gpushare":
+        memory = min(1.0, (dev.memory_mib // 1024) / (gpu.model.memory_mib // 1024))
+    else:
+        memory = min(1.0, dev.memory_mib / gpu.model.memory_mib)
+    return memory, (dev.cores / 100 if dev.cores else memory)
+
+
 def _sharing(node, dev) -> str:
     """The `sharing` label the exporter gives a pod's device (exporter.kubelet.attribution): the
     stand-in kubelet hands out replica IDs for every device of a time-sliced GPU."""
+    if node.gpus[dev.gpu].fractional:
+        return contract.SHARING_FRACTIONAL
     if node.gpus[dev.gpu].time_slicing > 1:
         return contract.SHARING_MPS if node.sharing_strategy == "mps" else contract.SHARING_TIME_SLICING
     return contract.SHARING_EXCLUSIVE if dev.gpu_instance_id is None else contract.SHARING_MIG

@@ -17,6 +17,12 @@ plugin with a custom resource name such as ``nvidia.com/a100`` would), ``nvidia.
 MIG instances under the ``mixed`` strategy and ``nvidia.com/gpu`` under ``single``, and
 ``nvidia.com/gpu.shared`` for time-sliced replicas.
 
+A fractional GPU (``fractional: hami | gpushare``) is advertised as its scheduler's device plugin does:
+HAMi ``GPU-<uuid>-<n>`` for n < 10 (its default deviceSplitCount) under ``nvidia.com/gpu``; gpushare one
+``GPU-<uuid>-_-<n>`` per GiB under ``aliyun.com/gpu-mem``. A pod's grant gets HAMi's split number
+its rank among the fleet's pods on the GPU, gpushare the next ``memory_mib / 1024`` units; the real
+grant is on the pod, which the stand-in Kubernetes API (simulator/kubeapi.py) serves.
+
 Faults can be set while it runs: ``set_fault(delay_s=…, error=grpc.StatusCode.UNAVAILABLE)`` slows or
 fails every call; ``stop()`` removes the socket (kubelet gone) and ``start()`` serves it again.
 
@@ -51,6 +57,32 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
+GPUSHARE_RESOURCE = "aliyun.com/gpu-mem"
+HAMI_SPLIT = 10  # HAMi's default deviceSplitCount (charts/hami values.yaml devicePlugin.deviceSplitCount)
+GIB_MIB = 1024
+
+
+def fractional_entries(fleet: Fleet, node: NodeSpec, pod, device: PodDevice) -> list[tuple[str, str]]:
+    """The (resource, device ID) pairs the kubelet lists for a grant on a fractional GPU."""
+    gpu = node.gpus[device.gpu]
+    holders = [
+        (p, d) for p in fleet.pods_on(node.name) for d in p.devices if d.gpu == device.gpu
+    ]  # fleet order: each grant's fake IDs are fixed
+    rank = next(i for i, (p, d) in enumerate(holders) if p is pod and d is device)
+    if gpu.fractional == "hami":
+        return [(GPU_RESOURCE, f"{gpu.uuid}-{rank % HAMI_SPLIT}")]
+    first = sum((d.memory_mib or 0) // GIB_MIB for _, d in holders[:rank])
+    units = gpu.model.memory_mib // GIB_MIB
+    return [
+        (GPUSHARE_RESOURCE, f"{gpu.uuid}-_-{(first + k) % units}")
+        for k in range((device.memory_mib or 0) // GIB_MIB)
+    ]
+
+
+def fractional_allocatable(gpu: GpuSpec) -> list[tuple[str, str]]:
+    if gpu.fractional == "hami":
+        return [(GPU_RESOURCE, f"{gpu.uuid}-{n}") for n in range(HAMI_SPLIT)]
+    return [(GPUSHARE_RESOURCE, f"{gpu.uuid}-_-{n}") for n in range(gpu.model.memory_mib // GIB_MIB)]
 
 
 def device_id(
@@ -77,6 +109,8 @@ def resource_name(node: NodeSpec, gpu: GpuSpec, gpu_instance_id: int | None = No
             return GPU_RESOURCE
         profile = next(m.profile.name for m in gpu.mig if m.gpu_instance_id == gpu_instance_id)
         return f"nvidia.com/mig-{profile}"
+    if gpu.fractional:
+        return GPUSHARE_RESOURCE if gpu.fractional == "gpushare" else GPU_RESOURCE
     if gpu.time_slicing > 1:
         return SHARED_RESOURCE
     return node.extra_resources[0] if node.extra_resources else GPU_RESOURCE
@@ -144,7 +178,12 @@ class StandInKubelet:
             if not pod.running(t):
                 continue
             containers = pods.setdefault((pod.namespace, pod.name), {})
-            containers.setdefault(pod.container, []).extend(self._entry(d) for d in pod.devices)
+            entries = containers.setdefault(pod.container, [])
+            for d in pod.devices:
+                if self._gpu(d.gpu).fractional:
+                    entries.extend(fractional_entries(self.fleet, self.node, pod, d))
+                else:
+                    entries.append(self._entry(d))
         return api_pb2.ListPodResourcesResponse(
             pod_resources=[
                 api_pb2.PodResources(
@@ -162,7 +201,9 @@ class StandInKubelet:
     def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
         entries: list[tuple[str, str]] = []
         for gpu in self.node.gpus:
-            if gpu.mig:
+            if gpu.fractional:
+                entries.extend(fractional_allocatable(gpu))
+            elif gpu.mig:
                 for instance in gpu.mig:
                     gi = instance.gpu_instance_id
                     entries.append((resource_name(self.node, gpu, gi), device_id(self.node, gpu, gi)))

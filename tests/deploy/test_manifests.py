@@ -73,6 +73,38 @@ def test_exporter_security_posture(rendered, target):
 
 
 @pytest.mark.parametrize("target", OVERLAY_TARGETS)
+def test_exporter_reads_only_pods_from_the_api_with_a_short_lived_token(rendered, target):
+    """The pod lister (HAMi/gpushare grants, docs/pod-attribution.md §8): get/list pods and nothing else,
+    a projected one-hour token rather than an automounted one, egress to the API server's ports only."""
+    out = rendered(target)
+    role = out.one("ClusterRole", "gpumeter-exporter-pods")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    binding = out.one("ClusterRoleBinding", "gpumeter-exporter-pods")
+    assert binding["roleRef"]["name"] == "gpumeter-exporter-pods"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpumeter-exporter", "namespace": "gpumeter"}
+    ]
+    daemonset = out.one("DaemonSet", "gpumeter-exporter")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpumeter-exporter" and pod["automountServiceAccountToken"] is False
+    (volume,) = (v for v in pod["volumes"] if v["name"] == "kube-api-access")
+    token = next(
+        s["serviceAccountToken"] for s in volume["projected"]["sources"] if "serviceAccountToken" in s
+    )
+    assert token == {"path": "token", "expirationSeconds": 3600}
+    container = _container(daemonset)
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "kube-api-access")
+    assert mount == {
+        "name": "kube-api-access",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    }
+    assert _env(container)["GPUMETER_KUBE_API"]["value"] == "in-cluster"
+    (egress,) = out.one("NetworkPolicy", "gpumeter-exporter")["spec"]["egress"]
+    assert egress == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+
+
+@pytest.mark.parametrize("target", OVERLAY_TARGETS)
 def test_exporter_probes_and_resources(rendered, target):
     container = _container(rendered(target).one("DaemonSet", "gpumeter-exporter"))
     assert container["args"] == ["exporter"]

@@ -1,0 +1,217 @@
+"""The stand-in Kubernetes API server: a real HTTP server on loopback answering a node's pod list.
+
+``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`` answers a ``v1 PodList`` of the fleet's pods
+on that node that are running at the simulated time, with what the exporter reads of them: containers
+and their resource limits, and the annotations HAMi's scheduler and gpushare's scheduler extender
+write on a pod they placed on a fractional GPU (formats and sources: exporter/kubernetes/fractional.py,
+docs/pod-attribution.md §Fractional). Pods of one (namespace, name) are one pod with one container
+each. Other paths answer 404; any other field selector 400, as the API server's Status objects.
+
+Faults, set while it runs (``set_fault``): ``unauthorized`` (401, as for a missing or wrong bearer
+token), ``forbidden`` (403, as without RBAC on pods), ``unreachable`` (the connection is closed without
+an answer). With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from gpumeter.exporter.kubernetes.fractional import (
+    GPUSHARE_CORE,
+    GPUSHARE_DEV,
+    GPUSHARE_IDX,
+    GPUSHARE_MEM,
+    GPUSHARE_POD,
+    HAMI_ALLOCATED,
+)
+
+from .fleet import Fleet, NodeSpec, PodSpec
+
+__all__ = ["FAULTS", "StandInKubeApi", "pod_object"]
+
+FAULTS = ("unauthorized", "forbidden", "unreachable")
+GIB_MIB = 1024
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
+    """One v1 Pod of the fleet's entries sharing a (namespace, name): one container per entry."""
+    first = specs[0]
+    annotations: dict[str, str] = {}
+    containers = []
+    hami_entries: list[str] = []
+    gpushare_mib = 0
+    for spec in specs:
+        limits: dict[str, str] = {}
+        hami_devices = []
+        for device in spec.devices:
+            gpu = node.gpus[device.gpu]
+            if gpu.fractional == "hami":
+                limits["nvidia.com/gpu"] = str(int(limits.get("nvidia.com/gpu", "0")) + 1)
+                limits["nvidia.com/gpumem"] = str(device.memory_mib)
+                if device.cores:
+                    limits["nvidia.com/gpucores"] = str(device.cores)
+                # <uuid>,<type>,<usedmem MiB>,<usedcores>: (HAMi EncodeContainerDevices)
+                hami_devices.append(f"{gpu.uuid},NVIDIA,{device.memory_mib},{device.cores or 0}:")
+            elif gpu.fractional == "gpushare":
+                limits[GPUSHARE_MEM] = str((device.memory_mib or 0) // GIB_MIB)
+                if device.cores:
+                    limits[GPUSHARE_CORE] = str(device.cores)
+                gpushare_mib += device.memory_mib or 0
+                annotations[GPUSHARE_IDX] = str(gpu.index)
+                annotations[GPUSHARE_DEV] = str(gpu.model.memory_mib // GIB_MIB)
+            elif device.gpu_instance_id is not None:
+                limits["nvidia.com/mig"] = "1"
+            else:
+                limits["nvidia.com/gpu"] = str(int(limits.get("nvidia.com/gpu", "0")) + 1)
+        hami_entries.append("".join(hami_devices))
+        containers.append(
+            {
+                "name": spec.container,
+                "image": "registry.example/workload:1",
+                "resources": {"limits": limits, "requests": dict(limits)},
+            }
+        )
+    if any(hami_entries):
+        annotations[HAMI_ALLOCATED] = "".join(f"{entry};" for entry in hami_entries)  # EncodePodSingleDevice
+        annotations["hami.io/vgpu-node"] = node.name
+        annotations["hami.io/bind-phase"] = "success"
+    if gpushare_mib:
+        annotations[GPUSHARE_POD] = str(gpushare_mib // GIB_MIB)
+        annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] = "true"
+    return {
+        "metadata": {
+            "name": first.name,
+            "namespace": first.namespace,
+            "uid": str(
+                uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"pod/{node.name}/{first.namespace}/{first.name}")
+            ),
+            "labels": dict(first.labels),
+            "annotations": annotations,
+        },
+        "spec": {"nodeName": node.name, "containers": containers},
+        "status": {"phase": "Running"},
+    }
+
+
+class StandInKubeApi:
+    """The pod list of a fleet's nodes over HTTP on 127.0.0.1 (``base_url`` once started)."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        clock: Callable[[], float] = time.time,
+        start: float | None = None,
+        token: str | None = None,
+    ):
+        self.fleet, self.clock, self.token = fleet, clock, token
+        self.start_time = clock() if start is None else float(start)
+        self.fault: str | None = None
+        self.requests = 0
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def set_fault(self, fault: str | None) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"fault must be one of {', '.join(FAULTS)} or None (got {fault!r})")
+        self.fault = fault
+
+    def pod_list(self, node_name: str) -> dict[str, Any]:
+        t = self.clock() - self.start_time
+        items = []
+        nodes = {n.name: n for n in self.fleet.nodes}
+        if node_name in nodes:
+            grouped: dict[tuple[str, str], list[PodSpec]] = {}
+            for pod in self.fleet.pods_on(node_name):
+                if pod.running(t):
+                    grouped.setdefault((pod.namespace, pod.name), []).append(pod)
+            items = [pod_object(nodes[node_name], specs) for specs in grouped.values()]
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def _answer(self, handler: BaseHTTPRequestHandler) -> tuple[int, dict[str, Any]] | None:
+        self.requests += 1
+        if self.fault == "unreachable":
+            return None
+        if self.fault == "unauthorized" or (
+            self.token is not None and handler.headers.get("Authorization") != f"Bearer {self.token}"
+        ):
+            return 401, _status(401, "Unauthorized", "Unauthorized")
+        if self.fault == "forbidden":
+            return 403, _status(
+                403,
+                "Forbidden",
+                'pods is forbidden: User "system:serviceaccount:gpumeter:gpumeter-exporter" cannot list '
+                'resource "pods" in API group "" at the cluster scope',
+            )
+        url = urlsplit(handler.path)
+        if url.path != "/api/v1/pods":
+            return 404, _status(404, "NotFound", "the server could not find the requested resource")
+        selector = parse_qs(url.query).get("fieldSelector", [""])[0]
+        if not selector.startswith("spec.nodeName="):
+            return 400, _status(
+                400, "BadRequest", f"this stand-in answers only spec.nodeName=<node>, not {selector!r}"
+            )
+        return 200, self.pod_list(selector.removeprefix("spec.nodeName="))
+
+    def start(self) -> StandInKubeApi:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # http.server calls do_<METHOD>
+                answer = api._answer(self)
+                if answer is None:
+                    self.close_connection = True
+                    return  # no status line: the client sees the connection closed
+                code, body = answer
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="stand-in-kube-api", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None, "not started"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> StandInKubeApi:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

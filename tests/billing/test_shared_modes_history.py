@@ -1,0 +1,129 @@
+"""A backfilled week of shared-modes.yaml (every way the fleet shares a GPU) ingested from a real
+Prometheus: every GPU-hour reconciles exactly, every sharing mode is stored with its facts, and the
+fractional grants are billed by the slice-weight policy from the fractions the history carries.
+
+The history is what the live exporter serves (tests/test_contract_parity.py covers the fractional node
+with the stand-in Kubernetes API). Expected fractions are worked out here from the fleet file: H100
+81559 MiB; gpushare's ALIYUN_COM_GPU_MEM_DEV 79 GiB.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from gpumeter import contract
+from gpumeter.billing.ingest import IngestConfig, ingest_hours
+from gpumeter.billing.models import LineKind
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.prom import PrometheusClient
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.history import write_history
+from tests.billing.factories import write_book
+from tests.support.servers import PrometheusServer, require_binary
+
+START = datetime(2026, 11, 2, tzinfo=UTC)
+DAYS = 7
+HOURS = [START + timedelta(hours=i) for i in range(24 * DAYS)]
+STEP = 300
+RATE = Decimal("6.88")
+H100_MIB = 81559
+# (namespace, pod) → (memory fraction, compute fraction), by hand from the fleet file
+GRANTS = {
+    ("genai", "llm-serve"): (40960 / H100_MIB, 0.50),
+    ("research", "notebook"): (20480 / H100_MIB, 0.30),
+    ("data-eng", "batch-embed"): (10240 / H100_MIB, 10240 / H100_MIB),
+    ("vision", "ocr"): (16 / 79, 0.25),
+    ("nlp", "tagger"): (8 / 79, 8 / 79),
+}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared-modes")
+    source = root / "history.om"
+    start = START.timestamp()
+    with source.open("w") as out:
+        write_history([load_fleet("shared-modes")], start, start + DAYS * 86400, STEP, out)
+    data = root / "data"
+    subprocess.run(
+        [
+            require_binary("promtool"),
+            *("tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=768h"),
+            *(str(source), str(data)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = PrometheusServer(root / "prom", data_dir=data).start()
+    yield server
+    server.stop()
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def _book(tmp_path, policy: str):
+    doc = {
+        "currency": "USD",
+        "versions": [
+            {
+                "effective_from": "2026-01-01T00:00:00Z",
+                "gpus": {"H100-80GB": {"hourly_rate": str(RATE)}},
+                "slice_weight": policy,
+                "sharing_efficiency": {"time_slicing": "0.75", "mps": "0.90"},
+            }
+        ],
+    }
+    return load_price_book(write_book(tmp_path, doc, f"{policy}.yaml"))
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(("policy", "pick"), [("compute", 1), ("memory", 0)])
+def test_a_week_of_every_sharing_mode_reconciles_and_grants_pay_their_fraction(
+    prometheus, ledger, tmp_path, policy, pick
+):
+    book = _book(tmp_path, policy)
+    with PrometheusClient(prometheus.url) as client:
+        result = ingest_hours(client, ledger, book, HOURS, IngestConfig(scrape_interval=STEP))
+    assert result.failed == [] and result.ingested == HOURS and result.unpriced_gpu_hours == 0
+
+    fleet = load_fleet("shared-modes")
+    gpus = {gpu.uuid for node in fleet.nodes for gpu in node.gpus}
+    modes = set()
+    for hour in HOURS[:24]:
+        for gh in ledger.facts(hour):
+            for a in gh.allocations:
+                modes.add(a.sharing)
+                if a.sharing == contract.SHARING_FRACTIONAL:  # both fractions stored, to 9 places
+                    memory, compute = GRANTS[(a.namespace, a.pod)]
+                    assert (a.memory_share, a.compute_share) == (
+                        Decimal(repr(memory)).quantize(Decimal("1e-9")),
+                        Decimal(repr(compute)).quantize(Decimal("1e-9")),
+                    )
+                else:
+                    assert a.memory_share is None and a.compute_share is None
+    assert modes == {"exclusive", "mig", "time_slicing", "mps", "fractional"}
+
+    lines = ledger.lines(HOURS[0], HOURS[-1] + timedelta(hours=1))
+    per_gpu_hour: dict[tuple, Decimal] = defaultdict(Decimal)
+    grants: dict[tuple, list] = defaultdict(list)
+    for line in lines:
+        per_gpu_hour[(line.hour, line.uuid)] += line.amount
+        if line.kind is LineKind.TENANT and (line.namespace, line.pod) in GRANTS:
+            grants[(line.namespace, line.pod)].append(line)
+    assert len(per_gpu_hour) == len(HOURS) * len(gpus)
+    assert set(per_gpu_hour.values()) == {RATE}  # every GPU-hour, exactly its device cost
+    for key, (memory, compute) in GRANTS.items():
+        share = (memory, compute)[pick]
+        assert len(grants[key]) == len(HOURS)
+        for line in grants[key]:  # held the whole hour: quantity = the policy's fraction
+            assert abs(float(line.quantity) - share) <= 1e-6, key
+            assert abs(line.amount - Decimal(repr(share)) * RATE) < Decimal("0.01"), key
+    if policy == "compute":  # by hand: llm-serve's 0.5 x 6.88 = 3.44 has no remainder to round
+        assert {line.amount for line in grants[("genai", "llm-serve")]} == {Decimal("3.44")}
+    else:  # 16/79 x 6.88 = 1.39342… for ocr's memory
+        assert {line.amount for line in grants[("vision", "ocr")]} <= {Decimal("1.39"), Decimal("1.40")}
