@@ -616,50 +616,6 @@ KUBE_NAMESPACE_LABELS = Series(
     Producer.KUBE_STATE_METRICS,
 )
 
-# --- kube-state-metrics: GPU demand and quota, read by the capacity rules (docs/capacity.md) -----------
-# kube-state-metrics v2 writes an extended resource in a pod's requests with `.`, `/` and `-` turned
-# into `_` (nvidia.com/mig-3g.20gb -> nvidia_com_mig_3g_20gb); in a ResourceQuota it keeps the quota's
-# own key (requests.nvidia.com/gpu).
-KUBE_POD_STATUS_PHASE = Series(
-    "kube_pod_status_phase",
-    G,
-    (NAMESPACE, POD, "phase"),
-    "",
-    "1 for the pod's current phase (Pending, Running, Succeeded, Failed, Unknown), 0 for the others.",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_POD_CREATED = Series(
-    "kube_pod_created",
-    G,
-    (NAMESPACE, POD),
-    "seconds",
-    "Unix time the pod was created.",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_POD_CONTAINER_RESOURCE_REQUESTS = Series(
-    "kube_pod_container_resource_requests",
-    G,
-    (NAMESPACE, POD, CONTAINER, "node", RESOURCE, "unit"),
-    "",
-    "A container's request of one resource (extended resource names sanitised to _).",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_RESOURCEQUOTA = Series(
-    "kube_resourcequota",
-    G,
-    (NAMESPACE, "resourcequota", RESOURCE, "type"),
-    "",
-    "A ResourceQuota's hard limit and use of one resource (type hard or used).",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_STATE_SERIES = (
-    KUBE_NAMESPACE_LABELS,
-    KUBE_POD_STATUS_PHASE,
-    KUBE_POD_CREATED,
-    KUBE_POD_CONTAINER_RESOURCE_REQUESTS,
-    KUBE_RESOURCEQUOTA,
-)
-
 # --- billing's own /metrics (gpumeter billing serve), rendered from the ledger at scrape time ----------
 BILLING_COST = _billing(
     "gpumeter_billing_cost_total",
@@ -764,7 +720,7 @@ BILLING_QUERIES: dict[str, HourQuery] = {
 # The series billing consumes, in the order of its queries.
 BILLING_INPUTS: tuple[Series, ...] = tuple(dict.fromkeys(q.series for q in BILLING_QUERIES.values()))
 
-CONTRACT: tuple[Series, ...] = (*EXPORTER_SERIES, *KUBE_STATE_SERIES, *BILLING_SERIES)
+CONTRACT: tuple[Series, ...] = (*EXPORTER_SERIES, KUBE_NAMESPACE_LABELS, *BILLING_SERIES)
 _BY_NAME = {s.name: s for s in CONTRACT}
 if len(_BY_NAME) != len(CONTRACT):
     raise ValueError("contract: a series name is declared twice")
