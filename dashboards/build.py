@@ -20,20 +20,21 @@ import yaml
 from grafana_foundation_sdk.builders import dashboard as d
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from . import cost, fleet, health, mig, node
+from . import capacity, cost, fleet, health, mig, node
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "dashboards" / "generated"
 CONFIGMAPS = ROOT / "deploy" / "kubernetes" / "base" / "dashboards"
 FOLDER = "gpumeter"
 
-# In the order of the drill-down: fleet → GPU → MIG instance and pod → cost; then health.
+# In the order of the drill-down: fleet → GPU → MIG instance and pod → cost; then health and capacity.
 BUILDERS: tuple[Callable[[], d.Dashboard], ...] = (
     fleet.build,
     node.build,
     mig.build,
     cost.build,
     health.build,
+    capacity.build,
 )
 
 

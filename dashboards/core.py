@@ -36,6 +36,7 @@ UID_NODE = "gpumeter-node"
 UID_MIG = "gpumeter-mig"
 UID_COST = "gpumeter-cost"
 UID_HEALTH = "gpumeter-health"
+UID_CAPACITY = "gpumeter-capacity"
 
 # Throttle reasons that are not a problem worth a glance (idle, clocks pinned by the admin, display).
 BENIGN_REASONS = "gpu_idle|applications_clocks|display_clocks"

@@ -23,6 +23,7 @@ __all__ = [
     "BILLING_SERIES",
     "CONTRACT",
     "EXPORTER_SERIES",
+    "KUBE_DEMAND_SERIES",
     "HourQuery",
     "MetricType",
     "Producer",
@@ -616,6 +617,50 @@ KUBE_NAMESPACE_LABELS = Series(
     Producer.KUBE_STATE_METRICS,
 )
 
+# --- kube-state-metrics: GPU demand and quota (docs/capacity.md) ---------------------------------------
+# kube-state-metrics v2 names and labels (internal/store/pod.go, resourcequota.go). An extended resource's
+# name is sanitised into a label value: nvidia.com/gpu -> nvidia_com_gpu, nvidia.com/mig-1g.10gb ->
+# nvidia_com_mig_1g_10gb, with unit="integer". ResourceQuota resources keep their Kubernetes spelling
+# (requests.nvidia.com/gpu), type is "hard" or "used".
+KUBE_POD_STATUS_PHASE = Series(
+    "kube_pod_status_phase",
+    G,
+    (NAMESPACE, POD, "uid", "phase"),
+    "",
+    "1 for the pod's current phase (Pending, Running, Succeeded, Failed, Unknown), 0 for the others.",
+    Producer.KUBE_STATE_METRICS,
+)
+KUBE_POD_CREATED = Series(
+    "kube_pod_created",
+    G,
+    (NAMESPACE, POD, "uid"),
+    "seconds",
+    "Unix creation timestamp of the pod.",
+    Producer.KUBE_STATE_METRICS,
+)
+KUBE_POD_CONTAINER_RESOURCE_REQUESTS = Series(
+    "kube_pod_container_resource_requests",
+    G,
+    (NAMESPACE, POD, "uid", CONTAINER, "node", RESOURCE, "unit"),
+    "",
+    "Resources a container requests; extended resources sanitised (nvidia_com_gpu), unit integer.",
+    Producer.KUBE_STATE_METRICS,
+)
+KUBE_RESOURCEQUOTA = Series(
+    "kube_resourcequota",
+    G,
+    (NAMESPACE, "resourcequota", RESOURCE, "type"),
+    "",
+    "A ResourceQuota's hard limit and current use per resource (type hard or used).",
+    Producer.KUBE_STATE_METRICS,
+)
+KUBE_DEMAND_SERIES: tuple[Series, ...] = (
+    KUBE_POD_STATUS_PHASE,
+    KUBE_POD_CREATED,
+    KUBE_POD_CONTAINER_RESOURCE_REQUESTS,
+    KUBE_RESOURCEQUOTA,
+)
+
 # --- billing's own /metrics (gpumeter billing serve), rendered from the ledger at scrape time ----------
 BILLING_COST = _billing(
     "gpumeter_billing_cost_total",
@@ -720,7 +765,12 @@ BILLING_QUERIES: dict[str, HourQuery] = {
 # The series billing consumes, in the order of its queries.
 BILLING_INPUTS: tuple[Series, ...] = tuple(dict.fromkeys(q.series for q in BILLING_QUERIES.values()))
 
-CONTRACT: tuple[Series, ...] = (*EXPORTER_SERIES, KUBE_NAMESPACE_LABELS, *BILLING_SERIES)
+CONTRACT: tuple[Series, ...] = (
+    *EXPORTER_SERIES,
+    KUBE_NAMESPACE_LABELS,
+    *KUBE_DEMAND_SERIES,
+    *BILLING_SERIES,
+)
 _BY_NAME = {s.name: s for s in CONTRACT}
 if len(_BY_NAME) != len(CONTRACT):
     raise ValueError("contract: a series name is declared twice")

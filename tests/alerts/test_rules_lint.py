@@ -18,7 +18,7 @@ from gpumeter.deploy.demo import ALERTMANAGER_CONFIG
 
 NAME = re.compile(r"^Gpu(?:meter)?[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*$")
 RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
-METRIC = re.compile(r"\b(?:nvidia_gpu_\w+|gpumeter_\w+)")
+METRIC = re.compile(r"\b(?:nvidia_gpu_\w+|gpumeter_\w+|kube_\w+)")
 RECORDING_REF = re.compile(r"\b[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*\b")
 SEVERITIES = {"critical", "warning", "info"}
 CONTRACT_NAMES = {series.name for series in contract.CONTRACT}

@@ -27,6 +27,8 @@ from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
 from gpumeter.service import build_app
 from tests.billing.factories import book
 from tests.support.servers import PrometheusServer
@@ -35,6 +37,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = [ROOT / "alerts" / "gpumeter-rules.yaml", ROOT / "alerts" / "gpumeter-alerts.yaml"]
 EXPORTER_JOB = "gpumeter-exporter"
 BILLING_JOB = "gpumeter-billing"
+KSM_JOB = "kube-state-metrics"
+# GPU demand the fleets' pods do not show (they all run): a 3g.20gb pod waiting 40 minutes, two whole
+# GPUs waiting 5; and a GPU quota, for the capacity dashboard.
+PENDING = (
+    PendingPod("ml-research", "wait-3g", "nvidia.com/mig-3g.20gb", 1, created_s=-2400),
+    PendingPod("vision", "wait-2gpu", "nvidia.com/gpu", 2, created_s=-300),
+)
+QUOTAS = (Quota("vision", "gpus", "requests.nvidia.com/gpu", hard=8, used=6),)
 # (fleet, node, with a stand-in kubelet): the workstation has no Kubernetes but has fans.
 FLEETS = (
     ("h100-mig", "gpu-h100-mig-01", True),
@@ -219,7 +229,12 @@ def stack() -> Iterator[Stack]:
     sockets = Path(tempfile.mkdtemp(prefix="gmk", dir="/tmp"))  # unix socket paths must stay short
     exporters: dict[str, ExporterProcess] = {}
     ledger = server = prom = None
+    kube_state: list[StandInKubeStateMetrics] = []
     try:
+        # one stand-in kube-state-metrics per fleet with Kubernetes; the demand and quotas on the first
+        for index, fleet_name in enumerate(sorted({f for f, _, kubelet in FLEETS if kubelet})):
+            extra = (PENDING, QUOTAS) if index == 0 else ((), ())
+            kube_state.append(StandInKubeStateMetrics(load_fleet(fleet_name), *extra).start())
         for index, (fleet_name, node, with_kubelet) in enumerate(FLEETS):
             socket = str(sockets / f"{index}.sock") if with_kubelet else ""
             exporters[node] = ExporterProcess(fleet_name, node, socket, workdir)
@@ -231,6 +246,7 @@ def stack() -> Iterator[Stack]:
             scrape_targets={
                 EXPORTER_JOB: [f"127.0.0.1:{e.port}" for e in exporters.values()],
                 BILLING_JOB: [f"127.0.0.1:{server.server_address[1]}"],
+                KSM_JOB: [f"127.0.0.1:{k.port}" for k in kube_state],
             },
             rule_files=RULE_FILES,
         ).start()
@@ -247,6 +263,8 @@ def stack() -> Iterator[Stack]:
             "increase(nvidia_gpu_nvlink_errors_total[1h]) > 0",
             "uuid:nvidia_gpu_clocks_event_seconds:rate5m > 0",
             "count_over_time(nvidia_gpu_info[1m]) > 5",
+            "namespace_pod_resource:kube_pod_pending_gpu_wait:seconds",
+            "hostname:nvidia_gpu_mig_fragmentation:ratio",
         ):
             _wait(prom, promql)
         yield Stack(prom, exporters)
@@ -258,6 +276,8 @@ def stack() -> Iterator[Stack]:
             server.server_close()
         for exporter in exporters.values():
             exporter.stop()
+        for stand_in in kube_state:
+            stand_in.stop()
         if ledger is not None:
             ledger.close()
         shutil.rmtree(sockets, ignore_errors=True)

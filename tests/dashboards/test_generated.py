@@ -25,7 +25,14 @@ from tests.support.servers import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {path.stem: json.loads(path.read_text()) for path in sorted(build.GENERATED.glob("*.json"))}
-UIDS = {"gpumeter-fleet", "gpumeter-node", "gpumeter-mig", "gpumeter-cost", "gpumeter-health"}
+UIDS = {
+    "gpumeter-fleet",
+    "gpumeter-node",
+    "gpumeter-mig",
+    "gpumeter-cost",
+    "gpumeter-health",
+    "gpumeter-capacity",
+}
 
 
 def _variables(model: dict) -> set[str]:

@@ -1,5 +1,6 @@
 """Every panel's and variable's PromQL runs against a real Prometheus that scraped the simulated
-fleets (with pods) and the billing service, with the gpumeter rules loaded: it parses, it returns at
+fleets (with pods), the stand-in kube-state-metrics (their pods, pending GPU pods, GPU quotas) and the
+billing service, with the gpumeter rules loaded: it parses, it returns at
 least one series, and it reads only series that exist in the metric contract."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ KNOWN = {series.name for series in contract.CONTRACT} | _recorded() | PROMETHEUS
 
 
 def test_there_are_queries_in_every_dashboard():
-    assert len(MODELS) == 5
+    assert len(MODELS) == 6
     assert {f.dashboard for f in FOUND} == {m["uid"] for m in MODELS}
 
 

@@ -1,0 +1,189 @@
+"""The stand-in kube-state-metrics: a real HTTP server serving ``/metrics`` in kube-state-metrics v2's
+exposition format for a fleet's pods, plus pending GPU pods and GPU ResourceQuotas given to it.
+
+Series, names and labels as kube-state-metrics v2 writes them (internal/store/pod.go, resourcequota.go;
+declared in gpumeter/contract.py): ``kube_pod_status_phase{namespace,pod,uid,phase}`` (1 for the current
+phase, 0 for the other four), ``kube_pod_created{namespace,pod,uid}`` (Unix seconds),
+``kube_pod_container_resource_requests{namespace,pod,uid,container,node,resource,unit}`` with the extended
+resource's name sanitised as Prometheus label names are (``nvidia.com/mig-1g.5gb`` ->
+``nvidia_com_mig_1g_5gb``) and ``unit="integer"``, ``kube_resourcequota{namespace,resourcequota,resource,
+type}`` with ``type`` ``hard`` or ``used`` and the resource's Kubernetes spelling, and
+``kube_namespace_labels{namespace,label_team}``.
+
+A fleet pod is Running while ``PodSpec.running`` holds at the simulated time and absent otherwise (a
+finished pod is deleted by its controller); it requests one device of the resource the stand-in kubelet
+advertises for each device it holds (exporter/simulator/kubelet.py ``resource_name``), and was created
+when its current run started. Pending pods are given as :class:`PendingPod` (they hold nothing, so the
+fleet file cannot say them); their node label is empty, as for an unscheduled pod.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .fleet import Fleet, PodSpec
+from .kubelet import resource_name
+
+__all__ = ["PendingPod", "Quota", "StandInKubeStateMetrics", "exposition", "sanitize"]
+
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    namespace: str
+    name: str
+    resource: str  # Kubernetes spelling: nvidia.com/gpu, nvidia.com/mig-3g.20gb, nvidia.com/gpumem
+    quantity: float
+    created_s: float  # seconds after the simulation started (may be negative: created before)
+    container: str = "main"
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    namespace: str
+    name: str
+    resource: str  # requests.nvidia.com/gpu
+    hard: float
+    used: float
+
+
+def sanitize(name: str) -> str:
+    """A label value the way kube-state-metrics sanitises a resource name (Prometheus label name rules)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _labels(**labels: str) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
+
+
+def _run_start(pod: PodSpec, t: float) -> float:
+    """Seconds after the simulation started at which the pod's current run began."""
+    if not pod.every_s:
+        return pod.start_s
+    return pod.start_s + ((t - pod.start_s) // pod.every_s) * pod.every_s
+
+
+def exposition(
+    fleet: Fleet,
+    t: float,
+    start_time: float,
+    pending: Iterable[PendingPod] = (),
+    quotas: Iterable[Quota] = (),
+    teams: dict[str, str] | None = None,
+) -> str:
+    """The /metrics body ``t`` seconds after the simulation started at Unix time ``start_time``."""
+    phase, created, requests, quota_lines, ns_lines = [], [], [], [], []
+    for pod in fleet.pods:
+        if not pod.running(t):
+            continue
+        uid = f"{pod.namespace}-{pod.name}"
+        node = fleet.node(pod.node)
+        ident = {"namespace": pod.namespace, "pod": pod.name, "uid": uid}
+        for p in PHASES:
+            phase.append(f"kube_pod_status_phase{{{_labels(**ident, phase=p)}}} {int(p == 'Running')}")
+        created.append(f"kube_pod_created{{{_labels(**ident)}}} {start_time + _run_start(pod, t):.0f}")
+        counts = Counter(resource_name(node, node.gpus[d.gpu], d.gpu_instance_id) for d in pod.devices)
+        for resource, count in sorted(counts.items()):
+            labels = _labels(
+                **ident, container=pod.container, node=pod.node, resource=sanitize(resource), unit="integer"
+            )
+            requests.append(f"kube_pod_container_resource_requests{{{labels}}} {count}")
+    for waiting in pending:
+        uid = f"{waiting.namespace}-{waiting.name}"
+        ident = {"namespace": waiting.namespace, "pod": waiting.name, "uid": uid}
+        for p in PHASES:
+            phase.append(f"kube_pod_status_phase{{{_labels(**ident, phase=p)}}} {int(p == 'Pending')}")
+        created.append(f"kube_pod_created{{{_labels(**ident)}}} {start_time + waiting.created_s:.0f}")
+        labels = _labels(
+            **ident, container=waiting.container, node="", resource=sanitize(waiting.resource), unit="integer"
+        )
+        requests.append(f"kube_pod_container_resource_requests{{{labels}}} {waiting.quantity:g}")
+    for q in quotas:
+        for kind, value in (("hard", q.hard), ("used", q.used)):
+            labels = _labels(namespace=q.namespace, resourcequota=q.name, resource=q.resource, type=kind)
+            quota_lines.append(f"kube_resourcequota{{{labels}}} {value:g}")
+    for namespace, team in sorted((teams or {}).items()):
+        ns_lines.append(f"kube_namespace_labels{{{_labels(namespace=namespace, label_team=team)}}} 1")
+    out = []
+    for name, help_, lines in (
+        ("kube_pod_status_phase", "The pods current phase.", phase),
+        ("kube_pod_created", "Unix creation timestamp", created),
+        (
+            "kube_pod_container_resource_requests",
+            "The number of requested request resource by a container.",
+            requests,
+        ),
+        ("kube_resourcequota", "Information about resource quota.", quota_lines),
+        ("kube_namespace_labels", "Kubernetes labels converted to Prometheus labels.", ns_lines),
+    ):
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", *lines]
+    return "\n".join(out) + "\n"
+
+
+class StandInKubeStateMetrics:
+    """Serves :func:`exposition` on ``http://HOST:PORT/metrics`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        pending: Iterable[PendingPod] = (),
+        quotas: Iterable[Quota] = (),
+        teams: dict[str, str] | None = None,
+        listen: tuple[str, int] = ("127.0.0.1", 0),
+        clock: Callable[[], float] = time.time,
+        start: float | None = None,
+    ):
+        self.fleet, self.pending, self.quotas, self.teams = fleet, tuple(pending), tuple(quotas), teams
+        self.clock = clock
+        self.start_time = clock() if start is None else float(start)
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                now = stand_in.clock()
+                body = exposition(
+                    stand_in.fleet,
+                    now - stand_in.start_time,
+                    stand_in.start_time,
+                    stand_in.pending,
+                    stand_in.quotas,
+                    stand_in.teams,
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(listen, Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> StandInKubeStateMetrics:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="stand-in-ksm", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,108 @@
+"""GPU demand and quota from kube-state-metrics, through a real Prometheus.
+
+The stand-in kube-state-metrics (exporter/simulator/kube_state_metrics.py, a real HTTP server) serves the
+a100-mixed fleet's running pods, two pending GPU pods and a GPU ResourceQuota in kube-state-metrics'
+exposition format; a real Prometheus scrapes it under the job `kube-state-metrics` with both rule files
+loaded. The capacity rules must compute, from the real scrape, the figures worked out here by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpumeter.alerts import RULE_FILES
+from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kube_state_metrics import (
+    PendingPod,
+    Quota,
+    StandInKubeStateMetrics,
+    sanitize,
+)
+from tests.support.servers import PrometheusServer
+
+pytestmark = pytest.mark.slow
+
+PENDING = (
+    # waited 40 minutes already when the test starts: over GpuDemandPendingTooLong's 30
+    PendingPod("research", "wait-3g", "nvidia.com/mig-3g.20gb", 1, created_s=-2400),
+    # two whole GPUs, created 10 minutes ago: demand, not yet waiting too long
+    PendingPod("vision", "wait-2gpu", "nvidia.com/gpu", 2, created_s=-600),
+)
+QUOTAS = (
+    Quota("vision", "gpus", "requests.nvidia.com/gpu", hard=8, used=6),
+    Quota("vision", "cpu", "requests.cpu", hard=100, used=10),
+)
+
+
+def test_kube_state_metrics_sanitises_resource_names_like_the_real_one():
+    assert sanitize("nvidia.com/gpu") == "nvidia_com_gpu"
+    assert sanitize("nvidia.com/mig-3g.20gb") == "nvidia_com_mig_3g_20gb"
+    assert sanitize("nvidia.com/gpu.shared") == "nvidia_com_gpu_shared"
+
+
+@pytest.mark.prometheus
+def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
+    ksm = StandInKubeStateMetrics(load_fleet("a100-mixed"), PENDING, QUOTAS).start()
+    try:
+        body = httpx.get(f"http://127.0.0.1:{ksm.port}/metrics", timeout=5).text
+        assert "# TYPE kube_pod_container_resource_requests gauge" in body
+        with PrometheusServer(
+            tmp_path / "prometheus",
+            scrape_targets={"kube-state-metrics": [f"127.0.0.1:{ksm.port}"]},
+            rule_files=RULE_FILES,
+        ) as prom:
+            prom.wait_for("namespace_resource:kube_resourcequota_gpu_used:ratio", timeout=60)
+            prom.wait_for('ALERTS{alertname="GpuDemandPendingTooLong"}', timeout=60)
+            now = time.time()
+
+            pending = {
+                (r["metric"]["namespace"], r["metric"]["resource"]): float(r["value"][1])
+                for r in prom.query("namespace_resource:kube_pod_pending_gpu_requests:sum")
+            }
+            # only the two pending pods; the fleet's running pods are not demand
+            assert pending == {("research", "nvidia_com_mig_3g_20gb"): 1.0, ("vision", "nvidia_com_gpu"): 2.0}
+
+            waits = {
+                r["metric"]["pod"]: float(r["value"][1])
+                for r in prom.query("namespace_pod_resource:kube_pod_pending_gpu_wait:seconds")
+            }
+            started = ksm.start_time
+            assert set(waits) == {"wait-3g", "wait-2gpu"}
+            # created 2400 s and 600 s before the stand-in started; evaluated between then and now (±1 s of
+            # kube_pod_created's whole seconds)
+            assert 2400 - 1 <= waits["wait-3g"] <= 2400 + (now - started) + 1
+            assert 600 - 1 <= waits["wait-2gpu"] <= 600 + (now - started) + 1
+
+            alerts = prom.query('ALERTS{alertname="GpuDemandPendingTooLong"}')
+            assert [(a["metric"]["pod"], a["metric"]["alertstate"]) for a in alerts] == [
+                ("wait-3g", "pending")
+            ]
+
+            quota = prom.query("namespace_resource:kube_resourcequota_gpu_used:ratio")
+            assert [
+                (q["metric"]["namespace"], q["metric"]["resource"], float(q["value"][1])) for q in quota
+            ] == [("vision", "requests.nvidia.com/gpu", 0.75)]
+
+            # the largest MIG profile requested: the pending 3g.20gb (the fleet's running pods hold 3g.20gb,
+            # 2g.10gb and 1g.5gb instances too)
+            largest = prom.query("cluster:kube_pod_mig_request_compute_slices:max7d")
+            assert [float(r["value"][1]) for r in largest] == [3.0]
+            running = {
+                r["metric"]["resource"]
+                for r in prom.query(
+                    "kube_pod_container_resource_requests * on(namespace, pod) group_left() "
+                    '(kube_pod_status_phase{phase="Running"} == 1)'
+                )
+            }
+            assert {
+                "nvidia_com_mig_3g_20gb",
+                "nvidia_com_mig_1g_5gb",
+                "nvidia_com_gpu",
+                "nvidia_com_gpu_shared",
+            } <= running
+    finally:
+        ksm.stop()
