@@ -252,7 +252,7 @@ def stack() -> Iterator[Stack]:
         ).start()
         # Enough samples for rates and for the rules and alerts to have evaluated.
         for promql in (
-            "count(nvidia_gpu_info) == 16",
+            f"count(nvidia_gpu_info) == {sum(len(load_fleet(f).node(n).gpus) for f, n, _ in FLEETS)}",
             "nvidia_gpu_allocation",
             "nvidia_gpu_xid_errors_total",
             "allocation:nvidia_gpu_utilization_ratio:join",
