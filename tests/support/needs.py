@@ -33,6 +33,9 @@ NEEDS: dict[str, Need] = {
     "alertmanager": Need(
         "Alertmanager (Debian package prometheus-alertmanager)", ("prometheus-alertmanager", "amtool")
     ),
+    "victoriametrics": Need(
+        "VictoriaMetrics single-node (Debian package victoria-metrics)", ("victoria-metrics",)
+    ),
     "chromium": Need("headless Chromium (Debian package chromium)", ("chromium",)),
     "kubectl": Need("kubectl (Debian package kubectl)", ("kubectl",)),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),

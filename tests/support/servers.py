@@ -23,6 +23,7 @@ from tests.support import needs
 __all__ = [
     "AlertmanagerServer",
     "PrometheusServer",
+    "VictoriaMetricsServer",
     "free_port",
     "require_binary",
     "wait_http_ok",
@@ -203,3 +204,68 @@ class AlertmanagerServer:
 def running(server) -> Iterator:
     with server as started:
         yield started
+
+
+class VictoriaMetricsServer:
+    """A real single-node VictoriaMetrics (Debian's victoria-metrics) serving the Prometheus query API.
+
+    History goes in through VictoriaMetrics' own import API (:meth:`import_prometheus`, the text
+    exposition format with millisecond timestamps); :meth:`flush` makes it queryable at once.
+    """
+
+    def __init__(self, workdir: Path, *, extra_args: list[str] = ()):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = self.workdir / "vmdata"
+        self._argv = [
+            require_binary("victoria-metrics"),
+            f"-storageDataPath={self.data_dir}",
+            f"-httpListenAddr=127.0.0.1:{self.port}",
+            "-retentionPeriod=100y",
+            # history is imported far in the past; VictoriaMetrics' default refuses nothing older
+            # than retention, but its search cache would hide freshly imported points without this
+            "-search.disableCache",
+            *extra_args,
+        ]
+        self._process: _Process | None = None
+
+    def start(self) -> VictoriaMetricsServer:
+        self._process = _Process(self._argv, self.workdir / "victoria-metrics.log")
+        try:
+            wait_http_ok(f"{self.url}/health", proc=self._process.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError((self.workdir / "victoria-metrics.log").read_text()[-4000:]) from None
+        return self
+
+    def stop(self) -> None:
+        if self._process:
+            self._process.stop()
+            self._process = None
+
+    def __enter__(self) -> VictoriaMetricsServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def import_prometheus(self, text: str) -> None:
+        """Import samples in the text exposition format, each line ending in a timestamp in ms."""
+        response = httpx.post(f"{self.url}/api/v1/import/prometheus", content=text.encode(), timeout=300)
+        if response.status_code not in (200, 204):
+            raise AssertionError(f"import failed: HTTP {response.status_code} {response.text[:500]}")
+        self.flush()
+
+    def flush(self) -> None:
+        httpx.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
+
+    def query(self, promql: str, time: float | None = None) -> list[dict]:
+        params = {"query": promql}
+        if time is not None:
+            params["time"] = str(time)
+        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=60).json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query {promql!r} failed: {body}")
+        return body["data"]["result"]
