@@ -46,7 +46,7 @@ NEEDS: dict[str, Need] = {
 FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.billing.conftest.pg_schema": ("postgres",),
     "tests.billing.test_ingest_prometheus.tsdb": ("prometheus",),
-    "tests.billing.test_ingest_prometheus.prometheus": ("prometheus",),
+    "tests.billing.test_ingest_prometheus.prometheus": ("prometheus",),  # or victoriametrics: its param
     "tests.billing.test_simulated_history.prometheus": ("prometheus",),
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus",),

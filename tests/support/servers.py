@@ -11,7 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
@@ -224,9 +224,6 @@ class VictoriaMetricsServer:
             f"-storageDataPath={self.data_dir}",
             f"-httpListenAddr=127.0.0.1:{self.port}",
             "-retentionPeriod=100y",
-            # history is imported far in the past; VictoriaMetrics' default refuses nothing older
-            # than retention, but its search cache would hide freshly imported points without this
-            "-search.disableCache",
             *extra_args,
         ]
         self._process: _Process | None = None
@@ -253,10 +250,31 @@ class VictoriaMetricsServer:
 
     def import_prometheus(self, text: str) -> None:
         """Import samples in the text exposition format, each line ending in a timestamp in ms."""
+        self._post_import(text)
+        self.flush()
+
+    def import_openmetrics(self, lines: Iterable[str], batch_bytes: int = 8 << 20) -> None:
+        """Import an OpenMetrics history (timestamps in seconds, as promtool backfills it) in
+        batches: comment lines dropped, each sample's timestamp turned into milliseconds."""
+        batch: list[str] = []
+        size = 0
+        for line in lines:
+            if not line.strip() or line.startswith("#"):
+                continue
+            head, _, stamp = line.rstrip("\n").rpartition(" ")
+            batch.append(f"{head} {round(float(stamp) * 1000)}\n")
+            size += len(line)
+            if size >= batch_bytes:
+                self._post_import("".join(batch))
+                batch, size = [], 0
+        if batch:
+            self._post_import("".join(batch))
+        self.flush()
+
+    def _post_import(self, text: str) -> None:
         response = httpx.post(f"{self.url}/api/v1/import/prometheus", content=text.encode(), timeout=300)
         if response.status_code not in (200, 204):
             raise AssertionError(f"import failed: HTTP {response.status_code} {response.text[:500]}")
-        self.flush()
 
     def flush(self) -> None:
         httpx.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
