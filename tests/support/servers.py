@@ -96,20 +96,28 @@ class PrometheusServer:
         alertmanager: str | None = None,
         data_dir: Path | None = None,
         extra_args: list[str] = (),
+        external_labels: dict[str, str] | None = None,
+        remote_write: list[str] = (),
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir or self.workdir / "data"
-        config = {
-            "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+        config: dict = {
+            "global": {
+                "scrape_interval": scrape_interval,
+                "evaluation_interval": evaluation_interval,
+                "external_labels": dict(external_labels or {}),
+            },
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [
                 {"job_name": job, "honor_labels": True, "static_configs": [{"targets": targets}]}
                 for job, targets in (scrape_targets or {}).items()
             ],
         }
+        if remote_write:
+            config["remote_write"] = [{"url": url} for url in remote_write]
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         self.config_path = self.workdir / "prometheus.yml"
