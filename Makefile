@@ -11,7 +11,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests and the demo drive for real (binary:package).
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus \
 	prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager \
-	psql:postgresql-client pg_ctlcluster:postgresql chromium:chromium kubectl:kubectl wrk:wrk
+	psql:postgresql-client pg_ctlcluster:postgresql chromium:chromium kubectl:kubectl wrk:wrk \
+	victoria-metrics:victoria-metrics
 STAMP := $(VENV)/.installed
 # kubernetes-validate, checkov and hadolint in their own env, so their pins cannot move the project's
 TOOLS_VENV := .venv-tools

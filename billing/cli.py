@@ -69,7 +69,11 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
     )
     parser.add_argument("--teams", default=None, help="team map YAML: namespaces: {namespace: team}")
     if prometheus:
-        parser.add_argument("--prometheus", default=defaults.prometheus, help="Prometheus base URL")
+        parser.add_argument(
+            "--prometheus",
+            default=defaults.prometheus,
+            help="Prometheus (or Thanos, Mimir, VictoriaMetrics) query base URL; comma-separated URLs: the replicas of an HA pair, merged (docs/billing.md §6.2)",
+        )
         parser.add_argument(
             "--scrape-interval",
             type=_interval,
@@ -184,7 +188,7 @@ def cmd_ingest(args) -> int:
     from gpumeter.billing.ingest import FAILURES_LOGGER, catch_up, ingest_hours
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
-    from gpumeter.billing.prom import PrometheusClient
+    from gpumeter.billing.prom import open_client
 
     logging.getLogger(FAILURES_LOGGER).setLevel(logging.CRITICAL + 1)  # printed below, one line each
 
@@ -210,7 +214,7 @@ def cmd_ingest(args) -> int:
         return tqdm(hours, unit="h", desc="ingest", disable=args.no_progress, file=sys.stderr)
 
     try:
-        with PrometheusClient(settings.prometheus) as client:
+        with open_client(settings.prometheus) as client:
             if args.start or args.end:
                 closed = hour_floor(now - config.settle)  # the open hour and the future are not billable yet
                 end = min(args.end or closed, closed)

@@ -26,7 +26,7 @@ from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ledger.base import HourRecord, Ledger, LedgerError
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
 from gpumeter.billing.pricing.base import PriceBook
-from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
+from gpumeter.billing.prom import PrometheusError, QueryClient, Sample, open_client
 
 log = logging.getLogger(__name__)
 # Hours that failed or were refused: the service's log keeps them; `billing ingest` states each itself
@@ -178,7 +178,7 @@ def detect_intervals(
 
 
 def query_intervals(
-    client: PrometheusClient, hours: list[datetime], config: IngestConfig
+    client: QueryClient, hours: list[datetime], config: IngestConfig
 ) -> dict[datetime, HourIntervals]:
     """The intervals of ``hours`` (consecutive) from one range query of every exporter's sample
     counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side."""
@@ -219,7 +219,7 @@ def _at(hour: datetime) -> datetime:
     return hour + HOUR - timedelta(milliseconds=1)  # [1h] then covers exactly [hour, hour+1h)
 
 
-def query_hours(client: PrometheusClient, hours: list[datetime]) -> dict[datetime, dict[str, list[Sample]]]:
+def query_hours(client: QueryClient, hours: list[datetime]) -> dict[datetime, dict[str, list[Sample]]]:
     """Every query of §6 for consecutive ``hours``: answers per hour and query name.
 
     One hour: instant queries at its end. Several: one range query per query name with a 1 h step,
@@ -245,7 +245,7 @@ def query_hours(client: PrometheusClient, hours: list[datetime]) -> dict[datetim
 
 
 def collect_hour(
-    client: PrometheusClient, hour: datetime, config: IngestConfig, problems: list[str] | None = None
+    client: QueryClient, hour: datetime, config: IngestConfig, problems: list[str] | None = None
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """Query Prometheus for one hour; returns the GPU-hours and the kube namespace→team labels."""
     intervals = query_intervals(client, [hour], config)[hour]
@@ -374,7 +374,7 @@ def build_hour(
 
 
 def ingest_hour(
-    client: PrometheusClient,
+    client: QueryClient,
     ledger: Ledger,
     book: PriceBook,
     hour: datetime,
@@ -498,7 +498,7 @@ def _runs(hours: list[datetime], size: int) -> list[list[datetime]]:
 
 
 def ingest_hours(
-    client: PrometheusClient,
+    client: QueryClient,
     ledger: Ledger,
     book: PriceBook,
     hours: Iterable[datetime],
@@ -747,7 +747,7 @@ def _ingest_task(target, source, book, hours, config) -> IngestResult:
     (url, schema), (base_url, timeout, headers) = target, source
     ledger = open_ledger(url, schema=schema, migrate=False)
     try:
-        with PrometheusClient(base_url, timeout=timeout, headers=headers) as client:
+        with open_client(base_url, timeout=timeout, headers=headers) as client:
             return ingest_hours(client, ledger, book, hours, config)
     finally:
         ledger.close()

@@ -88,3 +88,72 @@ class PrometheusClient:
                 f"(query {promql!r})"
             )
         return body["data"]
+
+
+class ReplicaSetClient:
+    """The replicas of one HA Prometheus pair (or more), queried side by side and merged.
+
+    Billing's queries aggregate ``max by`` the labels billing reads (gpumeter/contract.py
+    HourQuery), so both replicas answer with the same label sets; a series' value at a step is the
+    largest any replica gives. A replica that missed scrapes (restarted, lost an hour) answers a
+    smaller count or nothing for that hour, and the other replica's fills it. Both missing
+    different parts of the same hour is not repaired: the larger part is billed (docs/billing.md
+    §6.2). A replica that cannot answer fails the query, as one Prometheus would: the hour is retried
+    later rather than billed from one replica that may itself have a gap.
+    """
+
+    def __init__(
+        self, base_urls: list[str], *, timeout: float = 120.0, headers: dict[str, str] | None = None
+    ):
+        if len(base_urls) < 2:
+            raise ValueError("a replica set needs two or more Prometheus URLs")
+        self.replicas = [PrometheusClient(url, timeout=timeout, headers=headers) for url in base_urls]
+        self.base_url = ",".join(client.base_url for client in self.replicas)
+        self.timeout, self.headers = timeout, dict(headers or {})
+        self.reopenable = True
+
+    def close(self) -> None:
+        for client in self.replicas:
+            client.close()
+
+    def __enter__(self) -> ReplicaSetClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def query(self, promql: str, at: datetime) -> list[Sample]:
+        merged: dict[tuple, Sample] = {}
+        for client in self.replicas:
+            for sample in client.query(promql, at):
+                key = tuple(sorted(sample.labels.items()))
+                if key not in merged or sample.value > merged[key].value:
+                    merged[key] = sample
+        return list(merged.values())
+
+    def query_range(
+        self, promql: str, start: datetime, end: datetime, step_seconds: int
+    ) -> list[tuple[dict[str, str], list[list]]]:
+        merged: dict[tuple, tuple[dict[str, str], dict[float, list]]] = {}
+        for client in self.replicas:
+            for labels, points in client.query_range(promql, start, end, step_seconds):
+                _, steps = merged.setdefault(tuple(sorted(labels.items())), (labels, {}))
+                for point in points:
+                    kept = steps.get(point[0])
+                    if kept is None or float(point[1]) > float(kept[1]):
+                        steps[point[0]] = point
+        return [(labels, [steps[t] for t in sorted(steps)]) for labels, steps in merged.values()]
+
+
+def open_client(
+    url: str, *, timeout: float = 120.0, headers: dict[str, str] | None = None
+) -> PrometheusClient | ReplicaSetClient:
+    """The client for ``url``: one Prometheus (or Thanos, Mimir, VictoriaMetrics query URL), or,
+    given comma-separated URLs, the replicas of an HA pair merged by :class:`ReplicaSetClient`."""
+    urls = [part.strip() for part in url.split(",") if part.strip()]
+    if len(urls) > 1:
+        return ReplicaSetClient(urls, timeout=timeout, headers=headers)
+    return PrometheusClient(url, timeout=timeout, headers=headers)
+
+
+QueryClient = PrometheusClient | ReplicaSetClient  # what billing queries: one URL or a replica set

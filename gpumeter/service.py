@@ -33,7 +33,7 @@ from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.pricing import load_price_book
-from gpumeter.billing.prom import PrometheusClient
+from gpumeter.billing.prom import open_client
 from gpumeter.reports.schedule import ReportSchedule, run_monthly
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     book = load_price_book(cfg.prices)
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     try:
-        with ledger.lock(INGEST_LOCK, holder, now), PrometheusClient(cfg.prometheus) as client:
+        with ledger.lock(INGEST_LOCK, holder, now), open_client(cfg.prometheus) as client:
             result = catch_up(client, ledger, book, now, cfg.ingest_config(), stopping=STOPPING.is_set)
     except LockNotAcquired:
         log.info("another replica holds the ingest lock; skipping")

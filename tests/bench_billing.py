@@ -204,7 +204,19 @@ def child(args: argparse.Namespace) -> None:
     config = IngestConfig(scrape_interval=float(args.step), workers=args.workers)
     wall, cpu = time.perf_counter(), time.process_time()
     with PrometheusClient(args.prometheus) as client:
-        result = ingest_hours(client, ledger, book, hours, config)
+        if args.profile:  # cProfile of the main thread (building, pricing, waiting on the other two)
+            import cProfile
+            import pstats
+
+            hours = hours[: args.profile]
+            profile = cProfile.Profile()
+            result = profile.runcall(ingest_hours, client, ledger, book, hours, config)
+            with (BENCH / "billing-profile.txt").open("w") as out:
+                stats = pstats.Stats(profile, stream=out)
+                stats.sort_stats("tottime").print_stats(30)
+                stats.sort_stats("cumulative").print_stats(30)
+        else:
+            result = ingest_hours(client, ledger, book, hours, config)
     wall = time.perf_counter() - wall
     cpu = time.process_time() - cpu
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -259,6 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", default=None, help="ledger URL (default: a fresh SQLite file)")
     parser.add_argument("--schema", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prometheus", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="HOURS",
+        help="profile (cProfile) the first HOURS hours in one process into .bench/billing-profile.txt; no table",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -285,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             _promql_seconds(server.url, "count(nvidia_gpu_info)", end)  # Prometheus is up and answering
             argv = [sys.executable, "-m", "tests.bench_billing", "--child", "--step", str(args.step)]
             argv += ["--workers", str(args.workers), "--db", db, "--prometheus", server.url]
+            argv += ["--profile", str(args.profile)] if args.profile else []
             argv += ["--schema", schema] if schema else []
             load = os.getloadavg()
             run, peak = _measure_child(argv)
@@ -296,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 with psycopg.connect(drop[0], autocommit=True) as admin:
                     admin.execute(f'DROP SCHEMA "{drop[1]}" CASCADE')
+    if args.profile:
+        print(f"profiled {run['hours']} hours in {run['wall_s']:.1f} s: {BENCH / 'billing-profile.txt'}")
+        return 0
     if run["failed"] or run["hours"] != DAYS * 24:
         raise SystemExit(f"ingest failed: {run['failed'][:1]} ({run['hours']} hours ingested)")
     rows = sum(v for k, v in run["rows"].items() if k not in ("ingest_runs", "price_book_versions"))

@@ -8,13 +8,16 @@ that does not answer fails the test loudly; it never skips."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from tests.support import needs
+from tests.support.servers import PrometheusServer, VictoriaMetricsServer, require_binary
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -71,3 +74,37 @@ def ledger(request, tmp_path):
         yield from _opened(MEMORY_URL, None)
     else:
         yield from _opened(*_database(request, tmp_path, request.param))
+
+
+# Query backends, the same pattern: a module's history fixture takes one of these params and serves
+# the same OpenMetrics history from each engine; billing's ledger must not depend on which.
+QUERY_BACKENDS = ["prometheus", pytest.param("victoriametrics", marks=pytest.mark.victoriametrics)]
+
+
+def serve_history(backend: str, source: Path, root: Path):
+    """A started server holding the OpenMetrics history in ``source``: a real Prometheus with the
+    history backfilled by promtool, or a real VictoriaMetrics with it posted to its import API."""
+    if backend == "prometheus":
+        data = root / "data"
+        subprocess.run(
+            [
+                require_binary("promtool"),
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                "--max-block-duration=768h",  # one pass over the file, not one per 2 h block
+                str(source),
+                str(data),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        return PrometheusServer(root / "prom", data_dir=data).start()
+    server = VictoriaMetricsServer(root / "vm").start()
+    try:
+        with source.open() as lines:
+            server.import_openmetrics(lines)
+    except Exception:
+        server.stop()
+        raise
+    return server

@@ -13,12 +13,13 @@ import httpx
 import pytest
 
 import gpumeter
-from gpumeter.billing.ingest import IngestConfig, catch_up, ingest_hour, ingest_hours
+from gpumeter.billing.ingest import IngestConfig, _at, catch_up, ingest_hour, ingest_hours
 from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient, PrometheusError
+from tests.billing.conftest import QUERY_BACKENDS
 from tests.billing.factories import write_book
-from tests.support.servers import PrometheusServer, require_binary
+from tests.support.servers import PrometheusServer, VictoriaMetricsServer, require_binary
 
 D = Decimal
 H0 = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)
@@ -117,13 +118,19 @@ def tsdb(tmp_path_factory):
     return data
 
 
-@pytest.fixture
-def prometheus(tsdb, tmp_path):
+@pytest.fixture(params=QUERY_BACKENDS)
+def prometheus(request, tmp_path):
+    """The history on each query backend: a real Prometheus with a copy of the backfilled TSDB, or a
+    real VictoriaMetrics with the same OpenMetrics posted to its import API."""
     import shutil
 
-    data = tmp_path / "prom-data"
-    shutil.copytree(tsdb, data)
-    server = PrometheusServer(tmp_path / "prom", data_dir=data).start()
+    if request.param == "prometheus":
+        data = tmp_path / "prom-data"
+        shutil.copytree(request.getfixturevalue("tsdb"), data)
+        server = PrometheusServer(tmp_path / "prom", data_dir=data).start()
+    else:
+        server = VictoriaMetricsServer(tmp_path / "vm").start()
+        server.import_openmetrics(openmetrics().splitlines(keepends=True))
     yield server
     server.stop()
 
@@ -308,3 +315,16 @@ def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, 
         with pytest.raises(RuntimeError):
             ingest_hour(client, ledger, prices, H0, IngestConfig(scrape_interval=30))
     assert _snapshot(ledger) == before
+
+
+def test_billing_reads_the_same_hour_window_on_every_backend(prometheus):
+    """docs/billing.md §6.1: Prometheus 2.42's `[1h]` window is closed at both ends, MetricsQL's is
+    open at the start. Evaluated exactly on the hour, a sample on the hour's first second counts on
+    Prometheus and not on VictoriaMetrics (121 vs 120 of H's 30 s samples); billing evaluates 1 ms
+    before the hour's end, where both windows hold the same 120 samples."""
+    promql = f'count_over_time(nvidia_gpu_info{{uuid="{H}"}}[1h])'
+    (billing_window,) = prometheus.query(promql, time=_at(H0).timestamp())
+    assert billing_window["value"][1] == "120"
+    (on_the_hour,) = prometheus.query(promql, time=(H0 + timedelta(hours=1)).timestamp())
+    closed_at_both_ends = isinstance(prometheus, PrometheusServer)
+    assert on_the_hour["value"][1] == ("121" if closed_at_both_ends else "120")

@@ -8,6 +8,7 @@ steps and ingested with no --scrape-interval: each bills the hand-computed figur
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -21,8 +22,9 @@ from gpumeter.billing.ingest import IngestConfig, detect_intervals, missing_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.models import UNALLOCATED
+from tests.billing.conftest import QUERY_BACKENDS
 from tests.billing.factories import write_book
-from tests.support.servers import PrometheusServer, require_binary
+from tests.support.servers import PrometheusServer, VictoriaMetricsServer, require_binary
 
 D = Decimal
 H0 = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)
@@ -94,13 +96,26 @@ def _backfill(root, step: int, hours: int = HOURS):
     return data
 
 
+@contextlib.contextmanager
+def _served(backend: str, root, step: int, hours: int = HOURS):
+    """The history at ``step`` on a real query backend: Prometheus (backfilled) or VictoriaMetrics
+    (imported)."""
+    if backend == "prometheus":
+        with PrometheusServer(root / "prom", data_dir=_backfill(root, step, hours)) as server:
+            yield server
+        return
+    with VictoriaMetricsServer(root / "vm") as server:
+        server.import_openmetrics(_openmetrics(step, hours).splitlines(keepends=True))
+        yield server
+
+
 @pytest.fixture
 def book(tmp_path):
     doc = {"currency": "USD", "versions": [{"effective_from": "2026-01-01", "gpus": {"H100-80GB": "6.88"}}]}
     return write_book(tmp_path, doc, "book.yaml")
 
 
-def _ingest(tmp_path, prometheus: PrometheusServer, book, *extra: str) -> int:
+def _ingest(tmp_path, prometheus: PrometheusServer | VictoriaMetricsServer, book, *extra: str) -> int:
     argv = ["billing", "ingest", "--db", f"sqlite:///{tmp_path / 'ledger.db'}", "--prices", str(book)]
     argv += ["--prometheus", prometheus.url, "--no-progress", "--workers", "1"]
     argv += ["--from", H0.isoformat(), "--to", (H0 + timedelta(hours=HOURS)).isoformat(), *extra]
@@ -120,9 +135,11 @@ def _totals(tmp_path) -> dict[str, Decimal]:
 
 
 @pytest.mark.prometheus
+@pytest.mark.parametrize("backend", QUERY_BACKENDS)
 @pytest.mark.parametrize("step", [30, 60, 300])
-def test_every_scrape_interval_bills_the_same_without_the_flag(tmp_path, book, capsys, step):
-    with PrometheusServer(tmp_path / "prom", data_dir=_backfill(tmp_path, step)) as prometheus:
+def test_every_scrape_interval_bills_the_same_without_the_flag(tmp_path, book, capsys, step, backend):
+    """The interval is derived from count_over_time per exporter and hour, on either engine."""
+    with _served(backend, tmp_path, step) as prometheus:
         assert _ingest(tmp_path, prometheus, book) == 0
     err = capsys.readouterr().err
     assert "suspect" not in err, err
@@ -154,10 +171,11 @@ def test_a_given_interval_the_samples_agree_with_bills_as_derived(tmp_path, book
 
 
 @pytest.mark.prometheus
-def test_too_little_history_to_tell_is_billed_but_marked_suspect(tmp_path, book, capsys):
+@pytest.mark.parametrize("backend", QUERY_BACKENDS)
+def test_too_little_history_to_tell_is_billed_but_marked_suspect(tmp_path, book, capsys, backend):
     """Two hours of 60 s data hold no steady hour (three alike in a row): the densest hour's interval
     is used, and the run says so: status "suspect", a warning, and the runs metric."""
-    with PrometheusServer(tmp_path / "prom", data_dir=_backfill(tmp_path, 60, hours=2)) as prometheus:
+    with _served(backend, tmp_path, 60, hours=2) as prometheus:
         argv = ["--to", (H0 + timedelta(hours=2)).isoformat()]
         assert _ingest(tmp_path, prometheus, book, *argv) == 0
     err = capsys.readouterr().err

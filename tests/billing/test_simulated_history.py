@@ -1,5 +1,5 @@
-"""The billing issue's "Done when": the simulator's history of real fleets, backfilled into a real
-Prometheus, ingested by billing, gives exactly the GPU-hours the fleet file says were allocated.
+"""The billing issue's "Done when": the simulator's history of real fleets, loaded into a real
+Prometheus and, the same suite again, a real VictoriaMetrics, ingested by billing, gives exactly the GPU-hours the fleet file says were allocated.
 
 Three days of `h100-mig` (8×H100, 56 MIG 1g.10gb instances on schedules) and `a100-mixed` (MIG, whole
 and time-sliced A100s) at a 60 s step are written by `exporter.simulator.history`, backfilled with
@@ -13,8 +13,6 @@ names, label sets and values) is checked by tests/test_contract_parity.py.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -28,8 +26,8 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.history import write_history
+from tests.billing.conftest import QUERY_BACKENDS, serve_history
 from tests.billing.factories import write_book
-from tests.support.servers import PrometheusServer, require_binary
 
 START = datetime(2026, 11, 2, tzinfo=UTC)
 DAYS = 3
@@ -45,33 +43,19 @@ def fleets():
     return [load_fleet(name) for name in FLEETS]
 
 
-@pytest.fixture(scope="module")
-def prometheus(fleets, tmp_path_factory):
-    """Three days of simulated history, backfilled once into a real Prometheus (read-only here)."""
-    root = tmp_path_factory.mktemp("simulated")
+@pytest.fixture(scope="module", params=QUERY_BACKENDS)
+def prometheus(request, fleets, tmp_path_factory):
+    """Three days of simulated history, loaded once into a real Prometheus (backfilled by promtool)
+    or a real VictoriaMetrics (its import API), read-only here: every test runs on both engines."""
+    root = tmp_path_factory.mktemp(f"simulated-{request.param}")
     source = root / "history.om"
     start = START.timestamp()
     with source.open("w") as out:
         write_history(fleets, start, start + DAYS * 86400, STEP, out)
-    data = root / "data"
-    subprocess.run(
-        [
-            require_binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "--max-block-duration=768h",  # one pass over the file, not one per 2 h block
-            str(source),
-            str(data),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    server = serve_history(request.param, source, root)
     source.unlink()
-    server = PrometheusServer(root / "prom", data_dir=data).start()
     yield server
     server.stop()
-    shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture

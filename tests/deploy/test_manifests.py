@@ -235,6 +235,44 @@ def test_postgresql_overlay_two_replicas_and_no_sqlite(rendered):
     assert 5432 in egress_ports
 
 
+def test_long_term_store_overlay_points_billing_at_the_store(rendered):
+    """The long-term-store component: billing reads Thanos Query (the component's default URL, one
+    of the stores its comments list) and may reach the stores' query ports; the rest is the
+    postgresql overlay's."""
+    out = rendered("overlays/postgresql-long-term-store")
+    deployment = out.one("Deployment", "gpumeter-billing")
+    assert deployment["spec"]["replicas"] == 2
+    settings = out.one("ConfigMap", _config_map_of(deployment, "gpumeter-billing-settings"))
+    assert settings["data"]["GPUMETER_PROMETHEUS_URL"] == "http://thanos-query.monitoring.svc:10902"
+    assert settings["data"]["GPUMETER_REPORT_DIR"] == "/var/lib/gpumeter/reports"  # merged, not replaced
+    egress_ports = {
+        p["port"]
+        for rule in out.one("NetworkPolicy", "gpumeter-billing")["spec"]["egress"]
+        for p in rule["ports"]
+    }
+    assert {9090, 5432, 10902, 8080, 8428, 8481} <= egress_ports
+    plain = rendered("overlays/postgresql")
+    base_settings = plain.one(
+        "ConfigMap", _config_map_of(plain.one("Deployment", "gpumeter-billing"), "gpumeter-billing-settings")
+    )
+    assert base_settings["data"]["GPUMETER_PROMETHEUS_URL"].endswith("prometheus.monitoring.svc:9090")
+
+
+def _config_map_of(deployment: dict, prefix: str) -> str:
+    """The generated (hash-suffixed) name of the ConfigMap ``prefix`` the billing container reads."""
+    names = {
+        source["configMapRef"]["name"]
+        for source in _container(deployment).get("envFrom", [])
+        if "configMapRef" in source
+    } | {
+        var["valueFrom"]["configMapKeyRef"]["name"]
+        for var in _container(deployment).get("env", [])
+        if "configMapKeyRef" in var.get("valueFrom", {})
+    }
+    (name,) = [n for n in names if n.startswith(prefix)]
+    return name
+
+
 def test_database_url_example_is_marked_as_an_example():
     text = (KUSTOMIZE / "overlays" / "postgresql" / "database.env").read_text()
     assert "EXAMPLE" in text and "CHANGE-ME" in text

@@ -33,6 +33,9 @@ NEEDS: dict[str, Need] = {
     "alertmanager": Need(
         "Alertmanager (Debian package prometheus-alertmanager)", ("prometheus-alertmanager", "amtool")
     ),
+    "victoriametrics": Need(
+        "VictoriaMetrics single-node (Debian package victoria-metrics)", ("victoria-metrics",)
+    ),
     "chromium": Need("headless Chromium (Debian package chromium)", ("chromium",)),
     "kubectl": Need("kubectl (Debian package kubectl)", ("kubectl",)),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),
@@ -43,8 +46,9 @@ NEEDS: dict[str, Need] = {
 FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.billing.conftest.pg_schema": ("postgres",),
     "tests.billing.test_ingest_prometheus.tsdb": ("prometheus",),
-    "tests.billing.test_ingest_prometheus.prometheus": ("prometheus",),
+    "tests.billing.test_ingest_prometheus.prometheus": ("prometheus",),  # or victoriametrics: its param
     "tests.billing.test_simulated_history.prometheus": ("prometheus",),
+    "tests.billing.test_ha_pairs.pair": ("prometheus",),
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus",),
     "tests.deploy.conftest.rendered": ("kubectl",),

@@ -11,7 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
@@ -23,6 +23,7 @@ from tests.support import needs
 __all__ = [
     "AlertmanagerServer",
     "PrometheusServer",
+    "VictoriaMetricsServer",
     "free_port",
     "require_binary",
     "wait_http_ok",
@@ -95,20 +96,28 @@ class PrometheusServer:
         alertmanager: str | None = None,
         data_dir: Path | None = None,
         extra_args: list[str] = (),
+        external_labels: dict[str, str] | None = None,
+        remote_write: list[str] = (),
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir or self.workdir / "data"
-        config = {
-            "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+        config: dict = {
+            "global": {
+                "scrape_interval": scrape_interval,
+                "evaluation_interval": evaluation_interval,
+                "external_labels": dict(external_labels or {}),
+            },
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [
                 {"job_name": job, "honor_labels": True, "static_configs": [{"targets": targets}]}
                 for job, targets in (scrape_targets or {}).items()
             ],
         }
+        if remote_write:
+            config["remote_write"] = [{"url": url} for url in remote_write]
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         self.config_path = self.workdir / "prometheus.yml"
@@ -203,3 +212,86 @@ class AlertmanagerServer:
 def running(server) -> Iterator:
     with server as started:
         yield started
+
+
+class VictoriaMetricsServer:
+    """A real single-node VictoriaMetrics (Debian's victoria-metrics) serving the Prometheus query API.
+
+    History goes in through VictoriaMetrics' own import API (:meth:`import_prometheus`, the text
+    exposition format with millisecond timestamps); :meth:`flush` makes it queryable at once.
+    """
+
+    def __init__(self, workdir: Path, *, extra_args: list[str] = ()):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = self.workdir / "vmdata"
+        self._argv = [
+            require_binary("victoria-metrics"),
+            f"-storageDataPath={self.data_dir}",
+            f"-httpListenAddr=127.0.0.1:{self.port}",
+            "-retentionPeriod=100y",
+            *extra_args,
+        ]
+        self._process: _Process | None = None
+
+    def start(self) -> VictoriaMetricsServer:
+        self._process = _Process(self._argv, self.workdir / "victoria-metrics.log")
+        try:
+            wait_http_ok(f"{self.url}/health", proc=self._process.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError((self.workdir / "victoria-metrics.log").read_text()[-4000:]) from None
+        return self
+
+    def stop(self) -> None:
+        if self._process:
+            self._process.stop()
+            self._process = None
+
+    def __enter__(self) -> VictoriaMetricsServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def import_prometheus(self, text: str) -> None:
+        """Import samples in the text exposition format, each line ending in a timestamp in ms."""
+        self._post_import(text)
+        self.flush()
+
+    def import_openmetrics(self, lines: Iterable[str], batch_bytes: int = 8 << 20) -> None:
+        """Import an OpenMetrics history (timestamps in seconds, as promtool backfills it) in
+        batches: comment lines dropped, each sample's timestamp turned into milliseconds."""
+        batch: list[str] = []
+        size = 0
+        for line in lines:
+            if not line.strip() or line.startswith("#"):
+                continue
+            head, _, stamp = line.rstrip("\n").rpartition(" ")
+            batch.append(f"{head} {round(float(stamp) * 1000)}\n")
+            size += len(line)
+            if size >= batch_bytes:
+                self._post_import("".join(batch))
+                batch, size = [], 0
+        if batch:
+            self._post_import("".join(batch))
+        self.flush()
+
+    def _post_import(self, text: str) -> None:
+        response = httpx.post(f"{self.url}/api/v1/import/prometheus", content=text.encode(), timeout=300)
+        if response.status_code not in (200, 204):
+            raise AssertionError(f"import failed: HTTP {response.status_code} {response.text[:500]}")
+
+    def flush(self) -> None:
+        httpx.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
+
+    def query(self, promql: str, time: float | None = None) -> list[dict]:
+        params = {"query": promql}
+        if time is not None:
+            params["time"] = str(time)
+        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=60).json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query {promql!r} failed: {body}")
+        return body["data"]["result"]
