@@ -8,6 +8,7 @@ that does not answer fails the test loudly; it never skips."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import uuid
 from pathlib import Path
@@ -23,20 +24,27 @@ PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
-@pytest.fixture
-def pg_schema():
+def fresh_pg_schema(request, prefix: str = "billing_test") -> str:
+    """A new, empty PostgreSQL schema, dropped when the test ends."""
     needs.require("postgres")
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     try:
-        admin = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5)
+        with psycopg.connect(PG_DSN, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'CREATE SCHEMA "{schema}"')
     except psycopg.OperationalError as exc:
         pytest.fail(f"PostgreSQL at 127.0.0.1:5432 (database test) is not reachable: {exc}", pytrace=False)
-    schema = f"billing_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield schema
-    finally:
-        admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.close()
+
+    def drop():
+        with psycopg.connect(PG_DSN, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+    request.addfinalizer(drop)
+    return schema
+
+
+@pytest.fixture
+def pg_schema(request):
+    return fresh_pg_schema(request)
 
 
 SQL_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -79,6 +87,19 @@ def ledger(request, tmp_path):
 # Query backends, the same pattern: a module's history fixture takes one of these params and serves
 # the same OpenMetrics history from each engine; billing's ledger must not depend on which.
 QUERY_BACKENDS = ["prometheus", pytest.param("victoriametrics", marks=pytest.mark.victoriametrics)]
+
+
+@contextlib.contextmanager
+def prometheus_holding(openmetrics: str, root: Path):
+    """A real Prometheus with the OpenMetrics text backfilled by promtool, stopped on leaving."""
+    source = root / "history.om"
+    source.write_text(openmetrics)
+    server = serve_history("prometheus", source, root)
+    source.unlink()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def serve_history(backend: str, source: Path, root: Path):

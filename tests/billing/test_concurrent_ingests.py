@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-import psycopg
 import pytest
 
 from gpumeter.billing.ledger import open_ledger
-from tests.billing.conftest import PG_DSN, PG_URL
+from tests.billing.conftest import PG_URL, fresh_pg_schema, prometheus_holding
 from tests.billing.factories import write_book
-from tests.support.servers import PrometheusServer, require_binary
 
 pytestmark = [pytest.mark.postgres, pytest.mark.prometheus]
 
@@ -96,17 +93,7 @@ def _openmetrics() -> str:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fortnight")
-    source = root / "history.om"
-    source.write_text(_openmetrics())
-    data = root / "data"
-    subprocess.run(
-        [require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-        check=True,
-        capture_output=True,
-    )
-    source.unlink()
-    with PrometheusServer(root / "prom", data_dir=data) as server:
+    with prometheus_holding(_openmetrics(), tmp_path_factory.mktemp("fortnight")) as server:
         yield server
 
 
@@ -120,16 +107,7 @@ def book(tmp_path_factory):
 
 
 def _schema(request) -> str:
-    schema = f"billing_race_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-
-    def drop():
-        with psycopg.connect(PG_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-    request.addfinalizer(drop)
-    return schema
+    return fresh_pg_schema(request, "billing_race")
 
 
 def _start(command: str, schema: str, book, *extra: str) -> subprocess.Popen:

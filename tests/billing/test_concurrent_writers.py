@@ -9,17 +9,15 @@ barrier, many times over; after every round the hour holds exactly one writer's 
 from __future__ import annotations
 
 import threading
-import uuid
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-import psycopg
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import DuplicateLine, HourRecord, LedgerError
-from tests.billing.conftest import PG_DSN, PG_URL
+from tests.billing.conftest import PG_URL, fresh_pg_schema
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 ROUNDS = 25
@@ -95,16 +93,7 @@ def test_two_processes_migrating_one_empty_database_both_succeed(request):
 
 
 def _fresh_schema(request) -> str:
-    schema = f"billing_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-
-    def drop():
-        with psycopg.connect(PG_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-    request.addfinalizer(drop)
-    return schema
+    return fresh_pg_schema(request)
 
 
 # --- the natural key: a second copy of a line cannot be stored, lock or no lock ------------------

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -29,9 +28,8 @@ from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient
-from tests.billing.conftest import PG_DSN, PG_URL
+from tests.billing.conftest import PG_DSN, PG_URL, fresh_pg_schema, prometheus_holding
 from tests.billing.factories import write_book
-from tests.support.servers import PrometheusServer, require_binary
 
 pytestmark = pytest.mark.prometheus
 
@@ -69,16 +67,7 @@ def _openmetrics() -> str:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("long-names")
-    source = root / "history.om"
-    source.write_text(_openmetrics())
-    data = root / "data"
-    subprocess.run(
-        [require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-        check=True,
-        capture_output=True,
-    )
-    with PrometheusServer(root / "prom", data_dir=data) as server:
+    with prometheus_holding(_openmetrics(), tmp_path_factory.mktemp("long-names")) as server:
         yield server
 
 
@@ -90,16 +79,7 @@ def book_path(tmp_path_factory):
 
 @pytest.fixture
 def pg_schema_name(request):
-    schema = f"billing_dberr_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-
-    def drop():
-        with psycopg.connect(PG_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-    request.addfinalizer(drop)
-    return schema
+    return fresh_pg_schema(request, "billing_dberr")
 
 
 def _ingest(prometheus, ledger, book_path):

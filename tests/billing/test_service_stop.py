@@ -16,16 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import psycopg
 import pytest
 
-from tests.billing.conftest import PG_DSN, PG_URL
+from tests.billing.conftest import PG_DSN, PG_URL, fresh_pg_schema, prometheus_holding
 from tests.billing.factories import write_book
-from tests.support.servers import PrometheusServer, free_port, require_binary
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.prometheus]
 
@@ -69,31 +68,14 @@ def prometheus(tmp_path_factory):
             while at < end.timestamp() + 30:  # through the first sample after the last closed hour
                 out.append(f"{name}{{{text}}} 1 {at:.0f}")
                 at += 30
-    root = tmp_path_factory.mktemp("serve-stop")
-    source = root / "history.om"
-    source.write_text("\n".join([*lines, *allocs, "# EOF"]) + "\n")
-    data = root / "data"
-    subprocess.run(
-        [require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-        check=True,
-        capture_output=True,
-    )
-    with PrometheusServer(root / "prom", data_dir=data) as server:
+    text = "\n".join([*lines, *allocs, "# EOF"]) + "\n"
+    with prometheus_holding(text, tmp_path_factory.mktemp("serve-stop")) as server:
         yield server
 
 
 @pytest.fixture
 def schema(request):
-    name = f"billing_stop_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{name}"')
-
-    def drop():
-        with psycopg.connect(PG_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{name}" CASCADE')
-
-    request.addfinalizer(drop)
-    return name
+    return fresh_pg_schema(request, "billing_stop")
 
 
 def _migrated(schema: str) -> None:
