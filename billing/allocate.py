@@ -56,7 +56,11 @@ class PricedHour:
 
 def slice_weight(policy: str, compute: int, memory: int, totals: tuple[int, int]) -> Fraction:
     ctot, mtot = totals
-    by_compute, by_memory = Fraction(compute, ctot), Fraction(memory, mtot)
+    return weigh(policy, Fraction(compute, ctot), Fraction(memory, mtot))
+
+
+def weigh(policy: str, by_compute: Fraction, by_memory: Fraction) -> Fraction:
+    """The slice_weight policy's pick between a compute and a memory fraction of a GPU."""
     if policy == "compute":
         return by_compute
     if policy == "memory":
@@ -469,11 +473,7 @@ def _share(alloc: Allocation, policy: str) -> Fraction:
     ):
         compute = to_fraction(alloc.compute_share if alloc.compute_share is not None else alloc.share)
         memory = to_fraction(alloc.memory_share) if alloc.memory_share is not None else compute
-        if policy == "memory":
-            return memory
-        if policy == "max":
-            return max(memory, compute)
-        return compute
+        return weigh(policy, compute, memory)
     return to_fraction(alloc.share)
 
 

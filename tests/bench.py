@@ -432,14 +432,19 @@ class Process:
         return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _terminate(self.proc)
         self._log.close()
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 KUBELET_SCRIPT = """
@@ -472,13 +477,7 @@ class KubeletProcess:
             raise RuntimeError(f"the stand-in kubelet did not start (exit {self.proc.returncode})")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _terminate(self.proc)
 
 
 def gpumeter_exporter(name: str, kubelet_socket: str = "", interval: float = 1) -> Process:

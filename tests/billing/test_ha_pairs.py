@@ -17,9 +17,8 @@ import pytest
 
 from gpumeter.billing.ingest import IngestConfig, ingest_hours
 from gpumeter.billing.ledger import MEMORY_URL, open_ledger
-from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient, ReplicaSetClient, open_client
-from tests.billing.factories import write_book
+from tests.billing import factories
 from tests.billing.test_ingest_prometheus import (
     EXPECTED_BY_HOUR,
     EXPECTED_TOTAL,
@@ -74,16 +73,9 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def book(tmp_path):
-    doc = {
-        "currency": "USD",
-        "versions": [
-            {
-                "effective_from": "2026-01-01T00:00:00Z",
-                "gpus": {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}},
-            }
-        ],
-    }
-    return load_price_book(write_book(tmp_path, doc, "book.yaml"))
+    return factories.book(
+        tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}}
+    )
 
 
 def _ingest(client, book):

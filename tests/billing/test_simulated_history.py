@@ -22,12 +22,11 @@ import pytest
 
 from gpumeter.billing.ingest import IngestConfig, ingest_hour, ingest_hours
 from gpumeter.billing.models import LineKind
-from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.history import write_history
+from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
-from tests.billing.factories import write_book
 
 START = datetime(2026, 11, 2, tzinfo=UTC)
 DAYS = 3
@@ -60,16 +59,9 @@ def prometheus(request, fleets, tmp_path_factory):
 
 @pytest.fixture
 def book(tmp_path):
-    doc = {
-        "currency": "USD",
-        "versions": [
-            {
-                "effective_from": "2026-01-01T00:00:00Z",
-                "gpus": {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}},
-            }
-        ],
-    }
-    return load_price_book(write_book(tmp_path, doc, "book.yaml"))
+    return factories.book(
+        tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}}
+    )
 
 
 def _observed_seconds(pod, hour_index: int) -> int:

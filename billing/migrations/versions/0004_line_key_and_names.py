@@ -63,11 +63,15 @@ NAMES: list[tuple[str, str, sa.types.TypeEngine]] = [
 KEY_FIELDS = ("uuid", "kind", "namespace", "pod", "container", "gpu_instance_id", "mig_profile")
 
 
-def upgrade() -> None:
+def _names_by_table() -> dict[str, list[tuple[str, sa.types.TypeEngine]]]:
     tables: dict[str, list[tuple[str, sa.types.TypeEngine]]] = {}
     for table, column, old in NAMES:
         tables.setdefault(table, []).append((column, old))
-    for table, columns in tables.items():
+    return tables
+
+
+def upgrade() -> None:
+    for table, columns in _names_by_table().items():
         with op.batch_alter_table(table) as batch:
             for column, old in columns:
                 batch.alter_column(column, existing_type=old, type_=sa.Text())
@@ -111,10 +115,7 @@ def downgrade() -> None:
     with op.batch_alter_table("cost_lines") as batch:
         batch.drop_index("ux_cost_lines_hour_line_key")
         batch.drop_column("line_key")
-    tables: dict[str, list[tuple[str, sa.types.TypeEngine]]] = {}
-    for table, column, old in NAMES:
-        tables.setdefault(table, []).append((column, old))
-    for table, columns in tables.items():
+    for table, columns in _names_by_table().items():
         with op.batch_alter_table(table) as batch:
             for column, old in columns:
                 batch.alter_column(column, existing_type=sa.Text(), type_=old)
