@@ -36,7 +36,12 @@ def test_target_renders(rendered, target):
 
 def test_every_overlay_is_covered():
     overlays = sorted(p.parent.name for p in (KUSTOMIZE / "overlays").glob("*/kustomization.yaml"))
-    assert overlays == ["postgresql", "postgresql-long-term-store", "sqlite-single-replica"]
+    assert overlays == [
+        "postgresql",
+        "postgresql-long-term-store",
+        "postgresql-process-usage",
+        "sqlite-single-replica",
+    ]
     assert [t for t in TARGETS if t.startswith("overlays/")] == [f"overlays/{o}" for o in overlays]
 
 
