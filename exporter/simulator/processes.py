@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from .fleet import CgroupLayout, NodeSpec, PodSpec
 __all__ = [
     "MPS_SERVER_MEMORY_BYTES",
     "SimProcess",
+    "build_table",
     "cgroup_text",
     "container_id",
     "pod_uid",
@@ -97,8 +99,8 @@ class SimProcess:
     pod: PodSpec | None = None
 
 
-def _pod_processes(node, spec: NodeSpec, running: list[PodSpec]) -> list[SimProcess]:
-    order = {id(p): i for i, p in enumerate(node.pods)}
+def _pod_processes(spec: NodeSpec, pods: tuple[PodSpec, ...], running: list[PodSpec]) -> list[SimProcess]:
+    order = {id(p): i for i, p in enumerate(pods)}
     mps = spec.sharing_strategy == "mps"
     out = []
     for pod in running:
@@ -111,10 +113,7 @@ def _pod_processes(node, spec: NodeSpec, running: list[PodSpec]) -> list[SimProc
             load = pod.utilization / (gpu.time_slicing if device.replica is not None else 1)
             ci = None
             if device.gpu_instance_id is not None:
-                ci = min(
-                    (m.compute_instance_id for m in gpu.mig if m.gpu_instance_id == device.gpu_instance_id),
-                    default=0,
-                )
+                ci = _first_ci(spec, device.gpu, device.gpu_instance_id)
             out.append(
                 SimProcess(
                     pid,
@@ -131,13 +130,22 @@ def _pod_processes(node, spec: NodeSpec, running: list[PodSpec]) -> list[SimProc
     return out
 
 
-def process_table(node) -> list[SimProcess]:
-    """The processes on the node's GPUs now (``node`` is a SimulatedNode, synced by the caller)."""
-    cached = node.__dict__.get("_proc_table")
-    if cached is not None and cached[0] == node._t:  # one table per simulated instant
-        return cached[1]
-    spec: NodeSpec = node.spec
-    procs = _pod_processes(node, spec, node.running_pods())
+def _first_ci(spec: NodeSpec, gpu: int, gpu_instance_id: int) -> int:
+    return min(
+        (m.compute_instance_id for m in spec.gpus[gpu].mig if m.gpu_instance_id == gpu_instance_id),
+        default=0,
+    )
+
+
+UsedMemory = Callable[[int, "int | None"], int]  # (GPU index, GPU instance or None) -> bytes in use
+
+
+def build_table(
+    spec: NodeSpec, pods: tuple[PodSpec, ...], running: list[PodSpec], used: UsedMemory
+) -> list[SimProcess]:
+    """The processes of ``running`` pods (``pods``: every pod entry of the node, for PIDs) and of the
+    node's host processes; ``used`` says what each device has in use, which pod processes split."""
+    procs = _pod_processes(spec, pods, running)
     # the SM time of a device is whole: scale its processes' loads down together when over-committed
     per_device: dict[tuple[int, int | None], list[int]] = {}
     for i, p in enumerate(procs):
@@ -149,16 +157,7 @@ def process_table(node) -> list[SimProcess]:
                 p = procs[i]
                 procs[i] = SimProcess(**{**_fields(p), "load": p.load / total})
     for host in spec.host_processes:
-        ci = None
-        if host.gpu_instance_id is not None:
-            ci = min(
-                (
-                    m.compute_instance_id
-                    for m in spec.gpus[host.gpu].mig
-                    if m.gpu_instance_id == host.gpu_instance_id
-                ),
-                default=0,
-            )
+        ci = None if host.gpu_instance_id is None else _first_ci(spec, host.gpu, host.gpu_instance_id)
         procs.append(
             SimProcess(
                 host.pid,
@@ -170,7 +169,7 @@ def process_table(node) -> list[SimProcess]:
                 f"0::{host.cgroup}\n",
             )
         )
-    procs = _with_memory(node, procs)
+    procs = _with_memory(used, procs)
     if spec.sharing_strategy == "mps":
         for gpu in sorted({p.gpu for p in procs if p.mps_client}):
             uid = pod_uid(spec.name, *_MPS_NAMESPACE_POD)
@@ -186,6 +185,22 @@ def process_table(node) -> list[SimProcess]:
                     cgroup_text(spec.cgroup, uid, cid),
                 )
             )
+    return procs
+
+
+def process_table(node) -> list[SimProcess]:
+    """The processes on the node's GPUs now (``node`` is a SimulatedNode, synced by the caller)."""
+    cached = node.__dict__.get("_proc_table")
+    if cached is not None and cached[0] == node._t:  # one table per simulated instant
+        return cached[1]
+
+    def used(gpu_index: int, gi: int | None) -> int:
+        gpu = node.gpus[gpu_index]
+        if gi is None:
+            return gpu.memory_used_bytes
+        return next((m.memory_used_bytes for m in gpu.migs if m.gpu_instance_id == gi), 0)
+
+    procs = build_table(node.spec, node.pods, node.running_pods(), used)
     root = getattr(node, "proc_root", None)
     if root is not None:
         _write_proc(node, Path(root), procs)
@@ -197,29 +212,25 @@ def _fields(p: SimProcess) -> dict:
     return {name: getattr(p, name) for name in SimProcess.__slots__}
 
 
-def _with_memory(node, procs: list[SimProcess]) -> list[SimProcess]:
+def _with_memory(used: UsedMemory, procs: list[SimProcess]) -> list[SimProcess]:
     """Pod processes get the device's memory in use, split by load; host processes keep theirs."""
     groups: dict[tuple[int, int | None], list[int]] = {}
     for i, p in enumerate(procs):
         if p.pod is not None:
             groups.setdefault((p.gpu, p.gpu_instance_id), []).append(i)
     for (gpu_index, gi), members in groups.items():
-        gpu = node.gpus[gpu_index]
-        if gi is None:
-            used = gpu.memory_used_bytes
-        else:
-            used = next((m.memory_used_bytes for m in gpu.migs if m.gpu_instance_id == gi), 0)
         host = sum(
             p.memory_bytes for p in procs if p.pod is None and (p.gpu, p.gpu_instance_id) == (gpu_index, gi)
         )
         if any(procs[i].mps_client for i in members):
             host += MPS_SERVER_MEMORY_BYTES
-        available = max(0, used - host)
+        available = max(0, used(gpu_index, gi) - host)
         weights = [procs[i].pod.utilization + 0.05 for i in members]  # type: ignore[union-attr]
         total = sum(weights)
         for i, weight in zip(members, weights, strict=True):
             share = int(available * weight / total)
-            granted = [d.memory_mib for d in procs[i].pod.devices if d.gpu == gpu_index and d.memory_mib]  # type: ignore[union-attr]
+            pod = procs[i].pod
+            granted = [d.memory_mib for d in pod.devices if d.gpu == gpu_index and d.memory_mib]  # type: ignore[union-attr]
             if granted:  # HAMi's and gpushare's in-container limits keep a process within its grant
                 share = min(share, int(granted[0] * MIB * 0.9))
             procs[i] = SimProcess(**{**_fields(procs[i]), "memory_bytes": share})
