@@ -792,7 +792,7 @@ BILLING_QUERIES: dict[str, HourQuery] = {
     "gpu_util": HourQuery(UTILIZATION, "avg_over_time", (UUID,)),
     "mig_util": HourQuery(MIG_SM_UTILIZATION, "avg_over_time", (UUID, GPU_INSTANCE_ID)),
     "teams": HourQuery(KUBE_NAMESPACE_LABELS, "last_over_time", (NAMESPACE, LABEL_TEAM)),
-    # per container on each GPU (instance), for sharing_split: usage (docs/billing.md §3.4)
+    # per container on each GPU (instance), for sharing_split: usage (docs/billing.md §3.5)
     "proc_sm": HourQuery(PROCESS_SM_UTILIZATION, "avg_over_time", PROCESS_SM_UTILIZATION.labels[1:]),
     "proc_memory": HourQuery(PROCESS_MEMORY_USED, "avg_over_time", PROCESS_MEMORY_USED.labels[1:]),
 }

@@ -292,6 +292,8 @@ class SqlLedger(Ledger):
         "sharing",
         "memory_share",
         "compute_share",
+        "process_sm",
+        "process_memory",
     )
 
     INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
@@ -404,6 +406,8 @@ class SqlLedger(Ledger):
                 a.sharing,
                 exact(a.memory_share),
                 exact(a.compute_share),
+                exact(a.process_sm),
+                exact(a.process_memory),
             )
             for gh in record.gpu_hours
             for a in gh.allocations
@@ -545,6 +549,8 @@ class SqlLedger(Ledger):
                         a.sharing,
                         a.memory_share,
                         a.compute_share,
+                        a.process_sm,
+                        a.process_memory,
                     )
                 )
             return list(out.values())

@@ -90,13 +90,14 @@ def _rows(snapshot, series) -> dict[tuple[str, str, str, str], float]:
 def test_each_container_on_a_time_sliced_gpu_gets_its_own_sm_share_and_memory(running):
     snapshot = running(TS).sample()
     sm = _rows(snapshot, SM)
-    # by hand: etl-0..2 each put 0.2 on one of GPU 2's 4 replicas: 0.2 / 4 = 5 %; the host render job
+    # by hand: etl-0, -1, -2 put 0.2, 0.6, 0.1 on one of GPU 2's 4 replicas each: 0.2 / 4 = 5 %,
+    # 0.6 / 4 = 15 %, 0.1 / 4 = 2.5 % (NVML's whole percent, rounded half to even: 2 %); the host render job
     # (no pod) 10 %; pretrain holds GPU 0 alone at 0.9
     assert sm == {
         ("0", "", "research/pretrain", "trainer"): pytest.approx(0.90),
         ("2", "", "data-eng/etl-0", "worker"): pytest.approx(0.05),
-        ("2", "", "data-eng/etl-1", "worker"): pytest.approx(0.05),
-        ("2", "", "data-eng/etl-2", "worker"): pytest.approx(0.05),
+        ("2", "", "data-eng/etl-1", "worker"): pytest.approx(0.15),
+        ("2", "", "data-eng/etl-2", "worker"): pytest.approx(0.02),
         ("2", "", "/", ""): pytest.approx(0.10),
     }
     memory = _rows(snapshot, MEMORY)
@@ -155,7 +156,7 @@ def test_without_a_pod_list_every_process_is_summed_under_the_empty_pod(running)
     assert {k[2] for k in memory} == {"/"}
     # bounded: one series per GPU (and per GPU instance on the MIG GPU)
     assert sorted(k[:2] for k in memory) == [("0", ""), ("1", "1"), ("1", "7"), ("1", "8"), ("2", "")]
-    assert _rows(snapshot, SM)[("2", "", "/", "")] == pytest.approx(0.05 * 3 + 0.10)
+    assert _rows(snapshot, SM)[("2", "", "/", "")] == pytest.approx(0.05 + 0.15 + 0.02 + 0.10)
 
 
 def test_a_driver_without_the_v3_process_calls_loses_only_the_process_series(running):
