@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from gpumeter import contract
 from gpumeter.billing.ledger.base import (
+    SHARED_MODES,
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -49,7 +50,9 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    SharedUse,
     refuse_duplicate_lines,
+    shared_use_of,
     summarise,
 )
 from gpumeter.billing.ledger.orm import (
@@ -489,6 +492,15 @@ class SqlLedger(Ledger):
     def namespace_teams(self) -> dict[str, str]:
         with Session(self.engine) as session:
             return dict(session.execute(select(NamespaceTeam.namespace, NamespaceTeam.team)).all())
+
+    @_stored("read shared use")
+    def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
+        a = AllocationRow
+        query = select(a.namespace, a.pod, a.hour, a.process_memory, a.process_sm).where(
+            a.hour >= start, a.hour < end, a.sharing.in_(SHARED_MODES), a.process_memory.isnot(None)
+        )
+        with Session(self.engine) as session:
+            return shared_use_of(session.execute(query).all())
 
     @_stored("read facts")
     def facts(self, hour: datetime) -> list[GpuHour]:
