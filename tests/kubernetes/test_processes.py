@@ -195,12 +195,13 @@ def test_the_stand_in_refuses_process_utilization_on_mig_and_answers_not_found_w
 
 
 def test_a_slow_kube_api_never_stalls_a_sampling_cycle():
-    """The pod list is fetched on its own thread: with the API answering in 3 s, cycles stay fast and
-    the processes get their pods once the list arrives."""
+    """The pod list is fetched on its own thread: with the API answering in 6 s, no cycle waits for it
+    (a stalled cycle would take 6 s; the bounds leave room for a loaded 2-core machine) and the
+    processes get their pods once the list arrives."""
     fleet = load_fleet("shared-modes")
     start = time.time() - 10 * 3600
     api = StandInKubeApi(fleet, start=start).start()
-    api.delay_s = 3.0
+    api.delay_s = 6.0
     node = SimulatedNode(fleet, TS, clock=time.time, start=start)
     config = ExporterConfig(
         listen="127.0.0.1:0",
@@ -215,20 +216,20 @@ def test_a_slow_kube_api_never_stalls_a_sampling_cycle():
     try:
         began = time.monotonic()
         exporter.start()
-        assert time.monotonic() - began < 1.5  # the first cycle ran without waiting for the API
+        assert time.monotonic() - began < 4.0  # the first cycle ran without waiting for the API
         snapshot = exporter.sampler.snapshot()
         assert {k[2] for k in _rows(snapshot, MEMORY)} == {"/"}  # no pod list yet
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             snapshot = exporter.sampler.snapshot()
             durations = snapshot.value("gpumeter_exporter_sample_duration_seconds", ())
-            assert durations is not None and durations < 1.0
+            assert durations is not None and durations < 3.0
             if ("0", "", "research/pretrain", "trainer") in _rows(snapshot, MEMORY):
                 break
             time.sleep(0.2)
         else:
             pytest.fail("the pod list never reached the processes collector")
-        assert time.monotonic() - began >= 3.0  # it came from the slow answer
+        assert time.monotonic() - began >= 6.0  # it came from the slow answer
     finally:
         exporter.stop()
         api.stop()
