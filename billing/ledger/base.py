@@ -148,15 +148,15 @@ class SharedUse:
 SHARED_MODES = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_FRACTIONAL)
 
 
-def shared_use_of(rows) -> list[SharedUse]:
+def shared_use_of(rows: Iterable[Any]) -> list[SharedUse]:
     """Rows of (namespace, pod, hour, process memory, process SM) → one SharedUse per pod."""
-    per_hour: dict[tuple[str, str, datetime], list] = {}
+    per_hour: dict[tuple[str, str, datetime], list[Any]] = {}
     for namespace, pod, hour, memory, sm in rows:
         entry = per_hour.setdefault((namespace, pod, hour), [Decimal(0), None])
         entry[0] += Decimal(memory)
         if sm is not None:
             entry[1] = (entry[1] or Decimal(0)) + Decimal(sm)
-    pods: dict[tuple[str, str], list] = {}
+    pods: dict[tuple[str, str], list[Any]] = {}
     for (namespace, pod, _hour), (memory, sm) in per_hour.items():
         entry = pods.setdefault((namespace, pod), [0, Decimal(0), Decimal(0), 0])
         entry[0] += 1

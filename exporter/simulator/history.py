@@ -245,11 +245,11 @@ class _Series:
                 ("", "", "") if proc.pod is None else (proc.pod.namespace, proc.pod.name, proc.pod.container)
             )
             gi = "" if proc.gpu_instance_id is None else str(proc.gpu_instance_id)
-            key = (str(proc.gpu), gi, *owner)
-            memory, sm = rows.get(key, (0.0, 0.0))
+            row = (str(proc.gpu), gi, *owner)
+            memory, sm = rows.get(row, (0.0, 0.0))
             mig = self.node.gpus[proc.gpu].mig_enabled  # NVML has no process utilization there
             share = None if mig else (sm or 0.0) + round(100 * proc.load) / 100
-            rows[key] = (memory + proc.memory_bytes, share)
+            rows[row] = (memory + proc.memory_bytes, share)
         return rows
 
     def _process_series(self, offset: float, which: int) -> Iterator[tuple[str, float]]:
