@@ -389,9 +389,10 @@ def _attach_process_usage(results: dict[str, list[Sample]], hours: dict[str, Gpu
         for sample in results.get(name, ()):
             into[tuple(sample.labels.get(label, "") for label in _PROCESS_KEY)] = sample.value
     with_data = {key[0] for key in (*sm, *memory)}
+    with_sm = {key[0] for key in sm}
     for uuid in with_data & hours.keys():
         gpu_hour = hours[uuid]
-        has_sm = any(key[0] == uuid for key in sm)
+        has_sm = uuid in with_sm
         updated = []
         for alloc in gpu_hour.allocations:
             key = (uuid, alloc.gpu_instance_id, alloc.namespace, alloc.pod, alloc.container)
