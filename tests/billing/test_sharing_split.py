@@ -6,15 +6,18 @@ exactly to the device cost. Every figure is worked out by hand in the doc and re
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.ingest import reprice
+from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.base import PriceBookError
-from tests.billing.factories import H100, alloc, book, gpu_hour, write_book
+from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour, write_book
 
 D = Decimal
 SHORTFALL = "__sharing_shortfall__"
@@ -138,3 +141,19 @@ def test_the_price_book_names_a_bad_split_and_the_seed_layout_takes_one(tmp_path
         )
     )
     assert "sharing_split" not in equal.version_body(equal.versions[0])  # bodies stored before it stay equal
+
+
+def test_the_ledger_keeps_the_process_use_so_a_reprice_under_usage_splits_by_it(ledger, tmp_path):
+    """Ingested under equal, re-priced under usage from the stored facts (migration 0007): the
+    lines of worked example (j), on every ledger backend; and back to equal again."""
+    (tmp_path / "usage").mkdir()
+    equal, usage = _book(tmp_path, "equal"), _book(tmp_path / "usage", "usage")
+    gh = _replicas("GPU-r", ETL)
+    ledger.write_hour(HourRecord(HOUR0, [gh], price_gpu_hour(gh, equal).lines, equal))
+    stored = {a.pod: (a.process_sm, a.process_memory) for a in ledger.facts(HOUR0)[0].allocations}
+    assert stored == {pod: (D(sm), D(memory)) for pod, (sm, memory) in ETL.items()}
+    hour_end = HOUR0 + timedelta(hours=1)
+    assert reprice(ledger, usage, HOUR0, hour_end, {}) == 1
+    assert {line.pod or line.namespace: line.amount for line in ledger.lines(HOUR0, hour_end)} == BY_USE
+    assert reprice(ledger, equal, HOUR0, hour_end, {}) == 1
+    assert {line.pod or line.namespace: line.amount for line in ledger.lines(HOUR0, hour_end)} == EQUAL
