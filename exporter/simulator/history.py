@@ -304,14 +304,26 @@ DYNAMIC = {
 }
 
 
+PROCESS_SERIES = (contract.PROCESS_MEMORY_USED, contract.PROCESS_SM_UTILIZATION)
+
+
 def write_history(
-    fleets: list[Fleet], start: float, end: float, step: float, out: TextIO, progress=None
+    fleets: list[Fleet],
+    start: float,
+    end: float,
+    step: float,
+    out: TextIO,
+    progress=None,
+    processes: bool = True,
 ) -> int:
-    """Write OpenMetrics for [start, end) every ``step`` seconds; returns the number of samples."""
+    """Write OpenMetrics for [start, end) every ``step`` seconds; returns the number of samples.
+    ``processes=False`` leaves out the processes collector's series (a fleet whose exporters run
+    without it: billing then splits shared GPUs equally under either sharing_split)."""
     nodes = [_Series(fleet, node) for fleet in fleets for node in fleet.nodes]
     times = [start + i * step for i in range(int((end - start) // step))]
     written = 0
-    for family in (*STATIC, *DYNAMIC):
+    families = [f for f in (*STATIC, *DYNAMIC) if processes or f not in PROCESS_SERIES]
+    for family in families:
         out.write(f"# TYPE {family.name} {family.type}\n")
         for t in times:
             stamp = int(t)
@@ -343,6 +355,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--to", dest="end", required=True, help="end (exclusive), ISO 8601")
     parser.add_argument("--step", type=float, default=60.0, help="seconds between samples (default 60)")
     parser.add_argument("--out", default="-", help="output file (default stdout)")
+    parser.add_argument(
+        "--no-processes",
+        dest="processes",
+        action="store_false",
+        help="leave out the per-process series (exporters without --enable-collectors processes)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -360,13 +378,14 @@ def run(args: argparse.Namespace) -> int:
     if end <= start or args.step <= 0:
         print("gpumeter simulate history: --to must be after --from, and --step positive", file=sys.stderr)
         return 2
-    steps = int((end - start) // args.step) * (len(STATIC) + len(DYNAMIC))
+    families = len(STATIC) + len(DYNAMIC) - (0 if args.processes else len(PROCESS_SERIES))
+    steps = int((end - start) // args.step) * families
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.out == "-" else stack.enter_context(Path(args.out).open("w"))
         bar = stack.enter_context(
             tqdm(total=steps, desc="history", unit="step", disable=args.out == "-", leave=False)
         )
-        samples = write_history(fleets, start, end, args.step, out, bar)
+        samples = write_history(fleets, start, end, args.step, out, bar, processes=args.processes)
     print(f"wrote {samples} samples", file=sys.stderr)
     return 0
 

@@ -252,3 +252,17 @@ def test_fleet_process_fields_are_checked():
         {"nodes": [{**base["nodes"][0], "cgroup": {"driver": "cgroupfs", "runtime": "crio"}}]}
     )
     assert dataclasses.astuple(fleet.nodes[0].cgroup) == ("v2", "cgroupfs", "crio")
+
+
+def test_the_history_leaves_the_process_series_out_when_asked():
+    import io
+
+    from gpumeter.exporter.simulator.history import write_history
+
+    fleet = load_fleet("shared-modes")
+    with_processes, without = io.StringIO(), io.StringIO()
+    write_history([fleet], 0.0, 600.0, 300.0, with_processes)
+    write_history([fleet], 0.0, 600.0, 300.0, without, processes=False)
+    assert MEMORY.name in with_processes.getvalue() and SM.name in with_processes.getvalue()
+    assert MEMORY.name not in without.getvalue() and SM.name not in without.getvalue()
+    assert "nvidia_gpu_allocation{" in without.getvalue()
