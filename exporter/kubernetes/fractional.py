@@ -170,7 +170,8 @@ def grants_of(pod: dict[str, Any]) -> list[Grant]:
 class FractionalAttribution:
     """Replaces the kubelet's view of fractional holdings with the grants on the pods.
 
-    Lists the node's pods at most every ``refresh_s`` seconds. While the API answers, every container
+    Reads the node's pods from a PodListCache (refreshed every ``refresh_s`` seconds, on its own thread
+    once the exporter runs; exporter/kubernetes/pods.py). While the API answers, every container
     with a grant gets one allocation per GPU with ``sharing="fractional"``, value its compute fraction,
     and ``nvidia_gpu_allocation_memory_ratio`` / ``_compute_ratio``; its kubelet holdings of the
     schedulers' resources are dropped. When the API does not answer (unreachable, 401, 403, …) the
