@@ -60,6 +60,18 @@ class ProcessCollector:
             self._unknown_uids.clear()
         return self._index
 
+    def update_all(self, devices, out) -> None:
+        """The pod list's health, where no fractional attribution reports it (no kubelet socket)."""
+        if self.pod_list is None:
+            return
+        if self.pod_list.health_owner is None:
+            self.pod_list.health_owner = self
+        if self.pod_list.health_owner is self:
+            answer = self.pod_list.snapshot()
+            out.add(contract.KUBE_API_UP.name, (), 1.0 if answer.up else 0.0)
+            for reason, count in answer.errors.items():
+                out.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
+
     def update(self, device, out) -> None:
         index = self._pods()
         processes = self._list(device)

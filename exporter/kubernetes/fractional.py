@@ -194,6 +194,8 @@ class FractionalAttribution:
                 raise ValueError("FractionalAttribution needs a PodLister or a PodListCache")
             pods = PodListCache(lister, node, refresh_s=refresh_s, clock=clock)
         self.pods, self.node = pods, node
+        if pods.health_owner is None:
+            pods.health_owner = self
         self._grants: list[Grant] | None = None
         self._version = -1
         self._memory_bytes: dict[str, float] = {}  # GPU uuid → memory total, remembered across cycles
@@ -243,9 +245,10 @@ class FractionalAttribution:
         for labels, value in builder.series.get(contract.MEMORY_TOTAL.name, ()):
             self._memory_bytes[labels[1]] = value  # (gpu, uuid, …)
         self._refresh()
-        builder.add(contract.KUBE_API_UP.name, (), 1.0 if self.up else 0.0)
-        for reason, count in self.errors.items():
-            builder.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
+        if self.pods.health_owner is self:
+            builder.add(contract.KUBE_API_UP.name, (), 1.0 if self.up else 0.0)
+            for reason, count in self.errors.items():
+                builder.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
         if not self._grants:
             return allocations
         by_uuid = {d.uuid.lower(): d for d in devices}

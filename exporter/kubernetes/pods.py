@@ -50,6 +50,9 @@ class PodListCache:
     ):
         self.lister, self.node, self.refresh_s, self.clock = lister, node, refresh_s, clock
         self.min_refresh_s = min(min_refresh_s, refresh_s)
+        # who adds gpumeter_exporter_kube_api_up/_errors_total to the snapshot: the first reader that
+        # claims it (fractional attribution, else the processes collector), so they are there once
+        self.health_owner: object | None = None
         self._current = PodList()
         self._errors = dict.fromkeys(REASONS, 0)
         self._listed_at: float | None = None

@@ -266,3 +266,16 @@ def test_the_history_leaves_the_process_series_out_when_asked():
     assert MEMORY.name in with_processes.getvalue() and SM.name in with_processes.getvalue()
     assert MEMORY.name not in without.getvalue() and SM.name not in without.getvalue()
     assert "nvidia_gpu_allocation{" in without.getvalue()
+
+
+def test_with_the_api_forbidden_processes_keep_the_last_pods_listed_and_nothing_fails(running):
+    r = running(TS)
+    before = _rows(r.sample(), MEMORY)
+    r.exporter.pod_list.refresh_s = 0.0  # list every cycle: the fault shows at once
+    r.api.set_fault("forbidden")
+    after = r.sample()
+    assert set(_rows(after, MEMORY)) == set(before)  # still named by the last good list
+    assert after.value("gpumeter_exporter_collector_success", ("processes",)) == 1
+    # without a kubelet (no fractional attribution) the collector reports the API's health, once
+    assert after.samples(contract.KUBE_API_UP.name) == ((((), 0.0)),)
+    assert after.value(contract.KUBE_API_ERRORS.name, ("forbidden",)) >= 1
