@@ -289,7 +289,12 @@ class _Window:
         self.step = max(RANGE_STEP_S, -(-self.seconds // MAX_POINTS))  # range queries' step, seconds
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
-        return [(s.labels, s.value) for s in self.client.query(promql.replace("[W]", self.range), self.at)]
+        return [
+            (s.labels, s.value)
+            for s in self.client.query(
+                promql.replace("[W]", self.range).replace("[W:", f"[{self.seconds}s:"), self.at
+            )
+        ]
 
     def points(self, promql: str) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         last = self.start + timedelta(seconds=((self.seconds - 1) // self.step) * self.step)
