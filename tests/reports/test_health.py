@@ -336,3 +336,32 @@ def test_cli_refuses_focus_and_a_missing_prometheus(ledger, tmp_path, capsys):
     assert gpumeter.main([*base, "--prometheus", "http://127.0.0.1:1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: http://127.0.0.1:1: ConnectError") and err.count("\n") == 1
+
+
+def test_monthly_job_renders_health_beside_the_chargeback(prom, ledger, tmp_path):
+    from gpumeter.billing.config import Settings
+    from gpumeter.reports.schedule import ReportSchedule
+    from gpumeter.service import monthly_report
+
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    schedule = ReportSchedule(out_dir=str(tmp_path), formats="html,csv,focus").as_dict()
+    assert schedule["kinds"] == "chargeback,health"  # both by default
+    now = datetime(2026, 11, 1, 1, 0, tzinfo=UTC)
+    message = monthly_report(Settings(db=url, prometheus=prom.url).as_dict(), schedule, now=now)
+    assert "failed" not in message
+    month = tmp_path / "2026-10"
+    assert (month / "gpumeter-2026-10-by-team.html").exists()  # the chargeback
+    assert (month / "gpumeter-health-2026-10.html").exists() and (
+        month / "gpumeter-health-2026-10-gpus.csv"
+    ).exists()
+    doc = json.loads((month / "manifest-health.json").read_text())
+    assert doc["trigger"] == "schedule" and doc["period"]["label"] == "2026-10"
+    assert [r.grouping for r in ledger.report_runs() if r.trigger == "schedule"] == ["team", "health"]
+
+    # Prometheus gone: the chargeback is still written, the job's result names the failed health report
+    again = tmp_path / "again"
+    schedule = ReportSchedule(out_dir=str(again)).as_dict()
+    message = monthly_report(Settings(db=url, prometheus="http://127.0.0.1:1").as_dict(), schedule, now=now)
+    assert "health report failed: http://127.0.0.1:1: ConnectError" in message
+    assert (again / "2026-10" / "gpumeter-2026-10-by-team.html").exists()
+    assert not (again / "2026-10" / "gpumeter-health-2026-10.html").exists()
