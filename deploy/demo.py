@@ -1,9 +1,9 @@
 """``gpumeter demo``: the whole stack on one machine, on the embedded default.
 
 Two simulated GPU nodes (the 8×H100 MIG node and the mixed A100 node), each with its stand-in
-kubelet and exporter; a real Prometheus with the alerting and recording rules, holding a month of
+kubelet, stand-in kube-state-metrics (pods, pending GPU demand, a GPU quota) and exporter; a real Prometheus with the alerting and recording rules, holding a month of
 backfilled history; a real Alertmanager routing to a local webhook log; the billing service on SQLite
-caught up on that month; last month's reports; the dashboards' JSON. Every process it starts is
+caught up on that month; last month's chargeback and fleet-health reports; the dashboards' JSON. Every process it starts is
 stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate.
 """
 
@@ -40,6 +40,18 @@ PORTS = {
     "admin-0": 9836,
     "exporter-1": 9845,
     "admin-1": 9846,
+    "kube-state-metrics-0": 9850,
+    "kube-state-metrics-1": 9851,
+}
+# GPU demand the fleets' running pods do not show, and a GPU quota, given to the stand-in
+# kube-state-metrics of each node's fleet (as tests/dashboards/conftest.py does), so that the capacity
+# dashboard's pending-demand, waiting-time and quota panels have something to show.
+KUBE_STATE = {
+    "h100-mig": ([], []),
+    "a100-mixed": (
+        ["ml-research/wait-3g=nvidia.com/mig-3g.20gb:1:2400", "vision/wait-2gpu=nvidia.com/gpu:2:300"],
+        ["vision/gpus=requests.nvidia.com/gpu:8:6"],
+    ),
 }
 
 
@@ -177,6 +189,18 @@ def _prometheus_config(stack: Stack) -> dict:
         "scrape_configs": [
             {"job_name": "gpumeter-exporter", "honor_labels": True, "static_configs": exporters},
             {
+                # kube-state-metrics' own namespace/pod labels are the pods', as in kube-prometheus
+                "job_name": "kube-state-metrics",
+                "honor_labels": True,
+                "static_configs": [
+                    {
+                        "targets": [
+                            f"127.0.0.1:{stack.ports[f'kube-state-metrics-{i}']}" for i in range(len(NODES))
+                        ]
+                    }
+                ],
+            },
+            {
                 "job_name": "gpumeter-billing",
                 "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['billing']}"]}],
             },
@@ -300,8 +324,22 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     )
     history.unlink()
 
-    _progress("starting stand-in kubelets and exporters")
+    _progress("starting stand-in kubelets, kube-state-metrics and exporters")
     for i, (fleet, node) in enumerate(NODES):
+        pending, quotas = KUBE_STATE[fleet]
+        stack.spawn(
+            f"kube-state-metrics-{i}",
+            _gpumeter(
+                "simulate",
+                "kube-state-metrics",
+                "--fleet",
+                fleet,
+                "--listen",
+                f"127.0.0.1:{stack.ports[f'kube-state-metrics-{i}']}",
+                *(a for p in pending for a in ("--pending", p)),
+                *(a for q in quotas for a in ("--quota", q)),
+            ),
+        )
         socket_path = stack.workdir / "kubelet" / f"{i}.sock"
         stack.spawn(
             f"kubelet-{i}",
@@ -353,6 +391,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     )
     for i in range(len(NODES)):
         stack.wait_http(f"exporter-{i}", f"{stack.url(f'exporter-{i}')}/healthz")
+        stack.wait_http(f"kube-state-metrics-{i}", f"{stack.url(f'kube-state-metrics-{i}')}/metrics")
     stack.wait_http("alertmanager", f"{stack.url('alertmanager')}/-/ready")
     stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
 
@@ -419,6 +458,24 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             check=True,
             cwd=ROOT,
         )
+        _progress(f"rendering the {period} fleet-health report")
+        subprocess.run(
+            _gpumeter(
+                "report",
+                "--kind",
+                "health",
+                "--db",
+                database,
+                "--prometheus",
+                stack.url("prometheus"),
+                "--period",
+                period,
+                "--out",
+                str(reports),
+            ),
+            check=True,
+            cwd=ROOT,
+        )
 
     if stopping.is_set():
         return
@@ -433,7 +490,8 @@ gpumeter demo: stack ready
   Exporters       {stack.url("exporter-0")}/metrics  ({NODES[0][1]})
                   {stack.url("exporter-1")}/metrics  ({NODES[1][1]})
   Billing         {stack.url("billing")}/metrics   (ledger {stack.workdir / "billing.sqlite"})
-  Reports         {reports}
+  Reports         {reports}  (chargeback and fleet health, {period})
+  kube-state-metrics (stand-in)  {stack.url("kube-state-metrics-0")}/metrics  {stack.url("kube-state-metrics-1")}/metrics
   Dashboards      {dashboards}  (import into Grafana, or use deploy/grafana/ provisioning)
   Logs            {stack.workdir / "logs"}
 

@@ -55,6 +55,9 @@ def register(subparsers) -> None:
         history = None
     if history is not None:
         history.add_parser(sim)
+    from .simulator import kube_state_metrics
+
+    kube_state_metrics.add_parser(sim)
 
     from .doctor import add_parser as add_doctor
 

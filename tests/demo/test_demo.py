@@ -1,8 +1,11 @@
 """`gpumeter demo` driven headless: the stack comes up on a month of backfilled history, an injected
-fault reaches Alertmanager, billing has priced the month, reports exist, and Ctrl-C stops it all."""
+fault reaches Alertmanager, billing has priced the month, last month's chargeback and fleet-health
+reports exist, every capacity-dashboard query returns data (the stand-in kube-state-metrics is scraped),
+and Ctrl-C stops it all."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpumeter.dashboards.build import GENERATED
+from gpumeter.exporter.simulator.fleet import load_fleet
+from tests.dashboards.promql import queries, substitute
 from tests.support.servers import require_binary
 
 ROOT = Path(__file__).parents[2]
@@ -95,6 +101,40 @@ def test_the_demo_stack_end_to_end(tmp_path):
         if (ROOT / "reports" / "cli.py").exists():
             files = {p.suffix for p in (workdir / "reports").rglob("*") if p.is_file()}
             assert {".html", ".csv"} <= files, files
+            # the fleet-health report for last month, over every GPU of both fleets
+            health = list((workdir / "reports").glob("gpumeter-health-*.json"))
+            assert len(health) == 1, sorted(p.name for p in (workdir / "reports").iterdir())
+            doc = json.loads(health[0].read_text())
+            gpus = sum(len(n.gpus) for f in ("h100-mig", "a100-mixed") for n in load_fleet(f).nodes)
+            assert doc["fleet"]["gpus"] == gpus and doc["fleet"]["gpu_hours_in_service"] > 0
+            assert doc["fleet"]["mean_utilization"] is not None and doc["fleet"]["maturity_level"] in (
+                1,
+                2,
+                3,
+                4,
+                5,
+            )
+            assert doc["teams"] and all(
+                t["maturity_level"] for t in doc["teams"] if t["mean_utilization"] is not None
+            )
+            assert (workdir / "reports" / health[0].name.replace(".json", ".html")).exists()
+
+        # every query of the capacity dashboard returns data from the demo's Prometheus (pending demand,
+        # waiting time and quota come from the stand-in kube-state-metrics; the rules need a few rounds)
+        capacity = json.loads((GENERATED / "gpumeter-capacity.json").read_text())
+        found = list(queries(capacity))
+        assert len(found) >= 15
+
+        def empty() -> list[str]:
+            return [
+                f.id
+                for f in found
+                if not httpx.get(
+                    f"{prometheus}/api/v1/query", params={"query": substitute(f.expr)}, timeout=10
+                ).json()["data"]["result"]
+            ]
+
+        poll(empty, lambda left: left == [], 120, "data for every capacity-dashboard query")
 
         # a fault reaches Alertmanager through Prometheus' rules
         inject = subprocess.run(
