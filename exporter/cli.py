@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     exporter.set_defaults(func=run_exporter)
 
     simulate = subparsers.add_parser(
-        "simulate", help="the simulator: inject faults, stand-in kubelet, history"
+        "simulate", help="the simulator: inject faults, stand-in kubelet and kube-state-metrics, history"
     )
     sim = simulate.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
     inject = sim.add_parser("inject", help="inject a fault into a running simulated exporter")
