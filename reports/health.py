@@ -358,7 +358,7 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
         if labels.get("uuid") in gpus:
             gpus[labels["uuid"]].utilization = value
     slices = {
-        (labels.get("uuid"), labels.get("gpu_instance_id")): int(
+        (labels.get("uuid", ""), labels.get("gpu_instance_id", "")): int(
             labels.get(contract.COMPUTE_SLICES, "0") or 0
         )
         for labels, _ in window.query(f"last_over_time({contract.MIG_INFO.name}[W])")
@@ -367,7 +367,7 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     for labels, value in window.query(
         f"max by (uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))"
     ):
-        key = (labels.get("uuid"), labels.get("gpu_instance_id"))
+        key = (labels.get("uuid", ""), labels.get("gpu_instance_id", ""))
         mig[key[0]] += value * slices.get(key, 0)
     for uuid, weighted in mig.items():
         gpu = gpus.get(uuid)

@@ -10,6 +10,8 @@ before (the counters' values before the period) and 4 h after (events that must 
 | GPU-a1 | A100, node-a | 0.5 | XID 31 at h20, h30, exporter restart h40-h60 (counter gone), again at h60 (3, application); 3 rows remapped (uncorrected) at h190; remap pending h180-h200; remap failure from h200 |
 | GPU-v0 | V100, node-v | 0.2 | XID 94 5 -> 6 at h70 (counter from before: 1 event, hardware); retired pages corrected 50, uncorrected 14 -> 16 at h50 -> 18 at h230; retirement pending h230-h235; SW thermal 0 -> 3600 s at h20 (1 h); sw_power_cap (not thermal) +99999 s |
 | GPU-v1 | V100, node-v | 0.2 | lost h100-h110 (nvidia_gpu_up 0, 10 h) with XID 79 at h100 |
+| GPU-h0 | H100, node-h, MIG 3g + 2g + 1g (one slice uncovered) | SM 0.6, 0.3, 0.0 | none |
+| GPU-a2 | A100, node-a, MIG 3g | none (no GPM on Ampere) | none |
 """
 
 from __future__ import annotations
@@ -40,9 +42,17 @@ pytestmark = [pytest.mark.prometheus]
 START = datetime(2026, 10, 1, tzinfo=UTC)
 END = START + timedelta(hours=240)
 STEP = 300
-A100, V100 = "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-32GB"
-GPUS = {"GPU-a0": (A100, "node-a", 0.9), "GPU-a1": (A100, "node-a", 0.5)}
-GPUS |= {"GPU-v0": (V100, "node-v", 0.2), "GPU-v1": (V100, "node-v", 0.2)}
+A100, V100, H100 = "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-32GB", "NVIDIA H100 80GB HBM3"
+# uuid: model, node, utilization (None: a GPU in MIG mode, no whole-GPU utilization)
+GPUS = {"GPU-a0": (A100, "node-a", 0.9), "GPU-a1": (A100, "node-a", 0.5), "GPU-a2": (A100, "node-a", None)}
+GPUS |= {"GPU-v0": (V100, "node-v", 0.2), "GPU-v1": (V100, "node-v", 0.2), "GPU-h0": (H100, "node-h", None)}
+# (uuid, gpu_instance_id, profile, compute slices, SM utilization or None)
+MIG = [
+    ("GPU-h0", "1", "3g.40gb", 3, 0.6),
+    ("GPU-h0", "2", "2g.20gb", 2, 0.3),
+    ("GPU-h0", "3", "1g.10gb", 1, 0.0),
+]
+MIG += [("GPU-a2", "1", "3g.20gb", 3, None)]
 PWN = "document.documentElement.setAttribute('data-pwned','1')"
 EVIL_TEAM = f'=HYPERLINK("x")<script>{PWN}</script>'
 
@@ -65,12 +75,24 @@ def _history() -> str:
     dev = {u: f'gpu="{i}",uuid="{u}"' for i, u in enumerate(GPUS)}
     families: dict[str, list] = {
         "nvidia_gpu_info": [
-            (f'{dev[u]},model="{m}",hostname="{n}",mig_mode="disabled"', lambda h: 1.0)
-            for u, (m, n, _) in GPUS.items()
+            (
+                f'{dev[u]},model="{m}",hostname="{n}",mig_mode="{"disabled" if x else "enabled"}"',
+                lambda h: 1.0,
+            )
+            for u, (m, n, x) in GPUS.items()
+        ],
+        "nvidia_gpu_mig_info": [
+            (f'{dev[u]},gpu_instance_id="{gi}",mig_profile="{p}",compute_slices="{c}"', lambda h: 1.0)
+            for u, gi, p, c, _ in MIG
+        ],
+        "nvidia_gpu_mig_sm_utilization_ratio": [
+            (f'{dev[u]},gpu_instance_id="{gi}"', lambda h, x=x: x) for u, gi, _, _, x in MIG if x is not None
         ],
         "nvidia_gpu_up": [(dev[u], lambda h, u=u: 0.0 if _lost(u, h) else 1.0) for u in GPUS],
         "nvidia_gpu_utilization_ratio": [
-            (dev[u], lambda h, u=u, x=x: None if _lost(u, h) else x) for u, (_, _, x) in GPUS.items()
+            (dev[u], lambda h, u=u, x=x: None if _lost(u, h) else x)
+            for u, (_, _, x) in GPUS.items()
+            if x is not None
         ],
         "nvidia_gpu_xid_errors_total": [
             (f'{dev["GPU-a0"]},xid="48"', lambda h: _step(h, [(50, 1), (150, 2), (241, 3)])),
@@ -182,6 +204,8 @@ def test_figures_match_the_hand_worked_history(prom, ledger):
     assert {u: g.hours_up for u, g in gpus.items()} == {
         "GPU-a0": 240,
         "GPU-a1": 240,
+        "GPU-a2": 240,
+        "GPU-h0": 240,
         "GPU-v0": 240,
         "GPU-v1": 230,
     }
@@ -201,17 +225,29 @@ def test_figures_match_the_hand_worked_history(prom, ledger):
     assert gpus["GPU-v0"].thermal_hours == pytest.approx(1.0)
 
     pools = dict(report.pools)
-    # utilization: A100 (0.9 + 0.5) / 2 = 0.7 -> level 3; V100 0.2 -> level 1; fleet 1.8 / 4 = 0.45 -> level 2
+    # utilization: the H100 in MIG mode from its instances' SM utilization by compute slices over 7 (the
+    # uncovered slice idle): (3 x 0.6 + 2 x 0.3 + 1 x 0.0) / 7 = 2.4 / 7; the A100 in MIG mode is not measured.
+    assert gpus["GPU-h0"].utilization == pytest.approx(2.4 / 7) and gpus["GPU-a2"].utilization is None
+    # A100 (0.9 + 0.5) / 2 = 0.7 -> level 3 (3 GPUs, 2 measured); H100 0.342857 -> level 2; V100 0.2 -> level 1;
+    # fleet (0.9 + 0.5 + 0.2 + 0.2 + 2.4 / 7) / 5 = 0.428571 -> level 2
+    assert (pools[A100].gpus, pools[A100].measured) == (3, 2)
     assert pools[A100].utilization == pytest.approx(0.7) and pools[A100].maturity == 3
+    assert pools[H100].maturity == 2
     assert pools[V100].utilization == pytest.approx(0.2) and pools[V100].maturity == 1
-    assert report.fleet.utilization == pytest.approx(0.45) and report.fleet.maturity == 2
+    assert report.fleet.utilization == pytest.approx((1.8 + 2.4 / 7) / 5) and report.fleet.maturity == 2
     # failures: a0 2 (XID 48 twice); v1 1 (XID 79 and the loss are one fall off the bus); XID 31, 94 are not
-    # A100: 480 GPU-hours / 2 = MTBF 240 h, AFR 2 x 8760 / 480 = 36.5; V100: 470 / 1 = 470 h, 8760 / 470
-    assert (pools[A100].failures, pools[A100].hours_up, pools[A100].mtbf_hours) == (2, 480, 240.0)
-    assert pools[A100].annualized_failure_rate == pytest.approx(36.5)
+    # A100: 3 x 240 = 720 GPU-hours / 2 = MTBF 360 h, AFR 2 x 8760 / 720 = 24.33; V100: 470 / 1 = 470 h;
+    # H100: no failure, no MTBF; fleet: (720 + 240 + 470) / 3 = 476.67 h
+    assert (pools[A100].failures, pools[A100].hours_up, pools[A100].mtbf_hours) == (2, 720, 360.0)
+    assert pools[A100].annualized_failure_rate == pytest.approx(2 * 8760 / 720)
     assert (pools[V100].failures, pools[V100].hours_up, pools[V100].mtbf_hours) == (1, 470, 470.0)
     assert pools[V100].annualized_failure_rate == pytest.approx(8760 / 470)
-    assert report.fleet.mtbf_hours == pytest.approx(950 / 3)
+    assert (pools[H100].failures, pools[H100].mtbf_hours, pools[H100].annualized_failure_rate) == (
+        0,
+        None,
+        0.0,
+    )
+    assert report.fleet.mtbf_hours == pytest.approx(1430 / 3)
     # incidents by model (= by node here)
     assert pools[A100].xids == {"critical": 2, "hardware": 0, "application": 3}
     assert pools[V100].xids == {"critical": 1, "hardware": 1, "application": 0}
@@ -275,7 +311,7 @@ def test_cli_renders_html_csv_json_with_hostile_names_inert(prom, ledger, tmp_pa
     assert gpumeter.main(argv) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert (
-        "health 2026-10-01_2026-10-11: 4 GPU(s), 3 failure(s), 3 RMA candidate(s), idle 15.00 USD" in printed
+        "health 2026-10-01_2026-10-11: 6 GPU(s), 3 failure(s), 3 RMA candidate(s), idle 15.00 USD" in printed
     )
     label = "gpumeter-health-2026-10-01_2026-10-11"
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -306,12 +342,13 @@ def test_cli_renders_html_csv_json_with_hostile_names_inert(prom, ledger, tmp_pa
     doc = json.loads((out / f"{label}.json").read_text())
     assert doc["schema"] == "gpumeter.health/1" and doc["teams"][1]["team"] == EVIL_TEAM
     assert doc["fleet"]["failures"] == 3 and doc["waste"]["idle_cost"] == "15.00"
-    assert [r["pool"] for r in doc["pools"]] == [A100, V100]
+    assert [r["pool"] for r in doc["pools"]] == [A100, H100, V100]
     pools = list(csv.DictReader(io.StringIO((out / f"{label}-pools.csv").read_text())))
     assert [(r["level"], r["name"], r["mtbf_hours"]) for r in pools if r["level"] != "node"] == [
-        ("pool", A100, "240.000000"),
+        ("pool", A100, "360.000000"),
+        ("pool", H100, ""),  # no failure: no MTBF
         ("pool", V100, "470.000000"),
-        ("fleet", "__fleet__", "316.666667"),
+        ("fleet", "__fleet__", "476.666667"),
     ]
     runs = [r for r in ledger.report_runs() if r.grouping == "health"]
     assert len(runs) == 1 and set(runs[0].files) == {
