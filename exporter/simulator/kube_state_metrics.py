@@ -203,8 +203,8 @@ def _pending(text: str) -> PendingPod:
         resource, quantity, waited = what.rsplit(":", 2)
         return PendingPod(namespace, name, resource, float(quantity), created_s=-float(waited))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected NAMESPACE/POD=RESOURCE:QUANTITY:WAITED_SECONDS (value {text!r})"
+        raise ValueError(
+            f"--pending: expected NAMESPACE/POD=RESOURCE:QUANTITY:WAITED_SECONDS (value {text!r})"
         ) from None
 
 
@@ -216,9 +216,7 @@ def _quota(text: str) -> Quota:
         resource, hard, used = what.rsplit(":", 2)
         return Quota(namespace, name, resource, hard=float(hard), used=float(used))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected NAMESPACE/NAME=RESOURCE:HARD:USED (value {text!r})"
-        ) from None
+        raise ValueError(f"--quota: expected NAMESPACE/NAME=RESOURCE:HARD:USED (value {text!r})") from None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -236,7 +234,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--pending",
         action="append",
-        type=_pending,
         default=[],
         metavar="NS/POD=RESOURCE:QTY:WAITED_S",
         help="a pending pod requesting a GPU resource, created WAITED_S seconds before the start (repeatable)",
@@ -244,7 +241,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--quota",
         action="append",
-        type=_quota,
         default=[],
         metavar="NS/NAME=RESOURCE:HARD:USED",
         help="a ResourceQuota, e.g. vision/gpus=requests.nvidia.com/gpu:8:6 (repeatable)",
@@ -257,21 +253,19 @@ def run(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     try:
         fleet = load_fleet(args.fleet)
+        pending = [_pending(text) for text in args.pending]
+        quotas = [_quota(text) for text in args.quota]
+        if not port.isdigit():
+            raise ValueError(f"--listen: expected HOST:PORT (value {args.listen!r})")
         listen = (host or "127.0.0.1", int(port))
-    except FleetError as exc:
+    except (FleetError, ValueError) as exc:  # FleetError is a ValueError naming the file and field
         print(f"gpumeter simulate kube-state-metrics: {exc}", file=sys.stderr)
-        return 2
-    except ValueError:
-        print(
-            f"gpumeter simulate kube-state-metrics: listen: expected HOST:PORT (value {args.listen!r})",
-            file=sys.stderr,
-        )
         return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        server = StandInKubeStateMetrics(fleet, args.pending, args.quota, listen=listen).start()
+        server = StandInKubeStateMetrics(fleet, pending, quotas, listen=listen).start()
     except OSError as exc:
         print(f"gpumeter simulate kube-state-metrics: listen {args.listen}: {exc.strerror}", file=sys.stderr)
         return 1
