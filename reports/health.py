@@ -58,6 +58,7 @@ THERMAL_REASONS = ("sw_thermal", "hw_thermal")
 MIG_SLICES = {"A30": 4}  # compute slices of a GPU in MIG mode: 4 on an A30, 7 on the others
 RANGE_STEP_S = 300  # range queries: every 5 minutes, Prometheus' default lookback, so no sample is skipped
 MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per series
+RESET_POINTS = 2_000_000  # points fetched at most to follow counters through resets
 
 
 def maturity_level(utilization: float | None) -> int | None:
@@ -296,18 +297,21 @@ class _Window:
             )
         ]
 
-    def points(self, promql: str) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
-        last = self.start + timedelta(seconds=((self.seconds - 1) // self.step) * self.step)
+    def points(
+        self, promql: str, step: int | None = None
+    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        step = step or self.step
+        last = self.start + timedelta(seconds=((self.seconds - 1) // step) * step)
         return [
             (labels, [(float(t), float(v)) for t, v in values])
-            for labels, values in self.client.query_range(promql, self.start, last, self.step)
+            for labels, values in self.client.query_range(promql, self.start, last, step)
         ]
 
     def increases(self, metric: str, matchers: str, by: tuple[str, ...]) -> dict[tuple, int | float]:
         """How much each counter grew in the period, exactly: the last value minus the value before
         the period (0 for a series that starts in it, e.g. an XID counter at its first event), and
         for series that reset (an exporter restart starts its counters again) the sum of every rise
-        over 5-minute points. ``increase()`` would extrapolate to the window's edges and miss the
+        over 5-minute points (coarser when very many series reset). ``increase()`` would extrapolate to the window's edges and miss the
         first event of a new series."""
         selector = f"{metric}{{{matchers}}}"
         grouped = f"max by ({', '.join(by)})"
@@ -329,7 +333,12 @@ class _Window:
                 for labels, value in self.query(f"{grouped} ({selector} offset {self.seconds}s)")
             }
             narrowed = f'{metric}{{{matchers}{"," if matchers else ""}uuid=~"{uuids}"}}'
-            for labels, points in self.points(f"{grouped} ({narrowed})"):
+            # an exporter restart resets every counter of its node: on a large fleet keep the answer
+            # under RESET_POINTS points by a coarser step (a rise within one step before a reset is lost)
+            step = max(
+                self.step, -(-self.seconds * len(reset) // (RESET_POINTS * RANGE_STEP_S)) * RANGE_STEP_S
+            )
+            for labels, points in self.points(f"{grouped} ({narrowed})", step):
                 key = tuple(labels.get(k, "") for k in by)
                 if key not in reset:
                     continue
