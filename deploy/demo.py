@@ -55,6 +55,22 @@ KUBE_STATE = {
 }
 
 
+# Incidents in last month's history, for the fleet-health report (hours after the 1st, 00:00 UTC): two
+# double-bit ECC XIDs on one H100 (an RMA candidate), an H100 off the bus for 2 h (XID 79), an
+# application XID, 1.5 h of HW thermal slowdown, and on a whole A100 a pending row remap, then a row-remap
+# failure (an RMA candidate). tests/demo/test_demo.py works the report's figures out from these.
+INCIDENTS = (
+    ("gpu-h100-mig-01/3:xid=48", 4 * 24 + 3),
+    ("gpu-h100-mig-01/3:xid=48", 17 * 24 + 9),
+    ("gpu-h100-mig-01/5:xid=79", 11 * 24),
+    ("gpu-h100-mig-01/5:lost=7200", 11 * 24),
+    ("gpu-h100-mig-01/1:hw_thermal=5400", 6 * 24),
+    ("gpu-a100-mixed-01/4:xid=31", 8 * 24 + 15),
+    ("gpu-a100-mixed-01/2:row_remap=2", 9 * 24),
+    ("gpu-a100-mixed-01/2:row_remap_failure", 19 * 24),
+)
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("demo", help="run the whole stack locally on simulated GPUs")
     parser.add_argument(
@@ -303,6 +319,11 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             "300",
             "--out",
             str(history),
+            *(
+                a
+                for what, hours in INCIDENTS
+                for a in ("--incident", f"{what}@{(last_month + timedelta(hours=hours)).isoformat()}")
+            ),
         ),
         check=True,
         cwd=ROOT,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -118,6 +119,31 @@ def test_the_demo_stack_end_to_end(tmp_path):
                 t["maturity_level"] for t in doc["teams"] if t["mean_utilization"] is not None
             )
             assert (workdir / "reports" / health[0].name.replace(".json", ".html")).exists()
+            # the incidents deploy/demo.py puts in last month's history, worked out by hand (H = hours in the
+            # month): H100 pool 8 GPUs, GPU 5 lost 2 h (8H - 2 GPU-hours in service), 3 failures (XID 48
+            # twice on GPU 3; XID 79 and the loss of GPU 5 count once), MTBF (8H - 2) / 3, 1.5 h HW thermal;
+            # A100 pool: XID 31 (application), a 2-row remap (XID 63, hardware) pending, then a row-remap
+            # failure (XID 64, critical): 1 failure in 6H GPU-hours. RMA: H100 GPU 3 and A100 GPU 2.
+            start = datetime.fromisoformat(doc["period"]["start"].replace("Z", "+00:00"))
+            hours = (
+                int(
+                    (
+                        datetime.fromisoformat(doc["period"]["end"].replace("Z", "+00:00")) - start
+                    ).total_seconds()
+                )
+                // 3600
+            )
+            pools = {p["pool"]: p for p in doc["pools"]}
+            h100, a100 = pools["NVIDIA H100 80GB HBM3"], pools["NVIDIA A100-SXM4-40GB"]
+            assert (h100["gpus"], h100["gpu_hours_in_service"], h100["failures"]) == (8, 8 * hours - 2, 3)
+            assert h100["mtbf_hours"] == pytest.approx((8 * hours - 2) / 3, abs=1e-6)
+            assert (h100["lost_gpus"], h100["lost_hours"], h100["thermal_slowdown_hours"]) == (1, 2.0, 1.5)
+            assert h100["xid_events"] == {"critical": 3, "hardware": 0, "application": 0}
+            assert a100["xid_events"] == {"critical": 1, "hardware": 1, "application": 1}
+            assert (a100["failures"], a100["mtbf_hours"], a100["remapped_rows"]) == (1, 6 * hours, 2)
+            assert a100["gpus_with_pending_remap_or_retirement"] == 1
+            rma = sorted((c["node"], len(c["reasons"])) for c in doc["rma_candidates"])
+            assert rma == [("gpu-a100-mixed-01", 2), ("gpu-h100-mig-01", 1)], doc["rma_candidates"]
 
         # every query of the capacity dashboard returns data from the demo's Prometheus (pending demand,
         # waiting time and quota come from the stand-in kube-state-metrics; the rules need a few rounds)

@@ -402,3 +402,22 @@ def test_monthly_job_renders_health_beside_the_chargeback(prom, ledger, tmp_path
     assert "health report failed: http://127.0.0.1:1: ConnectError" in message
     assert (again / "2026-10" / "gpumeter-2026-10-by-team.html").exists()
     assert not (again / "2026-10" / "gpumeter-health-2026-10.html").exists()
+
+
+def test_history_refuses_incidents_nvml_would_not_report(tmp_path, capsys):
+    """`gpumeter simulate history --incident`: a row remap on a GPU in MIG mode is refused, as NVML refuses
+    nvmlDeviceGetRemappedRows there (docs/nvml.md §7); a GPU the fleets lack and a bad spelling too. One
+    line naming the option and value, exit 2, nothing written."""
+    out = tmp_path / "h.om"
+    base = ["simulate", "history", "--fleet", "a100-mixed", "--from", "2026-10-01", "--to", "2026-10-02"]
+    base += ["--out", str(out), "--incident"]
+    cases = {
+        "gpu-a100-mixed-01/0:row_remap=2@2026-10-01T03:00": "GPU 0 of gpu-a100-mixed-01 is in MIG mode",
+        "gpu-a100-mixed-01/9:xid=48@2026-10-01T03:00": "no GPU 9 on a node 'gpu-a100-mixed-01'",
+        "gpu-a100-mixed-01/2:meltdown@2026-10-01T03:00": "expected NODE/GPU:KIND[=VALUE]@WHEN",
+    }
+    for incident, message in cases.items():
+        assert gpumeter.main([*base, incident]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
