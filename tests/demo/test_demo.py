@@ -5,6 +5,7 @@ and Ctrl-C stops it all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,7 +24,24 @@ from tests.dashboards.promql import queries, substitute
 from tests.support.servers import require_binary
 
 ROOT = Path(__file__).parents[2]
-OFFSET = 20000  # ports 29090, 29093, ... clear of a developer's own running demo
+
+
+def free_offset() -> int:
+    """A --port-offset whose every port is free: clear of a developer's own running demo, and of the
+    same test running in another checkout at the same time (a fixed offset made them collide)."""
+    import socket
+
+    from gpumeter.deploy.demo import PORTS
+
+    for offset in range(20000, 50000, 1000):
+        with contextlib.ExitStack() as stack:
+            socks = [stack.enter_context(socket.socket()) for _ in PORTS]
+            if all(
+                sock.connect_ex(("127.0.0.1", port + offset)) != 0
+                for sock, port in zip(socks, PORTS.values(), strict=True)
+            ):
+                return offset
+    raise AssertionError("no free port offset for the demo between 20000 and 50000")
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -62,8 +80,9 @@ def test_the_demo_stack_end_to_end(tmp_path):
     for tool in ("prometheus", "promtool", "prometheus-alertmanager"):
         require_binary(tool)
     workdir = tmp_path / "demo"
+    offset = free_offset()  # ports 9090 + offset, ...
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpumeter", "demo", "--workdir", str(workdir), "--port-offset", str(OFFSET)],
+        [sys.executable, "-m", "gpumeter", "demo", "--workdir", str(workdir), "--port-offset", str(offset)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -77,11 +96,11 @@ def test_the_demo_stack_end_to_end(tmp_path):
             if "stack ready" in line or time.monotonic() > deadline:
                 break
         assert any("stack ready" in line for line in output), "".join(output[-40:])
-        prometheus, alertmanager = f"http://127.0.0.1:{9090 + OFFSET}", f"http://127.0.0.1:{9093 + OFFSET}"
-        admin = f"http://127.0.0.1:{9836 + OFFSET}"
+        prometheus, alertmanager = f"http://127.0.0.1:{9090 + offset}", f"http://127.0.0.1:{9093 + offset}"
+        admin = f"http://127.0.0.1:{9836 + offset}"
 
         # billing priced the backfilled month: tenant and platform cost lines are exposed
-        billing = httpx.get(f"http://127.0.0.1:{9840 + OFFSET}/metrics", timeout=10).text
+        billing = httpx.get(f"http://127.0.0.1:{9840 + offset}/metrics", timeout=10).text
         tenant = [
             ln
             for ln in billing.splitlines()
