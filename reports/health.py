@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from gpumeter import contract
-from gpumeter.billing.ledger.base import Ledger
+from gpumeter.billing.ledger.base import Ledger, LineTotal
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing.currency import minor_unit
 from gpumeter.billing.prom import PrometheusClient, ReplicaSetClient
-from gpumeter.reports.model import NO_TEAM, Period
+from gpumeter.reports.model import NO_TEAM, Period, ReportError
 
 # --- definitions ------------------------------------------------------------------------------------
 
@@ -465,16 +466,11 @@ def read_teams(ledger: Ledger, period: Period) -> tuple[str, list[TeamHealth]]:
     """Per team, from the ledger's hourly tenant lines: GPU-hours and cost held, utilization where it
     is known, and the waste: GPU-hours of lines whose hour's utilization was below IDLE_BELOW, and
     what they cost."""
-    lines = [
-        line
-        for line in ledger.line_totals(period.start, period.end, "hour")
-        if line.kind == LineKind.TENANT and line.amount is not None
-    ]
-    currencies = sorted({line.currency for line in lines})
-    currency = currencies[0] if currencies else "USD"
     teams: dict[str, TeamHealth] = {}
-    for line in lines:
-        team = teams.setdefault(line.team or NO_TEAM, TeamHealth(line.team or NO_TEAM, currency))
+    currencies: set[str] = set()
+    for line in _tenant_lines(ledger, period):
+        currencies.add(line.currency)
+        team = teams.setdefault(line.team or NO_TEAM, TeamHealth(line.team or NO_TEAM, ""))
         team.gpu_hours += line.quantity
         team.cost += line.amount or Decimal(0)
         if line.utilization_quantity:
@@ -483,7 +479,24 @@ def read_teams(ledger: Ledger, period: Period) -> tuple[str, list[TeamHealth]]:
             if line.utilization_weighted / float(line.utilization_quantity) < IDLE_BELOW:
                 team.idle_hours += line.quantity
                 team.idle_cost += line.amount or Decimal(0)
+    if len(currencies) > 1:
+        raise ReportError(f"ledger: lines in several currencies in one period (value {sorted(currencies)!r})")
+    currency = currencies.pop() if currencies else "USD"
+    for team in teams.values():
+        team.currency = currency
     return currency, sorted(teams.values(), key=lambda t: (-t.idle_cost, t.team))
+
+
+def _tenant_lines(ledger: Ledger, period: Period) -> Iterator[LineTotal]:
+    """The period's hourly tenant lines, read a day at a time: a month of a large fleet is millions of
+    lines, and only their sums are kept."""
+    day = period.start
+    while day < period.end:
+        until = min(day + timedelta(days=1), period.end)
+        for line in ledger.line_totals(day, until, "hour"):
+            if line.kind == LineKind.TENANT and line.amount is not None:
+                yield line
+        day = until
 
 
 def build_health(client: PrometheusClient | ReplicaSetClient, ledger: Ledger, period: Period) -> HealthReport:
