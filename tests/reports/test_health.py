@@ -33,7 +33,7 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.reports.health import build_health, maturity_level, xid_class
 from gpumeter.reports.model import range_period
-from tests.billing.conftest import prometheus_holding
+from tests.billing.conftest import QUERY_BACKENDS, prometheus_holding, serve_history
 from tests.billing.factories import alloc, gpu_hour, write_book
 from tests.reports import browser
 
@@ -143,6 +143,23 @@ def prom(tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="module", params=QUERY_BACKENDS)
+def query_backend(request, prom, tmp_path_factory):
+    """The history in each query backend billing supports: Prometheus, and VictoriaMetrics (its import
+    API), whose PromQL dialect must give the same figures."""
+    if request.param == "prometheus":
+        yield prom
+        return
+    root = tmp_path_factory.mktemp("health-vm")
+    source = root / "history.om"
+    source.write_text(_history())
+    server = serve_history(request.param, source, root)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def ledger(tmp_path):
     """Ten hours of tenant lines at the start of the period: alpha holds GPU-a0 busy (0.9); beta holds
@@ -194,8 +211,8 @@ def ledger(tmp_path):
 PERIOD = range_period(START, END)
 
 
-def test_figures_match_the_hand_worked_history(prom, ledger):
-    with PrometheusClient(prom.url) as client:
+def test_figures_match_the_hand_worked_history(query_backend, ledger):
+    with PrometheusClient(query_backend.url) as client:
         report = build_health(client, ledger, PERIOD)
     gpus = {g.uuid: g for g in report.gpus}
     assert set(gpus) == set(GPUS)
