@@ -1,7 +1,8 @@
 """``gpumeter demo``: the whole stack on one machine, on the embedded default.
 
 Two simulated GPU nodes (the 8×H100 MIG node and the mixed A100 node), each with its stand-in
-kubelet, stand-in kube-state-metrics (pods, pending GPU demand, a GPU quota) and exporter; a real Prometheus with the alerting and recording rules, holding a month of
+kubelet, stand-in kube-state-metrics (pods, pending GPU demand, a GPU quota) and exporter; a stand-in
+volcano-scheduler (two GPU queues); a real Prometheus with the alerting and recording rules, holding a month of
 backfilled history; a real Alertmanager routing to a local webhook log; the billing service on SQLite
 caught up on that month; last month's chargeback and fleet-health reports; the dashboards' JSON. Every process it starts is
 stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate.
@@ -42,6 +43,7 @@ PORTS = {
     "admin-1": 9846,
     "kube-state-metrics-0": 9850,
     "kube-state-metrics-1": 9851,
+    "volcano-scheduler": 9852,
 }
 # GPU demand the fleets' running pods do not show, and a GPU quota, given to the stand-in
 # kube-state-metrics of each node's fleet (as tests/dashboards/conftest.py does), so that the capacity
@@ -53,6 +55,10 @@ KUBE_STATE = {
         ["vision/gpus=requests.nvidia.com/gpu:8:6"],
     ),
 }
+# Volcano queues for the stand-in volcano-scheduler (in GPUs: deserved, allocated, requested, pending
+# PodGroups), as tests/dashboards/conftest.py has them: one within its share with jobs waiting, one
+# borrowing.
+VOLCANO_QUEUES = ("research=8:6:10:2", "batch=4:6:6")
 
 
 # Incidents in last month's history, for the fleet-health report (hours after the 1st, 00:00 UTC): two
@@ -217,6 +223,10 @@ def _prometheus_config(stack: Stack) -> dict:
                 ],
             },
             {
+                "job_name": "volcano-scheduler",
+                "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['volcano-scheduler']}"]}],
+            },
+            {
                 "job_name": "gpumeter-billing",
                 "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['billing']}"]}],
             },
@@ -345,7 +355,17 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     )
     history.unlink()
 
-    _progress("starting stand-in kubelets, kube-state-metrics and exporters")
+    _progress("starting stand-in kubelets, kube-state-metrics, volcano-scheduler and exporters")
+    stack.spawn(
+        "volcano-scheduler",
+        _gpumeter(
+            "simulate",
+            "volcano",
+            "--listen",
+            f"127.0.0.1:{stack.ports['volcano-scheduler']}",
+            *(a for q in VOLCANO_QUEUES for a in ("--queue", q)),
+        ),
+    )
     for i, (fleet, node) in enumerate(NODES):
         pending, quotas = KUBE_STATE[fleet]
         stack.spawn(
@@ -413,6 +433,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     for i in range(len(NODES)):
         stack.wait_http(f"exporter-{i}", f"{stack.url(f'exporter-{i}')}/healthz")
         stack.wait_http(f"kube-state-metrics-{i}", f"{stack.url(f'kube-state-metrics-{i}')}/metrics")
+    stack.wait_http("volcano-scheduler", f"{stack.url('volcano-scheduler')}/metrics")
     stack.wait_http("alertmanager", f"{stack.url('alertmanager')}/-/ready")
     stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
 
@@ -513,6 +534,7 @@ gpumeter demo: stack ready
   Billing         {stack.url("billing")}/metrics   (ledger {stack.workdir / "billing.sqlite"})
   Reports         {reports}  (chargeback and fleet health, {period})
   kube-state-metrics (stand-in)  {stack.url("kube-state-metrics-0")}/metrics  {stack.url("kube-state-metrics-1")}/metrics
+  volcano-scheduler (stand-in)   {stack.url("volcano-scheduler")}/metrics
   Dashboards      {dashboards}  (import into Grafana, or use deploy/grafana/ provisioning)
   Logs            {stack.workdir / "logs"}
 

@@ -199,3 +199,42 @@ def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
             assert by_queue("queue:volcano_queue_pod_group_pending:sum") == {"research": 2.0, "batch": 0.0}
     finally:
         volcano.stop()
+
+
+def test_the_volcano_command_serves_the_queues_it_is_given():
+    """`gpumeter simulate volcano`, as `gpumeter demo` starts it: milli-units on /metrics until SIGTERM;
+    a bad --queue is one line naming the option and value, exit 2."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.servers import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "gpumeter", "simulate", "volcano"]
+    bad = subprocess.run([*command, "--queue", "research=8:6"], cwd=root, capture_output=True, text=True)
+    assert (bad.returncode, bad.stderr) == (
+        2,
+        "gpumeter simulate volcano: --queue: expected NAME=DESERVED:ALLOCATED:REQUESTED[:PENDING_PODGROUPS] "
+        "(value 'research=8:6')\n",
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [*command, "--listen", f"127.0.0.1:{port}", "--queue", "research=8:6:10:2"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("stand-in volcano-scheduler: 1 queue(s)")
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        # 6 GPUs allocated: 6000 milli-units, as Volcano keeps scalar resources
+        assert (
+            'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
+            in body
+        )
+        assert 'volcano_queue_pod_group_pending_count{queue_name="research"} 2' in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        proc.stdout.close()
