@@ -309,19 +309,25 @@ class _Window:
         ]
 
     def increases(self, metric: str, matchers: str, by: tuple[str, ...]) -> dict[tuple, int | float]:
-        """How much each counter grew in the period, exactly: the last value minus the value before
-        the period (0 for a series that starts in it, e.g. an XID counter at its first event), and
-        for series that reset (an exporter restart starts its counters again) the sum of every rise
-        over 5-minute points (coarser when very many series reset). ``increase()`` would extrapolate to the window's edges and miss the
-        first event of a new series."""
+        """How much each counter grew in the period, exactly: the last value minus the value before the
+        period (its last sample in the hour before; 0 for a series that starts in the period, e.g. an
+        XID counter at its first event, or whose first value in the period is below it, an exporter
+        restart at the boundary), and for series that reset in the period the sum of every rise over
+        5-minute points (coarser when very many series reset). ``increase()`` would extrapolate to the
+        window's edges and miss the first event of a new series."""
         selector = f"{metric}{{{matchers}}}"
         grouped = f"max by ({', '.join(by)})"
+
+        def by_key(promql: str) -> dict[tuple, float]:
+            return {tuple(labels.get(k, "") for k in by): value for labels, value in self.query(promql)}
+
+        last = by_key(f"{grouped} (last_over_time({selector}[W]))")
+        lowest = by_key(f"min by ({', '.join(by)}) (min_over_time({selector}[W]))")
+        before = by_key(f"{grouped} (last_over_time({selector}[1h] offset {self.seconds}s))")
         out: dict[tuple, int | float] = {}
-        for labels, value in self.query(
-            f"{grouped} (last_over_time({selector}[W])) - ({grouped} ({selector} offset {self.seconds}s)"
-            f" or 0 * {grouped} (last_over_time({selector}[W])))"
-        ):
-            out[tuple(labels.get(k, "") for k in by)] = value
+        for key, value in last.items():
+            baseline = before.get(key, 0.0)
+            out[key] = value - (baseline if lowest.get(key, value) >= baseline else 0.0)
         reset = [
             tuple(labels.get(k, "") for k in by)
             for labels, n in self.query(f"{grouped} (resets({selector}[W]))")
@@ -329,10 +335,6 @@ class _Window:
         ]
         if reset:
             uuids = "|".join(sorted({key[0] for key in reset}))
-            before = {
-                tuple(labels.get(k, "") for k in by): value
-                for labels, value in self.query(f"{grouped} ({selector} offset {self.seconds}s)")
-            }
             narrowed = f'{metric}{{{matchers}{"," if matchers else ""}uuid=~"{uuids}"}}'
             # an exporter restart resets every counter of its node: on a large fleet keep the answer
             # under RESET_POINTS points by a coarser step (a rise within one step before a reset is lost)

@@ -10,7 +10,7 @@ before (the counters' values before the period) and 4 h after (events that must 
 | GPU-a1 | A100, node-a | 0.5 | XID 31 at h20, h30, exporter restart h40-h60 (counter gone), again at h60 (3, application); 3 rows remapped (uncorrected) at h190; remap pending h180-h200; remap failure from h200 |
 | GPU-v0 | V100, node-v | 0.2 | XID 94 5 -> 6 at h70 (counter from before: 1 event, hardware); retired pages corrected 50, uncorrected 14 -> 16 at h50 -> 18 at h230; retirement pending h230-h235; SW thermal 0 -> 3600 s at h20 (1 h); sw_power_cap (not thermal) +99999 s |
 | GPU-v1 | V100, node-v | 0.2 | lost h100-h110 (nvidia_gpu_up 0, 10 h) with XID 79 at h100 |
-| GPU-h0 | H100, node-h, MIG 3g + 2g + 1g (one slice uncovered) | SM 0.6, 0.3, 0.0 | none |
+| GPU-h0 | H100, node-h, MIG 3g + 2g + 1g (one slice uncovered) | SM 0.6, 0.3, 0.0 | XID 13 7 -> 8 at h5, unscraped h-0.5..h1; XID 92 9 before, 1 from h0 (restart) |
 | GPU-a2 | A100, node-a, MIG 3g | none (no GPM on Ampere) | none |
 """
 
@@ -102,6 +102,10 @@ def _history() -> str:
             ),
             (f'{dev["GPU-v0"]},xid="94"', lambda h: _step(h, [(-2, 5), (70, 6)])),
             (f'{dev["GPU-v1"]},xid="79"', lambda h: _step(h, [(100, 1)])),
+            # not scraped in the half hour around the start: 7 before, still 7, then 8 at h5 (1 event)
+            (f'{dev["GPU-h0"]},xid="13"', lambda h: None if -0.5 <= h < 1 else _step(h, [(-2, 7), (5, 8)])),
+            # the exporter restarted at the start: 9 before, then its first event at h0 (1 event, not -8)
+            (f'{dev["GPU-h0"]},xid="92"', lambda h: _step(h, [(-2, 9), (0, 1)])),
         ],
         "nvidia_gpu_remapped_rows_total": [
             (f'{dev["GPU-a1"]},error_type="uncorrected"', lambda h: _step(h, [(-2, 0), (190, 3)])),
@@ -231,6 +235,7 @@ def test_figures_match_the_hand_worked_history(query_backend, ledger):
     assert gpus["GPU-a1"].xids == {31: 3}
     assert gpus["GPU-v0"].xids == {94: 1}  # 5 before the period, 6 after h70
     assert gpus["GPU-v1"].xids == {79: 1}
+    assert gpus["GPU-h0"].xids == {13: 1, 92: 1}  # across a scrape gap and a restart at the start
     assert (gpus["GPU-v1"].lost_incidents, gpus["GPU-v1"].lost_hours) == (1, 10.0)  # 120 points x 5 min
     assert gpus["GPU-a1"].remapped_rows == {"uncorrected": 3}
     assert gpus["GPU-a1"].remap_pending and gpus["GPU-a1"].remap_failure
