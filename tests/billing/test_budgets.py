@@ -27,7 +27,7 @@ from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import HOUR, hour_floor
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.service import build_app, serve
-from tests.billing.factories import A100, alloc, book, gpu_hour
+from tests.billing.factories import A100, alloc, book, gpu_hour, mig
 from tests.support.servers import free_port, wait_http_ok
 
 TEAMS = {"ns-a": "alpha", "ns-b": "beta"}
@@ -371,3 +371,31 @@ def test_billing_serve_exports_the_hand_worked_budget_series(sql_ledger, prices,
         "gamma": 0.0,
     }
     assert values("gpumeter_billing_team_budget") == {"alpha": 1000.0, "beta": 200.0, "gamma": 50.0}
+
+
+# --- what counts against a budget, on every ledger ----------------------------------------------------
+
+
+def test_team_costs_count_tenant_and_idle_share_lines_only(ledger, tmp_path):
+    """The SQL ledgers sum in the database, the memory ledger in Python: the same figures."""
+    spread = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}}, idle="spread")
+    hour = datetime(2026, 11, 2, 5, tzinfo=UTC)
+    u = "GPU-m"
+    held = gpu_hour(
+        u,
+        A100,
+        [mig(u, "1", "3g.20gb"), mig(u, "2", "3g.20gb")],
+        [alloc(u, "ns-a", "a", gi="1", profile="3g.20gb")],
+        hour=hour,
+    )
+    nobody = gpu_hour("GPU-n", A100, hour=hour)  # all __unallocated__: counts for no team
+    no_team = gpu_hour("GPU-o", A100, allocations=[alloc("GPU-o", "ns-x", "x")], hour=hour)  # unmapped ns
+    unpriced = gpu_hour("GPU-u", "NVIDIA B200", allocations=[alloc("GPU-u", "ns-a", "b")], hour=hour)
+    hours = [held, nobody, no_team, unpriced]
+    lines = [line for gh in hours for line in price_gpu_hour(gh, spread, TEAMS).lines]
+    ledger.write_hour(HourRecord(hour, hours, lines, spread))
+    # alpha holds 3/7 of 3.00 as a tenant line (1.29) and gets the rest, 4/7 of 3.00 (unallocated
+    # 3/7 + stranded 1/7), as idle share (1.71): 3.00. GPU-n's 3.00 is the platform's; ns-x's 3.00 has
+    # no team; the B200 has no price. Nothing else.
+    assert ledger.team_costs(hour, hour + HOUR) == {("alpha", "USD"): Decimal("3.00")}
+    assert ledger.team_costs(hour + HOUR, hour + 2 * HOUR) == {}
