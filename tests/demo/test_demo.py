@@ -113,7 +113,7 @@ def test_the_demo_stack_end_to_end(tmp_path):
             assert {".html", ".csv"} <= files, files
             # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
             (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")
-            over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.open())}
+            over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.read_text().splitlines())}
             assert over["data-platform"] == "true", over
 
         # data-platform's forecast (a week of backfilled cost projected over the month) is over its
