@@ -51,7 +51,7 @@ class Exporter:
         self.sampler.start()
         try:
             app = make_app(self.exposition, self.health)
-            self.servers.append(serve(app, self.config.listen, web, name="metrics"))
+            self.servers.append(serve(app, self.config.listen, web, name="metrics", answers_from_memory=True))
             if self.node is not None and self.config.admin_listen:
                 from .simulator.admin import make_admin_app
 

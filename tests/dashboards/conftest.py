@@ -30,6 +30,7 @@ from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.service import build_app
 from tests.billing.factories import book
 from tests.support.servers import PrometheusServer
@@ -39,6 +40,12 @@ RULE_FILES = [ROOT / "alerts" / "gpumeter-rules.yaml", ROOT / "alerts" / "gpumet
 EXPORTER_JOB = "gpumeter-exporter"
 BILLING_JOB = "gpumeter-billing"
 KSM_JOB = "kube-state-metrics"
+VOLCANO_JOB = "volcano-scheduler"
+# A queue within its share with jobs waiting, and one borrowing (docs/capacity.md §Volcano queues).
+VOLCANO_QUEUES = (
+    VolcanoQueue("research", deserved=8, allocated=6, requested=10, pending_podgroups=2),
+    VolcanoQueue("batch", deserved=4, allocated=6, requested=6),
+)
 # GPU demand the fleets' pods do not show (they all run): a 3g.20gb pod waiting 40 minutes, two whole
 # GPUs waiting 5; and a GPU quota, for the capacity dashboard.
 PENDING = (
@@ -239,6 +246,7 @@ def stack() -> Iterator[Stack]:
     exporters: dict[str, ExporterProcess] = {}
     ledger = server = prom = None
     kube_state: list[StandInKubeStateMetrics] = []
+    volcano = StandInVolcano(VOLCANO_QUEUES).start()
     try:
         # one stand-in kube-state-metrics per fleet with Kubernetes; the demand and quotas on the first
         for index, fleet_name in enumerate(sorted({f for f, _, kubelet in FLEETS if kubelet})):
@@ -256,6 +264,7 @@ def stack() -> Iterator[Stack]:
                 EXPORTER_JOB: [f"127.0.0.1:{e.port}" for e in exporters.values()],
                 BILLING_JOB: [f"127.0.0.1:{server.server_address[1]}"],
                 KSM_JOB: [f"127.0.0.1:{k.port}" for k in kube_state],
+                VOLCANO_JOB: [f"127.0.0.1:{volcano.port}"],
             },
             rule_files=RULE_FILES,
         ).start()
@@ -274,6 +283,7 @@ def stack() -> Iterator[Stack]:
             "count_over_time(nvidia_gpu_info[1m]) > 5",
             "namespace_pod_resource:kube_pod_pending_gpu_wait:seconds",
             "hostname:nvidia_gpu_mig_fragmentation:ratio",
+            "queue_resource:volcano_queue_gpu_deserved_used:ratio",
         ):
             _wait(prom, promql)
         yield Stack(prom, exporters)
@@ -287,6 +297,7 @@ def stack() -> Iterator[Stack]:
             exporter.stop()
         for stand_in in kube_state:
             stand_in.stop()
+        volcano.stop()
         if ledger is not None:
             ledger.close()
         shutil.rmtree(sockets, ignore_errors=True)
