@@ -758,6 +758,33 @@ BILLING_INGEST_LAG = _billing(
     "seconds",
     "Now minus the end of the newest hour ingested successfully.",
 )
+# Budgets (docs/billing.md §4.4): the calendar month in UTC that holds the scrape; in the price book's
+# currency, named by the `currency` label as the cost series are.
+BILLING_TEAM_MONTH_TO_DATE = _billing(
+    "gpumeter_billing_team_month_to_date_cost",
+    G,
+    "",
+    "What the team's lines of this calendar month (UTC) ingested so far cost: tenant and idle-share lines.",
+    TEAM,
+    CURRENCY,
+)
+BILLING_TEAM_FORECAST = _billing(
+    "gpumeter_billing_team_forecast_cost",
+    G,
+    "",
+    "The team's cost forecast for the whole calendar month (UTC): month-to-date plus the last 7 whole "
+    "days' mean hourly cost times the hours left (docs/billing.md §4.4).",
+    TEAM,
+    CURRENCY,
+)
+BILLING_TEAM_BUDGET = _billing(
+    "gpumeter_billing_team_budget",
+    G,
+    "",
+    "The team's budget for each calendar month (UTC), from the team map file.",
+    TEAM,
+    CURRENCY,
+)
 
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
@@ -767,6 +794,9 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_INGEST_RUNS,
     BILLING_LAST_SUCCESS,
     BILLING_INGEST_LAG,
+    BILLING_TEAM_MONTH_TO_DATE,
+    BILLING_TEAM_FORECAST,
+    BILLING_TEAM_BUDGET,
 )
 
 

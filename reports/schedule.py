@@ -58,6 +58,7 @@ class ReportSchedule:
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
     """Render last month (relative to ``now``) for every configured grouping; record each run."""
+    from gpumeter.billing.config import load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.reports.model import Grouping, last_month
     from gpumeter.reports.render import RenderOptions
@@ -68,6 +69,8 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     period = last_month(now)
     formats = tuple(f.strip() for f in cfg.formats.split(",") if f.strip())
     labels = load_labels(cfg.labels) if cfg.labels else {}
+    # the billing service's team map file holds the teams' budgets: the report shows them
+    budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
     out_dir = Path(cfg.out_dir) / period.label
     kinds = {k.strip() for k in cfg.kinds.split(",") if k.strip()}
     ledger = open_ledger(settings["db"], schema=settings.get("schema"))
@@ -83,6 +86,7 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
                 trigger="schedule",
                 options=RenderOptions(generated_at=now),
                 now=now,
+                budgets=budgets,
             )
             written += len(result.files)
         if "health" in kinds:

@@ -6,6 +6,7 @@ and Ctrl-C stops it all."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.dashboards.build import GENERATED
 from gpumeter.exporter.simulator.fleet import load_fleet
@@ -109,6 +111,20 @@ def test_the_demo_stack_end_to_end(tmp_path):
         assert tenant and float(tenant[0].rsplit(" ", 1)[1]) > 0, billing[:2000]
         assert 'namespace="__unallocated__"' in billing
 
+        # the teams' budgets (deploy/demo-teams.yaml) are served beside each team's month-to-date cost
+        families = {f.name: f.samples for f in text_string_to_metric_families(billing)}
+        budgets = {s.labels["team"]: s.value for s in families["gpumeter_billing_team_budget"]}
+        assert budgets == {
+            "search": 25000.0,
+            "research": 10000.0,
+            "perception": 5000.0,
+            "language": 2000.0,
+            "data-platform": 100.0,
+        }
+        assert set(budgets) <= {
+            s.labels["team"] for s in families["gpumeter_billing_team_month_to_date_cost"]
+        }
+
         # the history is queryable: a month of allocations for the h100 node
         result = httpx.get(
             f"{prometheus}/api/v1/query",
@@ -127,13 +143,7 @@ def test_the_demo_stack_end_to_end(tmp_path):
             doc = json.loads(health[0].read_text())
             gpus = sum(len(n.gpus) for f in ("h100-mig", "a100-mixed") for n in load_fleet(f).nodes)
             assert doc["fleet"]["gpus"] == gpus and doc["fleet"]["gpu_hours_in_service"] > 0
-            assert doc["fleet"]["mean_utilization"] is not None and doc["fleet"]["maturity_level"] in (
-                1,
-                2,
-                3,
-                4,
-                5,
-            )
+            assert doc["fleet"]["mean_utilization"] is not None and 1 <= doc["fleet"]["maturity_level"] <= 5
             assert doc["teams"] and all(
                 t["maturity_level"] for t in doc["teams"] if t["mean_utilization"] is not None
             )
@@ -143,15 +153,10 @@ def test_the_demo_stack_end_to_end(tmp_path):
             # twice on GPU 3; XID 79 and the loss of GPU 5 count once), MTBF (8H - 2) / 3, 1.5 h HW thermal;
             # A100 pool: XID 31 (application), a 2-row remap (XID 63, hardware) pending, then a row-remap
             # failure (XID 64, critical): 1 failure in 6H GPU-hours. RMA: H100 GPU 3 and A100 GPU 2.
-            start = datetime.fromisoformat(doc["period"]["start"].replace("Z", "+00:00"))
-            hours = (
-                int(
-                    (
-                        datetime.fromisoformat(doc["period"]["end"].replace("Z", "+00:00")) - start
-                    ).total_seconds()
-                )
-                // 3600
+            start, end = (
+                datetime.fromisoformat(doc["period"][k].replace("Z", "+00:00")) for k in ("start", "end")
             )
+            hours = int((end - start).total_seconds()) // 3600
             pools = {p["pool"]: p for p in doc["pools"]}
             h100, a100 = pools["NVIDIA H100 80GB HBM3"], pools["NVIDIA A100-SXM4-40GB"]
             assert (h100["gpus"], h100["gpu_hours_in_service"], h100["failures"]) == (8, 8 * hours - 2, 3)
@@ -163,6 +168,11 @@ def test_the_demo_stack_end_to_end(tmp_path):
             assert a100["gpus_with_pending_remap_or_retirement"] == 1
             rma = sorted((c["node"], len(c["reasons"])) for c in doc["rma_candidates"])
             assert rma == [("gpu-a100-mixed-01", 2), ("gpu-h100-mig-01", 1)], doc["rma_candidates"]
+
+            # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
+            (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")
+            over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.read_text().splitlines())}
+            assert over["data-platform"] == "true", over
 
         # every query of the capacity dashboard returns data from the demo's Prometheus (pending demand,
         # waiting time and quota come from the stand-in kube-state-metrics; the rules need a few rounds)
@@ -180,6 +190,19 @@ def test_the_demo_stack_end_to_end(tmp_path):
             ]
 
         poll(empty, lambda left: left == [], 120, "data for every capacity-dashboard query")
+
+        # data-platform's forecast (a week of backfilled cost projected over the month) is over its
+        # budget whatever the day of the month: the rule sees it (pending, for: 3h)
+        poll(
+            lambda: httpx.get(
+                f"{prometheus}/api/v1/query",
+                params={"query": 'ALERTS{alertname="GpuTeamBudgetForecastExceeded", team="data-platform"}'},
+                timeout=5,
+            ).json()["data"]["result"],
+            bool,
+            60,
+            "GpuTeamBudgetForecastExceeded for data-platform in Prometheus",
+        )
 
         # a fault reaches Alertmanager through Prometheus' rules
         inject = subprocess.run(
