@@ -635,7 +635,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(contract.VGPU_MEMORY_TOTAL, D, "nvmlVgpuTypeGetFramebufferSize"),
     MetricSpec(
-        contract.VGPU_MEMORY_USED, D, "nvmlVgpuInstanceGetFbUsage (unsigned long long, read with its own buffer)"
+        contract.VGPU_MEMORY_USED,
+        D,
+        "nvmlVgpuInstanceGetFbUsage (unsigned long long, read with its own buffer)",
     ),
     MetricSpec(
         contract.VGPU_UTILIZATION,

@@ -495,7 +495,7 @@ ALLOCATION = _exporter(
     "Share of a GPU or MIG instance a pod's container holds: 1 for a whole GPU or MIG instance, "
     "1/replicas for a time-sliced or MPS replica. gpu_instance_id and mig_profile are empty for whole "
     "GPUs; sharing says how the holding is shared (exclusive, mig, time_slicing, mps, fractional, vgpu). "
-    "A vGPU (sharing=\"vgpu\") is held by a virtual machine: namespace is its VM ID, pod the vGPU's UUID, "
+    'A vGPU (sharing="vgpu") is held by a virtual machine: namespace is its VM ID, pod the vGPU\'s UUID, '
     "container empty, resource the vGPU type, and the share its type's framebuffer over the GPU's "
     "framebuffer the vGPU manager divides (1 / max_instances of the type).",
     HOSTNAME,
