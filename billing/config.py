@@ -44,7 +44,9 @@ class Settings:
 
 
 def load_team_map(path: str | Path) -> dict[str, str]:
-    """``namespaces: {namespace: team}`` → dict; errors name the file, the field and the value."""
+    """``namespaces: {namespace: team}`` and ``vms: {vm_id: team}`` → one dict (a VM's vGPU is billed
+    under its VM ID as its namespace, docs/billing.md §4.3); errors name the file, the field and the
+    value."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -54,11 +56,22 @@ def load_team_map(path: str | Path) -> dict[str, str]:
     except YamlRefused as exc:
         raise ConfigError(f"{path}: {exc.field}: {exc.problem} (value {exc.value!r})") from None
     namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
+    vms = doc.get("vms", {}) if isinstance(doc, dict) else {}
+    if not isinstance(vms, dict):
+        raise ConfigError(f"{path}: vms: expected a mapping of VM ID to team (value {vms!r})")
+    if namespaces is None and vms:
+        namespaces = {}  # a map of VMs alone (a vGPU-only fleet)
     if not isinstance(namespaces, dict):
         raise ConfigError(
             f"{path}: namespaces: expected a mapping of namespace to team (value {namespaces!r})"
         )
-    for namespace, team in namespaces.items():
-        if not isinstance(namespace, str) or not isinstance(team, str) or not team:
-            raise ConfigError(f"{path}: namespaces.{namespace}: expected a team name (value {team!r})")
-    return dict(namespaces)
+    for section, entries in (("namespaces", namespaces), ("vms", vms)):
+        for name, team in entries.items():
+            if not isinstance(name, str) or not isinstance(team, str) or not team:
+                raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+    for vm_id, team in vms.items():
+        if namespaces.get(vm_id, team) != team:
+            raise ConfigError(
+                f"{path}: vms.{vm_id}: also a namespace of team {namespaces[vm_id]!r} (value {team!r})"
+            )
+    return {**namespaces, **vms}
