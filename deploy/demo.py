@@ -411,6 +411,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
                 period,
                 "--by",
                 "team",
+                "--teams",
+                teams,  # budget against actual per team
                 "--format",
                 "html,csv,focus",
                 "--out",

@@ -24,6 +24,7 @@ __all__ = [
     "CONTRACT",
     "EXPORTER_SERIES",
     "KUBE_DEMAND_SERIES",
+    "VOLCANO_QUEUE_SERIES",
     "HourQuery",
     "MetricType",
     "Producer",
@@ -43,6 +44,7 @@ class Producer(StrEnum):
     EXPORTER = "exporter"
     BILLING = "billing"
     KUBE_STATE_METRICS = "kube-state-metrics"
+    VOLCANO = "volcano-scheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,6 +721,50 @@ KUBE_DEMAND_SERIES: tuple[Series, ...] = (
     KUBE_RESOURCEQUOTA,
 )
 
+# --- volcano-scheduler: GPU queues, where Volcano schedules (docs/capacity.md §Volcano queues) ----------
+# volcano-scheduler's names and labels (pkg/scheduler/metrics/queue.go). Scalar resources keep their
+# Kubernetes spelling in ``resource`` (nvidia.com/gpu) and are in milli-units: Volcano stores every scalar
+# resource as Quantity.MilliValue() (pkg/scheduler/api/resource_info.go NewResource), so 4 GPUs read 4000.
+QUEUE_NAME = "queue_name"
+
+
+def _volcano(name: str, labels: tuple[str, ...], help_: str) -> Series:
+    return Series(name, G, labels, "", help_, Producer.VOLCANO)
+
+
+VOLCANO_QUEUE_ALLOCATED = _volcano(
+    "volcano_queue_allocated_scalar_resources",
+    (QUEUE_NAME, RESOURCE),
+    "Scalar resources allocated to a queue's running tasks, in milli-units (4 GPUs: 4000).",
+)
+VOLCANO_QUEUE_REQUEST = _volcano(
+    "volcano_queue_request_scalar_resources",
+    (QUEUE_NAME, RESOURCE),
+    "Scalar resources a queue's jobs request in all, allocated and waiting, in milli-units.",
+)
+VOLCANO_QUEUE_DESERVED = _volcano(
+    "volcano_queue_deserved_scalar_resources",
+    (QUEUE_NAME, RESOURCE),
+    "A queue's deserved share of the cluster's scalar resources, in milli-units.",
+)
+VOLCANO_QUEUE_PODGROUPS_PENDING = _volcano(
+    "volcano_queue_pod_group_pending_count", (QUEUE_NAME,), "PodGroups of a queue in phase Pending."
+)
+VOLCANO_QUEUE_PODGROUPS_INQUEUE = _volcano(
+    "volcano_queue_pod_group_inqueue_count", (QUEUE_NAME,), "PodGroups of a queue admitted, not yet running."
+)
+VOLCANO_QUEUE_PODGROUPS_RUNNING = _volcano(
+    "volcano_queue_pod_group_running_count", (QUEUE_NAME,), "PodGroups of a queue running."
+)
+VOLCANO_QUEUE_SERIES: tuple[Series, ...] = (
+    VOLCANO_QUEUE_ALLOCATED,
+    VOLCANO_QUEUE_REQUEST,
+    VOLCANO_QUEUE_DESERVED,
+    VOLCANO_QUEUE_PODGROUPS_PENDING,
+    VOLCANO_QUEUE_PODGROUPS_INQUEUE,
+    VOLCANO_QUEUE_PODGROUPS_RUNNING,
+)
+
 # --- billing's own /metrics (gpumeter billing serve), rendered from the ledger at scrape time ----------
 BILLING_COST = _billing(
     "gpumeter_billing_cost_total",
@@ -770,6 +816,33 @@ BILLING_INGEST_LAG = _billing(
     "seconds",
     "Now minus the end of the newest hour ingested successfully.",
 )
+# Budgets (docs/billing.md §4.4): the calendar month in UTC that holds the scrape; in the price book's
+# currency, named by the `currency` label as the cost series are.
+BILLING_TEAM_MONTH_TO_DATE = _billing(
+    "gpumeter_billing_team_month_to_date_cost",
+    G,
+    "",
+    "What the team's lines of this calendar month (UTC) ingested so far cost: tenant and idle-share lines.",
+    TEAM,
+    CURRENCY,
+)
+BILLING_TEAM_FORECAST = _billing(
+    "gpumeter_billing_team_forecast_cost",
+    G,
+    "",
+    "The team's cost forecast for the whole calendar month (UTC): month-to-date plus the last 7 whole "
+    "days' mean hourly cost times the hours left (docs/billing.md §4.4).",
+    TEAM,
+    CURRENCY,
+)
+BILLING_TEAM_BUDGET = _billing(
+    "gpumeter_billing_team_budget",
+    G,
+    "",
+    "The team's budget for each calendar month (UTC), from the team map file.",
+    TEAM,
+    CURRENCY,
+)
 
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
@@ -779,6 +852,9 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_INGEST_RUNS,
     BILLING_LAST_SUCCESS,
     BILLING_INGEST_LAG,
+    BILLING_TEAM_MONTH_TO_DATE,
+    BILLING_TEAM_FORECAST,
+    BILLING_TEAM_BUDGET,
 )
 
 
@@ -827,6 +903,7 @@ CONTRACT: tuple[Series, ...] = (
     *EXPORTER_SERIES,
     KUBE_NAMESPACE_LABELS,
     *KUBE_DEMAND_SERIES,
+    *VOLCANO_QUEUE_SERIES,
     *BILLING_SERIES,
 )
 _BY_NAME = {s.name: s for s in CONTRACT}

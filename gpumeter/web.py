@@ -1171,10 +1171,15 @@ class _EventLoop:
                     connection = key.data
                     if connection is None:
                         self._take_arrivals(limits)
-                    elif events & selectors.EVENT_WRITE:
-                        self._write(connection)
-                    else:
-                        self._read(connection)
+                        continue
+                    try:
+                        if events & selectors.EVENT_WRITE:
+                            self._write(connection)
+                        else:
+                            self._read(connection)
+                    except Exception:  # a bug must cost one connection, never the loop that serves them all
+                        log.exception("error serving %s; closing its connection", connection.address[0])
+                        self._close(connection)
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + self._SWEEP

@@ -52,6 +52,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--labels", help="namespace labels YAML for --by label:KEY: namespaces: {ns: {k: v}}")
     parser.add_argument(
+        "--teams",
+        help="billing's team map YAML: its budgets: {team: {amount, currency}} add budget against actual per team (months only)",
+    )
+    parser.add_argument(
         "--format",
         dest="formats",
         type=_formats,
@@ -82,6 +86,7 @@ def missing_sqlite_file(url: str) -> str | None:
 
 
 def cmd_report(args) -> int:
+    from gpumeter.billing.config import ConfigError, load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
@@ -100,7 +105,8 @@ def cmd_report(args) -> int:
         else:
             period = month_period(args.period) if args.period else last_month(now)
         grouping = Grouping.parse(args.by, load_labels(args.labels))
-    except ReportError as exc:
+        budgets = load_budgets(args.teams) if args.teams else {}
+    except (ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     missing = missing_sqlite_file(args.db)
@@ -123,9 +129,11 @@ def cmd_report(args) -> int:
             options=RenderOptions(account=args.account, service=args.service_name, generated_at=now),
             now=now,
             record=not args.no_record,
+            budgets=budgets,
         )
     except ReportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        where = f"{args.teams}: " if str(exc).startswith("budgets.") else ""  # name the budgets' file
+        print(f"error: {where}{exc}", file=sys.stderr)
         return 2
     except LedgerError as exc:  # the database was lost past the ledger's retries
         print(f"error: {exc}", file=sys.stderr)

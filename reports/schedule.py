@@ -55,6 +55,7 @@ class ReportSchedule:
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
     """Render last month (relative to ``now``) for every configured grouping; record each run."""
+    from gpumeter.billing.config import load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.reports.model import Grouping, last_month
     from gpumeter.reports.render import RenderOptions
@@ -65,6 +66,8 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     period = last_month(now)
     formats = tuple(f.strip() for f in cfg.formats.split(",") if f.strip())
     labels = load_labels(cfg.labels) if cfg.labels else {}
+    # the billing service's team map file holds the teams' budgets: the report shows them
+    budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
     out_dir = Path(cfg.out_dir) / period.label
     ledger = open_ledger(settings["db"], schema=settings.get("schema"))
     written = 0
@@ -79,6 +82,7 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
                 trigger="schedule",
                 options=RenderOptions(generated_at=now),
                 now=now,
+                budgets=budgets,
             )
             written += len(result.files)
     finally:

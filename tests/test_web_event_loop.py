@@ -188,3 +188,24 @@ def test_closing_the_server_closes_the_connections_the_loop_holds():
         assert closed_by_server(sock, within=3)
     finally:
         sock.close()
+
+
+def test_an_answer_that_breaks_costs_its_connection_not_the_loop():
+    """An app answering with text instead of bytes breaks the answer outside the app's own error
+    handling; the loop closes that connection and goes on serving the others."""
+
+    def breaking(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return ["text, not bytes"] if environ["PATH_INFO"] == "/break" else [b"fine"]
+
+    listener = serve(breaking, "127.0.0.1:0", answers_from_memory=True, name="loop-break")
+    try:
+        sock = connect(listener)
+        try:
+            sock.sendall(b"GET /break HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert closed_by_server(sock, within=3)
+        finally:
+            sock.close()
+        assert httpx.get(url(listener, "/ok"), timeout=5).text == "fine"
+    finally:
+        listener.close()

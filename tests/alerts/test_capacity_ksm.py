@@ -22,6 +22,7 @@ from gpumeter.exporter.simulator.kube_state_metrics import (
     StandInKubeStateMetrics,
     sanitize,
 )
+from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.support.servers import PrometheusServer
 
 pytestmark = pytest.mark.slow
@@ -106,3 +107,39 @@ def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
             } <= running
     finally:
         ksm.stop()
+
+
+@pytest.mark.prometheus
+def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
+    """The stand-in volcano-scheduler serves milli-units, as Volcano does; the rules give GPUs.
+    research deserves 8, holds 6 and asks for 10 in all: 4 waiting, 0.75 of its share; batch deserves
+    4 and holds 6: borrowing, 1.5, nothing waiting."""
+    queues = (
+        VolcanoQueue("research", deserved=8, allocated=6, requested=10, pending_podgroups=2),
+        VolcanoQueue("batch", deserved=4, allocated=6, requested=6),
+    )
+    volcano = StandInVolcano(queues).start()
+    try:
+        body = httpx.get(f"http://127.0.0.1:{volcano.port}/metrics", timeout=5).text
+        assert (
+            'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
+            in body
+        )
+        with PrometheusServer(
+            tmp_path / "prometheus",
+            scrape_targets={"volcano-scheduler": [f"127.0.0.1:{volcano.port}"]},
+            rule_files=RULE_FILES,
+        ) as prom:
+            prom.wait_for("queue_resource:volcano_queue_gpu_deserved_used:ratio", timeout=60)
+
+            def by_queue(query: str) -> dict[str, float]:
+                return {r["metric"]["queue_name"]: float(r["value"][1]) for r in prom.query(query)}
+
+            assert by_queue("queue_resource:volcano_queue_gpu_waiting:sum") == {"research": 4.0, "batch": 0.0}
+            assert by_queue("queue_resource:volcano_queue_gpu_deserved_used:ratio") == {
+                "research": 0.75,
+                "batch": 1.5,
+            }
+            assert by_queue("queue:volcano_queue_pod_group_pending:sum") == {"research": 2.0, "batch": 0.0}
+    finally:
+        volcano.stop()

@@ -3,6 +3,7 @@ fault reaches Alertmanager, billing has priced the month, reports exist, and Ctr
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.servers import require_binary
 
@@ -83,6 +85,20 @@ def test_the_demo_stack_end_to_end(tmp_path):
         assert tenant and float(tenant[0].rsplit(" ", 1)[1]) > 0, billing[:2000]
         assert 'namespace="__unallocated__"' in billing
 
+        # the teams' budgets (deploy/demo-teams.yaml) are served beside each team's month-to-date cost
+        families = {f.name: f.samples for f in text_string_to_metric_families(billing)}
+        budgets = {s.labels["team"]: s.value for s in families["gpumeter_billing_team_budget"]}
+        assert budgets == {
+            "search": 25000.0,
+            "research": 10000.0,
+            "perception": 5000.0,
+            "language": 2000.0,
+            "data-platform": 100.0,
+        }
+        assert set(budgets) <= {
+            s.labels["team"] for s in families["gpumeter_billing_team_month_to_date_cost"]
+        }
+
         # the history is queryable: a month of allocations for the h100 node
         result = httpx.get(
             f"{prometheus}/api/v1/query",
@@ -95,6 +111,23 @@ def test_the_demo_stack_end_to_end(tmp_path):
         if (ROOT / "reports" / "cli.py").exists():
             files = {p.suffix for p in (workdir / "reports").rglob("*") if p.is_file()}
             assert {".html", ".csv"} <= files, files
+            # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
+            (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")
+            over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.read_text().splitlines())}
+            assert over["data-platform"] == "true", over
+
+        # data-platform's forecast (a week of backfilled cost projected over the month) is over its
+        # budget whatever the day of the month: the rule sees it (pending, for: 3h)
+        poll(
+            lambda: httpx.get(
+                f"{prometheus}/api/v1/query",
+                params={"query": 'ALERTS{alertname="GpuTeamBudgetForecastExceeded", team="data-platform"}'},
+                timeout=5,
+            ).json()["data"]["result"],
+            bool,
+            60,
+            "GpuTeamBudgetForecastExceeded for data-platform in Prometheus",
+        )
 
         # a fault reaches Alertmanager through Prometheus' rules
         inject = subprocess.run(
