@@ -175,13 +175,37 @@ def test_the_collector_exports_each_vm_vgpu_and_its_allocation(simulate):
 def test_the_collector_asks_a_bare_metal_gpu_once_and_never_again(simulate):
     sim = simulate(FLEET, node="gpu-shared-ts-01")
     sim.sample()
+    # the one question, asked at discovery, once per GPU
+    assert sim.lib.calls["nvmlDeviceGetVirtualizationMode"] == 3
+    assert sim.lib.calls["nvmlDeviceGetActiveVgpus"] == 0
     sim.lib.calls.clear()
     sim.sample()
     assert not [name for name in sim.lib.calls if "Vgpu" in name or "Virtualization" in name]
-    assert "nvidia_vgpu_info" not in sim.text().replace("# HELP nvidia_vgpu_info", "").replace(
-        "# TYPE nvidia_vgpu_info", ""
-    )
+    assert not [line for line in sim.text().splitlines() if line.startswith("nvidia_vgpu_")]
+    assert sim.value("gpumeter_exporter_collector_success", collector="vgpu") == 1
 
 
 def _instance_of(sim, vgpu) -> int:
     return next(i for i, v in sim.node.vgpus.items() if v.spec.uuid == vgpu.uuid)
+
+
+def test_a_vgpu_call_failing_fails_the_vgpu_collector_alone_and_a_vm_gone_takes_its_series(simulate):
+    sim = simulate(FLEET, node=VGPU_NODE)
+    sim.sample()
+    assert sim.value("nvidia_gpu_temperature_celsius", gpu="0", uuid=sim.node.spec.gpus[0].uuid) is not None
+    # the driver errs on the list (nvml.h's catch-all UNKNOWN): the collector fails for this cycle only
+    sim.node.gpus[0].nvml_errors["nvmlDeviceGetActiveVgpus"] = N.NVML_ERROR_UNKNOWN
+    sim.sample()
+    assert sim.value("gpumeter_exporter_collector_success", collector="vgpu") == 0
+    assert sim.value("gpumeter_exporter_collector_success", collector="thermal") == 1
+    assert "nvidia_vgpu_memory_used_bytes{" not in sim.text()
+    del sim.node.gpus[0].nvml_errors["nvmlDeviceGetActiveVgpus"]
+    # a VM shut down: its vGPU leaves the driver's list, and its series and allocation leave the next cycle
+    gone = next(iter(sim.node.vgpus))
+    gone_vm = sim.node.vgpus.pop(gone).spec.vm_id
+    sim.sample()
+    assert sim.value("gpumeter_exporter_collector_success", collector="vgpu") == 1
+    text = sim.text()
+    assert gone_vm not in text
+    held = [line for line in text.splitlines() if line.startswith("nvidia_gpu_allocation{")]
+    assert len(held) == 2 and all('sharing="vgpu"' in line for line in held)
