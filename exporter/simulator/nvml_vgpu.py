@@ -10,7 +10,7 @@ Semantics from nvml.h (NVIDIA/go-nvml, pkg/nvml/nvml.h), quoted where they decid
   vgpuInstance does not match a valid active vGPU instance on the system".
 * nvmlVgpuType*: "NVML_ERROR_INVALID_ARGUMENT if vgpuTypeId is invalid"; GetMaxInstances also "or is
   not supported on target device".
-* nvmlVgpuInstanceGetFbUsage writes an ``unsigned long long`` of bytes. pynvml (nvidia-ml-py 12.x)
+* nvmlVgpuInstanceGetFbUsage writes an ``unsigned long long`` of bytes. pynvml (nvidia-ml-py 13.615.71)
   hands it a 4-byte ``c_uint``: a real driver writes all 8 bytes through that pointer, so the wrapper
   reads the low half (little-endian), i.e. the usage modulo 4 GiB. The stand-in writes what fits in the
   caller's buffer the same way, so a caller that trusts the wrapper reads the same wrong figure it
