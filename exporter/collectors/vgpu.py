@@ -82,10 +82,7 @@ class VgpuCollector:
                 continue
             type_name, framebuffer, max_instances = vgpu_type
             vm_id, vm_id_type = _text(vm[0]), VM_ID_TYPES.get(vm[1], str(vm[1]))
-            license_info = device.call("vgpu_license", N.nvmlVgpuInstanceGetLicenseInfo_v2, instance)
-            license_state = (
-                LICENSE_STATES.get(license_info.currentState, "unknown") if license_info else "unknown"
-            )
+            license_state = self._license(device, instance)
             labels = (*device.labels, _text(uuid), vm_id)
             out.add(
                 contract.VGPU_INFO.name,
@@ -112,6 +109,16 @@ class VgpuCollector:
                     contract.SHARING_VGPU,
                 )
                 out.add(contract.ALLOCATION.name, allocation, framebuffer / (framebuffer * max_instances))
+
+    @staticmethod
+    def _license(device, instance: int) -> str:
+        """The guest's license: nvmlVgpuInstanceGetLicenseInfo_v2's state, or where the driver lacks it
+        the deprecated nvmlVgpuInstanceGetLicenseStatus (1 licensed, 0 not)."""
+        info = device.call("vgpu_license", N.nvmlVgpuInstanceGetLicenseInfo_v2, instance)
+        if info is not None:
+            return LICENSE_STATES.get(info.currentState, "unknown")
+        licensed = device.call("vgpu_license_status", N.nvmlVgpuInstanceGetLicenseStatus, instance)
+        return "unknown" if licensed is None else ("licensed" if licensed else "unlicensed")
 
     def _type(self, device, type_id: int) -> tuple[str, int, int] | None:
         key = (device.uuid, type_id)

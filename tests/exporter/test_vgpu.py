@@ -209,3 +209,15 @@ def test_a_vgpu_call_failing_fails_the_vgpu_collector_alone_and_a_vm_gone_takes_
     assert gone_vm not in text
     held = [line for line in text.splitlines() if line.startswith("nvidia_gpu_allocation{")]
     assert len(held) == 2 and all('sharing="vgpu"' in line for line in held)
+
+
+def test_a_driver_without_license_info_v2_still_says_who_is_licensed(simulate):
+    sim = simulate(FLEET, node=VGPU_NODE, missing={"nvmlVgpuInstanceGetLicenseInfo_v2"})
+    sim.sample()
+    states = {
+        line.split('license_state="')[1].split('"')[0]
+        for line in sim.text().splitlines()
+        if line.startswith("nvidia_vgpu_info{")
+    }
+    assert states == {"licensed", "unlicensed"}  # from nvmlVgpuInstanceGetLicenseStatus's 1 / 0
+    assert sim.lib.calls["nvmlVgpuInstanceGetLicenseStatus"] == 3
