@@ -78,8 +78,8 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
 
 
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
-    """The scheduled job: render last month's chargeback reports (reports/, docs/reports.md) into the
-    configured directory and record each run (period, price-book versions, checksums) in the ledger."""
+    """The scheduled job: render last month's chargeback and fleet-health reports (reports/,
+    docs/reports.md) into the configured directory and record each run (period, price-book versions, checksums) in the ledger."""
     return run_monthly(settings, report, now)
 
 
@@ -136,7 +136,7 @@ def build_scheduler(
         monthly_report,
         report_schedule.trigger(),
         id="monthly-report",
-        name="monthly chargeback reports (last month)",
+        name="monthly chargeback and fleet-health reports (last month)",
         kwargs={**kwargs, "report": report_schedule.as_dict()},
         replace_existing=True,
     )

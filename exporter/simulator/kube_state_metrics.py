@@ -19,7 +19,10 @@ fleet file cannot say them); their node label is empty, as for an unscheduled po
 
 from __future__ import annotations
 
+import argparse
 import re
+import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -27,10 +30,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .fleet import Fleet, PodSpec
+from .fleet import Fleet, FleetError, PodSpec, load_fleet
 from .kubelet import resource_name
 
-__all__ = ["PendingPod", "Quota", "StandInKubeStateMetrics", "exposition", "sanitize"]
+__all__ = ["PendingPod", "Quota", "StandInKubeStateMetrics", "add_parser", "exposition", "sanitize"]
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -187,3 +190,90 @@ class StandInKubeStateMetrics:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+# --- gpumeter simulate kube-state-metrics ---------------------------------------------------------------
+
+
+def _pending(text: str) -> PendingPod:
+    """``NAMESPACE/POD=RESOURCE:QUANTITY:WAITED_SECONDS``, e.g. ``ml-research/wait-3g=nvidia.com/mig-3g.20gb:1:2400``."""
+    try:
+        who, what = text.split("=", 1)
+        namespace, name = who.split("/", 1)
+        resource, quantity, waited = what.rsplit(":", 2)
+        return PendingPod(namespace, name, resource, float(quantity), created_s=-float(waited))
+    except ValueError:
+        raise ValueError(
+            f"--pending: expected NAMESPACE/POD=RESOURCE:QUANTITY:WAITED_SECONDS (value {text!r})"
+        ) from None
+
+
+def _quota(text: str) -> Quota:
+    """``NAMESPACE/NAME=RESOURCE:HARD:USED``, e.g. ``vision/gpus=requests.nvidia.com/gpu:8:6``."""
+    try:
+        who, what = text.split("=", 1)
+        namespace, name = who.split("/", 1)
+        resource, hard, used = what.rsplit(":", 2)
+        return Quota(namespace, name, resource, hard=float(hard), used=float(used))
+    except ValueError:
+        raise ValueError(f"--quota: expected NAMESPACE/NAME=RESOURCE:HARD:USED (value {text!r})") from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``kube-state-metrics`` to the ``gpumeter simulate`` subcommands."""
+    parser = subparsers.add_parser(
+        "kube-state-metrics",
+        help="serve kube-state-metrics' series for a fleet's pods, pending GPU pods and GPU quotas",
+        description="A stand-in kube-state-metrics on http://LISTEN/metrics: the fleet's pods as they come and "
+        "go, plus the pending pods and ResourceQuotas given here. Runs until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--fleet", required=True, help="fleet file, or the name of a shipped example (h100-mig)"
+    )
+    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+    parser.add_argument(
+        "--pending",
+        action="append",
+        default=[],
+        metavar="NS/POD=RESOURCE:QTY:WAITED_S",
+        help="a pending pod requesting a GPU resource, created WAITED_S seconds before the start (repeatable)",
+    )
+    parser.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="NS/NAME=RESOURCE:HARD:USED",
+        help="a ResourceQuota, e.g. vision/gpus=requests.nvidia.com/gpu:8:6 (repeatable)",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    host, _, port = args.listen.rpartition(":")
+    try:
+        fleet = load_fleet(args.fleet)
+        pending = [_pending(text) for text in args.pending]
+        quotas = [_quota(text) for text in args.quota]
+        if not port.isdigit():
+            raise ValueError(f"--listen: expected HOST:PORT (value {args.listen!r})")
+        listen = (host or "127.0.0.1", int(port))
+    except (FleetError, ValueError) as exc:  # FleetError is a ValueError naming the file and field
+        print(f"gpumeter simulate kube-state-metrics: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = StandInKubeStateMetrics(fleet, pending, quotas, listen=listen).start()
+    except OSError as exc:
+        print(f"gpumeter simulate kube-state-metrics: listen {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(
+        f"stand-in kube-state-metrics: {fleet.source} on http://{listen[0]}:{server.port}/metrics", flush=True
+    )
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+    return 0
