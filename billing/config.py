@@ -51,7 +51,7 @@ class Settings:
 # at the price book's highest rate stays below (docs/billing.md §3.4), so a budget never overflows
 # the sums it is compared with.
 MAX_BUDGET = Decimal(10) ** 15
-TEAM_FILE_KEYS = ("namespaces", "budgets")
+TEAM_FILE_KEYS = ("namespaces", "vms", "budgets")
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ class TeamFile:
 
 
 def load_team_map(path: str | Path) -> dict[str, str]:
-    """``namespaces: {namespace: team}`` → dict; errors name the file, the field and the value."""
+    """``namespaces: {namespace: team}`` and ``vms: {vm_id: team}`` → one dict (a VM's vGPU is billed
+    under its VM ID as its namespace, docs/billing.md §4.3); errors name the file, the field and the
+    value."""
     return load_team_file(path).namespaces
 
 
@@ -80,7 +82,8 @@ def load_budgets(path: str | Path) -> dict[str, Budget]:
 
 
 def load_team_file(path: str | Path) -> TeamFile:
-    """The whole team map file, validated; errors name the file, the field and the value."""
+    """The whole team map file, validated; errors name the file, the field and the value. Its
+    ``namespaces`` holds the ``vms:`` section's VM IDs too."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -97,13 +100,25 @@ def load_team_file(path: str | Path) -> TeamFile:
                     f"{path}: {key}: unknown key, expected {' or '.join(TEAM_FILE_KEYS)} (value {key!r})"
                 )
     namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
+    vms = doc.get("vms", {}) if isinstance(doc, dict) else {}
+    if not isinstance(vms, dict):
+        raise ConfigError(f"{path}: vms: expected a mapping of VM ID to team (value {vms!r})")
+    if namespaces is None and vms:
+        namespaces = {}  # a map of VMs alone (a vGPU-only fleet)
     if not isinstance(namespaces, dict):
         raise ConfigError(
             f"{path}: namespaces: expected a mapping of namespace to team (value {namespaces!r})"
         )
-    for namespace, team in namespaces.items():
-        if not isinstance(namespace, str) or not isinstance(team, str) or not team:
-            raise ConfigError(f"{path}: namespaces.{namespace}: expected a team name (value {team!r})")
+    for section, entries in (("namespaces", namespaces), ("vms", vms)):
+        for name, team in entries.items():
+            if not isinstance(name, str) or not isinstance(team, str) or not team:
+                raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+    for vm_id, team in vms.items():
+        if namespaces.get(vm_id, team) != team:
+            raise ConfigError(
+                f"{path}: vms.{vm_id}: also a namespace of team {namespaces[vm_id]!r} (value {team!r})"
+            )
+    namespaces = {**namespaces, **vms}
     budgets = doc.get("budgets")
     if budgets is None:
         return TeamFile(dict(namespaces), {})

@@ -146,6 +146,7 @@ def build_exporter(
         xid_watcher=watcher,
         privileged=privileged,
         clock=clock,
+        hostname=hostname,  # the vgpu collector labels the VMs' allocations with it
     )
     sampler = Sampler(
         NvmlSession(library),

@@ -247,6 +247,28 @@ class _Series:
                 if gpu.fractional:  # the exporter values a grant at its compute fraction
                     share = grant_fractions(gpu, dev)[1]
                 shares[key] = shares.get(key, 0.0) + share
+        shares.update(self._vgpu_held())
+        return shares
+
+    def _vgpu_held(self) -> dict[tuple, float]:
+        """The VMs' vGPUs on a vGPU host, as the vgpu collector labels them (exporter/collectors/vgpu.py):
+        namespace the VM ID, pod the vGPU UUID, resource the type, share 1 / max instances of the type."""
+        shares: dict[tuple, float] = {}
+        for gpu in self.node.gpus:
+            for vgpu in gpu.vgpus:
+                values = {
+                    contract.HOSTNAME: self.node.name,
+                    contract.NAMESPACE: vgpu.vm_id,
+                    contract.POD: vgpu.uuid,
+                    contract.CONTAINER: "",
+                    contract.RESOURCE: vgpu.type.name,
+                    contract.UUID: gpu.uuid,
+                    contract.GPU: str(gpu.index),
+                    contract.GPU_INSTANCE_ID: "",
+                    contract.MIG_PROFILE: "",
+                    contract.SHARING: contract.SHARING_VGPU,
+                }
+                shares[tuple(values.items())] = 1.0 / vgpu.type.max_instances
         return shares
 
     def _grants(self, offset: float, which: int) -> Iterator[tuple[str, float]]:
