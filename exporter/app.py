@@ -156,6 +156,7 @@ def build_exporter(
         clock=clock,
         proc_root=proc_root,
         pod_list=pod_list,
+        hostname=hostname,  # the vgpu collector labels the VMs' allocations with it
     )
     sampler = Sampler(
         NvmlSession(library),

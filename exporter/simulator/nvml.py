@@ -1054,3 +1054,7 @@ def nvmlDeviceGetProcessUtilization(lib, gpu, mig, utilization, count, last_seen
         entry.encUtil = entry.decUtil = 0
     size.value = len(samples)
     return OK
+
+
+# The vGPU (host side) calls live in their own module; importing it registers them.
+from . import nvml_vgpu  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""docs/billing.md §3.5 and worked examples (j), (k): ``sharing_split: usage`` splits what a
+"""docs/billing.md §3.5 and worked examples (k), (l): ``sharing_split: usage`` splits what a
 time-sliced or MPS GPU's holders hold together by their processes' SM time (memory as the
 tie-breaker), and falls back to equal shares for an hour without process data; the lines still sum
 exactly to the device cost. Every figure is worked out by hand in the doc and repeated here."""
@@ -46,7 +46,7 @@ def _amounts(priced) -> dict[str, Decimal]:
     return {line.pod or line.namespace: line.amount for line in priced.lines}
 
 
-# (j): SM 5 %, 15 %, 2 %. P = 3 × 0.25 = 0.75 GPU-h. etl-0: 0.75 × 5/22 × 6.88 × 0.75 = 0.879545…,
+# (k): SM 5 %, 15 %, 2 %. P = 3 × 0.25 = 0.75 GPU-h. etl-0: 0.75 × 5/22 × 6.88 × 0.75 = 0.879545…,
 # etl-1: 0.75 × 15/22 × 6.88 × 0.75 = 2.638636…, etl-2: 0.75 × 2/22 × 6.88 × 0.75 = 0.351818…;
 # shortfall 0.75 × 6.88 × 0.25 = 1.29; unallocated 0.25 × 6.88 = 1.72. Floors 0.87 + 2.63 + 0.35 +
 # 1.29 + 1.72 = 6.86: the 2 residue cents go to the largest remainders, etl-0 (0.954) and etl-1 (0.864).
@@ -72,7 +72,7 @@ def _book(tmp_path, split: str):
     return book(tmp_path, RATES, sharing_efficiency={"time_slicing": "0.75"}, sharing_split=split)
 
 
-def test_worked_example_j_usage_splits_by_sm_time_to_the_cent(tmp_path):
+def test_worked_example_k_usage_splits_by_sm_time_to_the_cent(tmp_path):
     priced = price_gpu_hour(_replicas("GPU-j", ETL), _book(tmp_path, "usage"))
     assert _amounts(priced) == BY_USE
     assert sum(BY_USE.values()) == D("6.88") == priced.device_cost
@@ -85,7 +85,7 @@ def test_an_hour_without_process_data_is_split_equally_under_usage(tmp_path):
     assert _amounts(price_gpu_hour(_replicas("GPU-n", no_data), _book(tmp_path, "usage"))) == EQUAL
 
 
-def test_worked_example_k_memory_breaks_the_tie_of_idle_holders(tmp_path):
+def test_worked_example_l_memory_breaks_the_tie_of_idle_holders(tmp_path):
     # P = 0.5 GPU-h split 20 : 12 GiB: p1 0.5 × 20/32 × 6.88 × 0.75 = 1.6125 → 1.61, p2 0.9675 → 0.96
     # + 1 residue cent (remainder 0.75 against 0.25) = 0.97; shortfall 0.86; unallocated 3.44
     idle = {"p1": ("0", 20 * GIB), "p2": ("0", 12 * GIB)}
@@ -145,7 +145,7 @@ def test_the_price_book_names_a_bad_split_and_the_seed_layout_takes_one(tmp_path
 
 def test_the_ledger_keeps_the_process_use_so_a_reprice_under_usage_splits_by_it(ledger, tmp_path):
     """Ingested under equal, re-priced under usage from the stored facts (migration 0007): the
-    lines of worked example (j), on every ledger backend; and back to equal again."""
+    lines of worked example (k), on every ledger backend; and back to equal again."""
     (tmp_path / "usage").mkdir()
     equal, usage = _book(tmp_path, "equal"), _book(tmp_path / "usage", "usage")
     gh = _replicas("GPU-r", ETL)

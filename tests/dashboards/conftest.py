@@ -24,6 +24,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
@@ -59,6 +60,11 @@ FLEETS = (
     ("h200", "gpu-h200-01", True),  # whole Hopper GPUs: GPM profiling and NVLink rates per GPU
     ("workstation", "ws-01", False),
 )
+# Monthly budgets (docs/billing.md §4.4): search's is crossed by its two hours, research's is not
+BUDGETS = {
+    "search": Budget("search", Decimal(10), "USD"),
+    "research": Budget("research", Decimal(5000), "USD"),
+}
 TEAMS = {
     "search-inference": "search",
     "ml-research": "research",
@@ -157,6 +163,9 @@ def _billing_ledger(workdir: Path):
         lines = [line for gh in hours for line in price_gpu_hour(gh, prices, TEAMS).lines]
         ledger.write_hour(HourRecord(hour, hours, lines, prices))
     ledger.record_failure(now - timedelta(hours=1), "Prometheus unreachable (test)")
+    # an hour ingested two days ago with no GPU in it: the budget forecast's 7-day window holds an
+    # ingested hour (so the forecast is exported), and no cost changes
+    ledger.write_hour(HourRecord(now - timedelta(days=2), [], [], prices))
     return ledger
 
 
@@ -247,7 +256,7 @@ def stack() -> Iterator[Stack]:
             socket = str(sockets / f"{index}.sock") if with_kubelet else ""
             exporters[node] = ExporterProcess(fleet_name, node, socket, workdir)
         ledger = _billing_ledger(workdir)
-        server = make_server("127.0.0.1", 0, build_app(ledger), handler_class=_Quiet)
+        server = make_server("127.0.0.1", 0, build_app(ledger, budgets=BUDGETS), handler_class=_Quiet)
         threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
         prom = PrometheusServer(
             workdir / "prometheus",
