@@ -1,9 +1,8 @@
 """Capacity: the operating figures the seeds run the GPU pool by (issue 16, docs/capacity.md). Utilization
 against seed 000's 80 % goal and seed 003's maturity level, headroom against the spare policy, MIG
 fragmentation and stranded slices, pending GPU demand and its waiting time, GPU quota use per namespace,
-the MIG layout per node, and Volcano's queues where Volcano schedules. Memory fragmentation under fractional sharing
-(cluster:nvidia_gpu_memory_fragmentation:ratio) gets its panel once allocations carry `sharing` (the
-sharing-modes issue): until then it has no data, and every panel here must show data on the demo."""
+the MIG layout per node, memory fragmentation of fractionally shared GPUs, and Volcano's queues where
+Volcano schedules. Every panel must show data on the demo."""
 
 from __future__ import annotations
 
@@ -149,6 +148,20 @@ def build() -> d.Dashboard:
             description="Per node: free compute slices, those that cannot host the largest profile "
             "requested, and slices no instance covers (stranded, billing's __stranded__).",
             w=12,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Memory fragmentation (fractional GPUs)",
+            [Query("cluster:nvidia_gpu_memory_fragmentation:ratio")],
+            description="Share of the free framebuffer of fractionally shared GPUs (HAMi, gpushare) that sits "
+            "on GPUs with less free than the smallest memory request pending or typical: memory no request "
+            "fits. Seed 001 keeps it under 15 % (docs/capacity.md).",
+            unit="percentunit",
+            thresholds=FRAGMENTATION,
+            w=6,
             h=5,
         ),
     )

@@ -216,6 +216,26 @@ def build() -> d.Dashboard:
     layout.panel(
         ts,
         PanelSpec(
+            "Allocated GPU equivalents by sharing mode",
+            [
+                Query(
+                    'sum by (sharing) (nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", '
+                    'gpu_instance_id=""} or nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", '
+                    'gpu_instance_id!=""} * on(uuid, gpu_instance_id) group_left() '
+                    "uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio)",
+                    "{{sharing}}",
+                )
+            ],
+            description="How the held GPUs are shared: exclusive (a whole GPU per pod), mig, time_slicing and "
+            "mps (1/replicas each), fractional (HAMi / gpushare grants) and vgpu (virtual machines). Each "
+            "mode is priced with its own sharing efficiency (docs/billing.md).",
+            decimals=2,
+        ),
+        stack=True,
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
             "Utilization of allocations by namespace",
             [
                 Query(

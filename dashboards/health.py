@@ -144,6 +144,7 @@ def build() -> d.Dashboard:
             [
                 Query(on_exporter("gpumeter_exporter_nvml_up"), "{{hostname}} NVML"),
                 Query(on_exporter("gpumeter_exporter_kubelet_up"), "{{hostname}} kubelet"),
+                Query(on_exporter("gpumeter_exporter_kube_api_up"), "{{hostname}} Kubernetes API"),
             ],
             mappings=UP_DOWN,
             thresholds=UP_STEPS,
@@ -199,14 +200,32 @@ def build() -> d.Dashboard:
     layout.panel(
         ts,
         PanelSpec(
-            "Kubelet query errors",
+            "Kubelet and Kubernetes API errors",
             [
                 Query(
                     on_exporter("rate(gpumeter_exporter_kubelet_errors_total[$__rate_interval])"),
-                    "{{hostname}}",
-                )
+                    "{{hostname}} kubelet",
+                ),
+                Query(
+                    on_exporter("rate(gpumeter_exporter_kube_api_errors_total[$__rate_interval])"),
+                    "{{hostname}} Kubernetes API {{reason}}",
+                ),
             ],
+            description="Failed PodResources queries, and failed pod lists from the Kubernetes API (where "
+            "fractional grants or per-process series are read).",
             unit="reqps",
+            w=16,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Exporters blind to MIG XIDs",
+            [Query(f"count({on_exporter('gpumeter_exporter_mig_xids_visible == 0')}) or vector(0)")],
+            description="Exporters without the privilege (root or CAP_SYS_ADMIN) NVML needs to name the MIG "
+            "instance of an XID: their XIDs count against the whole GPU (docs/security.md).",
+            thresholds=steps((None, "green"), (1, "orange")),
+            w=8,
         ),
     )
 

@@ -139,10 +139,12 @@ def build() -> d.Dashboard:
                         " - ignoring(threshold) nvidia_gpu_temperature_celsius"
                     ),
                     GPU_LEGEND,
-                )
+                ),
+                Query(g("nvidia_gpu_temperature_margin_celsius"), f"{GPU_LEGEND} T.Limit margin"),
             ],
             description="The GPU's own slowdown temperature minus its temperature: red at or past slowdown, "
-            "orange within 5 °C.",
+            "orange within 5 °C. From driver 570 NVML also gives its own margin to the nearest slowdown "
+            "threshold (T.Limit margin), which is the one to trust where both are shown.",
             unit="celsius",
             thresholds=HEADROOM,
         ),
@@ -346,7 +348,15 @@ def build() -> d.Dashboard:
             [
                 Query(g("nvidia_gpu_pcie_tx_bytes_per_second"), f"{GPU_LEGEND} tx"),
                 Query(g("nvidia_gpu_pcie_rx_bytes_per_second"), f"{GPU_LEGEND} rx"),
+                Query(
+                    g("rate(nvidia_gpu_pcie_tx_bytes_total[$__rate_interval])"), f"{GPU_LEGEND} tx (counter)"
+                ),
+                Query(
+                    g("rate(nvidia_gpu_pcie_rx_bytes_total[$__rate_interval])"), f"{GPU_LEGEND} rx (counter)"
+                ),
             ],
+            description="tx/rx: NVML's 20 ms sample at each sampling cycle. Counter: the rate of the byte "
+            "counters (Hopper and later, GPM), which miss no burst between samples.",
             unit="Bps",
         ),
     )
@@ -453,6 +463,22 @@ def build() -> d.Dashboard:
         ),
     )
     layout.panel(
+        ts,
+        PanelSpec(
+            "Retired pages (before Ampere)",
+            [
+                Query(g("nvidia_gpu_retired_pages_total"), GPU_LEGEND + " {{error_type}}"),
+                Query(g("nvidia_gpu_retired_pages_pending"), f"{GPU_LEGEND} pending"),
+            ],
+            description="Volta and Turing retire a bad memory page instead of remapping its row; a page "
+            "pending retirement is retired at the next GPU reset. How many make a GPU an RMA candidate by "
+            "NVIDIA's criteria: docs/reports.md §Fleet health.",
+            unit="short",
+            w=24,
+            h=6,
+        ),
+    )
+    layout.panel(
         table_panel,
         PanelSpec(
             "XID errors",
@@ -471,5 +497,75 @@ def build() -> d.Dashboard:
             h=7,
         ),
         sort_by="last seen",
+    )
+
+    layout.row("Processes: each pod's own use of a shared GPU")
+    layout.panel(
+        ts,
+        PanelSpec(
+            "SM time per pod",
+            [
+                Query(
+                    g("nvidia_gpu_process_sm_utilization_ratio"),
+                    GPU_LEGEND + " {{namespace}}/{{pod}} {{container}}",
+                )
+            ],
+            description="Share of the GPU's SM time each container's processes used (NVML process "
+            "utilization, per-process collector). On a time-sliced, MPS or fractional GPU this is each "
+            "pod's own use, where the GPU-wide utilization is everybody's; pod=\"\" sums processes outside "
+            "any pod. Absent on MIG GPUs (NVML has no per-process samples there) and where the collector "
+            "is off.",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Framebuffer per pod",
+            [
+                Query(
+                    g("nvidia_gpu_process_memory_used_bytes"),
+                    GPU_LEGEND + " {{gpu_instance_id}} {{namespace}}/{{pod}} {{container}}",
+                )
+            ],
+            description="GPU memory each container's processes hold (NVML's running compute processes).",
+            unit="bytes",
+        ),
+    )
+
+    layout.row("vGPU (virtual machines on this host)")
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "vGPU instances",
+            [
+                Query(g("nvidia_vgpu_info"), table=True),
+                Query(g("nvidia_vgpu_memory_used_bytes"), table=True),
+                Query(g("nvidia_vgpu_memory_total_bytes"), table=True),
+            ],
+            description="One row per vGPU a virtual machine holds on the selected GPUs (host side, NVIDIA "
+            "vGPU manager): its type, VM, licence state, and framebuffer used of its type's size. Empty "
+            "on hosts that run no vGPU.",
+            overrides=[unit_override("used", "bytes"), unit_override("size", "bytes")],
+            transformations=[
+                MERGE,
+                organize(exclude=["Value #A"], rename={"Value #B": "used", "Value #C": "size"}),
+            ],
+            w=14,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "vGPU utilization by engine",
+            [Query(g("nvidia_vgpu_utilization_ratio"), GPU_LEGEND + " {{vm_id}} {{engine}}")],
+            description="Share of time each VM's vGPU kept the engine busy (NVML vGPU utilization samples).",
+            unit="percentunit",
+            min=0,
+            max=1,
+            w=10,
+        ),
     )
     return layout.builder

@@ -30,6 +30,7 @@ from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.service import build_app
 from tests.billing.factories import book
@@ -59,7 +60,12 @@ FLEETS = (
     ("a100-mixed", "gpu-a100-mixed-01", True),
     ("h200", "gpu-h200-01", True),  # whole Hopper GPUs: GPM profiling and NVLink rates per GPU
     ("workstation", "ws-01", False),
+    ("v100-t4", "gpu-v100-01", True),  # before Ampere: retired pages instead of row remapping
+    # shared GPUs: HAMi/gpushare grants read from the stand-in Kubernetes API, and a vGPU host of VMs
+    ("shared-modes", "gpu-shared-frac-01", True),
+    ("shared-modes", "gpu-shared-vgpu-01", False),
 )
+KUBE_API_NODES = {"gpu-shared-frac-01"}  # exporters that list their node's pods from the Kubernetes API
 # Monthly budgets (docs/billing.md §4.4): search's is crossed by its two hours, research's is not
 BUDGETS = {
     "search": Budget("search", Decimal(10), "USD"),
@@ -190,13 +196,16 @@ FAULTS = {
     ],
     "gpu-h200-01": [],
     "ws-01": [],
+    "gpu-v100-01": [],
+    "gpu-shared-frac-01": [],
+    "gpu-shared-vgpu-01": [],
 }
 
 
 class ExporterProcess:
     """tests/dashboards/run_exporter.py in a child process (one NVML session per process)."""
 
-    def __init__(self, fleet: str, node: str, socket: str, workdir: Path):
+    def __init__(self, fleet: str, node: str, socket: str, workdir: Path, kube_api: str = ""):
         self.node = node
         self._log = (workdir / f"{node}.log").open("wb")
         self.proc = subprocess.Popen(
@@ -208,6 +217,7 @@ class ExporterProcess:
                 node,
                 socket,
                 json.dumps(FAULTS[node]),
+                *([kube_api] if kube_api else []),
             ],
             cwd=ROOT,
             stdin=subprocess.PIPE,
@@ -247,6 +257,7 @@ def stack() -> Iterator[Stack]:
     ledger = server = prom = None
     kube_state: list[StandInKubeStateMetrics] = []
     volcano = StandInVolcano(VOLCANO_QUEUES).start()
+    kube_api = StandInKubeApi(load_fleet("shared-modes")).start()
     try:
         # one stand-in kube-state-metrics per fleet with Kubernetes; the demand and quotas on the first
         for index, fleet_name in enumerate(sorted({f for f, _, kubelet in FLEETS if kubelet})):
@@ -254,7 +265,8 @@ def stack() -> Iterator[Stack]:
             kube_state.append(StandInKubeStateMetrics(load_fleet(fleet_name), *extra).start())
         for index, (fleet_name, node, with_kubelet) in enumerate(FLEETS):
             socket = str(sockets / f"{index}.sock") if with_kubelet else ""
-            exporters[node] = ExporterProcess(fleet_name, node, socket, workdir)
+            api = kube_api.base_url if node in KUBE_API_NODES else ""
+            exporters[node] = ExporterProcess(fleet_name, node, socket, workdir, api)
         ledger = _billing_ledger(workdir)
         server = make_server("127.0.0.1", 0, build_app(ledger, budgets=BUDGETS), handler_class=_Quiet)
         threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
@@ -298,6 +310,7 @@ def stack() -> Iterator[Stack]:
         for stand_in in kube_state:
             stand_in.stop()
         volcano.stop()
+        kube_api.stop()
         if ledger is not None:
             ledger.close()
         shutil.rmtree(sockets, ignore_errors=True)

@@ -4,7 +4,7 @@
 pynvml keeps its library in a module global (exporter/nvml.py: one NVML session per process), so the
 dashboard tests run each simulated fleet in a child process:
 
-    python -m tests.dashboards.run_exporter FLEET NODE SOCKET_OR_EMPTY FAULTS_JSON
+    python -m tests.dashboards.run_exporter FLEET NODE SOCKET_OR_EMPTY FAULTS_JSON [KUBE_API_URL]
 
 It prints ``port <N>`` once the exporter serves, and runs until stdin closes.
 """
@@ -21,15 +21,19 @@ from gpumeter.exporter.simulator.kubelet import StandInKubelet
 
 
 def main(argv: list[str]) -> int:
-    fleet, node, socket, faults = argv
+    fleet, node, socket, faults, *kube_api = argv
     kubelet = StandInKubelet(load_fleet(fleet), node, socket).start() if socket else None
     exporter = build_exporter(
         ExporterConfig(
             listen="127.0.0.1:0",
             simulate=fleet,
+            simulate_node=node,
             kubelet_socket=socket or None,
             interval=1,
             hostname=node,
+            kube_api=kube_api[0] if kube_api else None,  # fractional grants from the pods' annotations
+            # per-process use on the nodes whose pods the API lists (a simulated /proc holds their PIDs)
+            enable_collectors=("processes",) if kube_api else (),
         )
     ).start()
     try:

@@ -195,10 +195,13 @@ def test_every_series_of_the_catalog_has_its_dashboard(scope, uid):
     exporter series (a counter may be shown through its recording rule)."""
     text = _exprs(uid)
     via_rule = {"nvidia_gpu_clocks_event_seconds_total": "uuid:nvidia_gpu_clocks_event_seconds:rate5m"}
+    # a series counts as shown when its name, or its recording rule's, is in a query (the rule only
+    # where there is one: a default of any string found in every query would pass everything)
     missing = [
         spec.name
         for spec in CATALOG
-        if spec.scope is scope and spec.name not in text and via_rule.get(spec.name, "-") not in text
+        if spec.scope is scope
+        and not any(name in text for name in (spec.name, via_rule.get(spec.name)) if name)
     ]
     assert missing == []
 
