@@ -508,8 +508,9 @@ def _share(alloc: Allocation, policy: str) -> Fraction:
 
 
 def _replica_mode(alloc: Allocation) -> str | None:
-    """The sharing mode whose efficiency applies on top of MIG's: a time-sliced or MPS replica."""
-    if alloc.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS):
+    """The sharing mode whose efficiency applies on top of MIG's: a time-sliced or MPS replica, or a
+    VM's vGPU (the vGPU manager time-slices the GPU among its VMs)."""
+    if alloc.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_VGPU):
         return alloc.sharing
     if alloc.sharing:  # exclusive, mig: nothing more
         return None

@@ -148,16 +148,23 @@ def register(subparsers):
 
 def load_inputs(args):
     """Price book and team map, validated before any database is opened (errors write nothing)."""
-    from gpumeter.billing.config import ConfigError, load_team_map
+    from gpumeter.billing.config import ConfigError, load_team_file
     from gpumeter.billing.pricing import PriceBookError, load_price_book
 
     try:
         book = load_price_book(args.prices)
-        teams = load_team_map(args.teams) if args.teams else {}
+        team_file = load_team_file(args.teams) if args.teams else None
+        # a budget in another currency would never be compared with the costs (the alerts join on it)
+        for team, budget in (team_file.budgets if team_file else {}).items():
+            if budget.currency != book.currency:
+                raise ConfigError(
+                    f"{args.teams}: budgets.{team}.currency: not the price book's currency {book.currency} "
+                    f"(value {budget.currency!r})"
+                )
     except (PriceBookError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, None
-    return book, teams
+    return book, team_file.namespaces if team_file else {}
 
 
 def cmd_prices_check(args) -> int:

@@ -1,13 +1,17 @@
-"""Settings shared by the CLI and the service: defaults, environment, the team map file."""
+"""Settings shared by the CLI and the service: defaults, environment, the team map file (namespaces
+and the teams' monthly budgets)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.ledger import DEFAULT_URL
+from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.pricing.yamlload import MAX_BYTES, YamlRefused, load_yaml
 
@@ -43,8 +47,43 @@ class Settings:
         )
 
 
+# The most a team's monthly budget can be, in any currency's major unit: what a month of 100,000 GPUs
+# at the price book's highest rate stays below (docs/billing.md §3.4), so a budget never overflows
+# the sums it is compared with.
+MAX_BUDGET = Decimal(10) ** 15
+TEAM_FILE_KEYS = ("namespaces", "vms", "budgets")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A team's budget for each calendar month in UTC (docs/billing.md §4.4)."""
+
+    team: str
+    amount: Decimal  # in the currency's major unit, at most its minor unit's decimals
+    currency: str
+
+
+@dataclass(frozen=True)
+class TeamFile:
+    namespaces: dict[str, str]
+    budgets: dict[str, Budget]
+
+
 def load_team_map(path: str | Path) -> dict[str, str]:
-    """``namespaces: {namespace: team}`` → dict; errors name the file, the field and the value."""
+    """``namespaces: {namespace: team}`` and ``vms: {vm_id: team}`` → one dict (a VM's vGPU is billed
+    under its VM ID as its namespace, docs/billing.md §4.3); errors name the file, the field and the
+    value."""
+    return load_team_file(path).namespaces
+
+
+def load_budgets(path: str | Path) -> dict[str, Budget]:
+    """``budgets: {team: {amount, currency}}`` → {team: Budget} (empty when the file has none)."""
+    return load_team_file(path).budgets
+
+
+def load_team_file(path: str | Path) -> TeamFile:
+    """The whole team map file, validated; errors name the file, the field and the value. Its
+    ``namespaces`` holds the ``vms:`` section's VM IDs too."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -53,12 +92,81 @@ def load_team_map(path: str | Path) -> dict[str, str]:
         raise ConfigError(f"{path}: (file): cannot load team map: {exc.strerror}") from None
     except YamlRefused as exc:
         raise ConfigError(f"{path}: {exc.field}: {exc.problem} (value {exc.value!r})") from None
+    if isinstance(doc, dict):
+        # a misspelt `budget:` would otherwise leave every team without one, silently
+        for key in doc:
+            if key not in TEAM_FILE_KEYS:
+                raise ConfigError(
+                    f"{path}: {key}: unknown key, expected {' or '.join(TEAM_FILE_KEYS)} (value {key!r})"
+                )
     namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
+    vms = doc.get("vms", {}) if isinstance(doc, dict) else {}
+    if not isinstance(vms, dict):
+        raise ConfigError(f"{path}: vms: expected a mapping of VM ID to team (value {vms!r})")
+    if namespaces is None and vms:
+        namespaces = {}  # a map of VMs alone (a vGPU-only fleet)
     if not isinstance(namespaces, dict):
         raise ConfigError(
             f"{path}: namespaces: expected a mapping of namespace to team (value {namespaces!r})"
         )
-    for namespace, team in namespaces.items():
-        if not isinstance(namespace, str) or not isinstance(team, str) or not team:
-            raise ConfigError(f"{path}: namespaces.{namespace}: expected a team name (value {team!r})")
-    return dict(namespaces)
+    for section, entries in (("namespaces", namespaces), ("vms", vms)):
+        for name, team in entries.items():
+            if not isinstance(name, str) or not isinstance(team, str) or not team:
+                raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+    for vm_id, team in vms.items():
+        if namespaces.get(vm_id, team) != team:
+            raise ConfigError(
+                f"{path}: vms.{vm_id}: also a namespace of team {namespaces[vm_id]!r} (value {team!r})"
+            )
+    namespaces = {**namespaces, **vms}
+    budgets = doc.get("budgets")
+    if budgets is None:
+        return TeamFile(dict(namespaces), {})
+    if not isinstance(budgets, dict):
+        raise ConfigError(
+            f"{path}: budgets: expected a mapping of team to {{amount, currency}} (value {budgets!r})"
+        )
+    return TeamFile(dict(namespaces), {team: _budget(path, team, spec) for team, spec in budgets.items()})
+
+
+def _budget(path: Path, team: Any, spec: Any) -> Budget:
+    where = f"budgets.{team}"
+    if not isinstance(team, str) or not team:
+        raise ConfigError(f"{path}: {where}: expected a team name (value {team!r})")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: {where}: expected {{amount, currency}} (value {spec!r})")
+    for key in spec:
+        if key not in ("amount", "currency"):
+            raise ConfigError(
+                f"{path}: {where}.{key}: unknown key, expected amount and currency (value {key!r})"
+            )
+    currency = spec.get("currency")
+    if not isinstance(currency, str) or currency not in MINOR_UNITS:
+        raise ConfigError(
+            f"{path}: {where}.currency: unknown currency (expected an ISO 4217 code such as USD) (value {currency!r})"
+        )
+    value = spec.get("amount")
+
+    def refuse(problem: str, shown: Any = value) -> ConfigError:
+        return ConfigError(f"{path}: {where}.amount: {problem} (value {shown!r})")
+
+    # read as the price book reads its numbers (a YAML float by its shortest text: 0.1 is "0.1")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise refuse("expected a number of currency units, e.g. 25000 or '25000.50'")
+    text = str(value).strip()
+    if len(text) > 64:  # Decimal would parse a megabyte of digits
+        raise refuse("not a number", f"{text[:20]}... ({len(text)} characters)")
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:
+        raise refuse("not a number") from None
+    if not amount.is_finite():
+        raise refuse("not a finite number")
+    if amount <= 0:
+        raise refuse("must be greater than 0 (leave the team out for no budget)")
+    if amount > MAX_BUDGET:
+        raise refuse(f"larger than {MAX_BUDGET:,} (docs/billing.md §4.4)")
+    exponent = amount.normalize().as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > MINOR_UNITS[currency]:
+        raise refuse(f"more decimal places than {currency}'s minor unit ({MINOR_UNITS[currency]})")
+    return Budget(team, amount, currency)

@@ -6,12 +6,14 @@ dashboard and the GpumeterBillingIngestStale alert read too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpumeter import contract
+from gpumeter.billing.budget import team_months
+from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger
 from gpumeter.billing.models import LineKind
 
@@ -23,8 +25,13 @@ PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHOR
 class BillingCollector:
     """Renders cost series from the ledger at scrape time (no state kept in the process)."""
 
-    def __init__(self, ledger: Ledger, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
-        self.ledger, self.clock = ledger, clock
+    def __init__(
+        self,
+        ledger: Ledger,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        budgets: Mapping[str, Budget] | None = None,
+    ):
+        self.ledger, self.clock, self.budgets = ledger, clock, dict(budgets or {})
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         summary = self.ledger.summary()
@@ -59,6 +66,24 @@ class BillingCollector:
             lag = _family(contract.BILLING_INGEST_LAG)
             lag.add_metric([], (self.clock() - summary.last_success).total_seconds())
             yield lag
+        yield from self._budgets(summary.last_success)
+
+    def _budgets(self, last_success: datetime | None) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Month-to-date, forecast and budget per team (docs/billing.md §4.4); a forecast is left out
+        while no hour of its window is ingested, never exported as 0."""
+        mtd = _family(contract.BILLING_TEAM_MONTH_TO_DATE)
+        forecast = _family(contract.BILLING_TEAM_FORECAST)
+        budget = _family(contract.BILLING_TEAM_BUDGET)
+        for month in team_months(self.ledger, self.budgets, self.clock(), last_success):
+            labels = [month.team, month.currency]
+            mtd.add_metric(labels, float(month.month_to_date))
+            if month.forecast is not None:
+                forecast.add_metric(labels, float(month.forecast))
+            if month.budget is not None:
+                budget.add_metric(labels, float(month.budget.amount))
+        yield mtd
+        yield forecast
+        yield budget
 
 
 def _family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:

@@ -1,7 +1,7 @@
 """Capacity: the operating figures the seeds run the GPU pool by (issue 16, docs/capacity.md). Utilization
 against seed 000's 80 % goal and seed 003's maturity level, headroom against the spare policy, MIG
 fragmentation and stranded slices, pending GPU demand and its waiting time, GPU quota use per namespace,
-and the MIG layout per node. Memory fragmentation under fractional sharing
+the MIG layout per node, and Volcano's queues where Volcano schedules. Memory fragmentation under fractional sharing
 (cluster:nvidia_gpu_memory_fragmentation:ratio) gets its panel once allocations carry `sharing` (the
 sharing-modes issue): until then it has no data, and every panel here must show data on the demo."""
 
@@ -220,6 +220,34 @@ def build() -> d.Dashboard:
             description="used / hard of every ResourceQuota resource naming nvidia.com/.",
             unit="percentunit",
             w=12,
+        ),
+    )
+
+    layout.row("Volcano queues")
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "GPUs per Volcano queue",
+            [
+                Query("queue_resource:volcano_queue_gpu_allocated:sum", table=True),
+                Query("queue_resource:volcano_queue_gpu_deserved:sum", table=True),
+                Query("queue_resource:volcano_queue_gpu_waiting:sum", table=True),
+                Query("queue_resource:volcano_queue_gpu_deserved_used:ratio", table=True),
+            ],
+            description="Where Volcano schedules GPU jobs (volcano-scheduler's /metrics): per queue and "
+            "resource, devices allocated, the queue's deserved share, devices its jobs wait for, and "
+            "allocated / deserved (above 1 the queue borrows and may be reclaimed from).",
+            w=16,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "Pending PodGroups per Volcano queue",
+            [Query("queue:volcano_queue_pod_group_pending:sum", "{{queue_name}}")],
+            description="Jobs (PodGroups) a queue holds in phase Pending: seed 002's scheduling queue length.",
+            min=0,
+            w=8,
         ),
     )
     return layout.builder

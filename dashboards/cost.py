@@ -37,6 +37,8 @@ ALL_TENANT = 'gpumeter_billing_cost_total{currency=~"$currency", kind=~"tenant|i
 PLATFORM = 'gpumeter_billing_unallocated_cost_total{currency=~"$currency"}'
 HOURS = 'gpumeter_billing_gpu_hours_total{team=~"$team", namespace=~"$namespace"}'
 UNPRICED = "gpumeter_billing_unpriced_gpu_hours_total"
+TEAM_SEL = 'team=~"$team", currency=~"$currency"'
+MONTH_TO_DATE = f"gpumeter_billing_team_month_to_date_cost{{{TEAM_SEL}}}"
 MONEY = "none"  # the price book's currency is a label (currency variable), not a fixed Grafana unit
 
 TO_MIG = link(
@@ -218,6 +220,50 @@ def build() -> d.Dashboard:
             w=12,
             h=8,
         ),
+    )
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "Budgets: this calendar month (UTC), by team",
+            [
+                Query(f"max by (team, currency) (gpumeter_billing_team_budget{{{TEAM_SEL}}})", table=True),
+                Query(f"max by (team, currency) ({MONTH_TO_DATE})", table=True),
+                Query(
+                    f"max by (team, currency) (gpumeter_billing_team_forecast_cost{{{TEAM_SEL}}})", table=True
+                ),
+                Query(
+                    f"max by (team, currency) ({MONTH_TO_DATE}) / max by (team, currency) "
+                    f"(gpumeter_billing_team_budget{{{TEAM_SEL}}})",
+                    table=True,
+                ),
+            ],
+            description="Month-to-date: the team's tenant and idle-share lines of this month so far; forecast: "
+            "month-to-date + the last 7 whole UTC days' mean hourly cost x the hours left (docs/billing.md "
+            "§4.4). Budgets come from the billing team map file; a team without one shows no budget. "
+            "Independent of the dashboard's time range.",
+            overrides=[
+                unit_override("budget", MONEY),
+                unit_override("month to date", MONEY),
+                unit_override("forecast", MONEY),
+                unit_override("used", "percentunit", steps((None, "green"), (0.8, "orange"), (1, "red"))),
+            ],
+            transformations=[
+                MERGE,
+                organize(
+                    rename={
+                        "Value #A": "budget",
+                        "Value #B": "month to date",
+                        "Value #C": "forecast",
+                        "Value #D": "used",
+                    }
+                ),
+            ],
+            links=[TO_TEAM],
+            decimals=2,
+            w=24,
+            h=7,
+        ),
+        sort_by="used",
     )
     layout.panel(
         ts,

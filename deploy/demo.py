@@ -1,9 +1,10 @@
 """``gpumeter demo``: the whole stack on one machine, on the embedded default.
 
 Two simulated GPU nodes (the 8×H100 MIG node and the mixed A100 node), each with its stand-in
-kubelet and exporter; a real Prometheus with the alerting and recording rules, holding a month of
+kubelet, stand-in kube-state-metrics (pods, pending GPU demand, a GPU quota) and exporter; a stand-in
+volcano-scheduler (two GPU queues); a real Prometheus with the alerting and recording rules, holding a month of
 backfilled history; a real Alertmanager routing to a local webhook log; the billing service on SQLite
-caught up on that month; last month's reports; the dashboards' JSON. Every process it starts is
+caught up on that month; last month's chargeback and fleet-health reports; the dashboards' JSON. Every process it starts is
 stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate.
 """
 
@@ -40,7 +41,40 @@ PORTS = {
     "admin-0": 9836,
     "exporter-1": 9845,
     "admin-1": 9846,
+    "kube-state-metrics-0": 9850,
+    "kube-state-metrics-1": 9851,
+    "volcano-scheduler": 9852,
 }
+# GPU demand the fleets' running pods do not show, and a GPU quota, given to the stand-in
+# kube-state-metrics of each node's fleet (as tests/dashboards/conftest.py does), so that the capacity
+# dashboard's pending-demand, waiting-time and quota panels have something to show.
+KUBE_STATE = {
+    "h100-mig": ([], []),
+    "a100-mixed": (
+        ["ml-research/wait-3g=nvidia.com/mig-3g.20gb:1:2400", "vision/wait-2gpu=nvidia.com/gpu:2:300"],
+        ["vision/gpus=requests.nvidia.com/gpu:8:6"],
+    ),
+}
+# Volcano queues for the stand-in volcano-scheduler (in GPUs: deserved, allocated, requested, pending
+# PodGroups), as tests/dashboards/conftest.py has them: one within its share with jobs waiting, one
+# borrowing.
+VOLCANO_QUEUES = ("research=8:6:10:2", "batch=4:6:6")
+
+
+# Incidents in last month's history, for the fleet-health report (hours after the 1st, 00:00 UTC): two
+# double-bit ECC XIDs on one H100 (an RMA candidate), an H100 off the bus for 2 h (XID 79), an
+# application XID, 1.5 h of HW thermal slowdown, and on a whole A100 a pending row remap, then a row-remap
+# failure (an RMA candidate). tests/demo/test_demo.py works the report's figures out from these.
+INCIDENTS = (
+    ("gpu-h100-mig-01/3:xid=48", 4 * 24 + 3),
+    ("gpu-h100-mig-01/3:xid=48", 17 * 24 + 9),
+    ("gpu-h100-mig-01/5:xid=79", 11 * 24),
+    ("gpu-h100-mig-01/5:lost=7200", 11 * 24),
+    ("gpu-h100-mig-01/1:hw_thermal=5400", 6 * 24),
+    ("gpu-a100-mixed-01/4:xid=31", 8 * 24 + 15),
+    ("gpu-a100-mixed-01/2:row_remap=2", 9 * 24),
+    ("gpu-a100-mixed-01/2:row_remap_failure", 19 * 24),
+)
 
 
 def register(subparsers) -> None:
@@ -177,6 +211,22 @@ def _prometheus_config(stack: Stack) -> dict:
         "scrape_configs": [
             {"job_name": "gpumeter-exporter", "honor_labels": True, "static_configs": exporters},
             {
+                # kube-state-metrics' own namespace/pod labels are the pods', as in kube-prometheus
+                "job_name": "kube-state-metrics",
+                "honor_labels": True,
+                "static_configs": [
+                    {
+                        "targets": [
+                            f"127.0.0.1:{stack.ports[f'kube-state-metrics-{i}']}" for i in range(len(NODES))
+                        ]
+                    }
+                ],
+            },
+            {
+                "job_name": "volcano-scheduler",
+                "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['volcano-scheduler']}"]}],
+            },
+            {
                 "job_name": "gpumeter-billing",
                 "static_configs": [{"targets": [f"127.0.0.1:{stack.ports['billing']}"]}],
             },
@@ -279,6 +329,11 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             "300",
             "--out",
             str(history),
+            *(
+                a
+                for what, hours in INCIDENTS
+                for a in ("--incident", f"{what}@{(last_month + timedelta(hours=hours)).isoformat()}")
+            ),
         ),
         check=True,
         cwd=ROOT,
@@ -300,8 +355,32 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     )
     history.unlink()
 
-    _progress("starting stand-in kubelets and exporters")
+    _progress("starting stand-in kubelets, kube-state-metrics, volcano-scheduler and exporters")
+    stack.spawn(
+        "volcano-scheduler",
+        _gpumeter(
+            "simulate",
+            "volcano",
+            "--listen",
+            f"127.0.0.1:{stack.ports['volcano-scheduler']}",
+            *(a for q in VOLCANO_QUEUES for a in ("--queue", q)),
+        ),
+    )
     for i, (fleet, node) in enumerate(NODES):
+        pending, quotas = KUBE_STATE[fleet]
+        stack.spawn(
+            f"kube-state-metrics-{i}",
+            _gpumeter(
+                "simulate",
+                "kube-state-metrics",
+                "--fleet",
+                fleet,
+                "--listen",
+                f"127.0.0.1:{stack.ports[f'kube-state-metrics-{i}']}",
+                *(a for p in pending for a in ("--pending", p)),
+                *(a for q in quotas for a in ("--quota", q)),
+            ),
+        )
         socket_path = stack.workdir / "kubelet" / f"{i}.sock"
         stack.spawn(
             f"kubelet-{i}",
@@ -353,6 +432,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     )
     for i in range(len(NODES)):
         stack.wait_http(f"exporter-{i}", f"{stack.url(f'exporter-{i}')}/healthz")
+        stack.wait_http(f"kube-state-metrics-{i}", f"{stack.url(f'kube-state-metrics-{i}')}/metrics")
+    stack.wait_http("volcano-scheduler", f"{stack.url('volcano-scheduler')}/metrics")
     stack.wait_http("alertmanager", f"{stack.url('alertmanager')}/-/ready")
     stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
 
@@ -411,8 +492,28 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
                 period,
                 "--by",
                 "team",
+                "--teams",
+                teams,  # budget against actual per team
                 "--format",
                 "html,csv,focus",
+                "--out",
+                str(reports),
+            ),
+            check=True,
+            cwd=ROOT,
+        )
+        _progress(f"rendering the {period} fleet-health report")
+        subprocess.run(
+            _gpumeter(
+                "report",
+                "--kind",
+                "health",
+                "--db",
+                database,
+                "--prometheus",
+                stack.url("prometheus"),
+                "--period",
+                period,
                 "--out",
                 str(reports),
             ),
@@ -433,7 +534,9 @@ gpumeter demo: stack ready
   Exporters       {stack.url("exporter-0")}/metrics  ({NODES[0][1]})
                   {stack.url("exporter-1")}/metrics  ({NODES[1][1]})
   Billing         {stack.url("billing")}/metrics   (ledger {stack.workdir / "billing.sqlite"})
-  Reports         {reports}
+  Reports         {reports}  (chargeback and fleet health, {period})
+  kube-state-metrics (stand-in)  {stack.url("kube-state-metrics-0")}/metrics  {stack.url("kube-state-metrics-1")}/metrics
+  volcano-scheduler (stand-in)   {stack.url("volcano-scheduler")}/metrics
   Dashboards      {dashboards}  (import into Grafana, or use deploy/grafana/ provisioning)
   Logs            {stack.workdir / "logs"}
 

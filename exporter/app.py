@@ -51,7 +51,7 @@ class Exporter:
         self.sampler.start()
         try:
             app = make_app(self.exposition, self.health)
-            self.servers.append(serve(app, self.config.listen, web, name="metrics"))
+            self.servers.append(serve(app, self.config.listen, web, name="metrics", answers_from_memory=True))
             if self.node is not None and self.config.admin_listen:
                 from .simulator.admin import make_admin_app
 
@@ -146,6 +146,7 @@ def build_exporter(
         xid_watcher=watcher,
         privileged=privileged,
         clock=clock,
+        hostname=hostname,  # the vgpu collector labels the VMs' allocations with it
     )
     sampler = Sampler(
         NvmlSession(library),

@@ -626,8 +626,31 @@ CATALOG: tuple[MetricSpec, ...] = (
         "nvmlEventSetWait_v2 on the parent GPU: nvmlEventData_t.gpuInstanceId / computeInstanceId "
         "(0xFFFFFFFF: not attributable)",
     ),
+    # --- vGPU instances (host side) ---------------------------------------------------------------
+    MetricSpec(
+        contract.VGPU_INFO,
+        D,
+        "nvmlDeviceGetVirtualizationMode (HOST_VGPU), nvmlDeviceGetActiveVgpus, nvmlVgpuInstanceGetUUID / "
+        "GetVmID / GetType / GetLicenseInfo_v2, nvmlVgpuTypeGetName / GetMaxInstances",
+    ),
+    MetricSpec(contract.VGPU_MEMORY_TOTAL, D, "nvmlVgpuTypeGetFramebufferSize"),
+    MetricSpec(
+        contract.VGPU_MEMORY_USED,
+        D,
+        "nvmlVgpuInstanceGetFbUsage (unsigned long long, read with its own buffer)",
+    ),
+    MetricSpec(
+        contract.VGPU_UTILIZATION,
+        D,
+        "nvmlDeviceGetVgpuUtilization(lastSeenTimeStamp) smUtil / memUtil / encUtil / decUtil / 100",
+    ),
     # --- pods -----------------------------------------------------------------------------------
-    MetricSpec(contract.ALLOCATION, A, "kubelet PodResources v1 List + GetAllocatableResources"),
+    MetricSpec(
+        contract.ALLOCATION,
+        A,
+        "kubelet PodResources v1 List + GetAllocatableResources; vGPU: nvmlDeviceGetActiveVgpus + "
+        "nvmlVgpuTypeGetFramebufferSize / GetMaxInstances",
+    ),
     MetricSpec(contract.ALLOCATION_MEMORY, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     MetricSpec(contract.ALLOCATION_COMPUTE, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     # --- the exporter itself --------------------------------------------------------------------

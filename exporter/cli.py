@@ -22,7 +22,8 @@ def register(subparsers) -> None:
     exporter.set_defaults(func=run_exporter)
 
     simulate = subparsers.add_parser(
-        "simulate", help="the simulator: inject faults, stand-in kubelet, history"
+        "simulate",
+        help="the simulator: inject faults, stand-ins (kubelet, kube-state-metrics, volcano-scheduler), history",
     )
     sim = simulate.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
     inject = sim.add_parser("inject", help="inject a fault into a running simulated exporter")
@@ -55,6 +56,10 @@ def register(subparsers) -> None:
         history = None
     if history is not None:
         history.add_parser(sim)
+    from .simulator import kube_state_metrics, volcano
+
+    kube_state_metrics.add_parser(sim)
+    volcano.add_parser(sim)
 
     from .doctor import add_parser as add_doctor
 

@@ -199,8 +199,10 @@ class ExpositionCache:
 
     A render is done once per snapshot: ``prepare()``, called by the sampler right after it publishes
     a snapshot, renders every format scrapers asked for before, from one ``collect()`` of the
-    registry, each through its format's ``LineCache``; a scrape then only copies bytes. The bytes are
-    the ones the negotiated prometheus-client encoder would write (tests/exporter/test_render.py).
+    registry, each through its format's ``LineCache``; a scrape then only copies bytes, taking no lock.
+    While a render is under way, scrapes of a format rendered before get that earlier body (a cycle
+    old) instead of queueing behind it. The bytes are the ones the negotiated prometheus-client
+    encoder would write (tests/exporter/test_render.py).
     """
 
     def __init__(self, registry: CollectorRegistry, snapshots: Callable[[], Snapshot]):
@@ -210,6 +212,11 @@ class ExpositionCache:
         self._key: object = None
         self._families: list[Metric] | None = None  # the snapshot's families, collected once
         self._cache: dict[tuple[str, bool], bytes] = {}
+        self._rendered: tuple[object, dict[tuple[str, bool], bytes]] = (
+            None,
+            {},
+        )  # (_key, _cache), swapped whole
+        self._previous: dict[tuple[str, bool], bytes] = {}  # the last body rendered per format, any snapshot
         self._wanted: dict[tuple[str, bool], Callable] = {}  # formats scrapers asked for, with their encoder
         self._writers: dict[str, LineCache] = {}  # content type -> its line cache
         self._negotiated: dict[str, tuple[Callable, str]] = {}  # Accept header -> (encoder, content type)
@@ -222,9 +229,22 @@ class ExpositionCache:
             if len(self._negotiated) < 64:  # scrapers send a handful; a client varying it gets no cache
                 self._negotiated[accept] = chosen
         encoder, content_type = chosen
-        with self._lock:
-            self._wanted[(content_type, gzip_ok)] = encoder
+        wanted = (content_type, gzip_ok)
+        rendered_for, rendered = self._rendered
+        if rendered_for is self._snapshots() and wanted in rendered:  # the common case: no lock
+            return rendered[wanted], content_type
+        if not self._lock.acquire(blocking=False):
+            # The sampler is rendering a new snapshot: answer from the previous one (a cycle old)
+            # rather than make every scraper wait for the render.
+            previous = self._previous.get(wanted)
+            if previous is not None:
+                return previous, content_type
+            self._lock.acquire()
+        try:
+            self._wanted[wanted] = encoder
             return self._render(self._snapshots(), encoder, content_type, gzip_ok), content_type
+        finally:
+            self._lock.release()
 
     def prepare(self, snapshot: Snapshot | None = None) -> None:
         with self._lock:
@@ -235,6 +255,7 @@ class ExpositionCache:
     def _render(self, snapshot: Snapshot, encoder, content_type: str, gzip_ok: bool) -> bytes:
         if self._key is not snapshot:
             self._key, self._cache, self._families = snapshot, {}, None
+            self._rendered = (snapshot, self._cache)
         body = self._cache.get((content_type, gzip_ok))
         if body is None:
             plain = self._cache.get((content_type, False))
@@ -250,5 +271,5 @@ class ExpositionCache:
                         self._writers[content_type] = writer
                 plain = self._cache[(content_type, False)] = writer.encode(self._families)
             body = gzip.compress(plain, compresslevel=1) if gzip_ok else plain
-            self._cache[(content_type, gzip_ok)] = body
+            self._cache[(content_type, gzip_ok)] = self._previous[(content_type, gzip_ok)] = body
         return body

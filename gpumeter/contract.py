@@ -24,6 +24,7 @@ __all__ = [
     "CONTRACT",
     "EXPORTER_SERIES",
     "KUBE_DEMAND_SERIES",
+    "VOLCANO_QUEUE_SERIES",
     "HourQuery",
     "MetricType",
     "Producer",
@@ -43,6 +44,7 @@ class Producer(StrEnum):
     EXPORTER = "exporter"
     BILLING = "billing"
     KUBE_STATE_METRICS = "kube-state-metrics"
+    VOLCANO = "volcano-scheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,13 @@ TEAM = "team"
 KIND = "kind"
 CURRENCY = "currency"
 STATUS = "status"
+# vGPU (a hypervisor host's GPU shared by virtual machines, docs/pod-attribution.md §vGPU)
+VGPU_UUID = "vgpu_uuid"  # nvmlVgpuInstanceGetUUID
+VM_ID = "vm_id"  # nvmlVgpuInstanceGetVmID: the VM's UUID (KVM) or domain ID (Xen), as the host names it
+VM_ID_TYPE = "vm_id_type"  # how vm_id is formed: uuid | domain_id (nvmlVgpuVmIdType_t)
+VGPU_TYPE = "vgpu_type"  # nvmlVgpuTypeGetName, e.g. "NVIDIA H100XM-20C"
+LICENSE_STATE = "license_state"  # nvmlVgpuLicenseInfo_t.currentState, NVML_GRID_LICENSE_STATE_* lowercased
+ENGINE = "engine"
 
 MIG_MODE_ENABLED = "enabled"  # the values of `mig_mode`
 MIG_MODE_DISABLED = "disabled"
@@ -124,6 +133,7 @@ SHARING_MODES = (
 
 DEVICE_LABELS = (GPU, UUID)  # every series of a physical GPU
 MIG_LABELS = (GPU, UUID, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID, MIG_PROFILE)  # every series of a MIG instance
+VGPU_LABELS = (GPU, UUID, VGPU_UUID, VM_ID)  # every series of a vGPU instance (its physical GPU first)
 
 G, C = MetricType.GAUGE, MetricType.COUNTER
 
@@ -436,6 +446,49 @@ MIG_XID_ERRORS = _mig(
     "gpumeter_exporter_mig_xids_visible is 0.",
     "xid",
 )
+# --- vGPU instances on a hypervisor host (collectors/vgpu.py) -------------------------------------------
+VGPU_INFO = _device(
+    "nvidia_vgpu_info",
+    G,
+    "",
+    "An active vGPU instance on this host GPU and the virtual machine it runs in; value 1. vgpu_type is the "
+    "vGPU type's name, max_instances how many of that type fit on the GPU, license_state the guest's "
+    "vGPU license (licensed, unlicensed, unlicensed_restricted, unlicensed_unrestricted, uninitialized, "
+    "unknown). Only on GPUs in host vGPU mode.",
+    VGPU_UUID,
+    VM_ID,
+    VM_ID_TYPE,
+    VGPU_TYPE,
+    "max_instances",
+    LICENSE_STATE,
+)
+VGPU_MEMORY_TOTAL = _device(
+    "nvidia_vgpu_memory_total_bytes",
+    G,
+    "bytes",
+    "Framebuffer of the vGPU instance's type (nvmlVgpuTypeGetFramebufferSize).",
+    VGPU_UUID,
+    VM_ID,
+)
+VGPU_MEMORY_USED = _device(
+    "nvidia_vgpu_memory_used_bytes",
+    G,
+    "bytes",
+    "Framebuffer the virtual machine uses in its vGPU (nvmlVgpuInstanceGetFbUsage).",
+    VGPU_UUID,
+    VM_ID,
+)
+VGPU_UTILIZATION = _device(
+    "nvidia_vgpu_utilization_ratio",
+    G,
+    "ratio",
+    "Share of time an engine of the physical GPU worked for this vGPU (engine: sm, memory, encoder, "
+    "decoder), averaged over the driver's samples since the previous cycle; the last value is kept "
+    "while the driver has no newer sample.",
+    VGPU_UUID,
+    VM_ID,
+    ENGINE,
+)
 # --- pods ---------------------------------------------------------------------------------------------
 ALLOCATION = _exporter(
     "nvidia_gpu_allocation",
@@ -443,7 +496,10 @@ ALLOCATION = _exporter(
     "",
     "Share of a GPU or MIG instance a pod's container holds: 1 for a whole GPU or MIG instance, "
     "1/replicas for a time-sliced or MPS replica. gpu_instance_id and mig_profile are empty for whole "
-    "GPUs; sharing says how the holding is shared (exclusive, mig, time_slicing, mps, fractional, vgpu).",
+    "GPUs; sharing says how the holding is shared (exclusive, mig, time_slicing, mps, fractional, vgpu). "
+    'A vGPU (sharing="vgpu") is held by a virtual machine: namespace is its VM ID, pod the vGPU\'s UUID, '
+    "container empty, resource the vGPU type, and the share its type's framebuffer over the GPU's "
+    "framebuffer the vGPU manager divides (1 / max_instances of the type).",
     HOSTNAME,
     NAMESPACE,
     POD,
@@ -590,6 +646,10 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     NVLINK_RX_BYTES,
     ENCODER_UTILIZATION,
     DECODER_UTILIZATION,
+    VGPU_INFO,
+    VGPU_MEMORY_TOTAL,
+    VGPU_MEMORY_USED,
+    VGPU_UTILIZATION,
     ALLOCATION,
     ALLOCATION_MEMORY,
     ALLOCATION_COMPUTE,
@@ -661,6 +721,50 @@ KUBE_DEMAND_SERIES: tuple[Series, ...] = (
     KUBE_RESOURCEQUOTA,
 )
 
+# --- volcano-scheduler: GPU queues, where Volcano schedules (docs/capacity.md §Volcano queues) ----------
+# volcano-scheduler's names and labels (pkg/scheduler/metrics/queue.go). Scalar resources keep their
+# Kubernetes spelling in ``resource`` (nvidia.com/gpu) and are in milli-units: Volcano stores every scalar
+# resource as Quantity.MilliValue() (pkg/scheduler/api/resource_info.go NewResource), so 4 GPUs read 4000.
+QUEUE_NAME = "queue_name"
+
+
+def _volcano(name: str, labels: tuple[str, ...], help_: str) -> Series:
+    return Series(name, G, labels, "", help_, Producer.VOLCANO)
+
+
+VOLCANO_QUEUE_ALLOCATED = _volcano(
+    "volcano_queue_allocated_scalar_resources",
+    (QUEUE_NAME, RESOURCE),
+    "Scalar resources allocated to a queue's running tasks, in milli-units (4 GPUs: 4000).",
+)
+VOLCANO_QUEUE_REQUEST = _volcano(
+    "volcano_queue_request_scalar_resources",
+    (QUEUE_NAME, RESOURCE),
+    "Scalar resources a queue's jobs request in all, allocated and waiting, in milli-units.",
+)
+VOLCANO_QUEUE_DESERVED = _volcano(
+    "volcano_queue_deserved_scalar_resources",
+    (QUEUE_NAME, RESOURCE),
+    "A queue's deserved share of the cluster's scalar resources, in milli-units.",
+)
+VOLCANO_QUEUE_PODGROUPS_PENDING = _volcano(
+    "volcano_queue_pod_group_pending_count", (QUEUE_NAME,), "PodGroups of a queue in phase Pending."
+)
+VOLCANO_QUEUE_PODGROUPS_INQUEUE = _volcano(
+    "volcano_queue_pod_group_inqueue_count", (QUEUE_NAME,), "PodGroups of a queue admitted, not yet running."
+)
+VOLCANO_QUEUE_PODGROUPS_RUNNING = _volcano(
+    "volcano_queue_pod_group_running_count", (QUEUE_NAME,), "PodGroups of a queue running."
+)
+VOLCANO_QUEUE_SERIES: tuple[Series, ...] = (
+    VOLCANO_QUEUE_ALLOCATED,
+    VOLCANO_QUEUE_REQUEST,
+    VOLCANO_QUEUE_DESERVED,
+    VOLCANO_QUEUE_PODGROUPS_PENDING,
+    VOLCANO_QUEUE_PODGROUPS_INQUEUE,
+    VOLCANO_QUEUE_PODGROUPS_RUNNING,
+)
+
 # --- billing's own /metrics (gpumeter billing serve), rendered from the ledger at scrape time ----------
 BILLING_COST = _billing(
     "gpumeter_billing_cost_total",
@@ -712,6 +816,33 @@ BILLING_INGEST_LAG = _billing(
     "seconds",
     "Now minus the end of the newest hour ingested successfully.",
 )
+# Budgets (docs/billing.md §4.4): the calendar month in UTC that holds the scrape; in the price book's
+# currency, named by the `currency` label as the cost series are.
+BILLING_TEAM_MONTH_TO_DATE = _billing(
+    "gpumeter_billing_team_month_to_date_cost",
+    G,
+    "",
+    "What the team's lines of this calendar month (UTC) ingested so far cost: tenant and idle-share lines.",
+    TEAM,
+    CURRENCY,
+)
+BILLING_TEAM_FORECAST = _billing(
+    "gpumeter_billing_team_forecast_cost",
+    G,
+    "",
+    "The team's cost forecast for the whole calendar month (UTC): month-to-date plus the last 7 whole "
+    "days' mean hourly cost times the hours left (docs/billing.md §4.4).",
+    TEAM,
+    CURRENCY,
+)
+BILLING_TEAM_BUDGET = _billing(
+    "gpumeter_billing_team_budget",
+    G,
+    "",
+    "The team's budget for each calendar month (UTC), from the team map file.",
+    TEAM,
+    CURRENCY,
+)
 
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
@@ -721,6 +852,9 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_INGEST_RUNS,
     BILLING_LAST_SUCCESS,
     BILLING_INGEST_LAG,
+    BILLING_TEAM_MONTH_TO_DATE,
+    BILLING_TEAM_FORECAST,
+    BILLING_TEAM_BUDGET,
 )
 
 
@@ -769,6 +903,7 @@ CONTRACT: tuple[Series, ...] = (
     *EXPORTER_SERIES,
     KUBE_NAMESPACE_LABELS,
     *KUBE_DEMAND_SERIES,
+    *VOLCANO_QUEUE_SERIES,
     *BILLING_SERIES,
 )
 _BY_NAME = {s.name: s for s in CONTRACT}

@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpumeter import web
 from gpumeter.billing import cli as billing_cli
-from gpumeter.billing.config import Settings
+from gpumeter.billing.config import Budget, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
@@ -78,15 +78,20 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
 
 
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
-    """The scheduled job: render last month's chargeback reports (reports/, docs/reports.md) into the
-    configured directory and record each run (period, price-book versions, checksums) in the ledger."""
+    """The scheduled job: render last month's chargeback and fleet-health reports (reports/,
+    docs/reports.md) into the configured directory and record each run (period, price-book versions, checksums) in the ledger."""
     return run_monthly(settings, report, now)
 
 
-def build_app(ledger: Ledger, clock: Callable[[], datetime] | None = None):
-    """WSGI app: /metrics from the ledger, /healthz checks the database answers."""
+def build_app(
+    ledger: Ledger, clock: Callable[[], datetime] | None = None, budgets: Mapping[str, Budget] | None = None
+):
+    """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database answers."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BillingCollector(ledger, clock) if clock else BillingCollector(ledger))
+    if clock:
+        registry.register(BillingCollector(ledger, clock, budgets))
+    else:
+        registry.register(BillingCollector(ledger, budgets=budgets))
     metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):
@@ -131,7 +136,7 @@ def build_scheduler(
         monthly_report,
         report_schedule.trigger(),
         id="monthly-report",
-        name="monthly chargeback reports (last month)",
+        name="monthly chargeback and fleet-health reports (last month)",
         kwargs={**kwargs, "report": report_schedule.as_dict()},
         replace_existing=True,
     )
@@ -148,9 +153,10 @@ def serve(
     address raises (WebConfigError, ListenError) before anything starts."""
     web_settings = web.load_web_config(web_config) if web_config else None
     web.parse_listen(listen)
+    budgets = load_budgets(settings.teams_file) if settings.teams_file else {}
     ledger = open_sql_ledger(settings.db, schema=settings.schema)  # the job store shares its database
     try:
-        server = web.serve(build_app(ledger), listen, web_settings, name="billing")
+        server = web.serve(build_app(ledger, budgets=budgets), listen, web_settings, name="billing")
     except web.ListenError:
         ledger.close()
         raise

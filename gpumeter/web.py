@@ -6,6 +6,9 @@ routes of ours), made fit to face a network (docs/security.md):
 
 * one daemon thread per connection, so an idle, slow or hostile client holds a thread, never the
   accept loop; at most ``Limits.max_connections`` at once, more are closed as they arrive;
+* except for the exporter's plain-HTTP /metrics, whose answers are ready in memory: there one
+  event-loop thread serves every kept-alive scraper (``_EventLoop``), under the same deadlines, and
+  hands anything but a plain GET/HEAD to a thread;
 * the TLS handshake runs in that thread under a deadline, not in the accept loop;
 * the request (line, headers, body) must arrive within ``read_timeout`` and the answer leave within
   ``write_timeout``, so a slowloris or a client that never reads is dropped;
@@ -31,6 +34,7 @@ import os
 import re
 import secrets
 import select
+import selectors
 import socket
 import sys
 import threading
@@ -817,8 +821,9 @@ class Limits:
 class _DeadlineReader(io.RawIOBase):
     """The request side of a connection: every read waits only until one deadline for the request."""
 
-    def __init__(self, sock, deadline: float):
+    def __init__(self, sock, deadline: float, already_read: bytes = b""):
         self._sock, self._deadline = sock, deadline
+        self._already_read = already_read  # what the event loop read before handing the connection over
 
     def renew(self, deadline: float) -> None:
         """The next request on a kept-alive connection: it has until ``deadline`` to arrive."""
@@ -828,6 +833,11 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
+        if self._already_read:
+            count = min(len(buffer), len(self._already_read))
+            buffer[:count] = self._already_read[:count]
+            self._already_read = self._already_read[count:]
+            return count
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("the request did not arrive within the read timeout")
@@ -886,6 +896,82 @@ def _http_date() -> str:
     return _date_cache[1]
 
 
+def _wsgi_environ(server, command: str, target: str, version: str, headers, client_address, rfile) -> dict:
+    path, _, query = target.partition("?")
+    environ = dict(server.base_environ)
+    environ.update(
+        {
+            "SERVER_PROTOCOL": version,
+            "SERVER_SOFTWARE": _Handler.server_version,
+            "REQUEST_METHOD": command,
+            "PATH_INFO": unquote(path, "iso-8859-1"),
+            "QUERY_STRING": query,
+            "REMOTE_ADDR": client_address[0],
+            "CONTENT_TYPE": "text/plain",
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "https" if server.tls is not None else "http",
+            "wsgi.input": rfile,
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+    )
+    if server.tls is not None:
+        environ["HTTPS"] = "on"
+    for name, value in headers:
+        key = name.upper().replace("-", "_")
+        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            key = "HTTP_" + key
+            if key in environ:  # a repeated header: its values joined, as wsgiref does
+                value = f"{environ[key]},{value}"
+        environ[key] = value
+    return environ
+
+
+def _answer(
+    app, environ: dict, command: str, keep_alive: bool, server_version: str
+) -> tuple[bytes, str, int, bool]:
+    """Run the app; its whole answer as the bytes to send, with a Content-Length (every answer is
+    delimited, so the connection can stay open). Returns (bytes, status, body length, keep alive)."""
+    answer: list = []
+    body: list[bytes] = []
+
+    def start_response(status: str, headers: list, exc_info=None):
+        if exc_info and answer:
+            raise exc_info[1].with_traceback(exc_info[2])
+        answer[:] = [status, headers]
+        return body.append
+
+    try:
+        result = app(environ, start_response)
+        try:
+            body.extend(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        if not answer:
+            raise RuntimeError("the app returned without calling start_response")
+    except Exception:
+        log.error("error answering %s", environ.get("PATH_INFO"), exc_info=True)
+        answer[:] = ["500 Internal Server Error", [("Content-Type", "text/plain")]]
+        body[:] = [b"A server error occurred.  Please contact the administrator."]
+        keep_alive = False
+    status, headers = answer
+    content = b"".join(body)
+    lines = [f"HTTP/1.1 {status}", f"Date: {_http_date()}", f"Server: {server_version}"]
+    named = set()
+    for name, value in headers:
+        named.add(name.lower())
+        lines.append(f"{name}: {value}")
+    if "content-length" not in named:
+        lines.append(f"Content-Length: {len(content)}")
+    if not keep_alive:
+        lines.append("Connection: close")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1")
+    return (head if command == "HEAD" else head + content), status, len(content), keep_alive
+
+
 class _Handler(WSGIRequestHandler):
     server_version = "gpumeter"
     # HTTP/1.1 keep-alive: a scraper's next request reuses its connection (no accept, thread or TLS
@@ -893,11 +979,15 @@ class _Handler(WSGIRequestHandler):
     # the previous answer, so an idle kept-alive connection is closed after that long.
     protocol_version = "HTTP/1.1"
 
+    def __init__(self, request, client_address, server, already_read: bytes = b""):
+        self.already_read = already_read  # the start of the request, when the event loop hands it over
+        super().__init__(request, client_address, server)
+
     def setup(self) -> None:
         self.connection = self.request
         limits: Limits = self.server.limits
         self.rfile = io.BufferedReader(
-            _DeadlineReader(self.connection, time.monotonic() + limits.read_timeout)
+            _DeadlineReader(self.connection, time.monotonic() + limits.read_timeout, self.already_read)
         )
         self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
 
@@ -961,86 +1051,252 @@ class _Handler(WSGIRequestHandler):
         self._respond(environ, keep_alive)
 
     def _environ(self, target: str, headers: list[tuple[str, str]]) -> dict:
-        path, _, query = target.partition("?")
-        environ = dict(self.server.base_environ)
-        environ.update(
-            {
-                "SERVER_PROTOCOL": self.request_version,
-                "SERVER_SOFTWARE": self.server_version,
-                "REQUEST_METHOD": self.command,
-                "PATH_INFO": unquote(path, "iso-8859-1"),
-                "QUERY_STRING": query,
-                "REMOTE_ADDR": self.client_address[0],
-                "CONTENT_TYPE": "text/plain",
-                "wsgi.version": (1, 0),
-                "wsgi.url_scheme": "https" if self.server.tls is not None else "http",
-                "wsgi.input": self.rfile,
-                "wsgi.errors": sys.stderr,
-                "wsgi.multithread": True,
-                "wsgi.multiprocess": False,
-                "wsgi.run_once": False,
-            }
+        return _wsgi_environ(
+            self.server, self.command, target, self.request_version, headers, self.client_address, self.rfile
         )
-        if self.server.tls is not None:
-            environ["HTTPS"] = "on"
-        for name, value in headers:
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                key = "HTTP_" + key
-                if key in environ:  # a repeated header: its values joined, as wsgiref does
-                    value = f"{environ[key]},{value}"
-            environ[key] = value
-        return environ
 
     def _respond(self, environ: dict, keep_alive: bool) -> None:
-        """Run the app and send its answer in one write, with a Content-Length (every answer is
-        delimited, so the connection can stay open)."""
-        answer: list = []
-
-        def start_response(status: str, headers: list, exc_info=None):
-            if exc_info and answer:
-                raise exc_info[1].with_traceback(exc_info[2])
-            answer[:] = [status, headers]
-            return body.append
-
-        body: list[bytes] = []
-        try:
-            result = self.server.get_app()(environ, start_response)
-            try:
-                body.extend(result)
-            finally:
-                if hasattr(result, "close"):
-                    result.close()
-            if not answer:
-                raise RuntimeError("the app returned without calling start_response")
-        except Exception:
-            log.error("error answering %s", environ.get("PATH_INFO"), exc_info=True)
-            answer, body, keep_alive = (
-                ["500 Internal Server Error", [("Content-Type", "text/plain")]],
-                [],
-                False,
-            )
-            body.append(b"A server error occurred.  Please contact the administrator.")
-        status, headers = answer
-        content = b"".join(body)
-        lines = [f"HTTP/1.1 {status}", f"Date: {_http_date()}", f"Server: {self.server_version}"]
-        named = set()
-        for name, value in headers:
-            named.add(name.lower())
-            lines.append(f"{name}: {value}")
-        if "content-length" not in named:
-            lines.append(f"Content-Length: {len(content)}")
-        if not keep_alive:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1")
-        self.wfile.write(head if self.command == "HEAD" else head + content)
+        """Run the app and send its answer in one write (``_answer``)."""
+        data, status, length, keep_alive = _answer(
+            self.server.get_app(), environ, self.command, keep_alive, self.server_version
+        )
+        self.wfile.write(data)
         self.wfile.flush()
         self.close_connection = not keep_alive
         if log.isEnabledFor(logging.DEBUG):
-            self.log_request(status.split(" ", 1)[0], len(content))
+            self.log_request(status.split(" ", 1)[0], length)
 
     def log_message(self, format, *args) -> None:  # a scrape every few seconds would flood the log
         log.debug("%s " + format, self.address_string(), *args)
+
+
+class _Connection:
+    """A plain-HTTP connection the event loop holds: what arrived, and what is still to leave."""
+
+    __slots__ = ("address", "close_after", "pending", "read_deadline", "received", "sock", "write_deadline")
+
+    def __init__(self, sock: socket.socket, address, read_deadline: float):
+        self.sock, self.address = sock, address
+        self.received = bytearray()
+        self.pending: memoryview | None = None  # an answer the client has not taken in full yet
+        self.read_deadline, self.write_deadline = read_deadline, 0.0
+        self.close_after = False
+
+
+_FAST_METHODS = frozenset({"GET", "HEAD"})
+_BODY_HEADERS = frozenset({"content-length", "transfer-encoding", "expect"})
+
+
+def _scrape_request(head: bytes) -> tuple[str, str, list[tuple[str, str]]] | None:
+    """(method, target, headers) of a complete request head the event loop answers itself: an
+    HTTP/1.1 GET or HEAD with no body, within http.server's limits. Anything else (None) goes to a
+    thread, where ``_Handler`` answers or refuses it as it always has."""
+    lines = head.decode("iso-8859-1").split("\r\n")
+    if len(lines) > _MAX_HEADERS + 1 or any(len(line) > _MAX_LINE for line in lines):
+        return None
+    words = lines[0].split()
+    if len(words) != 3 or words[0] not in _FAST_METHODS or words[2] != "HTTP/1.1":
+        return None
+    headers = []
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t") or "\n" in line:  # folded or LF-only lines: the thread parses them
+            return None
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            continue  # ignored, as _Handler ignores it
+        if name.lower() in _BODY_HEADERS:
+            return None
+        headers.append((name, value.strip()))
+    return words[0], words[1], headers
+
+
+class _EventLoop:
+    """Serves a plain-HTTP listener's kept-alive scrapers from one thread.
+
+    With a thread per connection, 50 scrapers are 50 threads waking on 2 cores, and each answer
+    waits to take the GIL back from whichever thread holds it, often on the other core: at 50
+    concurrent clients that, not the work, made the p99 (docs/performance.md). Here one thread
+    waits on every connection with epoll and answers complete GET/HEAD requests in arrival order,
+    so an answer never waits for more than the answers queued before it. Only for apps that answer
+    from memory (the exporter's rendered exposition): a slow app would hold up every client.
+
+    The limits are those of the threaded path: a request must arrive within ``read_timeout`` of
+    the connection opening or of the previous answer, an answer must leave within
+    ``write_timeout``; idle, slow and stalled clients cost a few hundred bytes here, not a thread.
+    Requests it does not answer itself (bodies, HTTP/1.0, anything malformed or oversized) are
+    handed with what was read so far to a thread running ``_Handler``, which answers or refuses
+    them exactly as on the threaded path.
+    """
+
+    _SWEEP = 0.25  # seconds between checks of the deadlines
+
+    def __init__(self, server: Server, name: str):
+        self._server = server
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, None)
+        self._arrivals: list[tuple[socket.socket, Any]] = []
+        self._arrivals_lock = threading.Lock()
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
+        self._thread.start()
+
+    def add(self, sock: socket.socket, address) -> None:
+        """A connection accepted by the server's accept loop (another thread)."""
+        sock.setblocking(False)
+        with self._arrivals_lock:
+            self._arrivals.append((sock, address))
+        self._wake()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake()
+        self._thread.join(2)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_write.send(b"\0")
+        except OSError:  # the pipe is full: the loop is awake already
+            pass
+
+    def _run(self) -> None:
+        limits = self._server.limits
+        next_sweep = time.monotonic() + self._SWEEP
+        try:
+            while not self._stopping:
+                for key, events in self._selector.select(self._SWEEP):
+                    connection = key.data
+                    if connection is None:
+                        self._take_arrivals(limits)
+                        continue
+                    try:
+                        if events & selectors.EVENT_WRITE:
+                            self._write(connection)
+                        else:
+                            self._read(connection)
+                    except Exception:  # a bug must cost one connection, never the loop that serves them all
+                        log.exception("error serving %s; closing its connection", connection.address[0])
+                        self._close(connection)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + self._SWEEP
+                    self._sweep(now)
+        finally:
+            for connection in list(self._connections.values()):
+                self._close(connection)
+            self._selector.close()
+            self._wake_read.close()
+            self._wake_write.close()
+
+    def _take_arrivals(self, limits: Limits) -> None:
+        try:
+            while self._wake_read.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._arrivals_lock:
+            arrivals, self._arrivals = self._arrivals, []
+        for sock, address in arrivals:
+            connection = _Connection(sock, address, time.monotonic() + limits.read_timeout)
+            self._connections[sock] = connection
+            self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _read(self, connection: _Connection) -> None:
+        try:
+            chunk = connection.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the client closed its connection (or reset it)
+            self._close(connection)
+            return
+        connection.received += chunk
+        self._answer_received(connection)
+
+    def _answer_received(self, connection: _Connection) -> None:
+        """Answer every complete request received, in order, until an answer has to wait for the client."""
+        while connection.pending is None and connection.sock in self._connections:
+            received = connection.received
+            end = received.find(b"\r\n\r\n")
+            if end < 0:
+                if len(received) > _MAX_LINE or b"\n\n" in received:  # oversized, or LF-only lines
+                    self._hand_over(connection)
+                return
+            request = _scrape_request(bytes(received[:end]))
+            if request is None:
+                self._hand_over(connection)
+                return
+            del received[: end + 4]
+            method, target, headers = request
+            server = self._server
+            environ = _wsgi_environ(
+                server, method, target, "HTTP/1.1", headers, connection.address, io.BytesIO()
+            )
+            keep_alive = "close" not in environ.get("HTTP_CONNECTION", "").lower()
+            data, *_, keep_alive = _answer(
+                server.get_app(), environ, method, keep_alive, _Handler.server_version
+            )
+            self._send(connection, data, close_after=not keep_alive)
+
+    def _send(self, connection: _Connection, data: bytes, close_after: bool) -> None:
+        try:
+            sent = connection.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._close(connection)
+            return
+        now = time.monotonic()
+        if sent == len(data):
+            if close_after:
+                self._close(connection)
+            else:
+                connection.read_deadline = now + self._server.limits.read_timeout
+            return
+        # The client takes the answer slowly: wait for it to read, without holding up anyone else.
+        connection.pending = memoryview(data)[sent:]
+        connection.write_deadline = now + self._server.limits.write_timeout
+        connection.close_after = close_after
+        self._selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
+
+    def _write(self, connection: _Connection) -> None:
+        pending = connection.pending
+        assert pending is not None
+        connection.pending = None
+        self._selector.modify(connection.sock, selectors.EVENT_READ, connection)
+        self._send(connection, bytes(pending), connection.close_after)
+        if connection.pending is None and connection.sock in self._connections:
+            self._answer_received(connection)  # requests the client sent while it was reading
+
+    def _sweep(self, now: float) -> None:
+        for connection in list(self._connections.values()):
+            waiting_for = (
+                connection.write_deadline if connection.pending is not None else connection.read_deadline
+            )
+            if now > waiting_for:  # a request that never came, or an answer never taken
+                self._close(connection)
+
+    def _hand_over(self, connection: _Connection) -> None:
+        """Give the connection, with what was read of it, to a thread running ``_Handler``."""
+        del self._connections[connection.sock]
+        self._selector.unregister(connection.sock)
+        connection.sock.setblocking(True)
+        threading.Thread(
+            target=self._server.serve_handed_over,
+            args=(connection.sock, connection.address, bytes(connection.received)),
+            daemon=True,
+        ).start()
+
+    def _close(self, connection: _Connection) -> None:
+        if self._connections.pop(connection.sock, None) is None:
+            return
+        self._selector.unregister(connection.sock)
+        self._server.shutdown_request(connection.sock)
+        self._server.release_slot()
 
 
 class Server(ThreadingMixIn, WSGIServer):
@@ -1051,7 +1307,14 @@ class Server(ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
 
     def __init__(
-        self, address: tuple[str, int], app, *, tls: _TlsContext | None = None, limits: Limits | None = None
+        self,
+        address: tuple[str, int],
+        app,
+        *,
+        tls: _TlsContext | None = None,
+        limits: Limits | None = None,
+        event_loop: bool = False,
+        name: str = "http",
     ):
         self.tls = tls
         self.limits = limits = limits or Limits()
@@ -1061,6 +1324,8 @@ class Server(ThreadingMixIn, WSGIServer):
         self._slots = threading.BoundedSemaphore(limits.max_connections)
         super().__init__(address, _Handler)
         self.set_app(app)
+        # TLS connections keep their thread: the handshake is CPU work that would hold up the loop.
+        self._loop = _EventLoop(self, name) if event_loop and tls is None else None
 
     @property
     def address(self) -> str:
@@ -1082,10 +1347,27 @@ class Server(ThreadingMixIn, WSGIServer):
 
     def process_request(self, request, client_address) -> None:
         try:
-            super().process_request(request, client_address)
+            if self._loop is not None:
+                request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as in finish_request
+                self._loop.add(request, client_address)
+            else:
+                super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
             raise
+
+    def serve_handed_over(self, request, client_address, already_read: bytes) -> None:
+        """In a thread of its own: a connection the event loop handed over, from what it had read."""
+        try:
+            self.RequestHandlerClass(request, client_address, self, already_read)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self.release_slot()
+
+    def release_slot(self) -> None:
+        self._slots.release()
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -1116,6 +1398,8 @@ class Server(ThreadingMixIn, WSGIServer):
 
     def close(self) -> None:
         self.shutdown()
+        if self._loop is not None:
+            self._loop.stop()
         self.server_close()
 
 
@@ -1127,9 +1411,14 @@ def serve(
     name: str = "http",
     limits: Limits | None = None,
     public_paths: Iterable[str] = ("/healthz",),
+    answers_from_memory: bool = False,
 ) -> Server:
     """Bind ``listen`` and serve ``app`` from a background thread, with the web config's TLS,
-    headers, rate limit and basic auth. Returns the server (``close()`` to stop)."""
+    headers, rate limit and basic auth. Returns the server (``close()`` to stop).
+
+    ``answers_from_memory``: the app answers at once from prepared state, so plain-HTTP scrapers
+    are served from one event-loop thread (``_EventLoop``). Not with basic auth, whose bcrypt on a
+    new password is tens of milliseconds the loop would make every client wait for."""
     host, port = parse_listen(listen) if isinstance(listen, str) else listen
     tls = _TlsContext(web.tls) if web is not None and web.tls is not None else None
     if tls is not None:
@@ -1137,7 +1426,8 @@ def serve(
     if web is not None:
         app = guard(app, web, public_paths)
     try:
-        server = Server((host, port), app, tls=tls, limits=limits)
+        event_loop = answers_from_memory and not (web is not None and web.basic_auth_users)
+        server = Server((host, port), app, tls=tls, limits=limits, event_loop=event_loop, name=name)
     except OSError as exc:
         raise ListenError(f"cannot listen on {_address(host, port)}: {exc.strerror or exc}") from None
     threading.Thread(

@@ -40,7 +40,19 @@ def register(subparsers) -> None:
     from gpumeter.billing.ledger import DEFAULT_URL
 
     parser = subparsers.add_parser(
-        "report", help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2)"
+        "report",
+        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2), or the fleet-health report",
+    )
+    parser.add_argument(
+        "--kind",
+        choices=["chargeback", "health"],
+        default="chargeback",
+        help="chargeback (default) or health: utilization and maturity, incidents, MTBF, RMA candidates, waste",
+    )
+    parser.add_argument(
+        "--prometheus",
+        default=os.environ.get("GPUMETER_PROMETHEUS_URL", "http://127.0.0.1:9090"),
+        help="Prometheus the health report reads (comma-separated: an HA pair); default $GPUMETER_PROMETHEUS_URL",
     )
     parser.add_argument("--db", default=os.environ.get("GPUMETER_BILLING_DB", DEFAULT_URL), help="ledger URL")
     parser.add_argument("--db-schema", default=None, help="PostgreSQL schema (search_path) of the ledger")
@@ -52,11 +64,15 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--labels", help="namespace labels YAML for --by label:KEY: namespaces: {ns: {k: v}}")
     parser.add_argument(
+        "--teams",
+        help="billing's team map YAML: its budgets: {team: {amount, currency}} add budget against actual per team (months only)",
+    )
+    parser.add_argument(
         "--format",
         dest="formats",
         type=_formats,
-        default=("html", "csv", "json", "focus"),
-        help="comma list of html, csv, json, focus, or 'all' (default all)",
+        default=None,
+        help="comma list of html, csv, json, focus, or 'all' (default all; the health report has html, csv, json)",
     )
     parser.add_argument("--out", default="reports-out", help="output directory (default reports-out)")
     parser.add_argument("--grain", choices=["day", "hour"], default="day", help="FOCUS/detail row grain")
@@ -82,10 +98,11 @@ def missing_sqlite_file(url: str) -> str | None:
 
 
 def cmd_report(args) -> int:
+    from gpumeter.billing.config import ConfigError, load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
-    from gpumeter.reports.render import RenderOptions
+    from gpumeter.reports.render import FORMATS, RenderOptions
     from gpumeter.reports.run import generate, load_labels
 
     now = datetime.now(UTC)
@@ -100,7 +117,20 @@ def cmd_report(args) -> int:
         else:
             period = month_period(args.period) if args.period else last_month(now)
         grouping = Grouping.parse(args.by, load_labels(args.labels))
-    except ReportError as exc:
+        budgets = load_budgets(args.teams) if args.teams else {}
+        if args.kind == "health":
+            from gpumeter.reports import health_render
+
+            if args.formats is None or args.formats == FORMATS:
+                args.formats = health_render.FORMATS
+            bad = [f for f in args.formats if f not in health_render.FORMATS]
+            if bad:
+                raise ReportError(
+                    f"format: the health report has {', '.join(health_render.FORMATS)} (value {','.join(bad)!r})"
+                )
+        elif args.formats is None:
+            args.formats = FORMATS
+    except (ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     missing = missing_sqlite_file(args.db)
@@ -112,6 +142,8 @@ def cmd_report(args) -> int:
     except LedgerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if args.kind == "health":
+        return _health(args, ledger, period, now)
     try:
         result = generate(
             ledger,
@@ -123,9 +155,11 @@ def cmd_report(args) -> int:
             options=RenderOptions(account=args.account, service=args.service_name, generated_at=now),
             now=now,
             record=not args.no_record,
+            budgets=budgets,
         )
     except ReportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        where = f"{args.teams}: " if str(exc).startswith("budgets.") else ""  # name the budgets' file
+        print(f"error: {where}{exc}", file=sys.stderr)
         return 2
     except LedgerError as exc:  # the database was lost past the ledger's retries
         print(f"error: {exc}", file=sys.stderr)
@@ -139,4 +173,33 @@ def cmd_report(args) -> int:
     )
     for name, digest in result.files.items():
         print(f"  {result.out_dir / name}  sha256:{digest[:16]}")
+    return 0
+
+
+def _health(args, ledger, period, now: datetime) -> int:
+    from gpumeter.billing.ledger.base import LedgerError
+    from gpumeter.billing.prom import PrometheusError, open_client
+    from gpumeter.reports import health_render
+    from gpumeter.reports.model import ReportError
+
+    try:
+        with open_client(args.prometheus) as client:
+            report, files, _ = health_render.generate(
+                client, ledger, period, args.formats, args.out, now=now, record=not args.no_record
+            )
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (PrometheusError, LedgerError) as exc:  # a source could not answer: one line naming it
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ledger.close()
+    fleet = report.fleet
+    print(
+        f"health {period.label}: {fleet.gpus} GPU(s), {fleet.failures} failure(s), {len(report.rma)} RMA "
+        f"candidate(s), idle {report.money(report.waste[1])} {report.currency}"
+    )
+    for name, digest in files.items():
+        print(f"  {Path(args.out) / name}  sha256:{digest[:16]}")
     return 0

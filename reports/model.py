@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from gpumeter import contract
+from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
 from gpumeter.billing.models import SHORTFALL, STRANDED, UNALLOCATED, LineKind, QuantityUnit
 from gpumeter.billing.pricing.currency import minor_unit
@@ -290,6 +292,28 @@ class IngestSummary:
 
 
 @dataclass
+class BudgetRow:
+    """A team's monthly budget against what its lines of the month cost (docs/billing.md §4.4):
+    tenant and idle-share lines, whatever the report's grouping."""
+
+    team: str
+    budget: Decimal | None  # None: a team billed this month without a budget
+    actual: Decimal
+
+    @property
+    def remaining(self) -> Decimal | None:
+        return None if self.budget is None else self.budget - self.actual
+
+    @property
+    def used(self) -> float | None:
+        return None if self.budget is None else float(self.actual / self.budget)
+
+    @property
+    def over(self) -> bool:
+        return self.budget is not None and self.actual > self.budget
+
+
+@dataclass
 class Report:
     period: Period
     previous_period: Period
@@ -309,6 +333,8 @@ class Report:
     ingest: IngestSummary
     charges: list[LineTotal]  # the ledger lines summed per grain bucket, sorted: FOCUS and detail CSV
     slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours held, as the lines state them
+    # budget against actual per team; empty unless budgets were given and the period is a month
+    budgets: list[BudgetRow] = field(default_factory=list)
 
     @property
     def exponent(self) -> int:
@@ -415,8 +441,10 @@ def build_report(
     grain: str = "day",
     top: int = 10,
     compare: bool = True,
+    budgets: Mapping[str, Budget] | None = None,
 ) -> Report:
-    """Read the ledger for ``period`` (and the previous period for the change) into a Report."""
+    """Read the ledger for ``period`` (and the previous period for the change) into a Report;
+    with ``budgets`` (team → monthly budget) and a month, budget against actual per team."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
@@ -554,7 +582,28 @@ def build_report(
         ingest=_ingest_summary(ledger, period),
         charges=charges,
         slice_hours=slice_hours,
+        budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
     )
+
+
+def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currency: str) -> list[BudgetRow]:
+    """Every team with a budget, and every team billed without one, by team name; nothing when no
+    team has a budget. Lines without a team count for none (they appear as "(no team)" elsewhere)."""
+    if not budgets:
+        return []
+    for team, budget in sorted(budgets.items()):
+        if budget.currency != currency:  # never compare amounts of two currencies
+            raise ReportError(
+                f"budgets.{team}.currency: the ledger's lines of the period are in {currency} (value {budget.currency!r})"
+            )
+    actual: dict[str, Decimal] = defaultdict(Decimal)
+    for c in charges:
+        if c.kind in TENANT_KINDS and c.team and c.amount is not None:
+            actual[c.team] += c.amount
+    return [
+        BudgetRow(team, budgets[team].amount if team in budgets else None, actual.get(team, ZERO))
+        for team in sorted(set(budgets) | set(actual))
+    ]
 
 
 def _pod_probe(pod: tuple[str, str], meta: dict) -> LineTotal:

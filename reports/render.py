@@ -49,6 +49,8 @@ def file_names(report: Report, formats: tuple[str, ...]) -> dict[str, list[str]]
         "json": [f"{stem}.json"],
         "focus": [f"gpumeter-{report.period.label}-focus-1.2.csv"],
     }
+    if report.budgets:  # budget against actual per team, when the report has budgets
+        names["csv"].append(f"gpumeter-{report.period.label}-budgets.csv")
     return {f: names[f] for f in formats}
 
 
@@ -209,6 +211,52 @@ def lines_csv(report: Report) -> str:
     return out.getvalue()
 
 
+BUDGETS_HEADER = [
+    "period_start",
+    "period_end",
+    "team",
+    "budget",
+    "actual",
+    "remaining",
+    "used_ratio",
+    "over_budget",
+    "currency",
+]
+
+
+def budgets_csv(report: Report) -> str:
+    """Budget against actual per team: actual = the team's tenant and idle-share lines of the month."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(BUDGETS_HEADER)
+    for row in report.budgets:
+        writer.writerow(
+            [
+                _ts(report.period.start),
+                _ts(report.period.end),
+                _cell(row.team),
+                report.money(row.budget),
+                report.money(row.actual),
+                report.money(row.remaining),
+                _ratio(row.used),
+                "" if row.budget is None else str(row.over).lower(),
+                report.currency,
+            ]
+        )
+    return out.getvalue()
+
+
+def _budget(report: Report, row) -> dict:
+    return {
+        "team": row.team,
+        "budget": report.money(row.budget) if row.budget is not None else None,
+        "actual": report.money(row.actual),
+        "remaining": report.money(row.remaining) if row.remaining is not None else None,
+        "used_ratio": None if row.used is None else round(row.used, 6),
+        "over_budget": None if row.budget is None else row.over,
+    }
+
+
 def focus_csv(report: Report, options: RenderOptions | None = None) -> str:
     options = options or RenderOptions()
     out = io.StringIO()
@@ -318,7 +366,10 @@ def report_dict(report: Report) -> dict:
 
 
 def json_text(report: Report) -> str:
-    return json.dumps(report_dict(report), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    doc = report_dict(report)
+    if report.budgets:  # only with budgets: a report without keeps its bytes
+        doc["budgets"] = [_budget(report, row) for row in report.budgets]
+    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 # --- HTML -----------------------------------------------------------------------------------------------
@@ -574,6 +625,8 @@ def render(
         elif fmt == "csv":
             texts[names["csv"][0]] = summary_csv(report)
             texts[names["csv"][1]] = lines_csv(report)
+            if report.budgets:
+                texts[names["csv"][2]] = budgets_csv(report)
         elif fmt == "json":
             texts[names["json"][0]] = json_text(report)
         elif fmt == "focus":

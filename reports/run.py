@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
+from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, ReportRunRecord
 from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
 from gpumeter.reports.render import FORMATS, RenderOptions, render
@@ -55,6 +57,7 @@ def generate(
     options: RenderOptions | None = None,
     now: datetime | None = None,
     record: bool = True,
+    budgets: Mapping[str, Budget] | None = None,
 ) -> RunResult:
     """Build the report, write its files and a manifest, and record the run (period, price-book
     versions, ingest runs, checksums) in ``report_runs``."""
@@ -72,7 +75,7 @@ def generate(
         raise ReportError(
             f"out: not a directory that can be created or written ({exc.strerror}; value {str(out)!r})"
         ) from exc
-    report = build_report(ledger, period, grouping, grain=grain, top=options.top)
+    report = build_report(ledger, period, grouping, grain=grain, top=options.top, budgets=budgets)
     files = render(report, out, formats, options)
     versions = [
         {"id": v.id, "label": version_label(v), "digest": v.digest, "path": v.path}

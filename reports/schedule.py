@@ -10,6 +10,7 @@ store; these travel with the job the same way):
 | `GPUMETER_REPORT_BY` | `team` | grouping(s), comma-separated: team, namespace, model, mig_profile, label:KEY |
 | `GPUMETER_REPORT_FORMATS` | `html,csv,json,focus` | formats |
 | `GPUMETER_REPORT_LABELS` | (none) | namespace labels YAML for label:KEY |
+| `GPUMETER_REPORT_KINDS` | `chargeback,health` | which reports: the chargeback, the fleet-health report (reads the service's Prometheus) |
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ReportSchedule:
     by: str = "team"
     formats: str = "html,csv,json,focus"
     labels: str = ""
+    kinds: str = "chargeback,health"
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> ReportSchedule:
@@ -42,6 +44,7 @@ class ReportSchedule:
             by=env.get("GPUMETER_REPORT_BY", cls.by),
             formats=env.get("GPUMETER_REPORT_FORMATS", cls.formats),
             labels=env.get("GPUMETER_REPORT_LABELS", cls.labels),
+            kinds=env.get("GPUMETER_REPORT_KINDS", cls.kinds),
         )
 
     def as_dict(self) -> dict:
@@ -55,6 +58,7 @@ class ReportSchedule:
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
     """Render last month (relative to ``now``) for every configured grouping; record each run."""
+    from gpumeter.billing.config import load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.reports.model import Grouping, last_month
     from gpumeter.reports.render import RenderOptions
@@ -65,11 +69,14 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     period = last_month(now)
     formats = tuple(f.strip() for f in cfg.formats.split(",") if f.strip())
     labels = load_labels(cfg.labels) if cfg.labels else {}
+    # the billing service's team map file holds the teams' budgets: the report shows them
+    budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
     out_dir = Path(cfg.out_dir) / period.label
+    kinds = {k.strip() for k in cfg.kinds.split(",") if k.strip()}
     ledger = open_ledger(settings["db"], schema=settings.get("schema"))
-    written = 0
+    written, failed = 0, ""
     try:
-        for by in (b.strip() for b in cfg.by.split(",") if b.strip()):
+        for by in (b.strip() for b in cfg.by.split(",") if b.strip() and "chargeback" in kinds):
             result = generate(
                 ledger,
                 period,
@@ -79,10 +86,34 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
                 trigger="schedule",
                 options=RenderOptions(generated_at=now),
                 now=now,
+                budgets=budgets,
             )
             written += len(result.files)
+        if "health" in kinds:
+            files, failed = _health(settings, ledger, period, formats, out_dir, now)
+            written += files
     finally:
         ledger.close()
-    message = f"rendered {written} file(s) for {period.label} into {out_dir}"
+    message = f"rendered {written} file(s) for {period.label} into {out_dir}{failed}"
     log.info("monthly report: %s", message)
     return message
+
+
+def _health(
+    settings: dict, ledger, period, formats: tuple[str, ...], out_dir: Path, now: datetime
+) -> tuple[int, str]:
+    """The fleet-health report beside the chargeback. Prometheus being down fails this report only
+    (logged, and named in the job's result); the chargeback is already written."""
+    from gpumeter.billing.prom import PrometheusError, open_client
+    from gpumeter.reports import health_render
+
+    kept = tuple(f for f in formats if f in health_render.FORMATS) or health_render.FORMATS
+    try:
+        with open_client(settings["prometheus"]) as client:
+            _, files, _ = health_render.generate(
+                client, ledger, period, kept, out_dir, trigger="schedule", now=now
+            )
+    except PrometheusError as exc:
+        log.error("monthly health report for %s failed: %s", period.label, exc)
+        return 0, f"; health report failed: {exc}"
+    return len(files), ""

@@ -573,8 +573,8 @@ def rss():
 base = rss()
 import gpumeter.exporter.app, gpumeter.exporter.cli, gpumeter.exporter.kubelet.client, gpumeter.exporter.simulator.nvml  # what the exporter runs
 exporter_only = rss()
-import gpumeter
-gpumeter.cli.build_parser()  # what `gpumeter exporter` also does before it starts
+import gpumeter.cli
+gpumeter.cli.build_parser(["exporter"])  # what `gpumeter exporter` also does before it starts
 full = rss()
 heavy = [m for m in ("sqlalchemy", "alembic", "mako", "pygments", "pandas", "plotly", "apscheduler")
          if m in sys.modules]

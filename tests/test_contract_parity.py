@@ -37,13 +37,14 @@ from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 
 # (fleet, node): shared-modes' nodes share replicas two ways (time-slicing, MPS) and hand out
-# fractional grants (HAMi, gpushare; read from the stand-in Kubernetes API)
+# fractional grants (HAMi, gpushare; read from the stand-in Kubernetes API); its vGPU host has no pods
 FLEETS = (
     ("h100-mig", None),
     ("a100-mixed", None),
     ("shared-modes", "gpu-shared-ts-01"),
     ("shared-modes", "gpu-shared-mps-01"),
     ("shared-modes", "gpu-shared-frac-01"),
+    ("shared-modes", "gpu-shared-vgpu-01"),  # a vGPU host: its VMs' allocations come from NVML
 )
 START = 1_790_208_000.0  # the period's start; the fleets' pod schedules count from it
 OFFSET = 10 * 3600.0  # 10:00 of day 0: every scheduled pod of both fleets is running
@@ -179,7 +180,7 @@ def test_live_exporter_and_history_agree_on_every_series_billing_consumes(sample
         for p in fleet.pods
         if p.running(OFFSET)
         for d in p.devices
-    }
+    } | {(v.vm_id, v.uuid, gpu.index, None) for gpu in gpus for v in gpu.vgpus}  # a VM holds its vGPU
     assert len(sampled.live[contract.ALLOCATION.name]) == len(held) > 0
     # how each holding is shared, worked out from the fleet file: replicas by the node's strategy
     replica = contract.SHARING_MPS if node.sharing_strategy == "mps" else contract.SHARING_TIME_SLICING
@@ -194,7 +195,7 @@ def test_live_exporter_and_history_agree_on_every_series_billing_consumes(sample
         for p in fleet.pods
         if p.running(OFFSET)
         for d in p.devices
-    }
+    } | ({contract.SHARING_VGPU} if any(gpu.vgpus for gpu in gpus) else set())
     assert {dict(labels)[contract.SHARING] for labels in sampled.live[contract.ALLOCATION.name]} == sharing
     # a fractional grant carries both fractions, in both producers (compare() checked the values)
     grants = sum(1 for p in fleet.pods if p.running(OFFSET) for d in p.devices if gpus[d.gpu].fractional)

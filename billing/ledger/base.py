@@ -15,6 +15,9 @@ from gpumeter import contract
 from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, line_key
 from gpumeter.billing.pricing.base import PriceBook
 
+# The kinds of line a team pays: what counts against its budget (docs/billing.md §4.4), as in reports.
+BILLED_TO_TEAMS = (LineKind.TENANT, LineKind.IDLE_SHARE)
+
 
 class LockNotAcquired(RuntimeError):
     """Another replica holds the lock."""
@@ -242,6 +245,16 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
         """Lines of [start, end) summed per ``grain`` bucket: "hour", "day" (UTC) or "range"."""
+
+    def team_costs(self, start: datetime, end: datetime) -> dict[tuple[str, str], Decimal]:
+        """What the lines of [start, end) bill to teams, per (team, currency): tenant and idle-share
+        amounts, exact sums of the rounded lines; lines without a team or amount left out (budgets,
+        docs/billing.md §4.4). The SQL ledger sums in the database."""
+        totals: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+        for line in self.lines(start, end):
+            if line.team and line.amount is not None and line.kind in BILLED_TO_TEAMS:
+                totals[(line.team, line.currency)] += line.amount
+        return dict(totals)
 
     @abc.abstractmethod
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:

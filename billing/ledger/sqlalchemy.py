@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from gpumeter import contract
 from gpumeter.billing.ledger.base import (
+    BILLED_TO_TEAMS,
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -598,6 +599,31 @@ class SqlLedger(Ledger):
         return summarise(lines, last, runs)
 
     # --- reads for reports --------------------------------------------------------------------
+
+    @_stored("sum team costs")
+    def team_costs(self, start: datetime, end: datetime) -> dict[tuple[str, str], Decimal]:
+        """Summed in SQL as whole units of the stored scale (exact on SQLite's decimal text too)."""
+        c = CostLine.__table__.c
+        scale = 10**4  # Money() is NUMERIC(20, 4)
+        query = (
+            select(
+                c.team,
+                c.currency,
+                func.sum(cast(func.round(c.amount * literal_column(str(scale))), BigInteger)),
+            )
+            .where(
+                c.hour >= bindparam("lo", type_=c.hour.type),
+                c.hour < bindparam("hi", type_=c.hour.type),
+                c.kind.in_([kind.value for kind in BILLED_TO_TEAMS]),
+                c.team != "",
+                c.amount.isnot(None),
+            )
+            .group_by(c.team, c.currency)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query, {"lo": start, "hi": end}).all()
+        unit = Decimal(1).scaleb(-4)
+        return {(team, currency): Decimal(int(total)) * unit for team, currency, total in rows}
 
     @_stored("sum lines")
     def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:

@@ -79,6 +79,7 @@ from . import (  # noqa: E402
     profiling,  # noqa: F401
     thermal,  # noqa: F401
     utilization,  # noqa: F401
+    vgpu,  # noqa: F401
     video,  # noqa: F401
     xid,  # noqa: F401
 )

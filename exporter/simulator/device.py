@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
+from .vgpu import simulated_vgpus
 
 __all__ = ["FAULTS", "THROTTLE_BITS", "SimulatedGpu", "SimulatedMig", "SimulatedNode"]
 
@@ -275,6 +276,7 @@ class SimulatedNode:
             SimulatedGpu(spec=g, rng=random.Random(fleet.seed * 1009 + g.index)) for g in self.spec.gpus
         ]
         self.pods = fleet.pods_on(self.spec.name)
+        self.vgpus = simulated_vgpus(self.gpus)  # nvmlVgpuInstance_t -> the vGPUs running on this host
         self.pod_driven = bool(self.pods)
         self.nvml_available = True
         # (gpu, event type, data, gpu instance, compute instance); NO_INSTANCE where not attributable

@@ -19,6 +19,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
                                     # {profile: 3g.40gb, compute_instances: [2, 1]}: two compute instances
             time_slicing: 4         # replicas per whole GPU (nvidia.com/gpu.shared style sharing)
             fractional: hami        # shared by memory/compute grants: hami | gpushare (whole GPUs only)
+            vgpus:                  # a vGPU host GPU (whole, not shared otherwise), one entry per VM's vGPU
+              - {vm: finance-vm-01, type: H100XM-20C, utilization: 0.6, license: licensed}
             workload: {pattern: diurnal, mean: 0.55, amplitude: 0.25}
     pods:
       - namespace: ml-research
@@ -48,6 +50,7 @@ from typing import Any
 import yaml
 
 from .models import MODELS, GpuModel, MigProfile
+from .vgpu import LICENSE_STATES, VGPU_TYPES, VgpuSpec, vm_uuid
 
 __all__ = [
     "Fleet",
@@ -123,6 +126,8 @@ class GpuSpec:
     time_slicing: int  # replicas; 1 = not shared
     workload: Workload
     fractional: str = ""  # FRACTIONAL_SCHEDULERS; "" = not shared by grants
+    vgpu_host: bool = False  # in host vGPU mode (the fleet file has `vgpus:`, maybe empty)
+    vgpus: tuple[VgpuSpec, ...] = ()  # the vGPUs running on it, one per VM's vGPU
 
     @property
     def mig_enabled(self) -> bool:
@@ -435,6 +440,14 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                     fractional,
                     f"expected one of {', '.join(FRACTIONAL_SCHEDULERS)}, on a whole GPU without time_slicing",
                 )
+            vgpu_host = "vgpus" in group
+            if vgpu_host and (mig or replicas > 1 or fractional):
+                raise r.fail(
+                    f"{gpath}.vgpus",
+                    group["vgpus"],
+                    "a vGPU host GPU is whole: no mig, time_slicing or fractional",
+                )
+            vgpu_entries = r.get(group, "vgpus", gpath, list, [])
             wl = r.get(group, "workload", gpath, dict, {})
             pattern = r.get(wl, "pattern", f"{gpath}.workload", str, "steady")
             if pattern not in WORKLOAD_PATTERNS:
@@ -449,7 +462,10 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             for _ in range(count):
                 index = len(gpus)
                 uuid = _uuid("GPU", f"{seed}/{name}/{index}")
-                gpus.append(GpuSpec(name, index, model, uuid, mig, replicas, workload, fractional))
+                vgpus = _vgpus(r, model, vgpu_entries, f"{gpath}.vgpus", f"{seed}/{name}/{index}")
+                gpus.append(
+                    GpuSpec(name, index, model, uuid, mig, replicas, workload, fractional, vgpu_host, vgpus)
+                )
         gpus_by_node[name] = tuple(gpus)
         nodes.append(
             NodeSpec(
@@ -533,6 +549,55 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             )
         )
     return Fleet(seed=seed, nodes=tuple(nodes), pods=tuple(pods), source=source)
+
+
+# --- vGPU hosts ---------------------------------------------------------------------------------------
+def _vgpus(r: _Reader, model: GpuModel, entries: list, path: str, key: str) -> tuple[VgpuSpec, ...]:
+    """The vGPUs of one host GPU: ``{vm, type, utilization, license}`` each."""
+    types = VGPU_TYPES.get(model.key, {})
+    if entries and not types:
+        raise r.fail(path, entries, f"the stand-in knows no vGPU types for {model.key}")
+    vgpus: list[VgpuSpec] = []
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        vm = r.get(entry, "vm", where, str)
+        type_name = r.get(entry, "type", where, str)
+        if type_name not in types:
+            raise r.fail(
+                f"{where}.type", type_name, f"unknown vGPU type for {model.key}; known: {', '.join(types)}"
+            )
+        vtype = types[type_name]
+        # NVIDIA Virtual GPU Software User Guide, "Homogeneous ... time-sliced vGPUs": in the default
+        # (homogeneous) mode every vGPU on one physical GPU is of the same type.
+        if vgpus and vgpus[0].type != vtype:
+            raise r.fail(
+                f"{where}.type",
+                type_name,
+                f"a GPU runs vGPUs of one type; this one runs {vgpus[0].type.name}",
+            )
+        if len(vgpus) >= vtype.max_instances:
+            raise r.fail(
+                f"{where}.type", type_name, f"at most {vtype.max_instances} {type_name} fit a {model.key}"
+            )
+        utilization = r.get(entry, "utilization", where, float, 0.5)
+        if not 0 <= utilization <= 1:
+            raise r.fail(f"{where}.utilization", utilization, "must be within 0..1")
+        license_state = r.get(entry, "license", where, str, "licensed")
+        if license_state not in LICENSE_STATES:
+            raise r.fail(f"{where}.license", license_state, f"expected one of {', '.join(LICENSE_STATES)}")
+        if any(v.vm == vm for v in vgpus):
+            raise r.fail(f"{where}.vm", vm, "one vGPU per VM on a GPU here")
+        vgpus.append(
+            VgpuSpec(
+                vm=vm,
+                type=vtype,
+                utilization=utilization,
+                license=license_state,
+                vm_id=vm_uuid(f"vm/{vm}"),
+                uuid=vm_uuid(f"vgpu/{key}/{i}"),
+            )
+        )
+    return tuple(vgpus)
 
 
 def load_fleet(path: str | Path) -> Fleet:

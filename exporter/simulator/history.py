@@ -6,6 +6,13 @@ labels and values, plus ``job``/``instance`` as a scrape adds them): ``nvidia_gp
 ``nvidia_gpu_up``, ``nvidia_gpu_mig_info``, ``nvidia_gpu_allocation`` (from the fleet's pod schedule,
 with the stand-in kubelet's resource names) and utilization (whole GPUs, and MIG instances on models
 with GPM). Loads are seeded, so the same fleet and period always give the same file.
+
+Incidents (``--incident``) add the series a live exporter would have shown for them, for the
+fleet-health report: XIDs (``nvidia_gpu_xid_errors_total``, a series that appears at its first event,
+as the exporter's event thread counts it; a row remap also raises XID 63, a row-remap failure XID 64), a lost GPU (``nvidia_gpu_up`` 0 and its utilization gone
+while lost), a pending row remap or a row-remap failure (``nvidia_gpu_remapped_rows_*``; NVML refuses
+row-remap queries on a GPU in MIG mode, docs/nvml.md §7, and so does this), and thermal slowdown time
+(``nvidia_gpu_clocks_event_seconds_total``).
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ import argparse
 import contextlib
 import functools
 import random
+import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -27,9 +36,35 @@ from .device import _load_at
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, load_fleet
 from .kubelet import resource_name
 
-__all__ = ["add_parser", "write_history"]
+__all__ = ["Incident", "add_parser", "parse_incident", "write_history"]
 
 JOB = "gpumeter-exporter"
+INCIDENT_KINDS = ("xid", "lost", "row_remap", "row_remap_failure", "sw_thermal", "hw_thermal")
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Something that happened to one GPU at ``at`` (Unix seconds): ``xid`` (value: the code), ``lost``
+    (value: seconds until it is back), ``row_remap`` (value: rows remapped for an uncorrectable error,
+    pending until a reset, i.e. to the end of the history), ``row_remap_failure``, ``sw_thermal`` or
+    ``hw_thermal`` (value: seconds of slowdown, counted from ``at``)."""
+
+    node: str
+    gpu: int
+    kind: str
+    at: float
+    value: float = 1.0
+
+
+def parse_incident(text: str) -> Incident:
+    """``NODE/GPU:KIND[=VALUE]@WHEN``, e.g. ``gpu-a100-mixed-01/2:xid=48@2026-10-12T03:00``."""
+    match = re.fullmatch(r"([^/]+)/(\d+):(\w+)(?:=([\d.]+))?@(.+)", text)
+    if not match or match.group(3) not in INCIDENT_KINDS:
+        raise ValueError(
+            f"--incident: expected NODE/GPU:KIND[=VALUE]@WHEN, KIND one of {', '.join(INCIDENT_KINDS)} (value {text!r})"
+        )
+    node, gpu, kind, value, when = match.groups()
+    return Incident(node, int(gpu), kind, _when(when), float(value) if value else 1.0)
 
 
 @functools.cache
@@ -75,8 +110,12 @@ class _Series:
     """The series of one node. Label texts are rendered once (identity and layout never change over
     the period); values per step come from the pod schedule."""
 
-    def __init__(self, fleet: Fleet, node: NodeSpec):
+    def __init__(
+        self, fleet: Fleet, node: NodeSpec, incidents: tuple[Incident, ...] = (), start: float = 0.0
+    ):
         self.node = node
+        self.start = start
+        self.incidents = [i for i in incidents if i.node == node.name]
         self.scrape = {"job": JOB, "instance": f"{node.name}:9835"}  # what a scrape adds
         self.pods = fleet.pods_on(node.name)
         self.rng = random.Random(fleet.seed * 7919 + len(node.name))
@@ -119,8 +158,61 @@ class _Series:
     def info(self) -> list[tuple[str, float]]:
         return self._info
 
-    def up(self) -> list[tuple[str, float]]:
-        return self._up
+    def up(self, offset: float) -> Iterator[tuple[str, float]]:
+        for gpu, (labels, _) in zip(self.node.gpus, self._up, strict=True):
+            yield labels, 0.0 if self.lost(gpu.index, offset) else 1.0
+
+    def lost(self, gpu: int, offset: float) -> bool:
+        t = self.start + offset
+        return any(i.gpu == gpu and i.kind == "lost" and i.at <= t < i.at + i.value for i in self.incidents)
+
+    def _before(self, gpu: int, kinds: tuple[str, ...], offset: float) -> list[Incident]:
+        t = self.start + offset
+        return [i for i in self.incidents if i.gpu == gpu and i.kind in kinds and i.at <= t]
+
+    def xid(self, offset: float) -> Iterator[tuple[str, float]]:
+        """XIDs by code; a row remap is also XID 63 (remap event) and a row-remap failure XID 64, as the
+        driver reports them (docs/nvml.md §13, §14.3)."""
+        codes = {"row_remap": 63, "row_remap_failure": 64}
+        for gpu in self.node.gpus:
+            counts: dict[int, int] = {}
+            for incident in self._before(gpu.index, ("xid", *codes), offset):
+                code = codes.get(incident.kind, int(incident.value))
+                counts[code] = counts.get(code, 0) + 1
+            for code, count in sorted(counts.items()):
+                yield self._render(contract.XID_ERRORS, {**_device(gpu), "xid": str(code)}), float(count)
+
+    def _remapping(self) -> Iterator[GpuSpec]:
+        """GPUs with a row-remap incident; NVML answers row-remap queries outside MIG mode only."""
+        for gpu in self.node.gpus:
+            if any(i.gpu == gpu.index and i.kind.startswith("row_remap") for i in self.incidents):
+                yield gpu
+
+    def remapped_rows(self, offset: float) -> Iterator[tuple[str, float]]:
+        for gpu in self._remapping():
+            rows = sum(i.value for i in self._before(gpu.index, ("row_remap",), offset))
+            for error_type, value in (("corrected", 0.0), ("uncorrected", rows)):
+                yield self._render(contract.REMAPPED_ROWS, {**_device(gpu), "error_type": error_type}), value
+
+    def remap_pending(self, offset: float) -> Iterator[tuple[str, float]]:
+        for gpu in self._remapping():
+            pending = bool(self._before(gpu.index, ("row_remap",), offset))
+            yield self._render(contract.REMAPPED_ROWS_PENDING, _device(gpu)), float(pending)
+
+    def remap_failure(self, offset: float) -> Iterator[tuple[str, float]]:
+        for gpu in self._remapping():
+            failed = bool(self._before(gpu.index, ("row_remap_failure",), offset))
+            yield self._render(contract.REMAPPED_ROWS_FAILURE, _device(gpu)), float(failed)
+
+    def thermal(self, offset: float) -> Iterator[tuple[str, float]]:
+        t = self.start + offset
+        for gpu in self.node.gpus:
+            for reason in ("sw_thermal", "hw_thermal"):
+                mine = [i for i in self.incidents if i.gpu == gpu.index and i.kind == reason]
+                if mine:
+                    seconds = sum(min(max(0.0, t - i.at), i.value) for i in mine)
+                    labels = {**_device(gpu), "reason": reason}
+                    yield self._render(contract.CLOCKS_EVENT_SECONDS, labels), seconds
 
     def mig_info(self) -> list[tuple[str, float]]:
         return self._mig_info
@@ -155,6 +247,28 @@ class _Series:
                 if gpu.fractional:  # the exporter values a grant at its compute fraction
                     share = grant_fractions(gpu, dev)[1]
                 shares[key] = shares.get(key, 0.0) + share
+        shares.update(self._vgpu_held())
+        return shares
+
+    def _vgpu_held(self) -> dict[tuple, float]:
+        """The VMs' vGPUs on a vGPU host, as the vgpu collector labels them (exporter/collectors/vgpu.py):
+        namespace the VM ID, pod the vGPU UUID, resource the type, share 1 / max instances of the type."""
+        shares: dict[tuple, float] = {}
+        for gpu in self.node.gpus:
+            for vgpu in gpu.vgpus:
+                values = {
+                    contract.HOSTNAME: self.node.name,
+                    contract.NAMESPACE: vgpu.vm_id,
+                    contract.POD: vgpu.uuid,
+                    contract.CONTAINER: "",
+                    contract.RESOURCE: vgpu.type.name,
+                    contract.UUID: gpu.uuid,
+                    contract.GPU: str(gpu.index),
+                    contract.GPU_INSTANCE_ID: "",
+                    contract.MIG_PROFILE: "",
+                    contract.SHARING: contract.SHARING_VGPU,
+                }
+                shares[tuple(values.items())] = 1.0 / vgpu.type.max_instances
         return shares
 
     def _grants(self, offset: float, which: int) -> Iterator[tuple[str, float]]:
@@ -202,7 +316,7 @@ class _Series:
                     key = (dev.gpu, dev.gpu_instance_id)
                     loads[key] = loads.get(key, 0.0) + pod.utilization / divide
         for gpu in self.node.gpus:
-            if gpu.mig_enabled:
+            if gpu.mig_enabled or self.lost(gpu.index, offset):  # a lost GPU's series vanish
                 continue
             load = (
                 loads.get((gpu.index, None), 0.0) if self.pods else _load_at(gpu.workload, offset, self.rng)
@@ -220,7 +334,7 @@ class _Series:
             for d in p.devices
         }
         for gpu in self.node.gpus:
-            if not gpu.model.has_gpm:
+            if not gpu.model.has_gpm or self.lost(gpu.index, offset):
                 continue
             for mig in gpu.mig:
                 load = running.get((gpu.index, mig.gpu_instance_id), 0.0)
@@ -230,29 +344,63 @@ class _Series:
 
 # The series billing and reports need, each with the _Series method that renders it: static ones
 # (identity and layout) are the same at every step, dynamic ones take the offset into the period.
-STATIC = {contract.GPU_INFO: "info", contract.GPU_UP: "up", contract.MIG_INFO: "mig_info"}
+STATIC = {contract.GPU_INFO: "info", contract.MIG_INFO: "mig_info"}
 DYNAMIC = {
+    contract.GPU_UP: "up",
     contract.ALLOCATION: "allocation",
     contract.ALLOCATION_MEMORY: "allocation_memory",
     contract.ALLOCATION_COMPUTE: "allocation_compute",
     contract.UTILIZATION: "utilization",
     contract.MIG_SM_UTILIZATION: "mig_utilization",
 }
+# Written only when there are incidents (a healthy fleet's history is exactly as before).
+INCIDENT_SERIES = {
+    contract.XID_ERRORS: "xid",
+    contract.REMAPPED_ROWS: "remapped_rows",
+    contract.REMAPPED_ROWS_PENDING: "remap_pending",
+    contract.REMAPPED_ROWS_FAILURE: "remap_failure",
+    contract.CLOCKS_EVENT_SECONDS: "thermal",
+}
+
+
+def check_incidents(fleets: list[Fleet], incidents: tuple[Incident, ...]) -> None:
+    """Every incident names a GPU of the fleets, and no row remap a GPU in MIG mode (NVML refuses
+    nvmlDeviceGetRemappedRows there, docs/nvml.md §7)."""
+    gpus = {(node.name, gpu.index): gpu for fleet in fleets for node in fleet.nodes for gpu in node.gpus}
+    for i in incidents:
+        gpu = gpus.get((i.node, i.gpu))
+        if gpu is None:
+            raise ValueError(
+                f"--incident: no GPU {i.gpu} on a node {i.node!r} of the fleets (value {i.node}/{i.gpu})"
+            )
+        if i.kind.startswith("row_remap") and gpu.mig_enabled:
+            raise ValueError(
+                f"--incident: GPU {i.gpu} of {i.node} is in MIG mode, where NVML does not report row remapping "
+                f"(value {i.kind})"
+            )
 
 
 def write_history(
-    fleets: list[Fleet], start: float, end: float, step: float, out: TextIO, progress=None
+    fleets: list[Fleet],
+    start: float,
+    end: float,
+    step: float,
+    out: TextIO,
+    progress=None,
+    incidents: tuple[Incident, ...] = (),
 ) -> int:
     """Write OpenMetrics for [start, end) every ``step`` seconds; returns the number of samples."""
-    nodes = [_Series(fleet, node) for fleet in fleets for node in fleet.nodes]
+    check_incidents(fleets, incidents)
+    nodes = [_Series(fleet, node, incidents, start) for fleet in fleets for node in fleet.nodes]
     times = [start + i * step for i in range(int((end - start) // step))]
     written = 0
-    for family in (*STATIC, *DYNAMIC):
+    dynamic = {**DYNAMIC, **(INCIDENT_SERIES if incidents else {})}
+    for family in (*STATIC, *dynamic):
         out.write(f"# TYPE {family.name} {family.type}\n")
         for t in times:
             stamp = int(t)
             for series in nodes:
-                method = getattr(series, STATIC.get(family) or DYNAMIC[family])
+                method = getattr(series, STATIC.get(family) or dynamic[family])
                 rows = method() if family in STATIC else method(t - start)
                 for labels, value in rows:
                     out.write(f"{family.name}{{{labels}}} {value} {stamp}\n")
@@ -279,6 +427,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--to", dest="end", required=True, help="end (exclusive), ISO 8601")
     parser.add_argument("--step", type=float, default=60.0, help="seconds between samples (default 60)")
     parser.add_argument("--out", default="-", help="output file (default stdout)")
+    parser.add_argument(
+        "--incident",
+        action="append",
+        default=[],
+        metavar="NODE/GPU:KIND[=VALUE]@WHEN",
+        help="something that happened to a GPU (repeatable): xid=CODE, lost=SECONDS, row_remap=ROWS, "
+        "row_remap_failure, sw_thermal=SECONDS, hw_thermal=SECONDS; e.g. gpu-a100-mixed-01/2:xid=48@2026-10-12T03:00",
+    )
     parser.set_defaults(func=run)
 
 
@@ -290,19 +446,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         fleets = [load_fleet(f) for f in args.fleet]
         start, end = _when(args.start), _when(args.end)
+        incidents = tuple(parse_incident(text) for text in args.incident)
+        check_incidents(fleets, incidents)
     except (FleetError, ValueError) as exc:
         print(f"gpumeter simulate history: {exc}", file=sys.stderr)
         return 2
     if end <= start or args.step <= 0:
         print("gpumeter simulate history: --to must be after --from, and --step positive", file=sys.stderr)
         return 2
-    steps = int((end - start) // args.step) * (len(STATIC) + len(DYNAMIC))
+    steps = int((end - start) // args.step) * (
+        len(STATIC) + len(DYNAMIC) + (len(INCIDENT_SERIES) if incidents else 0)
+    )
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.out == "-" else stack.enter_context(Path(args.out).open("w"))
         bar = stack.enter_context(
             tqdm(total=steps, desc="history", unit="step", disable=args.out == "-", leave=False)
         )
-        samples = write_history(fleets, start, end, args.step, out, bar)
+        samples = write_history(fleets, start, end, args.step, out, bar, incidents)
     print(f"wrote {samples} samples", file=sys.stderr)
     return 0
 

@@ -19,21 +19,23 @@ fleet file cannot say them); their node label is empty, as for an unscheduled po
 
 from __future__ import annotations
 
+import argparse
 import re
+import signal
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .fleet import Fleet, PodSpec
+from .fleet import Fleet, FleetError, PodSpec, load_fleet
 from .kubelet import resource_name
+from .metrics_server import ExpositionServer, label_text
 
-__all__ = ["PendingPod", "Quota", "StandInKubeStateMetrics", "exposition", "sanitize"]
+__all__ = ["PendingPod", "Quota", "StandInKubeStateMetrics", "add_parser", "exposition", "sanitize"]
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +62,6 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def _labels(**labels: str) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-    return ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
-
-
 def _run_start(pod: PodSpec, t: float) -> float:
     """Seconds after the simulation started at which the pod's current run began."""
     if not pod.every_s:
@@ -91,11 +86,11 @@ def exposition(
         node = fleet.node(pod.node)
         ident = {"namespace": pod.namespace, "pod": pod.name, "uid": uid}
         for p in PHASES:
-            phase.append(f"kube_pod_status_phase{{{_labels(**ident, phase=p)}}} {int(p == 'Running')}")
-        created.append(f"kube_pod_created{{{_labels(**ident)}}} {start_time + _run_start(pod, t):.0f}")
+            phase.append(f"kube_pod_status_phase{{{label_text(**ident, phase=p)}}} {int(p == 'Running')}")
+        created.append(f"kube_pod_created{{{label_text(**ident)}}} {start_time + _run_start(pod, t):.0f}")
         counts = Counter(resource_name(node, node.gpus[d.gpu], d.gpu_instance_id) for d in pod.devices)
         for resource, count in sorted(counts.items()):
-            labels = _labels(
+            labels = label_text(
                 **ident, container=pod.container, node=pod.node, resource=sanitize(resource), unit="integer"
             )
             requests.append(f"kube_pod_container_resource_requests{{{labels}}} {count}")
@@ -103,18 +98,18 @@ def exposition(
         uid = f"{waiting.namespace}-{waiting.name}"
         ident = {"namespace": waiting.namespace, "pod": waiting.name, "uid": uid}
         for p in PHASES:
-            phase.append(f"kube_pod_status_phase{{{_labels(**ident, phase=p)}}} {int(p == 'Pending')}")
-        created.append(f"kube_pod_created{{{_labels(**ident)}}} {start_time + waiting.created_s:.0f}")
-        labels = _labels(
+            phase.append(f"kube_pod_status_phase{{{label_text(**ident, phase=p)}}} {int(p == 'Pending')}")
+        created.append(f"kube_pod_created{{{label_text(**ident)}}} {start_time + waiting.created_s:.0f}")
+        labels = label_text(
             **ident, container=waiting.container, node="", resource=sanitize(waiting.resource), unit="integer"
         )
         requests.append(f"kube_pod_container_resource_requests{{{labels}}} {waiting.quantity:g}")
     for q in quotas:
         for kind, value in (("hard", q.hard), ("used", q.used)):
-            labels = _labels(namespace=q.namespace, resourcequota=q.name, resource=q.resource, type=kind)
+            labels = label_text(namespace=q.namespace, resourcequota=q.name, resource=q.resource, type=kind)
             quota_lines.append(f"kube_resourcequota{{{labels}}} {value:g}")
     for namespace, team in sorted((teams or {}).items()):
-        ns_lines.append(f"kube_namespace_labels{{{_labels(namespace=namespace, label_team=team)}}} 1")
+        ns_lines.append(f"kube_namespace_labels{{{label_text(namespace=namespace, label_team=team)}}} 1")
     out = []
     for name, help_, lines in (
         ("kube_pod_status_phase", "The pods current phase.", phase),
@@ -131,8 +126,9 @@ def exposition(
     return "\n".join(out) + "\n"
 
 
-class StandInKubeStateMetrics:
-    """Serves :func:`exposition` on ``http://HOST:PORT/metrics`` until :meth:`stop`."""
+class StandInKubeStateMetrics(ExpositionServer):
+    """Serves :func:`exposition` on ``http://HOST:PORT/metrics`` until :meth:`stop`, as the fleet
+    stands at the time of each scrape."""
 
     def __init__(
         self,
@@ -147,43 +143,98 @@ class StandInKubeStateMetrics:
         self.fleet, self.pending, self.quotas, self.teams = fleet, tuple(pending), tuple(quotas), teams
         self.clock = clock
         self.start_time = clock() if start is None else float(start)
-        stand_in = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                now = stand_in.clock()
-                body = exposition(
-                    stand_in.fleet,
-                    now - stand_in.start_time,
-                    stand_in.start_time,
-                    stand_in.pending,
-                    stand_in.quotas,
-                    stand_in.teams,
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def body() -> str:
+            now = self.clock()
+            return exposition(
+                self.fleet, now - self.start_time, self.start_time, self.pending, self.quotas, self.teams
+            )
 
-            def log_message(self, *args: object) -> None:
-                pass
+        super().__init__(body, listen, name="stand-in-ksm")
 
-        self._server = ThreadingHTTPServer(listen, Handler)
-        self._thread: threading.Thread | None = None
 
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
+# --- gpumeter simulate kube-state-metrics ---------------------------------------------------------------
 
-    def start(self) -> StandInKubeStateMetrics:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="stand-in-ksm", daemon=True)
-        self._thread.start()
-        return self
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+def _pending(text: str) -> PendingPod:
+    """``NAMESPACE/POD=RESOURCE:QUANTITY:WAITED_SECONDS``, e.g. ``ml-research/wait-3g=nvidia.com/mig-3g.20gb:1:2400``."""
+    try:
+        who, what = text.split("=", 1)
+        namespace, name = who.split("/", 1)
+        resource, quantity, waited = what.rsplit(":", 2)
+        return PendingPod(namespace, name, resource, float(quantity), created_s=-float(waited))
+    except ValueError:
+        raise ValueError(
+            f"--pending: expected NAMESPACE/POD=RESOURCE:QUANTITY:WAITED_SECONDS (value {text!r})"
+        ) from None
+
+
+def _quota(text: str) -> Quota:
+    """``NAMESPACE/NAME=RESOURCE:HARD:USED``, e.g. ``vision/gpus=requests.nvidia.com/gpu:8:6``."""
+    try:
+        who, what = text.split("=", 1)
+        namespace, name = who.split("/", 1)
+        resource, hard, used = what.rsplit(":", 2)
+        return Quota(namespace, name, resource, hard=float(hard), used=float(used))
+    except ValueError:
+        raise ValueError(f"--quota: expected NAMESPACE/NAME=RESOURCE:HARD:USED (value {text!r})") from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``kube-state-metrics`` to the ``gpumeter simulate`` subcommands."""
+    parser = subparsers.add_parser(
+        "kube-state-metrics",
+        help="serve kube-state-metrics' series for a fleet's pods, pending GPU pods and GPU quotas",
+        description="A stand-in kube-state-metrics on http://LISTEN/metrics: the fleet's pods as they come and "
+        "go, plus the pending pods and ResourceQuotas given here. Runs until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--fleet", required=True, help="fleet file, or the name of a shipped example (h100-mig)"
+    )
+    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+    parser.add_argument(
+        "--pending",
+        action="append",
+        default=[],
+        metavar="NS/POD=RESOURCE:QTY:WAITED_S",
+        help="a pending pod requesting a GPU resource, created WAITED_S seconds before the start (repeatable)",
+    )
+    parser.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="NS/NAME=RESOURCE:HARD:USED",
+        help="a ResourceQuota, e.g. vision/gpus=requests.nvidia.com/gpu:8:6 (repeatable)",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    host, _, port = args.listen.rpartition(":")
+    try:
+        fleet = load_fleet(args.fleet)
+        pending = [_pending(text) for text in args.pending]
+        quotas = [_quota(text) for text in args.quota]
+        if not port.isdigit():
+            raise ValueError(f"--listen: expected HOST:PORT (value {args.listen!r})")
+        listen = (host or "127.0.0.1", int(port))
+    except (FleetError, ValueError) as exc:  # FleetError is a ValueError naming the file and field
+        print(f"gpumeter simulate kube-state-metrics: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = StandInKubeStateMetrics(fleet, pending, quotas, listen=listen).start()
+    except OSError as exc:
+        print(f"gpumeter simulate kube-state-metrics: listen {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(
+        f"stand-in kube-state-metrics: {fleet.source} on http://{listen[0]}:{server.port}/metrics", flush=True
+    )
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+    return 0

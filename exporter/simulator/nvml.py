@@ -950,3 +950,6 @@ def nvmlEventSetFree(lib, eventset):
 # A named sanity check for the stand-in: every throttle reason the device model can raise is a bit
 # the exporter knows how to name.
 assert set(THROTTLE_BITS) >= {"hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake"}
+
+# The vGPU (host side) calls live in their own module; importing it registers them.
+from . import nvml_vgpu  # noqa: E402, F401

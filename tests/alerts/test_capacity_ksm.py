@@ -22,6 +22,7 @@ from gpumeter.exporter.simulator.kube_state_metrics import (
     StandInKubeStateMetrics,
     sanitize,
 )
+from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.support.servers import PrometheusServer
 
 pytestmark = pytest.mark.slow
@@ -106,3 +107,134 @@ def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
             } <= running
     finally:
         ksm.stop()
+
+
+def test_the_command_serves_the_pending_pods_and_quotas_it_is_given():
+    """`gpumeter simulate kube-state-metrics`, as `gpumeter demo` starts it: a process serving /metrics
+    until SIGTERM; bad arguments are one line naming the option and value, exit 2."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.servers import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "gpumeter", "simulate", "kube-state-metrics", "--fleet", "a100-mixed"]
+    bad = subprocess.run([*command, "--pending", "vision/wait"], cwd=root, capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr == (
+        "gpumeter simulate kube-state-metrics: --pending: expected NAMESPACE/POD=RESOURCE:QUANTITY:"
+        "WAITED_SECONDS (value 'vision/wait')\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *command,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--pending",
+            "research/wait-3g=nvidia.com/mig-3g.20gb:1:2400",
+            "--quota",
+            "vision/gpus=requests.nvidia.com/gpu:8:6",
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("stand-in kube-state-metrics: ")
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert (
+            'kube_pod_status_phase{namespace="research",pod="wait-3g",uid="research-wait-3g",phase="Pending"} 1'
+            in body
+        )
+        assert 'resource="nvidia_com_mig_3g_20gb",unit="integer"} 1' in body
+        assert (
+            'kube_resourcequota{namespace="vision",resourcequota="gpus",resource="requests.nvidia.com/gpu",type="hard"} 8'
+            in body
+        )
+        created = [
+            ln
+            for ln in body.splitlines()
+            if ln.startswith('kube_pod_created{namespace="research",pod="wait-3g"')
+        ]
+        assert abs(float(created[0].rsplit(" ", 1)[1]) - (time.time() - 2400)) < 60  # waited 40 minutes
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        proc.stdout.close()
+
+
+@pytest.mark.prometheus
+def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
+    """The stand-in volcano-scheduler serves milli-units, as Volcano does; the rules give GPUs.
+    research deserves 8, holds 6 and asks for 10 in all: 4 waiting, 0.75 of its share; batch deserves
+    4 and holds 6: borrowing, 1.5, nothing waiting."""
+    queues = (
+        VolcanoQueue("research", deserved=8, allocated=6, requested=10, pending_podgroups=2),
+        VolcanoQueue("batch", deserved=4, allocated=6, requested=6),
+    )
+    volcano = StandInVolcano(queues).start()
+    try:
+        body = httpx.get(f"http://127.0.0.1:{volcano.port}/metrics", timeout=5).text
+        assert (
+            'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
+            in body
+        )
+        with PrometheusServer(
+            tmp_path / "prometheus",
+            scrape_targets={"volcano-scheduler": [f"127.0.0.1:{volcano.port}"]},
+            rule_files=RULE_FILES,
+        ) as prom:
+            prom.wait_for("queue_resource:volcano_queue_gpu_deserved_used:ratio", timeout=60)
+
+            def by_queue(query: str) -> dict[str, float]:
+                return {r["metric"]["queue_name"]: float(r["value"][1]) for r in prom.query(query)}
+
+            assert by_queue("queue_resource:volcano_queue_gpu_waiting:sum") == {"research": 4.0, "batch": 0.0}
+            assert by_queue("queue_resource:volcano_queue_gpu_deserved_used:ratio") == {
+                "research": 0.75,
+                "batch": 1.5,
+            }
+            assert by_queue("queue:volcano_queue_pod_group_pending:sum") == {"research": 2.0, "batch": 0.0}
+    finally:
+        volcano.stop()
+
+
+def test_the_volcano_command_serves_the_queues_it_is_given():
+    """`gpumeter simulate volcano`, as `gpumeter demo` starts it: milli-units on /metrics until SIGTERM;
+    a bad --queue is one line naming the option and value, exit 2."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.servers import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "gpumeter", "simulate", "volcano"]
+    bad = subprocess.run([*command, "--queue", "research=8:6"], cwd=root, capture_output=True, text=True)
+    assert (bad.returncode, bad.stderr) == (
+        2,
+        "gpumeter simulate volcano: --queue: expected NAME=DESERVED:ALLOCATED:REQUESTED[:PENDING_PODGROUPS] "
+        "(value 'research=8:6')\n",
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [*command, "--listen", f"127.0.0.1:{port}", "--queue", "research=8:6:10:2"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("stand-in volcano-scheduler: 1 queue(s)")
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        # 6 GPUs allocated: 6000 milli-units, as Volcano keeps scalar resources
+        assert (
+            'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
+            in body
+        )
+        assert 'volcano_queue_pod_group_pending_count{queue_name="research"} 2' in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        proc.stdout.close()

@@ -66,6 +66,12 @@ def test_alertmanager_config_passes_amtool():
         # waste goes to the owning team even though it is a warning, and never to the pager
         (["alertname=GpuAllocatedButIdle", "severity=warning", "team=vision"], "team-owners"),
         (["alertname=GpuAllocatedButIdle", "severity=warning", "team=ml-research"], "team-ml-research"),
+        # budgets: a ticket to the team, never the pager or the platform's queue
+        (
+            ["alertname=GpuTeamBudgetExceeded", "severity=warning", "team=vision", "currency=USD"],
+            "team-owners",
+        ),
+        (["alertname=GpuTeamBudgetForecastExceeded", "severity=warning", "team=vision"], "team-owners"),
         # an alert without severity still lands somewhere
         (["alertname=Unknown"], "ticket"),
     ],

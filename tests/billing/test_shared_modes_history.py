@@ -74,7 +74,7 @@ def _book(tmp_path, policy: str):
                 "effective_from": "2026-01-01T00:00:00Z",
                 "gpus": {"H100-80GB": {"hourly_rate": str(RATE)}},
                 "slice_weight": policy,
-                "sharing_efficiency": {"time_slicing": "0.75", "mps": "0.90"},
+                "sharing_efficiency": {"time_slicing": "0.75", "mps": "0.90", "vgpu": "0.85"},
             }
         ],
     }
@@ -87,11 +87,13 @@ def test_a_week_of_every_sharing_mode_reconciles_and_grants_pay_their_fraction(
     prometheus, ledger, tmp_path, policy, pick
 ):
     book = _book(tmp_path, policy)
+    fleet = load_fleet("shared-modes")
+    vms = {v.vm_id: v.vm for gpu in fleet.node("gpu-shared-vgpu-01").gpus for v in gpu.vgpus}
+    teams = {vm_id: f"team-{name}" for vm_id, name in vms.items()}  # the team map's `vms:` section
     with PrometheusClient(prometheus.url) as client:
-        result = ingest_hours(client, ledger, book, HOURS, IngestConfig(scrape_interval=STEP))
+        result = ingest_hours(client, ledger, book, HOURS, IngestConfig(scrape_interval=STEP, teams=teams))
     assert result.failed == [] and result.ingested == HOURS and result.unpriced_gpu_hours == 0
 
-    fleet = load_fleet("shared-modes")
     gpus = {gpu.uuid for node in fleet.nodes for gpu in node.gpus}
     modes = set()
     for hour in HOURS[:24]:
@@ -106,13 +108,16 @@ def test_a_week_of_every_sharing_mode_reconciles_and_grants_pay_their_fraction(
                     )
                 else:
                     assert a.memory_share is None and a.compute_share is None
-    assert modes == {"exclusive", "mig", "time_slicing", "mps", "fractional"}
+    assert modes == {"exclusive", "mig", "time_slicing", "mps", "fractional", "vgpu"}
 
     lines = ledger.lines(HOURS[0], HOURS[-1] + timedelta(hours=1))
     per_gpu_hour: dict[tuple, Decimal] = defaultdict(Decimal)
     grants: dict[tuple, list] = defaultdict(list)
+    vm_lines: dict[str, list] = defaultdict(list)
     for line in lines:
         per_gpu_hour[(line.hour, line.uuid)] += line.amount
+        if line.kind is LineKind.TENANT and line.namespace in vms:
+            vm_lines[line.namespace].append(line)
         if line.kind is LineKind.TENANT and (line.namespace, line.pod) in GRANTS:
             grants[(line.namespace, line.pod)].append(line)
     assert len(per_gpu_hour) == len(HOURS) * len(gpus)
@@ -123,6 +128,12 @@ def test_a_week_of_every_sharing_mode_reconciles_and_grants_pay_their_fraction(
         for line in grants[key]:  # held the whole hour: quantity = the policy's fraction
             assert abs(float(line.quantity) - share) <= 1e-6, key
             assert abs(line.amount - Decimal(repr(share)) * RATE) < Decimal("0.01"), key
+    # docs/billing.md §8 (j): each VM's H100XM-20C, 0.25 x 6.88 x 0.85 = 1.462 -> 1.46 every hour (the
+    # residue cent goes to the shortfall's larger remainder), under its team from the team map
+    assert set(vm_lines) == set(vms)
+    for vm_id, vm_hours in vm_lines.items():
+        assert len(vm_hours) == len(HOURS)
+        assert {(line.amount, line.team) for line in vm_hours} == {(Decimal("1.46"), f"team-{vms[vm_id]}")}
     if policy == "compute":  # by hand: llm-serve's 0.5 x 6.88 = 3.44 has no remainder to round
         assert {line.amount for line in grants[("genai", "llm-serve")]} == {Decimal("3.44")}
     else:  # 16/79 x 6.88 = 1.39342… for ocr's memory

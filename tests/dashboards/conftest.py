@@ -26,11 +26,13 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.service import build_app
 from tests.billing.factories import book
 from tests.support.servers import PrometheusServer, VictoriaMetricsServer
@@ -40,6 +42,12 @@ RULE_FILES = [ROOT / "alerts" / "gpumeter-rules.yaml", ROOT / "alerts" / "gpumet
 EXPORTER_JOB = "gpumeter-exporter"
 BILLING_JOB = "gpumeter-billing"
 KSM_JOB = "kube-state-metrics"
+VOLCANO_JOB = "volcano-scheduler"
+# A queue within its share with jobs waiting, and one borrowing (docs/capacity.md §Volcano queues).
+VOLCANO_QUEUES = (
+    VolcanoQueue("research", deserved=8, allocated=6, requested=10, pending_podgroups=2),
+    VolcanoQueue("batch", deserved=4, allocated=6, requested=6),
+)
 # GPU demand the fleets' pods do not show (they all run): a 3g.20gb pod waiting 40 minutes, two whole
 # GPUs waiting 5; and a GPU quota, for the capacity dashboard.
 PENDING = (
@@ -54,6 +62,11 @@ FLEETS = (
     ("h200", "gpu-h200-01", True),  # whole Hopper GPUs: GPM profiling and NVLink rates per GPU
     ("workstation", "ws-01", False),
 )
+# Monthly budgets (docs/billing.md §4.4): search's is crossed by its two hours, research's is not
+BUDGETS = {
+    "search": Budget("search", Decimal(10), "USD"),
+    "research": Budget("research", Decimal(5000), "USD"),
+}
 TEAMS = {
     "search-inference": "search",
     "ml-research": "research",
@@ -153,6 +166,9 @@ def _billing_ledger(workdir: Path):
         lines = [line for gh in hours for line in price_gpu_hour(gh, prices, TEAMS).lines]
         ledger.write_hour(HourRecord(hour, hours, lines, prices))
     ledger.record_failure(now - timedelta(hours=1), "Prometheus unreachable (test)")
+    # an hour ingested two days ago with no GPU in it: the budget forecast's 7-day window holds an
+    # ingested hour (so the forecast is exported), and no cost changes
+    ledger.write_hour(HourRecord(now - timedelta(days=2), [], [], prices))
     return ledger
 
 
@@ -233,6 +249,7 @@ def stack() -> Iterator[Stack]:
     exporters: dict[str, ExporterProcess] = {}
     ledger = server = prom = vm = None
     kube_state: list[StandInKubeStateMetrics] = []
+    volcano = StandInVolcano(VOLCANO_QUEUES).start()
     try:
         # one stand-in kube-state-metrics per fleet with Kubernetes; the demand and quotas on the first
         for index, fleet_name in enumerate(sorted({f for f, _, kubelet in FLEETS if kubelet})):
@@ -242,7 +259,7 @@ def stack() -> Iterator[Stack]:
             socket = str(sockets / f"{index}.sock") if with_kubelet else ""
             exporters[node] = ExporterProcess(fleet_name, node, socket, workdir)
         ledger = _billing_ledger(workdir)
-        server = make_server("127.0.0.1", 0, build_app(ledger), handler_class=_Quiet)
+        server = make_server("127.0.0.1", 0, build_app(ledger, budgets=BUDGETS), handler_class=_Quiet)
         threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
         # VictoriaMetrics answers only up to now - 30 s by default (-search.latencyOffset, for samples
         # still in flight); the fleets are seconds old here, so look at everything that has arrived.
@@ -256,6 +273,7 @@ def stack() -> Iterator[Stack]:
                 EXPORTER_JOB: [f"127.0.0.1:{e.port}" for e in exporters.values()],
                 BILLING_JOB: [f"127.0.0.1:{server.server_address[1]}"],
                 KSM_JOB: [f"127.0.0.1:{k.port}" for k in kube_state],
+                VOLCANO_JOB: [f"127.0.0.1:{volcano.port}"],
             },
             rule_files=RULE_FILES,
         ).start()
@@ -274,6 +292,7 @@ def stack() -> Iterator[Stack]:
             "count_over_time(nvidia_gpu_info[1m]) > 5",
             "namespace_pod_resource:kube_pod_pending_gpu_wait:seconds",
             "hostname:nvidia_gpu_mig_fragmentation:ratio",
+            "queue_resource:volcano_queue_gpu_deserved_used:ratio",
         ):
             _wait(prom, promql)
         yield Stack(prom, vm, exporters)
@@ -289,6 +308,7 @@ def stack() -> Iterator[Stack]:
             exporter.stop()
         for stand_in in kube_state:
             stand_in.stop()
+        volcano.stop()
         if ledger is not None:
             ledger.close()
         shutil.rmtree(sockets, ignore_errors=True)

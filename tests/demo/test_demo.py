@@ -1,22 +1,49 @@
 """`gpumeter demo` driven headless: the stack comes up on a month of backfilled history, an injected
-fault reaches Alertmanager, billing has priced the month, reports exist, and Ctrl-C stops it all."""
+fault reaches Alertmanager, billing has priced the month, last month's chargeback and fleet-health
+reports exist, every capacity-dashboard query returns data (the stand-in kube-state-metrics is scraped),
+and Ctrl-C stops it all."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpumeter.dashboards.build import GENERATED
+from gpumeter.exporter.simulator.fleet import load_fleet
+from tests.dashboards.promql import queries, substitute
 from tests.support.servers import require_binary
 
 ROOT = Path(__file__).parents[2]
-OFFSET = 20000  # ports 29090, 29093, ... clear of a developer's own running demo
+
+
+def free_offset() -> int:
+    """A --port-offset whose every port is free: clear of a developer's own running demo, and of the
+    same test running in another checkout at the same time (a fixed offset made them collide)."""
+    import socket
+
+    from gpumeter.deploy.demo import PORTS
+
+    for offset in range(20000, 50000, 1000):
+        with contextlib.ExitStack() as stack:
+            socks = [stack.enter_context(socket.socket()) for _ in PORTS]
+            if all(
+                sock.connect_ex(("127.0.0.1", port + offset)) != 0
+                for sock, port in zip(socks, PORTS.values(), strict=True)
+            ):
+                return offset
+    raise AssertionError("no free port offset for the demo between 20000 and 50000")
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -55,8 +82,9 @@ def test_the_demo_stack_end_to_end(tmp_path):
     for tool in ("prometheus", "promtool", "prometheus-alertmanager"):
         require_binary(tool)
     workdir = tmp_path / "demo"
+    offset = free_offset()  # ports 9090 + offset, ...
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpumeter", "demo", "--workdir", str(workdir), "--port-offset", str(OFFSET)],
+        [sys.executable, "-m", "gpumeter", "demo", "--workdir", str(workdir), "--port-offset", str(offset)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -70,11 +98,11 @@ def test_the_demo_stack_end_to_end(tmp_path):
             if "stack ready" in line or time.monotonic() > deadline:
                 break
         assert any("stack ready" in line for line in output), "".join(output[-40:])
-        prometheus, alertmanager = f"http://127.0.0.1:{9090 + OFFSET}", f"http://127.0.0.1:{9093 + OFFSET}"
-        admin = f"http://127.0.0.1:{9836 + OFFSET}"
+        prometheus, alertmanager = f"http://127.0.0.1:{9090 + offset}", f"http://127.0.0.1:{9093 + offset}"
+        admin = f"http://127.0.0.1:{9836 + offset}"
 
         # billing priced the backfilled month: tenant and platform cost lines are exposed
-        billing = httpx.get(f"http://127.0.0.1:{9840 + OFFSET}/metrics", timeout=10).text
+        billing = httpx.get(f"http://127.0.0.1:{9840 + offset}/metrics", timeout=10).text
         tenant = [
             ln
             for ln in billing.splitlines()
@@ -82,6 +110,20 @@ def test_the_demo_stack_end_to_end(tmp_path):
         ]
         assert tenant and float(tenant[0].rsplit(" ", 1)[1]) > 0, billing[:2000]
         assert 'namespace="__unallocated__"' in billing
+
+        # the teams' budgets (deploy/demo-teams.yaml) are served beside each team's month-to-date cost
+        families = {f.name: f.samples for f in text_string_to_metric_families(billing)}
+        budgets = {s.labels["team"]: s.value for s in families["gpumeter_billing_team_budget"]}
+        assert budgets == {
+            "search": 25000.0,
+            "research": 10000.0,
+            "perception": 5000.0,
+            "language": 2000.0,
+            "data-platform": 100.0,
+        }
+        assert set(budgets) <= {
+            s.labels["team"] for s in families["gpumeter_billing_team_month_to_date_cost"]
+        }
 
         # the history is queryable: a month of allocations for the h100 node
         result = httpx.get(
@@ -95,6 +137,72 @@ def test_the_demo_stack_end_to_end(tmp_path):
         if (ROOT / "reports" / "cli.py").exists():
             files = {p.suffix for p in (workdir / "reports").rglob("*") if p.is_file()}
             assert {".html", ".csv"} <= files, files
+            # the fleet-health report for last month, over every GPU of both fleets
+            health = list((workdir / "reports").glob("gpumeter-health-*.json"))
+            assert len(health) == 1, sorted(p.name for p in (workdir / "reports").iterdir())
+            doc = json.loads(health[0].read_text())
+            gpus = sum(len(n.gpus) for f in ("h100-mig", "a100-mixed") for n in load_fleet(f).nodes)
+            assert doc["fleet"]["gpus"] == gpus and doc["fleet"]["gpu_hours_in_service"] > 0
+            assert doc["fleet"]["mean_utilization"] is not None and 1 <= doc["fleet"]["maturity_level"] <= 5
+            assert doc["teams"] and all(
+                t["maturity_level"] for t in doc["teams"] if t["mean_utilization"] is not None
+            )
+            assert (workdir / "reports" / health[0].name.replace(".json", ".html")).exists()
+            # the incidents deploy/demo.py puts in last month's history, worked out by hand (H = hours in the
+            # month): H100 pool 8 GPUs, GPU 5 lost 2 h (8H - 2 GPU-hours in service), 3 failures (XID 48
+            # twice on GPU 3; XID 79 and the loss of GPU 5 count once), MTBF (8H - 2) / 3, 1.5 h HW thermal;
+            # A100 pool: XID 31 (application), a 2-row remap (XID 63, hardware) pending, then a row-remap
+            # failure (XID 64, critical): 1 failure in 6H GPU-hours. RMA: H100 GPU 3 and A100 GPU 2.
+            start, end = (
+                datetime.fromisoformat(doc["period"][k].replace("Z", "+00:00")) for k in ("start", "end")
+            )
+            hours = int((end - start).total_seconds()) // 3600
+            pools = {p["pool"]: p for p in doc["pools"]}
+            h100, a100 = pools["NVIDIA H100 80GB HBM3"], pools["NVIDIA A100-SXM4-40GB"]
+            assert (h100["gpus"], h100["gpu_hours_in_service"], h100["failures"]) == (8, 8 * hours - 2, 3)
+            assert h100["mtbf_hours"] == pytest.approx((8 * hours - 2) / 3, abs=1e-6)
+            assert (h100["lost_gpus"], h100["lost_hours"], h100["thermal_slowdown_hours"]) == (1, 2.0, 1.5)
+            assert h100["xid_events"] == {"critical": 3, "hardware": 0, "application": 0}
+            assert a100["xid_events"] == {"critical": 1, "hardware": 1, "application": 1}
+            assert (a100["failures"], a100["mtbf_hours"], a100["remapped_rows"]) == (1, 6 * hours, 2)
+            assert a100["gpus_with_pending_remap_or_retirement"] == 1
+            rma = sorted((c["node"], len(c["reasons"])) for c in doc["rma_candidates"])
+            assert rma == [("gpu-a100-mixed-01", 2), ("gpu-h100-mig-01", 1)], doc["rma_candidates"]
+
+            # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
+            (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")
+            over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.read_text().splitlines())}
+            assert over["data-platform"] == "true", over
+
+        # every query of the capacity dashboard returns data from the demo's Prometheus (pending demand,
+        # waiting time and quota come from the stand-in kube-state-metrics; the rules need a few rounds)
+        capacity = json.loads((GENERATED / "gpumeter-capacity.json").read_text())
+        found = list(queries(capacity))
+        assert len(found) >= 15
+
+        def empty() -> list[str]:
+            return [
+                f.id
+                for f in found
+                if not httpx.get(
+                    f"{prometheus}/api/v1/query", params={"query": substitute(f.expr)}, timeout=10
+                ).json()["data"]["result"]
+            ]
+
+        poll(empty, lambda left: left == [], 120, "data for every capacity-dashboard query")
+
+        # data-platform's forecast (a week of backfilled cost projected over the month) is over its
+        # budget whatever the day of the month: the rule sees it (pending, for: 3h)
+        poll(
+            lambda: httpx.get(
+                f"{prometheus}/api/v1/query",
+                params={"query": 'ALERTS{alertname="GpuTeamBudgetForecastExceeded", team="data-platform"}'},
+                timeout=5,
+            ).json()["data"]["result"],
+            bool,
+            60,
+            "GpuTeamBudgetForecastExceeded for data-platform in Prometheus",
+        )
 
         # a fault reaches Alertmanager through Prometheus' rules
         inject = subprocess.run(

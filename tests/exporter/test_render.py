@@ -5,13 +5,15 @@ formatted and the rest of each line comes from the cache)."""
 from __future__ import annotations
 
 import gzip
+import threading
+import time
 
 import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.samples import Exemplar, Sample
 
-from gpumeter.exporter.render import LineCache
+from gpumeter.exporter.render import ExpositionCache, LineCache
 from tests.exporter.test_exposition import EXAMPLES
 
 ACCEPT_HEADERS = [
@@ -96,3 +98,72 @@ def test_a_series_gone_from_the_snapshot_leaves_the_cache():
             family.add_metric([pod], 1.0)
         assert cache.encode([family]) == encoder(Families([family]))
         assert len(cache._lines) == len(pods)
+
+
+class Snapshots:
+    """The sampler's ``snapshot()``: a new object each cycle."""
+
+    def __init__(self):
+        self.current = object()
+
+    def __call__(self):
+        return self.current
+
+
+class BlockingFamilies(Families):
+    """A registry whose collect() waits, as a render of a big node does, until it is let go."""
+
+    def __init__(self, families):
+        super().__init__(families)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.block = False
+
+    def collect(self):
+        if self.block:
+            self.entered.set()
+            assert self.release.wait(10)
+        return super().collect()
+
+
+def test_a_scrape_during_a_render_gets_the_previous_answer_at_once():
+    """While the sampler renders a new snapshot, a scrape of a format rendered before answers with the
+    previous snapshot's bytes instead of waiting (50 scrapers used to queue behind each render); once
+    the render is done, scrapes get the new snapshot."""
+    registry, snapshots = BlockingFamilies(odd_families(1.0)), Snapshots()
+    exposition = ExpositionCache(registry, snapshots)
+    before, _ = exposition.render("", gzip_ok=False)
+    registry.families, registry.block = odd_families(2.0), True
+    snapshots.current = object()  # the sampler publishes a new snapshot and starts rendering it
+    render = threading.Thread(target=exposition.prepare)
+    render.start()
+    try:
+        assert registry.entered.wait(10)
+        started = time.perf_counter()
+        during, _ = exposition.render("", gzip_ok=False)
+        assert time.perf_counter() - started < 1.0
+        assert during == before
+    finally:
+        registry.release.set()
+        render.join(10)
+    after, _ = exposition.render("", gzip_ok=False)
+    assert after != before and b"2.0" in after
+
+
+def test_a_format_never_rendered_waits_for_the_render_rather_than_answer_nothing():
+    registry, snapshots = BlockingFamilies(odd_families(1.0)), Snapshots()
+    exposition = ExpositionCache(registry, snapshots)
+    exposition.render("", gzip_ok=False)
+    registry.block = True
+    snapshots.current = object()
+    render = threading.Thread(target=exposition.prepare)
+    render.start()
+    assert registry.entered.wait(10)
+    answers: list[bytes] = []
+    scrape = threading.Thread(target=lambda: answers.append(exposition.render("", gzip_ok=True)[0]))
+    scrape.start()
+    scrape.join(0.5)
+    assert scrape.is_alive(), "a gzip answer exists for no snapshot yet: the scrape must wait for the render"
+    registry.release.set()
+    render.join(10)
+    scrape.join(10)
+    assert gzip.decompress(answers[0]).count(b"\n") > 2

@@ -1,8 +1,9 @@
 """End to end on shared-modes.yaml: one exporter process per node (`gpumeter exporter --simulate`: pynvml
 keeps one NVML session per process), each with its stand-in kubelet over gRPC, the fractional node's
 also with the stand-in Kubernetes API over HTTP, scraped by a real Prometheus, which returns
-allocations with every `sharing` value the fleet produces, shares that fit in each GPU, and both
-fractions of every fractional grant."""
+allocations with every `sharing` value the fleet produces, shares that fit in each GPU, both
+fractions of every fractional grant, and the vGPU host's VMs with their vGPUs (from the stand-in NVML:
+the host has no pods)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from tests.support.servers import PrometheusServer, _Process, free_port, wait_http_ok
 
 FLEET = "shared-modes"
-# every mode the fleet has a GPU of (vgpu: issue 15 point 4, not yet simulated)
-PRODUCED = {"exclusive", "mig", "time_slicing", "mps", "fractional"}
+# every mode the fleet has a GPU of: every value of `sharing`
+PRODUCED = set(contract.SHARING_MODES)
+GiB = 1024**3
 
 
 @pytest.mark.prometheus
@@ -68,17 +70,25 @@ def test_prometheus_sees_every_sharing_mode_and_each_gpu_holds_at_most_itself(tm
             f'nvidia_gpu_allocation{{sharing="fractional"}}'
         )
         kube_api_up = prom.query("gpumeter_exporter_kube_api_up")
+        vgpu_info = prom.query(contract.VGPU_INFO.name)
+        vgpu_total = prom.query(contract.VGPU_MEMORY_TOTAL.name)
+        vm_held = prom.query(
+            f'nvidia_gpu_allocation{{sharing="vgpu"}} * on(uuid, pod) group_left(vm_id) '
+            f'label_replace({contract.VGPU_INFO.name}, "pod", "$1", "vgpu_uuid", "(.*)")'
+        )
 
     count = {r["metric"]["sharing"]: int(r["value"][1]) for r in modes}
     # from the fleet file: 1 exclusive pod, 3 MIG holders (3g.40gb, two 1g.10gb; the 2g.20gb is free),
     # 3 time-sliced replicas of 4, 4 MPS replicas, 5 fractional grants (3 HAMi, 2 gpushare)
-    assert count == {"exclusive": 1, "mig": 3, "time_slicing": 3, "mps": 4, "fractional": 5}
+    # and 3 VMs' vGPUs on the vGPU host
+    assert count == {"exclusive": 1, "mig": 3, "time_slicing": 3, "mps": 4, "fractional": 5, "vgpu": 3}
     assert {r["metric"]["uuid"] for r in per_gpu} == {gpu.uuid for node in fleet.nodes for gpu in node.gpus}
     mig_gpu = fleet.node("gpu-shared-ts-01").gpus[1].uuid
     whole = {r["metric"]["uuid"]: float(r["value"][1]) for r in per_gpu if r["metric"]["uuid"] != mig_gpu}
-    # by hand: exclusive 1, time-sliced 3/4, MPS 4/4, HAMi 0.5 + 0.3 + 10240/81559, gpushare 0.25 + 8/79
+    # by hand: exclusive 1, time-sliced 3/4, MPS 4/4, HAMi 0.5 + 0.3 + 10240/81559, gpushare 0.25 + 8/79,
+    # vGPU 3 VMs x 1/4 (H100XM-20C: 4 fit an H100)
     assert sorted(whole.values()) == pytest.approx(
-        sorted([1.0, 0.75, 1.0, 0.8 + 10240 / 81559, 0.25 + 8 / 79])
+        sorted([1.0, 0.75, 1.0, 0.8 + 10240 / 81559, 0.25 + 8 / 79, 0.75])
     )
     assert all(value <= 1 for value in whole.values())
     # a MIG GPU's allocations are per instance (1 each): its instances, not the GPU, are the unit
@@ -89,3 +99,12 @@ def test_prometheus_sees_every_sharing_mode_and_each_gpu_holds_at_most_itself(tm
     assert ratio["llm-serve"] == pytest.approx((40960 / 81559) / 0.5)
     assert ratio["tagger"] == pytest.approx(1.0)  # no core limit: compute = memory
     assert [float(r["value"][1]) for r in kube_api_up] == [1.0]
+    # the vGPU host: one info series per VM's vGPU, each 20 GiB, and each allocation held by its VM
+    vgpus = fleet.node("gpu-shared-vgpu-01").gpus[0].vgpus
+    assert {(r["metric"]["vm_id"], r["metric"]["license_state"]) for r in vgpu_info} == {
+        (v.vm_id, v.license) for v in vgpus
+    }
+    assert [float(r["value"][1]) for r in vgpu_total] == [20 * GiB] * 3
+    assert {(r["metric"]["namespace"], r["metric"]["vm_id"], float(r["value"][1])) for r in vm_held} == {
+        (v.vm_id, v.vm_id, 0.25) for v in vgpus
+    }

@@ -1,0 +1,62 @@
+"""A real HTTP server serving one Prometheus text exposition on ``/metrics``: what the stand-ins for
+other projects' exporters (kube-state-metrics, volcano-scheduler) share. The body is made afresh on
+every scrape, so a stand-in's state can change between scrapes as the real one's does."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["CONTENT_TYPE", "ExpositionServer", "label_text"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # client_golang's text format
+
+
+def label_text(**labels: str) -> str:
+    """``a="x",b="y"`` with the text format's escaping of backslash, double quote and newline."""
+
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return ",".join(f'{name}="{escape(value)}"' for name, value in labels.items())
+
+
+class ExpositionServer:
+    """Serves ``body()`` on ``http://HOST:PORT/metrics`` from :meth:`start` until :meth:`stop`."""
+
+    def __init__(
+        self, body: Callable[[], str], listen: tuple[str, int] = ("127.0.0.1", 0), name: str = "stand-in"
+    ):
+        self._name = name
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                data = body().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(listen, Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self):
+        self._thread = threading.Thread(target=self._server.serve_forever, name=self._name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,506 @@
+"""The monthly fleet-health report as data: utilization and maturity, incidents, reliability, RMA
+candidates and waste, for a period, read from Prometheus (device series) and the ledger (teams, cost).
+
+No rendering here (see `reports.health_render`). Definitions are in docs/reports.md §Fleet health.
+
+Prometheus is read with raw series only: a backfilled history holds no recording-rule results for the
+past, so nothing here may depend on `alerts/gpumeter-rules.yaml`. Every query is an instant query at
+the period's last millisecond over a window of exactly the period (Prometheus 2 windows include both
+ends, so ``[end - 1 ms - length, end - 1 ms]`` holds the samples of ``[start, end)``), or a range query
+over the period where a count must be exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from gpumeter import contract
+from gpumeter.billing.ledger.base import Ledger, LineTotal
+from gpumeter.billing.models import LineKind
+from gpumeter.billing.pricing.currency import minor_unit
+from gpumeter.billing.prom import PrometheusClient, ReplicaSetClient
+from gpumeter.reports.model import NO_TEAM, Period, ReportError
+
+# --- definitions ------------------------------------------------------------------------------------
+
+# Seed 003's GPU management maturity model, by utilization: level 1 below 30 %, 2 from 30 %, 3 from
+# 50 %, 4 above 80 % (its "costs down 30 %" is not measurable from utilization and is left out),
+# 5 above 90 %. The same thresholds as the capacity dashboard's "Maturity level" (dashboards/capacity.py).
+MATURITY = ((0.9, 5), (0.8, 4), (0.5, 3), (0.3, 2))
+UTILIZATION_GOAL = 0.8  # seed 000: from 40-50 % to about 80 %
+
+# XID classes as the alerts class them (alerts/gpumeter-alerts.yaml, group gpumeter-xid), from NVIDIA's
+# Xid catalog (docs/nvml.md §13): critical = needs a GPU reset or node reboot; application = the
+# application's fault, the GPU stays healthy; every other code is a hardware or driver XID.
+CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143})
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 69})
+XID_CLASSES = ("critical", "hardware", "application")
+FALLEN_OFF_THE_BUS = 79
+UNCORRECTABLE_ECC_XIDS = frozenset({48, 95})  # double-bit / uncontained ECC error
+ROW_REMAP_FAILURE_XID = 64
+
+# RMA thresholds (docs/nvml.md §14.3, §14.4: NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp with
+# common/DcgmGPUHardwareLimits.h, and NVIDIA's "RMA Policy Thresholds for Row-Remapping").
+ROW_REMAP_UNCORRECTABLE_LIMIT = 512  # DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE
+RETIRED_PAGES_LIMIT = 63  # DCGM_LIMIT_MAX_RETIRED_PAGES: SBE + DBE pages
+RETIRED_DBE_SOFT_LIMIT = 15  # more than 15 DBE pages ...
+RETIRED_DBE_RECENT = 1  # ... and more than 1 of them retired in the past week
+RECENT = timedelta(days=7)
+
+# A tenant line is waste when its hour's mean utilization is below the threshold GpuAllocatedButIdle
+# uses (alerts/gpumeter-alerts.yaml, group gpumeter-waste).
+IDLE_BELOW = 0.05
+THERMAL_REASONS = ("sw_thermal", "hw_thermal")
+MIG_SLICES = {"A30": 4}  # compute slices of a GPU in MIG mode: 4 on an A30, 7 on the others
+RANGE_STEP_S = 300  # range queries: every 5 minutes, Prometheus' default lookback, so no sample is skipped
+MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per series
+RESET_POINTS = 2_000_000  # points fetched at most to follow counters through resets
+
+
+def maturity_level(utilization: float | None) -> int | None:
+    if utilization is None:
+        return None
+    return next((level for floor, level in MATURITY if utilization >= floor), 1)
+
+
+def xid_class(code: int) -> str:
+    if code in CRITICAL_XIDS:
+        return "critical"
+    if code in APPLICATION_XIDS:
+        return "application"
+    return "hardware"
+
+
+# --- figures ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GpuHealth:
+    """One physical GPU over the period."""
+
+    uuid: str
+    model: str
+    hostname: str
+    hours_up: int = 0  # hourly steps at which nvidia_gpu_up was 1
+    utilization: float | None = None  # time-mean; None where not measured (A100 in MIG mode)
+    xids: dict[int, int] = field(default_factory=dict)  # code -> events in the period
+    lost_incidents: int = 0  # times nvidia_gpu_up went to 0
+    lost_hours: float = 0.0
+    remapped_rows: dict[str, int] = field(default_factory=dict)  # error_type -> rows remapped in the period
+    remapped_uncorrected_total: float = 0.0  # at the end of the period
+    remap_pending: bool = False  # at any time in the period
+    remap_failure: bool = False
+    retired_pages: dict[str, int] = field(default_factory=dict)  # error_type -> pages retired in the period
+    retired_total: dict[str, float] = field(default_factory=dict)  # at the end of the period
+    retired_uncorrected_recent: int = 0  # DBE pages retired in the last 7 days of the period
+    retired_pending: bool = False
+    thermal_seconds: float = 0.0  # SW + HW thermal slowdown
+
+    def xid_events(self, cls: str) -> int:
+        return sum(n for code, n in self.xids.items() if xid_class(code) == cls)
+
+    @property
+    def failures(self) -> int:
+        """Critical XIDs, with a GPU falling off the bus counted once whether XID 79, nvidia_gpu_up
+        going to 0, or both showed it."""
+        critical = sum(n for code, n in self.xids.items() if code in CRITICAL_XIDS)
+        off_bus = self.xids.get(FALLEN_OFF_THE_BUS, 0)
+        return critical - off_bus + max(off_bus, self.lost_incidents)
+
+    @property
+    def thermal_hours(self) -> float:
+        return self.thermal_seconds / 3600
+
+    @property
+    def rma_reasons(self) -> list[str]:
+        """NVIDIA's criteria that this GPU met in the period (docs/nvml.md §13, §14.3, §14.4)."""
+        reasons = []
+        if self.remap_failure:
+            reasons.append("row-remap failure (remapped_rows_failure=1): unrecoverable memory damage")
+        if self.xids.get(ROW_REMAP_FAILURE_XID):
+            reasons.append(
+                f"XID 64 x{self.xids[ROW_REMAP_FAILURE_XID]}: row-remap or page-retirement failure"
+            )
+        if self.remapped_uncorrected_total >= ROW_REMAP_UNCORRECTABLE_LIMIT:
+            reasons.append(
+                f"{self.remapped_uncorrected_total:.0f} rows remapped for uncorrectable errors "
+                f"(>= {ROW_REMAP_UNCORRECTABLE_LIMIT})"
+            )
+        retired = sum(self.retired_total.values())
+        if retired >= RETIRED_PAGES_LIMIT:
+            reasons.append(f"{retired:.0f} retired pages (SBE + DBE >= {RETIRED_PAGES_LIMIT})")
+        dbe = self.retired_total.get("uncorrected", 0.0)
+        if dbe > RETIRED_DBE_SOFT_LIMIT and self.retired_uncorrected_recent > RETIRED_DBE_RECENT:
+            reasons.append(
+                f"{dbe:.0f} DBE retired pages (> {RETIRED_DBE_SOFT_LIMIT}), "
+                f"{self.retired_uncorrected_recent} in the last 7 days (> {RETIRED_DBE_RECENT})"
+            )
+        off_bus = max(self.xids.get(FALLEN_OFF_THE_BUS, 0), self.lost_incidents)
+        if off_bus >= 2:
+            reasons.append(f"fell off the bus {off_bus} times (XID 79 / GPU lost): RMA if it repeats")
+        ecc = sum(self.xids.get(code, 0) for code in UNCORRECTABLE_ECC_XIDS)
+        if ecc >= 2:
+            reasons.append(f"uncorrectable ECC XID 48/95 x{ecc}: persists across resets")
+        return reasons
+
+
+@dataclass
+class Incidents:
+    """Incidents summed over GPUs (a model, a node, the fleet)."""
+
+    gpus: int = 0
+    xids: dict[str, int] = field(default_factory=lambda: dict.fromkeys(XID_CLASSES, 0))
+    lost_gpus: int = 0
+    lost_incidents: int = 0
+    lost_hours: float = 0.0
+    remapped_rows: int = 0
+    retired_pages: int = 0
+    pending: int = 0  # GPUs with a remap or page retirement pending at some time
+    thermal_hours: float = 0.0
+    hours_up: int = 0
+    failures: int = 0
+    utilization_sum: float = 0.0
+    measured: int = 0  # GPUs whose utilization is known
+
+    def add(self, gpu: GpuHealth) -> None:
+        self.gpus += 1
+        for cls in XID_CLASSES:
+            self.xids[cls] += gpu.xid_events(cls)
+        self.lost_gpus += bool(gpu.lost_incidents)
+        self.lost_incidents += gpu.lost_incidents
+        self.lost_hours += gpu.lost_hours
+        self.remapped_rows += sum(gpu.remapped_rows.values())
+        self.retired_pages += sum(gpu.retired_pages.values())
+        self.pending += gpu.remap_pending or gpu.retired_pending
+        self.thermal_hours += gpu.thermal_hours
+        self.hours_up += gpu.hours_up
+        self.failures += gpu.failures
+        if gpu.utilization is not None:
+            self.utilization_sum += gpu.utilization
+            self.measured += 1
+
+    @property
+    def utilization(self) -> float | None:
+        """Mean over the GPUs whose utilization is measured of each GPU's time-mean."""
+        return self.utilization_sum / self.measured if self.measured else None
+
+    @property
+    def maturity(self) -> int | None:
+        return maturity_level(self.utilization)
+
+    @property
+    def mtbf_hours(self) -> float | None:
+        """GPU-hours in service per failure (None: no failure in the period)."""
+        return self.hours_up / self.failures if self.failures else None
+
+    @property
+    def failures_per_1000_gpu_hours(self) -> float | None:
+        return 1000 * self.failures / self.hours_up if self.hours_up else None
+
+    @property
+    def annualized_failure_rate(self) -> float | None:
+        """Failures per GPU-year in service (8,760 h)."""
+        return 8760 * self.failures / self.hours_up if self.hours_up else None
+
+
+@dataclass
+class TeamHealth:
+    team: str
+    currency: str
+    gpu_hours: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+    measured_hours: Decimal = Decimal(0)  # GPU-hours whose utilization is known
+    utilization_weighted: float = 0.0
+    idle_hours: Decimal = Decimal(0)  # allocated GPU-hours below IDLE_BELOW
+    idle_cost: Decimal = Decimal(0)
+
+    @property
+    def utilization(self) -> float | None:
+        return self.utilization_weighted / float(self.measured_hours) if self.measured_hours else None
+
+    @property
+    def maturity(self) -> int | None:
+        return maturity_level(self.utilization)
+
+    @property
+    def unmeasured_hours(self) -> Decimal:
+        return self.gpu_hours - self.measured_hours
+
+
+@dataclass
+class HealthReport:
+    period: Period
+    source: str  # the Prometheus URL read
+    currency: str
+    gpus: list[GpuHealth]
+    teams: list[TeamHealth]
+
+    def by(self, key) -> list[tuple[str, Incidents]]:
+        groups: dict[str, Incidents] = defaultdict(Incidents)
+        for gpu in self.gpus:
+            groups[key(gpu)].add(gpu)
+        return sorted(groups.items())
+
+    @property
+    def pools(self) -> list[tuple[str, Incidents]]:
+        """A pool is a GPU model: what the price book, the scheduler's node pools and MIG profiles
+        are defined by."""
+        return self.by(lambda g: g.model)
+
+    @property
+    def nodes(self) -> list[tuple[str, Incidents]]:
+        return self.by(lambda g: g.hostname)
+
+    @property
+    def fleet(self) -> Incidents:
+        total = Incidents()
+        for gpu in self.gpus:
+            total.add(gpu)
+        return total
+
+    @property
+    def rma(self) -> list[GpuHealth]:
+        return [g for g in self.gpus if g.rma_reasons]
+
+    @property
+    def waste(self) -> tuple[Decimal, Decimal]:
+        return sum((t.idle_hours for t in self.teams), Decimal(0)), sum(
+            (t.idle_cost for t in self.teams), Decimal(0)
+        )
+
+    def money(self, value: Decimal) -> str:
+        return str(value.quantize(Decimal(1).scaleb(-minor_unit(self.currency))))
+
+
+# --- reading Prometheus -------------------------------------------------------------------------------
+
+
+class _Window:
+    """Instant queries over exactly the period, evaluated at its last millisecond."""
+
+    def __init__(self, client: PrometheusClient | ReplicaSetClient, start: datetime, end: datetime):
+        self.client, self.start, self.end = client, start, end
+        self.at = end - timedelta(milliseconds=1)
+        self.seconds = int((end - start).total_seconds())
+        self.range = f"[{self.seconds}s]"
+        self.step = max(RANGE_STEP_S, -(-self.seconds // MAX_POINTS))  # range queries' step, seconds
+
+    def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        return [
+            (s.labels, s.value)
+            for s in self.client.query(
+                promql.replace("[W]", self.range).replace("[W:", f"[{self.seconds}s:"), self.at
+            )
+        ]
+
+    def points(
+        self, promql: str, step: int | None = None
+    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        step = step or self.step
+        last = self.start + timedelta(seconds=((self.seconds - 1) // step) * step)
+        return [
+            (labels, [(float(t), float(v)) for t, v in values])
+            for labels, values in self.client.query_range(promql, self.start, last, step)
+        ]
+
+    def increases(self, metric: str, matchers: str, by: tuple[str, ...]) -> dict[tuple, int | float]:
+        """How much each counter grew in the period, exactly: the last value minus the value before the
+        period (its last sample in the hour before; 0 for a series that starts in the period, e.g. an
+        XID counter at its first event, or whose first value in the period is below it, an exporter
+        restart at the boundary), and for series that reset in the period the sum of every rise over
+        5-minute points (coarser when very many series reset). ``increase()`` would extrapolate to the
+        window's edges and miss the first event of a new series."""
+        selector = f"{metric}{{{matchers}}}"
+        grouped = f"max by ({', '.join(by)})"
+
+        def by_key(promql: str) -> dict[tuple, float]:
+            return {tuple(labels.get(k, "") for k in by): value for labels, value in self.query(promql)}
+
+        last = by_key(f"{grouped} (last_over_time({selector}[W]))")
+        lowest = by_key(f"min by ({', '.join(by)}) (min_over_time({selector}[W]))")
+        before = by_key(f"{grouped} (last_over_time({selector}[1h] offset {self.seconds}s))")
+        out: dict[tuple, int | float] = {}
+        for key, value in last.items():
+            baseline = before.get(key, 0.0)
+            out[key] = value - (baseline if lowest.get(key, value) >= baseline else 0.0)
+        reset = [
+            tuple(labels.get(k, "") for k in by)
+            for labels, n in self.query(f"{grouped} (resets({selector}[W]))")
+            if n > 0
+        ]
+        if reset:
+            uuids = "|".join(sorted({key[0] for key in reset}))
+            narrowed = f'{metric}{{{matchers}{"," if matchers else ""}uuid=~"{uuids}"}}'
+            # an exporter restart resets every counter of its node: on a large fleet keep the answer
+            # under RESET_POINTS points by a coarser step (a rise within one step before a reset is lost)
+            step = max(
+                self.step, -(-self.seconds * len(reset) // (RESET_POINTS * RANGE_STEP_S)) * RANGE_STEP_S
+            )
+            for labels, points in self.points(f"{grouped} ({narrowed})", step):
+                key = tuple(labels.get(k, "") for k in by)
+                if key not in reset:
+                    continue
+                previous, total = before.get(key, 0.0), 0.0
+                for _, value in points:
+                    total += value - previous if value >= previous else value
+                    previous = value
+                out[key] = total
+        return out
+
+
+def _gpus(window: _Window) -> dict[str, GpuHealth]:
+    gpus: dict[str, GpuHealth] = {}
+    for labels, _ in window.query(f"last_over_time({contract.GPU_INFO.name}[W])"):
+        uuid = labels.get(contract.UUID, "")
+        if uuid and uuid not in gpus:
+            gpus[uuid] = GpuHealth(uuid, labels.get(contract.MODEL, ""), labels.get(contract.HOSTNAME, ""))
+    return gpus
+
+
+def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
+    """Each GPU's time-mean utilization: whole GPUs from nvidia_gpu_utilization_ratio; GPUs in MIG mode
+    from their instances' SM utilization (GPM, Hopper and later), weighted by compute slices over the
+    GPU's (slices no instance covers count as idle). A100s in MIG mode have neither: not measured."""
+    for labels, value in window.query(f"max by (uuid) (avg_over_time({contract.UTILIZATION.name}[W]))"):
+        if labels.get("uuid") in gpus:
+            gpus[labels["uuid"]].utilization = value
+    slices = {
+        (labels.get("uuid", ""), labels.get("gpu_instance_id", "")): int(
+            labels.get(contract.COMPUTE_SLICES, "0") or 0
+        )
+        for labels, _ in window.query(f"last_over_time({contract.MIG_INFO.name}[W])")
+    }
+    mig: dict[str, float] = defaultdict(float)
+    for labels, value in window.query(
+        f"max by (uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))"
+    ):
+        key = (labels.get("uuid", ""), labels.get("gpu_instance_id", ""))
+        mig[key[0]] += value * slices.get(key, 0)
+    for uuid, weighted in mig.items():
+        gpu = gpus.get(uuid)
+        if gpu is not None and gpu.utilization is None:
+            capacity = next((n for name, n in MIG_SLICES.items() if name in gpu.model), 7)
+            gpu.utilization = weighted / capacity
+
+
+def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:
+    """Runs of 5-minute points at which nvidia_gpu_up was 0: one run, one incident."""
+    for labels, points in window.points(f"max by (uuid) ({contract.GPU_UP.name}) == 0"):
+        gpu = gpus.get(labels.get("uuid", ""))
+        if gpu is None or not points:
+            continue
+        runs = 1 + sum(1 for a, b in itertools.pairwise(points) if b[0] - a[0] > window.step)
+        gpu.lost_incidents += runs
+        gpu.lost_hours += len(points) * window.step / 3600
+
+
+def _flags(window: _Window, metric: str) -> set[str]:
+    return {
+        labels.get("uuid", "")
+        for labels, v in window.query(f"max by (uuid) (max_over_time({metric}[W]))")
+        if v >= 1
+    }
+
+
+def read_devices(client: PrometheusClient | ReplicaSetClient, period: Period) -> list[GpuHealth]:
+    window = _Window(client, period.start, period.end)
+    gpus = _gpus(window)
+    for labels, hours in window.query(
+        f"count_over_time((max by (uuid) ({contract.GPU_UP.name}) == 1)[W:1h])"
+    ):
+        if labels.get("uuid") in gpus:
+            gpus[labels["uuid"]].hours_up = int(hours)
+    _utilization(window, gpus)
+    _lost(window, gpus)
+    for (uuid, xid), n in window.increases(contract.XID_ERRORS.name, "", ("uuid", "xid")).items():
+        if uuid in gpus and n > 0:
+            gpus[uuid].xids[int(xid)] = gpus[uuid].xids.get(int(xid), 0) + round(n)
+    for (uuid, error_type), n in window.increases(
+        contract.REMAPPED_ROWS.name, "", ("uuid", "error_type")
+    ).items():
+        if uuid in gpus and n > 0:
+            gpus[uuid].remapped_rows[error_type] = round(n)
+    for (uuid, error_type), n in window.increases(
+        contract.RETIRED_PAGES.name, "", ("uuid", "error_type")
+    ).items():
+        if uuid in gpus and n > 0:
+            gpus[uuid].retired_pages[error_type] = round(n)
+    recent = _Window(client, max(period.start, period.end - RECENT), period.end)
+    for (uuid, _error_type), n in recent.increases(
+        contract.RETIRED_PAGES.name, 'error_type="uncorrected"', ("uuid", "error_type")
+    ).items():
+        if uuid in gpus:
+            gpus[uuid].retired_uncorrected_recent = round(n)
+    for labels, value in window.query(
+        f"max by (uuid, error_type) (last_over_time({contract.RETIRED_PAGES.name}[W]))"
+    ):
+        if labels.get("uuid") in gpus:
+            gpus[labels["uuid"]].retired_total[labels.get("error_type", "")] = value
+    for labels, value in window.query(
+        f'max by (uuid) (last_over_time({contract.REMAPPED_ROWS.name}{{error_type="uncorrected"}}[W]))'
+    ):
+        if labels.get("uuid") in gpus:
+            gpus[labels["uuid"]].remapped_uncorrected_total = value
+    for uuid in _flags(window, contract.REMAPPED_ROWS_PENDING.name) & gpus.keys():
+        gpus[uuid].remap_pending = True
+    for uuid in _flags(window, contract.REMAPPED_ROWS_FAILURE.name) & gpus.keys():
+        gpus[uuid].remap_failure = True
+    for uuid in _flags(window, contract.RETIRED_PAGES_PENDING.name) & gpus.keys():
+        gpus[uuid].retired_pending = True
+    reasons = "|".join(THERMAL_REASONS)
+    for (uuid, _reason), seconds in window.increases(
+        contract.CLOCKS_EVENT_SECONDS.name, f'reason=~"{reasons}"', ("uuid", "reason")
+    ).items():
+        if uuid in gpus:
+            gpus[uuid].thermal_seconds += seconds
+    return sorted(gpus.values(), key=lambda g: (g.model, g.hostname, g.uuid))
+
+
+# --- reading the ledger -------------------------------------------------------------------------------
+
+
+def read_teams(ledger: Ledger, period: Period) -> tuple[str, list[TeamHealth]]:
+    """Per team, from the ledger's hourly tenant lines: GPU-hours and cost held, utilization where it
+    is known, and the waste: GPU-hours of lines whose hour's utilization was below IDLE_BELOW, and
+    what they cost."""
+    teams: dict[str, TeamHealth] = {}
+    currencies: set[str] = set()
+    for line in _tenant_lines(ledger, period):
+        currencies.add(line.currency)
+        team = teams.setdefault(line.team or NO_TEAM, TeamHealth(line.team or NO_TEAM, ""))
+        team.gpu_hours += line.quantity
+        team.cost += line.amount or Decimal(0)
+        if line.utilization_quantity:
+            team.measured_hours += line.utilization_quantity
+            team.utilization_weighted += line.utilization_weighted
+            if line.utilization_weighted / float(line.utilization_quantity) < IDLE_BELOW:
+                team.idle_hours += line.quantity
+                team.idle_cost += line.amount or Decimal(0)
+    if len(currencies) > 1:
+        raise ReportError(f"ledger: lines in several currencies in one period (value {sorted(currencies)!r})")
+    currency = currencies.pop() if currencies else "USD"
+    for team in teams.values():
+        team.currency = currency
+    return currency, sorted(teams.values(), key=lambda t: (-t.idle_cost, t.team))
+
+
+def _tenant_lines(ledger: Ledger, period: Period) -> Iterator[LineTotal]:
+    """The period's hourly tenant lines, read a day at a time: a month of a large fleet is millions of
+    lines, and only their sums are kept."""
+    day = period.start
+    while day < period.end:
+        until = min(day + timedelta(days=1), period.end)
+        for line in ledger.line_totals(day, until, "hour"):
+            if line.kind == LineKind.TENANT and line.amount is not None:
+                yield line
+        day = until
+
+
+def build_health(client: PrometheusClient | ReplicaSetClient, ledger: Ledger, period: Period) -> HealthReport:
+    currency, teams = read_teams(ledger, period)
+    return HealthReport(period, client.base_url, currency, read_devices(client, period), teams)

@@ -1,0 +1,444 @@
+"""Rendering a HealthReport: HTML (the chargeback report's Jinja2 environment, autoescaped, plotly.js
+inline once), CSV (every field quoted, formulas neutralised) and JSON. Same rules as reports.render:
+no clock or locale in CSV/JSON, sorted rows, LF line ends."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+
+from gpumeter.reports.health import (
+    IDLE_BELOW,
+    MATURITY,
+    UTILIZATION_GOAL,
+    XID_CLASSES,
+    HealthReport,
+    Incidents,
+)
+from gpumeter.reports.render import (
+    PALETTE,
+    _cell,
+    _environment,
+    _layout,
+    _ts,
+    chart_text,
+    plotly_js,
+    script_json,
+)
+
+FORMATS = ("html", "csv", "json")
+
+
+def file_names(report: HealthReport, formats: tuple[str, ...]) -> dict[str, list[str]]:
+    stem = f"gpumeter-health-{report.period.label}"
+    names = {
+        "html": [f"{stem}.html"],
+        "csv": [f"{stem}-pools.csv", f"{stem}-gpus.csv", f"{stem}-teams.csv"],
+        "json": [f"{stem}.json"],
+    }
+    return {f: names[f] for f in formats}
+
+
+def _num(value: float | None, places: int = 6) -> str:
+    return "" if value is None else f"{value:.{places}f}"
+
+
+def _incidents(i: Incidents) -> dict:
+    return {
+        "gpus": i.gpus,
+        "mean_utilization": None if i.utilization is None else round(i.utilization, 6),
+        "gpus_measured": i.measured,
+        "maturity_level": i.maturity,
+        "xid_events": dict(i.xids),
+        "lost_gpus": i.lost_gpus,
+        "lost_incidents": i.lost_incidents,
+        "lost_hours": round(i.lost_hours, 6),
+        "remapped_rows": i.remapped_rows,
+        "retired_pages": i.retired_pages,
+        "gpus_with_pending_remap_or_retirement": i.pending,
+        "thermal_slowdown_hours": round(i.thermal_hours, 6),
+        "gpu_hours_in_service": i.hours_up,
+        "failures": i.failures,
+        "mtbf_hours": None if i.mtbf_hours is None else round(i.mtbf_hours, 6),
+        "failures_per_1000_gpu_hours": None
+        if i.failures_per_1000_gpu_hours is None
+        else round(i.failures_per_1000_gpu_hours, 6),
+        "annualized_failure_rate": None
+        if i.annualized_failure_rate is None
+        else round(i.annualized_failure_rate, 6),
+    }
+
+
+def report_dict(report: HealthReport) -> dict:
+    idle_hours, idle_cost = report.waste
+    return {
+        "schema": "gpumeter.health/1",
+        "period": {
+            "label": report.period.label,
+            "start": _ts(report.period.start),
+            "end": _ts(report.period.end),
+        },
+        "prometheus": report.source,
+        "currency": report.currency,
+        "fleet": _incidents(report.fleet),
+        "pools": [{"pool": name, **_incidents(i)} for name, i in report.pools],
+        "nodes": [{"node": name, **_incidents(i)} for name, i in report.nodes],
+        "teams": [
+            {
+                "team": t.team,
+                "gpu_hours": str(t.gpu_hours),
+                "cost": report.money(t.cost),
+                "mean_utilization": None if t.utilization is None else round(t.utilization, 6),
+                "maturity_level": t.maturity,
+                "unmeasured_gpu_hours": str(t.unmeasured_hours),
+                "idle_gpu_hours": str(t.idle_hours),
+                "idle_cost": report.money(t.idle_cost),
+            }
+            for t in report.teams
+        ],
+        "waste": {
+            "idle_gpu_hours": str(idle_hours),
+            "idle_cost": report.money(idle_cost),
+            "idle_below": IDLE_BELOW,
+        },
+        "rma_candidates": [
+            {"uuid": g.uuid, "model": g.model, "node": g.hostname, "reasons": g.rma_reasons}
+            for g in report.rma
+        ],
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "model": g.model,
+                "node": g.hostname,
+                "hours_in_service": g.hours_up,
+                "mean_utilization": None if g.utilization is None else round(g.utilization, 6),
+                "xids": {str(code): n for code, n in sorted(g.xids.items())},
+                "lost_incidents": g.lost_incidents,
+                "lost_hours": round(g.lost_hours, 6),
+                "remapped_rows": dict(sorted(g.remapped_rows.items())),
+                "remap_pending": g.remap_pending,
+                "remap_failure": g.remap_failure,
+                "retired_pages": dict(sorted(g.retired_pages.items())),
+                "retired_pages_total": dict(sorted(g.retired_total.items())),
+                "retired_pending": g.retired_pending,
+                "thermal_slowdown_hours": round(g.thermal_hours, 6),
+                "failures": g.failures,
+                "rma_reasons": g.rma_reasons,
+            }
+            for g in report.gpus
+        ],
+    }
+
+
+def json_text(report: HealthReport) -> str:
+    return json.dumps(report_dict(report), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+POOL_HEADER = [
+    "period_start",
+    "period_end",
+    "level",
+    "name",
+    "gpus",
+    "mean_utilization",
+    "maturity_level",
+    *(f"xid_{c}" for c in XID_CLASSES),
+    "lost_gpus",
+    "lost_incidents",
+    "lost_hours",
+    "remapped_rows",
+    "retired_pages",
+    "thermal_slowdown_hours",
+    "gpu_hours_in_service",
+    "failures",
+    "mtbf_hours",
+    "annualized_failure_rate",
+]
+
+
+def pools_csv(report: HealthReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(POOL_HEADER)
+    head = [_ts(report.period.start), _ts(report.period.end)]
+    rows = [("pool", n, i) for n, i in report.pools] + [("node", n, i) for n, i in report.nodes]
+    for level, name, i in [*rows, ("fleet", "__fleet__", report.fleet)]:
+        writer.writerow(
+            [
+                *head,
+                level,
+                _cell(name),
+                i.gpus,
+                _num(i.utilization),
+                i.maturity or "",
+                *(i.xids[c] for c in XID_CLASSES),
+                i.lost_gpus,
+                i.lost_incidents,
+                _num(i.lost_hours),
+                i.remapped_rows,
+                i.retired_pages,
+                _num(i.thermal_hours),
+                i.hours_up,
+                i.failures,
+                _num(i.mtbf_hours),
+                _num(i.annualized_failure_rate),
+            ]
+        )
+    return out.getvalue()
+
+
+def gpus_csv(report: HealthReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(
+        [
+            "uuid",
+            "model",
+            "node",
+            "hours_in_service",
+            "mean_utilization",
+            "xids",
+            "lost_incidents",
+            "lost_hours",
+            "remapped_rows",
+            "retired_pages",
+            "thermal_slowdown_hours",
+            "failures",
+            "rma_reasons",
+        ]
+    )
+    for g in report.gpus:
+        writer.writerow(
+            [
+                _cell(g.uuid),
+                _cell(g.model),
+                _cell(g.hostname),
+                g.hours_up,
+                _num(g.utilization),
+                " ".join(f"{code}:{n}" for code, n in sorted(g.xids.items())),
+                g.lost_incidents,
+                _num(g.lost_hours),
+                sum(g.remapped_rows.values()),
+                sum(g.retired_pages.values()),
+                _num(g.thermal_hours),
+                g.failures,
+                "; ".join(g.rma_reasons),
+            ]
+        )
+    return out.getvalue()
+
+
+def teams_csv(report: HealthReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(
+        [
+            "team",
+            "gpu_hours",
+            "cost",
+            "currency",
+            "mean_utilization",
+            "maturity_level",
+            "unmeasured_gpu_hours",
+            "idle_gpu_hours",
+            "idle_cost",
+        ]
+    )
+    for t in report.teams:
+        writer.writerow(
+            [
+                _cell(t.team),
+                str(t.gpu_hours),
+                report.money(t.cost),
+                report.currency,
+                _num(t.utilization),
+                t.maturity or "",
+                str(t.unmeasured_hours),
+                str(t.idle_hours),
+                report.money(t.idle_cost),
+            ]
+        )
+    return out.getvalue()
+
+
+def _charts(report: HealthReport) -> list[dict]:
+    charts = []
+    named = [(f"pool {n}", i.utilization) for n, i in report.pools] + [
+        (f"team {t.team}", t.utilization) for t in report.teams
+    ]
+    named = [(n, u) for n, u in named if u is not None]
+    if named:
+        charts.append(
+            {
+                "id": "chart-utilization",
+                "data": [
+                    {
+                        "type": "bar",
+                        "orientation": "h",
+                        "y": [chart_text(n) for n, _ in named][::-1],
+                        "x": [u for _, u in named][::-1],
+                        "marker": {"color": PALETTE[0]},
+                        "hovertemplate": "%{y}: %{x:.1%}<extra></extra>",
+                    }
+                ],
+                "layout": _layout(
+                    "Mean utilization against the 80 % goal",
+                    height=max(300, 28 * len(named) + 90),
+                    margin={"l": 220, "r": 20, "t": 50, "b": 40},
+                    xaxis={"range": [0, 1], "tickformat": ".0%"},
+                    shapes=[
+                        {
+                            "type": "line",
+                            "x0": UTILIZATION_GOAL,
+                            "x1": UTILIZATION_GOAL,
+                            "yref": "paper",
+                            "y0": 0,
+                            "y1": 1,
+                            "line": {"color": "#2ca02c", "dash": "dash"},
+                        }
+                    ],
+                ),
+            }
+        )
+    wasting = [t for t in report.teams if t.idle_cost > 0 or t.idle_hours > 0]
+    if wasting:
+        charts.append(
+            {
+                "id": "chart-waste",
+                "data": [
+                    {
+                        "type": "bar",
+                        "x": [chart_text(t.team) for t in wasting],
+                        "y": [float(t.idle_cost) for t in wasting],
+                        "marker": {"color": PALETTE[3]},
+                        "name": "idle cost",
+                    }
+                ],
+                "layout": _layout(f"Allocated but idle: cost by team ({chart_text(report.currency)})"),
+            }
+        )
+    return charts
+
+
+def html_text(report: HealthReport, generated_at: datetime | None = None) -> str:
+    template = _environment().get_template("health.html.j2")
+    return template.render(
+        r=report,
+        fleet=report.fleet,
+        pools=report.pools,
+        nodes=report.nodes,
+        rma=report.rma,
+        waste=report.waste,
+        classes=XID_CLASSES,
+        maturity=MATURITY,
+        idle_below=IDLE_BELOW,
+        goal=UTILIZATION_GOAL,
+        charts=_charts(report),
+        generated_at=_ts(generated_at) if generated_at else None,
+        plotly_js=plotly_js(),
+        script_json=script_json,
+        ts=_ts,
+        money=lambda v: f"{Decimal(report.money(v)):,}",
+        qty=lambda v: "–" if v is None else f"{v:,.2f}",
+        pct=lambda v: "–" if v is None else f"{v * 100:.1f} %",
+    )
+
+
+def render(
+    report: HealthReport, out_dir: str | Path, formats: tuple[str, ...] = FORMATS, generated_at=None
+) -> dict[str, str]:
+    """Write the report's files into ``out_dir``; returns {file name: sha256 hex}."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = file_names(report, formats)
+    texts: dict[str, str] = {}
+    for fmt in formats:
+        if fmt == "html":
+            texts[names["html"][0]] = html_text(report, generated_at)
+        elif fmt == "csv":
+            for name, text in zip(
+                names["csv"], (pools_csv(report), gpus_csv(report), teams_csv(report)), strict=True
+            ):
+                texts[name] = text
+        elif fmt == "json":
+            texts[names["json"][0]] = json_text(report)
+    checksums = {}
+    for name, text in texts.items():
+        data = text.encode("utf-8")
+        (out / name).write_bytes(data)
+        checksums[name] = hashlib.sha256(data).hexdigest()
+    return dict(sorted(checksums.items()))
+
+
+MANIFEST = "manifest-health.json"
+
+
+def generate(
+    client,
+    ledger,
+    period,
+    formats: tuple[str, ...],
+    out_dir: str | Path,
+    *,
+    trigger: str = "cli",
+    now: datetime | None = None,
+    record: bool = True,
+):
+    """Build the health report, write its files and ``manifest-health.json`` (beside a chargeback
+    report's ``manifest.json`` in the same directory), and record the run in ``report_runs`` with
+    grouping ``health``. Returns (report, {file: sha256}, run id)."""
+    from datetime import UTC
+
+    from gpumeter.billing.ledger.base import ReportRunRecord
+    from gpumeter.reports.health import build_health
+    from gpumeter.reports.model import ReportError
+
+    now = now or datetime.now(UTC)
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ReportError(f"format: the health report has {', '.join(FORMATS)} (value {','.join(unknown)!r})")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(
+            f"out: not a directory that can be created or written ({exc.strerror}; value {str(out)!r})"
+        ) from exc
+    report = build_health(client, ledger, period)
+    files = render(report, out, formats, now)
+    manifest = {
+        "report": "health",
+        "period": {"label": period.label, "start": period.start.isoformat(), "end": period.end.isoformat()},
+        "prometheus": report.source,
+        "generated_at": now.isoformat(),
+        "trigger": trigger,
+        "files": files,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    run_id = None
+    if record:
+        run_id = ledger.record_report_run(
+            ReportRunRecord(
+                id=0,
+                period_start=period.start,
+                period_end=period.end,
+                created_at=now,
+                trigger=trigger,
+                grouping="health",
+                out_dir=str(out.resolve()),
+                price_book_versions=[],
+                ingest_runs={},
+                files=files,
+                status="ok",
+                error=None,
+            )
+        )
+    return report, files, run_id
