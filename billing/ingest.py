@@ -201,15 +201,16 @@ def _ratio(value: float) -> Decimal:
 
 
 def _derived(labels: dict[str, str], derive: Callable[[dict[str, str]], tuple]) -> tuple:
-    """``derive(labels)``, computed once per series of a range answer (kept on its `SeriesLabels`;
-    every hour of the run shares them), and each time for plain dicts (instant answers, tests)."""
-    try:
-        return labels.derived  # type: ignore[attr-defined]
-    except AttributeError:
-        value = derive(labels)
-        if isinstance(labels, SeriesLabels):
-            labels.derived = value
-        return value
+    """``derive(labels)``, computed once per series of a range answer (kept on its `SeriesLabels`,
+    which every hour of the run shares, with the function that derived it), and each time for plain
+    dicts (instant answers, tests)."""
+    kept = getattr(labels, "derived", None)
+    if kept is not None and kept[0] is derive:
+        return kept[1]
+    value = derive(labels)
+    if isinstance(labels, SeriesLabels):
+        labels.derived = (derive, value)
+    return value
 
 
 _new = object.__new__
@@ -227,9 +228,13 @@ def _fact(cls: type[_Fact], **fields: object) -> _Fact:
     return fact
 
 
+def _alloc_key_labels(labels: dict[str, str]) -> tuple:
+    return tuple(map(labels.get, _ALLOC_KEYS))
+
+
 def _alloc_key(labels: dict[str, str]) -> tuple:
     """The ALLOC_LABELS values of an allocation series: both allocation queries keep exactly these."""
-    return _derived(labels, lambda found: tuple(map(found.get, _ALLOC_KEYS)))
+    return _derived(labels, _alloc_key_labels)
 
 
 def _device_labels(labels: dict[str, str]) -> tuple:

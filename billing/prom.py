@@ -27,7 +27,8 @@ class SeriesLabels(dict):
     """The labels of one series of a range answer, with room for what a caller derives from them.
 
     A range answer holds each series once for all its steps, so billing parses a series' labels
-    (its GPU, pod, profile...) once per series rather than once per hour (`derived`, unset until then).
+    (its GPU, pod, profile...) once per series rather than once per hour (`derived`: the function
+    and what it gave; unset until then).
     """
 
     __slots__ = ("derived",)
