@@ -272,6 +272,8 @@ def _price_gpu_hour(
             warnings.append(
                 f"unit {unit.key} of {dev.uuid} over-allocated ({float(total_held):.4f} h); scaled"
             )
+        if version.sharing_split == "usage":
+            held = split_by_usage(unit.allocations, held)
         unit_q_held = Fraction(0)
         for alloc, h in zip(unit.allocations, held, strict=True):
             quantity = h * unit.weight
@@ -435,8 +437,11 @@ class Pricer:
         teams = teams or {}
         dev = gpu_hour.device
         version = self.book.version_at(gpu_hour.hour)
+        usage = version is not None and version.sharing_split == "usage"
         key = (
             id(version),
+            # under sharing_split: usage the amounts follow the processes' use as well
+            tuple((a.process_sm, a.process_memory) for a in gpu_hour.allocations) if usage else (),
             dev.model,
             dev.present_seconds,
             dev.mig_mode,
@@ -505,6 +510,34 @@ def _share(alloc: Allocation, policy: str) -> Fraction:
         memory = to_fraction(alloc.memory_share) if alloc.memory_share is not None else compute
         return weigh(policy, compute, memory)
     return to_fraction(alloc.share)
+
+
+def split_by_usage(allocations: list[Allocation], held: list[Fraction]) -> list[Fraction]:
+    """``sharing_split: usage`` (docs/billing.md §3.5): what the time-sliced and MPS holders of one
+    unit hold together is re-split among them by their processes' use over the hour: SM time (mean SM
+    share × seconds held); where none used any SM time (or the GPU reports none: MIG), memory (mean
+    bytes × seconds held) breaks the tie; where neither says anything, or no holder has process data
+    for the hour, the equal split stands. The total is unchanged, so the unit's unallocated part and
+    the lines' sum to the device cost are too. Other holdings (exclusive, MIG, fractional) keep theirs."""
+    replicas = [i for i, alloc in enumerate(allocations) if _replica_mode(alloc)]
+    if len(replicas) < 2:
+        return held
+    if all(allocations[i].process_sm is None and allocations[i].process_memory is None for i in replicas):
+        return held  # an hour without process data: equal shares
+    pot = sum((held[i] for i in replicas), Fraction(0))
+    for measure in ("process_sm", "process_memory"):
+        weights = [
+            to_fraction(getattr(allocations[i], measure) or Decimal(0))
+            * _hours(allocations[i].allocated_seconds)
+            for i in replicas
+        ]
+        total = sum(weights, Fraction(0))
+        if total > 0:
+            out = list(held)
+            for i, weight in zip(replicas, weights, strict=True):
+                out[i] = pot * weight / total
+            return out
+    return held
 
 
 def _replica_mode(alloc: Allocation) -> str | None:

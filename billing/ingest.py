@@ -427,14 +427,48 @@ def build_hour(
                 sharing=sharing,
                 memory_share=None if memory is None else _ratio(memory),
                 compute_share=None if compute is None else _ratio(compute),
+                process_sm=None,  # the GPU's process series fill these in, where it has them
+                process_memory=None,
             )
         )
+    _attach_process_usage(results, hours)
     teams = {
         s.labels[contract.NAMESPACE]: s.labels[contract.LABEL_TEAM]
         for s in results["teams"]
         if s.labels.get(contract.NAMESPACE) and s.labels.get(contract.LABEL_TEAM)
     }
     return [hours[u] for u in sorted(hours)], teams
+
+
+_PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container
+_SHARED = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_FRACTIONAL)
+
+
+def _attach_process_usage(results: dict[str, list[Sample]], hours: dict[str, GpuHour]) -> None:
+    """Each allocation's own process use over the hour (docs/billing.md §3.5), where the GPU has
+    process series: its container's mean SM share and memory on its GPU (instance), 0 for a holder
+    whose container ran no process there. On a shared GPU its own SM share is also its utilization
+    (reports show the pod's, not the device's). GPUs without process series keep None."""
+    sm: dict[tuple, float] = {}
+    memory: dict[tuple, float] = {}
+    for name, into in (("proc_sm", sm), ("proc_memory", memory)):
+        for sample in results.get(name, ()):
+            into[tuple(sample.labels.get(label, "") for label in _PROCESS_KEY)] = sample.value
+    with_data = {key[0] for key in (*sm, *memory)}
+    with_sm = {key[0] for key in sm}
+    for uuid in with_data & hours.keys():
+        gpu_hour = hours[uuid]
+        has_sm = uuid in with_sm
+        updated = []
+        for alloc in gpu_hour.allocations:
+            key = (uuid, alloc.gpu_instance_id, alloc.namespace, alloc.pod, alloc.container)
+            own_sm = _ratio(sm.get(key, 0.0)) if has_sm else None
+            own_memory = Decimal(round(memory.get(key, 0.0)))
+            utilization = own_sm if alloc.sharing in _SHARED and own_sm is not None else alloc.utilization
+            updated.append(
+                replace(alloc, process_sm=own_sm, process_memory=own_memory, utilization=utilization)
+            )
+        gpu_hour.allocations[:] = updated
 
 
 def ingest_hour(

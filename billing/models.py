@@ -111,6 +111,12 @@ class Allocation:
     # None for other holdings; ``share`` then is what counts.
     memory_share: Decimal | None = None
     compute_share: Decimal | None = None
+    # what the container's own processes used on the GPU (or GPU instance) over the hour, from the
+    # exporter's processes collector (docs/billing.md §3.5): mean share of the GPU's SM time, mean bytes
+    # of device memory. None where no process data exists for the GPU-hour; 0 for a holder without
+    # processes on a GPU that has process data. sharing_split: usage splits shared GPUs by them.
+    process_sm: Decimal | None = None
+    process_memory: Decimal | None = None
 
 
 @dataclass(frozen=True)

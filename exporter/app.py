@@ -35,6 +35,8 @@ class Exporter:
     node: object | None = None  # the SimulatedNode when simulating
     library: object | None = None  # the stand-in NVML library when simulating
     servers: list = field(default_factory=list)
+    pod_list: object | None = None  # kubernetes.pods.PodListCache: the node's pods, on their own thread
+    cleanups: list = field(default_factory=list)  # run at stop (a simulated /proc's directory)
 
     def health(self) -> tuple[bool, str]:
         if not self.sampler.running:
@@ -48,6 +50,8 @@ class Exporter:
     def start(self) -> Exporter:
         """Sample and serve. A bad web config or a busy port stops the start with nothing left running."""
         web = load_web_config(self.config.web_config) if self.config.web_config else None
+        if self.pod_list is not None:
+            self.pod_list.start()  # a slow API server delays this thread, never a sampling cycle
         self.sampler.start()
         try:
             app = make_app(self.exposition, self.health)
@@ -73,6 +77,10 @@ class Exporter:
             server.close()
         self.servers.clear()
         self.sampler.stop()
+        if self.pod_list is not None:
+            self.pod_list.stop()
+        while self.cleanups:
+            self.cleanups.pop()()
 
     @property
     def port(self) -> int:
@@ -109,6 +117,7 @@ def build_exporter(
     watcher = XidWatcher(clock=clock)
     if privileged is None:  # a simulated node says what its driver grants; a real one asks the kernel
         privileged = node.privileged if node is not None else process_is_privileged()
+    pod_list = _pod_list(config, hostname)
     attribution = None
     if kubelet_client is not None or config.kubelet_socket:
         from .kubelet.attribution import PodAttribution
@@ -116,21 +125,10 @@ def build_exporter(
 
         client = kubelet_client or PodResourcesClient(config.kubelet_socket, timeout=config.kubelet_timeout)
         fractional = None
-        if config.kube_api:
-            from .kubernetes.api import KubeApiError, PodLister
+        if pod_list is not None:
             from .kubernetes.fractional import FractionalAttribution
 
-            try:
-                lister = (
-                    PodLister.in_cluster(timeout=config.kubelet_timeout)
-                    if config.kube_api == "in-cluster"
-                    else PodLister(
-                        config.kube_api, token_path=config.kube_api_token_file, timeout=config.kubelet_timeout
-                    )
-                )
-            except KubeApiError as exc:
-                raise ConfigError(f"kube_api: {exc}") from None
-            fractional = FractionalAttribution(lister, hostname, refresh_s=config.kube_api_refresh)
+            fractional = FractionalAttribution(None, hostname, pods=pod_list)
         strategy = config.gpu_sharing_strategy or (node.spec.sharing_strategy if node is not None else None)
         attribution = PodAttribution(
             client,
@@ -140,12 +138,24 @@ def build_exporter(
             replicas_under_mps=strategy == "mps",
             fractional=fractional,
         )
+    cleanups = []
+    proc_root = config.proc_root
+    if node is not None and "processes" in config.enable_collectors:
+        if proc_root is None:  # the simulator's processes need a /proc of their own
+            import shutil
+            import tempfile
+
+            proc_root = tempfile.mkdtemp(prefix="gpumeter-proc-")
+            cleanups.append(lambda: shutil.rmtree(proc_root, ignore_errors=True))
+        node.proc_root = proc_root
     chosen = collector_registry.build(
         config.enable_collectors,
         config.disable_collectors,
         xid_watcher=watcher,
         privileged=privileged,
         clock=clock,
+        proc_root=proc_root,
+        pod_list=pod_list,
         hostname=hostname,  # the vgpu collector labels the VMs' allocations with it
     )
     sampler = Sampler(
@@ -168,4 +178,26 @@ def build_exporter(
     registry.register(SnapshotCollector(sampler.snapshot, naming=config.naming, dcgm_options=dcgm_options))
     exposition = ExpositionCache(registry, sampler.snapshot)
     sampler.listeners.append(exposition.prepare)
-    return Exporter(config, sampler, registry, exposition, node, library)
+    return Exporter(
+        config, sampler, registry, exposition, node, library, pod_list=pod_list, cleanups=cleanups
+    )
+
+
+def _pod_list(config: ExporterConfig, hostname: str):
+    """The node's pod list from the Kubernetes API (``--kube-api``), or None when that is off."""
+    if not config.kube_api:
+        return None
+    from .kubernetes.api import KubeApiError, PodLister
+    from .kubernetes.pods import PodListCache
+
+    try:
+        lister = (
+            PodLister.in_cluster(timeout=config.kubelet_timeout)
+            if config.kube_api == "in-cluster"
+            else PodLister(
+                config.kube_api, token_path=config.kube_api_token_file, timeout=config.kubelet_timeout
+            )
+        )
+    except KubeApiError as exc:
+        raise ConfigError(f"kube_api: {exc}") from None
+    return PodListCache(lister, hostname, refresh_s=config.kube_api_refresh)

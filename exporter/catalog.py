@@ -653,6 +653,18 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(contract.ALLOCATION_MEMORY, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     MetricSpec(contract.ALLOCATION_COMPUTE, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
+    MetricSpec(
+        contract.PROCESS_MEMORY_USED,
+        D,
+        "nvmlDeviceGetComputeRunningProcesses_v3 + nvmlDeviceGetMPSComputeRunningProcesses_v3 "
+        "(usedGpuMemory; per MIG handle when the parent refuses), /proc/<pid>/cgroup, the node's pod list",
+    ),
+    MetricSpec(
+        contract.PROCESS_SM_UTILIZATION,
+        D,
+        "nvmlDeviceGetProcessUtilization (smUtil samples since the last cycle), /proc/<pid>/cgroup, "
+        "the node's pod list",
+    ),
     # --- the exporter itself --------------------------------------------------------------------
     MetricSpec(contract.COLLECTOR_SUCCESS, X, "sampler"),
     MetricSpec(contract.COLLECTOR_DURATION, X, "sampler"),

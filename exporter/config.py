@@ -40,6 +40,7 @@ class ExporterConfig:
     kube_api: str | None = None  # "in-cluster" or a URL: list this node's pods (fractional grants)
     kube_api_token_file: str | None = None
     kube_api_refresh: float = 30.0
+    proc_root: str | None = None  # the host's /proc (hostPID: /proc itself); None: /proc, or a simulated one
     gpu_sharing_strategy: str | None = None  # SHARING_STRATEGIES; None: time-slicing (a fleet node's own)
     naming: str = "native"
     web_config: str | None = None
@@ -61,10 +62,13 @@ OPTIONS = {
     "kubelet_timeout": "seconds before a kubelet query is abandoned (default 2)",
     "kubelet_keep_cycles": "sampling cycles the last good allocations survive a kubelet outage (default 5)",
     "extra_resources": "comma-separated extra resource names that are GPUs (e.g. nvidia.com/a100)",
-    "kube_api": "list this node's pods from the Kubernetes API for HAMi/gpushare fractional grants: "
+    "kube_api": "list this node's pods from the Kubernetes API for HAMi/gpushare fractional grants and the "
+    "processes collector's pods: "
     "in-cluster (service account) or an API server URL (default: off)",
     "kube_api_token_file": "bearer token file for --kube-api URL (in-cluster: the service account's)",
     "kube_api_refresh": "seconds between pod lists from the Kubernetes API (default 30)",
+    "proc_root": "where the host's /proc is, for the processes collector's /proc/<pid>/cgroup (default /proc, "
+    "which with hostPID is the host's; with --simulate a temporary directory the simulator fills)",
     "gpu_sharing_strategy": "how the device plugin shares replicas on this node: time-slicing (default) or mps "
     "(the node's GPU Feature Discovery label nvidia.com/gpu.sharing-strategy)",
     "naming": "metric names: native (default) or dcgm (dcgm-exporter's names, labels and units)",

@@ -164,6 +164,11 @@ def _probes(handle) -> list[tuple[str, Callable, tuple]]:
         ("nvmlDeviceGetMigMode", N.nvmlDeviceGetMigMode, (handle,)),
         ("nvmlGpmQueryDeviceSupport", N.nvmlGpmQueryDeviceSupport, (handle,)),
         ("nvmlDeviceGetSupportedEventTypes", N.nvmlDeviceGetSupportedEventTypes, (handle,)),
+        # the processes collector's calls: on a MIG parent, NO_PERMISSION for an unprivileged caller;
+        # process utilization NOT_SUPPORTED under MIG, NOT_FOUND without samples (docs/nvml.md §9)
+        ("nvmlDeviceGetComputeRunningProcesses", N.nvmlDeviceGetComputeRunningProcesses, (handle,)),
+        ("nvmlDeviceGetMPSComputeRunningProcesses", N.nvmlDeviceGetMPSComputeRunningProcesses, (handle,)),
+        ("nvmlDeviceGetProcessUtilization", N.nvmlDeviceGetProcessUtilization, (handle, 0)),
     ]
 
 

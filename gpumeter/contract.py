@@ -530,6 +530,36 @@ ALLOCATION_COMPUTE = _exporter(
     'memory fraction unless a core limit is given). Only for sharing="fractional".',
     *ALLOCATION.labels,
 )
+# Per process, mapped to its pod through /proc/<pid>/cgroup and the node's pod list (the `processes`
+# collector, docs/pod-attribution.md §Processes). Summed per (GPU instance, container): a container's
+# processes are one series, and every process outside a pod (or of a pod not in the list) is summed
+# into the one series with empty namespace/pod/container, so cardinality is bounded by the pods.
+_PROCESS = (
+    " gpu_instance_id is empty on a whole GPU; namespace, pod and container are empty for the sum of the "
+    "processes that belong to no known pod."
+)
+PROCESS_MEMORY_USED = _device(
+    "nvidia_gpu_process_memory_used_bytes",
+    G,
+    "bytes",
+    "Device memory used by a container's processes on the GPU or MIG GPU instance (NVML usedGpuMemory)."
+    + _PROCESS,
+    GPU_INSTANCE_ID,
+    NAMESPACE,
+    POD,
+    CONTAINER,
+)
+PROCESS_SM_UTILIZATION = _device(
+    "nvidia_gpu_process_sm_utilization_ratio",
+    G,
+    "ratio",
+    "Share of the GPU's SM time a container's processes used over the last sampling interval (mean of "
+    "NVML's per-process samples). Absent where NVML has no process utilization: MIG-enabled GPUs." + _PROCESS,
+    GPU_INSTANCE_ID,
+    NAMESPACE,
+    POD,
+    CONTAINER,
+)
 # --- the exporter itself ------------------------------------------------------------------------------
 COLLECTOR_SUCCESS = _exporter(
     "gpumeter_exporter_collector_success",
@@ -653,6 +683,8 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     ALLOCATION,
     ALLOCATION_MEMORY,
     ALLOCATION_COMPUTE,
+    PROCESS_MEMORY_USED,
+    PROCESS_SM_UTILIZATION,
     COLLECTOR_SUCCESS,
     COLLECTOR_DURATION,
     NVML_UP,
@@ -894,6 +926,9 @@ BILLING_QUERIES: dict[str, HourQuery] = {
     "gpu_util": HourQuery(UTILIZATION, "avg_over_time", (UUID,)),
     "mig_util": HourQuery(MIG_SM_UTILIZATION, "avg_over_time", (UUID, GPU_INSTANCE_ID)),
     "teams": HourQuery(KUBE_NAMESPACE_LABELS, "last_over_time", (NAMESPACE, LABEL_TEAM)),
+    # per container on each GPU (instance), for sharing_split: usage (docs/billing.md §3.5)
+    "proc_sm": HourQuery(PROCESS_SM_UTILIZATION, "avg_over_time", PROCESS_SM_UTILIZATION.labels[1:]),
+    "proc_memory": HourQuery(PROCESS_MEMORY_USED, "avg_over_time", PROCESS_MEMORY_USED.labels[1:]),
 }
 
 # The series billing consumes, in the order of its queries.

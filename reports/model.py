@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from gpumeter import contract
 from gpumeter.billing.config import Budget
-from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord
+from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord, SharedUse
 from gpumeter.billing.models import SHORTFALL, STRANDED, UNALLOCATED, LineKind, QuantityUnit
 from gpumeter.billing.pricing.currency import minor_unit
 
@@ -239,6 +239,9 @@ class PodRow:
     models: list[str]
     profiles: list[str]
     usage: Usage
+    # its own processes' use on the shared GPUs it held (time-sliced, MPS, fractional), where the
+    # exporter's processes collector reported it (docs/billing.md §3.5); None otherwise
+    shared: SharedUse | None = None
 
 
 @dataclass
@@ -333,6 +336,8 @@ class Report:
     ingest: IngestSummary
     charges: list[LineTotal]  # the ledger lines summed per grain bucket, sorted: FOCUS and detail CSV
     slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours held, as the lines state them
+    # per pod billed in the period, its own use on the shared GPUs it held (not the devices'), by cost
+    shared_use: list[PodRow] = field(default_factory=list)
     # budget against actual per team; empty unless budgets were given and the period is a month
     budgets: list[BudgetRow] = field(default_factory=list)
 
@@ -522,9 +527,11 @@ def build_report(
     def change(now: Decimal, before: Decimal) -> Change:
         return Change.of(now, before if has_previous else None)
 
+    shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
+
     def pod_row(pod: tuple[str, str]) -> PodRow:
         team, models, profiles = pod_meta[pod]
-        return PodRow(pod[0], pod[1], team, sorted(models), sorted(profiles), pods[pod])
+        return PodRow(pod[0], pod[1], team, sorted(models), sorted(profiles), pods[pod], shared.get(pod))
 
     ranked_pods = sorted(pods, key=lambda p: (-pods[p].cost, p))
     pod_group = {p: grouping.key(_pod_probe(p, pod_meta)) for p in pods}
@@ -582,6 +589,7 @@ def build_report(
         ingest=_ingest_summary(ledger, period),
         charges=charges,
         slice_hours=slice_hours,
+        shared_use=[pod_row(p) for p in ranked_pods if p in shared],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
     )
 

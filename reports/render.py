@@ -287,13 +287,24 @@ def _change(report: Report, change: Change) -> dict:
 
 
 def _pod(report: Report, pod) -> dict:
-    return {
+    out = {
         "namespace": pod.namespace,
         "pod": pod.pod,
         "team": pod.team,
         "gpu_models": pod.models,
         "mig_profiles": pod.profiles,
         **_usage(report, pod.usage),
+    }
+    if pod.shared is not None:  # its own use on shared GPUs, not the devices' (docs/billing.md §3.5)
+        out["shared_gpu_use"] = _shared(pod.shared)
+    return out
+
+
+def _shared(use) -> dict:
+    return {
+        "hours_with_process_data": use.hours,
+        "mean_memory_bytes": int(use.memory_bytes),
+        "mean_sm_utilization": None if use.sm is None else round(float(use.sm), 6),
     }
 
 
@@ -339,6 +350,7 @@ def report_dict(report: Report) -> dict:
             {"gpu_model": u.model, "gpu_hours": _qty(u.gpu_hours), "gpus": u.gpus} for u in report.unpriced
         ],
         "top_pods": [_pod(report, p) for p in report.top_pods],
+        "shared_gpu_pods": [_pod(report, p) for p in report.shared_use],
         "daily": [
             {"day": d.isoformat(), "costs": {k: report.money(v) for k, v in costs.items()}}
             for d, costs in report.daily

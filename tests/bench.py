@@ -43,6 +43,7 @@ from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
@@ -206,19 +207,30 @@ class InProcess:
     """A simulated exporter on a manual clock, as tests/exporter/conftest.py builds one."""
 
     def __init__(
-        self, kubelet_socket: str | None = None, interval: float = 5.0, fleet: str = FLEET, latency=None
+        self,
+        kubelet_socket: str | None = None,
+        interval: float = 5.0,
+        fleet: str = FLEET,
+        latency=None,
+        kube_api: str | None = None,
+        offset_s: float = 0.0,
     ):
         self.clock = ManualClock()
-        self.node = SimulatedNode(load_fleet(fleet), clock=self.clock)
+        # offset_s: this far into the fleet's schedule, as the stand-in kubelet and API are
+        self.node = SimulatedNode(load_fleet(fleet), clock=self.clock, start=self.clock() - offset_s)
         self.lib = SimulatedNvml(self.node, latency=latency)
         config = ExporterConfig(
             listen="127.0.0.1:0",
             kubelet_socket=kubelet_socket,
             hostname=self.node.spec.name,
             interval=interval,
+            kube_api=kube_api,  # with it, the processes collector names each GPU process's pod
+            enable_collectors=("processes",) if kube_api else (),
         )
         self.exporter = build_exporter(config, clock=self.clock, library=self.lib, node=self.node)
         self.sampler = self.exporter.sampler
+        if self.exporter.pod_list is not None:
+            self.exporter.pod_list.start()  # on its own thread, as Exporter.start() runs it
 
     def sample(self, advance: float = 5.0):
         self.clock.advance(advance)
@@ -232,6 +244,10 @@ class InProcess:
             self.exporter.stop()
         else:
             self.sampler.stop()
+            if self.exporter.pod_list is not None:
+                self.exporter.pod_list.stop()
+            for cleanup in self.exporter.cleanups:
+                cleanup()
 
 
 def measure_cycles(sim: InProcess, cycles: int) -> dict:
@@ -480,7 +496,9 @@ class KubeletProcess:
         _terminate(self.proc)
 
 
-def gpumeter_exporter(name: str, kubelet_socket: str = "", interval: float = 1) -> Process:
+def gpumeter_exporter(
+    name: str, kubelet_socket: str = "", interval: float = 1, extra: tuple[str, ...] = ()
+) -> Process:
     port = free_port()
     argv = [
         sys.executable,
@@ -495,6 +513,7 @@ def gpumeter_exporter(name: str, kubelet_socket: str = "", interval: float = 1) 
         f"{interval:g}",
         "--kubelet-socket",
         kubelet_socket,
+        *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
     env.pop("NODE_NAME", None)
@@ -846,6 +865,93 @@ def concurrent_step(report: dict, args) -> None:
     report["concurrent"] = worst
 
 
+def processes_step(report: dict, args) -> None:
+    """4b: step 4 with the processes collector on: NVML's process lists of every GPU, each process's
+    /proc/<pid>/cgroup (the simulator's) and the node's pods from the stand-in Kubernetes API (in this
+    process, on loopback; the exporter lists them on its own thread). In process the node is
+    KUBELET_OFFSET_S into its schedule (all 56 pods run); the subprocess starts at its schedule's 0 h."""
+    log("[4b/5] with per-process collection (56 pods in process, stand-in Kubernetes API)")
+    fleet = load_fleet(FLEET)
+    sockdir = tempfile.mkdtemp(prefix="gpm-bench-", dir="/tmp")
+    sock = os.path.join(sockdir, "kubelet.sock")
+    kubelet = KubeletProcess(sock)
+    api = StandInKubeApi(fleet, start=time.time() - KUBELET_OFFSET_S).start()
+    try:
+        sim = InProcess(kubelet_socket=sock, kube_api=api.base_url, offset_s=KUBELET_OFFSET_S)
+        try:
+            deadline = time.monotonic() + 10
+            while not sim.exporter.pod_list.snapshot().up and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cycle = measure_cycles(sim, max(20, args.cycles // 2))
+            snapshot = sim.sampler.snapshot()
+            memory_series = snapshot.samples("nvidia_gpu_process_memory_used_bytes")
+            attributed = sum(1 for labels, _ in memory_series if labels[4])
+            render = measure_render(sim, max(50, args.render // 3))
+        finally:
+            sim.close()
+        process = gpumeter_exporter(
+            "gpumeter-exporter-processes",
+            kubelet_socket=sock,
+            extra=("--enable-collectors", "processes", "--kube-api", api.base_url),
+        )
+        try:
+            time.sleep(2)
+            run = scrape_run(process, args.scrapes, max(1, args.scrapes // 10))
+            text = run.pop("last_text")
+            run["series"] = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+            run["process_memory_series"] = count_series(text, "nvidia_gpu_process_memory_used_bytes")
+        finally:
+            process.stop()
+        report["processes"] = {
+            "process_memory_series_inprocess": len(memory_series),
+            "attributed_to_pods_inprocess": attributed,
+            "cycle": cycle,
+            "render": render,
+            "memory": run,
+        }
+    finally:
+        api.stop()
+        kubelet.stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def processes_rows(p: dict) -> list[tuple[str, str, str, str]]:
+    c, r, m = p["cycle"], p["render"], p["memory"]
+    return [
+        ("processes: NVML calls / cycle (steady)", fmt(c["nvml_calls_steady"]), "counted, minimised", "n/a"),
+        (
+            "processes: CPU / cycle p99",
+            fmt(c["cpu_all"]["p99_ms"], " ms"),
+            f"< {TARGET_CYCLE_CPU_MS:.0f} ms",
+            verdict(c["cpu_all"]["p99_ms"] < TARGET_CYCLE_CPU_MS),
+        ),
+        (
+            "processes: scrape p99 (exporter in its own process)",
+            fmt(m["latency"]["p99_ms"], " ms"),
+            "< 10 ms",
+            verdict(m["latency"]["p99_ms"] < 10),
+        ),
+        (
+            "processes: pre-render per snapshot p99 (sampler thread)",
+            fmt(r["exposition_cache_miss_gzip"]["p99_ms"], " ms"),
+            "not on the scrape path",
+            "",
+        ),
+        (
+            f"processes: RSS max over {m['scrapes']} scrapes",
+            fmt(m["rss_max_mib"], " MiB"),
+            f"< {TARGET_RSS_MIB:.0f} MiB, flat",
+            verdict(m["under_target"] and m["flat"]),
+        ),
+        (
+            "processes: series (attributed / in process)",
+            f"{p['attributed_to_pods_inprocess']} / {p['process_memory_series_inprocess']}",
+            "",
+            "",
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=10_000, help="scrapes for the memory runs")
@@ -865,6 +971,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run step 3b alone (repeat it when the machine is quiet)",
     )
+    parser.add_argument(
+        "--only-processes",
+        action="store_true",
+        help="run step 4b alone: per-process collection on (docs/pod-attribution.md §9)",
+    )
     parser.add_argument("--out", default=str(BENCH_DIR / "exporter.json"))
     args = parser.parse_args(argv)
 
@@ -872,6 +983,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report: dict = {"machine": machine(), "fleet": FLEET, "args": vars(args)}
     log(f"gpumeter exporter benchmark on {report['machine']['cpu_model']} ×{report['machine']['nproc']}")
+
+    if args.only_processes:
+        processes_step(report, args)
+        report["bench_seconds"] = round(time.perf_counter() - started, 1)
+        report["machine"]["loadavg_at_end"] = loadavg()
+        print(table(processes_rows(report["processes"])))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        return 0
 
     if args.only_concurrent:
         concurrent_step(report, args)
@@ -959,6 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         kubelet.stop()
         shutil.rmtree(sockdir, ignore_errors=True)
+
+    processes_step(report, args)
 
     # 5: nvitop-exporter side by side
     if args.skip_nvitop:

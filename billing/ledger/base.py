@@ -135,6 +135,45 @@ class LineTotal:
 
 
 @dataclass(frozen=True)
+class SharedUse:
+    """What a pod's own processes used on the shared GPUs it held (time-sliced, MPS, fractional), over
+    the hours of a range that have process data (docs/billing.md §3.5): per hour its containers' memory
+    and SM shares summed, then the mean over those hours. ``sm`` is None where NVML gave no process
+    utilization (a MIG instance shared by replicas)."""
+
+    namespace: str
+    pod: str
+    hours: int
+    memory_bytes: Decimal
+    sm: Decimal | None
+
+
+SHARED_MODES = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_FRACTIONAL)
+
+
+def shared_use_of(rows: Iterable[Any]) -> list[SharedUse]:
+    """Rows of (namespace, pod, hour, process memory, process SM) → one SharedUse per pod."""
+    per_hour: dict[tuple[str, str, datetime], list[Any]] = {}
+    for namespace, pod, hour, memory, sm in rows:
+        entry = per_hour.setdefault((namespace, pod, hour), [Decimal(0), None])
+        entry[0] += Decimal(memory)
+        if sm is not None:
+            entry[1] = (entry[1] or Decimal(0)) + Decimal(sm)
+    pods: dict[tuple[str, str], list[Any]] = {}
+    for (namespace, pod, _hour), (memory, sm) in per_hour.items():
+        entry = pods.setdefault((namespace, pod), [0, Decimal(0), Decimal(0), 0])
+        entry[0] += 1
+        entry[1] += memory
+        if sm is not None:
+            entry[2] += sm
+            entry[3] += 1
+    return [
+        SharedUse(ns, pod, hours, memory / hours, (sm / sm_hours) if sm_hours else None)
+        for (ns, pod), (hours, memory, sm, sm_hours) in sorted(pods.items())
+    ]
+
+
+@dataclass(frozen=True)
 class PriceVersionRecord:
     """A stored price-book version (``price_book_versions``): what priced some lines."""
 
@@ -271,6 +310,19 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
         """Recorded report runs (of periods starting at ``start`` when given), oldest first."""
+
+    def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
+        """Per pod, its own process use on shared GPUs over [start, end) (reports). This default reads
+        the facts hour by hour; a ledger with a query language answers it in one query."""
+        rows = []
+        hour = start
+        while hour < end:
+            for gpu_hour in self.facts(hour):
+                for a in gpu_hour.allocations:
+                    if a.sharing in SHARED_MODES and a.process_memory is not None:
+                        rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
+            hour += HOUR
+        return shared_use_of(rows)
 
     @contextlib.contextmanager
     def lock(self, name: str, holder: str, now: datetime, ttl_seconds: int = 1800) -> Iterator[None]:

@@ -82,6 +82,9 @@ class AllocationRow(Base):
     # a fractional grant's memory and compute fractions (migration 0006); NULL for other holdings
     memory_share: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
     compute_share: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    # what the container's processes used over the hour (migration 0007); NULL without process data
+    process_sm: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    process_memory: Mapped[Decimal | None] = mapped_column(Exact(20, 0))
 
 
 class NamespaceTeam(Base):

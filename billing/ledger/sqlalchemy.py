@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from gpumeter import contract
 from gpumeter.billing.ledger.base import (
     BILLED_TO_TEAMS,
+    SHARED_MODES,
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -50,7 +51,9 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    SharedUse,
     refuse_duplicate_lines,
+    shared_use_of,
     summarise,
 )
 from gpumeter.billing.ledger.orm import (
@@ -301,10 +304,15 @@ class SqlLedger(Ledger):
         "sharing",
         "memory_share",
         "compute_share",
+        "process_sm",
+        "process_memory",
     )
 
     INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
-    EXACT_COLUMNS = frozenset(("utilization", "share", "memory_share", "compute_share"))  # facts' Decimals
+    # the facts' Decimals
+    EXACT_COLUMNS = frozenset(
+        ("utilization", "share", "memory_share", "compute_share", "process_sm", "process_memory")
+    )
 
     @staticmethod
     def _line_rows(
@@ -469,6 +477,15 @@ class SqlLedger(Ledger):
         with Session(self.engine) as session:
             return dict(session.execute(select(NamespaceTeam.namespace, NamespaceTeam.team)).all())
 
+    @_stored("read shared use")
+    def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
+        a = AllocationRow
+        query = select(a.namespace, a.pod, a.hour, a.process_memory, a.process_sm).where(
+            a.hour >= start, a.hour < end, a.sharing.in_(SHARED_MODES), a.process_memory.isnot(None)
+        )
+        with Session(self.engine) as session:
+            return shared_use_of(session.execute(query).all())
+
     @_stored("read facts")
     def facts(self, hour: datetime) -> list[GpuHour]:
         with Session(self.engine) as session:
@@ -528,6 +545,8 @@ class SqlLedger(Ledger):
                         a.sharing,
                         a.memory_share,
                         a.compute_share,
+                        a.process_sm,
+                        a.process_memory,
                     )
                 )
             return list(out.values())

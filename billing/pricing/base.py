@@ -11,6 +11,9 @@ from gpumeter.billing.pricing.aliases import resolve_model
 
 SLICE_WEIGHT_POLICIES = ("compute", "memory", "max")
 IDLE_POLICIES = ("platform", "spread")
+# How a time-sliced or MPS GPU's holders share what they hold between them (docs/billing.md §3.5):
+# equally (each its replicas), or by what their processes used (SM time, memory as the tie-breaker).
+SHARING_SPLITS = ("equal", "usage")
 SHARING_MODES = ("mig", "time_slicing", "mps", "vgpu")
 
 
@@ -44,6 +47,7 @@ class PriceVersion:
     idle: str = "platform"
     sharing_efficiency: dict[str, Decimal] = field(default_factory=dict)
     utilization_tiers: tuple[tuple[Decimal, Decimal, Decimal], ...] = ()
+    sharing_split: str = "equal"
 
     @property
     def id(self) -> str:
@@ -96,17 +100,17 @@ class PriceBook:
     def version_body(self, version: PriceVersion) -> str:
         """What priced a line under ``version``, as canonical JSON: stored once per version by the
         ledger and shown by reports (docs/billing.md §7)."""
-        return json.dumps(
-            {
-                "rates": {m: str(p.hourly_rate) for m, p in sorted(version.gpus.items())},
-                "derived": sorted(m for m, p in version.gpus.items() if p.derived),
-                "slice_weight": version.slice_weight,
-                "idle": version.idle,
-                "sharing_efficiency": {k: str(v) for k, v in sorted(version.sharing_efficiency.items())},
-                "aliases": self.aliases,
-            },
-            sort_keys=True,
-        )
+        body = {
+            "rates": {m: str(p.hourly_rate) for m, p in sorted(version.gpus.items())},
+            "derived": sorted(m for m, p in version.gpus.items() if p.derived),
+            "slice_weight": version.slice_weight,
+            "idle": version.idle,
+            "sharing_efficiency": {k: str(v) for k, v in sorted(version.sharing_efficiency.items())},
+            "aliases": self.aliases,
+        }
+        if version.sharing_split != "equal":  # absent at its default: bodies stored before it stay equal
+            body["sharing_split"] = version.sharing_split
+        return json.dumps(body, sort_keys=True)
 
     def price(self, hour: datetime, nvml_model: str) -> tuple[PriceVersion | None, GpuPrice | None]:
         version = self.version_at(hour)

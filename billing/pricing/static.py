@@ -15,6 +15,7 @@ from typing import Any
 from gpumeter.billing.pricing.base import (
     IDLE_POLICIES,
     SHARING_MODES,
+    SHARING_SPLITS,
     SLICE_WEIGHT_POLICIES,
     GpuPrice,
     PriceBook,
@@ -58,6 +59,7 @@ _VERSION_KEYS = {
     "slice_weight",
     "idle",
     "sharing_efficiency",
+    "sharing_split",
     "utilization_tiers",
     "gpus",
 }
@@ -71,6 +73,7 @@ _SEED_TOP = {
     "sliceWeight",
     "idle",
     "effectiveFrom",
+    "sharingSplit",
 }
 _SEED_GPU = {"name", "hourlyCost", "purchasePrice", "powerConsumption", "depreciation"}
 _SEED_SHARING = {"mig": "mig", "vgpu": "vgpu", "timeSharing": "time_slicing", "mps": "mps"}
@@ -392,6 +395,9 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
                     {m: m for m in SHARING_MODES},
                 ),
                 utilization_tiers=_tiers(path, f"{where}.utilization_tiers", raw.get("utilization_tiers")),
+                sharing_split=_choice(
+                    path, f"{where}.sharing_split", raw.get("sharing_split", "equal"), SHARING_SPLITS
+                ),
             )
         )
     models = {m.upper() for version in versions for m in version.gpus}
@@ -467,5 +473,6 @@ def _parse_seed(path: Path, doc: dict, digest: str) -> PriceBook:
         idle=_choice(path, "idle", doc.get("idle", "platform"), IDLE_POLICIES),
         sharing_efficiency=_sharing(path, "sharingEfficiency", doc.get("sharingEfficiency"), _SEED_SHARING),
         utilization_tiers=_tiers(path, "utilizationTiers", doc.get("utilizationTiers")),
+        sharing_split=_choice(path, "sharingSplit", doc.get("sharingSplit", "equal"), SHARING_SPLITS),
     )
     return PriceBook(currency, (version,), {}, str(path), digest)

@@ -64,7 +64,7 @@ def build(
     return chosen
 
 
-# Run order matters: "mig" enumerates the instances that "profiling" reads; "nvlink" discovers the link
+# Run order matters: "mig" enumerates the instances that "processes" and "profiling" read; "nvlink" discovers the link
 # count "nvlink_traffic" reads.
 from . import (  # noqa: E402
     clocks,  # noqa: F401
@@ -76,6 +76,7 @@ from . import (  # noqa: E402
     nvlink_traffic,  # noqa: F401
     pcie,  # noqa: F401
     power,  # noqa: F401
+    processes,  # noqa: F401
     profiling,  # noqa: F401
     thermal,  # noqa: F401
     utilization,  # noqa: F401

@@ -34,7 +34,8 @@ from gpumeter import contract
 from gpumeter.exporter.kubelet.attribution import Allocation
 from gpumeter.exporter.snapshot import DeviceIdentity, SnapshotBuilder
 
-from .api import REASONS, KubeApiError, PodLister
+from .api import PodLister
+from .pods import PodListCache
 
 __all__ = [
     "GPUSHARE_CORE",
@@ -169,7 +170,8 @@ def grants_of(pod: dict[str, Any]) -> list[Grant]:
 class FractionalAttribution:
     """Replaces the kubelet's view of fractional holdings with the grants on the pods.
 
-    Lists the node's pods at most every ``refresh_s`` seconds. While the API answers, every container
+    Reads the node's pods from a PodListCache (refreshed every ``refresh_s`` seconds, on its own thread
+    once the exporter runs; exporter/kubernetes/pods.py). While the API answers, every container
     with a grant gets one allocation per GPU with ``sharing="fractional"``, value its compute fraction,
     and ``nvidia_gpu_allocation_memory_ratio`` / ``_compute_ratio``; its kubelet holdings of the
     schedulers' resources are dropped. When the API does not answer (unreachable, 401, 403, …) the
@@ -179,45 +181,43 @@ class FractionalAttribution:
 
     def __init__(
         self,
-        lister: PodLister,
+        lister: PodLister | None,
         node: str,
         refresh_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        pods: PodListCache | None = None,
     ):
-        self.lister, self.node, self.refresh_s, self.clock = lister, node, refresh_s, clock
-        self.up = False
-        self.errors = dict.fromkeys(REASONS, 0)
+        # the node's pod list, shared with per-process attribution and refreshed off the sampling thread
+        # once the exporter starts (exporter/kubernetes/pods.py); a lister alone gets a cache of its own
+        if pods is None:
+            if lister is None:
+                raise ValueError("FractionalAttribution needs a PodLister or a PodListCache")
+            pods = PodListCache(lister, node, refresh_s=refresh_s, clock=clock)
+        self.pods, self.node = pods, node
+        if pods.health_owner is None:
+            pods.health_owner = self
         self._grants: list[Grant] | None = None
-        self._listed_at: float | None = None
-        self._listed_once: bool | None = False  # False: never tried; None: failing since the start
+        self._version = -1
         self._memory_bytes: dict[str, float] = {}  # GPU uuid → memory total, remembered across cycles
         self._logged: set[str] = set()
 
+    @property
+    def up(self) -> bool:
+        return self.pods.snapshot().up
+
+    @property
+    def errors(self) -> dict[str, int]:
+        return self.pods.snapshot().errors
+
     def _refresh(self) -> None:
-        now = self.clock()
-        if self._listed_at is not None and now - self._listed_at < self.refresh_s:
+        answer = self.pods.poll()
+        if not answer.up:
+            self._grants, self._version = None, -1
             return
-        self._listed_at = now
-        try:
-            pods = self.lister.list_pods(self.node)
-        except KubeApiError as exc:
-            self.errors[exc.reason] += 1
-            if self.up or self._listed_once is False:  # once per outage, and at a first failure
-                self._listed_once = None
-                log.warning(
-                    "listing the pods of %s failed; fractional holdings as the kubelet says: %s",
-                    self.node,
-                    exc,
-                )
-            self.up, self._grants = False, None
-            return
-        except Exception:  # a bug must not stop attribution
-            self.errors["malformed"] += 1
-            log.exception("listing the pods of %s failed", self.node)
-            self.up, self._grants = False, None
+        if answer.version == self._version:
             return
         grants: list[Grant] = []
-        for pod in pods:
+        for pod in answer.pods:
             try:
                 grants.extend(grants_of(pod))
             except ValueError as exc:
@@ -229,10 +229,9 @@ class FractionalAttribution:
                     meta.get("name"),
                     exc,
                 )
-        self._listed_once = True
-        if not self.up:
+        if self._grants is None:
             log.info("the Kubernetes API lists the pods of %s: %d fractional grants", self.node, len(grants))
-        self.up, self._grants = True, grants
+        self._grants, self._version = grants, answer.version
 
     def apply(
         self,
@@ -246,9 +245,10 @@ class FractionalAttribution:
         for labels, value in builder.series.get(contract.MEMORY_TOTAL.name, ()):
             self._memory_bytes[labels[1]] = value  # (gpu, uuid, …)
         self._refresh()
-        builder.add(contract.KUBE_API_UP.name, (), 1.0 if self.up else 0.0)
-        for reason, count in self.errors.items():
-            builder.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
+        if self.pods.health_owner is self:
+            builder.add(contract.KUBE_API_UP.name, (), 1.0 if self.up else 0.0)
+            for reason, count in self.errors.items():
+                builder.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
         if not self._grants:
             return allocations
         by_uuid = {d.uuid.lower(): d for d in devices}

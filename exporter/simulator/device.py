@@ -284,6 +284,7 @@ class SimulatedNode:
         # Whether the exporter reading this node has the privileges NVML wants before it reports MIG
         # instances' events to a parent-GPU registration (nvml.h, nvmlDeviceRegisterEvents).
         self.privileged = self.spec.exporter_privileged
+        self.proc_root: str | None = None  # where simulator/processes.py writes the node's fake /proc
         self.events_changed = threading.Condition(self.lock)  # wakes a thread blocked in nvmlEventSetWait
         self._t = self.start
         self._step(self.start, 0.0)

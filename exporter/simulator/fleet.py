@@ -12,6 +12,10 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
           device_ids: uuid          # uuid | gke | legacy-mig
           mig_strategy: mixed       # mixed: nvidia.com/mig-<profile>; single: nvidia.com/gpu
           sharing_strategy: mps     # how the device plugin shares replicas: time-slicing (default) | mps
+        cgroup: {version: v2, driver: systemd, runtime: containerd}   # how /proc/<pid>/cgroup names a
+                                    # container (v1|v2, systemd|cgroupfs, containerd|crio|docker; these defaults)
+        host_processes:             # GPU processes outside any pod (a host daemon, a job run over ssh)
+          - {pid: 2101, gpu: 0, memory_mib: 512, utilization: 0.05, cgroup: /system.slice/render.service}
         gpus:
           - model: H100-SXM5-80GB   # a key of simulator.models.MODELS
             count: 8
@@ -35,6 +39,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
         start: 0h                   # offset from the start of the simulation
         end: 48h                    # optional; absent = runs forever
         every: 24h                  # optional; the start..end window repeats with this period
+        pid: 31337                  # optional: the host PID of its process on each device it holds
+                                    # (default: derived from its place in the file, see simulator/processes.py)
 
 Every error names the file, the field (as a path such as ``nodes[0].gpus[1].mig``) and the value.
 """
@@ -53,9 +59,11 @@ from .models import MODELS, GpuModel, MigProfile
 from .vgpu import LICENSE_STATES, VGPU_TYPES, VgpuSpec, vm_uuid
 
 __all__ = [
+    "CgroupLayout",
     "Fleet",
     "FleetError",
     "GpuSpec",
+    "HostProcess",
     "MigInstanceSpec",
     "NodeSpec",
     "PodDevice",
@@ -139,6 +147,34 @@ class GpuSpec:
         return _uuid("MIG", key)
 
 
+CGROUP_VERSIONS, CGROUP_DRIVERS, CONTAINER_RUNTIMES = (
+    ("v1", "v2"),
+    ("systemd", "cgroupfs"),
+    ("containerd", "crio", "docker"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """How the node's kubelet and runtime name a container's cgroup (exporter/kubernetes/cgroup.py)."""
+
+    version: str = "v2"
+    driver: str = "systemd"
+    runtime: str = "containerd"
+
+
+@dataclass(frozen=True, slots=True)
+class HostProcess:
+    """A GPU process that belongs to no pod."""
+
+    pid: int
+    gpu: int
+    memory_mib: int
+    utilization: float = 0.0
+    cgroup: str = "/system.slice/gpu-host-job.service"
+    gpu_instance_id: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     name: str
@@ -152,6 +188,8 @@ class NodeSpec:
     # the device plugin's sharing of replicas (its config's sharing.timeSlicing or sharing.mps), as GPU
     # Feature Discovery labels the node: nvidia.com/gpu.sharing-strategy
     sharing_strategy: str = "time-slicing"
+    cgroup: CgroupLayout = CgroupLayout()
+    host_processes: tuple[HostProcess, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +213,7 @@ class PodSpec:
     end_s: float | None
     every_s: float | None
     labels: tuple[tuple[str, str], ...] = ()
+    pid: int | None = None  # its process's host PID; None: derived (simulator/processes.py)
 
     def running(self, t: float) -> bool:
         """Whether the pod holds its devices ``t`` seconds after the simulation started."""
@@ -478,6 +517,8 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 extra_resources=extra,
                 exporter_privileged=r.get(raw, "exporter_privileged", path, bool, True),
                 sharing_strategy=sharing,
+                cgroup=_cgroup_layout(r, raw, path),
+                host_processes=_host_processes(r, raw, path, tuple(gpus)),
             )
         )
     pods = []
@@ -546,9 +587,77 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 end_s=end,
                 every_s=every,
                 labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                pid=_pid(r, raw, f"{path}.pid"),
             )
         )
+    _check_pids(r, nodes, pods)
     return Fleet(seed=seed, nodes=tuple(nodes), pods=tuple(pods), source=source)
+
+
+# --- processes (issue 15 point 5): what NVML lists per GPU and /proc/<pid>/cgroup says of each -------
+PID_MAX = 4194304  # Linux's largest pid_max (PID_MAX_LIMIT on 64-bit)
+
+
+def _pid(r: _Reader, raw: dict, path: str) -> int | None:
+    value = raw.get("pid") if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 < value < PID_MAX:
+        raise r.fail(path, value, f"expected a process ID within 2..{PID_MAX - 1}")
+    return value
+
+
+def _cgroup_layout(r: _Reader, raw: dict, path: str) -> CgroupLayout:
+    spec = r.get(raw, "cgroup", path, dict, {})
+    values = {}
+    for key, allowed, default in (
+        ("version", CGROUP_VERSIONS, "v2"),
+        ("driver", CGROUP_DRIVERS, "systemd"),
+        ("runtime", CONTAINER_RUNTIMES, "containerd"),
+    ):
+        value = r.get(spec, key, f"{path}.cgroup", str, default)
+        if value not in allowed:
+            raise r.fail(f"{path}.cgroup.{key}", value, f"expected one of {', '.join(allowed)}")
+        values[key] = value
+    return CgroupLayout(**values)
+
+
+def _host_processes(r: _Reader, raw: dict, path: str, gpus: tuple[GpuSpec, ...]) -> tuple[HostProcess, ...]:
+    out = []
+    for i, entry in enumerate(r.get(raw, "host_processes", path, list, [])):
+        where = f"{path}.host_processes[{i}]"
+        pid = _pid(r, entry, f"{where}.pid") if isinstance(entry, dict) else None
+        if pid is None:
+            raise r.fail(f"{where}.pid", None, "is required")
+        gpu = r.get(entry, "gpu", where, int)
+        if not 0 <= gpu < len(gpus):
+            raise r.fail(f"{where}.gpu", gpu, f"the node has GPUs 0..{len(gpus) - 1}")
+        gi = r.get(entry, "gpu_instance_id", where, int, None)
+        if gpus[gpu].mig_enabled != (gi is not None):
+            raise r.fail(f"{where}.gpu_instance_id", gi, "name a GPU instance exactly on a MIG-enabled GPU")
+        if gi is not None and gi not in {m.gpu_instance_id for m in gpus[gpu].mig}:
+            raise r.fail(f"{where}.gpu_instance_id", gi, f"GPU {gpu} has no such GPU instance")
+        memory = r.get(entry, "memory_mib", where, int, 0)
+        if not 0 <= memory <= gpus[gpu].model.memory_mib:
+            raise r.fail(f"{where}.memory_mib", memory, f"must be within 0..{gpus[gpu].model.memory_mib}")
+        utilization = r.get(entry, "utilization", where, float, 0.0)
+        if not 0 <= utilization <= 1:
+            raise r.fail(f"{where}.utilization", utilization, "must be within 0..1")
+        cgroup = r.get(entry, "cgroup", where, str, HostProcess.cgroup)
+        out.append(HostProcess(pid, gpu, memory, utilization, cgroup, gi))
+    return tuple(out)
+
+
+def _check_pids(r: _Reader, nodes: list[NodeSpec], pods: list[PodSpec]) -> None:
+    """A PID names one process per node: an explicit one may appear once."""
+    for node in nodes:
+        seen: dict[int, str] = {}
+        named = [(h.pid, f"host process on GPU {h.gpu}") for h in node.host_processes]
+        named += [(p.pid, f"pod {p.namespace}/{p.name}") for p in pods if p.node == node.name and p.pid]
+        for pid, who in named:
+            if pid in seen:
+                raise r.fail(f"{node.name}: pid", pid, f"used by both {seen[pid]} and {who}")
+            seen[pid] = who
 
 
 # --- vGPU hosts ---------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 The series are exactly what a live exporter would have exposed and Prometheus scraped (same names,
 labels and values, plus ``job``/``instance`` as a scrape adds them): ``nvidia_gpu_info``,
 ``nvidia_gpu_up``, ``nvidia_gpu_mig_info``, ``nvidia_gpu_allocation`` (from the fleet's pod schedule,
-with the stand-in kubelet's resource names) and utilization (whole GPUs, and MIG instances on models
-with GPM). Loads are seeded, so the same fleet and period always give the same file.
+with the stand-in kubelet's resource names), utilization (whole GPUs, and MIG instances on models
+with GPM) and per-process usage per container (the processes collector's series). Loads are seeded,
+so the same fleet and period always give the same file.
 
 Incidents (``--incident``) add the series a live exporter would have shown for them, for the
 fleet-health report: XIDs (``nvidia_gpu_xid_errors_total``, a series that appears at its first event,
@@ -35,6 +36,7 @@ from gpumeter.contract import Series
 from .device import _load_at
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, load_fleet
 from .kubelet import resource_name
+from .processes import MIB, build_table
 
 __all__ = ["Incident", "add_parser", "parse_incident", "write_history"]
 
@@ -326,6 +328,67 @@ class _Series:
                 round(min(1.0, max(0.0, load + self.rng.uniform(-0.03, 0.03))), 4),
             )
 
+    # --- per-process usage (issue 15 point 5; what the processes collector serves) -------------------
+    def _process_rows(self, offset: float) -> dict[tuple, tuple[float, float | None]]:
+        """(gpu, gi, namespace, pod, container) -> (memory bytes, SM share or None under MIG), summed
+        per container as the collector does, from the same process table as the stand-in NVML
+        (simulator/processes.py); memory in use from the loads, without the live simulator's jitter."""
+        running = [p for p in self.pods if p.running(offset)]
+        demand: dict[tuple[int, int | None], float] = {}
+        for pod in running:
+            for dev in pod.devices:
+                gpu = self.node.gpus[dev.gpu]
+                divide = gpu.time_slicing if dev.replica is not None else 1
+                key = (dev.gpu, dev.gpu_instance_id)
+                if dev.gpu_instance_id is not None:
+                    demand[key] = pod.utilization
+                else:
+                    demand[key] = demand.get(key, 0.0) + pod.utilization / divide
+
+        def used(gpu_index: int, gi: int | None) -> int:
+            gpu = self.node.gpus[gpu_index]
+            load = min(1.0, demand.get((gpu_index, gi), 0.0))
+            if gi is None:  # SimulatedGpu.memory_used_bytes
+                usable = (gpu.model.memory_mib - gpu.model.reserved_mib) * MIB
+                return int(usable * min(0.95, 0.02 + 0.8 * load))
+            profile = next(m.profile for m in gpu.mig if m.gpu_instance_id == gi)
+            return int(profile.memory_mib * MIB * (0.1 + 0.75 * load))  # SimulatedGpu.step, a held GI
+
+        rows: dict[tuple, tuple[float, float | None]] = {}
+        for proc in build_table(self.node, self.pods, running, used):
+            owner = (
+                ("", "", "") if proc.pod is None else (proc.pod.namespace, proc.pod.name, proc.pod.container)
+            )
+            gi = "" if proc.gpu_instance_id is None else str(proc.gpu_instance_id)
+            row = (str(proc.gpu), gi, *owner)
+            memory, sm = rows.get(row, (0.0, 0.0))
+            mig = self.node.gpus[proc.gpu].mig_enabled  # NVML has no process utilization there
+            share = None if mig else (sm or 0.0) + round(100 * proc.load) / 100
+            rows[row] = (memory + proc.memory_bytes, share)
+        return rows
+
+    def _process_series(self, offset: float, which: int) -> Iterator[tuple[str, float]]:
+        series = contract.PROCESS_MEMORY_USED if which == 0 else contract.PROCESS_SM_UTILIZATION
+        for (gpu, gi, namespace, pod, container), values in self._process_rows(offset).items():
+            value = values[which]
+            if value is None:
+                continue
+            labels = {
+                contract.GPU: gpu,
+                contract.UUID: self.node.gpus[int(gpu)].uuid,
+                contract.GPU_INSTANCE_ID: gi,
+                contract.NAMESPACE: namespace,
+                contract.POD: pod,
+                contract.CONTAINER: container,
+            }
+            yield self._render(series, labels), (min(value, 1.0) if which else value)
+
+    def process_memory(self, offset: float) -> Iterator[tuple[str, float]]:
+        return self._process_series(offset, 0)
+
+    def process_sm(self, offset: float) -> Iterator[tuple[str, float]]:
+        return self._process_series(offset, 1)
+
     def mig_utilization(self, offset: float) -> Iterator[tuple[str, float]]:
         running = {
             (d.gpu, d.gpu_instance_id): p.utilization
@@ -352,6 +415,8 @@ DYNAMIC = {
     contract.ALLOCATION_COMPUTE: "allocation_compute",
     contract.UTILIZATION: "utilization",
     contract.MIG_SM_UTILIZATION: "mig_utilization",
+    contract.PROCESS_MEMORY_USED: "process_memory",
+    contract.PROCESS_SM_UTILIZATION: "process_sm",
 }
 # Written only when there are incidents (a healthy fleet's history is exactly as before).
 INCIDENT_SERIES = {
@@ -380,6 +445,9 @@ def check_incidents(fleets: list[Fleet], incidents: tuple[Incident, ...]) -> Non
             )
 
 
+PROCESS_SERIES = (contract.PROCESS_MEMORY_USED, contract.PROCESS_SM_UTILIZATION)
+
+
 def write_history(
     fleets: list[Fleet],
     start: float,
@@ -388,14 +456,18 @@ def write_history(
     out: TextIO,
     progress=None,
     incidents: tuple[Incident, ...] = (),
+    processes: bool = True,
 ) -> int:
-    """Write OpenMetrics for [start, end) every ``step`` seconds; returns the number of samples."""
+    """Write OpenMetrics for [start, end) every ``step`` seconds; returns the number of samples.
+    ``processes=False`` leaves out the processes collector's series (a fleet whose exporters run
+    without it: billing then splits shared GPUs equally under either sharing_split)."""
     check_incidents(fleets, incidents)
     nodes = [_Series(fleet, node, incidents, start) for fleet in fleets for node in fleet.nodes]
     times = [start + i * step for i in range(int((end - start) // step))]
     written = 0
     dynamic = {**DYNAMIC, **(INCIDENT_SERIES if incidents else {})}
-    for family in (*STATIC, *dynamic):
+    families = [f for f in (*STATIC, *dynamic) if processes or f not in PROCESS_SERIES]
+    for family in families:
         out.write(f"# TYPE {family.name} {family.type}\n")
         for t in times:
             stamp = int(t)
@@ -435,6 +507,12 @@ def add_parser(subparsers) -> None:
         help="something that happened to a GPU (repeatable): xid=CODE, lost=SECONDS, row_remap=ROWS, "
         "row_remap_failure, sw_thermal=SECONDS, hw_thermal=SECONDS; e.g. gpu-a100-mixed-01/2:xid=48@2026-10-12T03:00",
     )
+    parser.add_argument(
+        "--no-processes",
+        dest="processes",
+        action="store_false",
+        help="leave out the per-process series (exporters without --enable-collectors processes)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -454,15 +532,19 @@ def run(args: argparse.Namespace) -> int:
     if end <= start or args.step <= 0:
         print("gpumeter simulate history: --to must be after --from, and --step positive", file=sys.stderr)
         return 2
-    steps = int((end - start) // args.step) * (
-        len(STATIC) + len(DYNAMIC) + (len(INCIDENT_SERIES) if incidents else 0)
+    families = (
+        len(STATIC)
+        + len(DYNAMIC)
+        + (len(INCIDENT_SERIES) if incidents else 0)
+        - (0 if args.processes else len(PROCESS_SERIES))
     )
+    steps = int((end - start) // args.step) * families
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.out == "-" else stack.enter_context(Path(args.out).open("w"))
         bar = stack.enter_context(
             tqdm(total=steps, desc="history", unit="step", disable=args.out == "-", leave=False)
         )
-        samples = write_history(fleets, start, end, args.step, out, bar, incidents)
+        samples = write_history(fleets, start, end, args.step, out, bar, incidents, processes=args.processes)
     print(f"wrote {samples} samples", file=sys.stderr)
     return 0
 

@@ -9,7 +9,7 @@ each. Other paths answer 404; any other field selector 400, as the API server's 
 
 Faults, set while it runs (``set_fault``): ``unauthorized`` (401, as for a missing or wrong bearer
 token), ``forbidden`` (403, as without RBAC on pods), ``unreachable`` (the connection is closed without
-an answer). With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
+an answer); ``delay_s`` makes every answer that slow. With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -33,6 +32,7 @@ from gpumeter.exporter.kubernetes.fractional import (
 )
 
 from .fleet import Fleet, NodeSpec, PodSpec
+from .processes import container_id, pod_uid, runtime_scheme
 
 __all__ = ["FAULTS", "StandInKubeApi", "pod_object"]
 
@@ -100,15 +100,28 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
         "metadata": {
             "name": first.name,
             "namespace": first.namespace,
-            "uid": str(
-                uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"pod/{node.name}/{first.namespace}/{first.name}")
-            ),
+            "uid": pod_uid(node.name, first.namespace, first.name),
             "labels": dict(first.labels),
             "annotations": annotations,
         },
         "spec": {"nodeName": node.name, "containers": containers},
-        "status": {"phase": "Running"},
+        "status": {"phase": "Running", "containerStatuses": _container_statuses(node, specs)},
     }
+
+
+def _container_statuses(node: NodeSpec, specs: list[PodSpec]) -> list[dict[str, Any]]:
+    """What the exporter maps a process's cgroup to (exporter/kubernetes/cgroup.py PodIndex): the
+    runtime's container ID with its scheme, as in ``status.containerStatuses[].containerID``."""
+    scheme = runtime_scheme(node.cgroup)
+    return [
+        {
+            "name": spec.container,
+            "containerID": scheme + container_id(node.name, spec.namespace, spec.name, spec.container),
+            "ready": True,
+            "state": {"running": {}},
+        }
+        for spec in specs
+    ]
 
 
 class StandInKubeApi:
@@ -124,6 +137,7 @@ class StandInKubeApi:
         self.fleet, self.clock, self.token = fleet, clock, token
         self.start_time = clock() if start is None else float(start)
         self.fault: str | None = None
+        self.delay_s = 0.0  # a slow API server: each answer waits this long (the exporter must not)
         self.requests = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -147,6 +161,8 @@ class StandInKubeApi:
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> tuple[int, dict[str, Any]] | None:
         self.requests += 1
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
         if self.fault == "unreachable":
             return None
         if self.fault == "unauthorized" or (

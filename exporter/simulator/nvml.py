@@ -951,5 +951,110 @@ def nvmlEventSetFree(lib, eventset):
 # the exporter knows how to name.
 assert set(THROTTLE_BITS) >= {"hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake"}
 
+
+# --- processes (issue 15 point 5; the table and the fake /proc: simulator/processes.py) ------------------
+# nvml.h, nvmlDeviceGetComputeRunningProcesses_v3 / nvmlDeviceGetMPSComputeRunningProcesses_v3: "infoCount:
+# Reference in which to provide the infos array size, and to return the number of returned elements";
+# NVML_ERROR_INSUFFICIENT_SIZE "if infoCount indicates that the infos array is too small" (infoCount set
+# to the number needed); a NULL infos with infoCount 0 is the size query, SUCCESS when there are none.
+# nvmlProcessInfo_t: gpuInstanceId / computeInstanceId "If MIG is enabled, stores a valid GPU/compute
+# instance ID"; 0xFFFFFFFF otherwise (docs/nvml.md §9). On a parent handle in MIG mode, every instance's
+# processes, and only for a privileged caller (docs/nvml.md §9, NoPermission: "parent-level MIG
+# processes"); on a MIG handle, that instance's.
+def _process_list(lib, gpu, mig, count, infos, mps: bool) -> int:
+    from .processes import process_table
+
+    if mig is None and gpu.mig_enabled and not lib.node.privileged:
+        return N.NVML_ERROR_NO_PERMISSION
+    listed = []
+    for p in process_table(lib.node):
+        if p.gpu != gpu.spec.index or p.mps_client != mps:
+            continue
+        if mig is not None and (p.gpu_instance_id, p.compute_instance_id) != (
+            mig.gpu_instance_id,
+            mig.compute_instance_id,
+        ):
+            continue
+        listed.append(p)
+    size = _out(count)
+    if infos is None or size.value < len(listed):
+        size.value = len(listed)
+        return OK if not listed else N.NVML_ERROR_INSUFFICIENT_SIZE
+    for slot, p in enumerate(listed):
+        infos[slot].pid = p.pid
+        infos[slot].usedGpuMemory = p.memory_bytes
+        infos[slot].gpuInstanceId = NO_INSTANCE if p.gpu_instance_id is None else p.gpu_instance_id
+        infos[slot].computeInstanceId = (
+            NO_INSTANCE if p.compute_instance_id is None else p.compute_instance_id
+        )
+    size.value = len(listed)
+    return OK
+
+
+@device_call
+def nvmlDeviceGetComputeRunningProcesses_v3(lib, gpu, mig, count, infos):
+    return _process_list(lib, gpu, mig, count, infos, mps=False)
+
+
+_ARCH_VOLTA = 5  # NVML_DEVICE_ARCH_VOLTA (nvml.h)
+
+
+@device_call
+def nvmlDeviceGetMPSComputeRunningProcesses_v3(lib, gpu, mig, count, infos):
+    if gpu.model.arch < _ARCH_VOLTA:  # nvml.h: "For Volta or newer fully supported devices"
+        return N.NVML_ERROR_NOT_SUPPORTED
+    return _process_list(lib, gpu, mig, count, infos, mps=True)
+
+
+# nvml.h, nvmlDeviceGetProcessUtilization: "For Maxwell or newer fully supported devices"; samples are
+# nvmlProcessUtilizationSample_t (pid, timeStamp in µs, smUtil, memUtil, encUtil, decUtil in %), "only
+# samples with timestamp greater than lastSeenTimeStamp"; a NULL utilization array is the size query
+# (INSUFFICIENT_SIZE with the count), NOT_FOUND when there is no sample (docs/nvml.md §9, §12.5); not
+# supported on MIG-enabled GPUs, parent and instances alike (docs/nvml.md §10.3). The driver samples on
+# its own period and keeps a bounded buffer: one sample per process per PROCESS_SAMPLE_PERIOD_S, at most
+# PROCESS_SAMPLES_KEPT per process (model figures: nvmlDeviceGetUtilizationRates' period is "between 1
+# second and 1/6 second depending on the product").
+ARCH_MAXWELL = 3  # NVML_DEVICE_ARCH_MAXWELL (nvml.h)
+PROCESS_SAMPLE_PERIOD_S = 1.0
+PROCESS_SAMPLES_KEPT = 20
+
+
+def _process_samples(lib, gpu, last_seen_us: int) -> list[tuple[int, int, int, int]]:
+    from .processes import process_table
+
+    now = lib.node.clock()
+    newest = int(now // PROCESS_SAMPLE_PERIOD_S)
+    oldest = newest - PROCESS_SAMPLES_KEPT + 1
+    samples = []
+    for p in process_table(lib.node):
+        if p.gpu != gpu.spec.index:
+            continue
+        sm = round(100 * p.load)
+        for tick in range(oldest, newest + 1):
+            stamp = int(tick * PROCESS_SAMPLE_PERIOD_S * 1e6)
+            if stamp > last_seen_us and stamp >= 0:
+                samples.append((p.pid, stamp, sm, round(sm * 0.6)))
+    return samples
+
+
+@device_call
+def nvmlDeviceGetProcessUtilization(lib, gpu, mig, utilization, count, last_seen):
+    if gpu.model.arch < ARCH_MAXWELL or mig is not None or gpu.mig_enabled:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    samples = _process_samples(lib, gpu, _int(last_seen))
+    size = _out(count)
+    if not samples:
+        return N.NVML_ERROR_NOT_FOUND
+    if utilization is None or size.value < len(samples):
+        size.value = len(samples)
+        return N.NVML_ERROR_INSUFFICIENT_SIZE
+    for slot, (pid, stamp, sm, mem) in enumerate(samples):
+        entry = utilization[slot]
+        entry.pid, entry.timeStamp, entry.smUtil, entry.memUtil = pid, stamp, sm, mem
+        entry.encUtil = entry.decUtil = 0
+    size.value = len(samples)
+    return OK
+
+
 # The vGPU (host side) calls live in their own module; importing it registers them.
 from . import nvml_vgpu  # noqa: E402, F401

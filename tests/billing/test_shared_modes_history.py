@@ -66,7 +66,7 @@ def prometheus(tmp_path_factory):
     shutil.rmtree(data, ignore_errors=True)
 
 
-def _book(tmp_path, policy: str):
+def _book(tmp_path, policy: str, split: str = "equal"):
     doc = {
         "currency": "USD",
         "versions": [
@@ -75,10 +75,11 @@ def _book(tmp_path, policy: str):
                 "gpus": {"H100-80GB": {"hourly_rate": str(RATE)}},
                 "slice_weight": policy,
                 "sharing_efficiency": {"time_slicing": "0.75", "mps": "0.90", "vgpu": "0.85"},
+                "sharing_split": split,
             }
         ],
     }
-    return load_price_book(write_book(tmp_path, doc, f"{policy}.yaml"))
+    return load_price_book(write_book(tmp_path, doc, f"{policy}-{split}.yaml"))
 
 
 @pytest.mark.prometheus
@@ -138,3 +139,40 @@ def test_a_week_of_every_sharing_mode_reconciles_and_grants_pay_their_fraction(
         assert {line.amount for line in grants[("genai", "llm-serve")]} == {Decimal("3.44")}
     else:  # 16/79 x 6.88 = 1.39342… for ocr's memory
         assert {line.amount for line in grants[("vision", "ocr")]} <= {Decimal("1.39"), Decimal("1.40")}
+
+
+# The time-sliced GPU's three holders, by hand (docs/billing.md §8 (k)): their processes use 5 %, 15 % and
+# 2 % of its SM time every hour (utilization 0.2, 0.6, 0.1 over 4 replicas, NVML's whole percent).
+# equal: 0.25 × 6.88 × 0.75 = 1.29 each; usage: P = 0.75 GPU-h split 5 : 15 : 2 → 0.88, 2.64, 0.35.
+ETL = {
+    "equal": {"etl-0": Decimal("1.29"), "etl-1": Decimal("1.29"), "etl-2": Decimal("1.29")},
+    "usage": {"etl-0": Decimal("0.88"), "etl-1": Decimal("2.64"), "etl-2": Decimal("0.35")},
+}
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("split", ["equal", "usage"])
+def test_a_week_reconciles_every_gpu_hour_under_both_sharing_splits(prometheus, ledger, tmp_path, split):
+    book = _book(tmp_path, "compute", split)
+    with PrometheusClient(prometheus.url) as client:
+        result = ingest_hours(client, ledger, book, HOURS, IngestConfig(scrape_interval=STEP))
+    assert result.failed == [] and result.ingested == HOURS and result.unpriced_gpu_hours == 0
+
+    fleet = load_fleet("shared-modes")
+    gpus = {gpu.uuid for node in fleet.nodes for gpu in node.gpus}
+    lines = ledger.lines(HOURS[0], HOURS[-1] + timedelta(hours=1))
+    per_gpu_hour: dict[tuple, Decimal] = defaultdict(Decimal)
+    etl: dict[str, set] = defaultdict(set)
+    for line in lines:
+        per_gpu_hour[(line.hour, line.uuid)] += line.amount
+        if line.kind is LineKind.TENANT and line.pod.startswith("etl-"):
+            etl[line.pod].add(line.amount)
+    assert len(per_gpu_hour) == len(HOURS) * len(gpus)
+    assert set(per_gpu_hour.values()) == {RATE}  # every GPU-hour, exactly its device cost
+    assert {pod: amounts for pod, amounts in etl.items()} == {p: {a} for p, a in ETL[split].items()}
+    # the process use is stored with the facts: own SM share on the shared GPU, as the line's utilization
+    facts = {a.pod: a for gh in ledger.facts(HOURS[0]) for a in gh.allocations}
+    assert (facts["etl-1"].process_sm, facts["etl-1"].utilization) == (Decimal("0.15"), Decimal("0.15"))
+    assert facts["etl-1"].process_memory > 0
+    assert facts["pretrain"].process_sm == Decimal("0.9")  # exclusive: stored, never re-split
+    assert facts["detector"].process_sm is None and facts["detector"].process_memory > 0  # MIG: memory only

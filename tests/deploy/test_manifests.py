@@ -61,7 +61,13 @@ def test_exporter_security_posture(rendered, target):
     assert "add" not in security["capabilities"]
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["automountServiceAccountToken"] is False
-    for forbidden in ("hostNetwork", "hostPID", "hostIPC"):
+    # hostPID only where the process-usage component asks for it (its own test below)
+    forbidden_here = (
+        ("hostNetwork", "hostIPC")
+        if target.endswith("process-usage")
+        else ("hostNetwork", "hostPID", "hostIPC")
+    )
+    for forbidden in forbidden_here:
         assert not pod.get(forbidden)
     # the pod-resources folder, read-only: the only hostPath
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
@@ -256,6 +262,28 @@ def test_long_term_store_overlay_points_billing_at_the_store(rendered):
         "ConfigMap", _config_map_of(plain.one("Deployment", "gpumeter-billing"), "gpumeter-billing-settings")
     )
     assert base_settings["data"]["GPUMETER_PROMETHEUS_URL"].endswith("prometheus.monitoring.svc:9090")
+
+
+def test_process_usage_overlay_puts_only_the_exporter_in_the_host_pid_namespace(rendered):
+    """The process-usage component (docs/pod-attribution.md §9): hostPID and the processes collector on
+    the exporter, nothing else loosened; the plain overlays keep the exporter out of the host PID
+    namespace."""
+    out = rendered("overlays/postgresql-process-usage")
+    daemonset = out.one("DaemonSet", "gpumeter-exporter")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUMETER_ENABLE_COLLECTORS"] == "processes"
+    assert env["GPUMETER_PROC_ROOT"] == "/proc"
+    assert env["GPUMETER_KUBE_API"] == "in-cluster"  # the pod list names the processes' pods
+    security = container["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"] and security["privileged"] is False
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert "CKV_K8S_17=" in daemonset["metadata"]["annotations"]["checkov.io/skip4"]
+    plain = rendered("overlays/postgresql").one("DaemonSet", "gpumeter-exporter")
+    assert "hostPID" not in plain["spec"]["template"]["spec"]
 
 
 def _config_map_of(deployment: dict, prefix: str) -> str:

@@ -33,6 +33,11 @@ def test_doctor_runs_on_every_example_fleet(capsys, fleet, node):
         assert answered["nvmlDeviceGetNvLinkState(0)"] == (
             "ok" if gpu_spec.model.nvlinks else "NOT_SUPPORTED"
         )
+        # process utilization: refused under MIG (NOT_SUPPORTED); elsewhere samples, or none (NOT_FOUND)
+        assert answered["nvmlDeviceGetProcessUtilization"] in (
+            ("NOT_SUPPORTED",) if gpu_spec.mig_enabled else ("ok", "NOT_FOUND")
+        )
+        assert answered["nvmlDeviceGetComputeRunningProcesses"] == "ok"  # the simulated doctor is privileged
         assert len(gpu["mig"]) == len(gpu_spec.mig)
         assert ("supported" in gpu["gpm"] and "not" not in gpu["gpm"]) == gpu_spec.model.has_gpm
         not_exported = " ".join(gpu["not_exported"])

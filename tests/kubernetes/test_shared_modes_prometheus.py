@@ -50,9 +50,10 @@ def test_prometheus_sees_every_sharing_mode_and_each_gpu_holds_at_most_itself(tm
                 f"--kubelet-socket={sock}",
                 f"--listen=127.0.0.1:{port}",
                 "--interval=1",
+                # per-process usage (issue 15 point 5): the simulator writes each node's /proc
+                "--enable-collectors=processes",
+                f"--kube-api={api.base_url}",
             ]
-            if any(gpu.fractional for gpu in node.gpus):
-                argv.append(f"--kube-api={api.base_url}")
             exporter = _Process(argv, tmp_path / f"{node.name}.log")
             stack.callback(exporter.stop)
             wait_http_ok(f"http://127.0.0.1:{port}/metrics", proc=exporter.proc)
@@ -70,6 +71,12 @@ def test_prometheus_sees_every_sharing_mode_and_each_gpu_holds_at_most_itself(tm
             f'nvidia_gpu_allocation{{sharing="fractional"}}'
         )
         kube_api_up = prom.query("gpumeter_exporter_kube_api_up")
+        processes = prom.wait_for(
+            f"sum by (hostname, namespace, pod) ({contract.PROCESS_MEMORY_USED.name} * on(uuid) "
+            "group_left(hostname) nvidia_gpu_info)",
+            predicate=lambda r: len(r) >= 17,
+            timeout=40,
+        )
         vgpu_info = prom.query(contract.VGPU_INFO.name)
         vgpu_total = prom.query(contract.VGPU_MEMORY_TOTAL.name)
         vm_held = prom.query(
@@ -98,7 +105,13 @@ def test_prometheus_sees_every_sharing_mode_and_each_gpu_holds_at_most_itself(tm
     ratio = {r["metric"]["pod"]: float(r["value"][1]) for r in fractions}
     assert ratio["llm-serve"] == pytest.approx((40960 / 81559) / 0.5)
     assert ratio["tagger"] == pytest.approx(1.0)  # no core limit: compute = memory
-    assert [float(r["value"][1]) for r in kube_api_up] == [1.0]
+    assert [float(r["value"][1]) for r in kube_api_up] == [1.0] * len(fleet.nodes)
+    # per-process series carry the pods the fleet put on each node; the time-slicing node's host render
+    # job and the MPS node's MPS server belong to no pod (pod=""), one series each
+    seen = {(r["metric"]["hostname"], r["metric"].get("pod", "")) for r in processes}
+    expected = {(p.node, p.name) for p in fleet.pods if p.running(10 * 3600)}
+    expected |= {("gpu-shared-ts-01", ""), ("gpu-shared-mps-01", "")}
+    assert seen == expected
     # the vGPU host: one info series per VM's vGPU, each 20 GiB, and each allocation held by its VM
     vgpus = fleet.node("gpu-shared-vgpu-01").gpus[0].vgpus
     assert {(r["metric"]["vm_id"], r["metric"]["license_state"]) for r in vgpu_info} == {
