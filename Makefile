@@ -87,6 +87,7 @@ demo: tools venv
 bench: setup
 	$(BIN)/python -m tests.bench
 	$(BIN)/python -m tests.bench_billing
+	$(BIN)/python -m tests.bench_billing --scale 10 --days 3 --db postgresql+psycopg://postgres@127.0.0.1:5432/test
 	$(BIN)/python -m tests.bench_reports
 
 proto: venv

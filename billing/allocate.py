@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import logging
 import math
+import operator
 import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -116,18 +117,31 @@ def tie_break(lines: list[Line], hour: datetime) -> TieBreak:
     turn = int(hour.timestamp()) // 3600
 
     def choose(tied: list[int], extra: int) -> list[int]:
-        chosen: list[int] = []
-        for rank in sorted({lines[i].kind.rank for i in tied}):
-            group = sorted((i for i in tied if lines[i].kind.rank == rank), key=lambda i: line_key(lines[i]))
-            left = extra - len(chosen)
-            if left >= len(group):
-                chosen += group
-            else:
-                chosen += rotate(group, left, turn)
-                break
-        return chosen
+        return _in_turn(_tie_groups(lines, tied), extra, turn)
 
     return choose
+
+
+def _tie_groups(lines: list[Line], tied: list[int]) -> list[list[int]]:
+    """The tied positions grouped by kind (in kind order), each group ordered by `line_key`."""
+    ranks = {i: lines[i].kind.rank for i in tied}
+    return [
+        sorted((i for i in tied if ranks[i] == rank), key=lambda i: line_key(lines[i]))
+        for rank in sorted(set(ranks.values()))
+    ]
+
+
+def _in_turn(groups: list[list[int]], extra: int, turn: int) -> list[int]:
+    """The ``extra`` positions that get a unit at ``turn``: whole groups first, the last in turns."""
+    chosen: list[int] = []
+    for group in groups:
+        left = extra - len(chosen)
+        if left >= len(group):
+            chosen += group
+        else:
+            chosen += rotate(group, left, turn)
+            break
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -373,6 +387,36 @@ def _evolve(line: Line, **changes: object) -> Line:
     return new
 
 
+@dataclass
+class _Kept:
+    """A priced GPU-hour `Pricer` re-uses: its lines, the allocation each prices, the tie its
+    rounding broke, and that tie's groups in order per GPU (`_tie_groups`, the same every hour)."""
+
+    priced: PricedHour
+    sources: list[int | None]
+    tie: _KeptTie | None
+    tie_groups: dict[str, list[list[int]]]
+
+
+# What of a MIG instance and of an allocation the amounts depend on (Pricer's key)
+_PRICED_INSTANCE = operator.attrgetter(
+    "gpu_instance_id", "mig_profile", "compute_slices", "memory_slices", "present_seconds"
+)
+_PRICED_ALLOCATION = operator.attrgetter(
+    "namespace",
+    "pod",
+    "container",
+    "allocated_seconds",
+    "share",
+    "gpu_instance_id",
+    "mig_profile",
+    "resource",
+    "sharing",
+    "memory_share",
+    "compute_share",
+)
+
+
 class Pricer:
     """`price_gpu_hour` with a memory, for ingesting many hours with one price book.
 
@@ -386,7 +430,7 @@ class Pricer:
 
     def __init__(self, book: PriceBook, max_entries: int = 20_000):
         self.book, self.max_entries = book, max_entries
-        self._memo: dict[tuple[Hashable, ...], tuple[PricedHour, list[int | None], _KeptTie | None]] = {}
+        self._memo: dict[tuple[Hashable, ...], _Kept] = {}
         self.hits = self.misses = 0
 
     def price(self, gpu_hour: GpuHour, teams: dict[str, str] | None = None) -> PricedHour:
@@ -401,26 +445,8 @@ class Pricer:
             dev.model,
             dev.present_seconds,
             dev.mig_mode,
-            tuple(
-                (i.gpu_instance_id, i.mig_profile, i.compute_slices, i.memory_slices, i.present_seconds)
-                for i in gpu_hour.instances
-            ),
-            tuple(
-                (
-                    a.namespace,
-                    a.pod,
-                    a.container,
-                    a.allocated_seconds,
-                    a.share,
-                    a.gpu_instance_id,
-                    a.mig_profile,
-                    a.resource,
-                    a.sharing,
-                    a.memory_share,
-                    a.compute_share,
-                )
-                for a in gpu_hour.allocations
-            ),
+            tuple(map(_PRICED_INSTANCE, gpu_hour.instances)),
+            tuple(map(_PRICED_ALLOCATION, gpu_hour.allocations)),
         )
         memo = self._memo.get(key)
         if memo is None or version is None:  # only hours with a price version are kept
@@ -430,10 +456,10 @@ class Pricer:
             if not priced.warnings and priced.device_cost is not None and version is not None and reusable:
                 if len(self._memo) >= self.max_entries:
                     self._memo.clear()
-                self._memo[key] = (priced, sources, tie)
+                self._memo[key] = _Kept(priced, sources, tie, {})
             return priced
         self.hits += 1
-        template, sources, tie = memo
+        template, sources, tie = memo.priced, memo.sources, memo.tie
         unit_utilization: dict[tuple[str, str], Decimal | None] = {}
         for inst in gpu_hour.instances:
             unit_utilization.setdefault((inst.gpu_instance_id, inst.mig_profile), inst.utilization)
@@ -462,7 +488,11 @@ class Pricer:
                 )
             )
         if tie is not None:  # the residue's last units fell on a tie: this hour's turn decides it
-            chosen = set(tie_break(lines, gpu_hour.hour)(list(tie.positions), tie.extra))
+            # the tied lines' order depends on the GPU and the lines, not the hour: kept per GPU
+            groups = memo.tie_groups.get(dev.uuid)
+            if groups is None:
+                groups = memo.tie_groups[dev.uuid] = _tie_groups(lines, list(tie.positions))
+            chosen = set(_in_turn(groups, tie.extra, int(gpu_hour.hour.timestamp()) // 3600))
             for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
                 lines[at] = _evolve(lines[at], amount=plus if at in chosen else base)
         return PricedHour(lines, template.device_cost, template.model, template.price_version, [])

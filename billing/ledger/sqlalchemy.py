@@ -86,6 +86,14 @@ log = logging.getLogger(__name__)
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
 
 
+_ENUM_VALUES = {member: member.value for member in (*LineKind, *QuantityUnit)}
+
+
+def _exact_text(value: Decimal | None) -> str | None:
+    """An exact decimal as SQLite stores it (billing.ledger.types.Exact): its text."""
+    return None if value is None else str(value)
+
+
 def make_engine(url: str, *, schema: str | None = None) -> Engine:
     kwargs: dict = {}
     if url.startswith("sqlite"):
@@ -301,33 +309,51 @@ class SqlLedger(Ledger):
     )
 
     INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
+    # the facts' Decimals
+    EXACT_COLUMNS = frozenset(
+        ("utilization", "share", "memory_share", "compute_share", "process_sm", "process_memory")
+    )
 
     @staticmethod
     def _line_rows(
         lines: list[Line], version_rows: dict[str, int], hour, exact, keys: list[str]
-    ) -> list[tuple]:
-        """Rows of ``cost_lines`` in INSERT_LINE_COLUMNS order, already in the driver's form."""
-        stored = {
-            "hour": lambda _: hour,
-            "kind": lambda kind: kind.value,
-            "held_unit": lambda unit: unit.value,
-            "price_version": lambda name: None if name is None else version_rows[name],
-        }
-        convert = [
-            stored.get(name, exact if name in SqlLedger.EXACT_FIELDS else None)
-            for name in SqlLedger.LINE_FIELDS
+    ) -> list[list]:
+        """Rows of ``cost_lines`` in INSERT_LINE_COLUMNS order, already in the driver's form.
+
+        All fields are read at once (`attrgetter`) and only the few that the driver stores
+        differently are converted, in place: ~3,700 lines an hour on the 1,000-GPU bench."""
+        fields = SqlLedger.LINE_FIELDS
+        stored = _ENUM_VALUES.__getitem__
+        changes: list[tuple[int, Callable]] = [
+            (fields.index("kind"), stored),
+            (fields.index("held_unit"), stored),
+            (fields.index("price_version"), {None: None, **version_rows}.__getitem__),
         ]
-        values = operator.attrgetter(*SqlLedger.LINE_FIELDS)
-        return [
-            (
-                *(
-                    value if to is None else to(value)
-                    for to, value in zip(convert, values(line), strict=True)
-                ),
-                key,
-            )
-            for line, key in zip(lines, keys, strict=True)
-        ]
+        if exact is not None:
+            changes += [(fields.index(name), exact) for name in sorted(SqlLedger.EXACT_FIELDS)]
+        at_hour = fields.index("hour")
+        values = operator.attrgetter(*fields)
+        rows = []
+        for line, key in zip(lines, keys, strict=True):
+            row = [*values(line), key]
+            row[at_hour] = hour
+            for at, to in changes:
+                row[at] = to(row[at])
+            rows.append(row)
+        return rows
+
+    @staticmethod
+    def _fact_rows(hour, facts, columns: tuple[str, ...], exact) -> list[list]:
+        """Rows of a facts table: the hour, then the fact's attributes of the same names, exact
+        decimals converted for the driver (``exact`` None: stored as they are)."""
+        values = operator.attrgetter(*columns[1:])
+        rows = [[hour, *values(fact)] for fact in facts]
+        if exact is not None:
+            exact_at = [at for at, name in enumerate(columns) if name in SqlLedger.EXACT_COLUMNS]
+            for row in rows:
+                for at in exact_at:
+                    row[at] = exact(row[at])
+        return rows
 
     @staticmethod
     def _bulk_insert(session: Session, table, columns: tuple[str, ...], rows: list[tuple]) -> None:
@@ -358,64 +384,21 @@ class SqlLedger(Ledger):
         hour_type = GpuHourRow.__table__.c.hour.type
         stored_hour = hour_type.dialect_impl(dialect).bind_processor(dialect)(hour)
         if dialect.name == "sqlite":  # exact decimal text (billing.ledger.types.Exact)
-            return stored_hour, lambda value: None if value is None else str(value)
-        return stored_hour, lambda value: value
+            return stored_hour, _exact_text
+        return stored_hour, None  # the driver stores Decimals as they are
 
     @_stored("write hour")
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         now = datetime.now(UTC)
         keys = refuse_duplicate_lines(record.hour, record.lines)  # before any row is touched
         hour, exact = self._driver_values(record.hour)
-        devices = [
-            (
-                hour,
-                gh.device.uuid,
-                gh.device.hostname,
-                gh.device.gpu,
-                gh.device.model,
-                gh.device.mig_mode,
-                gh.device.present_seconds,
-                exact(gh.device.utilization),
-            )
-            for gh in record.gpu_hours
-        ]
-        instances = [
-            (
-                hour,
-                m.uuid,
-                m.gpu_instance_id,
-                m.mig_profile,
-                m.compute_slices,
-                m.memory_slices,
-                m.present_seconds,
-                exact(m.utilization),
-            )
-            for gh in record.gpu_hours
-            for m in gh.instances
-        ]
-        allocations = [
-            (
-                hour,
-                a.uuid,
-                a.gpu_instance_id,
-                a.namespace,
-                a.pod,
-                a.container,
-                a.resource,
-                a.hostname,
-                a.mig_profile,
-                a.allocated_seconds,
-                exact(a.share),
-                exact(a.utilization),
-                a.sharing,
-                exact(a.memory_share),
-                exact(a.compute_share),
-                exact(a.process_sm),
-                exact(a.process_memory),
-            )
-            for gh in record.gpu_hours
-            for a in gh.allocations
-        ]
+        devices = self._fact_rows(hour, [gh.device for gh in record.gpu_hours], self.DEVICE_COLUMNS, exact)
+        instances = self._fact_rows(
+            hour, [m for gh in record.gpu_hours for m in gh.instances], self.INSTANCE_COLUMNS, exact
+        )
+        allocations = self._fact_rows(
+            hour, [a for gh in record.gpu_hours for a in gh.allocations], self.ALLOCATION_COLUMNS, exact
+        )
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, record.hour, facts=True)
             for table, columns, rows in (

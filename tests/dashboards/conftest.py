@@ -1,5 +1,7 @@
 """A real Prometheus that has scraped the simulated fleets (with pods, through stand-in kubelets) and
-the billing service's /metrics, with the gpumeter recording and alerting rules loaded.
+the billing service's /metrics, with the gpumeter recording and alerting rules loaded; and a real
+VictoriaMetrics holding the same series, remote-written to it by that Prometheus (scraped samples,
+recorded series and ALERTS alike), so that every dashboard query runs on both engines.
 
 Faults are injected so that panels that are legitimately empty on a healthy fleet (throttling, XIDs,
 ECC and row-remap errors, NVLink trouble, alerts) have data to show.
@@ -34,7 +36,7 @@ from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.service import build_app
 from tests.billing.factories import book
-from tests.support.servers import PrometheusServer
+from tests.support.servers import PrometheusServer, VictoriaMetricsServer
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = [ROOT / "alerts" / "gpumeter-rules.yaml", ROOT / "alerts" / "gpumeter-alerts.yaml"]
@@ -87,6 +89,7 @@ A100 = "NVIDIA A100-SXM4-40GB"
 @dataclass
 class Stack:
     prometheus: PrometheusServer
+    victoriametrics: VictoriaMetricsServer
     exporters: dict[str, ExporterProcess]
 
 
@@ -254,7 +257,7 @@ def stack() -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="gm-dash-"))
     sockets = Path(tempfile.mkdtemp(prefix="gmk", dir="/tmp"))  # unix socket paths must stay short
     exporters: dict[str, ExporterProcess] = {}
-    ledger = server = prom = None
+    ledger = server = prom = vm = None
     kube_state: list[StandInKubeStateMetrics] = []
     volcano = StandInVolcano(VOLCANO_QUEUES).start()
     kube_api = StandInKubeApi(load_fleet("shared-modes")).start()
@@ -270,8 +273,14 @@ def stack() -> Iterator[Stack]:
         ledger = _billing_ledger(workdir)
         server = make_server("127.0.0.1", 0, build_app(ledger, budgets=BUDGETS), handler_class=_Quiet)
         threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
+        # VictoriaMetrics answers only up to now - 30 s by default (-search.latencyOffset, for samples
+        # still in flight); the fleets are seconds old here, so look at everything that has arrived.
+        vm = VictoriaMetricsServer(
+            workdir / "victoriametrics", extra_args=["-search.latencyOffset=0s", "-search.disableCache"]
+        ).start()
         prom = PrometheusServer(
             workdir / "prometheus",
+            remote_write=[f"{vm.url}/api/v1/write"],
             scrape_targets={
                 EXPORTER_JOB: [f"127.0.0.1:{e.port}" for e in exporters.values()],
                 BILLING_JOB: [f"127.0.0.1:{server.server_address[1]}"],
@@ -298,10 +307,12 @@ def stack() -> Iterator[Stack]:
             "queue_resource:volcano_queue_gpu_deserved_used:ratio",
         ):
             _wait(prom, promql)
-        yield Stack(prom, exporters)
+        yield Stack(prom, vm, exporters)
     finally:
         if prom is not None:
             prom.stop()
+        if vm is not None:
+            vm.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -320,6 +331,26 @@ def stack() -> Iterator[Stack]:
 @pytest.fixture(scope="session")
 def prom(stack: Stack) -> PrometheusServer:
     return stack.prometheus
+
+
+@pytest.fixture(scope="session")
+def victoriametrics(stack: Stack) -> VictoriaMetricsServer:
+    """The VictoriaMetrics behind the stack's Prometheus, once the remote write has caught up with
+    what the Prometheus readiness checks waited for (the slowest: an alert that has fired)."""
+    vm = stack.victoriametrics
+    deadline = time.monotonic() + 60
+    for promql in ('ALERTS{alertname="GpuXidCritical"}', "hostname:nvidia_gpu_mig_fragmentation:ratio"):
+        while not vm.query(promql):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"VictoriaMetrics never received {promql} by remote write")
+            time.sleep(0.25)
+    return vm
+
+
+@pytest.fixture(params=["prometheus", pytest.param("victoriametrics", marks=pytest.mark.victoriametrics)])
+def query_backend(request, stack: Stack):
+    """The engine a dashboard query runs on: the Prometheus itself, or VictoriaMetrics fed by it."""
+    return stack.prometheus if request.param == "prometheus" else request.getfixturevalue("victoriametrics")
 
 
 def settle(seconds: float) -> None:

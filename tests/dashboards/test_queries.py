@@ -1,7 +1,8 @@
 """Every panel's and variable's PromQL runs against a real Prometheus that scraped the simulated
 fleets (with pods), the stand-in kube-state-metrics (their pods, pending GPU pods, GPU quotas) and the
-billing service, with the gpumeter rules loaded: it parses, it returns at
-least one series, and it reads only series that exist in the metric contract."""
+billing service, with the gpumeter rules loaded, and against a real VictoriaMetrics that the
+Prometheus remote-writes to: it parses, it returns at least one series on both engines, and it reads
+only series that exist in the metric contract."""
 
 from __future__ import annotations
 
@@ -55,9 +56,9 @@ def test_variables_are_only_used_in_regex_matchers(found):
 
 
 @pytest.mark.parametrize("found", FOUND, ids=lambda f: f.id)
-def test_query_returns_data_from_the_simulated_fleets(prom, found):
+def test_query_returns_data_from_the_simulated_fleets(query_backend, found):
     promql = substitute(found.expr)
-    result = prom.query(promql)  # raises on a parse or evaluation error
+    result = query_backend.query(promql)  # raises on a parse or evaluation error
     assert result, f"{found.id}: no series for {promql}"
 
 

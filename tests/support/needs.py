@@ -50,7 +50,7 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.billing.test_simulated_history.prometheus": ("prometheus",),
     "tests.billing.test_ha_pairs.pair": ("prometheus",),
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
-    "tests.dashboards.conftest.stack": ("prometheus",),
+    "tests.dashboards.conftest.stack": ("prometheus", "victoriametrics"),
     "tests.deploy.conftest.rendered": ("kubectl",),
     "tests.reports.test_browser._chromium_installed": ("chromium",),
 }
