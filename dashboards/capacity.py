@@ -155,10 +155,10 @@ def build() -> d.Dashboard:
         stat_panel,
         PanelSpec(
             "Memory fragmentation (fractional GPUs)",
-            [Query("cluster:nvidia_gpu_memory_fragmentation:ratio")],
+            [Query("cluster:nvidia_gpu_memory_fragmentation:ratio or vector(0)")],
             description="Share of the free framebuffer of fractionally shared GPUs (HAMi, gpushare) that sits "
             "on GPUs with less free than the smallest memory request pending or typical: memory no request "
-            "fits. Seed 001 keeps it under 15 % (docs/capacity.md).",
+            "fits. Seed 001 keeps it under 15 % (docs/capacity.md). 0 where no GPU is shared fractionally.",
             unit="percentunit",
             thresholds=FRAGMENTATION,
             w=6,
