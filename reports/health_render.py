@@ -397,21 +397,15 @@ def generate(
     grouping ``health``. Returns (report, {file: sha256}, run id)."""
     from datetime import UTC
 
-    from gpumeter.billing.ledger.base import ReportRunRecord
     from gpumeter.reports.health import build_health
     from gpumeter.reports.model import ReportError
+    from gpumeter.reports.run import finish_run, output_directory
 
     now = now or datetime.now(UTC)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ReportError(f"format: the health report has {', '.join(FORMATS)} (value {','.join(unknown)!r})")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(
-            f"out: not a directory that can be created or written ({exc.strerror}; value {str(out)!r})"
-        ) from exc
+    out = output_directory(out_dir)
     report = build_health(client, ledger, period)
     files = render(report, out, formats, now)
     manifest = {
@@ -422,23 +416,16 @@ def generate(
         "trigger": trigger,
         "files": files,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    run_id = None
-    if record:
-        run_id = ledger.record_report_run(
-            ReportRunRecord(
-                id=0,
-                period_start=period.start,
-                period_end=period.end,
-                created_at=now,
-                trigger=trigger,
-                grouping="health",
-                out_dir=str(out.resolve()),
-                price_book_versions=[],
-                ingest_runs={},
-                files=files,
-                status="ok",
-                error=None,
-            )
-        )
+    run_id = finish_run(
+        ledger,
+        out / MANIFEST,
+        manifest,
+        period=period,
+        now=now,
+        trigger=trigger,
+        grouping="health",
+        versions=[],
+        ingest_runs={},
+        record=record,
+    )
     return report, files, run_id

@@ -68,13 +68,7 @@ def generate(
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ReportError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
-    out = Path(out_dir)
-    try:  # before any work: a file where the directory should be is the caller's mistake
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(
-            f"out: not a directory that can be created or written ({exc.strerror}; value {str(out)!r})"
-        ) from exc
+    out = output_directory(out_dir)
     report = build_report(ledger, period, grouping, grain=grain, top=options.top, budgets=budgets)
     files = render(report, out, formats, options)
     versions = [
@@ -91,24 +85,65 @@ def generate(
         "ingest_runs": report.ingest.as_dict(),
         "files": files,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    run_id = None
-    if record:
-        run_id = ledger.record_report_run(
-            ReportRunRecord(
-                id=0,
-                period_start=period.start,
-                period_end=period.end,
-                created_at=now,
-                trigger=trigger,
-                grouping=grouping.name,
-                out_dir=str(out.resolve()),
-                price_book_versions=versions,
-                ingest_runs=report.ingest.as_dict(),
-                files=files,
-                status="ok",
-                error=None,
-            )
-        )
+    run_id = finish_run(
+        ledger,
+        out / MANIFEST,
+        manifest,
+        period=period,
+        now=now,
+        trigger=trigger,
+        grouping=grouping.name,
+        versions=versions,
+        ingest_runs=report.ingest.as_dict(),
+        record=record,
+    )
     log.info("report %s by %s: %d file(s) in %s", period.label, grouping.name, len(files), out)
     return RunResult(report, out, files, run_id)
+
+
+def output_directory(out_dir: str | Path) -> Path:
+    """``out_dir``, created; before any work, since a file where the directory should be is the
+    caller's mistake."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(
+            f"out: not a directory that can be created or written ({exc.strerror}; value {str(out)!r})"
+        ) from exc
+    return out
+
+
+def finish_run(
+    ledger: Ledger,
+    manifest_path: Path,
+    manifest: dict,
+    *,
+    period: Period,
+    now: datetime,
+    trigger: str,
+    grouping: str,
+    versions: list[dict],
+    ingest_runs: dict,
+    record: bool,
+) -> int | None:
+    """Write a report's manifest, and record the run in ``report_runs`` (its id) when ``record``."""
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    if not record:
+        return None
+    return ledger.record_report_run(
+        ReportRunRecord(
+            id=0,
+            period_start=period.start,
+            period_end=period.end,
+            created_at=now,
+            trigger=trigger,
+            grouping=grouping,
+            out_dir=str(manifest_path.parent.resolve()),
+            price_book_versions=versions,
+            ingest_runs=ingest_runs,
+            files=manifest["files"],
+            status="ok",
+            error=None,
+        )
+    )
