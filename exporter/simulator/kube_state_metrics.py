@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -31,7 +29,7 @@ from dataclasses import dataclass
 
 from .fleet import Fleet, FleetError, PodSpec, load_fleet
 from .kubelet import resource_name
-from .metrics_server import ExpositionServer, label_text
+from .metrics_server import ExpositionServer, label_text, listen_address, serve_until_signalled
 
 __all__ = ["PendingPod", "Quota", "StandInKubeStateMetrics", "add_parser", "exposition", "sanitize"]
 
@@ -211,30 +209,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    host, _, port = args.listen.rpartition(":")
+    command = "gpumeter simulate kube-state-metrics"
     try:
         fleet = load_fleet(args.fleet)
         pending = [_pending(text) for text in args.pending]
         quotas = [_quota(text) for text in args.quota]
-        if not port.isdigit():
-            raise ValueError(f"--listen: expected HOST:PORT (value {args.listen!r})")
-        listen = (host or "127.0.0.1", int(port))
+        listen = listen_address(args.listen)
     except (FleetError, ValueError) as exc:  # FleetError is a ValueError naming the file and field
-        print(f"gpumeter simulate kube-state-metrics: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        server = StandInKubeStateMetrics(fleet, pending, quotas, listen=listen).start()
-    except OSError as exc:
-        print(f"gpumeter simulate kube-state-metrics: listen {args.listen}: {exc.strerror}", file=sys.stderr)
-        return 1
-    print(
-        f"stand-in kube-state-metrics: {fleet.source} on http://{listen[0]}:{server.port}/metrics", flush=True
+    return serve_until_signalled(
+        command,
+        args.listen,
+        lambda: StandInKubeStateMetrics(fleet, pending, quotas, listen=listen),
+        f"stand-in kube-state-metrics: {fleet.source}",
     )
-    try:
-        stop.wait()
-    finally:
-        server.stop()
-    return 0

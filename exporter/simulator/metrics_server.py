@@ -4,11 +4,13 @@ every scrape, so a stand-in's state can change between scrapes as the real one's
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["CONTENT_TYPE", "ExpositionServer", "label_text"]
+__all__ = ["CONTENT_TYPE", "ExpositionServer", "label_text", "listen_address", "serve_until_signalled"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # client_golang's text format
 
@@ -60,3 +62,33 @@ class ExpositionServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (host defaults to 127.0.0.1); ValueError naming ``--listen`` and the value."""
+    host, _, port = text.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"--listen: expected HOST:PORT (value {text!r})")
+    return host or "127.0.0.1", int(port)
+
+
+def serve_until_signalled(
+    command: str, listen: str, start: Callable[[], ExpositionServer], banner: str
+) -> int:
+    """A stand-in command's life: start the server (exit 1 naming the address if it cannot listen),
+    print ``banner`` with its URL, serve until SIGINT/SIGTERM, stop."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = start().start()
+    except OSError as exc:
+        print(f"{command}: listen {listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    host = listen_address(listen)[0]
+    print(f"{banner} on http://{host}:{server.port}/metrics", flush=True)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+    return 0

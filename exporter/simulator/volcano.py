@@ -13,13 +13,11 @@ so what waits is request − allocated.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .metrics_server import ExpositionServer, label_text
+from .metrics_server import ExpositionServer, label_text, listen_address, serve_until_signalled
 
 __all__ = ["StandInVolcano", "VolcanoQueue", "add_parser", "exposition"]
 
@@ -124,28 +122,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    host, _, port = args.listen.rpartition(":")
+    command = "gpumeter simulate volcano"
     try:
         queues = [_queue(text) for text in args.queue]
-        if not port.isdigit():
-            raise ValueError(f"--listen: expected HOST:PORT (value {args.listen!r})")
+        listen = listen_address(args.listen)
     except ValueError as exc:
-        print(f"gpumeter simulate volcano: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        server = StandInVolcano(queues, listen=(host or "127.0.0.1", int(port))).start()
-    except OSError as exc:
-        print(f"gpumeter simulate volcano: listen {args.listen}: {exc.strerror}", file=sys.stderr)
-        return 1
-    print(
-        f"stand-in volcano-scheduler: {len(queues)} queue(s) on http://{host}:{server.port}/metrics",
-        flush=True,
+    return serve_until_signalled(
+        command,
+        args.listen,
+        lambda: StandInVolcano(queues, listen=listen),
+        f"stand-in volcano-scheduler: {len(queues)} queue(s)",
     )
-    try:
-        stop.wait()
-    finally:
-        server.stop()
-    return 0
