@@ -195,6 +195,7 @@ def serve(
         sys.stderr.flush()
         os._exit(0)
     ledger.close()
+    STOPPING.clear()  # this service's jobs have ended; the flag must not stop a later run in this process
     return 0
 
 

@@ -139,3 +139,7 @@ def test_serve_answers_healthz_and_metrics_then_stops(sql_ledger, tmp_path):
         stop.set()
         thread.join(20)
     assert not thread.is_alive()
+    # The stop was this service's: a job run later in the same process is not told to stop (the
+    # flag used to stay set, and the next in-process run stopped after 0 hours).
+    later = hourly_ingest(settings.as_dict(), now=HOUR0 + timedelta(minutes=5), holder="later")
+    assert later.startswith("failed at"), later  # Prometheus at port 9 refuses: it ran, and failed
