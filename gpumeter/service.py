@@ -88,10 +88,7 @@ def build_app(
 ):
     """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database answers."""
     registry = CollectorRegistry(auto_describe=False)
-    if clock:
-        registry.register(BillingCollector(ledger, clock, budgets))
-    else:
-        registry.register(BillingCollector(ledger, budgets=budgets))
+    registry.register(BillingCollector(ledger, clock or (lambda: datetime.now(UTC)), budgets))
     metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):
@@ -146,17 +143,22 @@ def build_scheduler(
 
 
 def serve(
-    settings: Settings, listen: str, stop: threading.Event | None = None, web_config: str | None = None
+    settings: Settings,
+    listen: str,
+    stop: threading.Event | None = None,
+    web_config: str | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> int:
     """/metrics and /healthz through gpumeter.web (threads, TLS and basic auth from an exporter-toolkit
     web config, bounded clients: docs/security.md), and the scheduler. A bad web config or listen
-    address raises (WebConfigError, ListenError) before anything starts."""
+    address raises (WebConfigError, ListenError) before anything starts. ``clock``: what /metrics
+    takes for now (the budgets' month); the wall clock by default."""
     web_settings = web.load_web_config(web_config) if web_config else None
     web.parse_listen(listen)
     budgets = load_budgets(settings.teams_file) if settings.teams_file else {}
     ledger = open_sql_ledger(settings.db, schema=settings.schema)  # the job store shares its database
     try:
-        server = web.serve(build_app(ledger, budgets=budgets), listen, web_settings, name="billing")
+        server = web.serve(build_app(ledger, clock, budgets), listen, web_settings, name="billing")
     except web.ListenError:
         ledger.close()
         raise
