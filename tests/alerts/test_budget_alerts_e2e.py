@@ -12,11 +12,7 @@ does not wait hours; alerts/tests/budgets-test.yaml checks the `for:` with promt
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,40 +25,11 @@ from gpumeter.deploy.demo import local_alertmanager_config
 from gpumeter.service import build_app
 from tests.billing.factories import book
 from tests.billing.test_budgets import BUDGETS, CUTOFF, LEDGER_FROM, NOW, _fill
-from tests.support.servers import AlertmanagerServer, PrometheusServer, free_port
+from tests.support.servers import AlertmanagerServer, PrometheusServer, Webhook, free_port
 
 pytestmark = pytest.mark.slow
 
 BUDGET_ALERTS = {"GpuTeamBudgetForecastExceeded", "GpuTeamBudgetExceeded"}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-@pytest.fixture
-def webhook() -> Iterator[tuple[str, list[dict]]]:
-    posts: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = _Server(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/webhook", posts
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 def _budget_rules_without_for(tmp_path: Path) -> Path:
@@ -78,18 +45,19 @@ def _budget_rules_without_for(tmp_path: Path) -> Path:
 @pytest.mark.prometheus
 @pytest.mark.alertmanager
 @pytest.mark.timeout(120)
-def test_a_crossed_budget_reaches_the_team_through_alertmanager(tmp_path: Path, webhook):
-    url, posts = webhook
+def test_a_crossed_budget_reaches_the_team_through_alertmanager(tmp_path: Path):
     ledger = open_ledger("memory://")
     _fill(ledger, book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}}), LEDGER_FROM, CUTOFF)
     port = free_port()
     billing = web.serve(
         build_app(ledger, clock=lambda: NOW, budgets=BUDGETS), ("127.0.0.1", port), name="billing"
     )
+    webhook = Webhook()
     config = tmp_path / "alertmanager.yml"
-    config.write_text(yaml.safe_dump(local_alertmanager_config(lambda _: url, "1s")))
+    config.write_text(yaml.safe_dump(local_alertmanager_config(lambda _: webhook.url, "1s")))
     try:
         with (
+            webhook,
             AlertmanagerServer(tmp_path / "am", config) as am,
             PrometheusServer(
                 tmp_path / "prom",
@@ -102,9 +70,8 @@ def test_a_crossed_budget_reaches_the_team_through_alertmanager(tmp_path: Path, 
 
             def received() -> set[tuple[str, str, str]]:
                 return {
-                    (p["receiver"], a["labels"]["alertname"], a["labels"]["team"])
-                    for p in posts
-                    for a in p["alerts"]
+                    (a["receiver"], a["labels"]["alertname"], a["labels"]["team"])
+                    for a in webhook.received()
                     if a["status"] == "firing"
                 }
 
@@ -118,20 +85,13 @@ def test_a_crossed_budget_reaches_the_team_through_alertmanager(tmp_path: Path, 
                 ("team-owners", "GpuTeamBudgetExceeded", "beta"),
                 ("team-owners", "GpuTeamBudgetForecastExceeded", "alpha"),
             }
-            exceeded = next(
-                a for p in posts for a in p["alerts"] if a["labels"]["alertname"] == "GpuTeamBudgetExceeded"
-            )
+            exceeded = webhook.find("firing", "GpuTeamBudgetExceeded")
             assert exceeded["labels"]["severity"] == "warning" and exceeded["labels"]["currency"] == "USD"
             assert exceeded["annotations"]["description"] == (
                 "Team beta has spent 258.00 USD on GPUs this month (UTC, up to the newest hour billed), "
                 "over its budget of 200.00 USD."
             )
-            forecast = next(
-                a
-                for p in posts
-                for a in p["alerts"]
-                if a["labels"]["alertname"] == "GpuTeamBudgetForecastExceeded"
-            )
+            forecast = webhook.find("firing", "GpuTeamBudgetForecastExceeded")
             assert forecast["annotations"]["description"] == (
                 "Team alpha is forecast to spend 1008.00 USD on GPUs this month (UTC), over its budget of "
                 "1000.00 USD; it has spent 534.00 USD so far."

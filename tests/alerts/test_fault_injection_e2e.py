@@ -57,14 +57,12 @@ re-discovery, and with them the GPU's allocations (see test_exporter_findings.py
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -76,7 +74,7 @@ from gpumeter.deploy.demo import local_alertmanager_config
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
-from tests.support.servers import AlertmanagerServer, PrometheusServer
+from tests.support.servers import AlertmanagerServer, PrometheusServer, Webhook
 
 pytestmark = pytest.mark.slow
 
@@ -161,74 +159,6 @@ class SimulatedClock:
             real = time.monotonic()
             self._now += (real - self._real) * self._speed
             self._real, self._speed = real, speed
-
-
-class Webhook:
-    """Alertmanager's webhook receiver: every alert of every notification, with its receiver."""
-
-    def __init__(self):
-        self.alerts: list[dict] = []  # {"receiver", "status", "labels", "annotations"}
-        self._lock = threading.Lock()
-        received = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with received._lock:
-                    received.alerts.extend(
-                        {"receiver": payload["receiver"], **alert} for alert in payload["alerts"]
-                    )
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/webhook"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Webhook:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
-
-    def received(self) -> list[dict]:
-        with self._lock:
-            return list(self.alerts)
-
-    def find(self, status: str, alertname: str, **labels: str) -> dict | None:
-        for alert in self.received():
-            if (
-                alert["status"] == status
-                and alert["labels"].get("alertname") == alertname
-                and all(alert["labels"].get(k) == v for k, v in labels.items())
-            ):
-                return alert
-        return None
-
-    def wait_for(self, expected: list[tuple], timeout: float) -> dict[tuple, dict]:
-        """Wait until every (status, alertname, {labels}) has arrived; return the first of each."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = {(s, n, tuple(sorted(lbl.items()))): self.find(s, n, **lbl) for s, n, lbl in expected}
-            missing = [key for key, alert in found.items() if alert is None]
-            if not missing:
-                return found
-            if time.monotonic() > deadline:
-                got = sorted(
-                    {(a["status"], a["labels"]["alertname"], a["labels"].get("gpu")) for a in self.received()}
-                )
-                raise AssertionError(f"not received within {timeout}s: {missing}\nreceived: {got}")
-            time.sleep(0.2)
 
 
 @pytest.fixture
