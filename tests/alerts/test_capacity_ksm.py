@@ -8,6 +8,9 @@ loaded. The capacity rules must compute, from the real scrape, the figures worke
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +26,26 @@ from gpumeter.exporter.simulator.kube_state_metrics import (
     sanitize,
 )
 from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
-from tests.support.servers import PrometheusServer
+from tests.support.servers import PrometheusServer, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def served_by_command(command: list[str], banner: str) -> str:
+    """Run a stand-in command as `gpumeter demo` does, on a free port: its first line starts with
+    ``banner``; the /metrics body it serves is returned after SIGTERM has ended it with exit 0."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*command, "--listen", f"127.0.0.1:{port}"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().startswith(banner)
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        proc.stdout.close()
+
 
 pytestmark = pytest.mark.slow
 
@@ -112,57 +134,36 @@ def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
 def test_the_command_serves_the_pending_pods_and_quotas_it_is_given():
     """`gpumeter simulate kube-state-metrics`, as `gpumeter demo` starts it: a process serving /metrics
     until SIGTERM; bad arguments are one line naming the option and value, exit 2."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.support.servers import free_port
-
-    root = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-m", "gpumeter", "simulate", "kube-state-metrics", "--fleet", "a100-mixed"]
-    bad = subprocess.run([*command, "--pending", "vision/wait"], cwd=root, capture_output=True, text=True)
+    bad = subprocess.run([*command, "--pending", "vision/wait"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr == (
         "gpumeter simulate kube-state-metrics: --pending: expected NAMESPACE/POD=RESOURCE:QUANTITY:"
         "WAITED_SECONDS (value 'vision/wait')\n"
     )
-    port = free_port()
-    proc = subprocess.Popen(
+    body = served_by_command(
         [
             *command,
-            "--listen",
-            f"127.0.0.1:{port}",
             "--pending",
             "research/wait-3g=nvidia.com/mig-3g.20gb:1:2400",
             "--quota",
             "vision/gpus=requests.nvidia.com/gpu:8:6",
         ],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        text=True,
+        "stand-in kube-state-metrics: ",
     )
-    try:
-        assert proc.stdout.readline().startswith("stand-in kube-state-metrics: ")
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        assert (
-            'kube_pod_status_phase{namespace="research",pod="wait-3g",uid="research-wait-3g",phase="Pending"} 1'
-            in body
-        )
-        assert 'resource="nvidia_com_mig_3g_20gb",unit="integer"} 1' in body
-        assert (
-            'kube_resourcequota{namespace="vision",resourcequota="gpus",resource="requests.nvidia.com/gpu",type="hard"} 8'
-            in body
-        )
-        created = [
-            ln
-            for ln in body.splitlines()
-            if ln.startswith('kube_pod_created{namespace="research",pod="wait-3g"')
-        ]
-        assert abs(float(created[0].rsplit(" ", 1)[1]) - (time.time() - 2400)) < 60  # waited 40 minutes
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-        proc.stdout.close()
+    assert (
+        'kube_pod_status_phase{namespace="research",pod="wait-3g",uid="research-wait-3g",phase="Pending"} 1'
+        in body
+    )
+    assert 'resource="nvidia_com_mig_3g_20gb",unit="integer"} 1' in body
+    assert (
+        'kube_resourcequota{namespace="vision",resourcequota="gpus",resource="requests.nvidia.com/gpu",type="hard"} 8'
+        in body
+    )
+    created = [
+        ln for ln in body.splitlines() if ln.startswith('kube_pod_created{namespace="research",pod="wait-3g"')
+    ]
+    assert abs(float(created[0].rsplit(" ", 1)[1]) - (time.time() - 2400)) < 60  # waited 40 minutes
 
 
 @pytest.mark.prometheus
@@ -204,37 +205,19 @@ def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
 def test_the_volcano_command_serves_the_queues_it_is_given():
     """`gpumeter simulate volcano`, as `gpumeter demo` starts it: milli-units on /metrics until SIGTERM;
     a bad --queue is one line naming the option and value, exit 2."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.support.servers import free_port
-
-    root = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-m", "gpumeter", "simulate", "volcano"]
-    bad = subprocess.run([*command, "--queue", "research=8:6"], cwd=root, capture_output=True, text=True)
+    bad = subprocess.run([*command, "--queue", "research=8:6"], cwd=ROOT, capture_output=True, text=True)
     assert (bad.returncode, bad.stderr) == (
         2,
         "gpumeter simulate volcano: --queue: expected NAME=DESERVED:ALLOCATED:REQUESTED[:PENDING_PODGROUPS] "
         "(value 'research=8:6')\n",
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [*command, "--listen", f"127.0.0.1:{port}", "--queue", "research=8:6:10:2"],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        text=True,
+    body = served_by_command(
+        [*command, "--queue", "research=8:6:10:2"], "stand-in volcano-scheduler: 1 queue(s)"
     )
-    try:
-        assert proc.stdout.readline().startswith("stand-in volcano-scheduler: 1 queue(s)")
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        # 6 GPUs allocated: 6000 milli-units, as Volcano keeps scalar resources
-        assert (
-            'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
-            in body
-        )
-        assert 'volcano_queue_pod_group_pending_count{queue_name="research"} 2' in body
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-        proc.stdout.close()
+    # 6 GPUs allocated: 6000 milli-units, as Volcano keeps scalar resources
+    assert (
+        'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
+        in body
+    )
+    assert 'volcano_queue_pod_group_pending_count{queue_name="research"} 2' in body
