@@ -209,13 +209,9 @@ class ExpositionCache:
         self._registry = registry
         self._snapshots = snapshots
         self._lock = threading.Lock()
-        self._key: object = None
         self._families: list[Metric] | None = None  # the snapshot's families, collected once
-        self._cache: dict[tuple[str, bool], bytes] = {}
-        self._rendered: tuple[object, dict[tuple[str, bool], bytes]] = (
-            None,
-            {},
-        )  # (_key, _cache), swapped whole
+        # (snapshot, its bodies per format), replaced whole so that a scrape reads it without the lock
+        self._rendered: tuple[object, dict[tuple[str, bool], bytes]] = (None, {})
         self._previous: dict[tuple[str, bool], bytes] = {}  # the last body rendered per format, any snapshot
         self._wanted: dict[tuple[str, bool], Callable] = {}  # formats scrapers asked for, with their encoder
         self._writers: dict[str, LineCache] = {}  # content type -> its line cache
@@ -253,12 +249,13 @@ class ExpositionCache:
                 self._render(snapshot, encoder, content_type, gzip_ok)
 
     def _render(self, snapshot: Snapshot, encoder, content_type: str, gzip_ok: bool) -> bytes:
-        if self._key is not snapshot:
-            self._key, self._cache, self._families = snapshot, {}, None
-            self._rendered = (snapshot, self._cache)
-        body = self._cache.get((content_type, gzip_ok))
+        rendered_for, cache = self._rendered
+        if rendered_for is not snapshot:
+            cache, self._families = {}, None
+            self._rendered = (snapshot, cache)
+        body = cache.get((content_type, gzip_ok))
         if body is None:
-            plain = self._cache.get((content_type, False))
+            plain = cache.get((content_type, False))
             if plain is None:
                 if self._families is None:
                     self._families = list(self._registry.collect())
@@ -269,7 +266,7 @@ class ExpositionCache:
                     writer = LineCache(encoder)
                     if len(self._writers) < 16:
                         self._writers[content_type] = writer
-                plain = self._cache[(content_type, False)] = writer.encode(self._families)
+                plain = cache[(content_type, False)] = writer.encode(self._families)
             body = gzip.compress(plain, compresslevel=1) if gzip_ok else plain
-            self._cache[(content_type, gzip_ok)] = self._previous[(content_type, gzip_ok)] = body
+            cache[(content_type, gzip_ok)] = self._previous[(content_type, gzip_ok)] = body
         return body
