@@ -1243,6 +1243,7 @@ class _EventLoop:
             self._send(connection, data, close_after=not keep_alive)
 
     def _send(self, connection: _Connection, data: bytes, close_after: bool) -> None:
+        """Start sending an answer; what the client does not take at once waits for it in ``_write``."""
         try:
             sent = connection.sock.send(data)
         except BlockingIOError:
@@ -1250,27 +1251,42 @@ class _EventLoop:
         except OSError:
             self._close(connection)
             return
-        now = time.monotonic()
         if sent == len(data):
-            if close_after:
-                self._close(connection)
-            else:
-                connection.read_deadline = now + self._server.limits.read_timeout
+            self._answered(connection, close_after)
             return
-        # The client takes the answer slowly: wait for it to read, without holding up anyone else.
+        # The client takes the answer slowly: wait for it to read, without holding up anyone else. The
+        # whole answer must leave within write_timeout of its first byte, however slowly it is read.
         connection.pending = memoryview(data)[sent:]
-        connection.write_deadline = now + self._server.limits.write_timeout
+        connection.write_deadline = time.monotonic() + self._server.limits.write_timeout
         connection.close_after = close_after
         self._selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
 
     def _write(self, connection: _Connection) -> None:
+        """The client can take more of a pending answer."""
         pending = connection.pending
         assert pending is not None
+        try:
+            sent = connection.sock.send(pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close(connection)
+            return
+        if sent < len(pending):
+            connection.pending = pending[sent:]
+            return
         connection.pending = None
         self._selector.modify(connection.sock, selectors.EVENT_READ, connection)
-        self._send(connection, bytes(pending), connection.close_after)
-        if connection.pending is None and connection.sock in self._connections:
+        self._answered(connection, connection.close_after)
+        if connection.sock in self._connections:
             self._answer_received(connection)  # requests the client sent while it was reading
+
+    def _answered(self, connection: _Connection, close_after: bool) -> None:
+        """An answer has left: close, or give the next request read_timeout to arrive."""
+        if close_after:
+            self._close(connection)
+        else:
+            connection.read_deadline = time.monotonic() + self._server.limits.read_timeout
 
     def _sweep(self, now: float) -> None:
         for connection in list(self._connections.values()):

@@ -5,6 +5,7 @@ thread per connection, which is what it is for (issue 13, point 12)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -165,6 +166,28 @@ def test_a_client_that_never_reads_holds_up_no_one_and_is_dropped_at_the_write_t
         assert closed_by_server(stalled, within=5)  # write_timeout is 1 s
     finally:
         stalled.close()
+
+
+def test_a_client_reading_slowly_is_dropped_at_the_write_timeout_of_the_answer(server):
+    """The answer must leave within write_timeout of its first byte, as on the threaded path: a
+    client that keeps taking a trickle does not get a new deadline with each trickle. (The client
+    cannot see the close while the kernel still delivers what was queued, so the loop's own
+    connections are looked at.)"""
+    slow = socket.create_connection(server.server_address[:2])
+    held = server._loop._connections  # the connections the event loop holds
+    try:
+        slow.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        slow.settimeout(0.05)
+        started = time.monotonic()
+        while time.monotonic() - started < 1 or (held and time.monotonic() - started < 8):
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                slow.recv(16384)  # at most ~1.6 MB a second: the 8 MiB answer takes over 5 s
+            time.sleep(0.01)
+        elapsed = time.monotonic() - started
+        assert not held, f"still held after {elapsed:.1f} s of trickle with write_timeout 1 s"
+        assert elapsed < 3
+    finally:
+        slow.close()
 
 
 def test_connection_close_is_honoured(server):
