@@ -1029,9 +1029,9 @@ class _Handler(WSGIRequestHandler):
                 name, value = headers[-1]
                 headers[-1] = (name, f"{value} {text.strip()}")
                 continue
-            name, colon, value = text.partition(":")
-            if colon and name and name == name.strip():
-                headers.append((name, value.strip()))
+            field = _header_field(text)
+            if field is not None:
+                headers.append(field)
         self.requestline = line.decode("iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if len(words) != 3 or words[2] not in ("HTTP/1.1", "HTTP/1.0"):
@@ -1087,6 +1087,15 @@ _FAST_METHODS = frozenset({"GET", "HEAD"})
 _BODY_HEADERS = frozenset({"content-length", "transfer-encoding", "expect"})
 
 
+def _header_field(line: str) -> tuple[str, str] | None:
+    """(name, value) of a header line; None for a line that is not one (no colon, no name, or
+    whitespace around the name), which both request parsers ignore."""
+    name, colon, value = line.partition(":")
+    if not colon or not name or name != name.strip():
+        return None
+    return name, value.strip()
+
+
 def _scrape_request(head: bytes) -> tuple[str, str, list[tuple[str, str]]] | None:
     """(method, target, headers) of a complete request head the event loop answers itself: an
     HTTP/1.1 GET or HEAD with no body, within http.server's limits. Anything else (None) goes to a
@@ -1101,12 +1110,12 @@ def _scrape_request(head: bytes) -> tuple[str, str, list[tuple[str, str]]] | Non
     for line in lines[1:]:
         if line[:1] in (" ", "\t") or "\n" in line:  # folded or LF-only lines: the thread parses them
             return None
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
+        field = _header_field(line)
+        if field is None:
             continue  # ignored, as _Handler ignores it
-        if name.lower() in _BODY_HEADERS:
+        if field[0].lower() in _BODY_HEADERS:
             return None
-        headers.append((name, value.strip()))
+        headers.append(field)
     return words[0], words[1], headers
 
 
