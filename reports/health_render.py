@@ -4,9 +4,7 @@ no clock or locale in CSV/JSON, sorted rows, LF line ends."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 from datetime import datetime
 from decimal import Decimal
@@ -27,6 +25,7 @@ from gpumeter.reports.render import (
     _layout,
     _ts,
     chart_text,
+    csv_text,
     plotly_js,
     script_json,
 )
@@ -162,13 +161,11 @@ POOL_HEADER = [
 
 
 def pools_csv(report: HealthReport) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(POOL_HEADER)
     head = [_ts(report.period.start), _ts(report.period.end)]
     rows = [("pool", n, i) for n, i in report.pools] + [("node", n, i) for n, i in report.nodes]
-    for level, name, i in [*rows, ("fleet", "__fleet__", report.fleet)]:
-        writer.writerow(
+    return csv_text(
+        POOL_HEADER,
+        (
             [
                 *head,
                 level,
@@ -188,14 +185,13 @@ def pools_csv(report: HealthReport) -> str:
                 _num(i.mtbf_hours),
                 _num(i.annualized_failure_rate),
             ]
-        )
-    return out.getvalue()
+            for level, name, i in [*rows, ("fleet", "__fleet__", report.fleet)]
+        ),
+    )
 
 
 def gpus_csv(report: HealthReport) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(
+    return csv_text(
         [
             "uuid",
             "model",
@@ -210,10 +206,8 @@ def gpus_csv(report: HealthReport) -> str:
             "thermal_slowdown_hours",
             "failures",
             "rma_reasons",
-        ]
-    )
-    for g in report.gpus:
-        writer.writerow(
+        ],
+        (
             [
                 _cell(g.uuid),
                 _cell(g.model),
@@ -229,14 +223,13 @@ def gpus_csv(report: HealthReport) -> str:
                 g.failures,
                 "; ".join(g.rma_reasons),
             ]
-        )
-    return out.getvalue()
+            for g in report.gpus
+        ),
+    )
 
 
 def teams_csv(report: HealthReport) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(
+    return csv_text(
         [
             "team",
             "gpu_hours",
@@ -247,10 +240,8 @@ def teams_csv(report: HealthReport) -> str:
             "unmeasured_gpu_hours",
             "idle_gpu_hours",
             "idle_cost",
-        ]
-    )
-    for t in report.teams:
-        writer.writerow(
+        ],
+        (
             [
                 _cell(t.team),
                 str(t.gpu_hours),
@@ -262,8 +253,9 @@ def teams_csv(report: HealthReport) -> str:
                 str(t.idle_hours),
                 report.money(t.idle_cost),
             ]
-        )
-    return out.getvalue()
+            for t in report.teams
+        ),
+    )
 
 
 def _charts(report: HealthReport) -> list[dict]:

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -126,6 +127,15 @@ def _ts(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def csv_text(header: list[str], rows: Iterable[list]) -> str:
+    """A report's CSV: a header row, then the rows, every field quoted, LF line ends."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
 def summary_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
@@ -175,12 +185,10 @@ def summary_csv(report: Report) -> str:
 
 
 def lines_csv(report: Report) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(LINES_HEADER)
     labels = {v.id: version_label(v) for v in report.price_versions}
-    for c in report.charges:
-        writer.writerow(
+    return csv_text(
+        LINES_HEADER,
+        (
             [
                 _ts(c.bucket),
                 _ts(c.first_hour),
@@ -207,8 +215,9 @@ def lines_csv(report: Report) -> str:
                 labels.get(c.price_version_id, ""),
                 c.lines,
             ]
-        )
-    return out.getvalue()
+            for c in report.charges
+        ),
+    )
 
 
 BUDGETS_HEADER = [
@@ -226,11 +235,9 @@ BUDGETS_HEADER = [
 
 def budgets_csv(report: Report) -> str:
     """Budget against actual per team: actual = the team's tenant and idle-share lines of the month."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(BUDGETS_HEADER)
-    for row in report.budgets:
-        writer.writerow(
+    return csv_text(
+        BUDGETS_HEADER,
+        (
             [
                 _ts(report.period.start),
                 _ts(report.period.end),
@@ -242,8 +249,9 @@ def budgets_csv(report: Report) -> str:
                 "" if row.budget is None else str(row.over).lower(),
                 report.currency,
             ]
-        )
-    return out.getvalue()
+            for row in report.budgets
+        ),
+    )
 
 
 def _budget(report: Report, row) -> dict:
