@@ -304,6 +304,10 @@ def query_hours(client: QueryClient, hours: list[datetime]) -> dict[datetime, di
     for name, promql in QUERIES.items():
         slots = [out[h][name] for h in hours]
         for labels, points in client.query_range(promql, first, _at(hours[-1]), 3600):
+            if len(points) == count and points[0][0] == first_ts:  # a point every hour: in order
+                for slot, (_, value) in zip(slots, points, strict=True):
+                    slot.append(Sample(labels, float(value)))
+                continue
             for t, value in points:
                 index = round((t - first_ts) / 3600)
                 if 0 <= index < count:
@@ -399,6 +403,7 @@ def build_hour(
     # fractional grants only (an hour of Prometheus from before them has no such answers)
     memory_shares = {_alloc_key(labels): value for labels, value in results.get("alloc_memory", ())}
     compute_shares = {_alloc_key(labels): value for labels, value in results.get("alloc_compute", ())}
+    process_sm, process_memory, with_data, with_sm = _process_usage(results)
     for labels, value in results["alloc_count"]:
         uuid, gi, hostname, gpu, namespace, pod, container, profile, resource, sharing, key = _derived(
             labels, _allocation_labels
@@ -410,6 +415,14 @@ def build_hour(
             owner = hours[uuid] = GpuHour(hour, Device(uuid, "", held, hostname, gpu))
         share = shares.get(key, 1.0)
         memory, compute = memory_shares.get(key), compute_shares.get(key)
+        utilization = mig_util.get((uuid, gi)) if gi else gpu_util.get(uuid)
+        own_sm = own_memory = None
+        if uuid in with_data:  # its container's own use: 0 where it ran no process on the GPU (§3.5)
+            process_key = (uuid, gi, namespace, pod, container)
+            own_sm = _ratio(process_sm.get(process_key, 0.0)) if uuid in with_sm else None
+            own_memory = _whole(process_memory.get(process_key, 0.0))
+            if sharing in _SHARED and own_sm is not None:  # a shared GPU's holder: its own SM share
+                utilization = own_sm
         owner.allocations.append(
             _fact(
                 Allocation,
@@ -423,15 +436,14 @@ def build_hour(
                 mig_profile=profile,
                 resource=resource,
                 hostname=hostname,
-                utilization=mig_util.get((uuid, gi)) if gi else gpu_util.get(uuid),
+                utilization=utilization,
                 sharing=sharing,
                 memory_share=None if memory is None else _ratio(memory),
                 compute_share=None if compute is None else _ratio(compute),
-                process_sm=None,  # the GPU's process series fill these in, where it has them
-                process_memory=None,
+                process_sm=own_sm,
+                process_memory=own_memory,
             )
         )
-    _attach_process_usage(results, hours)
     teams = {
         s.labels[contract.NAMESPACE]: s.labels[contract.LABEL_TEAM]
         for s in results["teams"]
@@ -444,31 +456,28 @@ _PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, 
 _SHARED = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_FRACTIONAL)
 
 
-def _attach_process_usage(results: dict[str, list[Sample]], hours: dict[str, GpuHour]) -> None:
-    """Each allocation's own process use over the hour (docs/billing.md §3.5), where the GPU has
-    process series: its container's mean SM share and memory on its GPU (instance), 0 for a holder
-    whose container ran no process there. On a shared GPU its own SM share is also its utilization
-    (reports show the pod's, not the device's). GPUs without process series keep None."""
+def _process_key(labels: dict[str, str]) -> tuple:
+    get = labels.get
+    return tuple(get(label, "") for label in _PROCESS_KEY)
+
+
+def _process_usage(results: dict[str, list[Sample]]) -> tuple[dict, dict, set[str], set[str]]:
+    """The hour's process use per (uuid, instance, namespace, pod, container) (docs/billing.md §3.5):
+    mean SM share and mean memory bytes, and the GPUs with any process data and with SM data. A
+    GPU without process series leaves its holders' process use None; on one with them, a holder
+    whose container ran no process there used 0. On a shared GPU a holder's own SM share is also
+    its utilization (reports show the pod's, not the device's)."""
     sm: dict[tuple, float] = {}
     memory: dict[tuple, float] = {}
     for name, into in (("proc_sm", sm), ("proc_memory", memory)):
-        for sample in results.get(name, ()):
-            into[tuple(sample.labels.get(label, "") for label in _PROCESS_KEY)] = sample.value
-    with_data = {key[0] for key in (*sm, *memory)}
-    with_sm = {key[0] for key in sm}
-    for uuid in with_data & hours.keys():
-        gpu_hour = hours[uuid]
-        has_sm = uuid in with_sm
-        updated = []
-        for alloc in gpu_hour.allocations:
-            key = (uuid, alloc.gpu_instance_id, alloc.namespace, alloc.pod, alloc.container)
-            own_sm = _ratio(sm.get(key, 0.0)) if has_sm else None
-            own_memory = Decimal(round(memory.get(key, 0.0)))
-            utilization = own_sm if alloc.sharing in _SHARED and own_sm is not None else alloc.utilization
-            updated.append(
-                replace(alloc, process_sm=own_sm, process_memory=own_memory, utilization=utilization)
-            )
-        gpu_hour.allocations[:] = updated
+        for labels, value in results.get(name, ()):
+            into[_derived(labels, _process_key)] = value
+    return sm, memory, {key[0] for key in (*sm, *memory)}, {key[0] for key in sm}
+
+
+@functools.lru_cache(maxsize=65536)
+def _whole(value: float) -> Decimal:
+    return Decimal(round(value))
 
 
 def ingest_hour(

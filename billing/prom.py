@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 import httpx
+import orjson
 
 
 class PrometheusError(RuntimeError):
@@ -90,7 +91,7 @@ class PrometheusClient:
         except httpx.HTTPError as exc:
             raise PrometheusError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         try:
-            body = response.json()
+            body = orjson.loads(response.content)  # answers of a day run to megabytes: 3x json's speed
         except ValueError:
             raise PrometheusError(f"{self.base_url}: HTTP {response.status_code}: not JSON") from None
         if response.status_code != 200 or body.get("status") != "success":

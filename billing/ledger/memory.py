@@ -19,6 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from gpumeter import contract
+from gpumeter.billing.ledger import layouts
 from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestRunRecord,
@@ -162,8 +163,7 @@ class MemoryLedger(Ledger):
                 "ingest_runs": len(self._runs),
                 "price_book_versions": len(self._versions),
                 "gpu_hours": len(hours),
-                "mig_instances": sum(len(gh.instances) for gh in hours),
-                "allocations": sum(len(gh.allocations) for gh in hours),
+                "gpu_layouts": len({layouts.layout_key(*layouts.ordered(gh)) for gh in hours} - {None}),
                 "cost_lines": sum(len(lines) for lines in self._lines.values()),
                 "namespace_teams": len(self._teams),
             }

@@ -40,6 +40,17 @@ class PriceBookVersion(Base):
     __table_args__ = (Index("ix_price_book_versions_digest_from", "digest", "effective_from", unique=True),)
 
 
+class GpuLayout(Base):
+    """A distinct layout of a GPU-hour: its MIG instances and its holders (billing/ledger/layouts.py),
+    stored once, named by every GPU-hour that has it (migration 0008)."""
+
+    __tablename__ = "gpu_layouts"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256 of body
+    body: Mapped[str] = mapped_column(Text)  # JSON: instances and allocations, canonical order
+    shared: Mapped[bool] = mapped_column(default=False)  # a holder is time-sliced, MPS or fractional
+
+
 class GpuHourRow(Base):
     __tablename__ = "gpu_hours"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
@@ -50,41 +61,10 @@ class GpuHourRow(Base):
     mig_mode: Mapped[bool] = mapped_column(default=False)
     present_seconds: Mapped[int]
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-
-
-class MigInstanceRow(Base):
-    __tablename__ = "mig_instances"
-    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
-    uuid: Mapped[str] = mapped_column(Text, primary_key=True)
-    gpu_instance_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    mig_profile: Mapped[str] = mapped_column(Text, primary_key=True)
-    compute_slices: Mapped[int]
-    memory_slices: Mapped[int]
-    present_seconds: Mapped[int]
-    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-
-
-class AllocationRow(Base):
-    __tablename__ = "allocations"
-    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
-    uuid: Mapped[str] = mapped_column(Text, primary_key=True)
-    gpu_instance_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    namespace: Mapped[str] = mapped_column(Text, primary_key=True)
-    pod: Mapped[str] = mapped_column(Text, primary_key=True)
-    container: Mapped[str] = mapped_column(Text, primary_key=True)
-    resource: Mapped[str] = mapped_column(Text, primary_key=True)
-    hostname: Mapped[str] = mapped_column(Text, default="")
-    mig_profile: Mapped[str] = mapped_column(Text, default="")
-    allocated_seconds: Mapped[int]
-    share: Mapped[Decimal] = mapped_column(Exact(12, 9))
-    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    sharing: Mapped[str] = mapped_column(String(16), default="", server_default="")  # contract.SHARING_MODES
-    # a fractional grant's memory and compute fractions (migration 0006); NULL for other holdings
-    memory_share: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    compute_share: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    # what the container's processes used over the hour (migration 0007); NULL without process data
-    process_sm: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    process_memory: Mapped[Decimal | None] = mapped_column(Exact(20, 0))
+    # the hour's MIG instances and allocations: their layout, and the hour's readings of them
+    # (JSON, billing/ledger/layouts.py); both NULL for a GPU-hour with neither
+    layout_id: Mapped[int | None] = mapped_column(ForeignKey("gpu_layouts.id"))
+    readings: Mapped[str | None] = mapped_column(Text)
 
 
 class NamespaceTeam(Base):

@@ -40,6 +40,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 from sqlalchemy.orm import Session
 
 from gpumeter import contract
+from gpumeter.billing.ledger import layouts
 from gpumeter.billing.ledger.base import (
     BILLED_TO_TEAMS,
     SHARED_MODES,
@@ -57,23 +58,20 @@ from gpumeter.billing.ledger.base import (
     summarise,
 )
 from gpumeter.billing.ledger.orm import (
-    AllocationRow,
     BillingLock,
     CostLine,
     GpuHourRow,
+    GpuLayout,
     IngestRun,
-    MigInstanceRow,
     NamespaceTeam,
     PriceBookVersion,
     ReportRun,
 )
 from gpumeter.billing.models import (
-    Allocation,
     Device,
     GpuHour,
     Line,
     LineKind,
-    MigInstance,
     QuantityUnit,
 )
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
@@ -84,6 +82,7 @@ log = logging.getLogger(__name__)
 # Seconds between tries of a ledger operation that lost its connection (a PostgreSQL restart or
 # failover takes a few seconds; a transaction that fails is rolled back whole, so a retry is safe).
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
+LAYOUT_IDS_KEPT = 50_000  # layout ids a ledger remembers (a few thousand a month on 1,000 GPUs)
 
 
 _ENUM_VALUES = {member: member.value for member in (*LineKind, *QuantityUnit)}
@@ -200,6 +199,9 @@ class SqlLedger(Ledger):
         self.engine = engine
         self.name = engine.url.render_as_string(hide_password=True)
         self.retry_delays, self.sleep = retry_delays, sleep
+        # gpu_layouts rows are immutable and content-addressed: what was committed once is kept
+        self._layout_ids: dict[tuple, int] = {}  # layout key -> id
+        self._parsed_layouts: dict[int, dict] = {}  # id -> parsed body
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -259,7 +261,7 @@ class SqlLedger(Ledger):
         takes the database's write lock, which the second writer waits for (busy timeout).
         """
         SqlLedger._lock_hour(session, hour)
-        tables = (CostLine, AllocationRow, MigInstanceRow, GpuHourRow) if facts else (CostLine,)
+        tables = (CostLine, GpuHourRow) if facts else (CostLine,)
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
 
@@ -278,41 +280,9 @@ class SqlLedger(Ledger):
         "present_seconds",
         "utilization",
     )
-    INSTANCE_COLUMNS = (
-        "hour",
-        "uuid",
-        "gpu_instance_id",
-        "mig_profile",
-        "compute_slices",
-        "memory_slices",
-        "present_seconds",
-        "utilization",
-    )
-    ALLOCATION_COLUMNS = (
-        "hour",
-        "uuid",
-        "gpu_instance_id",
-        "namespace",
-        "pod",
-        "container",
-        "resource",
-        "hostname",
-        "mig_profile",
-        "allocated_seconds",
-        "share",
-        "utilization",
-        "sharing",
-        "memory_share",
-        "compute_share",
-        "process_sm",
-        "process_memory",
-    )
+    GPU_HOUR_COLUMNS = (*DEVICE_COLUMNS, "layout_id", "readings")  # the layout and readings: layouts.py
 
     INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
-    # the facts' Decimals
-    EXACT_COLUMNS = frozenset(
-        ("utilization", "share", "memory_share", "compute_share", "process_sm", "process_memory")
-    )
 
     @staticmethod
     def _line_rows(
@@ -342,18 +312,44 @@ class SqlLedger(Ledger):
             rows.append(row)
         return rows
 
-    @staticmethod
-    def _fact_rows(hour, facts, columns: tuple[str, ...], exact) -> list[list]:
-        """Rows of a facts table: the hour, then the fact's attributes of the same names, exact
-        decimals converted for the driver (``exact`` None: stored as they are)."""
-        values = operator.attrgetter(*columns[1:])
-        rows = [[hour, *values(fact)] for fact in facts]
-        if exact is not None:
-            exact_at = [at for at, name in enumerate(columns) if name in SqlLedger.EXACT_COLUMNS]
-            for row in rows:
-                for at in exact_at:
-                    row[at] = exact(row[at])
-        return rows
+    _device_values = operator.attrgetter(*DEVICE_COLUMNS[1:])
+
+    def _gpu_hour_rows(
+        self, session: Session, hour, gpu_hours: list[GpuHour], exact
+    ) -> tuple[list[list], dict]:
+        """Rows of ``gpu_hours`` in GPU_HOUR_COLUMNS order, in the driver's form, and the layouts
+        this transaction added (key -> id), which `_layout_ids` learns only once it commits."""
+        known, added = self._layout_ids, {}
+        rows = []
+        at_utilization = len(self.DEVICE_COLUMNS) - 1
+        for gpu_hour in gpu_hours:
+            row = [hour, *self._device_values(gpu_hour.device), None, None]
+            if exact is not None:
+                row[at_utilization] = exact(row[at_utilization])
+            instances, allocations = layouts.ordered(gpu_hour)
+            key = layouts.layout_key(instances, allocations)
+            if key is not None:
+                layout_id = known.get(key) or added.get(key)
+                if layout_id is None:
+                    layout_id = added[key] = self._layout_row(session, key)
+                row[-2], row[-1] = layout_id, layouts.readings(instances, allocations)
+            rows.append(row)
+        return rows, added
+
+    def _layout_row(self, session: Session, key: tuple) -> int:
+        """The id of a layout's row, inserted if no one stored it before (content-addressed)."""
+        body, digest, shared = layouts.layout_body(key)
+        query = select(GpuLayout.id).where(GpuLayout.digest == digest)
+        found = session.scalar(query)
+        if found is not None:
+            return found
+        try:
+            with session.begin_nested():  # another writer may store the same layout at once
+                return session.execute(
+                    insert(GpuLayout).values(digest=digest, body=body, shared=shared).returning(GpuLayout.id)
+                ).scalar_one()
+        except IntegrityError:  # it committed first (the insert waited for it)
+            return session.scalar(query)
 
     @staticmethod
     def _bulk_insert(session: Session, table, columns: tuple[str, ...], rows: list[tuple]) -> None:
@@ -392,21 +388,10 @@ class SqlLedger(Ledger):
         now = datetime.now(UTC)
         keys = refuse_duplicate_lines(record.hour, record.lines)  # before any row is touched
         hour, exact = self._driver_values(record.hour)
-        devices = self._fact_rows(hour, [gh.device for gh in record.gpu_hours], self.DEVICE_COLUMNS, exact)
-        instances = self._fact_rows(
-            hour, [m for gh in record.gpu_hours for m in gh.instances], self.INSTANCE_COLUMNS, exact
-        )
-        allocations = self._fact_rows(
-            hour, [a for gh in record.gpu_hours for a in gh.allocations], self.ALLOCATION_COLUMNS, exact
-        )
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, record.hour, facts=True)
-            for table, columns, rows in (
-                (GpuHourRow.__table__, self.DEVICE_COLUMNS, devices),
-                (MigInstanceRow.__table__, self.INSTANCE_COLUMNS, instances),
-                (AllocationRow.__table__, self.ALLOCATION_COLUMNS, allocations),
-            ):
-                self._bulk_insert(session, table, columns, rows)
+            rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
+            self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
             versions = self._version_rows(session, record.book, record.lines)
             rows = self._line_rows(record.lines, versions, hour, exact, keys)
             self._bulk_insert(session, CostLine.__table__, self.INSERT_LINE_COLUMNS, rows)
@@ -420,6 +405,9 @@ class SqlLedger(Ledger):
                     source=source,
                 )
             )
+        if len(self._layout_ids) + len(added) > LAYOUT_IDS_KEPT:
+            self._layout_ids.clear()
+        self._layout_ids.update(added)  # committed: later hours may name them without a look-up
 
     @_stored("re-price hour")
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
@@ -479,77 +467,45 @@ class SqlLedger(Ledger):
 
     @_stored("read shared use")
     def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
-        a = AllocationRow
-        query = select(a.namespace, a.pod, a.hour, a.process_memory, a.process_sm).where(
-            a.hour >= start, a.hour < end, a.sharing.in_(SHARED_MODES), a.process_memory.isnot(None)
+        g = GpuHourRow
+        query = (
+            select(g.hour, g.uuid, g.layout_id, g.readings)
+            .join(GpuLayout, GpuLayout.id == g.layout_id)
+            .where(g.hour >= start, g.hour < end, GpuLayout.shared)
         )
+        rows = []
         with Session(self.engine) as session:
-            return shared_use_of(session.execute(query).all())
+            for hour, uuid, layout_id, stored in session.execute(query):
+                device = Device(uuid, "", 0)
+                for a in layouts.restore(hour, device, self._layout(session, layout_id), stored).allocations:
+                    if a.sharing in SHARED_MODES and a.process_memory is not None:
+                        rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
+        return shared_use_of(rows)
+
+    def _layout(self, session: Session, layout_id: int | None) -> dict | None:
+        """A stored layout, parsed (kept: layouts never change)."""
+        if layout_id is None:
+            return None
+        parsed = self._parsed_layouts.get(layout_id)
+        if parsed is None:
+            body = session.scalar(select(GpuLayout.body).where(GpuLayout.id == layout_id))
+            parsed = self._parsed_layouts[layout_id] = layouts.parse_layout(body)
+        return parsed
 
     @_stored("read facts")
     def facts(self, hour: datetime) -> list[GpuHour]:
+        g = GpuHourRow
         with Session(self.engine) as session:
-            devices = session.scalars(
-                select(GpuHourRow).where(GpuHourRow.hour == hour).order_by(GpuHourRow.uuid)
-            )
-            out = {
-                d.uuid: GpuHour(
-                    hour,
-                    Device(d.uuid, d.model, d.present_seconds, d.hostname, d.gpu, d.mig_mode, d.utilization),
-                )
-                for d in devices
-            }
-            instances = (
-                select(MigInstanceRow)
-                .where(MigInstanceRow.hour == hour)
-                .order_by(MigInstanceRow.uuid, MigInstanceRow.gpu_instance_id, MigInstanceRow.mig_profile)
-            )
-            for m in session.scalars(instances):
-                out[m.uuid].instances.append(
-                    MigInstance(
-                        m.uuid,
-                        m.gpu_instance_id,
-                        m.mig_profile,
-                        m.compute_slices,
-                        m.memory_slices,
-                        m.present_seconds,
-                        m.utilization,
-                    )
-                )
-            allocations = (
-                select(AllocationRow)
-                .where(AllocationRow.hour == hour)
-                .order_by(
-                    AllocationRow.uuid,
-                    AllocationRow.gpu_instance_id,
-                    AllocationRow.namespace,
-                    AllocationRow.pod,
-                    AllocationRow.container,
-                    AllocationRow.resource,
-                )
-            )
-            for a in session.scalars(allocations):
-                out[a.uuid].allocations.append(
-                    Allocation(
-                        a.uuid,
-                        a.namespace,
-                        a.pod,
-                        a.container,
-                        a.allocated_seconds,
-                        a.share,
-                        a.gpu_instance_id,
-                        a.mig_profile,
-                        a.resource,
-                        a.hostname,
-                        a.utilization,
-                        a.sharing,
-                        a.memory_share,
-                        a.compute_share,
-                        a.process_sm,
-                        a.process_memory,
-                    )
-                )
-            return list(out.values())
+            rows = session.execute(
+                select(g.uuid, g.model, g.present_seconds, g.hostname, g.gpu, g.mig_mode, g.utilization)
+                .add_columns(g.layout_id, g.readings)
+                .where(g.hour == hour)
+                .order_by(g.uuid)
+            ).all()
+            return [
+                layouts.restore(hour, Device(*device), self._layout(session, layout_id), stored)
+                for *device, layout_id, stored in rows
+            ]
 
     @_stored("read ingest runs")
     def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
@@ -584,15 +540,7 @@ class SqlLedger(Ledger):
     @_stored("count rows")
     def counts(self) -> dict[str, int]:
         """Row counts per table (tests use it to prove nothing was written)."""
-        tables = (
-            IngestRun,
-            PriceBookVersion,
-            GpuHourRow,
-            MigInstanceRow,
-            AllocationRow,
-            CostLine,
-            NamespaceTeam,
-        )
+        tables = (IngestRun, PriceBookVersion, GpuHourRow, GpuLayout, CostLine, NamespaceTeam)
         with Session(self.engine) as session:
             return {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
 

@@ -272,7 +272,7 @@ def test_an_error_mid_hour_commits_nothing(ledger, book):
         ingest_hour(client, ledger, load_price_book(book), H0, IngestConfig())
     after = ledger.counts()
     assert after["ingest_runs"] == before["ingest_runs"] + 1
-    assert after["gpu_hours"] == after["cost_lines"] == after["allocations"] == 0
+    assert after["gpu_hours"] == after["cost_lines"] == after["gpu_layouts"] == 0
 
 
 def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, monkeypatch):

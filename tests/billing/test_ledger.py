@@ -71,7 +71,8 @@ def test_rewriting_an_hour_replaces_it(ledger, tmp_path):
     for _ in range(3):
         ledger.write_hour(HourRecord(HOUR0, [gh], price_gpu_hour(gh, prices).lines, prices))
     counts = ledger.counts()
-    assert counts["gpu_hours"] == 1 and counts["allocations"] == 1 and counts["mig_instances"] == 2
+    assert counts["gpu_hours"] == 1 and counts["gpu_layouts"] == 1  # its instances and holders: one layout
+    assert ledger.facts(HOUR0) == [gh]
     assert counts["cost_lines"] == len(price_gpu_hour(gh, prices).lines)
     assert counts["price_book_versions"] == 1
 
@@ -109,3 +110,91 @@ def test_summary_and_teams(ledger, tmp_path):
     assert tenant == [Decimal("0.43")]  # 1 h x 0.333333333 x 3/7 x 3.00 = 0.42857.. -> 0.43
     assert summary.last_success == HOUR0 + timedelta(hours=1)
     assert {k["team"] for k, _ in summary.gpu_hours} == {"alpha2"}
+
+
+# --- layouts: a GPU-hour's instances and holders stored once, its readings per hour -------------
+
+
+def _with_readings(gh, hour, utilization: str, process_memory: int):
+    """The GPU-hour at ``hour`` with other readings: the same layout, other utilizations."""
+    u = Decimal(utilization)
+    return dataclasses.replace(
+        gh,
+        hour=hour,
+        device=dataclasses.replace(gh.device, utilization=u),
+        instances=[dataclasses.replace(m, utilization=u / 2) for m in gh.instances],
+        allocations=[
+            dataclasses.replace(a, utilization=u / 2, process_memory=Decimal(process_memory), process_sm=None)
+            for a in gh.allocations
+        ],
+    )
+
+
+def test_a_layout_repeated_over_hours_is_stored_once_and_each_hour_keeps_its_readings(ledger, tmp_path):
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    hours = [
+        _with_readings(_hour(), HOUR0 + timedelta(hours=n), f"0.{n + 1}", 1000 * (n + 1)) for n in range(3)
+    ]
+    idle = gpu_hour("GPU-idle", A100)  # no instance, no holder: no layout
+    for gh in hours:
+        ledger.write_hour(HourRecord(gh.hour, [gh, dataclasses.replace(idle, hour=gh.hour)], [], prices))
+    assert ledger.counts()["gpu_hours"] == 6 and ledger.counts()["gpu_layouts"] == 1
+    for gh in hours:
+        idle_then, facts = dataclasses.replace(idle, hour=gh.hour), ledger.facts(gh.hour)
+        assert facts == [idle_then, gh]  # by uuid
+        facts = facts[1:]
+        assert facts[0].instances[0].utilization == gh.device.utilization / 2  # this hour's, not the first's
+        assert facts[0].allocations[0].process_memory == gh.allocations[0].process_memory
+
+
+def test_an_hour_rolled_back_leaves_no_layout_behind_for_the_next_writer(sql_ledger, tmp_path, monkeypatch):
+    """The ledger remembers layout ids only once their hour commits: a layout inserted by an hour
+    that was rolled back is gone, and a later hour with it must store it again, not name its id."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    first, other = _hour("GPU-a"), gpu_hour("GPU-b", A100, [], [alloc("GPU-b", "ns-b", "b")])
+    bulk_insert = SqlLedger._bulk_insert
+
+    def fail_on_lines(session, table, columns, rows):
+        if table.name == "cost_lines":
+            raise RuntimeError("the disk filled up")
+        bulk_insert(session, table, columns, rows)
+
+    monkeypatch.setattr(SqlLedger, "_bulk_insert", staticmethod(fail_on_lines))
+    lines = price_gpu_hour(first, prices).lines
+    try:
+        sql_ledger.write_hour(HourRecord(HOUR0, [first], lines, prices))
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the write should have failed")
+    monkeypatch.setattr(SqlLedger, "_bulk_insert", staticmethod(bulk_insert))
+    assert sql_ledger.counts()["gpu_layouts"] == 0
+    # another layout now takes the first free id; the first layout's hour must not name it
+    sql_ledger.write_hour(HourRecord(HOUR0, [other], price_gpu_hour(other, prices).lines, prices))
+    sql_ledger.write_hour(HourRecord(HOUR0, [first, other], [], prices))
+    assert sql_ledger.facts(HOUR0) == [first, other]
+    assert sql_ledger.counts()["gpu_layouts"] == 2
+
+
+def test_two_writers_storing_one_new_layout_at_once_both_succeed(db, tmp_path):
+    """Two ingests (two processes: each its own ledger and its own memory of layout ids) write
+    different hours whose GPUs have the same, new layout: one row for it, both hours complete."""
+    from tests.billing.test_concurrent_writers import _race
+
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    writers = [open_ledger(*db[:1], schema=db[1]) for _ in range(2)]
+    try:
+        for n in range(10):
+            gh = _hour(f"GPU-{n}")
+            records = [
+                HourRecord(hour, [g], price_gpu_hour(g, prices).lines, prices)
+                for hour in (HOUR0 + timedelta(hours=2 * n), HOUR0 + timedelta(hours=2 * n + 1))
+                for g in [dataclasses.replace(gh, hour=hour)]
+            ]
+            _race(*(lambda w=w, r=r: w.write_hour(r) for w, r in zip(writers, records, strict=True)))
+            for record in records:
+                assert writers[0].facts(record.hour) == record.gpu_hours
+        assert writers[0].counts()["gpu_layouts"] == 1  # the same layout on every GPU: stored once
+    finally:
+        for writer in writers:
+            writer.close()
