@@ -113,7 +113,10 @@ def restore(
         return gpu_hour
     instance_readings, allocation_readings = orjson.loads(stored) if stored else ([], [])
     for values, utilization in zip(layout["instances"], instance_readings, strict=True):
-        gpu_hour.instances.append(MigInstance(device.uuid, *values, _decimal(utilization)))
+        gi, profile, compute, memory, seconds = values
+        gpu_hour.instances.append(
+            MigInstance(device.uuid, gi, profile, compute, memory, seconds, _decimal(utilization))
+        )
     for values, measured in zip(layout["allocations"], allocation_readings, strict=True):
         fields = dict(zip(ALLOCATION_LAYOUT, values, strict=True))
         fields.update(zip(ALLOCATION_READINGS, measured, strict=True))

@@ -194,10 +194,11 @@ def upgrade() -> None:
             body, digest, shared = layouts.layout_body(key)
             layout_id = layout_ids.get(digest)
             if layout_id is None:
-                inserted = connection.execute(
-                    sa.insert(gpu_layouts).values(digest=digest, body=body, shared=shared)
-                )
-                layout_id = layout_ids[digest] = inserted.inserted_primary_key[0]
+                layout_id = layout_ids[digest] = connection.execute(
+                    sa.insert(gpu_layouts)
+                    .values(digest=digest, body=body, shared=shared)
+                    .returning(gpu_layouts.c.id)
+                ).scalar_one()
             named.append(
                 {
                     "b_hour": hour,
@@ -230,7 +231,9 @@ def downgrade() -> None:
         for *device, layout_id, readings in rows:
             layout = parsed.get(layout_id)
             if layout is None:
-                body = connection.scalar(sa.select(gpu_layouts.c.body).where(gpu_layouts.c.id == layout_id))
+                body = connection.execute(
+                    sa.select(gpu_layouts.c.body).where(gpu_layouts.c.id == layout_id)
+                ).scalar_one()
                 layout = parsed[layout_id] = layouts.parse_layout(body)
             gpu_hour = layouts.restore(hour, Device(*device), layout, readings)
             instance_rows += [
