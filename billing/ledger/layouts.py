@@ -100,6 +100,18 @@ def parse_layout(body: str) -> dict[str, list[list[Any]]]:
     return orjson.loads(body)
 
 
+def shared_holders(layout: dict[str, list[list[Any]]], stored: str) -> list[tuple[str, str, str, str | None]]:
+    """(namespace, pod, process memory, process SM) of each time-sliced, MPS or fractional holder
+    with process data in one GPU-hour, as exact decimal text (`Ledger.shared_use`), without
+    rebuilding the hour's facts."""
+    out = []
+    at = {name: ALLOCATION_LAYOUT.index(name) for name in ("namespace", "pod", "sharing")}
+    for values, (_, sm, memory) in zip(layout["allocations"], orjson.loads(stored)[1], strict=True):
+        if values[at["sharing"]] in SHARED_MODES and memory is not None:
+            out.append((values[at["namespace"]], values[at["pod"]], memory, sm))
+    return out
+
+
 def _decimal(value: str | None) -> Decimal | None:
     return None if value is None else Decimal(value)
 

@@ -43,7 +43,6 @@ from gpumeter import contract
 from gpumeter.billing.ledger import layouts
 from gpumeter.billing.ledger.base import (
     BILLED_TO_TEAMS,
-    SHARED_MODES,
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -469,18 +468,18 @@ class SqlLedger(Ledger):
     def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
         g = GpuHourRow
         query = (
-            select(g.hour, g.uuid, g.layout_id, g.readings)
+            select(g.hour, g.layout_id, g.readings)
             .join(GpuLayout, GpuLayout.id == g.layout_id)
             .where(g.hour >= start, g.hour < end, GpuLayout.shared)
         )
-        rows = []
         with Session(self.engine) as session:
-            for hour, uuid, layout_id, stored in session.execute(query):
-                device = Device(uuid, "", 0)
-                for a in layouts.restore(hour, device, self._layout(session, layout_id), stored).allocations:
-                    if a.sharing in SHARED_MODES and a.process_memory is not None:
-                        rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
-        return shared_use_of(rows)
+            return shared_use_of(
+                (namespace, pod, hour, memory, sm)
+                for hour, layout_id, stored in session.execute(query)
+                for namespace, pod, memory, sm in layouts.shared_holders(
+                    self._layout(session, layout_id), stored
+                )
+            )
 
     def _layout(self, session: Session, layout_id: int | None) -> dict | None:
         """A stored layout, parsed (kept: layouts never change)."""
