@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from gpumeter import contract
 from gpumeter.billing.allocate import Pricer
-from gpumeter.billing.ledger.base import HourRecord, Ledger, LedgerError
+from gpumeter.billing.ledger.base import SHARED_MODES, HourRecord, Ledger, LedgerError
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusError, QueryClient, Sample, SeriesLabels, open_client
@@ -421,7 +421,7 @@ def build_hour(
             process_key = (uuid, gi, namespace, pod, container)
             own_sm = _ratio(process_sm.get(process_key, 0.0)) if uuid in with_sm else None
             own_memory = _whole(process_memory.get(process_key, 0.0))
-            if sharing in _SHARED and own_sm is not None:  # a shared GPU's holder: its own SM share
+            if sharing in SHARED_MODES and own_sm is not None:  # a shared GPU's holder: its own SM share
                 utilization = own_sm
         owner.allocations.append(
             _fact(
@@ -453,7 +453,6 @@ def build_hour(
 
 
 _PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container
-_SHARED = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_FRACTIONAL)
 
 
 def _process_key(labels: dict[str, str]) -> tuple:
