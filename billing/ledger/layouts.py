@@ -49,7 +49,7 @@ _DECIMALS = frozenset(("share", "memory_share", "compute_share", *ALLOCATION_REA
 _instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
 _allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
 _allocation_readings = operator.attrgetter(*ALLOCATION_READINGS)
-_SHARING_AT = ALLOCATION_LAYOUT.index("sharing")
+_NAMESPACE_AT, _POD_AT, _SHARING_AT = map(ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing"))
 
 
 def ordered(gpu_hour: GpuHour) -> tuple[list[MigInstance], list[Allocation]]:
@@ -104,12 +104,11 @@ def shared_holders(layout: dict[str, list[list[Any]]], stored: str) -> list[tupl
     """(namespace, pod, process memory, process SM) of each time-sliced, MPS or fractional holder
     with process data in one GPU-hour, as exact decimal text (`Ledger.shared_use`), without
     rebuilding the hour's facts."""
-    out = []
-    at = {name: ALLOCATION_LAYOUT.index(name) for name in ("namespace", "pod", "sharing")}
-    for values, (_, sm, memory) in zip(layout["allocations"], orjson.loads(stored)[1], strict=True):
-        if values[at["sharing"]] in SHARED_MODES and memory is not None:
-            out.append((values[at["namespace"]], values[at["pod"]], memory, sm))
-    return out
+    return [
+        (values[_NAMESPACE_AT], values[_POD_AT], memory, sm)
+        for values, (_, sm, memory) in zip(layout["allocations"], orjson.loads(stored)[1], strict=True)
+        if values[_SHARING_AT] in SHARED_MODES and memory is not None
+    ]
 
 
 def _decimal(value: str | None) -> Decimal | None:

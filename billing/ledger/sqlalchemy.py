@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 # Seconds between tries of a ledger operation that lost its connection (a PostgreSQL restart or
 # failover takes a few seconds; a transaction that fails is rolled back whole, so a retry is safe).
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
-LAYOUT_IDS_KEPT = 50_000  # layout ids a ledger remembers (a few thousand a month on 1,000 GPUs)
+LAYOUTS_KEPT = 50_000  # layouts a ledger remembers, ids and parsed bodies (~1,400 a month on 1,000 GPUs)
 
 
 _ENUM_VALUES = {member: member.value for member in (*LineKind, *QuantityUnit)}
@@ -404,7 +404,7 @@ class SqlLedger(Ledger):
                     source=source,
                 )
             )
-        if len(self._layout_ids) + len(added) > LAYOUT_IDS_KEPT:
+        if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
 
@@ -488,6 +488,8 @@ class SqlLedger(Ledger):
         parsed = self._parsed_layouts.get(layout_id)
         if parsed is None:
             body = session.scalar(select(GpuLayout.body).where(GpuLayout.id == layout_id))
+            if len(self._parsed_layouts) >= LAYOUTS_KEPT:
+                self._parsed_layouts.clear()
             parsed = self._parsed_layouts[layout_id] = layouts.parse_layout(body)
         return parsed
 
