@@ -286,8 +286,251 @@ def _at(hour: datetime) -> datetime:
     return hour + HOUR - timedelta(milliseconds=1)  # [1h] then covers exactly [hour, hour+1h)
 
 
-def query_hours(client: QueryClient, hours: list[datetime]) -> dict[datetime, dict[str, list[Sample]]]:
-    """Every query of §6 for consecutive ``hours``: answers per hour and query name.
+Values = list[float | None]  # one series' values, one per hour of a run (None: no sample that hour)
+
+
+def _columns(
+    answer: Iterable[tuple[dict[str, str], list]], first: float, count: int
+) -> list[tuple[dict, Values]]:
+    """A range answer's series with their values per hour of the run: [labels, [value or None, ...]]."""
+    out = []
+    for labels, points in answer:
+        if len(points) == count and points[0][0] == first:  # a point every hour: in order
+            out.append((labels, [float(value) for _, value in points]))
+            continue
+        values: Values = [None] * count
+        for t, value in points:
+            index = round((t - first) / 3600)
+            if 0 <= index < count:
+                values[index] = float(value)
+        out.append((labels, values))
+    return out
+
+
+def _keyed(
+    series: list[tuple[dict, Values]], derive: Callable[[dict[str, str]], tuple]
+) -> dict[tuple, Values]:
+    """Values per derived key; two series with one key (which an aggregation by that key does not
+    give) merge hour by hour, the later one's sample winning, as a dict of the hour's samples would."""
+    out: dict[tuple, Values] = {}
+    for labels, values in series:
+        key = _derived(labels, derive)
+        kept = out.get(key)
+        out[key] = (
+            values if kept is None else [b if b is not None else a for a, b in zip(kept, values, strict=True)]
+        )
+    return out
+
+
+def _uuid(labels: dict[str, str]) -> tuple:
+    return (labels.get(contract.UUID, ""),)
+
+
+class RunAnswers:
+    """The answers of every query of §6 for a run of consecutive hours, column-wise.
+
+    A range answer holds each series once with a value per hour, so what joins the series to each
+    other (an allocation's share, its instance's utilization, its container's process use) is worked
+    out once per series for the whole run, and `build` then makes each hour's facts from the values
+    at that hour: the same facts as an instant query per hour would give (tests check it)."""
+
+    def __init__(self, answers: dict[str, list[tuple[dict[str, str], list]]], hours: list[datetime]):
+        self.hours = hours
+        first, count = _at(hours[0]).timestamp(), len(hours)
+        col = {name: _columns(answers.get(name, ()), first, count) for name in QUERIES}
+        self.devices = [(_derived(labels, _device_labels), values) for labels, values in col["gpu_count"]]
+        self.gpu_util = {key[0]: values for key, values in _keyed(col["gpu_util"], _uuid).items()}
+        mig_util = _keyed(col["mig_util"], _uuid_gi)
+        self.mig_util = mig_util
+        self.instances = [
+            (_derived(labels, _instance_labels), values, mig_util.get(_derived(labels, _uuid_gi)))
+            for labels, values in col["mig_count"]
+        ]
+        # both allocation queries keep exactly the ALLOC_LABELS: match their answers on those values
+        shares = _keyed(col["alloc_share"], _alloc_key_labels)
+        # fractional grants only (an hour of Prometheus from before them has no such answers)
+        memory_shares = _keyed(col["alloc_memory"], _alloc_key_labels)
+        compute_shares = _keyed(col["alloc_compute"], _alloc_key_labels)
+        process_sm = _keyed(col["proc_sm"], _process_key)
+        process_memory = _keyed(col["proc_memory"], _process_key)
+        # per hour: the GPUs with any process data, and with SM data (docs/billing.md §3.5)
+        self.with_data: list[set[str]] = [set() for _ in hours]
+        self.with_sm: list[set[str]] = [set() for _ in hours]
+        for processes, into in (
+            (process_sm, (self.with_data, self.with_sm)),
+            (process_memory, (self.with_data,)),
+        ):
+            for key, values in processes.items():
+                for i, value in enumerate(values):
+                    if value is not None:
+                        for sets in into:
+                            sets[i].add(key[0])
+        self.allocations = []
+        for labels, values in col["alloc_count"]:
+            found = _derived(labels, _allocation_labels)
+            uuid, gi, _, _, namespace, pod, container, *_, key = found
+            process_key = (uuid, gi, namespace, pod, container)
+            self.allocations.append(
+                (
+                    found,
+                    values,
+                    shares.get(key),
+                    memory_shares.get(key),
+                    compute_shares.get(key),
+                    mig_util.get((uuid, gi)) if gi else self.gpu_util.get(uuid),
+                    process_sm.get(process_key),
+                    process_memory.get(process_key),
+                )
+            )
+        self.teams: list[dict[str, str]] = [{} for _ in hours]
+        for labels, values in col["teams"]:
+            namespace, team = labels.get(contract.NAMESPACE), labels.get(contract.LABEL_TEAM)
+            if namespace and team:
+                for i, value in enumerate(values):
+                    if value is not None:
+                        self.teams[i][namespace] = team
+
+    def build(
+        self,
+        index: int,
+        config: IngestConfig,
+        intervals: HourIntervals | None = None,
+        problems: list[str] | None = None,
+    ) -> tuple[list[GpuHour], dict[str, str]]:
+        """The GPU-hours of the run's ``index``-th hour and its kube namespace→team labels (§2).
+
+        ``intervals`` gives each exporter's seconds per sample (default: ``config``'s, else the
+        assumed one); ``problems`` collects the series with more samples than the hour holds at
+        their interval.
+        """
+        hour, i = self.hours[index], index
+        if intervals is None:
+            intervals = HourIntervals({}, config.scrape_interval or ASSUMED_INTERVAL)
+        if problems is not None:
+            problems.extend(intervals.problems)
+
+        counted: dict[tuple[float, float], int] = {}  # (count, interval) -> seconds: counts repeat
+
+        def seconds(count: float, host: str, what: str, *names: str) -> int:
+            interval = intervals.of(host)
+            if count > 3600 / interval + 1 and problems is not None:  # one sample of slack at the edges
+                problems.append(
+                    f"{what % names}: {count:g} samples, more than an hour holds at {interval:g} s"
+                )
+            held = counted.get((count, interval))
+            if held is None:
+                held = counted[(count, interval)] = seconds_from_count(count, config, interval)
+            return held
+
+        devices: dict[str, list] = {}  # uuid -> [samples, best series' samples, its derived labels]
+        for found, values in self.devices:
+            value = values[i]
+            if value is None:
+                continue
+            entry = devices.get(found[0])
+            if entry is None:
+                devices[found[0]] = [value, value, found]
+                continue
+            entry[0] += value  # label changes inside the hour split one GPU over series
+            if value > entry[1]:
+                entry[1], entry[2] = value, found
+
+        hours: dict[str, GpuHour] = {}
+        for uuid, (count, _, (_, model, host, gpu, mig_mode)) in devices.items():
+            device = Device(
+                uuid=uuid,
+                model=model,
+                present_seconds=seconds(count, host, "%s", uuid),
+                hostname=host,
+                gpu=gpu,
+                mig_mode=mig_mode,
+                utilization=_at_hour(self.gpu_util.get(uuid), i),
+            )
+            hours[uuid] = GpuHour(hour, device)
+
+        for (uuid, gi, profile, compute, memory), values, utilization in self.instances:
+            value = values[i]
+            if value is None or uuid not in hours:
+                continue  # a layout without its device: nothing to price it against
+            if compute is None or memory is None:
+                log.warning("MIG instance %s/%s without slice counts; skipped", uuid, gi)
+                continue
+            owner = hours[uuid]
+            owner.instances.append(
+                _fact(
+                    MigInstance,
+                    uuid=uuid,
+                    gpu_instance_id=gi,
+                    mig_profile=profile,
+                    compute_slices=compute,
+                    memory_slices=memory,
+                    present_seconds=seconds(value, owner.device.hostname, "%s instance %s", uuid, gi),
+                    utilization=_at_hour(utilization, i),
+                )
+            )
+
+        with_data, with_sm = self.with_data[i], self.with_sm[i]
+        for found, values, shares, memory_shares, compute_shares, utils, sm, used in self.allocations:
+            value = values[i]
+            if value is None:
+                continue
+            uuid, gi, hostname, gpu, namespace, pod, container, profile, resource, sharing, _ = found
+            owner = hours.get(uuid)
+            host = hostname or (owner.device.hostname if owner is not None else "")
+            held = seconds(value, host, "%s/%s", namespace, pod)
+            if owner is None:  # allocated but the device was never seen: priced as an unknown model
+                owner = hours[uuid] = GpuHour(hour, Device(uuid, "", held, hostname, gpu))
+            share = shares[i] if shares is not None and shares[i] is not None else 1.0
+            memory = None if memory_shares is None else memory_shares[i]
+            compute = None if compute_shares is None else compute_shares[i]
+            utilization = _at_hour(utils, i)
+            own_sm = own_memory = None
+            if uuid in with_data:  # its container's own use: 0 where it ran no process on the GPU (§3.5)
+                own_sm = _ratio(_or_zero(sm, i)) if uuid in with_sm else None
+                own_memory = _whole(_or_zero(used, i))
+                if sharing in SHARED_MODES and own_sm is not None:  # a shared GPU's holder: its own SM share
+                    utilization = own_sm
+            owner.allocations.append(
+                _fact(
+                    Allocation,
+                    uuid=uuid,
+                    namespace=namespace,
+                    pod=pod,
+                    container=container,
+                    allocated_seconds=held,
+                    share=_ratio(share),
+                    gpu_instance_id=gi,
+                    mig_profile=profile,
+                    resource=resource,
+                    hostname=hostname,
+                    utilization=utilization,
+                    sharing=sharing,
+                    memory_share=None if memory is None else _ratio(memory),
+                    compute_share=None if compute is None else _ratio(compute),
+                    process_sm=own_sm,
+                    process_memory=own_memory,
+                )
+            )
+        return [hours[u] for u in sorted(hours)], dict(self.teams[i])
+
+
+def _at_hour(values: Values | None, index: int) -> Decimal | None:
+    """A ratio series' value at the run's ``index``-th hour, if it has one."""
+    if values is None:
+        return None
+    value = values[index]
+    return None if value is None else _ratio(value)
+
+
+def _or_zero(values: Values | None, index: int) -> float:
+    if values is None:
+        return 0.0
+    value = values[index]
+    return 0.0 if value is None else value
+
+
+def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
+    """Every query of §6 for consecutive ``hours``.
 
     One hour: instant queries at its end. Several: one range query per query name with a 1 h step,
     whose steps are the same instants (each step's ``[1h]`` window is that hour), so the answers
@@ -295,24 +538,19 @@ def query_hours(client: QueryClient, hours: list[datetime]) -> dict[datetime, di
     """
     if len(hours) == 1:
         at = _at(hours[0])
-        return {hours[0]: {name: client.query(promql, at) for name, promql in QUERIES.items()}}
+        return RunAnswers(
+            {
+                name: [(labels, [(at.timestamp(), value)]) for labels, value in client.query(promql, at)]
+                for name, promql in QUERIES.items()
+            },
+            hours,
+        )
     if any(b - a != HOUR for a, b in itertools.pairwise(hours)):
-        raise ValueError("query_hours needs consecutive hours")
-    first = _at(hours[0])
-    out: dict[datetime, dict[str, list[Sample]]] = {h: {name: [] for name in QUERIES} for h in hours}
-    first_ts, count = first.timestamp(), len(hours)
-    for name, promql in QUERIES.items():
-        slots = [out[h][name] for h in hours]
-        for labels, points in client.query_range(promql, first, _at(hours[-1]), 3600):
-            if len(points) == count and points[0][0] == first_ts:  # a point every hour: in order
-                for slot, (_, value) in zip(slots, points, strict=True):
-                    slot.append(Sample(labels, float(value)))
-                continue
-            for t, value in points:
-                index = round((t - first_ts) / 3600)
-                if 0 <= index < count:
-                    slots[index].append(Sample(labels, float(value)))
-    return out
+        raise ValueError("query_run needs consecutive hours")
+    first, last = _at(hours[0]), _at(hours[-1])
+    return RunAnswers(
+        {name: client.query_range(promql, first, last, 3600) for name, promql in QUERIES.items()}, hours
+    )
 
 
 def collect_hour(
@@ -320,7 +558,7 @@ def collect_hour(
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """Query Prometheus for one hour; returns the GPU-hours and the kube namespace→team labels."""
     intervals = query_intervals(client, [hour], config)[hour]
-    return build_hour(query_hours(client, [hour])[hour], hour, config, intervals, problems)
+    return query_run(client, [hour]).build(0, config, intervals, problems)
 
 
 def build_hour(
@@ -330,126 +568,12 @@ def build_hour(
     intervals: HourIntervals | None = None,
     problems: list[str] | None = None,
 ) -> tuple[list[GpuHour], dict[str, str]]:
-    """The GPU-hours of one hour from its query answers (docs/billing.md §2).
-
-    ``intervals`` gives each exporter's seconds per sample (default: ``config``'s, else the assumed
-    one); ``problems`` collects the series with more samples than the hour holds at their interval.
-    """
-    if intervals is None:
-        intervals = HourIntervals({}, config.scrape_interval or ASSUMED_INTERVAL)
-    if problems is not None:
-        problems.extend(intervals.problems)
-
-    counted: dict[tuple[float, float], int] = {}  # (count, interval) -> seconds: counts repeat
-
-    def seconds(count: float, host: str, what: str, *names: str) -> int:
-        interval = intervals.of(host)
-        if count > 3600 / interval + 1 and problems is not None:  # one sample of slack at the edges
-            problems.append(f"{what % names}: {count:g} samples, more than an hour holds at {interval:g} s")
-        held = counted.get((count, interval))
-        if held is None:
-            held = counted[(count, interval)] = seconds_from_count(count, config, interval)
-        return held
-
-    devices: dict[str, list] = {}  # uuid -> [samples, best series' samples, its derived labels]
-    for labels, value in results["gpu_count"]:
-        found = _derived(labels, _device_labels)
-        entry = devices.get(found[0])
-        if entry is None:
-            devices[found[0]] = [value, value, found]
-            continue
-        entry[0] += value  # label changes inside the hour split one GPU over series
-        if value > entry[1]:
-            entry[1], entry[2] = value, found
-    gpu_util = {_derived(labels, _uuid_gi)[0]: _ratio(value) for labels, value in results["gpu_util"]}
-    mig_util = {_derived(labels, _uuid_gi): _ratio(value) for labels, value in results["mig_util"]}
-
-    hours: dict[str, GpuHour] = {}
-    for uuid, (count, _, (_, model, host, gpu, mig_mode)) in devices.items():
-        device = Device(
-            uuid=uuid,
-            model=model,
-            present_seconds=seconds(count, host, "%s", uuid),
-            hostname=host,
-            gpu=gpu,
-            mig_mode=mig_mode,
-            utilization=gpu_util.get(uuid),
-        )
-        hours[uuid] = GpuHour(hour, device)
-
-    for labels, value in results["mig_count"]:
-        uuid, gi, profile, compute, memory = _derived(labels, _instance_labels)
-        if uuid not in hours:
-            continue  # a layout without its device: nothing to price it against
-        if compute is None or memory is None:
-            log.warning("MIG instance %s/%s without slice counts; skipped", uuid, gi)
-            continue
-        owner = hours[uuid]
-        owner.instances.append(
-            _fact(
-                MigInstance,
-                uuid=uuid,
-                gpu_instance_id=gi,
-                mig_profile=profile,
-                compute_slices=compute,
-                memory_slices=memory,
-                present_seconds=seconds(value, owner.device.hostname, "%s instance %s", uuid, gi),
-                utilization=mig_util.get((uuid, gi)),
-            )
-        )
-
-    # both allocation queries keep exactly the ALLOC_LABELS: match their answers on those values
-    shares = {_alloc_key(labels): value for labels, value in results["alloc_share"]}
-    # fractional grants only (an hour of Prometheus from before them has no such answers)
-    memory_shares = {_alloc_key(labels): value for labels, value in results.get("alloc_memory", ())}
-    compute_shares = {_alloc_key(labels): value for labels, value in results.get("alloc_compute", ())}
-    process_sm, process_memory, with_data, with_sm = _process_usage(results)
-    for labels, value in results["alloc_count"]:
-        uuid, gi, hostname, gpu, namespace, pod, container, profile, resource, sharing, key = _derived(
-            labels, _allocation_labels
-        )
-        owner = hours.get(uuid)
-        host = hostname or (owner.device.hostname if owner is not None else "")
-        held = seconds(value, host, "%s/%s", namespace, pod)
-        if owner is None:  # allocated but the device was never seen: priced as an unknown model
-            owner = hours[uuid] = GpuHour(hour, Device(uuid, "", held, hostname, gpu))
-        share = shares.get(key, 1.0)
-        memory, compute = memory_shares.get(key), compute_shares.get(key)
-        utilization = mig_util.get((uuid, gi)) if gi else gpu_util.get(uuid)
-        own_sm = own_memory = None
-        if uuid in with_data:  # its container's own use: 0 where it ran no process on the GPU (§3.5)
-            process_key = (uuid, gi, namespace, pod, container)
-            own_sm = _ratio(process_sm.get(process_key, 0.0)) if uuid in with_sm else None
-            own_memory = _whole(process_memory.get(process_key, 0.0))
-            if sharing in SHARED_MODES and own_sm is not None:  # a shared GPU's holder: its own SM share
-                utilization = own_sm
-        owner.allocations.append(
-            _fact(
-                Allocation,
-                uuid=uuid,
-                namespace=namespace,
-                pod=pod,
-                container=container,
-                allocated_seconds=held,
-                share=_ratio(share),
-                gpu_instance_id=gi,
-                mig_profile=profile,
-                resource=resource,
-                hostname=hostname,
-                utilization=utilization,
-                sharing=sharing,
-                memory_share=None if memory is None else _ratio(memory),
-                compute_share=None if compute is None else _ratio(compute),
-                process_sm=own_sm,
-                process_memory=own_memory,
-            )
-        )
-    teams = {
-        s.labels[contract.NAMESPACE]: s.labels[contract.LABEL_TEAM]
-        for s in results["teams"]
-        if s.labels.get(contract.NAMESPACE) and s.labels.get(contract.LABEL_TEAM)
+    """The GPU-hours of one hour from its query answers, as samples (docs/billing.md §2)."""
+    at = _at(hour).timestamp()
+    answers = {
+        name: [(labels, [(at, value)]) for labels, value in samples] for name, samples in results.items()
     }
-    return [hours[u] for u in sorted(hours)], teams
+    return RunAnswers(answers, [hour]).build(0, config, intervals, problems)
 
 
 _PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container
@@ -458,20 +582,6 @@ _PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, 
 def _process_key(labels: dict[str, str]) -> tuple:
     get = labels.get
     return tuple(get(label, "") for label in _PROCESS_KEY)
-
-
-def _process_usage(results: dict[str, list[Sample]]) -> tuple[dict, dict, set[str], set[str]]:
-    """The hour's process use per (uuid, instance, namespace, pod, container) (docs/billing.md §3.5):
-    mean SM share and mean memory bytes, and the GPUs with any process data and with SM data. A
-    GPU without process series leaves its holders' process use None; on one with them, a holder
-    whose container ran no process there used 0. On a shared GPU a holder's own SM share is also
-    its utilization (reports show the pod's, not the device's)."""
-    sm: dict[tuple, float] = {}
-    memory: dict[tuple, float] = {}
-    for name, into in (("proc_sm", sm), ("proc_memory", memory)):
-        for labels, value in results.get(name, ()):
-            into[_derived(labels, _process_key)] = value
-    return sm, memory, {key[0] for key in (*sm, *memory)}, {key[0] for key in sm}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -503,7 +613,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
     PrometheusError after recording it (later hours would fail too)."""
     started = datetime.now(UTC)
     try:
-        answers = query_hours(client, [hour])[hour]
+        answers = query_run(client, [hour])
         intervals = query_intervals(client, [hour], config)[hour]
     except PrometheusError as exc:
         failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
@@ -511,7 +621,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
         raise
     try:
         record, kube_teams, unpriced = _price_hour(
-            pricer, hour, answers, intervals, config, ledger.namespace_teams()
+            pricer, answers, 0, intervals, config, ledger.namespace_teams()
         )
     except IntervalMismatch as exc:
         _refuse(ledger, hour, str(exc), client.base_url, started, result)
@@ -527,7 +637,14 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
     _count_written(record, unpriced, result)
 
 
-def _price_hour(pricer: Pricer, hour, answers, intervals: HourIntervals, config, known_teams: dict[str, str]):
+def _price_hour(
+    pricer: Pricer,
+    answers: RunAnswers,
+    index: int,
+    intervals: HourIntervals,
+    config,
+    known_teams: dict[str, str],
+):
     """(the hour's record, its kube teams, its unpriced GPU-hours): everything but the write.
 
     The record is None when Prometheus had no GPU or allocation series for the hour: nothing to
@@ -536,7 +653,8 @@ def _price_hour(pricer: Pricer, hour, answers, intervals: HourIntervals, config,
     the record's warnings (a "suspect" run).
     """
     problems: list[str] = []
-    gpu_hours, kube_teams = build_hour(answers, hour, config, intervals, problems)
+    hour = answers.hours[index]
+    gpu_hours, kube_teams = answers.build(index, config, intervals, problems)
     if not gpu_hours:
         return None, kube_teams, 0
     if problems:
@@ -617,7 +735,7 @@ def ingest_hours(
     the hour being written is finished, nothing after it is started).
 
     Three stages overlap (docs/billing.md §6): consecutive hours are queried a run of
-    ``config.chunk_hours`` at a time with range queries (`query_hours`, `query_intervals`), the next
+    ``config.chunk_hours`` at a time with range queries (`query_run`, `query_intervals`), the next
     run's queries in flight in one thread while this thread builds and prices an hour, and a writer
     thread writes the previous hour (at most one hour in flight; each hour is still its own
     transaction, written in order). A run whose range queries fail is retried hour by hour with
@@ -655,7 +773,7 @@ def _few_collections():
 
 def _query_run(client, hours: list[datetime], config):
     """The answers and the scrape intervals of a run of consecutive hours."""
-    return query_hours(client, hours), query_intervals(client, hours, config)
+    return query_run(client, hours), query_intervals(client, hours, config)
 
 
 def _ingest_serially(client, ledger, book, hours, config, progress, stopping=None) -> IngestResult:
@@ -710,7 +828,7 @@ def _ingest_serially(client, ledger, book, hours, config, progress, stopping=Non
                 except PrometheusError as exc:
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
-                for hour in run:
+                for index, hour in enumerate(run):
                     if stop_here():
                         return result
                     if answers is None or intervals is None:  # hour by hour, instant queries, in this thread
@@ -728,7 +846,7 @@ def _ingest_serially(client, ledger, book, hours, config, progress, stopping=Non
                     started = datetime.now(UTC)
                     try:
                         record, kube_teams, unpriced = _price_hour(
-                            pricer, hour, answers.pop(hour), intervals[hour], config, known_teams
+                            pricer, answers, index, intervals[hour], config, known_teams
                         )
                     except IntervalMismatch as exc:
                         if written():

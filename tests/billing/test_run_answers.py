@@ -1,0 +1,171 @@
+"""Range answers are read column-wise (billing.ingest.RunAnswers, docs/billing.md §6): each series once
+for a run of hours, its joins (share, utilization, process use) worked out once. Whatever series come
+and go between hours, each hour built from the run must be the hour built from its own samples
+alone, as the instant queries of the hourly service give them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpumeter import contract
+from gpumeter.billing.ingest import IngestConfig, RunAnswers, _at, build_hour
+from gpumeter.billing.prom import Sample, SeriesLabels
+from tests.billing.factories import H100, HOUR0
+
+HOURS = [HOUR0 + timedelta(hours=i) for i in range(4)]
+CONFIG = IngestConfig(scrape_interval=30.0)
+
+
+def _series() -> dict[str, list[dict[str, str]]]:
+    """A MIG GPU and a whole GPU; on them MIG holders, time-sliced replicas and a fractional grant,
+    with process data, and two namespaces' team labels: one label set per query name."""
+    mig, whole = "GPU-mig", "GPU-whole"
+    device = {contract.GPU: "0", contract.MODEL: H100, contract.HOSTNAME: "node-1"}
+    out: dict[str, list[dict[str, str]]] = {name: [] for name in contract.BILLING_QUERIES}
+    out["gpu_count"] = [
+        {**device, contract.UUID: mig, contract.MIG_MODE: "enabled"},
+        {**device, contract.UUID: whole, contract.GPU: "1", contract.MIG_MODE: "disabled"},
+        # the same GPU under a changed label inside an hour: its counts add up
+        {
+            **device,
+            contract.UUID: whole,
+            contract.GPU: "1",
+            contract.MIG_MODE: "disabled",
+            contract.MODEL: "x",
+        },
+    ]
+    out["gpu_util"] = [{contract.UUID: mig}, {contract.UUID: whole}]
+    for gi, profile, slices in (("1", "3g.40gb", "3"), ("2", "3g.40gb", "3")):
+        out["mig_count"].append(
+            {
+                contract.UUID: mig,
+                contract.GPU_INSTANCE_ID: gi,
+                contract.MIG_PROFILE: profile,
+                contract.COMPUTE_SLICES: slices,
+                contract.MEMORY_SLICES: "4",
+            }
+        )
+        out["mig_util"].append({contract.UUID: mig, contract.GPU_INSTANCE_ID: gi})
+    holders = [
+        (mig, "1", "3g.40gb", "team-a", "train", contract.SHARING_MIG),
+        (mig, "2", "3g.40gb", "team-b", "infer", contract.SHARING_TIME_SLICING),
+        (mig, "2", "3g.40gb", "team-b", "infer-2", contract.SHARING_TIME_SLICING),
+        (whole, "", "", "team-a", "notebook", contract.SHARING_FRACTIONAL),
+        (whole, "", "", "Team-C", "batch", contract.SHARING_TIME_SLICING),
+    ]
+    for uuid, gi, profile, namespace, pod, sharing in holders:
+        labels = {
+            contract.HOSTNAME: "node-1",
+            contract.NAMESPACE: namespace,
+            contract.POD: pod,
+            contract.CONTAINER: "main",
+            contract.RESOURCE: "nvidia.com/gpu",
+            contract.UUID: uuid,
+            contract.GPU: "0" if uuid == mig else "1",
+            contract.GPU_INSTANCE_ID: gi,
+            contract.MIG_PROFILE: profile,
+            contract.SHARING: sharing,
+        }
+        for name in ("alloc_count", "alloc_share"):
+            out[name].append(labels)
+        if sharing == contract.SHARING_FRACTIONAL:
+            out["alloc_memory"].append(labels)
+            out["alloc_compute"].append(labels)
+        process = {key: labels[key] for key in contract.BILLING_QUERIES["proc_sm"].by}
+        out["proc_sm"].append(process)
+        out["proc_memory"].append(process)
+    out["teams"] = [
+        {contract.NAMESPACE: "team-a", contract.LABEL_TEAM: "alpha"},
+        {contract.NAMESPACE: "team-b", contract.LABEL_TEAM: "beta"},
+    ]
+    return out
+
+
+SERIES = _series()
+COUNTS = (1.0, 60.0, 100.0, 119.0, 120.0, 121.0)  # samples at 30 s: an hour holds 120
+
+
+def _value(name: str) -> st.SearchStrategy[float]:
+    if name.endswith("_count"):
+        return st.sampled_from(COUNTS)
+    if name == "proc_memory":
+        return st.sampled_from((0.0, 1.5e9, 4e10))
+    return st.sampled_from((0.0, 0.125, 0.3, 0.5, 1.0))
+
+
+@st.composite
+def histories(draw) -> dict[str, list[list[float | None]]]:
+    """Per query name, per series, a value or None (no sample) for each hour."""
+    return {
+        name: [[draw(st.none() | _value(name)) for _ in HOURS] for _ in labels]
+        for name, labels in SERIES.items()
+    }
+
+
+def _range_answers(history: dict[str, list[list[float | None]]]) -> dict[str, list]:
+    """As Prometheus sends a range answer: each series with only the steps it has a value at, as text."""
+    return {
+        name: [
+            (
+                SeriesLabels(labels),
+                [[_at(h).timestamp(), repr(v)] for h, v in zip(HOURS, values, strict=True) if v is not None],
+            )
+            for labels, values in zip(SERIES[name], history[name], strict=True)
+            if any(v is not None for v in values)
+        ]
+        for name in SERIES
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(histories())
+def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history):
+    run = RunAnswers(_range_answers(history), HOURS)
+    for index, hour in enumerate(HOURS):
+        alone = {
+            name: [
+                Sample(dict(labels), values[index])
+                for labels, values in zip(SERIES[name], history[name], strict=True)
+                if values[index] is not None
+            ]
+            for name in SERIES
+        }
+        problems_run: list[str] = []
+        problems_alone: list[str] = []
+        assert run.build(index, CONFIG, problems=problems_run) == build_hour(
+            alone, hour, CONFIG, problems=problems_alone
+        )
+        assert problems_run == problems_alone
+
+
+def test_a_run_reads_each_hour_at_its_own_step():
+    """Not vacuous: values placed at their hours, a gap left empty, process use only where measured
+    (memory alone: SM unknown, None; SM measured for another holder of the GPU: 0 for this one)."""
+    history: dict[str, list[list[float | None]]] = {
+        name: [[None] * len(HOURS) for _ in labels] for name, labels in SERIES.items()
+    }
+    history["gpu_count"][1] = [120.0, None, 60.0, 120.0]  # the whole GPU: absent in hour 1
+    history["alloc_count"][4] = [120.0, None, 60.0, 120.0]  # Team-C's batch pod on it
+    history["alloc_share"][4] = [0.5, None, 0.25, 0.5]
+    history["proc_memory"][4] = [None, None, 2e9, 2e9]
+    history["proc_sm"][3] = [None, None, None, 0.3]  # team-a's notebook on the same GPU, not allocated
+    run = RunAnswers(_range_answers(history), HOURS)
+    got = []
+    for index in range(len(HOURS)):
+        gpu_hours, _ = run.build(index, CONFIG)
+        got.append(
+            [
+                (a.pod, a.allocated_seconds, str(a.share), a.process_memory, a.process_sm, a.utilization)
+                for gh in gpu_hours
+                for a in gh.allocations
+            ]
+        )
+    assert got == [
+        [("batch", 3600, "0.500000000", None, None, None)],
+        [],
+        [("batch", 1800, "0.250000000", 2000000000, None, None)],
+        [("batch", 3600, "0.500000000", 2000000000, 0, 0)],
+    ]
