@@ -445,8 +445,13 @@ class Pricer:
             dev.model,
             dev.present_seconds,
             dev.mig_mode,
-            tuple(map(_PRICED_INSTANCE, gpu_hour.instances)),
-            tuple(map(_PRICED_ALLOCATION, gpu_hour.allocations)),
+            # the layout carried from ingest holds all of these (and the hostname), in the order of
+            # the lists, which the kept lines' allocation indices refer to
+            gpu_hour.layout
+            or (
+                tuple(map(_PRICED_INSTANCE, gpu_hour.instances)),
+                tuple(map(_PRICED_ALLOCATION, gpu_hour.allocations)),
+            ),
         )
         memo = self._memo.get(key)
         if memo is None or version is None:  # only hours with a price version are kept

@@ -25,6 +25,7 @@ from typing import TypeVar
 from gpumeter import contract
 from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ledger.base import SHARED_MODES, HourRecord, Ledger, LedgerError
+from gpumeter.billing.ledger.layouts import allocation_layout, instance_layout
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusError, QueryClient, Sample, SeriesLabels, open_client
@@ -382,6 +383,11 @@ class RunAnswers:
                     process_memory.get(process_key),
                 )
             )
+        # each GPU's instances and holders then come out of `build` in the canonical order of its
+        # layout (billing/ledger/layouts.py): by (instance, profile) and (instance, namespace, pod,
+        # container, resource); sorted once per run, not per GPU-hour
+        self.instances.sort(key=lambda s: (s[0][1], s[0][2]))
+        self.allocations.sort(key=lambda s: (s[0][1], s[0][4], s[0][5], s[0][6], s[0][8]))
         self.teams: list[dict[str, str]] = [{} for _ in hours]
         for labels, values in col["teams"]:
             namespace, team = labels.get(contract.NAMESPACE), labels.get(contract.LABEL_TEAM)
@@ -511,7 +517,14 @@ class RunAnswers:
                     process_memory=own_memory,
                 )
             )
-        return [hours[u] for u in sorted(hours)], dict(self.teams[i])
+        built = [hours[u] for u in sorted(hours)]
+        for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
+            if gpu_hour.instances or gpu_hour.allocations:
+                gpu_hour.layout = (
+                    tuple(map(instance_layout, gpu_hour.instances)),
+                    tuple(map(allocation_layout, gpu_hour.allocations)),
+                )
+        return built, dict(self.teams[i])
 
 
 def _at_hour(values: Values | None, index: int) -> Decimal | None:

@@ -157,6 +157,10 @@ class GpuHour:
     device: Device
     instances: list[MigInstance] = field(default_factory=list)
     allocations: list[Allocation] = field(default_factory=list)
+    # The key of its layout (billing/ledger/layouts.py `layout_key`), carried by a builder that lists
+    # the instances and allocations in the canonical order and knew it (ingest does, once per
+    # GPU-hour, for pricing and the ledger both); None: not carried, worked out where needed.
+    layout: tuple | None = field(default=None, compare=False, repr=False)
 
 
 def line_key_of(uuid: str, kind: str, namespace: str, pod: str, container: str, gi: str, profile: str) -> str:

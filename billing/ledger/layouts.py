@@ -46,8 +46,8 @@ ALLOCATION_LAYOUT = (
 )
 ALLOCATION_READINGS = ("utilization", "process_sm", "process_memory")
 _DECIMALS = frozenset(("share", "memory_share", "compute_share", *ALLOCATION_READINGS))
-_instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
-_allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
+instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
+allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
 _allocation_readings = operator.attrgetter(*ALLOCATION_READINGS)
 _NAMESPACE_AT, _POD_AT, _SHARING_AT = map(ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing"))
 
@@ -57,12 +57,21 @@ def ordered(gpu_hour: GpuHour) -> tuple[list[MigInstance], list[Allocation]]:
     return sorted(gpu_hour.instances, key=INSTANCE_ORDER), sorted(gpu_hour.allocations, key=ALLOCATION_ORDER)
 
 
+def canonical(gpu_hour: GpuHour) -> tuple[list[MigInstance], list[Allocation], tuple | None]:
+    """The GPU-hour's instances and allocations in the canonical order, and its layout key: as
+    carried (`GpuHour.layout`, already in that order), else sorted and keyed here."""
+    if gpu_hour.layout is not None:
+        return gpu_hour.instances, gpu_hour.allocations, gpu_hour.layout
+    instances, allocations = ordered(gpu_hour)
+    return instances, allocations, layout_key(instances, allocations)
+
+
 def layout_key(instances: list[MigInstance], allocations: list[Allocation]) -> tuple | None:
     """A hashable key of the layout of (ordered) instances and allocations; None for a GPU-hour
     with neither (an idle whole GPU), which names no layout."""
     if not instances and not allocations:
         return None
-    return tuple(map(_instance_layout, instances)), tuple(map(_allocation_layout, allocations))
+    return tuple(map(instance_layout, instances)), tuple(map(allocation_layout, allocations))
 
 
 def _text(value: object) -> object:

@@ -325,8 +325,7 @@ class SqlLedger(Ledger):
             row = [hour, *self._device_values(gpu_hour.device), None, None]
             if exact is not None:
                 row[at_utilization] = exact(row[at_utilization])
-            instances, allocations = layouts.ordered(gpu_hour)
-            key = layouts.layout_key(instances, allocations)
+            instances, allocations, key = layouts.canonical(gpu_hour)
             if key is not None:
                 layout_id = known.get(key) or added.get(key)
                 if layout_id is None:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.ledger import layouts
 from gpumeter.billing.models import GpuHour
 from gpumeter.billing.pricing import PriceBook, PriceVersion
 from gpumeter.billing.pricing.base import GpuPrice
@@ -104,3 +105,16 @@ def test_the_memoised_pricer_gives_exactly_what_price_gpu_hour_gives(case, data)
     assert pricer.price(first) == price_gpu_hour(first, book)
     assert pricer.price(later, teams) == price_gpu_hour(later, book, teams)
     assert pricer.hits == (1 if not price_gpu_hour(first, book).warnings else 0)
+
+    # and as ingest hands them over: listed in the canonical order, carrying their layout's key,
+    # which the memo is then keyed by (its kept lines point at allocations by position)
+    def carried(gh: GpuHour) -> GpuHour:
+        instances, allocations, key = layouts.canonical(gh)
+        return GpuHour(gh.hour, gh.device, instances, allocations, layout=key)
+
+    pricer = Pricer(book)
+    assert pricer.price(carried(first)) == price_gpu_hour(carried(first), book)
+    assert pricer.price(carried(later), teams) == price_gpu_hour(carried(later), book, teams)
+    assert [line for line in price_gpu_hour(carried(later), book, teams).lines] == [
+        line for line in price_gpu_hour(later, book, teams).lines
+    ]  # the order of the lists changes no line, only the order of warnings

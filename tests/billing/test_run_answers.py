@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpumeter import contract
 from gpumeter.billing.ingest import IngestConfig, RunAnswers, _at, build_hour
+from gpumeter.billing.ledger import layouts
 from gpumeter.billing.prom import Sample, SeriesLabels
 from tests.billing.factories import H100, HOUR0
 
@@ -135,10 +136,13 @@ def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history):
         }
         problems_run: list[str] = []
         problems_alone: list[str] = []
-        assert run.build(index, CONFIG, problems=problems_run) == build_hour(
-            alone, hour, CONFIG, problems=problems_alone
-        )
+        built = run.build(index, CONFIG, problems=problems_run)
+        assert built == build_hour(alone, hour, CONFIG, problems=problems_alone)
         assert problems_run == problems_alone
+        for gpu_hour in built[0]:  # listed in the canonical order, with the key of that layout
+            instances, allocations = layouts.ordered(gpu_hour)
+            assert (gpu_hour.instances, gpu_hour.allocations) == (instances, allocations)
+            assert gpu_hour.layout == layouts.layout_key(instances, allocations)
 
 
 def test_a_run_reads_each_hour_at_its_own_step():
