@@ -335,10 +335,15 @@ class RunAnswers:
     out once per series for the whole run, and `build` then makes each hour's facts from the values
     at that hour: the same facts as an instant query per hour would give (tests check it)."""
 
-    def __init__(self, answers: dict[str, list[tuple[dict[str, str], list]]], hours: list[datetime]):
+    @classmethod
+    def of(cls, answers: dict[str, list[tuple[dict[str, str], list]]], hours: list[datetime]) -> RunAnswers:
+        """From the answers as Prometheus gives them: (labels, [[unix seconds, value], ...]) per series."""
+        first = _at(hours[0]).timestamp()
+        return cls({name: _columns(answers.get(name, ()), first, len(hours)) for name in QUERIES}, hours)
+
+    def __init__(self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime]):
+        """``col``: per query name, its series with their values per hour (`_columns`)."""
         self.hours = hours
-        first, count = _at(hours[0]).timestamp(), len(hours)
-        col = {name: _columns(answers.get(name, ()), first, count) for name in QUERIES}
         self.devices = [(_derived(labels, _device_labels), values) for labels, values in col["gpu_count"]]
         self.gpu_util = {key[0]: values for key, values in _keyed(col["gpu_util"], _uuid).items()}
         mig_util = _keyed(col["mig_util"], _uuid_gi)
@@ -551,7 +556,7 @@ def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
     """
     if len(hours) == 1:
         at = _at(hours[0])
-        return RunAnswers(
+        return RunAnswers.of(
             {
                 name: [(labels, [(at.timestamp(), value)]) for labels, value in client.query(promql, at)]
                 for name, promql in QUERIES.items()
@@ -561,8 +566,15 @@ def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
     if any(b - a != HOUR for a, b in itertools.pairwise(hours)):
         raise ValueError("query_run needs consecutive hours")
     first, last = _at(hours[0]), _at(hours[-1])
+    # each answer made columns as it arrives: only one query's raw answer is held at a time (at
+    # 10,000 GPUs one is ~40,000 series x 24 steps of JSON lists)
+    at, count = first.timestamp(), len(hours)
     return RunAnswers(
-        {name: client.query_range(promql, first, last, 3600) for name, promql in QUERIES.items()}, hours
+        {
+            name: _columns(client.query_range(promql, first, last, 3600), at, count)
+            for name, promql in QUERIES.items()
+        },
+        hours,
     )
 
 
@@ -586,7 +598,7 @@ def build_hour(
     answers = {
         name: [(labels, [(at, value)]) for labels, value in samples] for name, samples in results.items()
     }
-    return RunAnswers(answers, [hour]).build(0, config, intervals, problems)
+    return RunAnswers.of(answers, [hour]).build(0, config, intervals, problems)
 
 
 _PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container

@@ -124,7 +124,7 @@ def _range_answers(history: dict[str, list[list[float | None]]]) -> dict[str, li
 @settings(max_examples=150, deadline=None)
 @given(histories())
 def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history):
-    run = RunAnswers(_range_answers(history), HOURS)
+    run = RunAnswers.of(_range_answers(history), HOURS)
     for index, hour in enumerate(HOURS):
         alone = {
             name: [
@@ -156,7 +156,7 @@ def test_a_run_reads_each_hour_at_its_own_step():
     history["alloc_share"][4] = [0.5, None, 0.25, 0.5]
     history["proc_memory"][4] = [None, None, 2e9, 2e9]
     history["proc_sm"][3] = [None, None, None, 0.3]  # team-a's notebook on the same GPU, not allocated
-    run = RunAnswers(_range_answers(history), HOURS)
+    run = RunAnswers.of(_range_answers(history), HOURS)
     got = []
     for index in range(len(HOURS)):
         gpu_hours, _ = run.build(index, CONFIG)
