@@ -233,11 +233,6 @@ def _alloc_key_labels(labels: dict[str, str]) -> tuple:
     return tuple(map(labels.get, _ALLOC_KEYS))
 
 
-def _alloc_key(labels: dict[str, str]) -> tuple:
-    """The ALLOC_LABELS values of an allocation series: both allocation queries keep exactly these."""
-    return _derived(labels, _alloc_key_labels)
-
-
 def _device_labels(labels: dict[str, str]) -> tuple:
     get = labels.get
     return (
@@ -279,7 +274,7 @@ def _allocation_labels(labels: dict[str, str]) -> tuple:
         get(contract.MIG_PROFILE, ""),
         get(contract.RESOURCE, ""),
         get(contract.SHARING, ""),
-        tuple(map(get, _ALLOC_KEYS)),
+        _alloc_key_labels(labels),  # what the share and fraction answers are matched on
     )
 
 
@@ -323,10 +318,6 @@ def _keyed(
     return out
 
 
-def _uuid(labels: dict[str, str]) -> tuple:
-    return (labels.get(contract.UUID, ""),)
-
-
 class RunAnswers:
     """The answers of every query of §6 for a run of consecutive hours, column-wise.
 
@@ -345,14 +336,13 @@ class RunAnswers:
         """``col``: per query name, its series with their values per hour (`_columns`)."""
         self.hours = hours
         self.devices = [(_derived(labels, _device_labels), values) for labels, values in col["gpu_count"]]
-        self.gpu_util = {key[0]: values for key, values in _keyed(col["gpu_util"], _uuid).items()}
+        self.gpu_util = {key[0]: values for key, values in _keyed(col["gpu_util"], _uuid_gi).items()}
         mig_util = _keyed(col["mig_util"], _uuid_gi)
-        self.mig_util = mig_util
         self.instances = [
             (_derived(labels, _instance_labels), values, mig_util.get(_derived(labels, _uuid_gi)))
             for labels, values in col["mig_count"]
         ]
-        # both allocation queries keep exactly the ALLOC_LABELS: match their answers on those values
+        # the allocation queries keep exactly the ALLOC_LABELS: match their answers on those values
         shares = _keyed(col["alloc_share"], _alloc_key_labels)
         # fractional grants only (an hour of Prometheus from before them has no such answers)
         memory_shares = _keyed(col["alloc_memory"], _alloc_key_labels)

@@ -163,7 +163,7 @@ class MemoryLedger(Ledger):
                 "ingest_runs": len(self._runs),
                 "price_book_versions": len(self._versions),
                 "gpu_hours": len(hours),
-                "gpu_layouts": len({layouts.layout_key(*layouts.ordered(gh)) for gh in hours} - {None}),
+                "gpu_layouts": len({layouts.canonical(gh)[2] for gh in hours} - {None}),
                 "cost_lines": sum(len(lines) for lines in self._lines.values()),
                 "namespace_teams": len(self._teams),
             }
