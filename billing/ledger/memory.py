@@ -19,7 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.ledger import layouts
+from gpumeter.billing.ledger import layouts, terms
 from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestRunRecord,
@@ -165,6 +165,9 @@ class MemoryLedger(Ledger):
                 "gpu_hours": len(hours),
                 "gpu_layouts": len({layouts.canonical(gh)[2] for gh in hours} - {None}),
                 "cost_lines": sum(len(lines) for lines in self._lines.values()),
+                "cost_line_terms": len(
+                    {(terms.of_line(line), row) for lines in self._lines.values() for line, row in lines}
+                ),
                 "namespace_teams": len(self._teams),
             }
 

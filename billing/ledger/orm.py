@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import ForeignKey, Index, String, Text
+from sqlalchemy import Column, ForeignKey, Index, Integer, MetaData, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gpumeter.billing.ledger.types import Exact, Money, UtcDateTime
@@ -75,13 +75,19 @@ class NamespaceTeam(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
-class CostLine(Base):
-    __tablename__ = "cost_lines"
+class CostLineTerm(Base):
+    """What a cost line charges, apart from its hour and the hour's readings: the GPU, who or what,
+    the quantity, the amount and the price version. A GPU's lines repeat these hour after hour, so
+    each distinct term is stored once (content-addressed by `digest`, migration 0009) and every
+    hour's line names it. Immutable: a re-priced hour names new terms."""
+
+    __tablename__ = "cost_line_terms"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    hour: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256, billing/ledger/terms.py
+    line_key: Mapped[str] = mapped_column(String(64))  # billing.ledger.base.line_key
     uuid: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(32))
-    namespace: Mapped[str] = mapped_column(Text, index=True)
+    namespace: Mapped[str] = mapped_column(Text)
     team: Mapped[str] = mapped_column(Text, default="")
     pod: Mapped[str] = mapped_column(Text, default="")
     container: Mapped[str] = mapped_column(Text, default="")
@@ -92,13 +98,43 @@ class CostLine(Base):
     amount: Mapped[Decimal | None] = mapped_column(Money())  # NULL only for __unpriced__
     currency: Mapped[str] = mapped_column(String(3))
     price_version_id: Mapped[int | None] = mapped_column(ForeignKey("price_book_versions.id"))
-    efficiency: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
     held: Mapped[Decimal] = mapped_column(Exact(18, 6))  # in held_unit (billing.models.QuantityUnit)
     held_unit: Mapped[str] = mapped_column(String(16))
+
+
+class CostLineHour(Base):
+    """One cost line of one hour: its term and the hour's readings (report only, never billed)."""
+
+    __tablename__ = "cost_line_hours"
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
     # the natural key within the hour (billing.ledger.base.line_key): a line cannot be stored twice
-    line_key: Mapped[str] = mapped_column(String(64))
-    __table_args__ = (Index("ux_cost_lines_hour_line_key", "hour", "line_key", unique=True),)
+    line_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    term_id: Mapped[int] = mapped_column(ForeignKey("cost_line_terms.id"))
+    seq: Mapped[int]  # the line's place among its hour's lines, as written
+    efficiency: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
+    # SQLite: the primary key is the table (no rowid b-tree beside it): one b-tree per line, not two
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+# `cost_lines`: a view of the two tables above with the Line record's fields, one row per line and
+# hour, as the table of that name was up to revision 0008; what the readers and people's SQL query.
+# Declared apart from Base: it is no table of the schema's (the migration creates it).
+COST_LINES = Table(
+    "cost_lines",
+    MetaData(),
+    Column("hour", UtcDateTime),
+    Column("seq", Integer),
+    Column("line_key", String(64)),
+    Column("term_id", Integer),
+    *(
+        Column(column.name, column.type)
+        for column in CostLineTerm.__table__.columns
+        if column.name not in ("id", "digest", "line_key")
+    ),
+    Column("efficiency", Exact(12, 9)),
+    Column("utilization", Exact(12, 9)),
+)
 
 
 class BillingLock(Base):

@@ -40,7 +40,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 from sqlalchemy.orm import Session
 
 from gpumeter import contract
-from gpumeter.billing.ledger import layouts
+from gpumeter.billing.ledger import layouts, terms
 from gpumeter.billing.ledger.base import (
     BILLED_TO_TEAMS,
     HourRecord,
@@ -57,8 +57,10 @@ from gpumeter.billing.ledger.base import (
     summarise,
 )
 from gpumeter.billing.ledger.orm import (
+    COST_LINES,
     BillingLock,
-    CostLine,
+    CostLineHour,
+    CostLineTerm,
     GpuHourRow,
     GpuLayout,
     IngestRun,
@@ -82,6 +84,7 @@ log = logging.getLogger(__name__)
 # failover takes a few seconds; a transaction that fails is rolled back whole, so a retry is safe).
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
 LAYOUTS_KEPT = 50_000  # layouts a ledger remembers, ids and parsed bodies (~1,400 a month on 1,000 GPUs)
+TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 
 
 _ENUM_VALUES = {member: member.value for member in (*LineKind, *QuantityUnit)}
@@ -201,6 +204,8 @@ class SqlLedger(Ledger):
         # gpu_layouts rows are immutable and content-addressed: what was committed once is kept
         self._layout_ids: dict[tuple, int] = {}  # layout key -> id
         self._parsed_layouts: dict[int, dict] = {}  # id -> parsed body
+        # cost_line_terms rows too: (the line's term fields, its price version's row) -> id
+        self._term_ids: dict[tuple, int] = {}
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -260,15 +265,17 @@ class SqlLedger(Ledger):
         takes the database's write lock, which the second writer waits for (busy timeout).
         """
         SqlLedger._lock_hour(session, hour)
-        tables = (CostLine, GpuHourRow) if facts else (CostLine,)
+        tables = (CostLineHour, GpuHourRow) if facts else (CostLineHour,)
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
 
     # cost_lines holds the Line record's fields, declared once in billing/models.py; the price version
-    # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees)
+    # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees).
+    # A line is stored as its term (cost_line_terms, billing/ledger/terms.py) and its hour's row.
     LINE_FIELDS = tuple(f.name for f in dataclasses.fields(Line))
     LINE_COLUMNS = tuple("price_version_id" if name == "price_version" else name for name in LINE_FIELDS)
     EXACT_FIELDS = frozenset(("quantity", "amount", "efficiency", "utilization", "held"))  # Decimals
+    LINE_HOUR_COLUMNS = ("hour", "line_key", "term_id", "seq", "efficiency", "utilization")
     DEVICE_COLUMNS = (
         "hour",
         "uuid",
@@ -281,35 +288,72 @@ class SqlLedger(Ledger):
     )
     GPU_HOUR_COLUMNS = (*DEVICE_COLUMNS, "layout_id", "readings")  # the layout and readings: layouts.py
 
-    INSERT_LINE_COLUMNS = (*LINE_COLUMNS, "line_key")  # and the natural key, derived from the line
-
-    @staticmethod
     def _line_rows(
-        lines: list[Line], version_rows: dict[str, int], hour, exact, keys: list[str]
-    ) -> list[list]:
-        """Rows of ``cost_lines`` in INSERT_LINE_COLUMNS order, already in the driver's form.
+        self,
+        session: Session,
+        lines: list[Line],
+        version_rows: dict[str, int],
+        hour,
+        exact,
+        keys: list[str],
+    ) -> tuple[list[list], dict]:
+        """Rows of ``cost_line_hours`` in LINE_HOUR_COLUMNS order, in the driver's form, and the terms
+        this transaction added (key -> id), which `_term_ids` learns only once it commits.
 
-        All fields are read at once (`attrgetter`) and only the few that the driver stores
-        differently are converted, in place: ~3,700 lines an hour on the 1,000-GPU bench."""
-        fields = SqlLedger.LINE_FIELDS
-        stored = _ENUM_VALUES.__getitem__
-        changes: list[tuple[int, Callable]] = [
-            (fields.index("kind"), stored),
-            (fields.index("held_unit"), stored),
-            (fields.index("price_version"), {None: None, **version_rows}.__getitem__),
-        ]
-        if exact is not None:
-            changes += [(fields.index(name), exact) for name in sorted(SqlLedger.EXACT_FIELDS)]
-        at_hour = fields.index("hour")
-        values = operator.attrgetter(*fields)
+        A line's term is found by its fields (a dict look-up: a GPU's lines repeat hour after hour,
+        ~3,700 an hour on the 1,000-GPU bench); the terms not seen before are stored together."""
+        known, added = self._term_ids, {}
+        wanted: dict[tuple, tuple[str, list[list]]] = {}  # term -> its line key, the rows naming it
+        convert = exact or (lambda value: value)
         rows = []
-        for line, key in zip(lines, keys, strict=True):
-            row = [*values(line), key]
-            row[at_hour] = hour
-            for at, to in changes:
-                row[at] = to(row[at])
+        for seq, (line, key) in enumerate(zip(lines, keys, strict=True)):
+            term = (terms.of_line(line), version_rows.get(line.price_version))
+            term_id = known.get(term)
+            row = [hour, key, term_id, seq, convert(line.efficiency), convert(line.utilization)]
+            if term_id is None:
+                wanted.setdefault(term, (key, []))[1].append(row)
             rows.append(row)
-        return rows
+        if wanted:
+            added = self._term_rows(session, {term: key for term, (key, _) in wanted.items()})
+            for term, (_, named) in wanted.items():
+                for row in named:
+                    row[2] = added[term]
+        return rows, added
+
+    def _term_rows(self, session: Session, wanted: dict[tuple, str]) -> dict[tuple, int]:
+        """The ids of these terms' rows, inserting those no one stored before (content-addressed).
+
+        Inserted in the order of their digests, with ON CONFLICT DO NOTHING: a writer storing some
+        of the same terms at once makes the other wait for its commit (PostgreSQL), never deadlock."""
+        fields = {}
+        for term, line_key in wanted.items():
+            values, version_row = term
+            row = dict(zip(terms.LINE_FIELDS, values, strict=True))
+            del row["price_version"]
+            row["price_version_id"] = version_row
+            row["kind"], row["held_unit"] = row["kind"].value, row["held_unit"].value
+            row["line_key"] = line_key
+            row["digest"] = terms.digest(row)
+            fields[term] = row
+        by_digest = {row["digest"]: term for term, row in fields.items()}
+        digests = sorted(by_digest)
+        table = CostLineTerm.__table__
+        found: dict[str, int] = {}
+
+        def look_up(among: list[str]) -> None:
+            for at in range(0, len(among), 500):
+                query = select(table.c.digest, table.c.id).where(table.c.digest.in_(among[at : at + 500]))
+                found.update(session.execute(query).all())
+
+        look_up(digests)
+        missing = [digest for digest in digests if digest not in found]
+        if missing:
+            dialect = session.bind.dialect.name
+            insert_ = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(table)
+            statement = insert_.on_conflict_do_nothing(index_elements=["digest"])
+            session.execute(statement, [fields[by_digest[digest]] for digest in missing])
+            look_up(missing)
+        return {by_digest[digest]: term_id for digest, term_id in found.items()}
 
     _device_values = operator.attrgetter(*DEVICE_COLUMNS[1:])
 
@@ -391,8 +435,8 @@ class SqlLedger(Ledger):
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
             versions = self._version_rows(session, record.book, record.lines)
-            rows = self._line_rows(record.lines, versions, hour, exact, keys)
-            self._bulk_insert(session, CostLine.__table__, self.INSERT_LINE_COLUMNS, rows)
+            rows, added_terms = self._line_rows(session, record.lines, versions, hour, exact, keys)
+            self._bulk_insert(session, CostLineHour.__table__, self.LINE_HOUR_COLUMNS, rows)
             session.add(
                 IngestRun(
                     hour=record.hour,
@@ -406,6 +450,13 @@ class SqlLedger(Ledger):
         if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
+        self._learn_terms(added_terms)
+
+    def _learn_terms(self, added: dict[tuple, int]) -> None:
+        """Terms a committed transaction stored or found: later hours name them without a look-up."""
+        if len(self._term_ids) + len(added) > TERMS_KEPT:
+            self._term_ids.clear()
+        self._term_ids.update(added)
 
     @_stored("re-price hour")
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
@@ -414,8 +465,9 @@ class SqlLedger(Ledger):
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
             versions = self._version_rows(session, book, lines)
-            rows = self._line_rows(lines, versions, stored_hour, exact, keys)
-            self._bulk_insert(session, CostLine.__table__, self.INSERT_LINE_COLUMNS, rows)
+            rows, added_terms = self._line_rows(session, lines, versions, stored_hour, exact, keys)
+            self._bulk_insert(session, CostLineHour.__table__, self.LINE_HOUR_COLUMNS, rows)
+        self._learn_terms(added_terms)
 
     @_stored("record run")
     def record_run(
@@ -521,18 +573,19 @@ class SqlLedger(Ledger):
     def lines(self, start: datetime, end: datetime) -> list[Line]:
         with Session(self.engine) as session:
             rows = session.execute(
-                select(CostLine, PriceBookVersion.effective_from)
-                .outerjoin(PriceBookVersion, CostLine.price_version_id == PriceBookVersion.id)
-                .where(CostLine.hour >= start, CostLine.hour < end)
-                .order_by(CostLine.id)
+                select(COST_LINES, PriceBookVersion.effective_from)
+                .outerjoin(PriceBookVersion, COST_LINES.c.price_version_id == PriceBookVersion.id)
+                .where(COST_LINES.c.hour >= start, COST_LINES.c.hour < end)
+                .order_by(COST_LINES.c.hour, COST_LINES.c.seq)
             )
             read = {
                 "kind": LineKind,
                 "held_unit": QuantityUnit,
             }
             out = []
-            for r, since in rows:
+            for r in rows:
                 fields = {name: getattr(r, name) for name in self.LINE_FIELDS if name != "price_version"}
+                since = r.effective_from
                 fields.update({name: to(fields[name]) for name, to in read.items()})
                 out.append(Line(**fields, price_version=None if since is None else version_id(since)))
             return out
@@ -540,22 +593,24 @@ class SqlLedger(Ledger):
     @_stored("count rows")
     def counts(self) -> dict[str, int]:
         """Row counts per table (tests use it to prove nothing was written)."""
-        tables = (IngestRun, PriceBookVersion, GpuHourRow, GpuLayout, CostLine, NamespaceTeam)
+        tables = (IngestRun, PriceBookVersion, GpuHourRow, GpuLayout, CostLineTerm, NamespaceTeam)
         with Session(self.engine) as session:
-            return {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
+            counted = {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
+            counted["cost_lines"] = session.scalar(select(func.count()).select_from(CostLineHour))
+            return counted
 
     @_stored("summarise")
     def summary(self) -> LedgerSummary:
         with Session(self.engine) as session:
             query = select(
-                CostLine.namespace,
-                CostLine.team,
-                CostLine.model,
-                CostLine.mig_profile,
-                CostLine.kind,
-                CostLine.currency,
-                CostLine.quantity,
-                CostLine.amount,
+                COST_LINES.c.namespace,
+                COST_LINES.c.team,
+                COST_LINES.c.model,
+                COST_LINES.c.mig_profile,
+                COST_LINES.c.kind,
+                COST_LINES.c.currency,
+                COST_LINES.c.quantity,
+                COST_LINES.c.amount,
             )
             lines = [tuple(row) for row in session.execute(query)]
             last = session.scalar(
@@ -570,7 +625,7 @@ class SqlLedger(Ledger):
     @_stored("sum team costs")
     def team_costs(self, start: datetime, end: datetime) -> dict[tuple[str, str], Decimal]:
         """Summed in SQL as whole units of the stored scale (exact on SQLite's decimal text too)."""
-        c = CostLine.__table__.c
+        c = COST_LINES.c
         scale = 10**4  # Money() is NUMERIC(20, 4)
         query = (
             select(
@@ -596,7 +651,7 @@ class SqlLedger(Ledger):
     def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
         """Lines summed in SQL per bucket; money and quantities summed exactly as integers of their
         stored scale (SQLite keeps exact decimal text, so no float ever carries an amount)."""
-        table = CostLine.__table__
+        table = COST_LINES
         c = table.c
         money_scale, qty_scale = 10**4, 10**6  # Money() is NUMERIC(20, 4), quantity NUMERIC(18, 6)
         sqlite = self.engine.dialect.name == "sqlite"

@@ -8,6 +8,7 @@ barrier, many times over; after every round the hour holds exactly one writer's 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -23,8 +24,8 @@ from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 ROUNDS = 25
 
 
-def _record(prices, hour):
-    u = "GPU-race"
+def _record(prices, hour, uuid="GPU-race"):
+    u = uuid
     gh = gpu_hour(
         u,
         A100,
@@ -72,6 +73,35 @@ def test_two_writers_of_one_hour_leave_one_copy(ledger, tmp_path, second):
         stored = ledger.lines(hour, hour + timedelta(hours=1))
         assert len(stored) == expected_lines, f"round {n}: {len(stored)} lines"
         assert sum(line.amount for line in stored) == Decimal("3.00"), f"round {n}"
+
+
+def test_two_writers_storing_the_same_new_terms_at_once_store_them_once(db, tmp_path):
+    """Two ledgers (two ingest workers) write two hours of one GPU at once, so both store the same
+    new line terms in the same moment: both hours are billed, each term is stored once."""
+    url, schema = db
+    first, second = open_ledger(url, schema=schema), open_ledger(url, schema=schema)
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    try:
+        terms = 0
+        for n in range(ROUNDS // 5):
+            hours = [HOUR0 + timedelta(hours=2 * n), HOUR0 + timedelta(hours=2 * n + 1)]
+            records = [_record(prices, hour, uuid=f"GPU-race-{n}") for hour in hours]  # new terms each round
+            # the lines of both hours but their hour and readings (the stranded cent turns by the hour)
+            terms += len(
+                {
+                    dataclasses.replace(line, hour=HOUR0, utilization=None, efficiency=None)
+                    for record in records
+                    for line in record.lines
+                }
+            )
+            _race(lambda: first.write_hour(records[0]), lambda: second.write_hour(records[1]))
+            assert first.counts()["cost_line_terms"] == terms, f"round {n}"
+            for hour in hours:
+                stored = second.lines(hour, hour + timedelta(hours=1))
+                assert sum(line.amount for line in stored) == Decimal("3.00"), f"round {n}"
+    finally:
+        first.close()
+        second.close()
 
 
 @pytest.mark.postgres
@@ -134,9 +164,9 @@ def test_without_the_hour_lock_the_unique_key_still_keeps_one_copy(request, tmp_
                     errors.append(exc)
 
             _race(reprice, reprice)
-            assert all(
-                "UniqueViolation" in str(e) and "ux_cost_lines_hour_line_key" in str(e) for e in errors
-            ), errors
+            assert all("UniqueViolation" in str(e) and "cost_line_hours_pkey" in str(e) for e in errors), (
+                errors
+            )
             refused += len(errors)
             stored = ledger.lines(record.hour, record.hour + timedelta(hours=1))
             assert sum(line.amount for line in stored) == Decimal("3.00"), f"round {n}: {len(stored)} lines"
@@ -191,10 +221,9 @@ def test_the_migration_keeps_one_copy_of_lines_doubled_before_it(request, tmp_pa
         with pytest.raises(sa.exc.IntegrityError):
             conn.execute(
                 sa.text(
-                    "INSERT INTO cost_lines (hour, uuid, kind, namespace, team, pod, container, gpu_instance_id, "
-                    "mig_profile, model, quantity, amount, currency, held, held_unit, line_key) SELECT hour, uuid, "
-                    "kind, namespace, team, pod, container, gpu_instance_id, mig_profile, model, quantity, amount, "
-                    "currency, held, held_unit, line_key FROM cost_lines"
+                    # at head (0009) the lines' natural key is the key of their hours' table
+                    "INSERT INTO cost_line_hours (hour, line_key, term_id, seq) "
+                    "SELECT hour, line_key, term_id, seq + 1 FROM cost_line_hours"
                 )
             )
     engine.dispose()

@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.ledger.orm import Base, CostLine
+from gpumeter.billing.ledger.orm import COST_LINES, Base
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 from gpumeter.billing.models import Line
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
@@ -35,9 +35,10 @@ def test_migrations_match_the_orm(sql_ledger):
 
 
 def test_cost_lines_are_the_line_record():
-    """One line record: cost_lines' columns are billing.models.Line's fields (plus the row id and the
-    natural key derived from the fields), and the SQL ledger writes them in that order."""
-    columns = [c.name for c in CostLine.__table__.columns if c.name not in ("id", "line_key")]
+    """One line record: the cost_lines view's columns are billing.models.Line's fields (plus the
+    line's place in its hour, its natural key and its term's id), and the SQL ledger reads them in
+    that order."""
+    columns = [c.name for c in COST_LINES.columns if c.name not in ("seq", "line_key", "term_id")]
     fields = ["price_version_id" if f.name == "price_version" else f.name for f in dataclasses.fields(Line)]
     assert sorted(columns) == sorted(fields)
     assert list(SqlLedger.LINE_COLUMNS) == fields
@@ -155,7 +156,7 @@ def test_an_hour_rolled_back_leaves_no_layout_behind_for_the_next_writer(sql_led
     bulk_insert = SqlLedger._bulk_insert
 
     def fail_on_lines(session, table, columns, rows):
-        if table.name == "cost_lines":
+        if table.name == "cost_line_hours":
             raise RuntimeError("the disk filled up")
         bulk_insert(session, table, columns, rows)
 
