@@ -47,11 +47,19 @@ def connect(server) -> socket.socket:
     return sock
 
 
-def read_answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
-    """``count`` answers (status line, body) off one connection, by their Content-Length."""
+def read_answers(
+    sock: socket.socket, count: int, *, bodiless: frozenset[int] = frozenset()
+) -> list[tuple[bytes, bytes]]:
+    """``count`` answers (status line, body) off one connection, by their Content-Length. The
+    answers numbered in ``bodiless`` (to HEAD requests) have no body whatever their Content-Length
+    says: their header block is given as the body. Bytes read past one answer belong to the next."""
     data, answers = b"", []
     while len(answers) < count:
         end = data.find(b"\r\n\r\n")
+        if end >= 0 and len(answers) in bodiless:
+            answers.append((data[: data.find(b"\r\n")], data[: end + 4]))
+            data = data[end + 4 :]
+            continue
         if end >= 0:
             head = data[:end].decode("iso-8859-1").split("\r\n")
             length = int(
@@ -107,13 +115,21 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(server):
         )
         time.sleep(0.1)
         sock.sendall(b"Host: x\r\n\r\n")
-        answers = read_answers(sock, 5)
+        # the HEAD answer may come in the same read as the GETs': the reader keeps what follows each
+        *answers, (status, head) = read_answers(sock, 6, bodiless=frozenset({5}))
         assert [body for _, body in answers] == [f"GET /{n} HTTP/1.1".encode() for n in range(5)]
-        sock.settimeout(5)
-        head = sock.recv(4096)  # HEAD: the headers of a GET, no body
+        # HEAD: the headers of a GET, no body
         assert (
-            head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n") and b"Content-Length: 16" in head
+            status.startswith(b"HTTP/1.1 200")
+            and head.endswith(b"\r\n\r\n")
+            and b"Content-Length: 16" in head
         )
+        sock.settimeout(0.2)
+        try:
+            extra = sock.recv(4096)  # b"" if the server closed the idle connection
+        except TimeoutError:
+            extra = b""
+        assert extra == b"", extra  # and no body after it
     finally:
         sock.close()
 
