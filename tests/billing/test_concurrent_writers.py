@@ -94,7 +94,7 @@ def test_two_writers_storing_the_same_new_terms_at_once_store_them_once(db, tmp_
                     for line in record.lines
                 }
             )
-            _race(lambda: first.write_hour(records[0]), lambda: second.write_hour(records[1]))
+            _race(lambda a=records[0]: first.write_hour(a), lambda b=records[1]: second.write_hour(b))
             assert first.counts()["cost_line_terms"] == terms, f"round {n}"
             for hour in hours:
                 stored = second.lines(hour, hour + timedelta(hours=1))
