@@ -25,7 +25,7 @@ from typing import TypeVar
 from gpumeter import contract
 from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ledger.base import SHARED_MODES, HourRecord, Ledger, LedgerError
-from gpumeter.billing.ledger.layouts import allocation_layout, instance_layout
+from gpumeter.billing.ledger.layouts import layout_key
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusError, QueryClient, Sample, SeriesLabels, open_client
@@ -514,11 +514,7 @@ class RunAnswers:
             )
         built = [hours[u] for u in sorted(hours)]
         for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
-            if gpu_hour.instances or gpu_hour.allocations:
-                gpu_hour.layout = (
-                    tuple(map(instance_layout, gpu_hour.instances)),
-                    tuple(map(allocation_layout, gpu_hour.allocations)),
-                )
+            gpu_hour.layout = layout_key(gpu_hour.instances, gpu_hour.allocations)
         return built, dict(self.teams[i])
 
 
@@ -546,13 +542,7 @@ def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
     """
     if len(hours) == 1:
         at = _at(hours[0])
-        return RunAnswers.of(
-            {
-                name: [(labels, [(at.timestamp(), value)]) for labels, value in client.query(promql, at)]
-                for name, promql in QUERIES.items()
-            },
-            hours,
-        )
+        return _one_hour({name: client.query(promql, at) for name, promql in QUERIES.items()}, hours[0])
     if any(b - a != HOUR for a, b in itertools.pairwise(hours)):
         raise ValueError("query_run needs consecutive hours")
     first, last = _at(hours[0]), _at(hours[-1])
@@ -584,11 +574,16 @@ def build_hour(
     problems: list[str] | None = None,
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """The GPU-hours of one hour from its query answers, as samples (docs/billing.md §2)."""
+    return _one_hour(results, hour).build(0, config, intervals, problems)
+
+
+def _one_hour(results: dict[str, list[Sample]], hour: datetime) -> RunAnswers:
+    """One hour's instant answers as a run of that one hour (each sample a series with one point)."""
     at = _at(hour).timestamp()
-    answers = {
-        name: [(labels, [(at, value)]) for labels, value in samples] for name, samples in results.items()
-    }
-    return RunAnswers.of(answers, [hour]).build(0, config, intervals, problems)
+    return RunAnswers.of(
+        {name: [(labels, [(at, value)]) for labels, value in samples] for name, samples in results.items()},
+        [hour],
+    )
 
 
 _PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container

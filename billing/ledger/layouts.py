@@ -46,8 +46,8 @@ ALLOCATION_LAYOUT = (
 )
 ALLOCATION_READINGS = ("utilization", "process_sm", "process_memory")
 _DECIMALS = frozenset(("share", "memory_share", "compute_share", *ALLOCATION_READINGS))
-instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
-allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
+_instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
+_allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
 _allocation_readings = operator.attrgetter(*ALLOCATION_READINGS)
 _NAMESPACE_AT, _POD_AT, _SHARING_AT = map(ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing"))
 
@@ -71,7 +71,7 @@ def layout_key(instances: list[MigInstance], allocations: list[Allocation]) -> t
     with neither (an idle whole GPU), which names no layout."""
     if not instances and not allocations:
         return None
-    return tuple(map(instance_layout, instances)), tuple(map(allocation_layout, allocations))
+    return tuple(map(_instance_layout, instances)), tuple(map(_allocation_layout, allocations))
 
 
 def _text(value: object) -> object:
