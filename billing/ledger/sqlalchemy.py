@@ -87,9 +87,6 @@ LAYOUTS_KEPT = 50_000  # layouts a ledger remembers, ids and parsed bodies (~1,4
 TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 
 
-_ENUM_VALUES = {member: member.value for member in (*LineKind, *QuantityUnit)}
-
-
 def _exact_text(value: Decimal | None) -> str | None:
     """An exact decimal as SQLite stores it (billing.ledger.types.Exact): its text."""
     return None if value is None else str(value)
@@ -273,8 +270,6 @@ class SqlLedger(Ledger):
     # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees).
     # A line is stored as its term (cost_line_terms, billing/ledger/terms.py) and its hour's row.
     LINE_FIELDS = tuple(f.name for f in dataclasses.fields(Line))
-    LINE_COLUMNS = tuple("price_version_id" if name == "price_version" else name for name in LINE_FIELDS)
-    EXACT_FIELDS = frozenset(("quantity", "amount", "efficiency", "utilization", "held"))  # Decimals
     LINE_HOUR_COLUMNS = ("hour", "line_key", "term_id", "seq", "efficiency", "utilization")
     DEVICE_COLUMNS = (
         "hour",
@@ -324,7 +319,8 @@ class SqlLedger(Ledger):
         """The ids of these terms' rows, inserting those no one stored before (content-addressed).
 
         Inserted in the order of their digests, with ON CONFLICT DO NOTHING: a writer storing some
-        of the same terms at once makes the other wait for its commit (PostgreSQL), never deadlock."""
+        of the same terms at once makes the other wait for its commit (PostgreSQL), never in a
+        cycle over terms."""
         fields = {}
         for term, line_key in wanted.items():
             values, version_row = term

@@ -58,8 +58,8 @@ def digest(term: dict[str, object]) -> str:
 # the view `cost_lines` (billing/ledger/orm.py COST_LINES): the two tables joined, the Line record's
 # fields per line and hour, as the table of that name was up to revision 0008
 VIEW = (
-    "CREATE VIEW cost_lines AS SELECT h.hour, h.seq, h.line_key, h.term_id, t.uuid, t.kind, "
-    "t.namespace, t.team, t.pod, t.container, t.gpu_instance_id, t.mig_profile, t.model, t.quantity, "
-    "t.amount, t.currency, t.price_version_id, t.held, t.held_unit, h.efficiency, h.utilization "
+    "CREATE VIEW cost_lines AS SELECT h.hour, h.seq, h.line_key, h.term_id, "
+    + ", ".join(f"t.{name}" for name in COLUMNS[1:])
+    + ", h.efficiency, h.utilization "
     "FROM cost_line_hours AS h JOIN cost_line_terms AS t ON t.id = h.term_id"
 )
