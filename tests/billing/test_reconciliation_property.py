@@ -115,6 +115,5 @@ def test_the_memoised_pricer_gives_exactly_what_price_gpu_hour_gives(case, data)
     pricer = Pricer(book)
     assert pricer.price(carried(first)) == price_gpu_hour(carried(first), book)
     assert pricer.price(carried(later), teams) == price_gpu_hour(carried(later), book, teams)
-    assert [line for line in price_gpu_hour(carried(later), book, teams).lines] == [
-        line for line in price_gpu_hour(later, book, teams).lines
-    ]  # the order of the lists changes no line, only the order of warnings
+    # the order of the lists changes no line, only the order of warnings
+    assert price_gpu_hour(carried(later), book, teams).lines == price_gpu_hour(later, book, teams).lines
