@@ -1,0 +1,52 @@
+"""The evidence a real GPU node gave (tests/data/real-gpu/<board>/), read for the tests that hold the
+stand-in and the alerts to it. How it was taken: docs/real-gpu.md."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REAL_GPU = Path(__file__).parents[1] / "data" / "real-gpu"
+H200 = REAL_GPU / "h200-580.159.04"
+# the simulated node that stands for the machine the evidence came from
+H200_FLEET = "h200-vm"
+
+Series = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@cache
+def json_of(board: Path, name: str) -> dict:
+    return json.loads((board / name).read_text())
+
+
+@cache
+def exposition(board: Path, name: str) -> dict[Series, float]:
+    """A /metrics body the real exporter served: {(name, sorted labels): value}."""
+    out: dict[Series, float] = {}
+    for family in text_string_to_metric_families((board / name).read_text()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+@cache
+def nvidia_smi_q(board: Path, name: str) -> dict[tuple[str, ...], str]:
+    """``nvidia-smi -q`` text as {(section, ..., key): value}, sections nested by indentation."""
+    out: dict[tuple[str, ...], str] = {}
+    path: list[tuple[int, str]] = []
+    for line in (board / name).read_text().splitlines():
+        if not line.strip() or line.startswith("="):
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, colon, value = line.strip().partition(" : ")  # a header can hold colons: "GPU 00000000:00:06.0"
+        while path and path[-1][0] >= indent:
+            path.pop()
+        names = tuple(p[1] for p in path)
+        if colon and value.strip():
+            out[(*names, key.strip())] = value.strip()
+        else:
+            path.append((indent, key.strip()))
+    return out
