@@ -32,7 +32,6 @@ THROTTLE_BITS = {
     "hw_power_brake": 0x80,
     "display_clocks": 0x100,
 }
-SUPPORTED_THROTTLE = sum(v for k, v in THROTTLE_BITS.items() if k != "display_clocks")
 # Violation-time counters exist for these reasons (fields 74, 76, 269, 270, 271)
 VIOLATION_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake")
 
@@ -178,7 +177,7 @@ class SimulatedGpu:
 
     @property
     def memory_reserved_bytes(self) -> int:
-        return self.model.reserved_mib * 1024 * 1024
+        return self.model.reserved_bytes
 
     @property
     def memory_used_bytes(self) -> int:

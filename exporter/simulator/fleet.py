@@ -26,6 +26,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
             vgpus:                  # a vGPU host GPU (whole, not shared otherwise), one entry per VM's vGPU
               - {vm: finance-vm-01, type: H100XM-20C, utilization: 0.6, license: licensed}
             workload: {pattern: diurnal, mean: 0.55, amplitude: 0.25}
+            nvlinks: 0              # NVLinks that answer (default: the model's); 0: none, as in a VM
+            virtualization: passthrough   # none (default) | passthrough: a GPU passed through to a VM
     pods:
       - namespace: ml-research
         name: trainer-{gpu}-{gi}    # a range ("0-7") in a device expands the entry into one pod per value;
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,10 @@ WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
 SHARING_STRATEGIES = ("time-slicing", "mps")
+VIRTUALIZATION_MODES = (
+    "none",
+    "passthrough",
+)  # nvmlGpuVirtualizationMode NONE, PASSTHROUGH (host vGPU: vgpus:)
 FRACTIONAL_SCHEDULERS = (
     "hami",
     "gpushare",
@@ -136,6 +142,7 @@ class GpuSpec:
     fractional: str = ""  # FRACTIONAL_SCHEDULERS; "" = not shared by grants
     vgpu_host: bool = False  # in host vGPU mode (the fleet file has `vgpus:`, maybe empty)
     vgpus: tuple[VgpuSpec, ...] = ()  # the vGPUs running on it, one per VM's vGPU
+    passthrough: bool = False  # the node is a VM this GPU is passed through to (NVML: PASSTHROUGH mode)
 
     @property
     def mig_enabled(self) -> bool:
@@ -487,6 +494,21 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                     "a vGPU host GPU is whole: no mig, time_slicing or fractional",
                 )
             vgpu_entries = r.get(group, "vgpus", gpath, list, [])
+            # A board's NVLinks answer only where the fabric is there: the real H200s of
+            # tests/data/real-gpu/, single GPUs passed through to a VM, answer NOT_SUPPORTED for the link
+            # count (field 91) and every link's state.
+            nvlinks = r.get(group, "nvlinks", gpath, int, model.nvlinks)
+            if not 0 <= nvlinks <= model.nvlinks:
+                raise r.fail(f"{gpath}.nvlinks", nvlinks, f"must be within 0..{model.nvlinks} on a {key}")
+            if nvlinks != model.nvlinks:
+                model = replace(model, nvlinks=nvlinks)
+            virtualization = r.get(group, "virtualization", gpath, str, "none")
+            if virtualization not in VIRTUALIZATION_MODES or (virtualization != "none" and vgpu_host):
+                raise r.fail(
+                    f"{gpath}.virtualization",
+                    virtualization,
+                    f"expected one of {', '.join(VIRTUALIZATION_MODES)} (a vGPU host is set by vgpus:)",
+                )
             wl = r.get(group, "workload", gpath, dict, {})
             pattern = r.get(wl, "pattern", f"{gpath}.workload", str, "steady")
             if pattern not in WORKLOAD_PATTERNS:
@@ -503,7 +525,19 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 uuid = _uuid("GPU", f"{seed}/{name}/{index}")
                 vgpus = _vgpus(r, model, vgpu_entries, f"{gpath}.vgpus", f"{seed}/{name}/{index}")
                 gpus.append(
-                    GpuSpec(name, index, model, uuid, mig, replicas, workload, fractional, vgpu_host, vgpus)
+                    GpuSpec(
+                        name,
+                        index,
+                        model,
+                        uuid,
+                        mig,
+                        replicas,
+                        workload,
+                        fractional,
+                        vgpu_host,
+                        vgpus,
+                        passthrough=virtualization == "passthrough",
+                    )
                 )
         gpus_by_node[name] = tuple(gpus)
         nodes.append(

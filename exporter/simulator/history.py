@@ -349,7 +349,7 @@ class _Series:
             gpu = self.node.gpus[gpu_index]
             load = min(1.0, demand.get((gpu_index, gi), 0.0))
             if gi is None:  # SimulatedGpu.memory_used_bytes
-                usable = (gpu.model.memory_mib - gpu.model.reserved_mib) * MIB
+                usable = gpu.model.memory_mib * MIB - gpu.model.reserved_bytes
                 return int(usable * min(0.95, 0.02 + 0.8 * load))
             profile = next(m.profile for m in gpu.mig if m.gpu_instance_id == gi)
             return int(profile.memory_mib * MIB * (0.1 + 0.75 * load))  # SimulatedGpu.step, a held GI

@@ -56,7 +56,9 @@ class GpuModel:
     nvml_name: str  # what nvmlDeviceGetName answers
     arch: int
     memory_mib: int
-    reserved_mib: int
+    reserved_mib: (
+        float  # what nvmlMemory_v2 calls reserved; not always whole MiB (a real H200: 615 MiB + 64 KiB)
+    )
     power_limit_w: float
     idle_power_w: float
     # Thresholds in °C: shutdown, slowdown (HW), gpu_max (SW thermal), memory_max; None = not supported
@@ -82,6 +84,17 @@ class GpuModel:
     # (nvidia-smi -q, driver 550) prints shutdown -8, slowdown -2, GPU max 0, memory max 0. None: derived
     # as gpu_max_c - threshold (memory max 0), the same scale.
     tlimit_c: dict[str, int] | None = None
+    # nvmlDeviceGetSupportedClocksEventReasons: the eight reasons of nvml.h's list up to HW power brake
+    # (0xFF); a real H200 (driver 580) also answers display clock setting (0x100): 0x1FF.
+    clocks_event_reasons: int = 0xFF
+    # nvmlDeviceGetSupportedEventTypes; None: the four kinds the stand-in raises (XID, SBE, DBE, MIG config
+    # change). A real H200 on driver 580 answers 0xFF9F: every nvmlEventType* of nvml.h but 0x20 and 0x40,
+    # so a watcher that registered for all it is offered would be woken by every P-state and clock change.
+    event_types: int | None = None
+
+    @property
+    def reserved_bytes(self) -> int:
+        return round(self.reserved_mib * MIB)
 
     @property
     def supports_mig(self) -> bool:
@@ -398,12 +411,17 @@ MODELS: dict[str, GpuModel] = {
             nvml_name="NVIDIA H200",
             arch=ARCH_HOPPER,
             memory_mib=143771,
-            reserved_mib=1280,
+            reserved_mib=644_939_776 / MIB,
             power_limit_w=700.0,
-            idle_power_w=75.0,
-            **_H100_THRESHOLDS,
+            idle_power_w=78.0,  # 77.9-78.5 W idle at P0 on the real ones
+            # nvmlDeviceGetTemperatureThreshold on two real H200s (driver 580.159.04); nvidia-smi -q there
+            # prints the T.Limit offsets -8/-2/0/0 (fields 193-196), consistent with these on gpu_max = 0
+            shutdown_c=95,
+            slowdown_c=89,
+            gpu_max_c=87,
+            memory_max_c=95,
             nvlinks=18,
-            clocks_max_mhz={"graphics": 1980, "sm": 1980, "memory": 3201, "video": 1755},
+            clocks_max_mhz={"graphics": 1980, "sm": 1980, "memory": 3201, "video": 1545},
             pcie_gen=5,
             pci_device_id=0x233510DE,
             mig_profiles=_profiles(
@@ -414,7 +432,12 @@ MODELS: dict[str, GpuModel] = {
                 ("4g.71gb", 4, 4, 72704, 1, (1,), 64),
                 ("7g.141gb", 7, 8, 144384, 1, (0,), 132),
             ),
-            evidence="H200 datasheet (141 GB HBM3e, 700 W, 18 NVLink4 links); thresholds assumed as H100's",
+            clocks_event_reasons=0x1FF,
+            event_types=0xFF9F,
+            evidence="gpumeter doctor and NVML on two real H200s, driver 580.159.04 (tests/data/real-gpu/): "
+            "thresholds, max clocks, memory and reserved, power limit, PCI id, supported clock-event reasons "
+            "and event types; 18 NVLink4 links from the datasheet (the real ones were single-GPU VMs without "
+            "NVLink); MIG profiles not checked (MIG was off there)",
         ),
         GpuModel(
             key="RTX-6000-Ada",

@@ -14,6 +14,7 @@ many NVML calls a sampling cycle makes.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from collections import Counter
@@ -23,13 +24,12 @@ import pynvml as N
 
 from .device import (
     NVLINK_ACTIVE,
-    SUPPORTED_THROTTLE,
     THROTTLE_BITS,
     SimulatedGpu,
     SimulatedMig,
     SimulatedNode,
 )
-from .latency import call_latency
+from .latency import WAITS, call_latency, fields_latency
 from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, SYMBOL_SINCE_DRIVER, driver_branch
 
 __all__ = ["SimulatedNvml"]
@@ -124,7 +124,7 @@ class _CFunction:
         lib = self.lib
         lib.calls[self.name] += 1
         if lib.latency is not None:
-            lib.pay(call_latency(self.name, lib.latency))
+            lib.pay(call_latency(self.name, lib.latency), wait=self.name in WAITS)
         if self.name not in ("nvmlErrorString", "nvmlInitWithFlags", "nvmlShutdown"):
             if lib.initialised <= 0:
                 return N.NVML_ERROR_UNINITIALIZED
@@ -217,9 +217,18 @@ class SimulatedNvml:
         initialised (a GPU back from a reset is only found again by a fresh nvmlInit)."""
         return not gpu.lost and self._falls_at_init.get(gpu.spec.index) == gpu.falls
 
-    def pay(self, seconds: float) -> None:
-        """Take a call's wall time, outside every lock as the driver would. Sleeps shorter than a
-        millisecond overshoot, so they are owed and slept together once they add up to one."""
+    def pay(self, seconds: float, *, wait: bool = False) -> None:
+        """Take a call's cost, outside every lock as the driver would. The driver works inside its ioctl
+        (simulator/latency.py), so the calling thread spins, on the CPU as on the real one; each turn
+        gives the GIL away (sched_yield releases it), as a real ctypes call into the library does for its
+        whole length. (sleep(0) would not do: it sleeps for the timer slack, off the CPU.)
+        A call that ``wait``s sleeps instead: sleeps shorter than a millisecond overshoot, so they are owed
+        and slept together once they add up to one."""
+        if not wait:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                os.sched_yield()
+            return
         owed = getattr(self._owed, "seconds", 0.0) + seconds
         if owed >= 1e-3:
             time.sleep(owed)
@@ -274,7 +283,9 @@ def nvmlSystemGetDriverVersion(lib, buf, length):
 
 @c_function()
 def nvmlSystemGetNVMLVersion(lib, buf, length):
-    return _write_string(buf, "12." + lib.node.spec.driver_version)
+    # "<CUDA major>.<driver>": a real driver 580.159.04 with CUDA 13.0 answers "13.580.159.04" (tests/data/real-gpu/)
+    cuda_major = lib.node.spec.cuda_version.partition(".")[0]
+    return _write_string(buf, f"{cuda_major}.{lib.node.spec.driver_version}")
 
 
 @c_function()
@@ -499,13 +510,13 @@ def nvmlDeviceGetNumFans(lib, gpu, mig, out):
 
 @device_call
 def nvmlDeviceGetCurrentClocksEventReasons(lib, gpu, mig, out):
-    _out(out).value = gpu.throttle & SUPPORTED_THROTTLE
+    _out(out).value = gpu.throttle & gpu.model.clocks_event_reasons
     return OK
 
 
 @device_call
 def nvmlDeviceGetSupportedClocksEventReasons(lib, gpu, mig, out):
-    _out(out).value = SUPPORTED_THROTTLE
+    _out(out).value = gpu.model.clocks_event_reasons
     return OK
 
 
@@ -646,6 +657,8 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
 @device_call
 def nvmlDeviceGetFieldValues(lib, gpu, mig, count, values):
     entries = _out(values)
+    if lib.latency is not None:  # a batch costs what its fields cost (simulator/latency.py)
+        lib.pay(fields_latency(entries[i].fieldId for i in range(_int(count))))
     now_us = int(lib.node.clock() * 1e6)
     for i in range(_int(count)):
         entry = entries[i]
@@ -890,7 +903,7 @@ def nvmlEventSetCreate(lib, out):
 
 @device_call
 def nvmlDeviceGetSupportedEventTypes(lib, gpu, mig, out):
-    _out(out).value = (
+    _out(out).value = gpu.model.event_types or (
         N.nvmlEventTypeXidCriticalError
         | N.nvmlEventTypeDoubleBitEccError
         | N.nvmlEventTypeSingleBitEccError

@@ -71,10 +71,13 @@ def _write_uint64(out, value: int) -> None:
 def nvmlDeviceGetVirtualizationMode(lib, gpu, mig, out):
     if mig:
         return N.NVML_ERROR_INVALID_ARGUMENT
-    host = _host(gpu)
-    _out(out).value = (
-        N.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU if host else N.NVML_GPU_VIRTUALIZATION_MODE_NONE
-    )
+    if _host(gpu):
+        mode = N.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU
+    elif gpu.spec.passthrough:  # what the real H200s of tests/data/real-gpu/, in a VM, answered
+        mode = N.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+    else:
+        mode = N.NVML_GPU_VIRTUALIZATION_MODE_NONE
+    _out(out).value = mode
     return OK
 
 
