@@ -163,6 +163,7 @@ def build_exporter(
         chosen,
         hostname=hostname,
         interval=config.interval,
+        counter_interval=config.counter_interval,
         clock=clock,
         attribution=attribution,
         xid_watcher=watcher,

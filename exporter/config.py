@@ -30,6 +30,7 @@ class ConfigError(ValueError):
 class ExporterConfig:
     listen: str = ":9835"
     interval: float = 5.0
+    counter_interval: float = 30.0
     simulate: str | None = None
     simulate_node: str | None = None
     admin_listen: str | None = None
@@ -55,6 +56,9 @@ class ExporterConfig:
 OPTIONS = {
     "listen": "address to serve /metrics and /healthz on, host:port (default :9835)",
     "interval": "seconds between NVML samples, at least 0.1 (default 5)",
+    "counter_interval": "seconds between reads of the counters the driver is slow to read: energy and "
+    "HW thermal / power-brake time, 4.2 of a GPU's 4.4 ms of field reads on a real H200 (default 30, "
+    "as dcgm-exporter's collection interval; 0: every sample)",
     "simulate": "fleet file (or example name: h100-mig, a100-mixed, h200, workstation) to simulate instead of NVML",
     "simulate_node": "which node of the fleet file this exporter is (default: the first)",
     "admin_listen": "with --simulate: address of the fault-injection endpoint, e.g. 127.0.0.1:9836",
@@ -193,5 +197,9 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     if not math.isfinite(config.interval) or config.interval < MIN_INTERVAL_S:
         raise ConfigError(
             f"interval: must be a finite number of seconds >= {MIN_INTERVAL_S} (got {str(config.interval)!r})"
+        )
+    if not math.isfinite(config.counter_interval) or config.counter_interval < 0:
+        raise ConfigError(
+            f"counter_interval: must be a finite number of seconds >= 0 (got {str(config.counter_interval)!r})"
         )
     return config

@@ -49,6 +49,7 @@ class Sampler:
         xid_watcher: XidWatcher | None = None,
         rediscover_seconds: float = 60.0,
         retry_seconds: tuple[float, float] = (1.0, 60.0),
+        counter_interval: float = 30.0,
     ) -> None:
         self.session = session
         self.collectors = list(collectors)
@@ -58,6 +59,8 @@ class Sampler:
         self.attribution = attribution
         self.xid_watcher = xid_watcher
         self.rediscover_seconds = rediscover_seconds
+        # seconds between reads of the counters the driver is slow to read (nvml.SLOW_FIELDS); 0: every cycle
+        self.counter_interval = counter_interval
         self.retry_seconds = retry_seconds
         self.devices: list[DeviceContext] = []
         self.listeners: list[Callable[[Snapshot], None]] = []  # told of each new snapshot, e.g. to pre-render
@@ -121,7 +124,7 @@ class Sampler:
             failures: set[str] = set()
             if self.session.up:
                 try:
-                    self._sample_devices(out, durations, failures)
+                    self._sample_devices(out, durations, failures, now)
                 except N.NVMLError as exc:  # the library itself stopped answering
                     log.warning("NVML stopped answering: %s", exc)
                     self._lose_nvml(now)
@@ -173,7 +176,9 @@ class Sampler:
         self._known.update({i: d for i, d in live.items() if d.up})
         return tuple(live[i] for i in sorted(live))
 
-    def _sample_devices(self, out: SnapshotBuilder, durations: dict[str, float], failures: set[str]) -> None:
+    def _sample_devices(
+        self, out: SnapshotBuilder, durations: dict[str, float], failures: set[str], now: float
+    ) -> None:
         for device in self.devices:
             if device.lost:
                 continue
@@ -183,7 +188,7 @@ class Sampler:
                 device.static["fields"] = wanted
             device.error = None
             try:
-                self.session.field_values(device, wanted)
+                self.session.field_values(device, wanted, now=now, slow_every=self.counter_interval)
             except DeviceLostError:
                 self._mark_lost(device)
                 continue

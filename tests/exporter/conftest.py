@@ -58,7 +58,9 @@ def clock():
 def simulate(clock):
     """simulate("h100-mig", node=None, missing={...}, latency=None, **config) -> Simulated; stopped after
     the test. ``node`` picks a node of the fleet (default: the first).
-    ``latency`` (e.g. simulator.latency.CALL_LATENCY_S) makes each stand-in call take the driver's time."""
+    ``latency`` (e.g. simulator.latency.CALL_LATENCY_S) makes each stand-in call take the driver's time.
+    The slow counters (nvml.SLOW_FIELDS) are read every cycle here (``counter_interval`` 0), since the tests
+    check what each reading gives; test_sampling.py tests their own cadence."""
     started: list[Simulated] = []
 
     def make(fleet: str | Fleet, *, node=None, missing=frozenset(), latency=None, **config) -> Simulated:
@@ -70,6 +72,7 @@ def simulate(clock):
             "kubelet_socket": None,
             "hostname": node.spec.name,
             "interval": 5.0,
+            "counter_interval": 0.0,
         }
         settings = ExporterConfig(**{**defaults, **config})
         sim = Simulated(build_exporter(settings, clock=clock, library=lib, node=node), node, lib, clock)
