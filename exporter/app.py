@@ -154,6 +154,7 @@ def build_exporter(
         xid_watcher=watcher,
         privileged=privileged,
         clock=clock,
+        counter_interval=config.counter_interval,
         proc_root=proc_root,
         pod_list=pod_list,
         hostname=hostname,  # the vgpu collector labels the VMs' allocations with it

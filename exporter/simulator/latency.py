@@ -16,7 +16,8 @@ Two facts from those measurements shape the stand-in:
   of 19 fields took 4.4 ms, and each field alone: 3.1 ms the energy counter (field 83; field 191 and
   ``nvmlDeviceGetTotalEnergyConsumption`` the same), 0.57 ms each throttle-time counter (270, 271),
   0.13-0.15 ms the PCIe counters (94, 197, 198), 2.5 µs any other. The stand-in charges the call
-  :data:`FIELD_LATENCY_S` per field on top of the call's own.
+  :data:`FIELD_LATENCY_S` per field on top of the call's own. Likewise a GPM metrics call: of the 13
+  metrics the exporter asks, graphics-engine activity alone takes 1.2 ms (:data:`GPM_METRIC_LATENCY_S`).
 
 The stand-in takes these only when it is built with ``latency=CALL_LATENCY_S`` (``gpumeter exporter
 --simulate``, ``gpumeter doctor --simulate`` and ``make bench`` do; unit tests run without, for speed).
@@ -27,7 +28,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["CALL_LATENCY_S", "DEFAULT_CALL_LATENCY_S", "FIELD_LATENCY_S", "WAITS", "call_latency"]
+__all__ = [
+    "CALL_LATENCY_S",
+    "DEFAULT_CALL_LATENCY_S",
+    "FIELD_LATENCY_S",
+    "GPM_METRIC_LATENCY_S",
+    "WAITS",
+    "call_latency",
+    "fields_latency",
+    "metrics_latency",
+]
 
 # A plain getter (temperature, power, utilization, clocks, memory, processes): 1.5-11 µs p50 on the H200.
 DEFAULT_CALL_LATENCY_S = 5e-6
@@ -43,12 +53,12 @@ CALL_LATENCY_S: Mapping[str, float] = MappingProxyType(
         "nvmlShutdown": 3.8e-3,
         # The batch's own cost; its fields add FIELD_LATENCY_S (calls.json: a batch of cheap fields 3.5 µs).
         "nvmlDeviceGetFieldValues": 2.5e-6,
-        # GPM: a sample copies the counters (32-39 µs); the metrics call for the exporter's set of metrics
-        # took 1.94 ms on average in its own use (one metric alone: 1.3 µs). MIG-instance samples were not
-        # measured (MIG was off): taken as the GPU's.
+        # GPM: a sample copies the counters (32-39 µs); a metrics call 1.3 µs plus GPM_METRIC_LATENCY_S per
+        # metric asked (calls-after.json). MIG-instance samples and metrics were not measured (MIG was off):
+        # taken as the GPU's.
         "nvmlGpmSampleGet": 35e-6,
         "nvmlGpmMigSampleGet": 35e-6,
-        "nvmlGpmMetricsGet": 1.94e-3,
+        "nvmlGpmMetricsGet": 1.3e-6,
         # The dear per-cycle getters (calls.json p50).
         "nvmlDeviceGetMarginTemperature": 0.8e-3,
         "nvmlDeviceGetMigMode": 0.14e-3,
@@ -84,6 +94,10 @@ FIELD_LATENCY_S: Mapping[int, float] = MappingProxyType(
 )
 DEFAULT_FIELD_LATENCY_S = 0.0  # a plain field adds nothing measurable to its batch
 
+# GPM metrics by id that cost more than the call itself (calls-after.json, each alone): graphics-engine
+# activity 1.2 ms; the other twelve the exporter asks, 1.3 µs the call with or without them.
+GPM_METRIC_LATENCY_S: Mapping[int, float] = MappingProxyType({1: 1.2e-3})  # NVML_GPM_METRIC_GRAPHICS_UTIL
+
 # Calls that wait rather than work: the stand-in sleeps for these and spins for every other.
 WAITS = frozenset({"nvmlDeviceGetPcieThroughput"})
 
@@ -94,3 +108,7 @@ def call_latency(name: str, table: Mapping[str, float] = CALL_LATENCY_S) -> floa
 
 def fields_latency(field_ids, table: Mapping[int, float] = FIELD_LATENCY_S) -> float:
     return sum(table.get(field_id, DEFAULT_FIELD_LATENCY_S) for field_id in field_ids)
+
+
+def metrics_latency(metric_ids, table: Mapping[int, float] = GPM_METRIC_LATENCY_S) -> float:
+    return sum(table.get(metric_id, 0.0) for metric_id in metric_ids)

@@ -29,7 +29,7 @@ from .device import (
     SimulatedMig,
     SimulatedNode,
 )
-from .latency import WAITS, call_latency, fields_latency
+from .latency import WAITS, call_latency, fields_latency, metrics_latency
 from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, SYMBOL_SINCE_DRIVER, driver_branch
 
 __all__ = ["SimulatedNvml"]
@@ -840,6 +840,8 @@ def nvmlGpmMetricsGet(lib, metrics_arg):
     first, second = lib._gpm.get(_token(request.sample1)), lib._gpm.get(_token(request.sample2))
     if first is None or second is None or first[2] != second[2]:
         return N.NVML_ERROR_INVALID_ARGUMENT  # an empty sample, or two samples of different instances
+    if lib.latency is not None:  # a metrics call costs what its metrics cost (simulator/latency.py)
+        lib.pay(metrics_latency(request.metrics[i].metricId for i in range(request.numMetrics)))
     elapsed = second[0] - first[0]
     if elapsed <= GPM_MIN_SPACING_S:
         # nvml.h (NVIDIA/go-nvml), nvmlGpmMigSampleGet: "The interval between two nvmlGpmMigSampleGet()

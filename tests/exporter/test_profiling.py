@@ -148,3 +148,73 @@ def test_video_engine_utilization_on_whole_gpus_only(simulate):
     assert whole and migged
     for name in ("nvidia_gpu_encoder_utilization_ratio", "nvidia_gpu_decoder_utilization_ratio"):
         assert {label(line, "gpu") for line in lines(text, name)} == whole
+
+
+def test_graphics_engine_activity_is_a_mean_over_the_counter_interval(simulate):
+    """Graphics-engine activity takes 1.2 ms of a real H200's 1.23 ms GPM metrics call (docs/real-gpu.md):
+    with a counter_interval it is computed every 30 s over a pair of samples 30 s apart, and carried
+    between; the other metrics stay per cycle. Its value is then the window's mean: 1.08 x the mean of the
+    six 5 s SM-active readings in it (the stand-in's share, GPM_SHARE_OF_SM)."""
+    sim = simulate("h200", counter_interval=30.0)
+    sim.sample()  # the first sample: the baseline of both pairs, nothing to report yet
+    sm, graphics, metric_calls = [], [], []
+    for _ in range(12):
+        calls = sim.lib.calls["nvmlGpmMetricsGet"]
+        sim.sample(5)
+        metric_calls.append(sim.lib.calls["nvmlGpmMetricsGet"] - calls)
+        text = sim.text()
+        sm.append(value(next(x for x in lines(text, "nvidia_gpu_sm_active_ratio") if label(x, "gpu") == "3")))
+        found = [x for x in lines(text, "nvidia_gpu_graphics_engine_active_ratio") if label(x, "gpu") == "3"]
+        graphics.append(value(found[0]) if found else None)
+    gpus = len(sim.node.gpus)
+    # one fast metrics call per GPU each cycle, and one more per GPU at 5 s (the first value), 30 s and 60 s
+    assert metric_calls == [2 * gpus] + [gpus] * 4 + [2 * gpus] + [gpus] * 5 + [2 * gpus]
+    # until the first 30 s window closes, the first 5 s window's value, carried
+    assert graphics[:5] == [pytest.approx(1.08 * sm[0])] * 5
+    assert graphics[5] == pytest.approx(1.08 * sum(sm[0:6]) / 6)
+    assert graphics[6:11] == [graphics[5]] * 5
+    assert graphics[11] == pytest.approx(1.08 * sum(sm[6:12]) / 6)
+    assert len(set(sm)) > 6  # SM activity moved every cycle, the workload is not flat
+    # no sample leaks: per GPU a previous sample, a slow baseline and one spare at most
+    assert sim.lib.calls["nvmlGpmSampleAlloc"] <= 3 * gpus
+
+
+def test_mig_instances_gone_give_their_samples_back(simulate):
+    """A MIG reconfiguration ends instances: their previous and slow-metrics samples go back to the
+    spares, each once, and serve the new instances, so samples are not allocated again and again."""
+    sim = simulate("h100-mig", counter_interval=30.0)
+    for _ in range(8):
+        sim.sample(5)
+    allocated = sim.lib.calls["nvmlGpmSampleAlloc"]
+    instances = sum(len({m.gpu_instance_id for m in g.migs}) for g in sim.node.gpus)
+    assert allocated <= 3 * instances
+    sim.node.inject("mig_reconfigure", 2, layout=["3g.40gb", "3g.40gb"])  # GPU 2: 7 instances -> 2
+    sim.sample(5)  # the new instances are sampled before the old ones' samples are freed: at most 2 new
+    assert sim.lib.calls["nvmlGpmSampleAlloc"] <= allocated + 2
+    allocated = sim.lib.calls["nvmlGpmSampleAlloc"]
+    for _ in range(16):
+        sim.sample(5)
+    text = sim.text()
+    assert (
+        len(
+            {
+                label(x, "gpu_instance_id")
+                for x in lines(text, "nvidia_gpu_sm_active_ratio")
+                if label(x, "gpu") == "2"
+            }
+        )
+        == 2
+    )
+    assert (
+        len([x for x in lines(text, "nvidia_gpu_graphics_engine_active_ratio") if label(x, "gpu") == "2"])
+        == 2
+    )
+    assert sim.lib.calls["nvmlGpmSampleAlloc"] == allocated  # from then on the freed samples serve
+    # every sample is in one place only: held by one entity (previous and slow baseline may share it) or spare
+    profiling = next(c for c in sim.exporter.sampler.collectors if c.name == "profiling")
+    owners: dict[int, set] = {}
+    for key, (sample, *_) in [*profiling._previous.items(), *profiling._slow.items()]:
+        owners.setdefault(id(sample), set()).add(key)
+    assert all(len(keys) == 1 for keys in owners.values())
+    spare = [id(s) for s in profiling._spare]
+    assert len(spare) == len(set(spare)) and not set(spare) & set(owners)

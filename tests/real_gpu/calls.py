@@ -35,6 +35,36 @@ def measure(fn, *args) -> dict:
     }
 
 
+def gpm_request(first, second, ids: list[int]):
+    request = N.c_nvmlGpmMetricsGet_t()
+    request.version = N.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(ids)
+    request.sample1, request.sample2 = first, second
+    for i, metric in enumerate(ids):
+        request.metrics[i].metricId = metric
+    return request
+
+
+def event_wait(handle) -> dict:
+    """What one timed-out 100 ms wait of the XID thread costs: CPU, 10 waits."""
+    eventset = N.nvmlEventSetCreate()
+    N.nvmlDeviceRegisterEvents(handle, N.nvmlEventTypeXidCriticalError, eventset)
+    cpu, wall = time.thread_time(), time.perf_counter()
+    for _ in range(10):
+        try:
+            N.nvmlEventSetWait_v2(eventset, 100)
+        except N.NVMLError:
+            pass
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    N.nvmlEventSetFree(eventset)
+    return {
+        "wall_p50_us": round(wall / 10 * 1e6, 1),
+        "wall_mean_us": round(wall / 10 * 1e6, 1),
+        "wall_max_us": None,
+        "cpu_mean_us": round(cpu / 10 * 1e6, 1),
+    }
+
+
 def main(out: Path, fleet: str | None) -> int:
     from gpumeter.exporter.app import build_exporter
     from gpumeter.exporter.config import ExporterConfig
@@ -75,6 +105,17 @@ def main(out: Path, fleet: str | None) -> int:
         "nvmlDeviceGetEncoderUtilization": measure(N.nvmlDeviceGetEncoderUtilization, h),
         "nvmlDeviceGetCount": measure(N.nvmlDeviceGetCount),
     }
+    # GPM: the exporter's whole set of metrics in one call, then each metric alone, to find a dear one
+    from gpumeter.exporter.collectors.profiling import RATES, UTILIZATION
+
+    every = [metric for *_, metric in UTILIZATION] + [metric for _, metric in RATES]
+    for label, ids in (
+        (f"nvmlGpmMetricsGet, the exporter's {len(every)} metrics", every),
+        ("nvmlGpmMetricsGet, without the NVLink rates", [m for *_, m in UTILIZATION]),
+        *((f"nvmlGpmMetricsGet, metric {m} alone", [m]) for m in every),
+    ):
+        result[label] = measure(N.nvmlGpmMetricsGet, gpm_request(first, second, ids))
+    result["nvmlEventSetWait_v2 (100 ms, no event)"] = event_wait(h)
     for key in request.keys:
         alone = FieldRequest([key])
         result[f"field {key[0]} scope {key[1]} alone"] = measure(alone.read, h)
