@@ -713,6 +713,13 @@ def render_markdown() -> str:
         'sampling interval. `nvidia_gpu_utilization_ratio` (NVML\'s "a kernel was running") reads 100 % for one',
         "busy warp; SM active and occupancy say how much of the GPU that kernel used.",
         "",
+        "**Read every 30 s** (`--counter-interval`, 0 for every cycle): what a real driver is slow to read",
+        "([real-gpu.md](real-gpu.md): 3.1 ms the energy counter, 0.57 ms each throttle-time counter, 1.2 ms",
+        "GPM graphics-engine activity, against microseconds for the rest). `nvidia_gpu_energy_joules_total`",
+        'and `nvidia_gpu_clocks_event_seconds_total{reason=~"hw_thermal|hw_power_brake"}` are counters, read',
+        "every 30 s and served as read between; `nvidia_gpu_graphics_engine_active_ratio` is the mean over the",
+        "last 30 s window (the first cycle's own until that window closes). Everything else is read each cycle.",
+        "",
         "| metric | type | labels | help | NVML source | dcgm-exporter name (`--naming dcgm`) |",
         "|---|---|---|---|---|---|",
     ]
