@@ -303,7 +303,7 @@ def test_8_pcie_byte_counters_where_the_driver_has_them(simulate):
 def test_8_the_sampling_cycle_does_not_wait_for_pcie_throughput(simulate):
     # h100-mig runs driver 550, before the byte counters: nvmlDeviceGetPcieThroughput, 20 ms per call
     # and two per GPU, with every stand-in call taking the driver's time.
-    sim = simulate("h100-mig", latency=CALL_LATENCY_S)
+    sim = simulate("h100-mig", latency=CALL_LATENCY_S, counter_interval=30.0)  # as deployed
     sim.sampler.sample_once()
     walls = []
     for _ in range(3):
