@@ -476,7 +476,7 @@ class Pricer:
         self.hits += 1
         template, sources, tie = memo.priced, memo.sources, memo.tie
         uuid, allocations = dev.uuid, gpu_hour.allocations
-        tier_efficiency = version.tier_efficiency
+        tier_efficiency, tiers = version.tier_efficiency, bool(version.utilization_tiers)
         unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
         lines = []
         # each kept line copied (as `_evolve`, its fields set in place on the new line's __dict__)
@@ -503,7 +503,8 @@ class Pricer:
                         utilization = dev.utilization
                 fields["team"] = teams.get(alloc.namespace, "")
                 fields["utilization"] = utilization
-                fields["efficiency"] = tier_efficiency(utilization)
+                # without tiers there is no score (as tier_efficiency says): no call per line
+                fields["efficiency"] = tier_efficiency(utilization) if tiers else None
             lines.append(new)
         if tie is not None:  # the residue's last units fell on a tie: this hour's turn decides it
             # the tied lines' order depends on the GPU and the lines, not the hour: kept per GPU
