@@ -380,9 +380,12 @@ def _price_gpu_hour(
     return priced, [source for _, _, source in kept], kept_tie
 
 
+_new = object.__new__
+
+
 def _evolve(line: Line, **changes: object) -> Line:
     """A copy of a (frozen) line with some fields changed; `dataclasses.replace` without re-validation."""
-    new = object.__new__(Line)
+    new = _new(Line)
     new.__dict__.update(line.__dict__, **changes)
     return new
 
@@ -432,11 +435,18 @@ class Pricer:
         self.book, self.max_entries = book, max_entries
         self._memo: dict[tuple[Hashable, ...], _Kept] = {}
         self.hits = self.misses = 0
+        # the version in effect at the hour last asked about: every GPU-hour of an hour shares its
+        # hour object, so the versions are looked through once an hour, not once a GPU-hour
+        self._hour: datetime | None = None
+        self._version: PriceVersion | None = None
 
     def price(self, gpu_hour: GpuHour, teams: dict[str, str] | None = None) -> PricedHour:
         teams = teams or {}
         dev = gpu_hour.device
-        version = self.book.version_at(gpu_hour.hour)
+        hour = gpu_hour.hour
+        if hour is not self._hour:
+            self._hour, self._version = hour, self.book.version_at(hour)
+        version = self._version
         usage = version is not None and version.sharing_split == "usage"
         key = (
             id(version),
@@ -465,41 +475,46 @@ class Pricer:
             return priced
         self.hits += 1
         template, sources, tie = memo.priced, memo.sources, memo.tie
-        unit_utilization: dict[tuple[str, str], Decimal | None] = {}
-        for inst in gpu_hour.instances:
-            unit_utilization.setdefault((inst.gpu_instance_id, inst.mig_profile), inst.utilization)
-        allocations = gpu_hour.allocations
-        common = {"hour": gpu_hour.hour, "uuid": dev.uuid}
+        uuid, allocations = dev.uuid, gpu_hour.allocations
+        tier_efficiency, tiers = version.tier_efficiency, bool(version.utilization_tiers)
+        unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
         lines = []
+        # each kept line copied (as `_evolve`, its fields set in place on the new line's __dict__)
+        # with the hour's own hour, GPU and, for a holder's line, team and utilization
         for line, source in zip(template.lines, sources, strict=True):
-            if source is None:
-                lines.append(_evolve(line, **common))
-                continue
-            alloc = allocations[source]
-            utilization = alloc.utilization
-            if utilization is None:
-                utilization = (
-                    unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
-                    if alloc.gpu_instance_id
-                    else dev.utilization
-                )
-            lines.append(
-                _evolve(
-                    line,
-                    **common,
-                    team=teams.get(alloc.namespace, ""),
-                    utilization=utilization,
-                    efficiency=version.tier_efficiency(utilization),
-                )
-            )
+            new = _new(Line)
+            fields = new.__dict__
+            fields.update(line.__dict__)
+            fields["hour"] = hour
+            fields["uuid"] = uuid
+            if source is not None:
+                alloc = allocations[source]
+                utilization = alloc.utilization
+                if utilization is None:
+                    if alloc.gpu_instance_id:
+                        if unit_utilization is None:
+                            unit_utilization = {}
+                            for inst in gpu_hour.instances:
+                                unit_utilization.setdefault(
+                                    (inst.gpu_instance_id, inst.mig_profile), inst.utilization
+                                )
+                        utilization = unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
+                    else:
+                        utilization = dev.utilization
+                fields["team"] = teams.get(alloc.namespace, "")
+                fields["utilization"] = utilization
+                # without tiers there is no score (as tier_efficiency says): no call per line
+                fields["efficiency"] = tier_efficiency(utilization) if tiers else None
+            lines.append(new)
         if tie is not None:  # the residue's last units fell on a tie: this hour's turn decides it
             # the tied lines' order depends on the GPU and the lines, not the hour: kept per GPU
-            groups = memo.tie_groups.get(dev.uuid)
+            groups = memo.tie_groups.get(uuid)
             if groups is None:
-                groups = memo.tie_groups[dev.uuid] = _tie_groups(lines, list(tie.positions))
-            chosen = set(_in_turn(groups, tie.extra, int(gpu_hour.hour.timestamp()) // 3600))
+                groups = memo.tie_groups[uuid] = _tie_groups(lines, list(tie.positions))
+            chosen = set(_in_turn(groups, tie.extra, int(hour.timestamp()) // 3600))
             for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
-                lines[at] = _evolve(lines[at], amount=plus if at in chosen else base)
+                # the line was made above and is seen by no one yet: its amount set as `_evolve` would
+                lines[at].__dict__["amount"] = plus if at in chosen else base
         return PricedHour(lines, template.device_cost, template.model, template.price_version, [])
 
 

@@ -34,17 +34,19 @@ class DuplicateLine(LedgerError):
 
 def refuse_duplicate_lines(hour: datetime, lines: Iterable[Line]) -> list[str]:
     """The lines' keys, in order; raises DuplicateLine naming the first key met twice."""
-    keys, seen = [], set()
-    for line in lines:
-        key = line_key(line)
+    lines = list(lines)
+    keys = list(map(line_key, lines))  # ~3,700 an hour on the 1,000-GPU bench: no loop in Python
+    if len(set(keys)) == len(keys):
+        return keys
+    seen = set()
+    for line, key in zip(lines, keys, strict=True):
         if key in seen:
             raise DuplicateLine(
                 f"hour {hour.isoformat()}: two {line.kind.value} lines for {line.namespace}/{line.pod}/"
                 f"{line.container} on {line.uuid} {line.gpu_instance_id}".rstrip()
             )
         seen.add(key)
-        keys.append(key)
-    return keys
+    raise AssertionError("unreachable: a key met twice was not found again")
 
 
 @dataclass(frozen=True)
