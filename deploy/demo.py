@@ -28,6 +28,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from gpumeter.process import wait_until_set
+
 __all__ = ["register"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _start(stack, args, stopping)
         if not args.no_wait:
-            stopping.wait()
+            wait_until_set(stopping)  # in slices: the signal may land on the webhook's thread
         return 0
     except DemoError as exc:
         print(f"gpumeter demo: {exc}", file=sys.stderr)

@@ -11,6 +11,8 @@ import threading
 
 import httpx
 
+from gpumeter.process import wait_until_set
+
 from . import config as exporter_config
 
 __all__ = ["register"]
@@ -96,7 +98,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    stopped.wait()
+    wait_until_set(stopped)  # in slices: the signal may land on a gRPC thread (gpumeter/process.py)
     exporter.stop()
     return 0
 

@@ -34,6 +34,7 @@ from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import open_client
+from gpumeter.process import wait_until_set
 from gpumeter.reports.schedule import ReportSchedule, run_monthly
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     STOPPING.clear()
-    stop.wait()
+    wait_until_set(stop)  # in slices: the signal may land on a scheduler thread (gpumeter/process.py)
     STOPPING.set()  # a running catch-up stops at the next hour boundary
     log.info("billing service stopping")
     jobs_done = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)

@@ -1,6 +1,6 @@
 """The layers, checked on the imports of every module (docs/architecture.md, "Layout").
 
-gpumeter.contract and gpumeter.web are leaves every part may use; the parts (exporter, billing,
+gpumeter.contract, gpumeter.web and gpumeter.process are leaves every part may use; the parts (exporter, billing,
 reports, dashboards, alerts, deploy) sit above them; billing sits below reports; the command
 (gpumeter.cli) and the composition root (gpumeter.service) sit on top, and nothing imports them.
 The concrete SQL ledger is reached through the ledger package's factory, except by the root.
@@ -56,10 +56,10 @@ def violations(module: str, imported: set[str]) -> list[str]:
             out.append(f"{module} imports {name}: a part never imports the command or the composition root")
         if part == "billing" and under(name, "gpumeter.reports"):
             out.append(f"{module} imports {name}: billing sits below reports")
-        if module in ("gpumeter.contract", "gpumeter.web") and any(
+        if module in ("gpumeter.contract", "gpumeter.web", "gpumeter.process") and any(
             under(name, f"gpumeter.{p}") for p in PARTS
         ):
-            out.append(f"{module} imports {name}: the contract and the web module are leaves")
+            out.append(f"{module} imports {name}: the contract, web and process modules are leaves")
         if under(name, SQL_LEDGER) and not (
             under(module, "gpumeter.billing.ledger") or module in ("gpumeter.service", "gpumeter.cli")
         ):

@@ -48,6 +48,7 @@ import grpc
 
 from gpumeter.exporter.kubelet import api_pb2, api_pb2_grpc
 from gpumeter.exporter.kubelet.client import DEFAULT_SOCKET
+from gpumeter.process import wait_until_set
 
 from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet
 
@@ -330,8 +331,7 @@ def run(args: argparse.Namespace) -> int:
             f"stand-in kubelet: node {node} of {fleet.source} on unix://{os.path.abspath(args.socket)}",
             flush=True,
         )
-        while not stop.wait(0.5):
-            pass
+        wait_until_set(stop)
     finally:
         kubelet.stop()
         for sig, handler in previous.items():

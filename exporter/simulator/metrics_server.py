@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gpumeter.process import wait_until_set
+
 __all__ = ["CONTENT_TYPE", "ExpositionServer", "label_text", "listen_address", "serve_until_signalled"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # client_golang's text format
@@ -88,7 +90,7 @@ def serve_until_signalled(
     host = listen_address(listen)[0]
     print(f"{banner} on http://{host}:{server.port}/metrics", flush=True)
     try:
-        stop.wait()
+        wait_until_set(stop)
     finally:
         server.stop()
     return 0

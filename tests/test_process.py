@@ -1,0 +1,115 @@
+"""Long-running commands stop on SIGINT/SIGTERM even when the kernel hands the signal to another thread.
+
+A process-directed signal goes to any thread that does not block it. CPython's C handler, in whichever
+thread, only flags the signal; the Python handler runs when the main thread next executes bytecode. A
+main thread parked in an unbounded ``Event.wait()`` never does. That is how Ctrl-C in ``make demo`` left
+the a100-mixed exporter (gRPC's threads) and the billing service (APScheduler's) running until killed
+after 15 s (seen 2026-11-27). The tests force the unlucky delivery: every thread but one blocks the
+signal, and that one is not the main thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpumeter.process import wait_until_set
+from tests.support.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs a gpumeter command with SIGINT and SIGTERM blocked in every thread but one idle helper thread.
+UNLUCKY = """
+import signal, sys, threading
+threading.Thread(target=threading.Event().wait, daemon=True, name="takes-the-signal").start()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+from gpumeter.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture
+def signal_on_another_thread():
+    """SIGUSR1 handled by setting an event, and blocked in the main thread for the test."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: stop.set())
+    takes_it = threading.Event()
+    threading.Thread(target=takes_it.wait, args=(10,), daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        yield stop
+    finally:
+        takes_it.set()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_plain_wait_does_not_see_a_signal_another_thread_took(signal_on_another_thread):
+    """The hazard itself: the handler has not run when the wait times out; it runs right after."""
+    stop = signal_on_another_thread
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert stop.wait(0.5) is False
+    time.sleep(0)  # the main thread executes bytecode: the flagged handler runs
+    assert stop.is_set()
+
+
+def test_wait_until_set_returns_within_a_slice(signal_on_another_thread):
+    stop = signal_on_another_thread
+    os.kill(os.getpid(), signal.SIGUSR1)
+    started = time.monotonic()
+    wait_until_set(stop, slice_seconds=0.05)
+    assert time.monotonic() - started < 0.5
+
+
+def _unlucky(*argv: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", UNLUCKY, *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for(process: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if not line and process.poll() is not None:
+            break
+    process.kill()
+    raise AssertionError(f"never printed {text!r}:\n{''.join(seen)}")
+
+
+def _stops_on(sig: int, *argv: str, banner: str) -> None:
+    with _unlucky(*argv) as process:
+        try:
+            _wait_for(process, banner)
+            process.send_signal(sig)
+            assert process.wait(timeout=5) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_exporter_stops_when_another_thread_takes_the_signal(sig):
+    port = free_port()
+    argv = ("exporter", "--simulate", "a100-mixed", "--listen", f"127.0.0.1:{port}", "--interval", "1")
+    _stops_on(sig, *argv, "--kubelet-socket", "", banner="serving http://")
+
+
+def test_a_stand_in_metrics_server_stops_likewise():
+    _stops_on(signal.SIGINT, "simulate", "volcano", "--listen", f"127.0.0.1:{free_port()}", banner="http://")
