@@ -80,10 +80,8 @@ WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
 SHARING_STRATEGIES = ("time-slicing", "mps")
-VIRTUALIZATION_MODES = (
-    "none",
-    "passthrough",
-)  # nvmlGpuVirtualizationMode NONE, PASSTHROUGH (host vGPU: vgpus:)
+# nvmlGpuVirtualizationMode NONE and PASSTHROUGH (a host vGPU is set by vgpus:)
+VIRTUALIZATION_MODES = ("none", "passthrough")
 FRACTIONAL_SCHEDULERS = (
     "hami",
     "gpushare",

@@ -35,8 +35,7 @@ __all__ = [
     "GPM_METRIC_LATENCY_S",
     "WAITS",
     "call_latency",
-    "fields_latency",
-    "metrics_latency",
+    "items_latency",
 ]
 
 # A plain getter (temperature, power, utilization, clocks, memory, processes): 1.5-11 µs p50 on the H200.
@@ -92,7 +91,6 @@ FIELD_LATENCY_S: Mapping[int, float] = MappingProxyType(
         198: 0.135e-3,  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
     }
 )
-DEFAULT_FIELD_LATENCY_S = 0.0  # a plain field adds nothing measurable to its batch
 
 # GPM metrics by id that cost more than the call itself (calls-after.json, each alone): graphics-engine
 # activity 1.2 ms; the other twelve the exporter asks, 1.3 µs the call with or without them.
@@ -106,9 +104,7 @@ def call_latency(name: str, table: Mapping[str, float] = CALL_LATENCY_S) -> floa
     return table.get(name, DEFAULT_CALL_LATENCY_S)
 
 
-def fields_latency(field_ids, table: Mapping[int, float] = FIELD_LATENCY_S) -> float:
-    return sum(table.get(field_id, DEFAULT_FIELD_LATENCY_S) for field_id in field_ids)
-
-
-def metrics_latency(metric_ids, table: Mapping[int, float] = GPM_METRIC_LATENCY_S) -> float:
-    return sum(table.get(metric_id, 0.0) for metric_id in metric_ids)
+def items_latency(ids, table: Mapping[int, float]) -> float:
+    """What a batched call's items (fields, GPM metrics) add to it; an item not in ``table`` adds
+    nothing measurable."""
+    return sum(table.get(item, 0.0) for item in ids)

@@ -56,9 +56,8 @@ class GpuModel:
     nvml_name: str  # what nvmlDeviceGetName answers
     arch: int
     memory_mib: int
-    reserved_mib: (
-        float  # what nvmlMemory_v2 calls reserved; not always whole MiB (a real H200: 615 MiB + 64 KiB)
-    )
+    # what nvmlMemory_v2 calls reserved; not always whole MiB (a real H200: 615 MiB + 64 KiB)
+    reserved_mib: float
     power_limit_w: float
     idle_power_w: float
     # Thresholds in °C: shutdown, slowdown (HW), gpu_max (SW thermal), memory_max; None = not supported

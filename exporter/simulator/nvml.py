@@ -29,7 +29,7 @@ from .device import (
     SimulatedMig,
     SimulatedNode,
 )
-from .latency import WAITS, call_latency, fields_latency, metrics_latency
+from .latency import FIELD_LATENCY_S, GPM_METRIC_LATENCY_S, WAITS, call_latency, items_latency
 from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, SYMBOL_SINCE_DRIVER, driver_branch
 
 __all__ = ["SimulatedNvml"]
@@ -658,7 +658,7 @@ def _field_value(gpu: SimulatedGpu, field_id: int, scope: int, driver: str):
 def nvmlDeviceGetFieldValues(lib, gpu, mig, count, values):
     entries = _out(values)
     if lib.latency is not None:  # a batch costs what its fields cost (simulator/latency.py)
-        lib.pay(fields_latency(entries[i].fieldId for i in range(_int(count))))
+        lib.pay(items_latency((entries[i].fieldId for i in range(_int(count))), FIELD_LATENCY_S))
     now_us = int(lib.node.clock() * 1e6)
     for i in range(_int(count)):
         entry = entries[i]
@@ -841,7 +841,11 @@ def nvmlGpmMetricsGet(lib, metrics_arg):
     if first is None or second is None or first[2] != second[2]:
         return N.NVML_ERROR_INVALID_ARGUMENT  # an empty sample, or two samples of different instances
     if lib.latency is not None:  # a metrics call costs what its metrics cost (simulator/latency.py)
-        lib.pay(metrics_latency(request.metrics[i].metricId for i in range(request.numMetrics)))
+        lib.pay(
+            items_latency(
+                (request.metrics[i].metricId for i in range(request.numMetrics)), GPM_METRIC_LATENCY_S
+            )
+        )
     elapsed = second[0] - first[0]
     if elapsed <= GPM_MIN_SPACING_S:
         # nvml.h (NVIDIA/go-nvml), nvmlGpmMigSampleGet: "The interval between two nvmlGpmMigSampleGet()
