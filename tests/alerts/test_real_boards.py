@@ -1,15 +1,16 @@
 """An hour of each real board (tests/data/real-gpu/, docs/real-gpu.md) through the real rule files: no
 alert.
 
-The exporter's /metrics on a real H200 (driver 580, one GPU passed through to a VM) was scraped idle, under
-a bf16 matrix-product load at the board's 700 W power limit (SW power cap active, 55 °C) and after it.
-Here those three expositions, each held for its stretch (10 min idle, 30 min load, 10 min after, 5 s
-apart), are promtool's input series, with the rule files unchanged: no alert may fire or even be pending,
-since nothing was wrong with the board. This is the check the simulator cannot give: the thresholds, the
-counters and the clock-event bits are the driver's own, not ours (the critical temperature alert that once
-fired forever on a real H100 was exactly such a case).
+The exporter's /metrics on a real H200 and on a real H100 (driver 580, one GPU passed through to a VM) was
+scraped idle, under a bf16 matrix-product load at the board's 700 W power limit (SW power cap active; the
+H200 at 55 °C, the H100 at 62 °C) and after it. Here those three expositions, each held for its stretch
+(10 min idle, 30 min load, 10 min after, 5 s apart), are promtool's input series, with the rule files
+unchanged: no alert may fire or even be pending, since nothing was wrong with either board. This is the
+check the simulator cannot give: the thresholds, the counters and the clock-event bits are the driver's
+own, not ours (the critical temperature alert that once fired forever on a real H100 was exactly such a
+case).
 
-A control replays the same hour with the GPU at 90 °C during the load stretch (its real slowdown
+A control replays the same hour with the GPU at 90 °C during the load stretch (both boards' real slowdown
 threshold is 89 °C) and expects GpuTemperatureAtSlowdown, so the quiet result is not for want of data.
 """
 
@@ -31,7 +32,7 @@ STRETCHES = (("metrics-idle.prom", 120), ("metrics-load.prom", 360), ("metrics-a
 STEPS = sum(steps for _, steps in STRETCHES)  # 600: 50 minutes
 EVAL_TIMES = ("9m", "15m", "25m", "39m", "49m")
 # the slowdown threshold each board's driver gave (board.json, threshold_slowdown)
-SLOWDOWN_C = {"h200": 89}
+SLOWDOWN_C = {"h200": 89, "h100": 89}
 
 
 def timeline(board: Path, hot_load: bool = False) -> dict:

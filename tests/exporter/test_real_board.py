@@ -1,7 +1,7 @@
-"""The stand-in against real boards: what each board with evidence answered (tests/data/real-gpu/, taken
-with tests/real_gpu/run.sh on a GPU node, docs/real-gpu.md; so far two real H200s) is what the stand-in
-must answer for the simulated node that stands for its machine (fleet ``h200-vm``: one H200 passed through
-to a VM, driver 580).
+"""The stand-in against real boards: what a real H200 (two of them) and a real H100 answered
+(tests/data/real-gpu/, taken with tests/real_gpu/run.sh on a GPU node, docs/real-gpu.md) is what the
+stand-in must answer for the simulated node that stands for each machine (fleets ``h200-vm`` and
+``h100-vm``: one GPU passed through to a VM, driver 580).
 
 Three views, each of data nobody here wrote: NVML's own answers to the calls the exporter and the model
 table rely on (probe.py's board.json), ``gpumeter doctor``'s report (which function and field answered,
@@ -25,7 +25,7 @@ from gpumeter.exporter.nvml import NvmlSession
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
-from tests.real_gpu.evidence import BOARDS, H200, exposition, json_of, nvidia_smi_q
+from tests.real_gpu.evidence import BOARDS, H100, H200, exposition, json_of, nvidia_smi_q
 from tests.real_gpu.probe import board
 
 T0 = 1_795_000_000.0
@@ -90,8 +90,8 @@ def test_both_real_h200s_agree_on_the_facts():
 
 
 # nvmlMemory_v2's total and reserved bytes as each board answered them, written out here so that the
-# file and the stand-in cannot agree on a wrong figure: the H200 reserves 615 MiB + 64 KiB.
-MEMORY_V2 = {H200: (150_754_820_096, 644_939_776)}
+# file and the stand-in cannot agree on a wrong figure: the H200 reserves 615 MiB + 64 KiB, the H100 480 MiB.
+MEMORY_V2 = {H200: (150_754_820_096, 644_939_776), H100: (85_520_809_984, 503_316_480)}
 
 
 def test_memory_total_and_reserved_to_the_byte(real, stand_in):
@@ -106,8 +106,8 @@ def test_memory_total_and_reserved_to_the_byte(real, stand_in):
 
 def test_fields_answer_as_on_the_real_board(real, stand_in):
     """Every field id pynvml names, asked alone: the stand-in answers exactly the ones the real board
-    answered; a field it refused, the stand-in refuses. The T.Limit fields carry the real offsets (shutdown
-    8 °C above GPU max, slowdown 2)."""
+    answered; a field it refused, the stand-in refuses. The T.Limit fields carry the real offsets (both
+    boards: shutdown 8 °C above GPU max, slowdown 2)."""
     answered = json_of(real[0], "board.json")["devices"][0]["fields"]
     simulated = board(stand_in)["fields"]
     exporter_fields = {int(a["what"].split()[1]) for a in _doctor_fields(json_of(real[0], "doctor.json"))}
@@ -215,7 +215,7 @@ def test_the_exporter_on_the_real_board_agrees_with_nvidia_smi_there(real):
     }
     mib = 1024 * 1024
     assert served[("nvidia_gpu_memory_total_bytes", "")] / mib == printed("FB Memory Usage", "Total")
-    # nvidia-smi rounds the H200's reserved 615.06 MiB up
+    # nvidia-smi rounds the H200's reserved 615.06 MiB up (the H100's is 480 MiB whole)
     assert math.ceil(served[("nvidia_gpu_memory_reserved_bytes", "")] / mib) == printed(
         "FB Memory Usage", "Reserved"
     )
@@ -226,7 +226,7 @@ def test_the_exporter_on_the_real_board_agrees_with_nvidia_smi_there(real):
     )
     capped_us = printed("Clocks Event Reasons Counters", "SW Power Capping")
     assert capped_us > 20e6  # the load ran at the power cap for most of its 30 s
-    # NVML counts ns (the H200: 30,209,610,752); nvidia-smi truncates to µs
+    # NVML counts ns (the H200: 30,209,610,752; the H100: 30,300,304,288); nvidia-smi truncates to µs
     assert int(served[("nvidia_gpu_clocks_event_seconds_total", "sw_power_cap")] * 1e6) == capped_us
     # the T.Limit offsets nvidia-smi prints are the absolute thresholds the exporter serves, on gpu_max = 0
     thresholds = {
