@@ -84,11 +84,12 @@ class GpuModel:
     # as gpu_max_c - threshold (memory max 0), the same scale.
     tlimit_c: dict[str, int] | None = None
     # nvmlDeviceGetSupportedClocksEventReasons: the eight reasons of nvml.h's list up to HW power brake
-    # (0xFF); a real H200 (driver 580) also answers display clock setting (0x100): 0x1FF.
+    # (0xFF); a real H200 and a real H100 SXM5 (driver 580) also answer display clock setting (0x100): 0x1FF.
     clocks_event_reasons: int = 0xFF
     # nvmlDeviceGetSupportedEventTypes; None: the four kinds the stand-in raises (XID, SBE, DBE, MIG config
-    # change). A real H200 on driver 580 answers 0xFF9F: every nvmlEventType* of nvml.h but 0x20 and 0x40,
-    # so a watcher that registered for all it is offered would be woken by every P-state and clock change.
+    # change). A real H200 and a real H100 SXM5 on driver 580 answer 0xFF9F: every nvmlEventType* of nvml.h
+    # but 0x20 and 0x40, so a watcher that registered for all it is offered would be woken by every P-state
+    # and clock change.
     event_types: int | None = None
 
     @property
@@ -229,7 +230,9 @@ _H100_80GB_PROFILES = _profiles(
 
 
 # Thresholds printed by nvidia-smi -q (docs/nvml.md §4 collects the dumps): A100 80GB PCIe 92/89/85/95;
-# "other datacenter boards" (V100 and kin) 90/87/83/85.
+# "other datacenter boards" (V100 and kin) 90/87/83/85. _H100_THRESHOLDS is now the H100 PCIe's alone and
+# from no dump of it: the real H100 SXM5 (driver 580) and H100 NVL (driver 550) both shut down at 95, not
+# 92, so its shutdown figure is doubtful until an H100 PCIe is asked.
 class _Thresholds(TypedDict):
     shutdown_c: int
     slowdown_c: int
@@ -243,22 +246,39 @@ _H100_THRESHOLDS: _Thresholds = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c"
 MODELS: dict[str, GpuModel] = {
     m.key: m
     for m in (
+        # Every figure but the NVLinks and the MIG profiles as a real one answered (driver 580.159.04, one
+        # GPU passed through to a VM, MIG off): tests/data/real-gpu/h100-580.159.04/, file named per line.
         GpuModel(
             key="H100-SXM5-80GB",
-            nvml_name="NVIDIA H100 80GB HBM3",
-            arch=ARCH_HOPPER,
+            nvml_name="NVIDIA H100 80GB HBM3",  # board.json name; nvidia-smi-q.txt Product Name
+            arch=ARCH_HOPPER,  # board.json architecture 9
+            # board.json memory_v2: total 85,520,809,984 B = 81,559 MiB, reserved 503,316,480 B = 480 MiB
+            # exactly (nvidia-smi-q.txt: Total 81559 MiB, Reserved 480 MiB); 1,024 MiB was assumed before
             memory_mib=81559,
-            reserved_mib=1024,
-            power_limit_w=700.0,
+            reserved_mib=503_316_480 / MIB,
+            power_limit_w=700.0,  # board.json enforced_power_limit 700,000 mW (constraints 200-700 W)
+            # idle at P0: board.json power_usage 72.0 W, metrics-idle.prom 71.9 W, nvidia-smi-q.txt 71.96 W
             idle_power_w=72.0,
-            **_H100_THRESHOLDS,
-            nvlinks=18,
-            clocks_max_mhz={"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1755},
-            pcie_gen=5,
-            pci_device_id=0x233010DE,
-            mig_profiles=_H100_80GB_PROFILES,
-            evidence="H100 SXM5 datasheet (700 W, 18 NVLink4 links); thresholds not from a dump of this board, "
-            "to be confirmed with gpumeter doctor",
+            # board.json threshold_shutdown/slowdown/gpu_max/mem_max 95/89/87/95 (shutdown 92 was assumed
+            # before); fields 193-196 there answer -8/-2/0/0, these on gpu_max = 0 (the H200's too)
+            shutdown_c=95,
+            slowdown_c=89,
+            gpu_max_c=87,
+            memory_max_c=95,
+            nvlinks=18,  # the datasheet's 18 NVLink4 links; the VM's board answered NOT_SUPPORTED (no fabric)
+            # board.json max_clock_graphics/sm/memory/video; nvidia-smi-q.txt Max Clocks (video 1755 was
+            # assumed before)
+            clocks_max_mhz={"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545},
+            pcie_gen=5,  # board.json pcie_max_gen 5 (x16)
+            pci_device_id=0x233010DE,  # board.json pci.pciDeviceId 590,352,606; nvidia-smi-q.txt Device Id
+            mig_profiles=_H100_80GB_PROFILES,  # not checked: MIG was off on the real one
+            clocks_event_reasons=0x1FF,  # board.json supported_clocks_event_reasons 511 (0xFF assumed before)
+            event_types=0xFF9F,  # board.json supported_event_types 65,439 (the H200's too)
+            evidence="gpumeter doctor and NVML on a real H100 SXM5 80GB, driver 580.159.04 "
+            "(tests/data/real-gpu/h100-580.159.04/): thresholds, max clocks, memory and reserved, power "
+            "limit, idle power, PCI id, supported clock-event reasons and event types; 18 NVLink4 links from "
+            "the datasheet (the real one was a single-GPU VM without NVLink); MIG profiles not checked (MIG "
+            "was off there)",
         ),
         GpuModel(
             key="H100-PCIe-80GB",

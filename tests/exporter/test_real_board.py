@@ -1,6 +1,7 @@
-"""The stand-in against a real H200: what two real boards answered (tests/data/real-gpu/, taken with
-tests/real_gpu/run.sh on a GPU node, docs/real-gpu.md) is what the stand-in must answer for the simulated
-node that stands for that machine (fleet ``h200-vm``: one H200 passed through to a VM, driver 580).
+"""The stand-in against real boards: what a real H200 (two of them) and a real H100 answered
+(tests/data/real-gpu/, taken with tests/real_gpu/run.sh on a GPU node, docs/real-gpu.md) is what the
+stand-in must answer for the simulated node that stands for each machine (fleets ``h200-vm`` and
+``h100-vm``: one GPU passed through to a VM, driver 580).
 
 Three views, each of data nobody here wrote: NVML's own answers to the calls the exporter and the model
 table rely on (probe.py's board.json), ``gpumeter doctor``'s report (which function and field answered,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pynvml as N
 import pytest
@@ -23,7 +25,7 @@ from gpumeter.exporter.nvml import NvmlSession
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
-from tests.real_gpu.evidence import H200, H200_FLEET, exposition, json_of, nvidia_smi_q
+from tests.real_gpu.evidence import BOARDS, H100, H200, exposition, json_of, nvidia_smi_q
 from tests.real_gpu.probe import board
 
 T0 = 1_795_000_000.0
@@ -49,9 +51,15 @@ BOARD_FACTS = (
 )
 
 
+@pytest.fixture(params=list(BOARDS))
+def real(request) -> tuple[Path, str]:
+    """Each board with evidence: (its folder, the fleet of its machine's twin)."""
+    return BOARDS[request.param]
+
+
 @pytest.fixture
-def stand_in():
-    node = SimulatedNode(load_fleet(H200_FLEET), None, clock=lambda: T0)
+def stand_in(real):
+    node = SimulatedNode(load_fleet(real[1]), None, clock=lambda: T0)
     session = NvmlSession(SimulatedNvml(node))
     session.start()
     yield N.nvmlDeviceGetHandleByIndex(0)
@@ -63,16 +71,16 @@ def _plain(answer: dict) -> dict:
 
 
 @pytest.mark.parametrize("fact", BOARD_FACTS)
-def test_the_stand_in_answers_what_a_real_h200_answered(stand_in, fact: str):
-    real = json_of(H200, "board.json")["devices"][0]
+def test_the_stand_in_answers_what_the_real_board_answered(real, stand_in, fact: str):
+    answered = json_of(real[0], "board.json")["devices"][0]
     simulated = board(stand_in)
     if fact == "nvlink_state":  # a dict of links, the JSON keys are strings
-        assert _plain(simulated[fact]) == real[fact]
+        assert _plain(simulated[fact]) == answered[fact]
     else:
-        assert simulated[fact] == real[fact], fact
+        assert simulated[fact] == answered[fact], fact
 
 
-def test_both_real_boards_agree_on_the_facts(stand_in):
+def test_both_real_h200s_agree_on_the_facts():
     """The second H200 (another machine, same driver) gave the same board facts: they are the model's,
     not one board's."""
     first = json_of(H200, "board.json")["devices"][0]
@@ -81,32 +89,35 @@ def test_both_real_boards_agree_on_the_facts(stand_in):
         assert first[fact] == second[fact], fact
 
 
-def test_memory_total_and_reserved_to_the_byte(stand_in):
-    real = json_of(H200, "board.json")["devices"][0]["memory_v2"]["value"]
+# nvmlMemory_v2's total and reserved bytes as each board answered them, written out here so that the
+# file and the stand-in cannot agree on a wrong figure: the H200 reserves 615 MiB + 64 KiB, the H100 480 MiB.
+MEMORY_V2 = {H200: (150_754_820_096, 644_939_776), H100: (85_520_809_984, 503_316_480)}
+
+
+def test_memory_total_and_reserved_to_the_byte(real, stand_in):
+    answered = json_of(real[0], "board.json")["devices"][0]["memory_v2"]["value"]
     simulated = board(stand_in)["memory_v2"]["value"]
     assert (
         (simulated["total"], simulated["reserved"])
-        == (real["total"], real["reserved"])
-        == (
-            150_754_820_096,
-            644_939_776,
-        )
+        == (answered["total"], answered["reserved"])
+        == MEMORY_V2[real[0]]
     )
 
 
-def test_fields_answer_as_on_the_real_board(stand_in):
+def test_fields_answer_as_on_the_real_board(real, stand_in):
     """Every field id pynvml names, asked alone: the stand-in answers exactly the ones the real board
-    answered; a field it refused, the stand-in refuses. The T.Limit fields carry the real offsets."""
-    real = json_of(H200, "board.json")["devices"][0]["fields"]
+    answered; a field it refused, the stand-in refuses. The T.Limit fields carry the real offsets (both
+    boards: shutdown 8 °C above GPU max, slowdown 2)."""
+    answered = json_of(real[0], "board.json")["devices"][0]["fields"]
     simulated = board(stand_in)["fields"]
-    exporter_fields = {int(a["what"].split()[1]) for a in _doctor_fields(json_of(H200, "doctor.json"))}
+    exporter_fields = {int(a["what"].split()[1]) for a in _doctor_fields(json_of(real[0], "doctor.json"))}
     for field_id in sorted(exporter_fields):
-        answered_real, answered_sim = "value" in real[str(field_id)], "value" in simulated[str(field_id)]
-        assert answered_sim == answered_real, (field_id, real[str(field_id)], simulated[str(field_id)])
+        answered_real, answered_sim = "value" in answered[str(field_id)], "value" in simulated[str(field_id)]
+        assert answered_sim == answered_real, (field_id, answered[str(field_id)], simulated[str(field_id)])
     tlimits = {fid: simulated[str(fid)]["value"] for fid in (193, 194, 195, 196)}
     assert (
         tlimits
-        == {fid: real[str(fid)]["value"] for fid in (193, 194, 195, 196)}
+        == {fid: answered[str(fid)]["value"] for fid in (193, 194, 195, 196)}
         == {
             193: -8,
             194: -2,
@@ -120,16 +131,16 @@ def _doctor_fields(report: dict) -> list[dict]:
     return [a for a in report["gpus"][0]["fields"] if a["what"].startswith("field ")]
 
 
-def test_doctor_on_the_stand_in_reports_what_doctor_reported_on_the_real_board():
-    real = json_of(H200, "doctor.json")
-    node = SimulatedNode(load_fleet(H200_FLEET), None, clock=time.time)
+def test_doctor_on_the_stand_in_reports_what_doctor_reported_on_the_real_board(real):
+    reported = json_of(real[0], "doctor.json")
+    node = SimulatedNode(load_fleet(real[1]), None, clock=time.time)
     simulated = doctor.diagnose(SimulatedNvml(node), privileged=True).as_dict()
     assert (simulated["nvml"], simulated["driver"], simulated["cuda"]) == (
-        real["nvml"],
-        real["driver"],
-        real["cuda"],
+        reported["nvml"],
+        reported["driver"],
+        reported["cuda"],
     )
-    (sim_gpu,), (real_gpu,) = simulated["gpus"], real["gpus"]
+    (sim_gpu,), (real_gpu,) = simulated["gpus"], reported["gpus"]
 
     def results(gpu: dict, key: str) -> dict[str, str]:
         return {a["what"]: a["result"] for a in gpu[key]}
@@ -159,9 +170,9 @@ def _shape(series: dict) -> dict:
     }
 
 
-def _simulated_exposition() -> dict:
+def _simulated_exposition(fleet: str) -> dict:
     clock = [T0]
-    node = SimulatedNode(load_fleet(H200_FLEET), None, clock=lambda: clock[0])
+    node = SimulatedNode(load_fleet(fleet), None, clock=lambda: clock[0])
     config = ExporterConfig(
         listen="127.0.0.1:0", kubelet_socket=None, enable_collectors=("processes",), interval=1.0
     )
@@ -179,20 +190,20 @@ def _simulated_exposition() -> dict:
         exporter.sampler.stop()
 
 
-def test_the_exporter_on_the_stand_in_serves_the_series_it_served_on_the_real_board():
-    real = _shape(exposition(H200, "metrics-idle.prom"))
-    simulated = _shape(_simulated_exposition())
-    assert sorted(set(simulated) - set(real)) == []
-    assert sorted(set(real) - set(simulated)) == []
-    for key, value in real.items():
+def test_the_exporter_on_the_stand_in_serves_the_series_it_served_on_the_real_board(real):
+    served = _shape(exposition(real[0], "metrics-idle.prom"))
+    simulated = _shape(_simulated_exposition(real[1]))
+    assert sorted(set(simulated) - set(served)) == []
+    assert sorted(set(served) - set(simulated)) == []
+    for key, value in served.items():
         if key[0] in STATIC:
             assert simulated[key] == value, key
 
 
-def test_the_exporter_on_the_real_board_agrees_with_nvidia_smi_there():
+def test_the_exporter_on_the_real_board_agrees_with_nvidia_smi_there(real):
     """NVIDIA's own tool on the same board, after the load: the exporter's units and conversions hold
     (MiB, MHz, W; the throttle-time counters NVML gives in ns and nvidia-smi prints in µs)."""
-    smi = nvidia_smi_q(H200, "nvidia-smi-q-after.txt")
+    smi = nvidia_smi_q(real[0], "nvidia-smi-q-after.txt")
     gpu = next(k[0] for k in smi if k[0].startswith("GPU "))
 
     def printed(*path: str) -> float:
@@ -200,11 +211,11 @@ def test_the_exporter_on_the_real_board_agrees_with_nvidia_smi_there():
 
     served = {
         (name, dict(labels).get("clock") or dict(labels).get("reason") or ""): value
-        for (name, labels), value in exposition(H200, "metrics-after.prom").items()
+        for (name, labels), value in exposition(real[0], "metrics-after.prom").items()
     }
     mib = 1024 * 1024
     assert served[("nvidia_gpu_memory_total_bytes", "")] / mib == printed("FB Memory Usage", "Total")
-    # nvidia-smi rounds the reserved 615.06 MiB up
+    # nvidia-smi rounds the H200's reserved 615.06 MiB up (the H100's is 480 MiB whole)
     assert math.ceil(served[("nvidia_gpu_memory_reserved_bytes", "")] / mib) == printed(
         "FB Memory Usage", "Reserved"
     )
@@ -215,12 +226,12 @@ def test_the_exporter_on_the_real_board_agrees_with_nvidia_smi_there():
     )
     capped_us = printed("Clocks Event Reasons Counters", "SW Power Capping")
     assert capped_us > 20e6  # the load ran at the power cap for most of its 30 s
-    # NVML counts ns (30,209,610,752); nvidia-smi truncates to µs
+    # NVML counts ns (the H200: 30,209,610,752; the H100: 30,300,304,288); nvidia-smi truncates to µs
     assert int(served[("nvidia_gpu_clocks_event_seconds_total", "sw_power_cap")] * 1e6) == capped_us
     # the T.Limit offsets nvidia-smi prints are the absolute thresholds the exporter serves, on gpu_max = 0
     thresholds = {
         dict(labels)["threshold"]: value
-        for (name, labels), value in exposition(H200, "metrics-after.prom").items()
+        for (name, labels), value in exposition(real[0], "metrics-after.prom").items()
         if name == "nvidia_gpu_temperature_threshold_celsius"
     }
     assert thresholds["shutdown"] - thresholds["gpu_max"] == -printed(

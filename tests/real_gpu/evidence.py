@@ -11,8 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 REAL_GPU = Path(__file__).parents[1] / "data" / "real-gpu"
 H200 = REAL_GPU / "h200-580.159.04"
-# the simulated node that stands for the machine the evidence came from
+H100 = REAL_GPU / "h100-580.159.04"
+# the simulated nodes that stand for the machines the evidence came from
 H200_FLEET = "h200-vm"
+H100_FLEET = "h100-vm"
+# every board with evidence, by the id the tests give it: (its folder, the fleet of its machine's twin)
+BOARDS: dict[str, tuple[Path, str]] = {"h200": (H200, H200_FLEET), "h100": (H100, H100_FLEET)}
 
 Series = tuple[str, tuple[tuple[str, str], ...]]
 
