@@ -9,12 +9,13 @@ import json
 import logging
 import operator
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from itertools import count, repeat
+from itertools import chain, count, repeat
 from pathlib import Path
 
 from alembic import command
@@ -91,6 +92,16 @@ TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 _PRICE_VERSION, _EFFICIENCY, _UTILIZATION = map(
     operator.attrgetter, ("price_version", "efficiency", "utilization")
 )
+
+
+SQLITE_ROWS = 1000  # rows per multi-row INSERT (`SqlLedger._bulk_insert`)
+
+
+@functools.lru_cache(maxsize=64)
+def _multi_row_insert(table: str, names: str, marks: str, rows: int) -> str:
+    """The text of an INSERT of ``rows`` rows (cached: the same few sizes every hour, and the
+    sqlite3 module's own statement cache is keyed by it)."""
+    return f"INSERT INTO {table} ({names}) VALUES " + ", ".join([f"({marks})"] * rows)
 
 
 def _exact_text(value: Decimal | None) -> str | None:
@@ -424,7 +435,19 @@ class SqlLedger(Ledger):
         marks = ", ".join(["?" if session.bind.dialect.paramstyle == "qmark" else "%s"] * len(columns))
         cursor = raw.cursor()
         try:
-            cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
+            if session.bind.dialect.name != "sqlite":
+                cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
+                return
+            # SQLite: multi-row INSERTs. The sqlite3 module releases the GIL while SQLite steps a
+            # statement; executemany steps once per row, so each row's b-tree work waited for the GIL
+            # back from the thread pricing the next hour. One statement per SQLITE_ROWS rows runs
+            # that work beside it (and binds in one call: 12 against 18 ms for an hour's lines).
+            per = min(SQLITE_ROWS, raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(columns))
+            for at in range(0, len(rows), per):
+                part = rows[at : at + per]
+                cursor.execute(
+                    _multi_row_insert(table.name, names, marks, len(part)), list(chain.from_iterable(part))
+                )
         finally:
             cursor.close()
 
