@@ -9,12 +9,14 @@ from decimal import Decimal
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.ledger.orm import COST_LINES, Base
-from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger
+from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger, _statement_sizes
 from gpumeter.billing.models import Line
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
@@ -91,6 +93,17 @@ def test_an_hour_of_more_lines_than_one_insert_holds_is_stored_whole_and_in_orde
     assert ledger.lines(HOUR0, HOUR0 + timedelta(hours=1)) == lines
     assert ledger.facts(HOUR0) == hours
     assert ledger.counts()["gpu_hours"] == 850
+
+
+@given(st.integers(0, 20_000), st.integers(1, 2_000))
+def test_insert_sizes_cover_the_rows_in_few_distinct_statements(rows, most):
+    sizes = _statement_sizes(rows, most)
+    assert sum(sizes) == rows and all(0 < size <= most for size in sizes)
+    # `most` while it lasts, then the rest in distinct powers of two (few statement texts ever)
+    full = rows // most
+    rest = sizes[full:]
+    assert sizes[:full] == [most] * full and sum(rest) == rows % most
+    assert len(set(rest)) == len(rest) and all(size & (size - 1) == 0 for size in rest)
 
 
 def test_failure_records_a_run_but_no_facts(ledger):
