@@ -26,7 +26,7 @@ from typing import TypeVar
 from gpumeter import contract
 from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ledger.base import SHARED_MODES, HourRecord, Ledger, LedgerError
-from gpumeter.billing.ledger.layouts import layout_key
+from gpumeter.billing.ledger.layouts import LayoutKey, layout_key
 from gpumeter.billing.models import HOUR, Allocation, Device, GpuHour, MigInstance, hour_floor, hours_between
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import PrometheusError, QueryClient, Sample, SeriesLabels, open_client
@@ -452,6 +452,8 @@ class RunAnswers:
             for found, values, *rest in allocations
         ]
         self.teams: list[dict[str, str]] = [{} for _ in hours]
+        # each GPU's layout key of the last hour built, carried to the next (`build`)
+        self.layouts: dict[str, LayoutKey | None] = {}
         for labels, values in col["teams"]:
             namespace, team = labels.get(contract.NAMESPACE), labels.get(contract.LABEL_TEAM)
             if namespace and team:
@@ -589,8 +591,16 @@ class RunAnswers:
             fields["process_memory"] = own_memory
             owner.allocations.append(allocation)
         built = [hours[u] for u in sorted(hours)]
+        kept = self.layouts
         for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
-            gpu_hour.layout = layout_key(gpu_hour.instances, gpu_hour.allocations)
+            key = layout_key(gpu_hour.instances, gpu_hour.allocations)
+            # the GPU's key of the hour before when equal (`LayoutKey`: its hash is worked out once)
+            last = kept.get(gpu_hour.device.uuid)
+            if last is not None and last == key:
+                key = last
+            else:
+                kept[gpu_hour.device.uuid] = key
+            gpu_hour.layout = key
         return built, dict(self.teams[i])
 
 
@@ -871,6 +881,7 @@ def _ingest_serially(client, ledger, book, hours, config, progress, stopping=Non
     runs = _runs(hours, max(1, config.chunk_hours))
     pricer = Pricer(book)
     known_teams = ledger.namespace_teams()
+    layouts: dict[str, LayoutKey | None] = {}
     writing: tuple[HourRecord, int, Future, datetime] | None = None  # the hour the writer thread writes
 
     def tick() -> None:
@@ -914,6 +925,7 @@ def _ingest_serially(client, ledger, book, hours, config, progress, stopping=Non
                     pending = queries.submit(_query_run, client, runs[i + 1], config)
                 try:
                     answers, intervals = future.result()
+                    answers.layouts = layouts  # each GPU's layout key, carried from run to run
                 except PrometheusError as exc:
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None

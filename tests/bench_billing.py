@@ -304,6 +304,43 @@ def _promql_seconds(url: str, promql: str, at: float) -> tuple[float, int]:
     return elapsed, len(body["data"]["result"])
 
 
+def _ingest_queries_seconds(url: str, days: int) -> float:
+    """Seconds Prometheus takes to answer the range queries billing makes for one day (the second,
+    or the only one), over HTTP, min of two: its own share of the ingest, on whatever core it gets.
+    Times the number of days, a floor under the month's wall time that no billing code lowers."""
+    from gpumeter.billing.ingest import QUERIES, _at
+
+    day = 1 if days > 1 else 0
+    first, last = _at(START + timedelta(days=day)), _at(START + timedelta(days=day + 1, hours=-1))
+    best = []
+    for promql in QUERIES.values():
+        times = []
+        for _ in range(2):
+            started = time.perf_counter()
+            response = httpx.post(
+                f"{url}/api/v1/query_range",
+                data={"query": promql, "start": first.timestamp(), "end": last.timestamp(), "step": 3600},
+                timeout=600,
+            )
+            response.raise_for_status()
+            times.append(time.perf_counter() - started)
+        best.append(min(times))
+    return sum(best)
+
+
+def _python_loop_seconds() -> float:
+    """This machine's speed at plain Python: a 10-million-step loop, min of 3. Billing's ingest is
+    Python-bound, so figures from two machines compare through it (0.51 s on the 2-vCPU machine of
+    docs/performance.md's issue-17 sixth pass)."""
+    best = float("inf")
+    for _ in range(3):
+        started, total = time.process_time(), 0
+        for i in range(10_000_000):
+            total += i
+        best = min(best, time.process_time() - started)
+    return best
+
+
 def _ledger_bytes(db: str, schema: str | None, path: Path | None) -> int:
     """The ledger's size on disk: the SQLite file, or the PostgreSQL schema's tables and indexes."""
     if path is not None:
@@ -381,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             run, peak = _measure_child(argv)
             ledger_bytes = _ledger_bytes(db, schema, sqlite_file)
             promql = [_promql_seconds(server.url, totals, end) for _ in range(3)]
+            answering = _ingest_queries_seconds(server.url, args.days)
         finally:
             server.stop()
             if drop:
@@ -429,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         "ledger_bytes": ledger_bytes,
         "ledger_bytes_per_gpu_month": round(ledger_bytes / gpu_months),
         "rows_per_gpu_month": round(rows / gpu_months),
+        "python_loop_seconds": round(_python_loop_seconds(), 2),
+        "prometheus_ingest_queries_seconds_per_day": round(answering, 2),
         "promql_totals_seconds": [round(t, 2) for t, _ in promql],
         "metricsql_totals_seconds": [round(t, 2) for t, _ in metricsql],
         "totals_series": promql[0][1],
@@ -454,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{f'ingest + price, {hours} hours (wall)':<58} {run['wall_s']:>12.1f} s {target:>10} {verdict(ok_time) if timed else ''}"
     )
     print(f"{'  CPU seconds, all billing processes':<58} {run['cpu_s']:>12.1f} s")
+    print(
+        f"{f'  Prometheus answering its queries, one day x {args.days}':<58} {answering * args.days:>12.1f} s"
+    )
+    print(f"{'  this machine: a 10M-step Python loop':<58} {report['python_loop_seconds']:>12.2f} s")
     if hours != 720:
         print(f"{'  scaled to a 30-day month (wall)':<58} {run['wall_s'] * month:>12.1f} s")
     print(

@@ -9,12 +9,13 @@ import json
 import logging
 import operator
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from itertools import count, repeat
+from itertools import chain, count, repeat
 from pathlib import Path
 
 from alembic import command
@@ -91,6 +92,29 @@ TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 _PRICE_VERSION, _EFFICIENCY, _UTILIZATION = map(
     operator.attrgetter, ("price_version", "efficiency", "utilization")
 )
+
+
+SQLITE_ROWS = 1024  # rows per multi-row INSERT at most (`SqlLedger._bulk_insert`)
+
+
+def _statement_sizes(rows: int, most: int) -> list[int]:
+    """How many rows each INSERT of ``rows`` takes: ``most`` while they last, then the rest in
+    powers of two (most first), so only a few statement texts ever occur."""
+    sizes = [most] * (rows // most)
+    rest, power = rows % most, 1 << (most.bit_length() - 1)
+    while rest:
+        if rest >= power:
+            sizes.append(power)
+            rest -= power
+        power >>= 1
+    return sizes
+
+
+@functools.lru_cache(maxsize=64)
+def _multi_row_insert(table: str, names: str, marks: str, rows: int) -> str:
+    """The text of an INSERT of ``rows`` rows (cached: the same few sizes every hour, and the
+    sqlite3 module's own statement cache is keyed by it)."""
+    return f"INSERT INTO {table} ({names}) VALUES " + ", ".join([f"({marks})"] * rows)
 
 
 def _exact_text(value: Decimal | None) -> str | None:
@@ -424,7 +448,22 @@ class SqlLedger(Ledger):
         marks = ", ".join(["?" if session.bind.dialect.paramstyle == "qmark" else "%s"] * len(columns))
         cursor = raw.cursor()
         try:
-            cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
+            if session.bind.dialect.name != "sqlite":
+                cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
+                return
+            # SQLite: multi-row INSERTs. The sqlite3 module releases the GIL while SQLite steps a
+            # statement; executemany steps once per row, so each row's b-tree work waited for the GIL
+            # back from the thread pricing the next hour. Statements of SQLITE_ROWS rows, the rest in
+            # powers of two: a dozen sizes, each prepared once and kept in sqlite3's statement cache
+            # (a statement per remainder size kept ~100 MiB of prepared statements over a month).
+            limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(columns)
+            at = 0
+            for size in _statement_sizes(len(rows), min(SQLITE_ROWS, limit)):
+                part = rows[at : at + size]
+                at += size
+                cursor.execute(
+                    _multi_row_insert(table.name, names, marks, size), list(chain.from_iterable(part))
+                )
         finally:
             cursor.close()
 

@@ -9,12 +9,14 @@ from decimal import Decimal
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.ledger.orm import COST_LINES, Base
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger, _statement_sizes
 from gpumeter.billing.models import Line
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
@@ -78,6 +80,30 @@ def test_rewriting_an_hour_replaces_it(ledger, tmp_path):
     assert ledger.facts(HOUR0) == [gh]
     assert counts["cost_lines"] == len(price_gpu_hour(gh, prices).lines)
     assert counts["price_book_versions"] == 1
+
+
+def test_an_hour_of_more_lines_than_one_insert_holds_is_stored_whole_and_in_order(ledger, tmp_path):
+    """SQLite writes an hour's rows in multi-row INSERTs of SQLITE_ROWS rows: an hour of 2,5xx lines
+    (two full statements and a part) comes back line for line, GPU-hour for GPU-hour."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}})
+    hours = [_hour(f"GPU-{i:04d}") for i in range(850)]  # 3 lines each: 2,550 lines
+    lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+    assert len(lines) > 2 * SQLITE_ROWS and len(lines) % SQLITE_ROWS
+    ledger.write_hour(HourRecord(HOUR0, hours, lines, prices), source="test")
+    assert ledger.lines(HOUR0, HOUR0 + timedelta(hours=1)) == lines
+    assert ledger.facts(HOUR0) == hours
+    assert ledger.counts()["gpu_hours"] == 850
+
+
+@given(st.integers(0, 20_000), st.integers(1, 2_000))
+def test_insert_sizes_cover_the_rows_in_few_distinct_statements(rows, most):
+    sizes = _statement_sizes(rows, most)
+    assert sum(sizes) == rows and all(0 < size <= most for size in sizes)
+    # `most` while it lasts, then the rest in distinct powers of two (few statement texts ever)
+    full = rows // most
+    rest = sizes[full:]
+    assert sizes[:full] == [most] * full and sum(rest) == rows % most
+    assert len(set(rest)) == len(rest) and all(size & (size - 1) == 0 for size in rest)
 
 
 def test_failure_records_a_run_but_no_facts(ledger):
