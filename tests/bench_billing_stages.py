@@ -1,0 +1,95 @@
+"""Billing's stages one at a time: CPU per hour of building facts, pricing and writing day 2 of the
+billing bench, the answers queried once, min over several runs.
+
+    python -m tests.bench_billing_stages [--runs 5]
+
+`tests.bench_billing` times the month with its three threads overlapping, which hides which stage a
+change moved, and one run on a shared machine varies by ±10 %. Here each stage of each hour is timed
+alone with `time.process_time()` in one thread (day 1 warms the pricer's memo and the ledger's
+layouts and terms, as the month's first day does), each run on a fresh SQLite ledger, and the least
+of the runs is kept. Uses the bench's cached history (`.bench/`, built by `tests.bench_billing`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from tests.bench_billing import ROOT, START, build_tsdb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench_billing_stages", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--runs", type=int, default=5, help="runs of day 2, the least kept (default 5)")
+    args = parser.parse_args(argv)
+
+    from gpumeter.billing.allocate import Pricer
+    from gpumeter.billing.ingest import IngestConfig, query_intervals, query_run
+    from gpumeter.billing.ledger.base import HourRecord
+    from gpumeter.billing.ledger.sqlalchemy import open_ledger
+    from gpumeter.billing.models import hours_between
+    from gpumeter.billing.pricing import load_price_book
+    from gpumeter.billing.prom import PrometheusClient
+    from tests.support.servers import PrometheusServer
+
+    data, _ = build_tsdb(900)
+    book = load_price_book(ROOT / "billing" / "pricebooks" / "default.yaml")
+    hours = hours_between(START, START + timedelta(days=2))
+    config = IngestConfig(scrape_interval=900.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = PrometheusServer(Path(tmp) / "prom", data_dir=data).start()
+        try:
+            with PrometheusClient(server.url) as client:
+                started = time.process_time()
+                days = [
+                    (
+                        query_run(client, hours[at : at + 24]),
+                        query_intervals(client, hours[at : at + 24], config),
+                    )
+                    for at in (0, 24)
+                ]
+                reading = (time.process_time() - started) / len(hours)
+        finally:
+            server.stop()
+        old = gc.get_threshold()
+        gc.set_threshold(200_000, 20, 100)  # as the ingest does (`_few_collections`)
+        best = {"build": float("inf"), "price": float("inf"), "write": float("inf")}
+        try:
+            for run in range(args.runs):
+                ledger, pricer, layouts = open_ledger(f"sqlite:///{tmp}/ledger-{run}.db"), Pricer(book), {}
+                spent = dict.fromkeys(best, 0.0)
+                for day, (answers, intervals) in enumerate(days):
+                    answers.layouts = layouts  # carried from run to run, as the serial ingest does
+                    for index, hour in enumerate(answers.hours):
+                        started = time.process_time()
+                        gpu_hours, teams = answers.build(index, config, intervals[hour], [])
+                        built = time.process_time()
+                        lines = [line for gh in gpu_hours for line in pricer.price(gh, teams).lines]
+                        priced = time.process_time()
+                        ledger.write_hour(HourRecord(hour, gpu_hours, lines, book), source="bench")
+                        written = time.process_time()
+                        if day == 1:
+                            spent["build"] += built - started
+                            spent["price"] += priced - built
+                            spent["write"] += written - priced
+                ledger.close()
+                for stage, seconds in spent.items():
+                    best[stage] = min(best[stage], seconds / 24)
+        finally:
+            gc.set_threshold(*old)
+    print(f"ms of CPU an hour, day 2 of the billing bench, least of {args.runs} runs, one thread:")
+    print(f"  {'reading answers (once, both days)':<36} {1000 * reading:8.1f}")
+    for stage, seconds in best.items():
+        print(f"  {stage:<36} {1000 * seconds:8.1f}")
+    print(f"  {'build + price + write':<36} {1000 * sum(best.values()):8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
