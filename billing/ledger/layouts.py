@@ -73,9 +73,11 @@ class LayoutKey(tuple):
     carries one key object from hour to hour while a GPU's layout stays (`RunAnswers.build`), so
     those look-ups find it by identity."""
 
+    _hash: int  # in the instance's __dict__ once worked out
+
     def __hash__(self) -> int:
         try:
-            return self._hash  # type: ignore[attr-defined, no-any-return]
+            return self._hash
         except AttributeError:
             self._hash = value = tuple.__hash__(self)
             return value
