@@ -75,6 +75,10 @@ class LayoutKey(tuple):
 
     _hash: int  # in the instance's __dict__ once worked out
 
+    def __reduce__(self) -> tuple:
+        # copied or pickled without its hash: a string's hash differs from process to process
+        return LayoutKey, (tuple(self),)
+
     def __hash__(self) -> int:
         try:
             return self._hash

@@ -5,6 +5,11 @@ alone, as the instant queries of the hourly service give them."""
 
 from __future__ import annotations
 
+import copy
+import os
+import pickle
+import subprocess
+import sys
 from datetime import timedelta
 
 from hypothesis import given, settings
@@ -173,3 +178,15 @@ def test_a_run_reads_each_hour_at_its_own_step():
         [("batch", 1800, "0.250000000", 2000000000, None, None)],
         [("batch", 3600, "0.500000000", 2000000000, 0, 0)],
     ]
+
+
+def test_a_layout_key_keeps_its_hash_in_this_process_only():
+    """`LayoutKey` works its hash out once; copied or pickled (to an ingest worker, say) it must not
+    carry it, since a string's hash differs from process to process (PYTHONHASHSEED)."""
+    key = layouts.LayoutKey(((("1", "1g.10gb", 1, 1, 3600),), (("ns", "pod", "c", "", "1", "1g.10gb"),)))
+    assert hash(key) == hash(tuple(key))
+    assert hash(copy.deepcopy(key)) == hash(key) and "_hash" not in copy.deepcopy(key).__dict__
+    code = "import pickle, sys; k = pickle.loads(sys.stdin.buffer.read()); print(hash(k) == hash(tuple(k)))"
+    seed = {**os.environ, "PYTHONHASHSEED": "1234"}
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(key), capture_output=True, env=seed)
+    assert out.stdout.strip() == b"True", out.stderr.decode()
