@@ -230,9 +230,9 @@ _H100_80GB_PROFILES = _profiles(
 
 
 # Thresholds printed by nvidia-smi -q (docs/nvml.md §4 collects the dumps): A100 80GB PCIe 92/89/85/95;
-# "other datacenter boards" (V100 and kin) 90/87/83/85. _H100_THRESHOLDS is now the H100 PCIe's alone and
-# from no dump of it: the real H100 SXM5 (driver 580) and H100 NVL (driver 550) both shut down at 95, not
-# 92, so its shutdown figure is doubtful until an H100 PCIe is asked.
+# "other datacenter boards" (V100 and kin) 90/87/83/85. The H100 PCIe's are from no dump of it: the real
+# H100 SXM5 (driver 580) and H100 NVL (driver 550) both shut down at 95, not 92, so its shutdown figure is
+# doubtful until an H100 PCIe is asked.
 class _Thresholds(TypedDict):
     shutdown_c: int
     slowdown_c: int
@@ -241,7 +241,7 @@ class _Thresholds(TypedDict):
 
 
 _A100_THRESHOLDS: _Thresholds = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 85, "memory_max_c": 95}
-_H100_THRESHOLDS: _Thresholds = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 87, "memory_max_c": 95}
+_H100_PCIE_THRESHOLDS: _Thresholds = {"shutdown_c": 92, "slowdown_c": 89, "gpu_max_c": 87, "memory_max_c": 95}
 
 MODELS: dict[str, GpuModel] = {
     m.key: m
@@ -288,7 +288,7 @@ MODELS: dict[str, GpuModel] = {
             reserved_mib=1024,
             power_limit_w=350.0,
             idle_power_w=48.0,
-            **_H100_THRESHOLDS,
+            **_H100_PCIE_THRESHOLDS,
             nvlinks=12,  # three NVLink bridges between a pair of boards
             clocks_max_mhz={"graphics": 1755, "sm": 1755, "memory": 1593, "video": 1545},
             pcie_gen=5,
