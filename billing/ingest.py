@@ -38,8 +38,10 @@ _Fact = TypeVar("_Fact", Device, MigInstance, Allocation)
 FAILURES_LOGGER = f"{__name__}.failures"
 failures = logging.getLogger(FAILURES_LOGGER)
 
-# The PromQL of docs/billing.md §6, built from the metric contract's declarations of the series.
+# The PromQL of docs/billing.md §6, built from the metric contract's declarations of the series: each
+# sent per series, and reduced to `max by (KEEP[name])` here (`_columns`, §2.2).
 QUERIES = {name: query.promql() for name, query in contract.BILLING_QUERIES.items()}
+KEEP = {name: query.by for name, query in contract.BILLING_QUERIES.items()}
 _ALLOC_KEYS = contract.BILLING_QUERIES["alloc_count"].by
 ALLOC_LABELS = ",".join(_ALLOC_KEYS)
 _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
@@ -52,7 +54,8 @@ ASSUMED_INTERVAL = 30.0
 STEADY_SEARCH_HOURS = 24  # how far from an hour its exporter's interval is looked for
 INTERVAL_TOLERANCE = 0.10  # observed vs assumed interval: a larger difference refuses or flags the hour
 # sample counts of each exporter's densest nvidia_gpu_info series, per hour (interval detection)
-HOST_COUNTS = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).promql()
+# (aggregated by the engine: ~1,000 series x 73 steps a run against ~125 x 73, for no time saved)
+HOST_COUNTS = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).aggregated()
 
 
 @dataclass
@@ -345,21 +348,42 @@ _VALUE = operator.itemgetter(1)  # of a point, [unix seconds, "value"]
 
 
 def _columns(
-    answer: Iterable[tuple[dict[str, str], list]], first: float, count: int
-) -> list[tuple[dict, Values]]:
-    """A range answer's series with their values per hour of the run: [labels, [value or None, ...]]."""
-    out = []
+    answer: Iterable[tuple[dict[str, str], list]], first: float, count: int, keep: tuple[str, ...]
+) -> list[tuple[SeriesLabels, Values]]:
+    """A range answer's series reduced to ``max by (keep)``, with their values per hour of the run:
+    [labels, [value or None, ...]], in Prometheus' order of label sets, as the engine would give them.
+
+    Series whose kept labels agree (HA replicas, an exporter that changed its instance label) merge
+    hour by hour to the largest value; a NaN gives way to any number, as in PromQL's ``max``."""
+    out: dict[tuple, tuple[SeriesLabels, Values]] = {}
     for labels, points in answer:
         if len(points) == count and points[0][0] == first:  # a point every hour: in order
-            out.append((labels, list(map(float, map(_VALUE, points)))))
-            continue
-        values: Values = [None] * count
-        for t, value in points:
-            index = round((t - first) / 3600)
-            if 0 <= index < count:
-                values[index] = float(value)
-        out.append((labels, values))
-    return out
+            values: Values = list(map(float, map(_VALUE, points)))
+        else:
+            values = [None] * count
+            for t, value in points:
+                index = round((t - first) / 3600)
+                if 0 <= index < count:
+                    values[index] = float(value)
+        key = tuple(map(labels.get, keep, itertools.repeat("")))  # absent and empty are one to PromQL
+        kept = out.get(key)
+        if kept is None:  # neither is kept
+            out[key] = (SeriesLabels({k: v for k, v in zip(keep, key, strict=True) if v}), values)
+        else:
+            kept[1][:] = map(_larger, kept[1], values)
+    return sorted(out.values(), key=_label_order)
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if a < b or a != a else a  # a != a: NaN
+
+
+def _label_order(series: tuple[dict[str, str], Values]) -> list[tuple[str, str]]:
+    return sorted(series[0].items())  # Prometheus sorts a matrix by its label sets, names then values
 
 
 def _keyed(
@@ -389,7 +413,9 @@ class RunAnswers:
     def of(cls, answers: dict[str, list[tuple[dict[str, str], list]]], hours: list[datetime]) -> RunAnswers:
         """From the answers as Prometheus gives them: (labels, [[unix seconds, value], ...]) per series."""
         first = _at(hours[0]).timestamp()
-        return cls({name: _columns(answers.get(name, ()), first, len(hours)) for name in QUERIES}, hours)
+        return cls(
+            {name: _columns(answers.get(name, ()), first, len(hours), KEEP[name]) for name in QUERIES}, hours
+        )
 
     def __init__(self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime]):
         """``col``: per query name, its series with their values per hour (`_columns`)."""
@@ -637,7 +663,7 @@ def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
     at, count = first.timestamp(), len(hours)
     return RunAnswers(
         {
-            name: _columns(client.query_range(promql, first, last, 3600), at, count)
+            name: _columns(client.query_range(promql, first, last, 3600), at, count, KEEP[name])
             for name, promql in QUERIES.items()
         },
         hours,

@@ -893,10 +893,13 @@ BILLING_SERIES: tuple[Series, ...] = (
 # --- billing's ingest: one PromQL aggregate per input, per closed hour (docs/billing.md §6) ----------
 @dataclass(frozen=True, slots=True)
 class HourQuery:
-    """``max by (<by>) (<function>(<series>[<window>]))``.
+    """``<function>(<series>[<window>])`` per series, reduced to ``max by (<by>)``.
 
     ``max by`` keeps only the labels billing reads, which drops the scrape's and HA replicas'
     labels (prometheus_replica, instance, job): replicas of one sample are de-duplicated by max.
+    Billing sends `promql` and takes the max itself (billing/ingest.py `_columns`): Prometheus 2.42
+    spends about half of such a range query hashing every series' labels at every step for the
+    aggregation (docs/billing.md §2.2). `aggregated` is the same answer from the engine alone.
     """
 
     series: Series
@@ -909,7 +912,12 @@ class HourQuery:
             raise ValueError(f"contract: {self.series.name} has no label {', '.join(unknown)}")
 
     def promql(self, window: str = "1h") -> str:
-        return f"max by ({','.join(self.by)}) ({self.function}({self.series.name}[{window}]))"
+        """What billing sends: the function per series, every label kept."""
+        return f"{self.function}({self.series.name}[{window}])"
+
+    def aggregated(self, window: str = "1h") -> str:
+        """``max by (<by>)`` of `promql`, computed by the query engine."""
+        return f"max by ({','.join(self.by)}) ({self.promql(window)})"
 
 
 BILLING_QUERIES: dict[str, HourQuery] = {

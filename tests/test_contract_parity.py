@@ -23,7 +23,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from gpumeter import contract
-from gpumeter.billing.ingest import QUERIES
+from gpumeter.billing.ingest import KEEP, QUERIES
 from gpumeter.exporter import catalog, render
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
@@ -287,18 +287,18 @@ def _groupings(expr) -> list[tuple[list[str], list[str]]]:
 @pytest.mark.parametrize("query", sorted(QUERIES), ids=str)
 def test_billing_promql_reads_only_contract_series_and_their_labels(query):
     """The PromQL ingest actually sends, parsed: each series it selects is declared in the contract,
-    and each label it keeps is one that series carries."""
+    and each label it keeps (the ``max by`` it applies itself, and the engine's equivalent) is one
+    that series carries."""
     expr = promql_parser.parse(QUERIES[query])
     names = _selectors(expr)
     assert names
     for name in names:
         contract.series(name)  # KeyError: billing reads a series nobody declared
-    groupings = _groupings(expr)
-    assert groupings, f"{query}: billing must say which labels it keeps"
-    for labels, selected in groupings:
-        for name in selected:
-            missing = set(labels) - set(contract.series(name).labels)
-            assert not missing, f"{query}: {name} has no label {sorted(missing)}"
+        missing = set(KEEP[query]) - set(contract.series(name).labels)
+        assert not missing, f"{query}: {name} has no label {sorted(missing)}"
+    assert not _groupings(expr), f"{query}: sent aggregated; billing reduces by KEEP itself"
+    aggregated = promql_parser.parse(contract.BILLING_QUERIES[query].aggregated())
+    assert _groupings(aggregated) == [(list(KEEP[query]), names)]
 
 
 def test_the_contract_declares_each_series_once_and_billing_reads_only_declared_series():
