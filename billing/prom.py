@@ -24,17 +24,6 @@ class Sample(NamedTuple):
     value: float
 
 
-class SeriesLabels(dict):
-    """The labels of one series of a range answer, with room for what a caller derives from them.
-
-    A range answer holds each series once for all its steps, so billing parses a series' labels
-    (its GPU, pod, profile...) once per series rather than once per hour (`derived`: the function
-    and what it gave; unset until then).
-    """
-
-    __slots__ = ("derived",)
-
-
 class PrometheusClient:
     def __init__(
         self,
@@ -83,7 +72,7 @@ class PrometheusClient:
         )
         if data.get("resultType") != "matrix":
             raise PrometheusError(f"expected a range vector from {promql!r}, got {data.get('resultType')}")
-        return [(SeriesLabels(item["metric"]), item["values"]) for item in data["result"]]
+        return [(item["metric"], item["values"]) for item in data["result"]]
 
     def _post(self, path: str, promql: str, params: dict[str, str]) -> dict:
         try:

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from gpumeter import contract
-from gpumeter.billing.ingest import KEEP, QUERIES, IngestConfig, _at, _columns, ingest_hours
+from gpumeter.billing.ingest import KEEP, QUERIES, IngestConfig, _at, _columns, _in_order, ingest_hours
 from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from gpumeter.billing.prom import PrometheusClient
 from tests.billing import factories
@@ -83,12 +83,10 @@ def _same(a: float | None, b: float | None) -> bool:
 def test_billings_max_by_is_the_engines(engine, name):
     first, last = _at(HOURS[0]), _at(HOURS[-1])
     with PrometheusClient(engine) as client:
-        ours = _columns(
-            client.query_range(QUERIES[name], first, last, 3600), first.timestamp(), 3, KEEP[name]
-        )
         raw = client.query_range(QUERIES[name], first, last, 3600)
         theirs = client.query_range(contract.BILLING_QUERIES[name].aggregated(), first, last, 3600)
-    theirs_columns = _columns(theirs, first.timestamp(), 3, KEEP[name])
+    ours = _in_order(_columns(raw, first.timestamp(), 3, KEEP[name]))
+    theirs_columns = _columns(theirs, first.timestamp(), 3, KEEP[name])  # the engine's order kept
     assert [dict(labels) for labels, _ in ours] == [dict(labels) for labels, _ in theirs_columns]
     for (labels, values), (_, expected) in zip(ours, theirs_columns, strict=True):
         assert all(map(_same, values, expected)), (dict(labels), values, expected)
@@ -114,17 +112,19 @@ def test_the_pair_in_one_engine_bills_one_prometheus_ledger(engine, tmp_path):
 
 def test_the_reduction_by_hand():
     """Series keyed on (z, a): merged hour by hour to the larger value (a NaN gives way to a number,
-    as PromQL's ``max`` does), an empty label dropped as the engine drops it, and the result in
-    Prometheus' order of label sets (names, then values) whatever order the answer came in."""
+    as PromQL's ``max`` does), an empty label dropped as the engine drops it; `_in_order` then lists
+    them in Prometheus' order of label sets (names, then values) whatever order the answer came in."""
     t0 = 1_000_000.0
     raw = [
         ({"a": "2", "b": "x", "z": "1"}, [[t0, "1"], [t0 + 3600, "NaN"]]),
         ({"a": "1", "b": "y", "z": "9"}, [[t0 + 7200, "5"]]),
         ({"a": "2", "b": "w", "z": "1"}, [[t0, "NaN"], [t0 + 3600, "2"], [t0 + 7200, "NaN"]]),
-        ({"a": "3", "b": "v", "z": ""}, [[t0, "4"]]),
+        ({"a": "3", "b": "v", "z": ""}, [[t0 + 0.0004, "4"]]),  # a time written otherwise: its hour
     ]
     out = _columns(raw, t0, 3, ("z", "a"))
-    assert [dict(labels) for labels, _ in out] == [{"a": "1", "z": "9"}, {"a": "2", "z": "1"}, {"a": "3"}]
-    assert out[0][1] == [None, None, 5.0] and out[2][1] == [4.0, None, None]
-    merged = out[1][1]
+    assert [dict(labels) for labels, _ in out] == [{"a": "2", "z": "1"}, {"a": "1", "z": "9"}, {"a": "3"}]
+    merged = out[0][1]
     assert merged[:2] == [1.0, 2.0] and math.isnan(merged[2])
+    assert out[1][1] == [None, None, 5.0] and out[2][1] == [4.0, None, None]
+    ordered = _in_order(out)
+    assert [dict(labels) for labels, _ in ordered] == [{"a": "1", "z": "9"}, {"a": "2", "z": "1"}, {"a": "3"}]

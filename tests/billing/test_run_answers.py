@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gpumeter import contract
 from gpumeter.billing.ingest import IngestConfig, RunAnswers, _at, build_hour
 from gpumeter.billing.ledger import layouts
-from gpumeter.billing.prom import Sample, SeriesLabels
+from gpumeter.billing.prom import Sample
 from tests.billing.factories import H100, HOUR0
 
 HOURS = [HOUR0 + timedelta(hours=i) for i in range(4)]
@@ -116,7 +116,7 @@ def _range_answers(history: dict[str, list[list[float | None]]]) -> dict[str, li
     return {
         name: [
             (
-                SeriesLabels(labels),
+                labels,
                 [[_at(h).timestamp(), repr(v)] for h, v in zip(HOURS, values, strict=True) if v is not None],
             )
             for labels, values in zip(SERIES[name], history[name], strict=True)
