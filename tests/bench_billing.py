@@ -304,16 +304,20 @@ def _promql_seconds(url: str, promql: str, at: float) -> tuple[float, int]:
     return elapsed, len(body["data"]["result"])
 
 
-def _ingest_queries_seconds(url: str, days: int) -> float:
+def _ingest_queries_seconds(url: str, days: int, aggregated: bool = False) -> float:
     """Seconds Prometheus takes to answer the range queries billing makes for one day (the second,
     or the only one), over HTTP, min of two: its own share of the ingest, on whatever core it gets.
-    Times the number of days, a floor under the month's wall time that no billing code lowers."""
+    Times the number of days, a floor under the month's wall time that no billing code lowers.
+    ``aggregated``: the same queries with their ``max by`` in the engine (`HourQuery.aggregated`),
+    as billing sent them before it applied the max itself (docs/billing.md §2.2)."""
+    from gpumeter import contract
     from gpumeter.billing.ingest import QUERIES, _at
 
     day = 1 if days > 1 else 0
     first, last = _at(START + timedelta(days=day)), _at(START + timedelta(days=day + 1, hours=-1))
     best = []
-    for promql in QUERIES.values():
+    sent = {name: q.aggregated() for name, q in contract.BILLING_QUERIES.items()} if aggregated else QUERIES
+    for promql in sent.values():
         times = []
         for _ in range(2):
             started = time.perf_counter()
@@ -419,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             ledger_bytes = _ledger_bytes(db, schema, sqlite_file)
             promql = [_promql_seconds(server.url, totals, end) for _ in range(3)]
             answering = _ingest_queries_seconds(server.url, args.days)
+            aggregating = _ingest_queries_seconds(server.url, args.days, aggregated=True)
         finally:
             server.stop()
             if drop:
@@ -469,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows_per_gpu_month": round(rows / gpu_months),
         "python_loop_seconds": round(_python_loop_seconds(), 2),
         "prometheus_ingest_queries_seconds_per_day": round(answering, 2),
+        "prometheus_aggregating_seconds_per_day": round(aggregating, 2),
         "promql_totals_seconds": [round(t, 2) for t, _ in promql],
         "metricsql_totals_seconds": [round(t, 2) for t, _ in metricsql],
         "totals_series": promql[0][1],
@@ -497,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{f'  Prometheus answering its queries, one day x {args.days}':<58} {answering * args.days:>12.1f} s"
     )
+    print(f"{'    the same with max by in Prometheus':<58} {aggregating * args.days:>12.1f} s")
     print(f"{'  this machine: a 10M-step Python loop':<58} {report['python_loop_seconds']:>12.2f} s")
     if hours != 720:
         print(f"{'  scaled to a 30-day month (wall)':<58} {run['wall_s'] * month:>12.1f} s")
