@@ -12,11 +12,8 @@ replica's; r1 alone bills less.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
@@ -25,40 +22,12 @@ from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from gpumeter.billing.models import hour_floor
 from gpumeter.billing.prom import PrometheusClient, ReplicaSetClient, open_client
 from tests.billing import factories
+from tests.support.exporter_process import ExporterProcess
 from tests.support.servers import PrometheusServer, VictoriaMetricsServer
 
-ROOT = Path(__file__).resolve().parents[2]
 FLEET, NODE = "h100-mig", "gpu-h100-mig-01"  # 8 H100s in MIG 1g.10gb x 7, pods on the instances
 CONFIG = IngestConfig(scrape_interval=1)  # PrometheusServer scrapes every second
 pytestmark = [pytest.mark.prometheus, pytest.mark.victoriametrics, pytest.mark.slow]
-
-
-class _Exporter:
-    """tests/dashboards/run_exporter.py in a child process: a stand-in kubelet and the exporter."""
-
-    def __init__(self, workdir: Path):
-        self._log = (workdir / "exporter.log").open("wb")
-        socket = str(workdir / "kubelet.sock")
-        argv = [sys.executable, "-m", "tests.dashboards.run_exporter", FLEET, NODE, socket, "[]"]
-        self.proc = subprocess.Popen(
-            argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.stop()
-            raise RuntimeError(f"exporter did not start: {(workdir / 'exporter.log').read_text()[-3000:]}")
-        self.target = f"127.0.0.1:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self._log.close()
 
 
 def _samples(server, selector: str) -> float:
@@ -92,7 +61,7 @@ def _state(ledger, hours):
 
 def test_a_live_pair_remote_writing_to_victoriametrics_bills_the_complete_replica(tmp_path):
     book = factories.book(tmp_path, {"H100-80GB": {"hourly_rate": "6.88"}})
-    exporter = _Exporter(tmp_path)
+    exporter = ExporterProcess(FLEET, NODE, str(tmp_path / "kubelet.sock"), tmp_path)
     # VictoriaMetrics answers only up to now - 30 s by default (-search.latencyOffset): look at all
     vm = VictoriaMetricsServer(
         tmp_path / "vm", extra_args=["-search.latencyOffset=0s", "-search.disableCache"]
@@ -100,7 +69,7 @@ def test_a_live_pair_remote_writing_to_victoriametrics_bills_the_complete_replic
     replicas = {
         name: PrometheusServer(
             tmp_path / name,
-            scrape_targets={"gpu": [exporter.target]},
+            scrape_targets={"gpu": [f"127.0.0.1:{exporter.port}"]},
             external_labels={"replica": name},
             remote_write=[f"{vm.url}/api/v1/write"],
         )

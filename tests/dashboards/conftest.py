@@ -9,10 +9,7 @@ ECC and row-remap errors, NVLink trouble, alerts) have data to show.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,6 +33,7 @@ from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.service import build_app
 from tests.billing.factories import book
+from tests.support.exporter_process import ExporterProcess
 from tests.support.servers import PrometheusServer, VictoriaMetricsServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,49 +203,6 @@ FAULTS = {
 }
 
 
-class ExporterProcess:
-    """tests/dashboards/run_exporter.py in a child process (one NVML session per process)."""
-
-    def __init__(self, fleet: str, node: str, socket: str, workdir: Path, kube_api: str = ""):
-        self.node = node
-        self._log = (workdir / f"{node}.log").open("wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.dashboards.run_exporter",
-                fleet,
-                node,
-                socket,
-                json.dumps(FAULTS[node]),
-                *([kube_api] if kube_api else []),
-            ],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.stop()
-            raise RuntimeError(
-                f"exporter for {node} did not start: {(workdir / f'{node}.log').read_text()[-3000:]}"
-            )
-        self.port = int(line.split()[1])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self._log.close()
-
-
 def _wait(prom: PrometheusServer, promql: str, timeout: float = 60.0) -> None:
     prom.wait_for(promql, timeout=timeout)
 
@@ -269,7 +224,7 @@ def stack() -> Iterator[Stack]:
         for index, (fleet_name, node, with_kubelet) in enumerate(FLEETS):
             socket = str(sockets / f"{index}.sock") if with_kubelet else ""
             api = kube_api.base_url if node in KUBE_API_NODES else ""
-            exporters[node] = ExporterProcess(fleet_name, node, socket, workdir, api)
+            exporters[node] = ExporterProcess(fleet_name, node, socket, workdir, api, FAULTS[node])
         ledger = _billing_ledger(workdir)
         server = make_server("127.0.0.1", 0, build_app(ledger, budgets=BUDGETS), handler_class=_Quiet)
         threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
