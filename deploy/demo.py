@@ -292,6 +292,12 @@ def run(args: argparse.Namespace) -> int:
     except DemoError as exc:
         print(f"gpumeter demo: {exc}", file=sys.stderr)
         return 1
+    except subprocess.CalledProcessError as exc:
+        if stopping.is_set():  # Ctrl-C reached the step's own process too: a terminal signals the group
+            print("gpumeter demo: interrupted while starting", file=sys.stderr)
+            return 130
+        print(f"gpumeter demo: {Path(exc.cmd[0]).name} exited with {exc.returncode}", file=sys.stderr)
+        return 1
     finally:
         _progress("stopping every process the demo started")
         stack.stop()

@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     # one line per request, or alembic's "setup plugin ..." on every start, drowns what matters
     for chatty in ("httpx", "httpcore", "alembic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C in a command that does not stop on it itself: no traceback
+        print("gpumeter: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -250,3 +250,48 @@ def test_the_demo_stack_end_to_end(tmp_path):
     assert "stopped" in rest
     time.sleep(0.5)
     assert processes_mentioning(str(workdir)) == []
+
+
+@pytest.mark.prometheus
+@pytest.mark.alertmanager
+def test_ctrl_c_while_the_demo_starts_stops_it_without_a_traceback(tmp_path):
+    """A terminal's Ctrl-C signals the whole process group, so the step running then (here the
+    history simulation, a child `gpumeter`) gets it as well as the demo. Both stop without a
+    traceback, the demo says it was interrupted and exits 130, and no process is left behind."""
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpumeter",
+            "demo",
+            "--workdir",
+            str(workdir),
+            "--port-offset",
+            str(free_offset()),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    output: list[str] = []
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if "simulating history" in line:
+                break
+        time.sleep(3)  # the simulation's own process is under way
+        assert processes_mentioning(str(workdir)), "".join(output)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = "".join(output) + rest
+    assert proc.returncode == 130, text
+    assert "interrupted" in text and "Traceback" not in text, text
+    time.sleep(0.5)
+    assert processes_mentioning(str(workdir)) == []
