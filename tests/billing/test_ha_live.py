@@ -90,14 +90,12 @@ def test_a_live_pair_remote_writing_to_victoriametrics_bills_the_complete_replic
         allocations = _samples(r2, "nvidia_gpu_allocation")
         assert allocations > 0
         # everything r2 holds has reached VictoriaMetrics (remote write sends within seconds)
-        vm_server = PrometheusServer.__new__(PrometheusServer)
-        vm_server.url = vm.url
-        vm_server.wait_for(
+        vm.wait_for(
             'sum(count_over_time(nvidia_gpu_allocation{replica="r2"}[1h]))',
             predicate=lambda found: bool(found) and float(found[0]["value"][1]) == allocations,
             timeout=60,
         )
-        assert 0 < _samples(vm_server, 'nvidia_gpu_allocation{replica="r1"}') < allocations
+        assert 0 < _samples(vm, 'nvidia_gpu_allocation{replica="r1"}') < allocations
 
         hours = sorted({hour_floor(started), hour_floor(datetime.now(UTC))})
         with PrometheusClient(vm.url) as client:

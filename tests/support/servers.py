@@ -85,7 +85,34 @@ class _Process:
         self._log.close()
 
 
-class PrometheusServer:
+class _QueryApi:
+    """The Prometheus query API, which Prometheus and VictoriaMetrics both serve at ``url``."""
+
+    url: str
+    query_timeout = 30.0
+
+    def query(self, promql: str, time: float | None = None) -> list[dict]:
+        params = {"query": promql}
+        if time is not None:
+            params["time"] = str(time)
+        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=self.query_timeout).json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query {promql!r} failed: {body}")
+        return body["data"]["result"]
+
+    def wait_for(self, promql: str, timeout: float = 30.0, predicate=bool) -> list[dict]:
+        """Poll ``promql`` until ``predicate(result)`` holds; return the result."""
+        deadline = time.monotonic() + timeout
+        result: list[dict] = []
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if predicate(result):
+                return result
+            time.sleep(0.25)
+        raise AssertionError(f"{promql!r} did not satisfy the predicate within {timeout}s; last: {result}")
+
+
+class PrometheusServer(_QueryApi):
     """A real Prometheus. ``scrape_targets`` maps job name to a list of host:port targets."""
 
     def __init__(
@@ -156,27 +183,6 @@ class PrometheusServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def query(self, promql: str, time: float | None = None) -> list[dict]:
-        params = {"query": promql}
-        if time is not None:
-            params["time"] = str(time)
-        response = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=30)
-        body = response.json()
-        if body.get("status") != "success":
-            raise AssertionError(f"query {promql!r} failed: {body}")
-        return body["data"]["result"]
-
-    def wait_for(self, promql: str, timeout: float = 30.0, predicate=bool) -> list[dict]:
-        """Poll ``promql`` until ``predicate(result)`` holds; return the result."""
-        deadline = time.monotonic() + timeout
-        result: list[dict] = []
-        while time.monotonic() < deadline:
-            result = self.query(promql)
-            if predicate(result):
-                return result
-            time.sleep(0.25)
-        raise AssertionError(f"{promql!r} did not satisfy the predicate within {timeout}s; last: {result}")
-
 
 class AlertmanagerServer:
     def __init__(self, workdir: Path, config: Path):
@@ -217,12 +223,14 @@ def running(server) -> Iterator:
         yield started
 
 
-class VictoriaMetricsServer:
+class VictoriaMetricsServer(_QueryApi):
     """A real single-node VictoriaMetrics (Debian's victoria-metrics) serving the Prometheus query API.
 
     History goes in through VictoriaMetrics' own import API (:meth:`import_prometheus`, the text
     exposition format with millisecond timestamps); :meth:`flush` makes it queryable at once.
     """
+
+    query_timeout = 60.0
 
     def __init__(self, workdir: Path, *, extra_args: list[str] = ()):
         self.workdir = Path(workdir)
@@ -289,15 +297,6 @@ class VictoriaMetricsServer:
 
     def flush(self) -> None:
         httpx.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
-
-    def query(self, promql: str, time: float | None = None) -> list[dict]:
-        params = {"query": promql}
-        if time is not None:
-            params["time"] = str(time)
-        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=60).json()
-        if body.get("status") != "success":
-            raise AssertionError(f"query {promql!r} failed: {body}")
-        return body["data"]["result"]
 
 
 class Webhook:
