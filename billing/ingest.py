@@ -215,9 +215,8 @@ class SeriesLabels(dict):
 
 
 def _derived(labels: dict[str, str], derive: Callable[[dict[str, str]], tuple]) -> tuple:
-    """``derive(labels)``, computed once per series of a range answer (kept on its `SeriesLabels`,
-    which every hour of the run shares, with the function that derived it), and each time for plain
-    dicts (instant answers, tests)."""
+    """``derive(labels)``, computed once per series of an answer (kept on its `SeriesLabels`, which
+    every hour of the run shares, with the function that derived it); each time for a plain dict."""
     kept = getattr(labels, "derived", None)
     if kept is not None and kept[0] is derive:
         return kept[1]
@@ -406,16 +405,9 @@ def _in_order(series: list[tuple[SeriesLabels, Values]]) -> list[tuple[SeriesLab
 def _keyed(
     series: list[tuple[dict, Values]], derive: Callable[[dict[str, str]], tuple]
 ) -> dict[tuple, Values]:
-    """Values per derived key; two series with one key (which an aggregation by that key does not
-    give) merge hour by hour, the later one's sample winning, as a dict of the hour's samples would."""
-    out: dict[tuple, Values] = {}
-    for labels, values in series:
-        key = _derived(labels, derive)
-        kept = out.get(key)
-        out[key] = (
-            values if kept is None else [b if b is not None else a for a, b in zip(kept, values, strict=True)]
-        )
-    return out
+    """Values per derived key. Each key is one series': `_columns` has already merged the series
+    whose kept labels agree, and every ``derive`` here reads only the labels its query keeps."""
+    return {_derived(labels, derive): values for labels, values in series}
 
 
 class RunAnswers:
