@@ -78,6 +78,9 @@ def poll(fetch, predicate, timeout: float, what: str):
 @pytest.mark.prometheus
 @pytest.mark.alertmanager
 @pytest.mark.slow
+# the demo simulates and bills from the 1st of last month to now: 31 to 61 days by the calendar, the
+# most at a month's end; its own deadline for "stack ready" below is 420 s, the rest needs a minute
+@pytest.mark.timeout(600)
 def test_the_demo_stack_end_to_end(tmp_path):
     for tool in ("prometheus", "promtool", "prometheus-alertmanager"):
         require_binary(tool)
