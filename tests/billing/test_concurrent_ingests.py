@@ -117,7 +117,10 @@ def _start(command: str, schema: str, book, *extra: str) -> subprocess.Popen:
 
 
 def _start_ingest(prometheus, book, schema) -> subprocess.Popen:
-    return _start("ingest", schema, book, "--prometheus", prometheus.url, "--no-progress")
+    # one process each: the race is between the two commands, both writing every hour in the same
+    # order; worker pools writing at once are test_worker_processes.py's (their 22 spawned workers
+    # here were ~35 s of CPU, and under make test's two xdist workers this test neared its timeout)
+    return _start("ingest", schema, book, "--prometheus", prometheus.url, "--no-progress", "--workers", "1")
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -140,6 +143,7 @@ def _ledger_figures(schema) -> tuple[dict[str, Decimal], dict[datetime, int], di
     return dict(totals), dict(per_hour), teams
 
 
+@pytest.mark.timeout(600)  # 137 s alone on a slow machine, 290 s beside another xdist worker
 def test_two_concurrent_ingests_of_a_fortnight_bill_it_once(request, prometheus, book):
     clean = _schema(request)
     code, output = _finish(_start_ingest(prometheus, book, clean))
