@@ -19,6 +19,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "external: needs a server or binary from outside the venv; `make check` leaves it out"
     )
+    config.addinivalue_line(
+        "markers", "quiet: a wall-clock bound that needs the machine to itself; run last, one at a time"
+    )
 
 
 def pytest_collection_modifyitems(items):
