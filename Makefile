@@ -77,11 +77,11 @@ fast-tests: venv
 	$(BIN)/pytest -q -m "not external and quiet"
 
 # Everything, against the real servers and tools; a missing one fails its tests, never skips them.
-# In two runs, both of which always run (either failing fails the target): the tests that need no
+# In three runs, all of which always run (any failing fails the target): the tests that need no
 # server side by side as in `make check` (173 s, against 343 s one at a time: they mostly wait on
-# sockets and deadlines), then those against real servers on two workers. One at a time, those took
-# 16.5 min on a slow machine, and the whole target 21.6 min, against CI's 20 min. The `quiet` tests
-# (a wall-clock bound: tests/conftest.py) run last, one at a time, in both targets.
+# sockets and deadlines), then those against real servers on two workers (one at a time they took
+# 16.5 min on a slow machine, and the whole target 21.6 min, against CI's 20 min), then the `quiet`
+# ones (a wall-clock bound, tests/conftest.py) one at a time, as `make check` runs them too.
 test: setup lint typecheck
 	@status=0; \
 	  $(BIN)/pytest -q -m "not external and not quiet" -n 4 || status=$$?; \
