@@ -95,6 +95,10 @@ class Sampler:
             self._thread.join(timeout=self.interval + 5)
         if self.xid_watcher:
             self.xid_watcher.detach()
+        for collector in self.collectors:  # their own threads call NVML: done before it is given back
+            close = getattr(collector, "close", None)
+            if close is not None:
+                close()
         self.session.stop()
 
     def _run(self) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
+
 import pytest
+from _pytest.faulthandler import fault_handler_stderr_fd_key
 
 from tests.support import needs
 
@@ -13,6 +16,7 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler plugin has made its copy of stderr
 def pytest_configure(config):
     for name, need in needs.NEEDS.items():
         config.addinivalue_line("markers", f"{name}: needs {need.what}")
@@ -22,6 +26,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "quiet: a wall-clock bound that needs the machine to itself; run last, one at a time"
     )
+    # A fatal signal in a worker (a crash inside a C extension) is dumped for the crashing thread only:
+    # CI keeps the end of the output, where a dump of every thread puts the main thread, not the culprit.
+    if fault_handler_stderr_fd_key in config.stash:
+        faulthandler.enable(file=config.stash[fault_handler_stderr_fd_key], all_threads=False)
 
 
 def pytest_collection_modifyitems(items):

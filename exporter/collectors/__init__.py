@@ -6,7 +6,9 @@ builder; it never runs during a scrape. Its optional hooks:
 - ``discover(device)``: read facts that never change (thresholds, max clocks, link count) once;
 - ``fields(device)``: field-value IDs it needs, batched by the sampler into one
   ``nvmlDeviceGetFieldValues`` call per device per cycle;
-- ``update(device, out)``: add this cycle's samples.
+- ``update(device, out)``: add this cycle's samples;
+- ``close()``: end work it runs beside the cycle, called by the sampler's ``stop()`` before NVML is
+  given back (a call after the last ``nvmlShutdown`` is refused, docs/nvml.md §12).
 
 The sampler times each collector and publishes ``gpumeter_exporter_collector_success`` and
 ``..._duration_seconds`` for it. Collectors register themselves with :func:`register_collector`;

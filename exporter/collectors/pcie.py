@@ -39,6 +39,13 @@ class PcieCollector:
         self._reads: dict[str, Future] = {}  # uuid -> the throughput read in flight
         self._pool: ThreadPoolExecutor | None = None
 
+    def close(self) -> None:
+        """Wait for the reads in flight (one 20 ms window each) and end the pool's threads."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._reads.clear()
+
     def fields(self, device):
         return [(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), *((field, 0) for field in COUNTER_FIELDS.values())]
 

@@ -155,6 +155,7 @@ class StandInKubelet:
         self.clock = clock
         self.start_time = clock() if start is None else float(start)
         self._server: grpc.Server | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._delay_s = 0.0
         self._error: grpc.StatusCode | None = None
@@ -248,9 +249,9 @@ class StandInKubelet:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             self._wake.clear()
-            server = grpc.server(
-                futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in-kubelet")
-            )
+            # kept to end its threads at stop(): grpc's server.stop() leaves the executor it was given
+            self._executor = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in-kubelet")
+            server = grpc.server(self._executor)
             api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
             server.add_insecure_port(f"unix://{path.resolve()}")
             server.start()
@@ -266,6 +267,8 @@ class StandInKubelet:
             return
         self._wake.set()
         server.stop(grace=None).wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 

@@ -126,7 +126,8 @@ class _CFunction:
         if lib.latency is not None:
             lib.pay(call_latency(self.name, lib.latency), wait=self.name in WAITS)
         if self.name not in ("nvmlErrorString", "nvmlInitWithFlags", "nvmlShutdown"):
-            if lib.initialised <= 0:
+            if lib.initialised <= 0:  # docs/nvml.md §12: before init or after the last shutdown
+                lib.uninitialised_calls[self.name] += 1
                 return N.NVML_ERROR_UNINITIALIZED
             if not lib.node.nvml_available:
                 return N.NVML_ERROR_DRIVER_NOT_LOADED
@@ -181,6 +182,8 @@ class SimulatedNvml:
         self.latency = latency  # C name -> seconds a call takes (latency.CALL_LATENCY_S); None: instant
         self._owed = threading.local()  # latency not yet slept, per calling thread
         self.calls: Counter[str] = Counter()
+        # calls refused for want of an init: one after the last nvmlShutdown is a caller's bug
+        self.uninitialised_calls: Counter[str] = Counter()
         self.initialised = 0
         self._falls_at_init: dict[int, int] = {}  # GPU index -> its falls when NVML really initialised
         self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}

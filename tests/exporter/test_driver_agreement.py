@@ -7,6 +7,7 @@ say the driver does; each failed on the exporter as it was before its fix.
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 
 import httpx
@@ -303,6 +304,22 @@ def test_8_pcie_byte_counters_where_the_driver_has_them(simulate):
 
 
 @pytest.mark.quiet  # failed beside make test's other workers: 0.82-1.14 s, and 1 in 3 as the fastest of 8
+def test_8_stopping_waits_for_the_throughput_reads_in_flight_before_giving_nvml_back(simulate):
+    # A read runs 20 ms on its pool thread (nvml.h: "a byte counter over a 20ms interval"). Stopping the
+    # exporter gives its NVML reference back (nvmlShutdown); a read still running then would call a
+    # library that is shut down (docs/nvml.md §12: UNINITIALIZED), and its threads would outlive the
+    # exporter. Stop must wait for the reads in flight, then end the pool. (Each read is made 0.2 s here,
+    # as on a loaded machine, so that stopping without waiting shows as calls after the shutdown.)
+    sim = simulate("h100-mig", latency={**CALL_LATENCY_S, "nvmlDeviceGetPcieThroughput": 0.2})
+    sim.sampler.sample_once()  # starts one read per GPU
+    assert any(t.name.startswith("pcie-throughput") for t in threading.enumerate())
+    sim.sampler.stop()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("pcie-throughput")]
+    time.sleep(0.5)  # a read left running would reach the library by now
+    assert sim.lib.uninitialised_calls == {}, sim.lib.uninitialised_calls
+    assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] >= 8  # the reads did run
+
+
 def test_8_the_sampling_cycle_does_not_wait_for_pcie_throughput(simulate):
     # h100-mig runs driver 550, before the byte counters: nvmlDeviceGetPcieThroughput, 20 ms per call
     # and two per GPU, with every stand-in call taking the driver's time.

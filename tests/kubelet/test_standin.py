@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,7 +94,8 @@ def test_start_replaces_a_stale_socket_and_stop_removes_it(a100, sock):
     kubelet.stop()  # idempotent
 
 
-def test_stop_wakes_a_delayed_call(a100, sock):
+def test_stop_wakes_a_delayed_call_and_ends_the_servers_threads(a100, sock):
+    before = set(threading.enumerate())
     kubelet = StandInKubelet(a100, a100.nodes[0].name, sock).start()
     kubelet.set_fault(delay_s=30)
     client = PodResourcesClient(sock, timeout=0.2)
@@ -102,6 +104,9 @@ def test_stop_wakes_a_delayed_call(a100, sock):
     started = time.monotonic()
     kubelet.stop()
     assert time.monotonic() - started < 5
+    # grpc's server.stop() leaves the executor it was given: its threads must not outlive the kubelet
+    left = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("stand-in-kubelet")]
+    assert not left, left
 
 
 def test_add_parser_wires_simulate_kubelet():
