@@ -273,12 +273,23 @@ def child(args: argparse.Namespace) -> None:
                 "failed": [(h.isoformat(), e) for h, e in result.failed],
                 "wall_s": wall,
                 "cpu_s": cpu + children.ru_utime + children.ru_stime,
-                "maxrss_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "maxrss_self": _own_peak_rss(),
                 "maxrss_largest_worker": children.ru_maxrss * 1024,
                 "rows": counts,
             }
         )
     )
+
+
+def _own_peak_rss() -> int:
+    """This process's peak resident bytes since its exec (VmHWM). Not ``getrusage``'s ru_maxrss: Linux
+    carries the parent's high-water mark into it across fork and exec (2.4 GiB here when the same run had
+    just built the month's history), which would make every child look as big as its parent."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _measure_child(argv: list[str]) -> tuple[dict, int]:
