@@ -32,6 +32,7 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    make_url,
     select,
     text,
     update,
@@ -129,8 +130,14 @@ def make_engine(url: str, *, schema: str | None = None) -> Engine:
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 60}
     else:
         kwargs["pool_pre_ping"] = True  # a pooled connection the server dropped is replaced, not used
+        # Custom plans only: psycopg prepares a statement on its fifth run, and PostgreSQL then keeps a
+        # generic plan made when the ledger was empty. The term look-up (`digest IN (500 values)`) kept a
+        # sequential scan that compared each row with each value as the table grew: 0.3 s a query, 52 of
+        # the first two hours' 78 s at 10,000 GPUs (docs/performance.md, issue 17, ninth pass).
+        options = [str(make_url(url).query.get("options", "")), "-cplan_cache_mode=force_custom_plan"]
         if schema:
-            kwargs["connect_args"] = {"options": f"-csearch_path={schema}"}
+            options.append(f"-csearch_path={schema}")
+        kwargs["connect_args"] = {"options": " ".join(o for o in options if o)}
     return create_engine(url, **kwargs)
 
 
