@@ -15,29 +15,20 @@ import pytest
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.pricing import load_price_book
 from tests.billing.conftest import PG_URL
-from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, write_book
+from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour
 
 pytestmark = pytest.mark.postgres
 
 
 def test_lookups_by_key_are_never_planned_generically(pg_schema, tmp_path):
-    book = load_price_book(
-        write_book(
-            tmp_path,
-            {
-                "currency": "USD",
-                "versions": [{"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": "3.00"}}],
-            },
-        )
-    )
+    prices = book(tmp_path, {"A100-40GB": "3.00"})
     ledger = open_ledger(PG_URL + "?options=-capplication_name%3Dgpumeter-plans", schema=pg_schema)
     try:
         for n in range(12):  # a new pod each hour: new terms to look up and store, hour after hour
             hour = HOUR0 + timedelta(hours=n)
             gh = gpu_hour("GPU-p", A100, allocations=[alloc("GPU-p", "research", f"pod-{n}")], hour=hour)
-            ledger.write_hour(HourRecord(hour, [gh], price_gpu_hour(gh, book, {}).lines, book))
+            ledger.write_hour(HourRecord(hour, [gh], price_gpu_hour(gh, prices, {}).lines, prices))
         with ledger.engine.connect() as conn:
             prepared = conn.exec_driver_sql(
                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
