@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from itertools import chain, count, repeat
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -121,6 +122,35 @@ def _multi_row_insert(table: str, names: str, marks: str, rows: int) -> str:
 def _exact_text(value: Decimal | None) -> str | None:
     """An exact decimal as SQLite stores it (billing.ledger.types.Exact): its text."""
     return None if value is None else str(value)
+
+
+K = TypeVar("K")  # what a content-addressed row is known by in memory (a term, a layout key)
+
+
+def _content_ids(session: Session, table, rows: dict[K, dict]) -> dict[K, int]:
+    """The ids of content-addressed rows (each with its ``digest``), inserting those no one stored before.
+
+    Looked up by digest, 500 at a time; the missing ones inserted together in the order of their
+    digests, with ON CONFLICT DO NOTHING: a writer storing some of the same rows at once makes the
+    other wait for its commit (PostgreSQL), never in a cycle; then looked up again."""
+    by_digest = {row["digest"]: key for key, row in rows.items()}
+    digests = sorted(by_digest)
+    found: dict[str, int] = {}
+
+    def look_up(among: list[str]) -> None:
+        for at in range(0, len(among), 500):
+            query = select(table.c.digest, table.c.id).where(table.c.digest.in_(among[at : at + 500]))
+            found.update(session.execute(query).all())
+
+    look_up(digests)
+    missing = [digest for digest in digests if digest not in found]
+    if missing:
+        dialect = session.bind.dialect.name
+        insert_ = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(table)
+        statement = insert_.on_conflict_do_nothing(index_elements=["digest"])
+        session.execute(statement, [rows[by_digest[digest]] for digest in missing])
+        look_up(missing)
+    return {by_digest[digest]: row_id for digest, row_id in found.items()}
 
 
 def make_engine(url: str, *, schema: str | None = None) -> Engine:
@@ -358,11 +388,7 @@ class SqlLedger(Ledger):
         return rows, added
 
     def _term_rows(self, session: Session, wanted: dict[tuple, str]) -> dict[tuple, int]:
-        """The ids of these terms' rows, inserting those no one stored before (content-addressed).
-
-        Inserted in the order of their digests, with ON CONFLICT DO NOTHING: a writer storing some
-        of the same terms at once makes the other wait for its commit (PostgreSQL), never in a
-        cycle over terms."""
+        """The ids of these terms' rows, inserting those no one stored before (content-addressed)."""
         fields = {}
         for term, line_key in wanted.items():
             values, version_row = term
@@ -373,25 +399,7 @@ class SqlLedger(Ledger):
             row["line_key"] = line_key
             row["digest"] = terms.digest(row)
             fields[term] = row
-        by_digest = {row["digest"]: term for term, row in fields.items()}
-        digests = sorted(by_digest)
-        table = CostLineTerm.__table__
-        found: dict[str, int] = {}
-
-        def look_up(among: list[str]) -> None:
-            for at in range(0, len(among), 500):
-                query = select(table.c.digest, table.c.id).where(table.c.digest.in_(among[at : at + 500]))
-                found.update(session.execute(query).all())
-
-        look_up(digests)
-        missing = [digest for digest in digests if digest not in found]
-        if missing:
-            dialect = session.bind.dialect.name
-            insert_ = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(table)
-            statement = insert_.on_conflict_do_nothing(index_elements=["digest"])
-            session.execute(statement, [fields[by_digest[digest]] for digest in missing])
-            look_up(missing)
-        return {by_digest[digest]: term_id for digest, term_id in found.items()}
+        return _content_ids(session, CostLineTerm.__table__, fields)
 
     _device_values = operator.attrgetter(*DEVICE_COLUMNS[1:])
 
@@ -400,8 +408,9 @@ class SqlLedger(Ledger):
     ) -> tuple[list[list], dict]:
         """Rows of ``gpu_hours`` in GPU_HOUR_COLUMNS order, in the driver's form, and the layouts
         this transaction added (key -> id), which `_layout_ids` learns only once it commits."""
-        known, added = self._layout_ids, {}
+        known = self._layout_ids
         rows = []
+        wanted: dict[tuple, list[list]] = {}  # a layout not known yet -> the rows naming it
         at_utilization = len(self.DEVICE_COLUMNS) - 1
         device_values, readings = self._device_values, layouts.readings
         for gpu_hour in gpu_hours:
@@ -414,27 +423,22 @@ class SqlLedger(Ledger):
             else:
                 instances, allocations = gpu_hour.instances, gpu_hour.allocations
             if key is not None:
-                layout_id = known.get(key) or added.get(key)
+                layout_id = known.get(key)
                 if layout_id is None:
-                    layout_id = added[key] = self._layout_row(session, key)
+                    wanted.setdefault(key, []).append(row)
                 row[-2], row[-1] = layout_id, readings(instances, allocations)
             rows.append(row)
+        if not wanted:
+            return rows, {}
+        fields = {}
+        for key in wanted:
+            body, digest, shared = layouts.layout_body(key)
+            fields[key] = {"digest": digest, "body": body, "shared": shared}
+        added = _content_ids(session, GpuLayout.__table__, fields)
+        for key, named in wanted.items():
+            for row in named:
+                row[-2] = added[key]
         return rows, added
-
-    def _layout_row(self, session: Session, key: tuple) -> int:
-        """The id of a layout's row, inserted if no one stored it before (content-addressed)."""
-        body, digest, shared = layouts.layout_body(key)
-        query = select(GpuLayout.id).where(GpuLayout.digest == digest)
-        found = session.scalar(query)
-        if found is not None:
-            return found
-        try:
-            with session.begin_nested():  # another writer may store the same layout at once
-                return session.execute(
-                    insert(GpuLayout).values(digest=digest, body=body, shared=shared).returning(GpuLayout.id)
-                ).scalar_one()
-        except IntegrityError:  # it committed first (the insert waited for it)
-            return session.scalar(query)
 
     @staticmethod
     def _bulk_insert(session: Session, table, columns: tuple[str, ...], rows: list[tuple]) -> None:
