@@ -263,12 +263,13 @@ class StandInKubelet:
         """Stop serving and remove the socket (the kubelet is gone)."""
         with self._lock:
             server, self._server = self._server, None
+            executor, self._executor = self._executor, None
         if server is None:
             return
         self._wake.set()
         server.stop(grace=None).wait()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
