@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
 from .vgpu import simulated_vgpus
 
-__all__ = ["FAULTS", "THROTTLE_BITS", "SimulatedGpu", "SimulatedMig", "SimulatedNode"]
+__all__ = ["FAULTS", "THROTTLE_BITS", "EventSet", "SimulatedGpu", "SimulatedMig", "SimulatedNode"]
 
 # nvmlClocksEventReason* bits (docs/nvml.md §5.2)
 THROTTLE_BITS = {
@@ -76,6 +76,20 @@ def _load_at(workload: Workload, t: float, rng: random.Random) -> float:
     else:
         base = workload.mean
     return min(1.0, max(0.0, base + noise))
+
+
+@dataclass(eq=False)
+class EventSet:
+    """One nvmlEventSet_t: the GPUs registered with it (index -> event mask) and the events delivered to it
+    and not yet waited for, each (gpu, event type, data, gpu instance, compute instance).
+
+    NVML delivers an event to every set registered for its GPU and type, and only events that happen
+    after the registration: on a real H200 a native and a dcgm-naming exporter, two event sets on one
+    GPU, both counted each of four XIDs (tests/data/real-gpu/h200-580.159.04/faults/xid.json). A queue
+    shared by all sets gave each event to whichever waiter took it first."""
+
+    masks: dict[int, int] = field(default_factory=dict)
+    queue: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
 
 
 @dataclass
@@ -278,8 +292,10 @@ class SimulatedNode:
         self.vgpus = simulated_vgpus(self.gpus)  # nvmlVgpuInstance_t -> the vGPUs running on this host
         self.pod_driven = bool(self.pods)
         self.nvml_available = True
-        # (gpu, event type, data, gpu instance, compute instance); NO_INSTANCE where not attributable
-        self.events: deque[tuple[int, int, int, int, int]] = deque()
+        # the live event sets of every library on this node; an event is queued on each set registered
+        # for it (EventSet), as (gpu, event type, data, gpu instance, compute instance), NO_INSTANCE
+        # where not attributable
+        self.event_sets: list[EventSet] = []
         # Whether the exporter reading this node has the privileges NVML wants before it reports MIG
         # instances' events to a parent-GPU registration (nvml.h, nvmlDeviceRegisterEvents).
         self.privileged = self.spec.exporter_privileged
@@ -343,6 +359,14 @@ class SimulatedNode:
             gpu.step(t, dt, demand, mig_loads)
 
     # --- faults ---------------------------------------------------------------------------------
+    def _event(self, gpu: int, kind: int, data: int, gpu_instance: int, compute_instance: int) -> None:
+        """Queue an event on every event set registered for this GPU and event type (caller holds the
+        lock); one registered later never sees it."""
+        for eventset in self.event_sets:
+            if eventset.masks.get(gpu, 0) & kind:
+                eventset.queue.append((gpu, kind, data, gpu_instance, compute_instance))
+        self.events_changed.notify_all()
+
     def inject(self, fault: str, gpu: int | None = None, **params) -> str:
         """Inject a fault; returns a one-line description. Raises ValueError on a bad request."""
         if fault not in FAULTS:
@@ -387,24 +411,20 @@ class SimulatedNode:
                     raise ValueError(
                         f"GPU instance {gi} of GPU {target.spec.index} has no compute instance {ci}"
                     )
-                self.events.append(
-                    (
-                        target.spec.index,
-                        0x8,
-                        code,
-                        NO_INSTANCE if gi is None else int(gi),
-                        NO_INSTANCE if ci is None else int(ci),
-                    )
+                self._event(
+                    target.spec.index,
+                    0x8,
+                    code,
+                    NO_INSTANCE if gi is None else int(gi),
+                    NO_INSTANCE if ci is None else int(ci),
                 )
-                self.events_changed.notify_all()
                 if code == 79:
                     target.fall_off_the_bus()
             elif fault == "ecc":
                 kind = params.get("error_type", "uncorrected")
                 target.ecc[kind] += int(params.get("count", 1))
                 if kind == "uncorrected":
-                    self.events.append((target.spec.index, 0x2, 0, NO_INSTANCE, NO_INSTANCE))
-                    self.events_changed.notify_all()
+                    self._event(target.spec.index, 0x2, 0, NO_INSTANCE, NO_INSTANCE)
             elif fault == "row_remap":
                 kind = params.get("kind", "pending")
                 if kind == "pending":

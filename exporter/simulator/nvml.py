@@ -25,6 +25,7 @@ import pynvml as N
 from .device import (
     NVLINK_ACTIVE,
     THROTTLE_BITS,
+    EventSet,
     SimulatedGpu,
     SimulatedMig,
     SimulatedNode,
@@ -186,7 +187,7 @@ class SimulatedNvml:
         self.uninitialised_calls: Counter[str] = Counter()
         self.initialised = 0
         self._falls_at_init: dict[int, int] = {}  # GPU index -> its falls when NVML really initialised
-        self._eventsets: dict[int, dict[int, int]] = {}  # token -> {gpu index: event mask}
+        self._eventsets: dict[int, EventSet] = {}  # token -> the set (also in node.event_sets while live)
         # GPM sample token -> (timestamp, busy seconds, what was sampled)
         self._gpm: dict[int, tuple[float, dict[str, float], tuple] | None] = {}
 
@@ -902,10 +903,15 @@ def nvmlDeviceGetDecoderUtilization(lib, gpu, mig, utilization, period):
 # timeout" and returns NVML_ERROR_TIMEOUT. nvmlEventSetFree "releases events in the set" and promises
 # nothing to a thread blocked on it, so the stand-in does not wake that thread; when it wakes on its
 # own it gets NVML_ERROR_UNKNOWN (the header's catch-all), which makes freeing under a waiter visible.
+# Each set has its own queue, and an event goes to every set registered for it (device.EventSet): two
+# exporters watching one GPU each count every XID, as on a real H200
+# (tests/data/real-gpu/h200-580.159.04/faults/xid.json).
 @c_function()
 def nvmlEventSetCreate(lib, out):
     token = max(lib._eventsets, default=EVENTSET_BASE) + 1  # never the token of a live set
-    lib._eventsets[token] = {}
+    eventset = lib._eventsets[token] = EventSet()
+    with lib.node.lock:
+        lib.node.event_sets.append(eventset)
     _write_handle(out, token)
     return OK
 
@@ -926,7 +932,8 @@ def nvmlDeviceRegisterEvents(lib, gpu, mig, mask, eventset):
     registered = lib._eventsets.get(_token(eventset))
     if registered is None or mig is not None:
         return N.NVML_ERROR_INVALID_ARGUMENT
-    registered[gpu.spec.index] = _int(mask)
+    with lib.node.lock:
+        registered.masks[gpu.spec.index] = _int(mask)
     return OK
 
 
@@ -939,15 +946,15 @@ def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
     deadline = time.monotonic() + _int(timeout_ms) / 1000
     with node.lock:
         while True:
-            while node.events:
-                gpu, kind, data, gi, ci = node.events.popleft()
+            while registered.queue:  # this set's own: every set registered for an event gets it
+                gpu, kind, data, gi, ci = registered.queue.popleft()
                 # nvml.h, nvmlDeviceRegisterEvents: "In MIG mode, if device handle is provided, the API
                 # reports all the events for the available instances, only if the caller has appropriate
                 # privileges. In absence of required privileges, only the events which affect all the
                 # instances (i.e. whole device) are reported."
                 if gi != NO_INSTANCE and not node.privileged:
                     continue
-                if registered.get(gpu, 0) & kind:
+                if registered.masks.get(gpu, 0) & kind:
                     event = _out(out)
                     event.device = ctypes.cast(ctypes.c_void_p(DEVICE_BASE + gpu), N.c_nvmlDevice_t)
                     event.eventType, event.eventData = kind, data
@@ -965,7 +972,10 @@ def nvmlEventSetWait_v2(lib, eventset, out, timeout_ms):
 
 @c_function()
 def nvmlEventSetFree(lib, eventset):
-    lib._eventsets.pop(_token(eventset), None)
+    freed = lib._eventsets.pop(_token(eventset), None)
+    if freed is not None:
+        with lib.node.lock:
+            lib.node.event_sets.remove(freed)
     return OK
 
 

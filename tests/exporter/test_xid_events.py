@@ -112,3 +112,39 @@ def test_a_new_set_never_takes_the_token_of_a_live_one(nvml):
     assert (N.nvmlDeviceGetIndex(event.device), event.eventData) == (1, 31)
     N.nvmlEventSetFree(second)
     N.nvmlEventSetFree(third)
+
+
+def test_every_set_registered_for_an_event_gets_it(nvml):
+    """Two event sets on one GPU (two exporters watching it) each get every XID: on a real H200 a native
+    and a dcgm-naming exporter both counted each of four XIDs
+    (tests/data/real-gpu/h200-580.159.04/faults/xid.json). A set registered for another GPU gets none."""
+    node, _ = nvml
+    gpu1 = N.nvmlDeviceGetHandleByIndex(1)
+    first, second, other = N.nvmlEventSetCreate(), N.nvmlEventSetCreate(), N.nvmlEventSetCreate()
+    for eventset in (first, second):
+        N.nvmlDeviceRegisterEvents(gpu1, N.nvmlEventTypeXidCriticalError, eventset)
+    N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(0), N.nvmlEventTypeXidCriticalError, other)
+    node.inject("xid", 1, code=31)
+    node.inject("xid", 1, code=43)
+    for eventset in (first, second):
+        assert [N.nvmlEventSetWait_v2(eventset, 1000).eventData for _ in range(2)] == [31, 43]
+    with pytest.raises(N.NVMLError) as caught:
+        N.nvmlEventSetWait_v2(other, 50)
+    assert caught.value.value == N.NVML_ERROR_TIMEOUT
+    for eventset in (first, second, other):
+        N.nvmlEventSetFree(eventset)
+
+
+def test_an_event_from_before_the_registration_is_not_delivered(nvml):
+    """docs/nvml.md §8: events from before registration are not delivered (an XID counter starts at 0 when
+    the exporter starts)."""
+    node, _ = nvml
+    eventset = N.nvmlEventSetCreate()
+    node.inject("xid", 1, code=13)
+    N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(1), N.nvmlEventTypeXidCriticalError, eventset)
+    with pytest.raises(N.NVMLError) as caught:
+        N.nvmlEventSetWait_v2(eventset, 50)
+    assert caught.value.value == N.NVML_ERROR_TIMEOUT
+    node.inject("xid", 1, code=31)
+    assert N.nvmlEventSetWait_v2(eventset, 1000).eventData == 31
+    N.nvmlEventSetFree(eventset)
