@@ -12,19 +12,28 @@ case).
 
 A control replays the same hour with the GPU at 90 °C during the load stretch (both boards' real slowdown
 threshold is 89 °C) and expects GpuTemperatureAtSlowdown, so the quiet result is not for want of data.
+
+The XIDs of four application faults on the real H200 (tests/data/real-gpu/h200-580.159.04/faults/xid.json,
+taken with tests/real_gpu/xid.sh) go through the same rule files: the counters and last-seen timestamps
+as the real exporter served them after each fault, seconds apart as they came, with the board's
+nvidia_gpu_info. The driver's codes (31, 43, 13, 43) must fire GpuXidApplication only, each code for as
+long as its window, and nothing of GpuXidCritical or GpuXidHardware.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.alerts import RULE_FILES
 from tests.alerts.test_healthy_fleet import INSTANCE, JOB, _number, _series
-from tests.real_gpu.evidence import BOARDS, exposition, json_of
+from tests.real_gpu.evidence import BOARDS, H200, Series, exposition, json_of
 from tests.support.servers import require_binary
 
 STEP_S = 5
@@ -137,3 +146,159 @@ def test_the_same_hour_with_the_gpu_at_its_slowdown_threshold_alerts(tmp_path: P
     )
     assert result.returncode != 0
     assert "alertname: GpuTemperatureAtSlowdown" in result.stdout + result.stderr
+
+
+# --- four application faults on the real H200 ----------------------------------------------------------
+FAULTS = H200 / "faults"
+XID_STEP_S = 1  # the exporter sampled every second there (xid.py), the faults came 4-8 s apart
+LEAD_S = 60  # a quiet minute before the first fault (metrics-before-faults.prom: no XID series)
+XID_STEPS = 900  # 15 minutes: each XID's 5-minute window opens and closes
+XID_SERIES = ("nvidia_gpu_xid_errors_total", "nvidia_gpu_xid_last_timestamp_seconds")
+# the XID each fault raised, in the order they ran, as the kernel log named it (xid.json)
+RAISED = {"illegal_address": 31, "trap": 43, "misaligned": 13, "torch_index_assert": 43}
+
+
+def _scraped(lines: list[str]) -> dict[Series, float]:
+    out = {}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def xid_timeline() -> tuple[dict, list[float]]:
+    """({(name, labels): [value per 1 s step]}, each fault's time on promtool's clock): the XID series the
+    real exporter served after each fault (xid.json's native_xid), from the moment it recorded that
+    fault's XID (the one timestamp new in that scrape) until the next; the last held to the end. The
+    timestamps are rebased onto promtool's clock, which starts LEAD_S (and a fraction) before the first
+    fault."""
+    scrapes, times, seen = [], [], set()
+    for fault in json_of(FAULTS, "xid.json")["faults"].values():
+        scraped = {k: v for k, v in _scraped(fault["native_xid"]).items() if k[0] in XID_SERIES}
+        stamps = {v for k, v in scraped.items() if k[0] == "nvidia_gpu_xid_last_timestamp_seconds"}
+        (new,) = stamps - seen
+        seen = stamps
+        scrapes.append(scraped)
+        times.append(new)
+    start = math.floor(times[0]) - LEAD_S  # a whole second, so the steps fall on the exporter's seconds
+    keys = sorted({key for scraped in scrapes for key in scraped})
+    values: dict = {key: [] for key in keys}
+    for step in range(XID_STEPS):
+        shown = [scraped for scraped, t in zip(scrapes, times, strict=True) if t <= start + step * XID_STEP_S]
+        for key in keys:
+            value = shown[-1].get(key) if shown else None
+            if value is not None and key[0].endswith("_timestamp_seconds"):
+                value -= start
+            values[key].append(value)
+    info = next(k for k in exposition(FAULTS, "metrics-after-faults.prom") if k[0] == "nvidia_gpu_info")
+    values[info] = [1.0] * XID_STEPS
+    return values, [t - start for t in times]
+
+
+def _alerts(uuid: str, xids: list[str]) -> list[dict]:
+    labels = {"alertname": "GpuXidApplication", "alertstate": "firing", "severity": "info"}
+    labels |= {"gpu": "0", "hostname": "real-gpu", "model": "NVIDIA H200", "uuid": uuid}
+    return [
+        {"labels": _series("ALERTS", tuple(sorted({**labels, "xid": xid}.items()))), "value": 1}
+        for xid in xids
+    ]
+
+
+def xid_promtool(tmp_path: Path, values: dict, firing: dict[str, list[str]]) -> subprocess.CompletedProcess:
+    """promtool over the XID timeline; ``firing``: eval time -> the XIDs GpuXidApplication fires for."""
+    (uuid,) = {dict(labels)["uuid"] for (_, labels) in values}
+    end = f"{(XID_STEPS - 1) * XID_STEP_S}s"
+    test = {
+        "rule_files": [str(p.resolve()) for p in RULE_FILES],
+        "evaluation_interval": f"{XID_STEP_S}s",
+        "tests": [
+            {
+                "interval": f"{XID_STEP_S}s",
+                "input_series": [
+                    {"series": f'up{{instance="{INSTANCE}", job="{JOB}"}}', "values": f"1x{XID_STEPS}"}
+                ]
+                + [
+                    {"series": _series(name, labels), "values": " ".join(map(_number, series))}
+                    for (name, labels), series in values.items()
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": 'ALERTS{alertname="GpuXidApplication"}',
+                        "eval_time": t,
+                        "exp_samples": _alerts(uuid, xids),
+                    }
+                    for t, xids in firing.items()
+                ]
+                + [
+                    {
+                        "expr": f'max_over_time(ALERTS{{alertname=~"GpuXidCritical|GpuXidHardware"}}[{end}])',
+                        "eval_time": end,
+                        "exp_samples": [],
+                    },
+                    {  # the application XIDs' alert is the only XID alert, and it is info
+                        "expr": f'count_over_time(ALERTS{{alertname=~"GpuXid.*", severity!="info"}}[{end}])',
+                        "eval_time": end,
+                        "exp_samples": [],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "real-xid-test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False, width=1_000_000))
+    return subprocess.run(
+        [require_binary("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=240
+    )
+
+
+def test_the_replayed_xids_are_what_the_real_exporter_counted():
+    """xid.json: one event per fault (the misaligned write's three NVRM lines of XID 13 counted once),
+    31 → 1, 43 → 1, 13 → 1, then 43 → 2, the faults 4-8 s apart; at the end what metrics-after-faults.prom
+    says."""
+    values, times = xid_timeline()
+    assert LEAD_S <= times[0] < LEAD_S + 1 and all(3 < b - a < 10 for a, b in itertools.pairwise(times))
+
+    def counted(step: int) -> dict[str, float]:
+        return {
+            dict(labels)["xid"]: series[step]
+            for (name, labels), series in values.items()
+            if name == "nvidia_gpu_xid_errors_total" and series[step] is not None
+        }
+
+    assert [counted(math.ceil(t)) for t in times] == [
+        {"31": 1},
+        {"31": 1, "43": 1},
+        {"31": 1, "43": 1, "13": 1},
+        {"31": 1, "43": 2, "13": 1},
+    ]
+    assert counted(LEAD_S - 1) == {}
+    final = exposition(FAULTS, "metrics-after-faults.prom")
+    assert counted(XID_STEPS - 1) == {
+        dict(labels)["xid"]: v for (name, labels), v in final.items() if name == "nvidia_gpu_xid_errors_total"
+    }
+    assert not any(name == "nvidia_gpu_mig_xid_errors_total" for name, _ in final)
+    assert [RAISED[f] for f in json_of(FAULTS, "xid.json")["faults"]] == [31, 43, 13, 43]
+
+
+@pytest.mark.prometheus
+def test_the_real_application_xids_fire_gpu_xid_application_only_and_only_for_its_window(tmp_path: Path):
+    """faults/xid.json through the rule files. 31 at 60.7 s, 43 at 64.8 s, 13 at 69.5 s and 43 again at
+    77.0 s (promtool's clock): GpuXidApplication, severity info, for each code from its first event until its
+    newest is 5 minutes old; then nothing. GpuXidCritical and GpuXidHardware never fire."""
+    values, times = xid_timeline()
+    first_31, first_43, first_13, last_43 = times
+    firing = {
+        f"{LEAD_S - 1}s": [],
+        f"{math.ceil(first_31) + 1}s": ["31"],
+        f"{math.ceil(first_43) + 1}s": ["31", "43"],
+        f"{math.ceil(first_13) + 1}s": ["13", "31", "43"],
+        f"{math.ceil(last_43) + 1}s": ["13", "31", "43"],
+        f"{math.floor(first_31) + 295}s": ["13", "31", "43"],  # 31's event is 295 s old
+        f"{math.ceil(first_31) + 305}s": ["13", "43"],  # ... 305 s: its window has closed
+        f"{math.ceil(first_13) + 305}s": ["43"],
+        f"{math.ceil(last_43) + 305}s": [],
+        "600s": [],
+    }
+    result = xid_promtool(tmp_path, values, firing)
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    assert "SUCCESS" in result.stdout + result.stderr
