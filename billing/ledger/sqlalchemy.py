@@ -164,7 +164,8 @@ def make_engine(url: str, *, schema: str | None = None) -> Engine:
         # generic plan made when the ledger was empty. The term look-up (`digest IN (500 values)`) kept a
         # sequential scan that compared each row with each value as the table grew: 0.3 s a query, 52 of
         # the first two hours' 78 s at 10,000 GPUs (docs/performance.md, issue 17, ninth pass).
-        options = [str(make_url(url).query.get("options", "")), "-cplan_cache_mode=force_custom_plan"]
+        given = make_url(url).query.get("options", ())  # a tuple when the URL repeats it
+        options = [*((given,) if isinstance(given, str) else given), "-cplan_cache_mode=force_custom_plan"]
         if schema:
             options.append(f"-csearch_path={schema}")
         kwargs["connect_args"] = {"options": " ".join(o for o in options if o)}

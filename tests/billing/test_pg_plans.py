@@ -46,3 +46,19 @@ def test_lookups_by_key_are_never_planned_generically(pg_schema, tmp_path):
     assert [row for row in queries if row[1]] == [], queries
     # the options the URL gave are kept beside the ledger's own
     assert tuple(settings) == ("force_custom_plan", "gpumeter-plans", pg_schema)
+
+
+def test_every_options_the_url_repeats_is_kept(pg_schema):
+    """libpq takes `options` once; a URL may give it twice (a base URL and an overlay's addition):
+    each is kept beside the ledger's own, none dropped or mangled."""
+    url = PG_URL + "?options=-capplication_name%3Dgpumeter-twice&options=-cstatement_timeout%3D7000"
+    ledger = open_ledger(url, schema=pg_schema)
+    try:
+        with ledger.engine.connect() as conn:
+            settings = conn.exec_driver_sql(
+                "SELECT current_setting('application_name'), current_setting('statement_timeout'), "
+                "current_setting('plan_cache_mode'), current_setting('search_path')"
+            ).one()
+    finally:
+        ledger.close()
+    assert tuple(settings) == ("gpumeter-twice", "7s", "force_custom_plan", pg_schema)
