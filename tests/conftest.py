@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import signal
 
 import pytest
 from _pytest.faulthandler import fault_handler_stderr_fd_key
@@ -30,6 +31,13 @@ def pytest_configure(config):
     # CI keeps the end of the output, where a dump of every thread puts the main thread, not the culprit.
     if fault_handler_stderr_fd_key in config.stash:
         faulthandler.enable(file=config.stash[fault_handler_stderr_fd_key], all_threads=False)
+    # SIGTERM (a CI job's timeout, `kill`) ends the run as Ctrl-C does, so the fixtures' finalizers
+    # still stop the servers they started; by default it killed pytest and left them running.
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_collection_modifyitems(items):
