@@ -1,8 +1,10 @@
-"""SIGTERM ends a test run as Ctrl-C does, so the fixtures' finalizers stop the servers they started.
+"""A test run stopped by SIGTERM leaves none of the servers its fixtures started.
 
 A CI job's timeout or a `kill PID` sends SIGTERM to pytest alone; by default it killed pytest and left
 its Prometheus, Alertmanager and VictoriaMetrics servers running on the machine, with their ports and
-data directories, beside the next run (tests/conftest.py turns it into KeyboardInterrupt)."""
+data directories, beside the next run. tests/conftest.py turns SIGTERM into KeyboardInterrupt, so the
+finalizers run; and an xdist worker that its stopped controller takes down without them takes its
+servers with it (`tests.support.servers`: each is asked to get SIGTERM when its parent dies)."""
 
 from __future__ import annotations
 
