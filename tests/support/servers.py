@@ -7,11 +7,8 @@ manager. A missing binary fails the test loudly (`make test` installs them); it 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -72,27 +69,17 @@ def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
     raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
 
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
-
-
-def _stop_with_parent(parent: int) -> None:
-    """In the server's child process, before exec: SIGTERM when the test process that started it
-    dies (PR_SET_PDEATHSIG), even killed where its finalizers cannot run (an xdist worker whose
-    controller was stopped; a SIGKILL). Fixtures start servers on the worker's main thread, whose
-    end is the process's."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+# util-linux's setpriv (Essential on Debian) execs the server with PR_SET_PDEATHSIG set: SIGTERM when the
+# test process that started it dies, even killed where its finalizers cannot run (an xdist worker taken
+# down by its stopped controller; a SIGKILL). Not a preexec_fn: that forks a Python child beside the
+# stand-in kubelets' gRPC threads, which aborted it.
+_STOP_WITH_PARENT = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
 
 
 class _Process:
     def __init__(self, argv: list[str], log: Path):
         self._log = log.open("wb")
-        parent = os.getpid()
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=lambda: _stop_with_parent(parent)
-        )
+        self.proc = subprocess.Popen([*_STOP_WITH_PARENT, *argv], stdout=self._log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
