@@ -29,11 +29,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.alerts import RULE_FILES
 from tests.alerts.test_healthy_fleet import INSTANCE, JOB, _number, _series
-from tests.real_gpu.evidence import BOARDS, H200, Series, exposition, json_of
+from tests.real_gpu.evidence import BOARDS, H200, exposition, json_of, samples
 from tests.support.servers import require_binary
 
 STEP_S = 5
@@ -61,44 +60,57 @@ def timeline(board: Path, hot_load: bool = False) -> dict:
     return values
 
 
-def promtool(
-    tmp_path: Path, values: dict, alert_names: list[str], slowdown_c: int
+def _promtool_test(
+    tmp_path: Path, file_name: str, step_s: int, steps: int, values: dict, **checks: list
 ) -> subprocess.CompletedProcess:
+    """promtool's rule test over the real rule files: ``values`` as input series (with the target's
+    ``up``) at ``step_s`` a step, and ``checks`` (alert_rule_test, promql_expr_test) as given."""
     test = {
         "rule_files": [str(p.resolve()) for p in RULE_FILES],
-        "evaluation_interval": f"{STEP_S}s",
+        "evaluation_interval": f"{step_s}s",
         "tests": [
             {
-                "interval": f"{STEP_S}s",
+                "interval": f"{step_s}s",
                 "input_series": [
-                    {"series": f'up{{instance="{INSTANCE}", job="{JOB}"}}', "values": f"1x{STEPS}"}
+                    {"series": f'up{{instance="{INSTANCE}", job="{JOB}"}}', "values": f"1x{steps}"}
                 ]
                 + [
                     {"series": _series(name, labels), "values": " ".join(map(_number, series))}
                     for (name, labels), series in values.items()
                 ],
-                "alert_rule_test": [
-                    {"eval_time": t, "alertname": name, "exp_alerts": []}
-                    for t in EVAL_TIMES
-                    for name in alert_names
-                ],
-                "promql_expr_test": [
-                    # the data is seen: the joins on instance/uuid match, with the board's own thresholds
-                    {
-                        "expr": 'max(nvidia_gpu_temperature_threshold_celsius{threshold="slowdown"} '
-                        "* on(instance, uuid) group_left() (nvidia_gpu_info * 0 + 1))",
-                        "eval_time": "20m",
-                        "exp_samples": [{"labels": "{}", "value": slowdown_c}],
-                    },
-                    {"expr": "max_over_time(ALERTS[50m])", "eval_time": "49m", "exp_samples": []},
-                ],
+                **checks,
             }
         ],
     }
-    path = tmp_path / "real-board-test.yaml"
+    path = tmp_path / file_name
     path.write_text(yaml.safe_dump(test, sort_keys=False, width=1_000_000))
     return subprocess.run(
         [require_binary("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=240
+    )
+
+
+def promtool(
+    tmp_path: Path, values: dict, alert_names: list[str], slowdown_c: int
+) -> subprocess.CompletedProcess:
+    return _promtool_test(
+        tmp_path,
+        "real-board-test.yaml",
+        STEP_S,
+        STEPS,
+        values,
+        alert_rule_test=[
+            {"eval_time": t, "alertname": name, "exp_alerts": []} for t in EVAL_TIMES for name in alert_names
+        ],
+        promql_expr_test=[
+            # the data is seen: the joins on instance/uuid match, with the board's own thresholds
+            {
+                "expr": 'max(nvidia_gpu_temperature_threshold_celsius{threshold="slowdown"} '
+                "* on(instance, uuid) group_left() (nvidia_gpu_info * 0 + 1))",
+                "eval_time": "20m",
+                "exp_samples": [{"labels": "{}", "value": slowdown_c}],
+            },
+            {"expr": "max_over_time(ALERTS[50m])", "eval_time": "49m", "exp_samples": []},
+        ],
     )
 
 
@@ -158,14 +170,6 @@ XID_SERIES = ("nvidia_gpu_xid_errors_total", "nvidia_gpu_xid_last_timestamp_seco
 RAISED = {"illegal_address": 31, "trap": 43, "misaligned": 13, "torch_index_assert": 43}
 
 
-def _scraped(lines: list[str]) -> dict[Series, float]:
-    out = {}
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
-
-
 def xid_timeline() -> tuple[dict, list[float]]:
     """({(name, labels): [value per 1 s step]}, each fault's time on promtool's clock): the XID series the
     real exporter served after each fault (xid.json's native_xid), from the moment it recorded that
@@ -174,7 +178,9 @@ def xid_timeline() -> tuple[dict, list[float]]:
     fault."""
     scrapes, times, seen = [], [], set()
     for fault in json_of(FAULTS, "xid.json")["faults"].values():
-        scraped = {k: v for k, v in _scraped(fault["native_xid"]).items() if k[0] in XID_SERIES}
+        scraped = {
+            k: v for k, v in samples("\n".join(fault["native_xid"]) + "\n").items() if k[0] in XID_SERIES
+        }
         stamps = {v for k, v in scraped.items() if k[0] == "nvidia_gpu_xid_last_timestamp_seconds"}
         (new,) = stamps - seen
         seen = stamps
@@ -208,46 +214,32 @@ def xid_promtool(tmp_path: Path, values: dict, firing: dict[str, list[str]]) -> 
     """promtool over the XID timeline; ``firing``: eval time -> the XIDs GpuXidApplication fires for."""
     (uuid,) = {dict(labels)["uuid"] for (_, labels) in values}
     end = f"{(XID_STEPS - 1) * XID_STEP_S}s"
-    test = {
-        "rule_files": [str(p.resolve()) for p in RULE_FILES],
-        "evaluation_interval": f"{XID_STEP_S}s",
-        "tests": [
+    return _promtool_test(
+        tmp_path,
+        "real-xid-test.yaml",
+        XID_STEP_S,
+        XID_STEPS,
+        values,
+        promql_expr_test=[
             {
-                "interval": f"{XID_STEP_S}s",
-                "input_series": [
-                    {"series": f'up{{instance="{INSTANCE}", job="{JOB}"}}', "values": f"1x{XID_STEPS}"}
-                ]
-                + [
-                    {"series": _series(name, labels), "values": " ".join(map(_number, series))}
-                    for (name, labels), series in values.items()
-                ],
-                "promql_expr_test": [
-                    {
-                        "expr": 'ALERTS{alertname="GpuXidApplication"}',
-                        "eval_time": t,
-                        "exp_samples": _alerts(uuid, xids),
-                    }
-                    for t, xids in firing.items()
-                ]
-                + [
-                    {
-                        "expr": f'max_over_time(ALERTS{{alertname=~"GpuXidCritical|GpuXidHardware"}}[{end}])',
-                        "eval_time": end,
-                        "exp_samples": [],
-                    },
-                    {  # the application XIDs' alert is the only XID alert, and it is info
-                        "expr": f'count_over_time(ALERTS{{alertname=~"GpuXid.*", severity!="info"}}[{end}])',
-                        "eval_time": end,
-                        "exp_samples": [],
-                    },
-                ],
+                "expr": 'ALERTS{alertname="GpuXidApplication"}',
+                "eval_time": t,
+                "exp_samples": _alerts(uuid, xids),
             }
+            for t, xids in firing.items()
+        ]
+        + [
+            {
+                "expr": f'max_over_time(ALERTS{{alertname=~"GpuXidCritical|GpuXidHardware"}}[{end}])',
+                "eval_time": end,
+                "exp_samples": [],
+            },
+            {  # the application XIDs' alert is the only XID alert, and it is info
+                "expr": f'count_over_time(ALERTS{{alertname=~"GpuXid.*", severity!="info"}}[{end}])',
+                "eval_time": end,
+                "exp_samples": [],
+            },
         ],
-    }
-    path = tmp_path / "real-xid-test.yaml"
-    path.write_text(yaml.safe_dump(test, sort_keys=False, width=1_000_000))
-    return subprocess.run(
-        [require_binary("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=240
     )
 
 

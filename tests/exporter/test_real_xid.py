@@ -19,14 +19,13 @@ import time
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.exporter.app import Exporter, build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
-from tests.real_gpu.evidence import H200, H200_FLEET, exposition, json_of
+from tests.real_gpu.evidence import H200, H200_FLEET, exposition, json_of, samples
 
 FAULTS = H200 / "faults"
 # The faults in the order they ran (xid.json keeps it) and the XID each raised, written out here so that
@@ -37,16 +36,16 @@ Line = tuple[str, tuple[tuple[str, str], ...], float | None]
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:[0-9a-f:.]+\): (\d+),")
 
 
+def _blank(labels) -> tuple[tuple[str, str], ...]:
+    """Labels with the values that name the machine blanked, in their order."""
+    return tuple((k, "" if k in IDENTITIES else v) for k, v in labels)
+
+
 def _parsed(lines: list[str]) -> set[Line]:
     """The XID lines of a scrape, as xid.py kept them (every sample line that names "xid"), with the
     machine's identities blanked and the collector's own duration's value left out."""
-    out = set()
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for s in family.samples:
-            labels = tuple(sorted((k, "" if k in IDENTITIES else v) for k, v in s.labels.items()))
-            value = None if s.name == "gpumeter_exporter_collector_duration_seconds" else s.value
-            out.add((s.name, labels, value))
-    return out
+    scraped = samples("\n".join(lines) + "\n")
+    return _without_durations({(name, _blank(labels), value) for (name, labels), value in scraped.items()})
 
 
 def _xid_lines(text: str) -> list[str]:
@@ -57,14 +56,14 @@ def _xid_lines(text: str) -> list[str]:
 def _exposed(lines: dict) -> set[Line]:
     """A committed .prom file's XID lines (evidence.exposition's form) in _parsed's form."""
     return {
-        (name, tuple(sorted((k, "" if k in IDENTITIES else v) for k, v in labels)), value)
+        (name, _blank(labels), value)
         for (name, labels), value in lines.items()
         if "xid" in name.lower() or "xid" in str(labels).lower()
     }
 
 
 def _blanked(series) -> set:
-    return {(n, tuple((k, "" if k in IDENTITIES else v) for k, v in labels)) for n, labels in series}
+    return {(n, _blank(labels)) for n, labels in series}
 
 
 def _without_durations(lines: set[Line]) -> set[Line]:

@@ -26,14 +26,19 @@ def json_of(board: Path, name: str) -> dict:
     return json.loads((board / name).read_text())
 
 
-@cache
-def exposition(board: Path, name: str) -> dict[Series, float]:
-    """A /metrics body the real exporter served: {(name, sorted labels): value}."""
+def samples(text: str) -> dict[Series, float]:
+    """Exposition text as {(name, sorted labels): value}."""
     out: dict[Series, float] = {}
-    for family in text_string_to_metric_families((board / name).read_text()):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+@cache
+def exposition(board: Path, name: str) -> dict[Series, float]:
+    """A /metrics body the real exporter served: {(name, sorted labels): value}."""
+    return samples((board / name).read_text())
 
 
 @cache
