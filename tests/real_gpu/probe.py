@@ -173,6 +173,22 @@ def board(handle) -> dict:
     return facts
 
 
+def start_exporter():
+    """The exporter in this process, as the evidence is taken with it (xid.py too): native naming, a
+    1 s interval, the processes collector, no kubelet."""
+    from gpumeter.exporter.app import build_exporter
+    from gpumeter.exporter.config import ExporterConfig
+
+    config = ExporterConfig(
+        listen="127.0.0.1:9835",
+        interval=1.0,
+        kubelet_socket=None,
+        enable_collectors=("processes",),
+        hostname="real-gpu",
+    )
+    return build_exporter(config).start()
+
+
 def scrape(url: str) -> str:
     import urllib.request
 
@@ -196,17 +212,7 @@ def main(out: Path) -> int:
     N.nvmlShutdown()
     CALLS.clear()
 
-    from gpumeter.exporter.app import build_exporter
-    from gpumeter.exporter.config import ExporterConfig
-
-    config = ExporterConfig(
-        listen="127.0.0.1:9835",
-        interval=1.0,
-        kubelet_socket=None,
-        enable_collectors=("processes",),
-        hostname="real-gpu",
-    )
-    exporter = build_exporter(config).start()
+    exporter = start_exporter()
     time.sleep(12)
     (out / "metrics-idle.prom").write_text(scrape("http://127.0.0.1:9835/metrics"))
     with _lock:

@@ -4,13 +4,7 @@
 # under load and after (native and dcgm naming), what each NVML call cost, and the exporter served as a
 # user runs it (serve.py). Run from the repo root on the GPU node, with gpumeter and the runtime wheels it
 # needs in .whl/ (no registry is reachable there): docs/real-gpu.md.
-set -u
-OUT=${OUT:-/tmp/real-gpu-out}
-REPO=$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
-D=$OUT/real-gpu; mkdir -p "$D"
+. tests/real_gpu/node.sh real-gpu
 cd /  # the repo root's gpumeter/ folder would shadow the installed package
 uname -a > "$D/uname.txt"
 nvidia-smi > "$D/nvidia-smi.txt" 2>&1

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pynvml as N
+from probe import start_exporter  # beside this script: run as `python3 tests/real_gpu/xid.py`
 
 # A kernel per fault, built by CuPy's NVRTC on the node. The address 0xdead00000000 is in no allocation.
 KERNELS = r"""
@@ -110,9 +111,6 @@ def kernel_log() -> list[str]:
 def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     wrap_every_call()
-    from gpumeter.exporter.app import build_exporter
-    from gpumeter.exporter.config import ExporterConfig
-
     dcgm_log = open(out / "exporter-dcgm.log", "w")  # noqa: SIM115 -- open as long as the child runs
     dcgm = subprocess.Popen(
         [
@@ -133,14 +131,7 @@ def main(out: Path) -> int:
         stderr=subprocess.STDOUT,
         cwd="/",
     )
-    config = ExporterConfig(
-        listen="127.0.0.1:9835",
-        interval=1.0,
-        kubelet_socket=None,
-        enable_collectors=("processes",),
-        hostname="real-gpu",
-    )
-    exporter = build_exporter(config).start()
+    exporter = start_exporter()
     time.sleep(6)
     log_before = kernel_log()
     result: dict = {"kernel_log_lines_before": len(log_before), "faults": {}}

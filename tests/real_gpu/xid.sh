@@ -2,13 +2,7 @@
 # Application faults on a real GPU node, into $OUT/real-gpu-xid.tar.gz: nvidia-smi -q before and after, the
 # kernel log's Xid lines, and what the exporter (native and dcgm naming) exported for each fault (xid.py).
 # Run from the repo root on the GPU node, with gpumeter and its runtime wheels in .whl/ (docs/real-gpu.md).
-set -u
-OUT=${OUT:-/tmp/real-gpu-out}
-REPO=$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
-D=$OUT/real-gpu-xid; mkdir -p "$D"
+. tests/real_gpu/node.sh real-gpu-xid
 cd /  # the repo root's gpumeter/ folder would shadow the installed package
 nvidia-smi -q > "$D/nvidia-smi-q-before-faults.txt" 2>&1
 timeout 400 python3 "$REPO/tests/real_gpu/xid.py" "$D" > "$D/xid.log" 2>&1; echo "xid.py: exit $?"
