@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumeter import contract
-from gpumeter.billing.ingest import IngestConfig, RunAnswers, _at, build_hour
+from gpumeter.billing.ingest import HourIntervals, IngestConfig, RunAnswers, _at, build_hour
 from gpumeter.billing.ledger import layouts
 from gpumeter.billing.prom import Sample
 from tests.billing.factories import H100, HOUR0
@@ -104,11 +104,21 @@ def _value(name: str) -> st.SearchStrategy[float]:
 
 @st.composite
 def histories(draw) -> dict[str, list[list[float | None]]]:
-    """Per query name, per series, a value or None (no sample) for each hour."""
-    return {
-        name: [[draw(st.none() | _value(name)) for _ in HOURS] for _ in labels]
-        for name, labels in SERIES.items()
-    }
+    """Per query name, per series, a value or None (no sample) for each hour. In an hour that moves,
+    each series may take a new value; in one that does not, every series keeps the hour before's, as
+    most GPUs' do most hours (their layouts' keys are then carried from the hour before)."""
+    moves = [True] + [draw(st.booleans()) for _ in HOURS[1:]]
+
+    def series(name: str) -> list[float | None]:
+        values: list[float | None] = []
+        for moving in moves:
+            if values and not (moving and draw(st.booleans())):
+                values.append(values[-1])
+            else:
+                values.append(draw(st.none() | _value(name)))
+        return values
+
+    return {name: [series(name) for _ in labels] for name, labels in SERIES.items()}
 
 
 def _range_answers(history: dict[str, list[list[float | None]]]) -> dict[str, list]:
@@ -126,11 +136,21 @@ def _range_answers(history: dict[str, list[list[float | None]]]) -> dict[str, li
     }
 
 
-@settings(max_examples=150, deadline=None)
-@given(histories())
-def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history):
+# seconds per sample of node-1 in each hour: 30 s, or 60 s after an exporter's restart with another
+# interval; the seconds of every series change with it, and so may every GPU's layout
+INTERVALS = st.lists(st.sampled_from((30.0, 60.0)), min_size=len(HOURS), max_size=len(HOURS))
+# the order the hours are built in: in order (as ingest does), or any other (a layout key carried
+# from the hour before must then not be taken from another hour)
+ORDERS = st.just(list(range(len(HOURS)))) | st.permutations(range(len(HOURS)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), INTERVALS, ORDERS)
+def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history, seconds, order):
     run = RunAnswers.of(_range_answers(history), HOURS)
-    for index, hour in enumerate(HOURS):
+    for index in order:
+        hour = HOURS[index]
+        intervals = HourIntervals({"node-1": seconds[index]}, 30.0)
         alone = {
             name: [
                 Sample(dict(labels), values[index])
@@ -141,8 +161,8 @@ def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history):
         }
         problems_run: list[str] = []
         problems_alone: list[str] = []
-        built = run.build(index, CONFIG, problems=problems_run)
-        assert built == build_hour(alone, hour, CONFIG, problems=problems_alone)
+        built = run.build(index, CONFIG, intervals, problems=problems_run)
+        assert built == build_hour(alone, hour, CONFIG, intervals, problems=problems_alone)
         assert problems_run == problems_alone
         for gpu_hour in built[0]:  # listed in the canonical order, with the key of that layout
             instances, allocations = layouts.ordered(gpu_hour)
