@@ -53,6 +53,10 @@ class PricedHour:
     model: str
     price_version: PriceVersion | None
     warnings: list[str] = field(default_factory=list)
+    # what fixes the lines' terms and keys apart from the GPU (docs/billing.md §6.3): two PricedHours
+    # of one GPU with equal ``terms`` have lines with the same terms and keys, in the same order, so
+    # a ledger may name the terms it found for the one again for the other. None: not known.
+    terms: Hashable | None = field(default=None, compare=False, repr=False)
 
 
 def slice_weight(policy: str, compute: int, memory: int, totals: tuple[int, int]) -> Fraction:
@@ -390,7 +394,7 @@ def _evolve(line: Line, **changes: object) -> Line:
     return new
 
 
-@dataclass
+@dataclass(eq=False)  # one kept result is equal to itself only: `PricedHour.terms` holds it
 class _Kept:
     """A priced GPU-hour `Pricer` re-uses: its lines, the allocation each prices, the tie its
     rounding broke, and that tie's groups in order per GPU (`_tie_groups`, the same every hour)."""
@@ -479,6 +483,7 @@ class Pricer:
         tier_efficiency, tiers = version.tier_efficiency, bool(version.utilization_tiers)
         unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
         lines = []
+        line_teams = []  # with the kept result and the tie's turn, what fixes the lines' terms
         # each kept line copied (as `_evolve`, its fields set in place on the new line's __dict__)
         # with the hour's own hour, GPU and, for a holder's line, team and utilization
         for line, source in zip(template.lines, sources, strict=True):
@@ -501,21 +506,30 @@ class Pricer:
                         utilization = unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
                     else:
                         utilization = dev.utilization
-                fields["team"] = teams.get(alloc.namespace, "")
+                fields["team"] = team = teams.get(alloc.namespace, "")
+                line_teams.append(team)
                 fields["utilization"] = utilization
                 # without tiers there is no score (as tier_efficiency says): no call per line
                 fields["efficiency"] = tier_efficiency(utilization) if tiers else None
             lines.append(new)
+        chosen = None
         if tie is not None:  # the residue's last units fell on a tie: this hour's turn decides it
             # the tied lines' order depends on the GPU and the lines, not the hour: kept per GPU
             groups = memo.tie_groups.get(uuid)
             if groups is None:
                 groups = memo.tie_groups[uuid] = _tie_groups(lines, list(tie.positions))
-            chosen = set(_in_turn(groups, tie.extra, int(hour.timestamp()) // 3600))
+            chosen = frozenset(_in_turn(groups, tie.extra, int(hour.timestamp()) // 3600))
             for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
                 # the line was made above and is seen by no one yet: its amount set as `_evolve` would
                 lines[at].__dict__["amount"] = plus if at in chosen else base
-        return PricedHour(lines, template.device_cost, template.model, template.price_version, [])
+        return PricedHour(
+            lines,
+            template.device_cost,
+            template.model,
+            template.price_version,
+            [],
+            (memo, tuple(line_teams), chosen),
+        )
 
 
 def _share(alloc: Allocation, policy: str) -> Fraction:

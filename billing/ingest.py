@@ -682,7 +682,7 @@ def _moved(hours: int, *series: Iterable[tuple[str, tuple[Values | None, ...]]])
             for values in columns:
                 if values is None:
                     continue
-                for i, (last, value) in enumerate(zip(values, values[1:]), 1):
+                for i, (last, value) in enumerate(itertools.pairwise(values), 1):
                     if value != last:  # a NaN differs from itself: a moved hour, never a wrong key
                         moved[i].add(uuid)
     if hours:
@@ -850,7 +850,8 @@ def _price_hour(
     priced = [pricer.price(gh, teams) for gh in gpu_hours]
     lines = [line for p in priced for line in p.lines]
     unpriced = sum(1 for p in priced if p.device_cost is None)
-    return HourRecord(hour, gpu_hours, lines, pricer.book, tuple(problems)), kube_teams, unpriced
+    groups = tuple((gh.device.uuid, p.terms, len(p.lines)) for gh, p in zip(gpu_hours, priced, strict=True))
+    return HourRecord(hour, gpu_hours, lines, pricer.book, tuple(problems), groups), kube_teams, unpriced
 
 
 def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, started: datetime) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -59,6 +59,10 @@ class HourRecord:
     book: PriceBook | None
     # what made the ingest doubt the hour (docs/billing.md §2.1): the run is recorded "suspect"
     warnings: tuple[str, ...] = ()
+    # per GPU-hour, in the order of ``lines``: (uuid, its `PricedHour.terms`, how many lines it
+    # has). A ledger may name the terms and keys it stored for that GPU's lines again where the
+    # terms are equal (docs/billing.md §6.3); empty: every line is looked at
+    line_groups: tuple[tuple[str, Hashable | None, int], ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)

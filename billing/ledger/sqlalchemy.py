@@ -11,7 +11,7 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -78,6 +78,7 @@ from gpumeter.billing.models import (
     Line,
     LineKind,
     QuantityUnit,
+    line_key,
 )
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
 
@@ -89,6 +90,8 @@ log = logging.getLogger(__name__)
 RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0)
 LAYOUTS_KEPT = 50_000  # layouts a ledger remembers, ids and parsed bodies (~1,400 a month on 1,000 GPUs)
 TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
+CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger remembers
+CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
 
 
 _PRICE_VERSION, _EFFICIENCY, _UTILIZATION = map(
@@ -271,6 +274,11 @@ class SqlLedger(Ledger):
         self._parsed_layouts: dict[int, dict] = {}  # id -> parsed body
         # cost_line_terms rows too: (the line's term fields, its price version's row) -> id
         self._term_ids: dict[tuple, int] = {}
+        # per GPU, its lines of the last hours committed, by their `PricedHour.terms`: (their price
+        # version's row, their keys, their terms' ids), named again for an hour whose lines' terms
+        # are equal. A few per GPU: a tie's turn (docs/billing.md §5) changes a line's amount, hence
+        # its term, from hour to hour, in a cycle
+        self._carried: dict[str, dict[Hashable, tuple[int | None, list[str], list[int]]]] = {}
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -351,6 +359,31 @@ class SqlLedger(Ledger):
     )
     GPU_HOUR_COLUMNS = (*DEVICE_COLUMNS, "layout_id", "readings")  # the layout and readings: layouts.py
 
+    def _line_keys(self, record: HourRecord) -> tuple[list[str], list | None]:
+        """The lines' keys, in order, and per line group (`HourRecord.line_groups`) the GPU's lines
+        of the last hour when their terms are equal (else None); raises DuplicateLine naming the
+        first key met twice, before any row is touched."""
+        groups, lines = record.line_groups, record.lines
+        if not groups or sum(group[2] for group in groups) != len(lines):
+            return refuse_duplicate_lines(record.hour, lines), None
+        carried = self._carried
+        keys: list[str] = []
+        again: list = []
+        at = 0
+        for uuid, priced, size in groups:
+            kept = carried.get(uuid) if priced is not None else None
+            if kept is not None:
+                kept = kept.get(priced)
+            if kept is not None:
+                keys += kept[1]
+            else:
+                keys += map(line_key, lines[at : at + size])
+            again.append(kept)
+            at += size
+        if len(set(keys)) != len(keys):
+            refuse_duplicate_lines(record.hour, lines)  # raises, naming the line
+        return keys, again
+
     def _line_rows(
         self,
         session: Session,
@@ -359,45 +392,71 @@ class SqlLedger(Ledger):
         hour,
         exact,
         keys: list[str],
-    ) -> tuple[list, dict]:
-        """Rows of ``cost_line_hours`` in LINE_HOUR_COLUMNS order, in the driver's form, and the terms
-        this transaction added (key -> id), which `_term_ids` learns only once it commits.
+        groups: tuple = (),
+        again: list | None = None,
+    ) -> tuple[list, dict, dict]:
+        """Rows of ``cost_line_hours`` in LINE_HOUR_COLUMNS order, in the driver's form, the terms
+        this transaction added (key -> id), which `_term_ids` learns only once it commits, and each
+        GPU's lines to carry to the next hour (`_carried`, likewise).
 
         A line's term is found by its fields (a dict look-up: a GPU's lines repeat hour after hour,
-        ~3,700 an hour on the 1,000-GPU bench); the terms not seen before are stored together."""
+        ~3,700 an hour on the 1,000-GPU bench), or, for a GPU whose lines' terms equal the last
+        hour's (`again`, from `_line_keys`), taken whole from that hour; the terms not seen before are
+        stored together."""
         known: dict[tuple, int] = self._term_ids
-        # column by column, each made by one map over the lines (no loop in Python: ~3,700 lines an
-        # hour on the 1,000-GPU bench), then the rows zipped from them
-        versions = map(version_rows.get, map(_PRICE_VERSION, lines))
-        line_terms = list(zip(map(terms.of_line, lines), versions, strict=True))
-        term_ids = list(map(known.get, line_terms))
+        if again is None:
+            # column by column, each made by one map over the lines (no loop in Python: ~3,700 lines
+            # an hour on the 1,000-GPU bench)
+            versions = map(version_rows.get, map(_PRICE_VERSION, lines))
+            term_ids = list(map(known.get, zip(map(terms.of_line, lines), versions, strict=True)))
+        else:
+            term_ids = []
+            at = 0
+            for (_, _, size), kept in zip(groups, again, strict=True):
+                version = version_rows.get(lines[at].price_version) if size else None
+                if kept is not None and kept[0] == version:
+                    term_ids += kept[2]
+                else:
+                    term_ids += map(
+                        known.get, zip(map(terms.of_line, lines[at : at + size]), repeat(version))
+                    )
+                at += size
         efficiencies, utilizations = map(_EFFICIENCY, lines), map(_UTILIZATION, lines)
         if exact is not None:
             efficiencies, utilizations = map(exact, efficiencies), map(exact, utilizations)
         rows: list = list(zip(repeat(hour), keys, term_ids, count(), efficiencies, utilizations))
-        if None not in term_ids:
-            return rows, {}
-        rows = list(map(list, rows))  # the new terms' ids are set in their rows below
-        wanted: dict[tuple, tuple[str, list[list]]] = {}  # term -> its line key, the rows naming it
-        for term, term_id, row in zip(line_terms, term_ids, rows, strict=True):
-            if term_id is None:
-                wanted.setdefault(term, (row[1], []))[1].append(row)
-        added = self._term_rows(session, {term: key for term, (key, _) in wanted.items()})
-        for term, (_, named) in wanted.items():
-            for row in named:
-                row[2] = added[term]
-        return rows, added
+        added: dict[tuple, int] = {}
+        if None in term_ids:
+            rows = list(map(list, rows))  # the new terms' ids are set in their rows below
+            wanted: dict[tuple, tuple[str, list[list]]] = {}  # term -> its line key, the rows naming it
+            for line, term_id, row in zip(lines, term_ids, rows, strict=True):
+                if term_id is None:
+                    term = (terms.of_line(line), version_rows.get(line.price_version))
+                    wanted.setdefault(term, (row[1], []))[1].append(row)
+            added = self._term_rows(session, {term: key for term, (key, _) in wanted.items()})
+            for term, (_, named) in wanted.items():
+                for row in named:
+                    row[2] = term_ids[row[3]] = added[term]
+        carry: list[tuple] = []
+        if again is not None:
+            at = 0
+            for (uuid, priced, size), kept in zip(groups, again, strict=True):
+                if priced is not None and kept is None and size:
+                    version = version_rows.get(lines[at].price_version)
+                    carry.append((uuid, priced, (version, keys[at : at + size], term_ids[at : at + size])))
+                at += size
+        return rows, added, carry
 
     def _term_rows(self, session: Session, wanted: dict[tuple, str]) -> dict[tuple, int]:
         """The ids of these terms' rows, inserting those no one stored before (content-addressed)."""
         fields = {}
-        for term, line_key in wanted.items():
+        for term, key in wanted.items():
             values, version_row = term
             row = dict(zip(terms.LINE_FIELDS, values, strict=True))
             del row["price_version"]
             row["price_version_id"] = version_row
             row["kind"], row["held_unit"] = row["kind"].value, row["held_unit"].value
-            row["line_key"] = line_key
+            row["line_key"] = key
             row["digest"] = terms.digest(row)
             fields[term] = row
         return _content_ids(session, CostLineTerm.__table__, fields)
@@ -491,14 +550,16 @@ class SqlLedger(Ledger):
     @_stored("write hour")
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         now = datetime.now(UTC)
-        keys = refuse_duplicate_lines(record.hour, record.lines)  # before any row is touched
+        keys, again = self._line_keys(record)  # before any row is touched
         hour, exact = self._driver_values(record.hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, record.hour, facts=True)
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
             versions = self._version_rows(session, record.book, record.lines)
-            rows, added_terms = self._line_rows(session, record.lines, versions, hour, exact, keys)
+            rows, added_terms, carry = self._line_rows(
+                session, record.lines, versions, hour, exact, keys, record.line_groups, again
+            )
             self._bulk_insert(session, CostLineHour.__table__, self.LINE_HOUR_COLUMNS, rows)
             session.add(
                 IngestRun(
@@ -514,6 +575,20 @@ class SqlLedger(Ledger):
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
         self._learn_terms(added_terms)
+        self._carry(carry)
+
+    def _carry(self, carry: list[tuple[str, Hashable, tuple]]) -> None:
+        """GPUs' lines a committed transaction stored: a later hour with equal terms names them again."""
+        carried = self._carried
+        if len(carried) + len(carry) > CARRIED_KEPT:
+            carried.clear()
+        for uuid, priced, lines in carry:
+            kept = carried.get(uuid)
+            if kept is None:
+                kept = carried[uuid] = {}
+            elif len(kept) >= CARRIED_PER_GPU:
+                kept.clear()
+            kept[priced] = lines
 
     def _learn_terms(self, added: dict[tuple, int]) -> None:
         """Terms a committed transaction stored or found: later hours name them without a look-up."""
@@ -528,7 +603,7 @@ class SqlLedger(Ledger):
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
             versions = self._version_rows(session, book, lines)
-            rows, added_terms = self._line_rows(session, lines, versions, stored_hour, exact, keys)
+            rows, added_terms, _ = self._line_rows(session, lines, versions, stored_hour, exact, keys)
             self._bulk_insert(session, CostLineHour.__table__, self.LINE_HOUR_COLUMNS, rows)
         self._learn_terms(added_terms)
 
