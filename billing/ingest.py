@@ -847,11 +847,20 @@ def _price_hour(
         log.warning("hour %s is suspect: %s", hour.isoformat(), shown)
         problems = [shown]
     teams = {**known_teams, **kube_teams, **config.teams}
+    record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems))
+    return record, kube_teams, unpriced
+
+
+def priced_record(
+    pricer: Pricer, hour: datetime, gpu_hours: list[GpuHour], teams: dict[str, str], warnings=()
+) -> tuple[HourRecord, int]:
+    """(the hour's record, its unpriced GPU-hours): the GPU-hours priced, with what fixes each one's
+    lines' terms (`HourRecord.line_groups`) for the ledger."""
     priced = [pricer.price(gh, teams) for gh in gpu_hours]
     lines = [line for p in priced for line in p.lines]
     unpriced = sum(1 for p in priced if p.device_cost is None)
     groups = tuple((gh.device.uuid, p.terms, len(p.lines)) for gh, p in zip(gpu_hours, priced, strict=True))
-    return HourRecord(hour, gpu_hours, lines, pricer.book, tuple(problems), groups), kube_teams, unpriced
+    return HourRecord(hour, gpu_hours, lines, pricer.book, warnings, groups), unpriced
 
 
 def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, started: datetime) -> None:

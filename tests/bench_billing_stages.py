@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gpumeter.billing.allocate import Pricer
-    from gpumeter.billing.ingest import IngestConfig, query_intervals, query_run
-    from gpumeter.billing.ledger.base import HourRecord
+    from gpumeter.billing.ingest import IngestConfig, priced_record, query_intervals, query_run
     from gpumeter.billing.ledger.sqlalchemy import open_ledger
     from gpumeter.billing.models import hours_between
     from gpumeter.billing.pricing import load_price_book
@@ -72,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                         started = time.process_time()
                         gpu_hours, teams = answers.build(index, config, intervals[hour], [])
                         built = time.process_time()
-                        lines = [line for gh in gpu_hours for line in pricer.price(gh, teams).lines]
+                        record, _ = priced_record(pricer, hour, gpu_hours, teams)
                         priced = time.process_time()
-                        ledger.write_hour(HourRecord(hour, gpu_hours, lines, book), source="bench")
+                        ledger.write_hour(record, source="bench")
                         written = time.process_time()
                         if day == 1:
                             spent["build"] += built - started
