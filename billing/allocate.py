@@ -31,6 +31,7 @@ from gpumeter.billing.models import (
     LineKind,
     QuantityUnit,
     line_key,
+    with_fields,
 )
 from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
 from gpumeter.billing.pricing.base import SHARING_MODES, PriceBook, PriceVersion
@@ -484,12 +485,11 @@ class Pricer:
         unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
         lines = []
         line_teams = []  # with the kept result and the tie's turn, what fixes the lines' terms
-        # each kept line copied (as `_evolve`, its fields set in place on the new line's __dict__)
-        # with the hour's own hour, GPU and, for a holder's line, team and utilization
+        # each kept line copied with the hour's own hour, GPU and, for a holder's line, team and
+        # utilization: its fields copied and set, then made the new line's (`with_fields`)
         for line, source in zip(template.lines, sources, strict=True):
-            new = _new(Line)
-            fields = new.__dict__
-            fields.update(line.__dict__)
+            fields = line.__dict__.copy()
+            new = with_fields(_new(Line), fields)
             fields["hour"] = hour
             fields["uuid"] = uuid
             if source is not None:

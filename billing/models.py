@@ -11,6 +11,7 @@ import operator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import TypeVar
 
 HOUR = timedelta(hours=1)
 
@@ -147,6 +148,18 @@ class Line:
     @property
     def sort_key(self) -> tuple:
         return (self.kind.rank, self.namespace, self.pod, self.container, self.gpu_instance_id)
+
+
+def with_fields(fact: _Fact, fields: dict[str, object]) -> _Fact:
+    """A new frozen fact or line (``object.__new__(cls)``, no ``__init__`` run) given ``fields`` as
+    its ``__dict__``, which stays the caller's to fill in until the fact is handed on. A copy of a
+    template's dict set whole is half the time of updating the fresh object's own, and ingest makes
+    ~3,700 lines and ~6,500 facts an hour on the 1,000-GPU bench. ``fields`` must hold every field."""
+    object.__setattr__(fact, "__dict__", fields)
+    return fact
+
+
+_Fact = TypeVar("_Fact")
 
 
 @dataclass
