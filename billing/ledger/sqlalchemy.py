@@ -374,6 +374,8 @@ class SqlLedger(Ledger):
             kept = carried.get(uuid) if priced is not None else None
             if kept is not None:
                 kept = kept.get(priced)
+            if kept is not None and size and lines[at].uuid != uuid:
+                kept = None  # a group that is not its GPU's lines: each line looked at, as without groups
             if kept is not None:
                 keys += kept[1]
             else:
@@ -441,7 +443,7 @@ class SqlLedger(Ledger):
         if again is not None:
             at = 0
             for (uuid, priced, size), kept in zip(groups, again, strict=True):
-                if priced is not None and kept is None and size:
+                if priced is not None and kept is None and size and lines[at].uuid == uuid:
                     version = version_rows.get(lines[at].price_version)
                     carry.append((uuid, priced, (version, keys[at : at + size], term_ids[at : at + size])))
                 at += size

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from gpumeter.billing.allocate import Pricer
+from gpumeter.billing.ingest import priced_record
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
@@ -140,3 +141,21 @@ def test_lines_are_carried_only_under_the_price_version_row_that_stored_them(sql
     assert len(by_hour) == 2 and all(len(v) == 1 for v in by_hour.values())
     first_row, second_row = (next(iter(v)) for _, v in sorted(by_hour.items()))
     assert first_row != second_row  # ...but each hour names the row of the book that priced it
+
+
+def test_groups_that_are_not_their_gpus_lines_are_neither_used_nor_learned(sql_ledger, tmp_path):
+    """Two idle GPUs have equal terms apart from the GPU (one kept result, no teams, no tie). A record
+    whose groups name the wrong GPU (a caller's mistake) is stored line by line, and teaches the
+    ledger nothing that a later, right record would take for the other GPU's lines."""
+    pricer, reference = Pricer(_book(tmp_path)), open_ledger("memory://")
+    records = []
+    for hour in HOURS[:4]:
+        idle = [gpu_hour(uuid, A100, hour=hour) for uuid in ("GPU-idle-a", "GPU-idle-b")]
+        records.append(priced_record(pricer, hour, idle, {})[0])
+    a, b = records[2].line_groups
+    assert a[1] is not None and a[1] == b[1], "the two GPUs' lines have equal terms"
+    records[2] = dataclasses.replace(records[2], line_groups=((b[0], *a[1:]), (a[0], *b[1:])))
+    for record in records:
+        sql_ledger.write_hour(record)
+        reference.write_hour(record)
+    assert sql_ledger.lines(HOURS[0], HOURS[4]) == reference.lines(HOURS[0], HOURS[4])
