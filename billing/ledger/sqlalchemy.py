@@ -374,7 +374,7 @@ class SqlLedger(Ledger):
             kept = carried.get(uuid) if priced is not None else None
             if kept is not None:
                 kept = kept.get(priced)
-            if kept is not None and size and lines[at].uuid != uuid:
+            if kept is not None and (len(kept[1]) != size or (size and lines[at].uuid != uuid)):
                 kept = None  # a group that is not its GPU's lines: each line looked at, as without groups
             if kept is not None:
                 keys += kept[1]
@@ -396,7 +396,7 @@ class SqlLedger(Ledger):
         keys: list[str],
         groups: tuple = (),
         again: list | None = None,
-    ) -> tuple[list, dict, dict]:
+    ) -> tuple[list, dict, list]:
         """Rows of ``cost_line_hours`` in LINE_HOUR_COLUMNS order, in the driver's form, the terms
         this transaction added (key -> id), which `_term_ids` learns only once it commits, and each
         GPU's lines to carry to the next hour (`_carried`, likewise).
