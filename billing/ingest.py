@@ -664,11 +664,11 @@ class RunAnswers:
                 continue
             key = layout_key(gpu_hour.instances, gpu_hour.allocations)
             # the GPU's key of the hour before when equal (`LayoutKey`: its hash is worked out once)
-            last = kept.get(gpu_hour.device.uuid)
+            last = kept.get(uuid)
             if last is not None and last == key:
                 key = last
             else:
-                kept[gpu_hour.device.uuid] = key
+                kept[uuid] = key
             gpu_hour.layout = key
         return built, dict(self.teams[i])
 

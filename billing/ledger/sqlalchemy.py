@@ -360,9 +360,11 @@ class SqlLedger(Ledger):
     GPU_HOUR_COLUMNS = (*DEVICE_COLUMNS, "layout_id", "readings")  # the layout and readings: layouts.py
 
     def _line_keys(self, record: HourRecord) -> tuple[list[str], list | None]:
-        """The lines' keys, in order, and per line group (`HourRecord.line_groups`) the GPU's lines
-        of the last hour when their terms are equal (else None); raises DuplicateLine naming the
-        first key met twice, before any row is touched."""
+        """The lines' keys, in order, and per line group (`HourRecord.line_groups`) what the ledger
+        does with it: the GPU's lines of an hour before with equal terms, to name again; None, to
+        look its lines up and carry them; False, to look them up only (no terms known, no lines, or
+        not its GPU's lines: a caller's mistake). Raises DuplicateLine naming the first key met
+        twice, before any row is touched."""
         groups, lines = record.line_groups, record.lines
         if not groups or sum(group[2] for group in groups) != len(lines):
             return refuse_duplicate_lines(record.hour, lines), None
@@ -371,12 +373,13 @@ class SqlLedger(Ledger):
         again: list = []
         at = 0
         for uuid, priced, size in groups:
-            kept = carried.get(uuid) if priced is not None else None
-            if kept is not None:
-                kept = kept.get(priced)
-            if kept is not None and (len(kept[1]) != size or (size and lines[at].uuid != uuid)):
-                kept = None  # a group that is not its GPU's lines: each line looked at, as without groups
-            if kept is not None:
+            if priced is None or not size or lines[at].uuid != uuid:
+                kept = False
+            else:
+                kept = carried.get(uuid, {}).get(priced)
+                if kept is not None and len(kept[1]) != size:
+                    kept = False
+            if kept:
                 keys += kept[1]
             else:
                 keys += map(line_key, lines[at : at + size])
@@ -406,6 +409,7 @@ class SqlLedger(Ledger):
         hour's (`again`, from `_line_keys`), taken whole from that hour; the terms not seen before are
         stored together."""
         known: dict[tuple, int] = self._term_ids
+        group_versions: list[int | None] = []  # each line group's price version row
         if again is None:
             # column by column, each made by one map over the lines (no loop in Python: ~3,700 lines
             # an hour on the 1,000-GPU bench)
@@ -416,7 +420,8 @@ class SqlLedger(Ledger):
             at = 0
             for (_, _, size), kept in zip(groups, again, strict=True):
                 version = version_rows.get(lines[at].price_version) if size else None
-                if kept is not None and kept[0] == version:
+                group_versions.append(version)
+                if kept and kept[0] == version:
                     term_ids += kept[2]
                 else:
                     term_ids += map(
@@ -442,9 +447,8 @@ class SqlLedger(Ledger):
         carry: list[tuple] = []
         if again is not None:
             at = 0
-            for (uuid, priced, size), kept in zip(groups, again, strict=True):
-                if priced is not None and kept is None and size and lines[at].uuid == uuid:
-                    version = version_rows.get(lines[at].price_version)
+            for (uuid, priced, size), kept, version in zip(groups, again, group_versions, strict=True):
+                if kept is None:  # looked up here: carried once the hour commits
                     carry.append((uuid, priced, (version, keys[at : at + size], term_ids[at : at + size])))
                 at += size
         return rows, added, carry
