@@ -10,16 +10,14 @@ import dataclasses
 from datetime import timedelta
 from decimal import Decimal
 
-import pytest
 import sqlalchemy as sa
 
 from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ingest import priced_record
 from gpumeter.billing.ledger import open_ledger
-from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 from gpumeter.billing.pricing import load_price_book
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, write_book
+from tests.billing.test_ledger import write_with_lines_failing
 
 HOURS = [HOUR0 + timedelta(hours=n) for n in range(8)]
 
@@ -52,11 +50,7 @@ def _gpu_hours(hour):
 
 
 def _record(pricer, hour, teams):
-    gpu_hours = _gpu_hours(hour)
-    priced = [pricer.price(gh, teams) for gh in gpu_hours]
-    groups = tuple((gh.device.uuid, p.terms, len(p.lines)) for gh, p in zip(gpu_hours, priced, strict=True))
-    lines = [line for p in priced for line in p.lines]
-    return HourRecord(hour, gpu_hours, lines, pricer.book, (), groups)
+    return priced_record(pricer, hour, _gpu_hours(hour), teams)[0]
 
 
 def _teams(hour):
@@ -83,7 +77,7 @@ def test_carried_lines_are_the_lines_looked_up_one_by_one(sql_ledger, tmp_path):
     }
 
 
-def test_an_hour_rolled_back_carries_nothing_to_the_next(sql_ledger, tmp_path, monkeypatch):
+def test_an_hour_rolled_back_carries_nothing_to_the_next(sql_ledger, tmp_path):
     """Terms stored by an hour that was rolled back are gone: the next hour with the same terms must
     store them again, not name their ids."""
     prices = _book(tmp_path)
@@ -91,17 +85,7 @@ def test_an_hour_rolled_back_carries_nothing_to_the_next(sql_ledger, tmp_path, m
     _record(pricer, HOURS[0], _teams(HOURS[0]))  # priced once: the next hours re-use it, with terms
     first, second = (_record(pricer, hour, _teams(hour)) for hour in HOURS[1:3])
     assert first.line_groups[0][1] is not None
-    bulk_insert = SqlLedger._bulk_insert
-
-    def fail_on_lines(session, table, columns, rows):
-        if table.name == "cost_line_hours":
-            raise RuntimeError("the disk filled up")
-        bulk_insert(session, table, columns, rows)
-
-    monkeypatch.setattr(SqlLedger, "_bulk_insert", staticmethod(fail_on_lines))
-    with pytest.raises(RuntimeError):
-        sql_ledger.write_hour(first)
-    monkeypatch.setattr(SqlLedger, "_bulk_insert", staticmethod(bulk_insert))
+    write_with_lines_failing(sql_ledger, first)
     assert sql_ledger.counts()["cost_line_terms"] == 0
     sql_ledger.write_hour(second)
     sql_ledger.write_hour(first)

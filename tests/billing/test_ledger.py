@@ -6,6 +6,7 @@ import dataclasses
 from datetime import timedelta
 from decimal import Decimal
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -176,11 +177,9 @@ def test_a_layout_repeated_over_hours_is_stored_once_and_each_hour_keeps_its_rea
         assert facts[0].allocations[0].process_memory == gh.allocations[0].process_memory
 
 
-def test_an_hour_rolled_back_leaves_no_layout_behind_for_the_next_writer(sql_ledger, tmp_path, monkeypatch):
-    """The ledger remembers layout ids only once their hour commits: a layout inserted by an hour
-    that was rolled back is gone, and a later hour with it must store it again, not name its id."""
-    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
-    first, other = _hour("GPU-a"), gpu_hour("GPU-b", A100, [], [alloc("GPU-b", "ns-b", "b")])
+def write_with_lines_failing(ledger: SqlLedger, record: HourRecord) -> None:
+    """Write ``record`` while inserting its ``cost_line_hours`` rows fails (a disk that filled up):
+    the hour rolls back after its facts, layouts and terms were inserted."""
     bulk_insert = SqlLedger._bulk_insert
 
     def fail_on_lines(session, table, columns, rows):
@@ -188,15 +187,20 @@ def test_an_hour_rolled_back_leaves_no_layout_behind_for_the_next_writer(sql_led
             raise RuntimeError("the disk filled up")
         bulk_insert(session, table, columns, rows)
 
-    monkeypatch.setattr(SqlLedger, "_bulk_insert", staticmethod(fail_on_lines))
-    lines = price_gpu_hour(first, prices).lines
-    try:
-        sql_ledger.write_hour(HourRecord(HOUR0, [first], lines, prices))
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError("the write should have failed")
-    monkeypatch.setattr(SqlLedger, "_bulk_insert", staticmethod(bulk_insert))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SqlLedger, "_bulk_insert", staticmethod(fail_on_lines))
+        with pytest.raises(RuntimeError, match="the disk filled up"):
+            ledger.write_hour(record)
+
+
+def test_an_hour_rolled_back_leaves_no_layout_behind_for_the_next_writer(sql_ledger, tmp_path):
+    """The ledger remembers layout ids only once their hour commits: a layout inserted by an hour
+    that was rolled back is gone, and a later hour with it must store it again, not name its id."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    first, other = _hour("GPU-a"), gpu_hour("GPU-b", A100, [], [alloc("GPU-b", "ns-b", "b")])
+    write_with_lines_failing(
+        sql_ledger, HourRecord(HOUR0, [first], price_gpu_hour(first, prices).lines, prices)
+    )
     assert sql_ledger.counts()["gpu_layouts"] == 0
     # another layout now takes the first free id; the first layout's hour must not name it
     sql_ledger.write_hour(HourRecord(HOUR0, [other], price_gpu_hour(other, prices).lines, prices))
