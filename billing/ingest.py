@@ -938,10 +938,14 @@ def ingest_hours(
     config: IngestConfig,
     progress: Callable[[Iterable], Iterable] | None = None,
     stopping: Callable[[], bool] | None = None,
+    pricer: Pricer | None = None,
 ) -> IngestResult:
     """Ingest hours in order; stops at the first Prometheus error or refused hour (later hours would
     fail too), or at the next hour boundary once ``stopping()`` is true (`billing serve` on SIGTERM:
     the hour being written is finished, nothing after it is started).
+
+    ``pricer`` prices every hour (default: a new `Pricer` of ``book``); given one, the hours are
+    ingested in this process whatever ``config.workers`` says, since a worker cannot share it.
 
     Three stages overlap (docs/billing.md §6): consecutive hours are queried a run of
     ``config.chunk_hours`` at a time with range queries (`query_run`, `query_intervals`), the next
@@ -953,14 +957,15 @@ def ingest_hours(
     """
     hours = [hour_floor(h) for h in hours]
     if (
-        config.workers > 1
+        pricer is None
+        and config.workers > 1
         and len(hours) > 2 * config.chunk_hours
         and getattr(client, "reopenable", False)
         and getattr(ledger, "engine", None) is not None
     ):
         return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
     with _few_collections():
-        return _ingest_serially(client, ledger, book, hours, config, progress, stopping)
+        return _ingest_serially(client, ledger, pricer or Pricer(book), hours, config, progress, stopping)
 
 
 @contextlib.contextmanager
@@ -988,11 +993,10 @@ def _query_run(client, hours: list[datetime], config):
     return query_run(client, hours), query_intervals(client, hours, config)
 
 
-def _ingest_serially(client, ledger, book, hours, config, progress, stopping=None) -> IngestResult:
+def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, stopping=None) -> IngestResult:
     result = IngestResult()
     ticks = _ticks(progress, hours)
     runs = _runs(hours, max(1, config.chunk_hours))
-    pricer = Pricer(book)
     known_teams = ledger.namespace_teams()
     layouts: dict[str, LayoutKey | None] = {}
     writing: tuple[HourRecord, int, Future, datetime] | None = None  # the hour the writer thread writes

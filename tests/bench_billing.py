@@ -1,6 +1,7 @@
 """Billing benchmark: one month of a 1,000-GPU mixed-MIG cluster, ingested and priced end to end.
 
     python -m tests.bench_billing [--workers 1] [--scale 10] [--days 30] [--db URL] [--hours N]
+                                  [--without line-rows|pricing|writes ...]
 
 1. Builds the bench fleet (125 nodes × 8 GPUs, × ``--scale``, see `bench_fleet`) as a temporary
    fleet YAML.
@@ -244,6 +245,7 @@ def child(args: argparse.Namespace) -> None:
 
     book = load_price_book(ROOT / "billing" / "pricebooks" / "default.yaml")
     ledger = open_ledger(args.db, schema=args.schema)
+    ledger, pricer = _without(args.without, ledger, book)
     hours = hours_between(START, START + timedelta(days=args.days))[: args.hours or None]
     config = IngestConfig(scrape_interval=float(args.step), workers=args.workers)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -254,13 +256,13 @@ def child(args: argparse.Namespace) -> None:
 
             hours = hours[: args.profile]
             profile = cProfile.Profile()
-            result = profile.runcall(ingest_hours, client, ledger, book, hours, config)
+            result = profile.runcall(ingest_hours, client, ledger, book, hours, config, pricer=pricer)
             with (BENCH / "billing-profile.txt").open("w") as out:
                 stats = pstats.Stats(profile, stream=out)
                 stats.sort_stats("tottime").print_stats(30)
                 stats.sort_stats("cumulative").print_stats(30)
         else:
-            result = ingest_hours(client, ledger, book, hours, config)
+            result = ingest_hours(client, ledger, book, hours, config, pricer=pricer)
     wall = time.perf_counter() - wall
     cpu = time.process_time() - cpu
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -279,6 +281,39 @@ def child(args: argparse.Namespace) -> None:
             }
         )
     )
+
+
+# What `--without` switches off, to bound what a change to one stage could save (docs/performance.md,
+# issue 17's twelfth pass): the ingest's own code runs, with its ledger or pricer in part replaced.
+WITHOUT = ("line-rows", "pricing", "writes")
+
+
+def _without(parts: list[str], ledger, book):
+    """(the ledger, the pricer: None for the ingest's own) with ``parts`` switched off."""
+    import dataclasses
+
+    from gpumeter.billing.allocate import PricedHour, Pricer
+    from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+
+    class PartLedger(SqlLedger):
+        def write_hour(self, record, **kwargs) -> None:
+            if "writes" in parts:
+                return
+            if "line-rows" in parts:  # the GPU-hours and their readings stored, no cost_line_hours row
+                record = dataclasses.replace(record, lines=[], line_groups=())
+            super().write_hour(record, **kwargs)
+
+        def set_namespace_teams(self, *args, **kwargs) -> None:
+            if "writes" not in parts:
+                super().set_namespace_teams(*args, **kwargs)
+
+    class NoPricing(Pricer):
+        def price(self, gpu_hour, teams=None) -> PricedHour:  # no lines, counted as unpriced
+            return PricedHour([], None, gpu_hour.device.model, None)
+
+    if not parts:
+        return ledger, None
+    return PartLedger(ledger.engine), NoPricing(book) if "pricing" in parts else None
 
 
 def _own_peak_rss() -> int:
@@ -397,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hours", type=int, default=0, help="ingest only the first HOURS hours (a quick look; no table)"
     )
+    parser.add_argument(
+        "--without",
+        action="append",
+        choices=WITHOUT,
+        default=[],
+        help="switch a part of the ingest off, to bound what changing it could save (repeatable; no table)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -429,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             argv += ["--profile", str(args.profile)] if args.profile else []
             argv += ["--hours", str(args.hours)] if args.hours else []
             argv += ["--schema", schema] if schema else []
+            argv += [f"--without={part}" for part in args.without]
             load = os.getloadavg()
             run, peak = _measure_child(argv)
             ledger_bytes = _ledger_bytes(db, schema, sqlite_file)
@@ -450,9 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print(f"profiled {run['hours']} hours in {run['wall_s']:.1f} s: {BENCH / 'billing-profile.txt'}")
         return 0
-    if args.hours:
+    if args.hours or args.without:
+        without = f" without {', '.join(args.without)}" if args.without else ""
         print(
-            f"{run['hours']} hours: {run['wall_s']:.1f} s wall, {run['cpu_s']:.1f} s CPU, peak {peak / 2**20:.0f} MiB"
+            f"{run['hours']} hours{without}: {run['wall_s']:.1f} s wall, {run['cpu_s']:.1f} s CPU, "
+            f"peak {peak / 2**20:.0f} MiB"
         )
         return 0
     hours = args.days * 24

@@ -20,6 +20,7 @@ from fractions import Fraction
 
 import pytest
 
+from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ingest import IngestConfig, ingest_hour, ingest_hours
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.prom import PrometheusClient
@@ -166,7 +167,12 @@ def test_reingesting_the_simulated_history_changes_nothing(prometheus, ledger, b
         serial = IngestConfig(scrape_interval=STEP)
         assert ingest_hours(client, ledger, book, HOURS, serial).ingested == HOURS
         assert _ledger_state(ledger) == before
+        # a pricer given prices every GPU-hour in this process: no worker is started to ignore it
+        pricer = Pricer(book)
+        assert ingest_hours(client, ledger, book, HOURS, parallel, pricer=pricer).ingested == HOURS
+        assert pricer.hits + pricer.misses == ledger.counts()["gpu_hours"] > 0
+        assert _ledger_state(ledger) == before
         for hour in HOURS[:2]:  # and hour by hour with instant queries, as the hourly service does
             ingest_hour(client, ledger, book, hour, serial)
     assert _ledger_state(ledger) == before
-    assert ledger.counts()["ingest_runs"] == 2 * len(HOURS) + 2
+    assert ledger.counts()["ingest_runs"] == 3 * len(HOURS) + 2
