@@ -385,14 +385,9 @@ def _price_gpu_hour(
     return priced, [source for _, _, source in kept], kept_tie
 
 
-_new = object.__new__
-
-
 def _evolve(line: Line, **changes: object) -> Line:
     """A copy of a (frozen) line with some fields changed; `dataclasses.replace` without re-validation."""
-    new = _new(Line)
-    new.__dict__.update(line.__dict__, **changes)
-    return new
+    return with_fields(Line, {**line.__dict__, **changes})
 
 
 @dataclass(eq=False)  # one kept result is equal to itself only: `PricedHour.terms` holds it
@@ -489,7 +484,7 @@ class Pricer:
         # utilization: its fields copied and set, then made the new line's (`with_fields`)
         for line, source in zip(template.lines, sources, strict=True):
             fields = line.__dict__.copy()
-            new = with_fields(_new(Line), fields)
+            new = with_fields(Line, fields)
             fields["hour"] = hour
             fields["uuid"] = uuid
             if source is not None:

@@ -235,9 +235,6 @@ def _derived(labels: dict[str, str], derive: Callable[[dict[str, str]], tuple]) 
     return value
 
 
-_new = object.__new__
-
-
 def _fact(cls: type[_Fact], **fields: object) -> _Fact:
     """A frozen fact (Device, MigInstance, Allocation) built without its generated ``__init__``,
     which sets each field through ``object.__setattr__``: 0.6 µs against 2.5 µs for an Allocation.
@@ -245,9 +242,7 @@ def _fact(cls: type[_Fact], **fields: object) -> _Fact:
     far from here)."""
     if len(fields) != len(cls.__dataclass_fields__):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__} needs all of its fields")
-    fact = _new(cls)
-    fact.__dict__.update(fields)
-    return fact
+    return with_fields(cls, fields)
 
 
 def _template(cls: type, **constants: object) -> dict[str, object]:
@@ -590,7 +585,7 @@ class RunAnswers:
                 continue
             owner = hours[uuid]
             fields = template.copy()
-            instance = with_fields(_new(MigInstance), fields)
+            instance = with_fields(MigInstance, fields)
             fields["present_seconds"] = seconds(value, owner.device.hostname, "%s instance %s", uuid, gi)
             utilization = None if utilizations is None else utilizations[i]
             fields["utilization"] = None if utilization is None else _ratio(utilization)
@@ -634,7 +629,7 @@ class RunAnswers:
                 if shared and own_sm is not None:  # a shared GPU's holder: its own SM share
                     utilization = own_sm
             fields = template.copy()
-            allocation = with_fields(_new(Allocation), fields)
+            allocation = with_fields(Allocation, fields)
             fields["allocated_seconds"] = held
             fields["share"] = _ratio(1.0 if share is None else share)
             fields["utilization"] = utilization

@@ -153,11 +153,12 @@ class Line:
 _Fact = TypeVar("_Fact")
 
 
-def with_fields(fact: _Fact, fields: dict[str, object]) -> _Fact:
-    """A new frozen fact or line (``object.__new__(cls)``, no ``__init__`` run) given ``fields`` as
-    its ``__dict__``, which stays the caller's to fill in until the fact is handed on. A copy of a
+def with_fields(cls: type[_Fact], fields: dict[str, object]) -> _Fact:
+    """A new frozen fact or line of ``cls`` (no ``__init__`` run) given ``fields`` as its
+    ``__dict__``, which stays the caller's to fill in until the fact is handed on. A copy of a
     template's dict set whole is half the time of updating the fresh object's own, and ingest makes
     ~3,700 lines and ~6,500 facts an hour on the 1,000-GPU bench. ``fields`` must hold every field."""
+    fact = object.__new__(cls)
     object.__setattr__(fact, "__dict__", fields)
     return fact
 
