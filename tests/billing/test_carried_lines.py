@@ -105,10 +105,14 @@ def test_lines_are_carried_only_under_the_price_version_row_that_stored_them(sql
     record = _record(pricer, HOURS[1], _teams(HOURS[1]))
     assert record.line_groups[0][1] is not None
     sql_ledger.write_hour(record)
+    # the same lines and line groups (the same terms) an hour later, priced by the second book
     again = dataclasses.replace(
-        record, hour=HOURS[2], lines=[dataclasses.replace(line, hour=HOURS[2]) for line in record.lines]
+        record,
+        hour=HOURS[2],
+        lines=[dataclasses.replace(line, hour=HOURS[2]) for line in record.lines],
+        book=second_book,
     )
-    again = dataclasses.replace(again, book=second_book, line_groups=record.line_groups)
+    assert again.line_groups == record.line_groups
     sql_ledger.write_hour(again)
     versions = {line.price_version for line in sql_ledger.lines(HOURS[1], HOURS[3])}
     assert len(versions) == 1  # the same version id in both books...
