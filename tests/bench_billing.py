@@ -299,7 +299,7 @@ def _without(parts: list[str], ledger, book):
         def write_hour(self, record, **kwargs) -> None:
             if "writes" in parts:
                 return
-            if "line-rows" in parts:  # the GPU-hours and their readings stored, no cost_line_hours row
+            if "line-rows" in parts:  # the GPU-hours and their readings stored, no line group row
                 record = dataclasses.replace(record, lines=[], line_groups=())
             super().write_hour(record, **kwargs)
 

@@ -10,6 +10,7 @@ at a time. A lock guards every method, as a database transaction would.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import threading
 from collections import defaultdict
@@ -167,6 +168,14 @@ class MemoryLedger(Ledger):
                 "cost_lines": sum(len(lines) for lines in self._lines.values()),
                 "cost_line_terms": len(
                     {(terms.of_line(line), row) for lines in self._lines.values() for line, row in lines}
+                ),
+                # as the SQL ledger groups them: each run of consecutive lines of one GPU, by its terms
+                "cost_line_sets": len(
+                    {
+                        tuple((terms.of_line(line), row) for line, row in run)
+                        for lines in self._lines.values()
+                        for _, run in itertools.groupby(lines, key=lambda stored: stored[0].uuid)
+                    }
                 ),
                 "namespace_teams": len(self._teams),
             }

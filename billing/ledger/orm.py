@@ -102,23 +102,42 @@ class CostLineTerm(Base):
     held_unit: Mapped[str] = mapped_column(String(16))
 
 
-class CostLineHour(Base):
-    """One cost line of one hour: its term and the hour's readings (report only, never billed)."""
+class CostLineSet(Base):
+    """The terms of one GPU-hour's lines, in order: a steady GPU names the same set hour after hour,
+    so each distinct set is stored once (content-addressed by `digest`, migration 0010)."""
 
-    __tablename__ = "cost_line_hours"
-    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
-    # the natural key within the hour (billing.ledger.base.line_key): a line cannot be stored twice
-    line_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    __tablename__ = "cost_line_sets"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256, billing/ledger/terms.py
+
+
+class CostLineSetTerm(Base):
+    __tablename__ = "cost_line_set_terms"
+    set_id: Mapped[int] = mapped_column(ForeignKey("cost_line_sets.id"), primary_key=True)
+    pos: Mapped[int] = mapped_column(primary_key=True)  # the line's place in its set
     term_id: Mapped[int] = mapped_column(ForeignKey("cost_line_terms.id"))
-    seq: Mapped[int]  # the line's place among its hour's lines, as written
-    efficiency: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
-    # SQLite: the primary key is the table (no rowid b-tree beside it): one b-tree per line, not two
     __table_args__ = ({"sqlite_with_rowid": False},)
 
 
-# `cost_lines`: a view of the two tables above with the Line record's fields, one row per line and
-# hour, as the table of that name was up to revision 0008; what the readers and people's SQL query.
+class CostLineGroup(Base):
+    """One GPU's lines of one hour (a line group): their set of terms and the hour's readings of each
+    line (report only, never billed). Its key is the hour and the place of its first line among the
+    hour's lines: two writers of one hour both start at 0, so one copy of the hour is all the key
+    admits even where the hour's lock is bypassed."""
+
+    __tablename__ = "cost_line_groups"
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    seq: Mapped[int] = mapped_column(primary_key=True)  # the first line's place among the hour's lines
+    set_id: Mapped[int] = mapped_column(ForeignKey("cost_line_sets.id"))
+    # JSON: per line of the set, [efficiency, utilization] as exact decimal text or null (terms.py
+    # `readings_text`); NULL when every line has neither
+    readings: Mapped[str | None] = mapped_column(Text)
+    # SQLite: the primary key is the table (no rowid b-tree beside it)
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+# `cost_lines`: a view of the tables above with the Line record's fields, one row per line and hour,
+# as the table of that name was up to revision 0008; what the readers and people's SQL query.
 # Declared apart from Base: it is no table of the schema's (the migration creates it).
 COST_LINES = Table(
     "cost_lines",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from itertools import chain, count, repeat
+from itertools import chain, repeat
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,7 +63,9 @@ from gpumeter.billing.ledger.base import (
 from gpumeter.billing.ledger.orm import (
     COST_LINES,
     BillingLock,
-    CostLineHour,
+    CostLineGroup,
+    CostLineSet,
+    CostLineSetTerm,
     CostLineTerm,
     GpuHourRow,
     GpuLayout,
@@ -94,8 +96,8 @@ CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger
 CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
 
 
-_PRICE_VERSION, _EFFICIENCY, _UTILIZATION = map(
-    operator.attrgetter, ("price_version", "efficiency", "utilization")
+_PRICE_VERSION, _EFFICIENCY, _UTILIZATION, _UUID = map(
+    operator.attrgetter, ("price_version", "efficiency", "utilization", "uuid")
 )
 
 
@@ -274,11 +276,13 @@ class SqlLedger(Ledger):
         self._parsed_layouts: dict[int, dict] = {}  # id -> parsed body
         # cost_line_terms rows too: (the line's term fields, its price version's row) -> id
         self._term_ids: dict[tuple, int] = {}
+        # and cost_line_sets rows: the term ids of a group's lines, in order -> id
+        self._set_ids: dict[tuple[int, ...], int] = {}
         # per GPU, its lines of the last hours committed, by their `PricedHour.terms`: (their price
-        # version's row, their keys, their terms' ids), named again for an hour whose lines' terms
-        # are equal. A few per GPU: a tie's turn (docs/billing.md §5) changes a line's amount, hence
-        # its term, from hour to hour, in a cycle
-        self._carried: dict[str, dict[Hashable, tuple[int | None, list[str], list[int]]]] = {}
+        # version's row, their keys, their terms' ids, their set's id), named again for an hour whose
+        # lines' terms are equal. A few per GPU: a tie's turn (docs/billing.md §5) changes a line's
+        # amount, hence its term, from hour to hour, in a cycle
+        self._carried: dict[str, dict[Hashable, tuple[int | None, list[str], list[int], int]]] = {}
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -338,15 +342,16 @@ class SqlLedger(Ledger):
         takes the database's write lock, which the second writer waits for (busy timeout).
         """
         SqlLedger._lock_hour(session, hour)
-        tables = (CostLineHour, GpuHourRow) if facts else (CostLineHour,)
+        tables = (CostLineGroup, GpuHourRow) if facts else (CostLineGroup,)
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
 
     # cost_lines holds the Line record's fields, declared once in billing/models.py; the price version
     # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees).
-    # A line is stored as its term (cost_line_terms, billing/ledger/terms.py) and its hour's row.
+    # A line is stored as its term (cost_line_terms, billing/ledger/terms.py), named by its GPU-hour's
+    # set of terms (cost_line_sets), which the hour's line group names with the lines' readings.
     LINE_FIELDS = tuple(f.name for f in dataclasses.fields(Line))
-    LINE_HOUR_COLUMNS = ("hour", "line_key", "term_id", "seq", "efficiency", "utilization")
+    GROUP_COLUMNS = ("hour", "seq", "set_id", "readings")
     DEVICE_COLUMNS = (
         "hour",
         "uuid",
@@ -389,69 +394,109 @@ class SqlLedger(Ledger):
             refuse_duplicate_lines(record.hour, lines)  # raises, naming the line
         return keys, again
 
-    def _line_rows(
+    def _group_rows(
         self,
         session: Session,
         lines: list[Line],
         version_rows: dict[str, int],
         hour,
-        exact,
         keys: list[str],
         groups: tuple = (),
         again: list | None = None,
-    ) -> tuple[list, dict, list]:
-        """Rows of ``cost_line_hours`` in LINE_HOUR_COLUMNS order, in the driver's form, the terms
-        this transaction added (key -> id), which `_term_ids` learns only once it commits, and each
-        GPU's lines to carry to the next hour (`_carried`, likewise).
+    ) -> tuple[list, dict, dict, list]:
+        """Rows of ``cost_line_groups`` in GROUP_COLUMNS order, in the driver's form; the terms and
+        sets this transaction added (content -> id), which `_term_ids` and `_set_ids` learn only once
+        it commits; and each GPU's lines to carry to the next hour (`_carried`, likewise).
 
-        A line's term is found by its fields (a dict look-up: a GPU's lines repeat hour after hour,
-        ~3,700 an hour on the 1,000-GPU bench), or, for a GPU whose lines' terms equal the last
-        hour's (`again`, from `_line_keys`), taken whole from that hour; the terms not seen before are
-        stored together."""
+        A group is one GPU's lines of the hour (`HourRecord.line_groups`; without them, each run of
+        consecutive lines of one GPU). A line's term is found by its fields (a dict look-up: a GPU's
+        lines repeat hour after hour, ~3,700 an hour on the 1,000-GPU bench), and a group's set by
+        its terms; for a GPU whose lines' terms equal the last hour's (`again`, from `_line_keys`),
+        both are taken whole from that hour. What was not seen before is stored together."""
         known: dict[tuple, int] = self._term_ids
-        group_versions: list[int | None] = []  # each line group's price version row
+        # (first line, size, the GPU, what priced its lines, what `_line_keys` found kept)
+        spans: list[tuple[int, int, str | None, Hashable, object]] = []
         if again is None:
-            # column by column, each made by one map over the lines (no loop in Python: ~3,700 lines
-            # an hour on the 1,000-GPU bench)
-            versions = map(version_rows.get, map(_PRICE_VERSION, lines))
-            term_ids = list(map(known.get, zip(map(terms.of_line, lines), versions, strict=True)))
-        else:
-            term_ids = []
             at = 0
-            for (_, _, size), kept in zip(groups, again, strict=True):
-                version = version_rows.get(lines[at].price_version) if size else None
-                group_versions.append(version)
-                if kept and kept[0] == version:
-                    term_ids += kept[2]
-                else:
-                    term_ids += map(
-                        known.get, zip(map(terms.of_line, lines[at : at + size]), repeat(version))
-                    )
+            for uuid, run in itertools.groupby(lines, key=_UUID):
+                size = sum(1 for _ in run)
+                spans.append((at, size, uuid, None, False))
                 at += size
-        efficiencies, utilizations = map(_EFFICIENCY, lines), map(_UTILIZATION, lines)
-        if exact is not None:
-            efficiencies, utilizations = map(exact, efficiencies), map(exact, utilizations)
-        rows: list = list(zip(repeat(hour), keys, term_ids, count(), efficiencies, utilizations))
+        else:
+            at = 0
+            for (uuid, priced, size), kept in zip(groups, again, strict=True):
+                if size:
+                    spans.append((at, size, uuid, priced, kept))
+                at += size
+        term_ids: list = []
+        set_ids: list = []  # per span: its set's id, once known
+        versions: list[int | None] = []
+        for at, size, _, _, kept in spans:
+            version = version_rows.get(lines[at].price_version)
+            versions.append(version)
+            if kept and kept[0] == version:
+                term_ids += kept[2]
+                set_ids.append(kept[3])
+            else:
+                term_ids += map(known.get, zip(map(terms.of_line, lines[at : at + size]), repeat(version)))
+                set_ids.append(None)
         added: dict[tuple, int] = {}
         if None in term_ids:
-            rows = list(map(list, rows))  # the new terms' ids are set in their rows below
-            wanted: dict[tuple, tuple[str, list[list]]] = {}  # term -> its line key, the rows naming it
-            for line, term_id, row in zip(lines, term_ids, rows, strict=True):
-                if term_id is None:
+            wanted: dict[tuple, tuple[str, list[int]]] = {}  # term -> its line key, the lines naming it
+            for at, line in enumerate(lines):
+                if term_ids[at] is None:
                     term = (terms.of_line(line), version_rows.get(line.price_version))
-                    wanted.setdefault(term, (row[1], []))[1].append(row)
+                    wanted.setdefault(term, (keys[at], []))[1].append(at)
             added = self._term_rows(session, {term: key for term, (key, _) in wanted.items()})
             for term, (_, named) in wanted.items():
-                for row in named:
-                    row[2] = term_ids[row[3]] = added[term]
+                for at in named:
+                    term_ids[at] = added[term]
+        added_sets = self._set_rows(session, spans, term_ids, set_ids)
+        efficiencies, utilizations = list(map(_EFFICIENCY, lines)), list(map(_UTILIZATION, lines))
+        readings = terms.readings_text
+        rows = [
+            (hour, at, set_id, readings(efficiencies[at : at + size], utilizations[at : at + size]))
+            for (at, size, *_), set_id in zip(spans, set_ids, strict=True)
+        ]
         carry: list[tuple] = []
         if again is not None:
-            at = 0
-            for (uuid, priced, size), kept, version in zip(groups, again, group_versions, strict=True):
+            for (at, size, uuid, priced, kept), version, set_id in zip(spans, versions, set_ids, strict=True):
                 if kept is None:  # looked up here: carried once the hour commits
-                    carry.append((uuid, priced, (version, keys[at : at + size], term_ids[at : at + size])))
-                at += size
-        return rows, added, carry
+                    carry.append(
+                        (uuid, priced, (version, keys[at : at + size], term_ids[at : at + size], set_id))
+                    )
+        return rows, added, added_sets, carry
+
+    def _set_rows(self, session: Session, spans: list, term_ids: list[int], set_ids: list) -> dict:
+        """Fill in ``set_ids``: each span's set of terms, by its term ids; the sets no one stored
+        before are inserted with their terms. Returns the sets looked up here (term ids -> id)."""
+        known = self._set_ids
+        wanted: dict[tuple[int, ...], dict] = {}
+        for i, (at, size, *_) in enumerate(spans):
+            if set_ids[i] is None:
+                content = tuple(term_ids[at : at + size])
+                set_ids[i] = known.get(content)
+                if set_ids[i] is None and content not in wanted:
+                    wanted[content] = {"digest": terms.set_digest(content)}
+        if not wanted:
+            return {}
+        found = _content_ids(session, CostLineSet.__table__, wanted)
+        # each set's terms, unless stored already: a writer that stored the same set at once stored
+        # the same terms in the same places (content-addressed), so a conflict is that copy
+        dialect = session.bind.dialect.name
+        insert_ = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(CostLineSetTerm)
+        session.execute(
+            insert_.on_conflict_do_nothing(index_elements=["set_id", "pos"]),
+            [
+                {"set_id": found[content], "pos": pos, "term_id": term_id}
+                for content in wanted
+                for pos, term_id in enumerate(content)
+            ],
+        )
+        for i, (at, size, *_) in enumerate(spans):
+            if set_ids[i] is None:
+                set_ids[i] = found[tuple(term_ids[at : at + size])]
+        return found
 
     def _term_rows(self, session: Session, wanted: dict[tuple, str]) -> dict[tuple, int]:
         """The ids of these terms' rows, inserting those no one stored before (content-addressed)."""
@@ -563,10 +608,10 @@ class SqlLedger(Ledger):
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
             versions = self._version_rows(session, record.book, record.lines)
-            rows, added_terms, carry = self._line_rows(
-                session, record.lines, versions, hour, exact, keys, record.line_groups, again
+            rows, added_terms, added_sets, carry = self._group_rows(
+                session, record.lines, versions, hour, keys, record.line_groups, again
             )
-            self._bulk_insert(session, CostLineHour.__table__, self.LINE_HOUR_COLUMNS, rows)
+            self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
             session.add(
                 IngestRun(
                     hour=record.hour,
@@ -580,7 +625,7 @@ class SqlLedger(Ledger):
         if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
-        self._learn_terms(added_terms)
+        self._learn_terms(added_terms, added_sets)
         self._carry(carry)
 
     def _carry(self, carry: list[tuple[str, Hashable, tuple]]) -> None:
@@ -596,22 +641,24 @@ class SqlLedger(Ledger):
                 kept.clear()
             kept[priced] = lines
 
-    def _learn_terms(self, added: dict[tuple, int]) -> None:
-        """Terms a committed transaction stored or found: later hours name them without a look-up."""
-        if len(self._term_ids) + len(added) > TERMS_KEPT:
-            self._term_ids.clear()
-        self._term_ids.update(added)
+    def _learn_terms(self, added: dict[tuple, int], added_sets: dict[tuple[int, ...], int]) -> None:
+        """Terms and sets a committed transaction stored or found: later hours name them without a
+        look-up."""
+        for known, new in ((self._term_ids, added), (self._set_ids, added_sets)):
+            if len(known) + len(new) > TERMS_KEPT:
+                known.clear()
+            known.update(new)
 
     @_stored("re-price hour")
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
         keys = refuse_duplicate_lines(hour, lines)
-        stored_hour, exact = self._driver_values(hour)
+        stored_hour, _ = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
             versions = self._version_rows(session, book, lines)
-            rows, added_terms, _ = self._line_rows(session, lines, versions, stored_hour, exact, keys)
-            self._bulk_insert(session, CostLineHour.__table__, self.LINE_HOUR_COLUMNS, rows)
-        self._learn_terms(added_terms)
+            rows, added_terms, added_sets, _ = self._group_rows(session, lines, versions, stored_hour, keys)
+            self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
+        self._learn_terms(added_terms, added_sets)
 
     @_stored("record run")
     def record_run(
@@ -737,10 +784,18 @@ class SqlLedger(Ledger):
     @_stored("count rows")
     def counts(self) -> dict[str, int]:
         """Row counts per table (tests use it to prove nothing was written)."""
-        tables = (IngestRun, PriceBookVersion, GpuHourRow, GpuLayout, CostLineTerm, NamespaceTeam)
+        tables = (
+            IngestRun,
+            PriceBookVersion,
+            GpuHourRow,
+            GpuLayout,
+            CostLineTerm,
+            CostLineSet,
+            NamespaceTeam,
+        )
         with Session(self.engine) as session:
             counted = {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
-            counted["cost_lines"] = session.scalar(select(func.count()).select_from(CostLineHour))
+            counted["cost_lines"] = session.scalar(select(func.count()).select_from(COST_LINES))
             return counted
 
     @_stored("summarise")

@@ -1,6 +1,7 @@
 """A cost line's term: what it charges apart from its hour and the hour's readings (the GPU, who or
 what, quantity, amount, price version), stored once in `cost_line_terms` and named by every hour's
-line that charges it (migration 0009, docs/billing.md §6.3).
+line that charges it (migration 0009, docs/billing.md §6.3). The terms of one GPU-hour's lines form
+a set, stored once too and named by each hour's line group with that hour's readings (migration 0010).
 
 A term is content-addressed: its digest is the SHA-256 of its canonical text, with each exact value
 at the scale its column stores (so a value read back from NUMERIC(20, 4) names the term it was
@@ -55,11 +56,53 @@ def digest(term: dict[str, object]) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-# the view `cost_lines` (billing/ledger/orm.py COST_LINES): the two tables joined, the Line record's
-# fields per line and hour, as the table of that name was up to revision 0008
-VIEW = (
+def set_digest(term_ids: tuple[int, ...]) -> str:
+    """A set of terms' content address (`cost_line_sets`): its term ids, in order."""
+    return hashlib.sha256(",".join(map(str, term_ids)).encode()).hexdigest()
+
+
+def _reading(value: Decimal | None) -> str:
+    # not memoised: Decimal("0.5") == Decimal("0.500"), and the text kept must be the value's own
+    return "null" if value is None else f'"{value}"'
+
+
+def readings_text(efficiencies: list[Decimal | None], utilizations: list[Decimal | None]) -> str | None:
+    """A line group's readings as `cost_line_groups.readings` stores them: per line, [efficiency,
+    utilization], each the exact decimal's text in a JSON string (so no float ever carries it) or
+    null; None when every line has neither. The `cost_lines` view reads them back by the line's
+    place in its set."""
+    size = len(efficiencies)
+    if efficiencies.count(None) == size and utilizations.count(None) == size:
+        return None
+    return "[" + ",".join(map(_PAIR, map(_reading, efficiencies), map(_reading, utilizations))) + "]"
+
+
+_PAIR = "[{},{}]".format
+
+
+# the view `cost_lines` at revision 0009 (that migration, and 0010's downgrade): the two tables joined
+VIEW_0009 = (
     "CREATE VIEW cost_lines AS SELECT h.hour, h.seq, h.line_key, h.term_id, "
     + ", ".join(f"t.{name}" for name in COLUMNS[1:])
     + ", h.efficiency, h.utilization "
     "FROM cost_line_hours AS h JOIN cost_line_terms AS t ON t.id = h.term_id"
 )
+
+
+def view(dialect: str) -> str:
+    """The view `cost_lines` (billing/ledger/orm.py COST_LINES) at revision 0010: each line group's
+    set of terms expanded, the Line record's fields per line and hour, as the table of that name was
+    up to revision 0008. A line's place in its hour is its group's first place plus its own in the set;
+    its readings are taken out of the group's JSON by that place (as exact decimals on PostgreSQL, as
+    their text on SQLite, like the columns of `billing.ledger.types.Exact`)."""
+    if dialect == "postgresql":
+        reading = "CAST(g.readings::json -> m.pos ->> {} AS NUMERIC(12, 9))"
+    else:
+        reading = "json_extract(g.readings, '$[' || m.pos || '][{}]')"
+    return (
+        "CREATE VIEW cost_lines AS SELECT g.hour, g.seq + m.pos AS seq, t.line_key, m.term_id, "
+        + ", ".join(f"t.{name}" for name in COLUMNS[1:])
+        + f", {reading.format(0)} AS efficiency, {reading.format(1)} AS utilization "
+        "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
+        "JOIN cost_line_terms AS t ON t.id = m.term_id"
+    )

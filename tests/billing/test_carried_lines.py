@@ -119,7 +119,7 @@ def test_lines_are_carried_only_under_the_price_version_row_that_stored_them(sql
     with sql_ledger.engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT h.hour, t.price_version_id FROM cost_line_hours h "
+                "SELECT h.hour, t.price_version_id FROM cost_lines h "
                 "JOIN cost_line_terms t ON t.id = h.term_id ORDER BY h.hour"
             )
         ).all()

@@ -77,31 +77,38 @@ def test_two_writers_of_one_hour_leave_one_copy(ledger, tmp_path, second):
 
 def test_two_writers_storing_the_same_new_terms_at_once_store_them_once(db, tmp_path):
     """Two ledgers (two ingest workers) write two hours of one GPU at once, so both store the same
-    new line terms in the same moment: both hours are billed, each term is stored once."""
+    new line terms, and in some rounds the same new set of them, in the same moment: both hours are
+    billed, each term and each set is stored once."""
     url, schema = db
     first, second = open_ledger(url, schema=schema), open_ledger(url, schema=schema)
     prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
     try:
-        terms = 0
+        terms, sets, same_set = 0, 0, 0
         for n in range(ROUNDS // 5):
-            hours = [HOUR0 + timedelta(hours=2 * n), HOUR0 + timedelta(hours=2 * n + 1)]
+            # one or two hours apart: the stranded cent turns by the hour, so one turn or two
+            hours = [HOUR0 + timedelta(hours=4 * n), HOUR0 + timedelta(hours=4 * n + 1 + n % 2)]
             records = [_record(prices, hour, uuid=f"GPU-race-{n}") for hour in hours]  # new terms each round
-            # the lines of both hours but their hour and readings (the stranded cent turns by the hour)
-            terms += len(
-                {
+            # the lines of both hours but their hour and readings; the GPU's set: its lines' terms in order
+            of_hour = [
+                tuple(
                     dataclasses.replace(line, hour=HOUR0, utilization=None, efficiency=None)
-                    for record in records
-                    for line in record.lines
-                }
-            )
+                    for line in r.lines
+                )
+                for r in records
+            ]
+            terms += len({line for lines in of_hour for line in lines})
+            sets += len(set(of_hour))
+            same_set += of_hour[0] == of_hour[1]
             _race(lambda a=records[0]: first.write_hour(a), lambda b=records[1]: second.write_hour(b))
             assert first.counts()["cost_line_terms"] == terms, f"round {n}"
+            assert first.counts()["cost_line_sets"] == sets, f"round {n}"
             for hour in hours:
                 stored = second.lines(hour, hour + timedelta(hours=1))
                 assert sum(line.amount for line in stored) == Decimal("3.00"), f"round {n}"
     finally:
         first.close()
         second.close()
+    assert 0 < same_set < ROUNDS // 5  # some rounds raced on one new set, some on two
 
 
 @pytest.mark.postgres
@@ -144,8 +151,8 @@ def test_a_record_holding_a_line_twice_is_refused_whole(ledger, tmp_path):
 @pytest.mark.postgres
 def test_without_the_hour_lock_the_unique_key_still_keeps_one_copy(request, tmp_path, monkeypatch):
     """The per-hour lock taken away (as a writer that bypasses it would): racing re-prices of one hour
-    used to leave it doubled; now the second insert fails on the unique (hour, line_key) and the hour
-    keeps one copy of each line."""
+    used to leave it doubled; now the second insert fails on the key of the hour's line groups (the
+    hour and the first line's place, from 0 for every writer) and the hour keeps one copy of each line."""
     from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 
     monkeypatch.setattr(SqlLedger, "_lock_hour", staticmethod(lambda session, hour: None))
@@ -164,7 +171,7 @@ def test_without_the_hour_lock_the_unique_key_still_keeps_one_copy(request, tmp_
                     errors.append(exc)
 
             _race(reprice, reprice)
-            assert all("UniqueViolation" in str(e) and "cost_line_hours_pkey" in str(e) for e in errors), (
+            assert all("UniqueViolation" in str(e) and "cost_line_groups_pkey" in str(e) for e in errors), (
                 errors
             )
             refused += len(errors)
@@ -221,9 +228,9 @@ def test_the_migration_keeps_one_copy_of_lines_doubled_before_it(request, tmp_pa
         with pytest.raises(sa.exc.IntegrityError):
             conn.execute(
                 sa.text(
-                    # at head (0009) the lines' natural key is the key of their hours' table
-                    "INSERT INTO cost_line_hours (hour, line_key, term_id, seq) "
-                    "SELECT hour, line_key, term_id, seq + 1 FROM cost_line_hours"
+                    # at head (0010) a line group's place in its hour is its key: an hour's groups
+                    # cannot be stored twice
+                    "INSERT INTO cost_line_groups (hour, seq, set_id) SELECT hour, seq, set_id FROM cost_line_groups"
                 )
             )
     engine.dispose()

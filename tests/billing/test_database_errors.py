@@ -107,7 +107,7 @@ def test_names_of_300_characters_are_stored_and_billed(prometheus, sql_ledger, b
 
 @pytest.mark.postgres
 def test_a_connection_the_server_drops_mid_write_is_retried(prometheus, pg_schema_name, book_path):
-    """An admin connection holds cost_line_hours locked, so the ledger's first write waits on it; then
+    """An admin connection holds cost_line_groups locked, so the ledger's first write waits on it; then
     the server ends the ledger's backend (pg_terminate_backend, as a restart or failover would). The
     write is retried on a new connection and every hour is billed once."""
     opened = open_ledger(PG_URL, schema=pg_schema_name)
@@ -123,7 +123,7 @@ def test_a_connection_the_server_drops_mid_write_is_retried(prometheus, pg_schem
 
     with psycopg.connect(PG_DSN) as admin:
         admin_pid = admin.info.backend_pid
-        admin.execute(f'LOCK TABLE "{pg_schema_name}".cost_line_hours IN ACCESS EXCLUSIVE MODE')
+        admin.execute(f'LOCK TABLE "{pg_schema_name}".cost_line_groups IN ACCESS EXCLUSIVE MODE')
         ingest = threading.Thread(target=run, daemon=True)
         ingest.start()
         blocked: list[int] = []
@@ -169,7 +169,7 @@ def test_a_refused_write_records_a_failed_run_and_keeps_the_earlier_hours(
     open_ledger(PG_URL, schema=pg_schema_name).close()  # migrated
     with psycopg.connect(PG_DSN, autocommit=True) as admin:
         admin.execute(
-            f'ALTER TABLE "{pg_schema_name}".cost_line_hours ADD CONSTRAINT frozen_hour '
+            f'ALTER TABLE "{pg_schema_name}".cost_line_groups ADD CONSTRAINT frozen_hour '
             f"CHECK (hour <> '{HOURS[1].isoformat()}')"
         )
     run = _cli(

@@ -311,7 +311,7 @@ def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, 
         def crash(*args, **kwargs):
             raise RuntimeError("crash between delete and insert")
 
-        monkeypatch.setattr(SqlLedger, "_line_rows", staticmethod(crash))
+        monkeypatch.setattr(SqlLedger, "_group_rows", staticmethod(crash))
         with pytest.raises(RuntimeError):
             ingest_hour(client, ledger, prices, H0, IngestConfig(scrape_interval=30))
     assert _snapshot(ledger) == before

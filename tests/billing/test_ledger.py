@@ -178,12 +178,12 @@ def test_a_layout_repeated_over_hours_is_stored_once_and_each_hour_keeps_its_rea
 
 
 def write_with_lines_failing(ledger: SqlLedger, record: HourRecord) -> None:
-    """Write ``record`` while inserting its ``cost_line_hours`` rows fails (a disk that filled up):
-    the hour rolls back after its facts, layouts and terms were inserted."""
+    """Write ``record`` while inserting its ``cost_line_groups`` rows fails (a disk that filled up):
+    the hour rolls back after its facts, layouts, terms and sets were inserted."""
     bulk_insert = SqlLedger._bulk_insert
 
     def fail_on_lines(session, table, columns, rows):
-        if table.name == "cost_line_hours":
+        if table.name == "cost_line_groups":
             raise RuntimeError("the disk filled up")
         bulk_insert(session, table, columns, rows)
 

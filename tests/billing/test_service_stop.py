@@ -4,7 +4,7 @@ after 15 s, as the scheduler waited for the whole catch-up).
 
 A real Prometheus holds the last closed hours of two H100s held whole ($6.88 each: $13.76 an hour);
 the service's catch-up runs against a real PostgreSQL schema. To stop it *inside* an hour, an admin
-connection holds `cost_line_hours` locked, so the first hour's transaction waits in its DELETE; the
+connection holds `cost_line_groups` locked, so the first hour's transaction waits in its DELETE; the
 signal comes while it waits. Then either the lock goes 0.3 s later (the hour finishes, nothing after
 it is started) or it is held past the grace period (the process ends and PostgreSQL rolls the hour
 back).
@@ -122,7 +122,7 @@ def _ledger(schema: str) -> tuple[dict[datetime, Decimal], dict[datetime, str]]:
 def test_serve_stops_within_2s_after_finishing_the_hour_in_progress(prometheus, schema, tmp_path, sig):
     _migrated(schema)
     with psycopg.connect(PG_DSN) as admin:
-        admin.execute(f'LOCK TABLE "{schema}".cost_line_hours IN ACCESS EXCLUSIVE MODE')
+        admin.execute(f'LOCK TABLE "{schema}".cost_line_groups IN ACCESS EXCLUSIVE MODE')
         serve = _start_serve(prometheus, schema, tmp_path)
         _wait_blocked(admin.info.backend_pid, serve)
         serve.send_signal(sig)
@@ -150,7 +150,7 @@ def test_serve_stops_within_2s_after_finishing_the_hour_in_progress(prometheus, 
 def test_serve_rolls_the_hour_back_when_it_cannot_finish_in_time(prometheus, schema, tmp_path):
     _migrated(schema)
     with psycopg.connect(PG_DSN) as admin:
-        admin.execute(f'LOCK TABLE "{schema}".cost_line_hours IN ACCESS EXCLUSIVE MODE')
+        admin.execute(f'LOCK TABLE "{schema}".cost_line_groups IN ACCESS EXCLUSIVE MODE')
         serve = _start_serve(prometheus, schema, tmp_path)
         _wait_blocked(admin.info.backend_pid, serve)
         serve.send_signal(signal.SIGTERM)

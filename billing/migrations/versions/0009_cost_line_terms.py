@@ -129,7 +129,7 @@ def upgrade() -> None:
     op.drop_index("ix_cost_lines_namespace", table_name="cost_lines")
     op.drop_index("ix_cost_lines_hour", table_name="cost_lines")
     op.drop_table("cost_lines")
-    op.execute(terms.VIEW)
+    op.execute(terms.VIEW_0009)
 
 
 def downgrade() -> None:
