@@ -49,6 +49,7 @@ _DECIMALS = frozenset(("share", "memory_share", "compute_share", *ALLOCATION_REA
 _instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
 _allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
 _allocation_readings = operator.attrgetter(*ALLOCATION_READINGS)
+_UTILIZATION = operator.attrgetter("utilization")
 _NAMESPACE_AT, _POD_AT, _SHARING_AT = map(ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing"))
 
 
@@ -118,11 +119,9 @@ def layout_body(key: tuple) -> tuple[str, str, bool]:
 def readings(instances: list[MigInstance], allocations: list[Allocation]) -> str:
     """The hour's readings of (ordered) instances and allocations as JSON text:
     ``[[instance utilization, ...], [[utilization, process SM, process memory], ...]]``."""
+    # each Decimal written through str by orjson: a third less than making the texts here
     return orjson.dumps(
-        [
-            [None if i.utilization is None else str(i.utilization) for i in instances],
-            [[None if v is None else str(v) for v in _allocation_readings(a)] for a in allocations],
-        ]
+        [list(map(_UTILIZATION, instances)), list(map(_allocation_readings, allocations))], default=str
     ).decode()
 
 
