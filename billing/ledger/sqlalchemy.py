@@ -65,7 +65,6 @@ from gpumeter.billing.ledger.orm import (
     BillingLock,
     CostLineGroup,
     CostLineSet,
-    CostLineSetTerm,
     CostLineTerm,
     GpuHourRow,
     GpuLayout,
@@ -132,12 +131,14 @@ def _exact_text(value: Decimal | None) -> str | None:
 K = TypeVar("K")  # what a content-addressed row is known by in memory (a term, a layout key)
 
 
-def _content_ids(session: Session, table, rows: dict[K, dict]) -> dict[K, int]:
+def _content_ids(session: Session, table, rows: dict[K, dict], missed: list[K] | None = None) -> dict[K, int]:
     """The ids of content-addressed rows (each with its ``digest``), inserting those no one stored before.
 
     Looked up by digest, 500 at a time; the missing ones inserted together in the order of their
     digests, with ON CONFLICT DO NOTHING: a writer storing some of the same rows at once makes the
-    other wait for its commit (PostgreSQL), never in a cycle; then looked up again."""
+    other wait for its commit (PostgreSQL), never in a cycle; then looked up again. ``missed``
+    collects the rows the first look-up did not find: stored here, or by a writer that committed
+    them meanwhile."""
     by_digest = {row["digest"]: key for key, row in rows.items()}
     digests = sorted(by_digest)
     found: dict[str, int] = {}
@@ -155,6 +156,8 @@ def _content_ids(session: Session, table, rows: dict[K, dict]) -> dict[K, int]:
         statement = insert_.on_conflict_do_nothing(index_elements=["digest"])
         session.execute(statement, [rows[by_digest[digest]] for digest in missing])
         look_up(missing)
+        if missed is not None:
+            missed.extend(by_digest[digest] for digest in missing)
     return {by_digest[digest]: row_id for digest, row_id in found.items()}
 
 
@@ -480,23 +483,47 @@ class SqlLedger(Ledger):
                     wanted[content] = {"digest": terms.set_digest(content)}
         if not wanted:
             return {}
-        found = _content_ids(session, CostLineSet.__table__, wanted)
-        # each set's terms, unless stored already: a writer that stored the same set at once stored
-        # the same terms in the same places (content-addressed), so a conflict is that copy
-        dialect = session.bind.dialect.name
-        insert_ = (postgresql_insert if dialect == "postgresql" else sqlite_insert)(CostLineSetTerm)
-        session.execute(
-            insert_.on_conflict_do_nothing(index_elements=["set_id", "pos"]),
-            [
-                {"set_id": found[content], "pos": pos, "term_id": term_id}
-                for content in wanted
-                for pos, term_id in enumerate(content)
-            ],
-        )
+        missed: list[tuple[int, ...]] = []
+        found = _content_ids(session, CostLineSet.__table__, wanted, missed)
+        # the terms of each set the look-up missed. One found was committed with its terms; one
+        # missed was stored here, or meanwhile by a writer that stored the same terms in the same
+        # places (content-addressed), so a conflict is that copy
+        members = [
+            (found[content], pos, term_id) for content in missed for pos, term_id in enumerate(content)
+        ]
+        self._insert_members(session, members)
         for i, (at, size, *_) in enumerate(spans):
             if set_ids[i] is None:
                 set_ids[i] = found[tuple(term_ids[at : at + size])]
         return found
+
+    @staticmethod
+    def _insert_members(session: Session, members: list[tuple[int, int, int]]) -> None:
+        """Insert (set id, place, term id) rows of `cost_line_set_terms`, those stored already left
+        as they are, in one statement through the driver: a 10,000-GPU fleet's first hours store
+        ~40,000 a time, and SQLAlchemy's executemany of dicts took a tenth of those hours (py-spy)."""
+        if not members:
+            return
+        raw = session.connection().connection.driver_connection
+        dialect = session.bind.dialect.name
+        if dialect == "postgresql":
+            with raw.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO cost_line_set_terms (set_id, pos, term_id) "
+                    "SELECT * FROM unnest(%s::integer[], %s::integer[], %s::integer[]) ON CONFLICT DO NOTHING",
+                    [list(column) for column in zip(*members, strict=True)],
+                )
+        elif dialect == "sqlite":
+            cursor = raw.cursor()
+            try:
+                cursor.executemany(
+                    "INSERT INTO cost_line_set_terms (set_id, pos, term_id) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                    members,
+                )
+            finally:
+                cursor.close()
+        else:
+            raise LedgerError(f"{dialect}: the ledger runs on SQLite or PostgreSQL")
 
     def _term_rows(self, session: Session, wanted: dict[tuple, str]) -> dict[tuple, int]:
         """The ids of these terms' rows, inserting those no one stored before (content-addressed)."""

@@ -112,6 +112,66 @@ def test_two_writers_storing_the_same_new_terms_at_once_store_them_once(db, tmp_
 
 
 @pytest.mark.postgres
+def test_a_set_stored_by_another_writer_while_this_one_waits_is_named_not_doubled(request, tmp_path):
+    """The interleaving the race above leaves to chance, made to happen: another writer has stored an
+    hour's set of terms and not committed yet. This writer's look-up misses it, its insert waits on
+    the other's row, the other commits; the insert then does nothing and this writer must name the
+    other's set, whose terms are in place already (their insert must not fail on them)."""
+    import psycopg
+
+    from tests.billing.conftest import PG_DSN
+
+    schema = _fresh_schema(request)
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    record = _record(prices, HOUR0)
+    first = open_ledger(PG_URL, schema=schema)
+    first.write_hour(record)
+    first.close()
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute(f'SET search_path TO "{schema}"')
+        term_ids = [row[0] for row in admin.execute("SELECT term_id FROM cost_lines ORDER BY seq")]
+        (digest,) = admin.execute("SELECT digest FROM cost_line_sets").fetchone()
+        for table in ("cost_line_groups", "cost_line_set_terms", "cost_line_sets"):  # the terms stay
+            admin.execute(f"DELETE FROM {table}")
+        other = psycopg.connect(PG_DSN)  # the other writer, its transaction left open
+        other.execute(f'SET search_path TO "{schema}"')
+        (set_id,) = other.execute(
+            "INSERT INTO cost_line_sets (digest) VALUES (%s) RETURNING id", [digest]
+        ).fetchone()
+        for pos, term_id in enumerate(term_ids):
+            other.execute("INSERT INTO cost_line_set_terms VALUES (%s, %s, %s)", [set_id, pos, term_id])
+        ledger = open_ledger(PG_URL, schema=schema)
+        errors: list[BaseException] = []
+        writer = threading.Thread(target=lambda: _capture(errors, ledger.write_hour, record))
+        writer.start()
+        for _ in range(300):  # until its insert of the set waits on the other's row
+            waiting = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'INSERT INTO cost_line_sets%%'"
+            ).fetchone()[0]
+            if waiting:
+                break
+            writer.join(timeout=0.1)
+        assert waiting, "the writer never waited on the other's set"
+        other.commit()
+        other.close()
+        writer.join(timeout=60)
+        try:
+            assert not errors, errors
+            assert ledger.counts()["cost_line_sets"] == 1
+            assert ledger.lines(HOUR0, HOUR0 + timedelta(hours=1)) == record.lines
+        finally:
+            ledger.close()
+
+
+def _capture(errors: list[BaseException], write, *args) -> None:
+    try:
+        write(*args)
+    except BaseException as exc:  # re-raised in the test's thread
+        errors.append(exc)
+
+
+@pytest.mark.postgres
 def test_two_processes_migrating_one_empty_database_both_succeed(request):
     """Two billing processes starting at once on an empty PostgreSQL schema: neither crashes on the
     other's CREATE TABLE, and both find the schema at head."""
