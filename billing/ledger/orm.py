@@ -79,7 +79,8 @@ class CostLineTerm(Base):
     """What a cost line charges, apart from its hour and the hour's readings: the GPU, who or what,
     the quantity, the amount and the price version. A GPU's lines repeat these hour after hour, so
     each distinct term is stored once (content-addressed by `digest`, migration 0009) and every
-    hour's line names it. Immutable: a re-priced hour names new terms."""
+    set of a GPU-hour's lines that charges it names it (`CostLineSet`, migration 0010). Immutable: a
+    re-priced hour names new terms."""
 
     __tablename__ = "cost_line_terms"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
