@@ -75,15 +75,6 @@ def readings_text(efficiencies: list[Decimal | None], utilizations: list[Decimal
     return orjson.dumps(list(zip(efficiencies, utilizations, strict=True)), default=str).decode()
 
 
-# the view `cost_lines` at revision 0009 (that migration, and 0010's downgrade): the two tables joined
-VIEW_0009 = (
-    "CREATE VIEW cost_lines AS SELECT h.hour, h.seq, h.line_key, h.term_id, "
-    + ", ".join(f"t.{name}" for name in COLUMNS[1:])
-    + ", h.efficiency, h.utilization "
-    "FROM cost_line_hours AS h JOIN cost_line_terms AS t ON t.id = h.term_id"
-)
-
-
 def view(dialect: str) -> str:
     """The view `cost_lines` (billing/ledger/orm.py COST_LINES) at revision 0010: each line group's
     set of terms expanded, the Line record's fields per line and hour, as the table of that name was

@@ -28,6 +28,7 @@ from alembic import op
 
 from gpumeter.billing.ledger import terms
 from gpumeter.billing.ledger.types import Exact, Money, UtcDateTime
+from gpumeter.billing.migrations import shapes
 
 revision = "0009"
 down_revision = "0008"
@@ -75,20 +76,9 @@ def _term_columns() -> list[sa.Column | sa.UniqueConstraint]:
     ]
 
 
-def _hour_columns() -> list[sa.Column]:
-    return [
-        sa.Column("hour", UtcDateTime(), primary_key=True),
-        sa.Column("line_key", sa.String(64), primary_key=True),
-        sa.Column("term_id", sa.Integer(), sa.ForeignKey("cost_line_terms.id"), nullable=False),
-        sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("efficiency", Exact(12, 9), nullable=True),
-        sa.Column("utilization", Exact(12, 9), nullable=True),
-    ]
-
-
 def upgrade() -> None:
     term_table = op.create_table("cost_line_terms", *_term_columns())
-    hour_table = op.create_table("cost_line_hours", *_hour_columns(), sqlite_with_rowid=False)
+    hour_table = op.create_table("cost_line_hours", *shapes.cost_line_hours_0009(), sqlite_with_rowid=False)
     connection = op.get_bind()
     lines = sa.Table("cost_lines", sa.MetaData(), *_line_columns())
     term_ids: dict[str, int] = {}  # digest -> id of the terms stored so far
@@ -129,7 +119,7 @@ def upgrade() -> None:
     op.drop_index("ix_cost_lines_namespace", table_name="cost_lines")
     op.drop_index("ix_cost_lines_hour", table_name="cost_lines")
     op.drop_table("cost_lines")
-    op.execute(terms.VIEW_0009)
+    op.execute(shapes.VIEW_0009)
 
 
 def downgrade() -> None:

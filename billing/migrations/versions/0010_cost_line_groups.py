@@ -28,24 +28,13 @@ import sqlalchemy as sa
 from alembic import op
 
 from gpumeter.billing.ledger import terms
-from gpumeter.billing.ledger.types import Exact, UtcDateTime
+from gpumeter.billing.ledger.types import UtcDateTime
+from gpumeter.billing.migrations import shapes
 
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
-
-
-def _hours_0009() -> list[sa.Column]:
-    """`cost_line_hours` as it is at revision 0009."""
-    return [
-        sa.Column("hour", UtcDateTime(), primary_key=True),
-        sa.Column("line_key", sa.String(64), primary_key=True),
-        sa.Column("term_id", sa.Integer(), sa.ForeignKey("cost_line_terms.id"), nullable=False),
-        sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("efficiency", Exact(12, 9), nullable=True),
-        sa.Column("utilization", Exact(12, 9), nullable=True),
-    ]
 
 
 def upgrade() -> None:
@@ -71,7 +60,7 @@ def upgrade() -> None:
         sqlite_with_rowid=False,
     )
     connection = op.get_bind()
-    old = sa.Table("cost_line_hours", sa.MetaData(), *_hours_0009())
+    old = sa.Table("cost_line_hours", sa.MetaData(), *shapes.cost_line_hours_0009())
     term_uuid = sa.table("cost_line_terms", sa.column("id"), sa.column("uuid"))
     stored = connection.execute(
         sa.select(old.c.hour, old.c.seq, old.c.term_id, term_uuid.c.uuid, old.c.efficiency, old.c.utilization)
@@ -109,7 +98,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.create_table("cost_line_hours", *_hours_0009(), sqlite_with_rowid=False)
+    op.create_table("cost_line_hours", *shapes.cost_line_hours_0009(), sqlite_with_rowid=False)
     op.execute(
         "INSERT INTO cost_line_hours (hour, line_key, term_id, seq, efficiency, utilization) "
         "SELECT hour, line_key, term_id, seq, efficiency, utilization FROM cost_lines"
@@ -118,4 +107,4 @@ def downgrade() -> None:
     op.drop_table("cost_line_groups")
     op.drop_table("cost_line_set_terms")
     op.drop_table("cost_line_sets")
-    op.execute(terms.VIEW_0009)
+    op.execute(shapes.VIEW_0009)
