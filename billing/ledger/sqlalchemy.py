@@ -475,12 +475,15 @@ class SqlLedger(Ledger):
         before are inserted with their terms. Returns the sets looked up here (term ids -> id)."""
         known = self._set_ids
         wanted: dict[tuple[int, ...], dict] = {}
+        unknown: list[tuple[int, tuple[int, ...]]] = []  # (span, its set's term ids) to look up
         for i, (at, size, *_) in enumerate(spans):
             if set_ids[i] is None:
                 content = tuple(term_ids[at : at + size])
                 set_ids[i] = known.get(content)
-                if set_ids[i] is None and content not in wanted:
-                    wanted[content] = {"digest": terms.set_digest(content)}
+                if set_ids[i] is None:
+                    unknown.append((i, content))
+                    if content not in wanted:
+                        wanted[content] = {"digest": terms.set_digest(content)}
         if not wanted:
             return {}
         missed: list[tuple[int, ...]] = []
@@ -492,9 +495,8 @@ class SqlLedger(Ledger):
             (found[content], pos, term_id) for content in missed for pos, term_id in enumerate(content)
         ]
         self._insert_members(session, members)
-        for i, (at, size, *_) in enumerate(spans):
-            if set_ids[i] is None:
-                set_ids[i] = found[tuple(term_ids[at : at + size])]
+        for i, content in unknown:
+            set_ids[i] = found[content]
         return found
 
     @staticmethod
