@@ -13,12 +13,13 @@ import threading
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import DuplicateLine, HourRecord, LedgerError
-from tests.billing.conftest import PG_URL, fresh_pg_schema
+from tests.billing.conftest import PG_DSN, PG_URL, fresh_pg_schema
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 ROUNDS = 25
@@ -41,13 +42,10 @@ def _race(*writers) -> None:
     errors: list[BaseException] = []
 
     def run(write):
-        try:
-            barrier.wait(timeout=30)
-            write()
-        except BaseException as exc:  # re-raised below, in the test's thread
-            errors.append(exc)
+        barrier.wait(timeout=30)
+        write()
 
-    threads = [threading.Thread(target=run, args=(w,)) for w in writers]
+    threads = [threading.Thread(target=_capture, args=(errors, run, w)) for w in writers]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -117,10 +115,6 @@ def test_a_set_stored_by_another_writer_while_this_one_waits_is_named_not_double
     hour's set of terms and not committed yet. This writer's look-up misses it, its insert waits on
     the other's row, the other commits; the insert then does nothing and this writer must name the
     other's set, whose terms are in place already (their insert must not fail on them)."""
-    import psycopg
-
-    from tests.billing.conftest import PG_DSN
-
     schema = _fresh_schema(request)
     prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
     record = _record(prices, HOUR0)
@@ -142,20 +136,22 @@ def test_a_set_stored_by_another_writer_while_this_one_waits_is_named_not_double
             other.execute("INSERT INTO cost_line_set_terms VALUES (%s, %s, %s)", [set_id, pos, term_id])
         ledger = open_ledger(PG_URL, schema=schema)
         errors: list[BaseException] = []
-        writer = threading.Thread(target=lambda: _capture(errors, ledger.write_hour, record))
+        writer = threading.Thread(target=_capture, args=(errors, ledger.write_hour, record))
         writer.start()
-        for _ in range(300):  # until its insert of the set waits on the other's row
-            waiting = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'INSERT INTO cost_line_sets%%'"
-            ).fetchone()[0]
-            if waiting:
-                break
-            writer.join(timeout=0.1)
-        assert waiting, "the writer never waited on the other's set"
-        other.commit()
-        other.close()
-        writer.join(timeout=60)
+        try:
+            for _ in range(300):  # until its insert of the set waits on the other's row
+                waiting = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'INSERT INTO cost_line_sets%%'"
+                ).fetchone()[0]
+                if waiting:
+                    break
+                writer.join(timeout=0.1)
+            assert waiting, "the writer never waited on the other's set"
+        finally:  # the other writer commits whatever happened, so this one never waits on it forever
+            other.commit()
+            other.close()
+            writer.join(timeout=60)
         try:
             assert not errors, errors
             assert ledger.counts()["cost_line_sets"] == 1
@@ -165,6 +161,7 @@ def test_a_set_stored_by_another_writer_while_this_one_waits_is_named_not_double
 
 
 def _capture(errors: list[BaseException], write, *args) -> None:
+    """``write(*args)`` in a thread of its own, its error kept for the test's thread to raise."""
     try:
         write(*args)
     except BaseException as exc:  # re-raised in the test's thread
