@@ -30,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gpumeter.billing.allocate import Pricer
-    from gpumeter.billing.ingest import IngestConfig, priced_record, query_intervals, query_run
+    from gpumeter.billing.ingest import (
+        CarriedLayouts,
+        IngestConfig,
+        priced_record,
+        query_intervals,
+        query_run,
+    )
     from gpumeter.billing.ledger.sqlalchemy import open_ledger
     from gpumeter.billing.models import hours_between
     from gpumeter.billing.pricing import load_price_book
@@ -63,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         best = {"build": float("inf"), "price": float("inf"), "write": float("inf")}
         try:
             for run in range(args.runs):
-                ledger, pricer, layouts = open_ledger(f"sqlite:///{tmp}/ledger-{run}.db"), Pricer(book), {}
+                ledger, pricer, layouts = (
+                    open_ledger(f"sqlite:///{tmp}/ledger-{run}.db"),
+                    Pricer(book),
+                    CarriedLayouts(),
+                )
                 spent = dict.fromkeys(best, 0.0)
                 for day, (answers, intervals) in enumerate(days):
                     answers.layouts = layouts  # carried from run to run, as the serial ingest does

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumeter import contract
-from gpumeter.billing.ingest import HourIntervals, IngestConfig, RunAnswers, _at, build_hour
+from gpumeter.billing.ingest import CarriedLayouts, HourIntervals, IngestConfig, RunAnswers, _at, build_hour
 from gpumeter.billing.ledger import layouts
 from gpumeter.billing.prom import Sample
 from tests.billing.factories import H100, HOUR0
@@ -210,3 +210,26 @@ def test_a_layout_key_keeps_its_hash_in_this_process_only():
     seed = {**os.environ, "PYTHONHASHSEED": "1234"}
     out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(key), capture_output=True, env=seed)
     assert out.stdout.strip() == b"True", out.stderr.decode()
+
+
+def test_a_layout_that_comes_back_is_named_by_the_key_object_it_had():
+    """A pod on a schedule takes its GPU's layout away and brings it back. The hour it is back names
+    the key object of the hour it left, in the same run and in the next one (`CarriedLayouts`), so the
+    pricer's memo and the ledger's layout ids find it by identity; a layout never met before is a
+    new object."""
+    history: dict[str, list[list[float | None]]] = {
+        name: [[None] * len(HOURS) for _ in labels] for name, labels in SERIES.items()
+    }
+    history["gpu_count"][1] = [120.0] * len(HOURS)  # the whole GPU, every hour
+    history["alloc_count"][4] = [120.0, None, 120.0, 60.0]  # Team-C's batch pod: away in hour 1
+    history["alloc_share"][4] = [0.5, None, 0.5, 0.5]
+    carried = CarriedLayouts()
+    keys = []
+    for _ in range(2):  # two runs of the same hours, the layouts carried from the first to the second
+        run = RunAnswers.of(_range_answers(history), HOURS)
+        run.layouts = carried
+        keys.append([run.build(index, CONFIG)[0][0].layout for index in range(len(HOURS))])
+    (held, idle, back, half), again = keys
+    assert idle is None and held is not None and half is not None
+    assert back is held and half != held and half is not held
+    assert all(k is k0 for k, k0 in zip(again, keys[0], strict=True))
