@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpumeter.process import wait_until_set
-from tests.support.servers import free_port
+from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,3 +104,28 @@ def test_the_exporter_stops_when_another_thread_takes_the_signal(sig):
 
 def test_a_stand_in_metrics_server_stops_likewise():
     _stops_on(signal.SIGINT, "simulate", "volcano", "--listen", f"127.0.0.1:{free_port()}", banner="http://")
+
+
+def test_a_child_that_outstays_sigterm_is_named_with_its_threads_stacks_and_left_dead(tmp_path):
+    """The tests' own stopper (`stop_processes`): one child that ignores SIGTERM costs the timeout,
+    not a leaked process for the tests after it, and its log then holds every thread's stack."""
+    ignores = (
+        "import signal, threading, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "threading.Thread(target=time.sleep, args=(60,), name='stuck-helper').start(); time.sleep(60)"
+    )
+    stuck_log, polite_log = tmp_path / "stuck.log", tmp_path / "polite.log"
+    children = []
+    for code, log in ((ignores, stuck_log), ("import time; time.sleep(60)", polite_log)):
+        with log.open("wb") as out:
+            env = {**os.environ, **DUMP_ON_ABORT}
+            children.append(
+                (subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out, env=env), log)
+            )
+    time.sleep(0.5)  # both past start-up, the first one's handler set
+    stuck = stop_processes(children, timeout=2)
+    assert [proc.poll() is not None for proc, _ in children] == [True, True]
+    assert children[1][0].returncode == -signal.SIGTERM
+    assert len(stuck) == 1 and "outstayed SIGTERM by 2 s" in stuck[0]
+    assert (
+        "Fatal Python error: Aborted" in stuck[0] and "threading.py" in stuck[0]
+    )  # the other thread's stack

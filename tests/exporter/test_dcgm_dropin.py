@@ -23,7 +23,7 @@ import yaml
 from gpumeter.exporter import config as exporter_config
 from gpumeter.exporter.config import ConfigError, ExporterConfig
 from gpumeter.exporter.dcgm_csv import CollectorsFileError, parse_collectors, read_collectors
-from tests.support.servers import free_port, wait_http_ok
+from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes, wait_http_ok
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dcgm-exporter"
 DCP = DATA / "dcp-metrics-included.csv"
@@ -227,6 +227,7 @@ def dcgm_stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dcgm-stack")
     kubelets, processes, targets = [], [], {}
     prom = None
+    stuck: list[str] = []
     try:
         for role, (fleet_name, extra) in STACK.items():
             fleet = load_fleet(fleet_name)
@@ -245,8 +246,10 @@ def dcgm_stack(tmp_path_factory):
             ]
             argv += ["--simulate", fleet_name, "--kubelet-socket", sock, "--interval", "1"]
             argv += ["--admin-listen", f"127.0.0.1:{admin}", *extra]
-            log = open(workdir / f"{role}.log", "wb")  # noqa: SIM115 - closed with the process
-            processes.append((subprocess.Popen(argv, stdout=log, stderr=log), log))
+            log = workdir / f"{role}.log"
+            with log.open("wb") as out:  # the child keeps its own descriptor
+                proc = subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **DUMP_ON_ABORT})
+            processes.append((proc, log))
             wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc=processes[-1][0])
             targets[role] = f"127.0.0.1:{port}"
             if role == "seed":
@@ -266,12 +269,12 @@ def dcgm_stack(tmp_path_factory):
     finally:
         if prom is not None:
             prom.stop()
-        for proc, log in processes:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=20)
-            log.close()
-        for kubelet in kubelets:
-            kubelet.stop()
+        try:
+            stuck = stop_processes(processes)
+        finally:
+            for kubelet in kubelets:
+                kubelet.stop()
+    assert not stuck, "\n\n".join(stuck)  # after the tests, whose own failures come first
 
 
 @pytest.mark.prometheus

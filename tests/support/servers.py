@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -67,6 +68,40 @@ def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
             last = exc
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+
+
+# A Python child started with this in its environment dumps every thread's stack on SIGABRT
+# (`faulthandler`), which `stop_processes` sends to one that outstays SIGTERM.
+DUMP_ON_ABORT = {"PYTHONFAULTHANDLER": "1"}
+
+
+def stop_processes(processes: Iterable[tuple[subprocess.Popen, Path]], timeout: float = 20.0) -> list[str]:
+    """SIGTERM every process at once and give them ``timeout`` seconds together. One still running
+    then is sent SIGABRT (its threads' stacks go to its log, given `DUMP_ON_ABORT`) and killed.
+    Returns, per process that did not stop on SIGTERM, its command and its log's tail: for the
+    caller to fail on, once nothing it started is left running to disturb the tests after it."""
+    processes = list(processes)
+    for proc, _ in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    stuck = []
+    for proc, log in processes:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+            continue
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        tail = log.read_text(errors="replace")[-6000:] if log.exists() else "(no log)"
+        stuck.append(
+            f"{' '.join(map(str, proc.args))} outstayed SIGTERM by {timeout:g} s; its log ends:\n{tail}"
+        )
+    return stuck
 
 
 # util-linux's setpriv (Essential on Debian) execs the server with PR_SET_PDEATHSIG set: SIGTERM when the
