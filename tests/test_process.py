@@ -111,21 +111,24 @@ def test_a_child_that_outstays_sigterm_is_named_with_its_threads_stacks_and_left
     not a leaked process for the tests after it, and its log then holds every thread's stack."""
     ignores = (
         "import signal, threading, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "threading.Thread(target=time.sleep, args=(60,), name='stuck-helper').start(); time.sleep(60)"
+        "threading.Thread(target=time.sleep, args=(60,), name='stuck-helper').start(); "
+        "print('ready', flush=True); time.sleep(60)"
     )
-    stuck_log, polite_log = tmp_path / "stuck.log", tmp_path / "polite.log"
+    polite = "import time; print('ready', flush=True); time.sleep(60)"
     children = []
-    for code, log in ((ignores, stuck_log), ("import time; time.sleep(60)", polite_log)):
+    for code, log in ((ignores, tmp_path / "stuck.log"), (polite, tmp_path / "polite.log")):
         with log.open("wb") as out:
             env = {**os.environ, **DUMP_ON_ABORT}
             children.append(
                 (subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out, env=env), log)
             )
-    time.sleep(0.5)  # both past start-up, the first one's handler set
+    deadline = time.monotonic() + 30  # both past start-up, the first one's handler set
+    while not all("ready" in log.read_text() for _, log in children):
+        assert time.monotonic() < deadline, [log.read_text() for _, log in children]
+        time.sleep(0.05)
     stuck = stop_processes(children, timeout=2)
     assert [proc.poll() is not None for proc, _ in children] == [True, True]
     assert children[1][0].returncode == -signal.SIGTERM
     assert len(stuck) == 1 and "outstayed SIGTERM by 2 s" in stuck[0]
-    assert (
-        "Fatal Python error: Aborted" in stuck[0] and "threading.py" in stuck[0]
-    )  # the other thread's stack
+    dump = stuck[0]
+    assert "Fatal Python error: Aborted" in dump and "threading.py" in dump  # the helper thread's stack
