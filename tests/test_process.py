@@ -132,3 +132,57 @@ def test_a_child_that_outstays_sigterm_is_named_with_its_threads_stacks_and_left
     assert len(stuck) == 1 and "outstayed SIGTERM by 2 s" in stuck[0]
     dump = stuck[0]
     assert "Fatal Python error: Aborted" in dump and "threading.py" in dump  # the helper thread's stack
+
+
+# The exporter's stop, with the moment that hung one made certain: its event's lock sends this
+# process SIGTERM the first time it is taken outside the handler, and the handler (as every
+# command's: set the event) then runs while that lock is held. A timer sends SIGTERM as well.
+HELD_LOCK = """
+import os, signal, threading
+from gpumeter.process import wait_until_set
+in_handler = False
+
+class SignallingLock:
+    def __init__(self):
+        self._lock, self.sent = threading.Lock(), False
+    def acquire(self, *args):
+        return self._lock.acquire(*args)
+    def release(self):
+        self._lock.release()
+    def __enter__(self):
+        self._lock.acquire()
+        if not self.sent and not in_handler:
+            self.sent = True
+            kill = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
+            kill.start()
+            kill.join()  # the signal is pending while this thread holds the lock
+        return True
+    def __exit__(self, *exc):
+        self._lock.release()
+
+def handler(*_):
+    global in_handler
+    in_handler = True
+    stop.set()
+
+stop = threading.Event()
+stop._cond = threading.Condition(SignallingLock())
+signal.signal(signal.SIGTERM, handler)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+wait_until_set(stop, 0.05)
+print("stopped", flush=True)
+"""
+
+
+def test_a_stop_signal_never_finds_the_main_thread_holding_the_events_lock():
+    """`wait_until_set` sleeps between looks at the flag. When it waited on the event in slices,
+    the handler's ``stop.set()`` could run while the main thread held the event's lock, and waited
+    for it forever: here at once; in a loaded ``make test``, an exporter still sampling after
+    SIGTERM, its main thread in ``Event.set`` called from ``Condition.__exit__``."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", HELD_LOCK], capture_output=True, text=True, timeout=30, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the main thread deadlocked: the handler waited for the lock it held")
+    assert out.stdout.strip() == "stopped", out.stderr[-2000:]
