@@ -4,29 +4,50 @@ A signal sent to a process can be delivered to any of its threads (gRPC's, the s
 CPython's C handler then only flags it, and runs the Python handler when the main thread next executes
 bytecode. A main thread blocked in an unbounded ``Event.wait()`` never does, so the handler that would set
 the event never runs: that is how Ctrl-C in ``make demo`` left an exporter (gRPC threads) and the billing
-service (APScheduler's) running until the demo killed them. Sleeping in slices lets a flagged handler run.
+service (APScheduler's) running until the demo killed them. `wait_until_set` wakes on the signal itself.
 
 This module imports nothing from the parts.
 """
 
 from __future__ import annotations
 
+import select
+import signal
+import socket
 import threading
-import time
 
 __all__ = ["SLICE_SECONDS", "wait_until_set"]
 
-SLICE_SECONDS = 0.5  # how late a stop may be noticed; each slice costs one wake-up of the main thread
+SLICE_SECONDS = 0.5  # how late another thread's set() may be noticed; each slice costs one wake-up
 
 
 def wait_until_set(stop: threading.Event, slice_seconds: float = SLICE_SECONDS) -> None:
-    """Block until ``stop`` is set (by a signal handler or another thread), waking every slice.
+    """Block until ``stop`` is set (by a signal handler or another thread).
 
-    It sleeps between looks at the flag instead of waiting on the event. ``Event.wait`` holds the
-    event's lock, a plain ``Lock``, at each slice's start and end. A signal's Python handler runs in
-    this thread at whatever point the thread has reached, and one that calls ``stop.set()`` there
-    waits for that lock forever: an exporter was found so, still sampling long after SIGTERM, its
-    main thread in ``Event.set`` called from ``Condition.__exit__`` (py-spy). ``is_set()`` takes no
-    lock, and ``time.sleep`` runs a pending handler while this thread holds none."""
-    while not stop.is_set():
-        time.sleep(slice_seconds)
+    In the main thread it never waits on the event itself. ``Event.wait`` holds the event's lock, a
+    plain ``Lock``, at each slice's start and end. A signal's Python handler runs in this thread at
+    whatever point the thread has reached, and one that calls ``stop.set()`` there waits for that
+    lock forever. An exporter was found so, still sampling long after SIGTERM, its main thread in
+    ``Event.set`` called from ``Condition.__exit__`` (py-spy).
+
+    So it reads ``is_set()``, which takes no lock, and sleeps in ``select`` on the signal wake-up
+    socket. The C-level handler writes to that socket, whichever thread the signal was given to,
+    so the Python handler runs at once and holds no lock of this thread's. Another thread's
+    ``set()`` is seen within a slice. Handlers only ever run in the main thread, so anywhere else
+    the event is waited on as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        while not stop.wait(slice_seconds):
+            pass
+        return
+    wake, woken = socket.socketpair()
+    wake.setblocking(False)
+    woken.setblocking(False)
+    previous = signal.set_wakeup_fd(woken.fileno(), warn_on_full_buffer=False)
+    try:
+        while not stop.is_set():
+            if select.select([wake], [], [], slice_seconds)[0]:
+                wake.recv(4096)  # the signals' numbers: their handlers run as this returns
+    finally:
+        signal.set_wakeup_fd(previous)
+        wake.close()
+        woken.close()
