@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gpumeter.process import wait_until_set
+from gpumeter.process import stop_on_signals, wait_until_set
 
 __all__ = ["register"]
 
@@ -278,12 +277,7 @@ def _progress(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     stack = Stack(Path(args.workdir).resolve(), {k: v + args.port_offset for k, v in PORTS.items()})
     stopping = threading.Event()
-
-    def stop_requested(*_):
-        stopping.set()
-
-    signal.signal(signal.SIGINT, stop_requested)
-    signal.signal(signal.SIGTERM, stop_requested)
+    stop_on_signals(stopping)
     try:
         _start(stack, args, stopping)
         if not args.no_wait:

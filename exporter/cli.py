@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import signal
 import sys
 import threading
 
 import httpx
 
-from gpumeter.process import wait_until_set
+from gpumeter.process import stop_on_signals, wait_until_set
 
 from . import config as exporter_config
 
@@ -86,8 +85,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         return 2
     gc.freeze()  # start-up objects live forever: keep them out of every later full collection
     stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
+    stop_on_signals(stopped)
     print(
         f"gpumeter exporter: serving http://{config.listen}/metrics"
         + (

@@ -4,7 +4,8 @@ A signal sent to a process can be delivered to any of its threads (gRPC's, the s
 CPython's C handler then only flags it, and runs the Python handler when the main thread next executes
 bytecode. A main thread blocked in an unbounded ``Event.wait()`` never does, so the handler that would set
 the event never runs: that is how Ctrl-C in ``make demo`` left an exporter (gRPC threads) and the billing
-service (APScheduler's) running until the demo killed them. `wait_until_set` wakes on the signal itself.
+service (APScheduler's) running until the demo killed them. `wait_until_set` wakes on the signal itself,
+and `stop_on_signals` installs handlers that never wait for a lock.
 
 This module imports nothing from the parts.
 """
@@ -15,8 +16,10 @@ import select
 import signal
 import socket
 import threading
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["SLICE_SECONDS", "wait_until_set"]
+__all__ = ["SLICE_SECONDS", "stop_on_signals", "wait_until_set"]
 
 SLICE_SECONDS = 0.5  # how late another thread's set() may be noticed; each slice costs one wake-up
 
@@ -51,3 +54,24 @@ def wait_until_set(stop: threading.Event, slice_seconds: float = SLICE_SECONDS) 
         signal.set_wakeup_fd(previous)
         wake.close()
         woken.close()
+
+
+def stop_on_signals(
+    stop: threading.Event, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)
+) -> dict[int, Any]:
+    """Make ``signals`` set ``stop``; returns the handlers they had, to restore.
+
+    The first signal sets the event; later ones do nothing. A Python handler can itself be
+    interrupted by the next signal's: Ctrl-C pressed twice, or a terminal's SIGINT followed by a
+    supervisor's SIGTERM. The inner handler then runs inside the outer one's ``stop.set()``, while
+    that holds the event's lock, a plain ``Lock``, and another ``set()`` there waits for it forever
+    (a scratch script firing signals every 0-20 ms hit it within a few hundred). So only a handler
+    that wins a non-blocking claim calls ``set()``: a nested one finds the claim taken and returns,
+    and the outer ``set()`` finishes."""
+    claim = threading.Lock()
+
+    def handler(signum, frame) -> None:
+        if claim.acquire(blocking=False):  # never waits: held for good by the first signal
+            stop.set()
+
+    return {sig: signal.signal(sig, handler) for sig in signals}

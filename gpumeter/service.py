@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -34,7 +33,7 @@ from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import open_client
-from gpumeter.process import wait_until_set
+from gpumeter.process import stop_on_signals, wait_until_set
 from gpumeter.reports.schedule import ReportSchedule, run_monthly
 
 log = logging.getLogger(__name__)
@@ -171,8 +170,7 @@ def serve(
     stop = stop or threading.Event()
     signalled = threading.current_thread() is threading.main_thread()
     if signalled:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        stop_on_signals(stop)
     STOPPING.clear()
     wait_until_set(stop)  # in slices: the signal may land on a scheduler thread (gpumeter/process.py)
     STOPPING.set()  # a running catch-up stops at the next hour boundary

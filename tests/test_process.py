@@ -186,3 +186,51 @@ def test_a_stop_signal_never_finds_the_main_thread_holding_the_events_lock():
     except subprocess.TimeoutExpired:
         pytest.fail("the main thread deadlocked: the handler waited for the lock it held")
     assert out.stdout.strip() == "stopped", out.stderr[-2000:]
+
+
+# A second stop signal while the first one's handler is setting the event: the event's lock, the
+# first time it is taken (by that handler's ``set()``: nothing else here takes it), sends this
+# process SIGTERM again and holds the lock until it is pending, so the second handler runs inside
+# the first one's ``set()``.
+NESTED = """
+import os, signal, threading
+from gpumeter.process import stop_on_signals, wait_until_set
+
+class NestingLock:
+    def __init__(self):
+        self._lock, self.sent = threading.Lock(), False
+    def acquire(self, *args):
+        return self._lock.acquire(*args)
+    def release(self):
+        self._lock.release()
+    def __enter__(self):
+        self._lock.acquire()
+        if not self.sent:
+            self.sent = True
+            kill = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
+            kill.start()
+            kill.join()
+        return True
+    def __exit__(self, *exc):
+        self._lock.release()
+
+stop = threading.Event()
+stop._cond = threading.Condition(NestingLock())
+stop_on_signals(stop, (signal.SIGTERM,))
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+wait_until_set(stop, 0.05)
+print("stopped", stop._cond._lock.sent, flush=True)
+"""
+
+
+def test_a_second_stop_signal_inside_the_first_ones_handler_does_not_deadlock():
+    """Ctrl-C pressed twice: the second handler ran inside the first one's ``stop.set()`` and, with
+    every command's handler then (``lambda *_: stop.set()``), waited for the lock that ``set()``
+    held, forever. `stop_on_signals`' handlers never wait."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", NESTED], capture_output=True, text=True, timeout=30, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the second handler deadlocked inside the first one's set()")
+    assert out.stdout.strip() == "stopped True", out.stderr[-2000:]  # True: the second signal was sent

@@ -48,7 +48,7 @@ import grpc
 
 from gpumeter.exporter.kubelet import api_pb2, api_pb2_grpc
 from gpumeter.exporter.kubelet.client import DEFAULT_SOCKET
-from gpumeter.process import wait_until_set
+from gpumeter.process import stop_on_signals, wait_until_set
 
 from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet
 
@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
         return t0 + (time.time() - t0) * speed
 
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = stop_on_signals(stop)
     kubelet = StandInKubelet(fleet, node, args.socket, clock=clock, start=t0)
     try:
         kubelet.start()

@@ -4,13 +4,12 @@ every scrape, so a stand-in's state can change between scrapes as the real one's
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpumeter.process import wait_until_set
+from gpumeter.process import stop_on_signals, wait_until_set
 
 __all__ = ["CONTENT_TYPE", "ExpositionServer", "label_text", "listen_address", "serve_until_signalled"]
 
@@ -80,8 +79,7 @@ def serve_until_signalled(
     """A stand-in command's life: start the server (exit 1 naming the address if it cannot listen),
     print ``banner`` with its URL, serve until SIGINT/SIGTERM, stop."""
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     try:
         server = start().start()
     except OSError as exc:
