@@ -12,12 +12,12 @@ import logging
 import math
 import operator
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
-from typing import TypedDict
+from typing import TypedDict, overload
 
 from gpumeter import contract
 from gpumeter.billing.models import (
@@ -45,7 +45,7 @@ _PROFILE = re.compile(r"^(\d+)g\.")
 _MEMORY_SLICES_7 = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
 
 
-@dataclass
+@dataclass(eq=False)
 class PricedHour:
     """The reconciled result of one GPU-hour: its lines and the (rounded) device cost."""
 
@@ -58,6 +58,163 @@ class PricedHour:
     # of one GPU with equal ``terms`` have lines with the same terms and keys, in the same order, so
     # a ledger may name the terms it found for the one again for the other. None: not known.
     terms: Hashable | None = field(default=None, compare=False, repr=False)
+
+    def __eq__(self, other: object) -> bool:  # a re-used hour equals the same hour priced afresh
+        if not isinstance(other, PricedHour):
+            return NotImplemented
+        return (self.lines, self.device_cost, self.model, self.price_version, self.warnings) == (
+            other.lines,
+            other.device_cost,
+            other.model,
+            other.price_version,
+            other.warnings,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    # What a ledger stores of the lines besides their terms (docs/billing.md §6.1), read without
+    # making the lines where they are made only when read (`_ReusedHour`).
+    @property
+    def size(self) -> int:
+        return len(self.lines)
+
+    @property
+    def uuid(self) -> str | None:
+        """The GPU its lines bill (None: no lines)."""
+        return self.lines[0].uuid if self.lines else None
+
+    @property
+    def version_id(self) -> str | None:
+        """The price version its (first) line names."""
+        return self.lines[0].price_version if self.lines else None
+
+    def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
+        """The lines' efficiencies and utilizations, in order."""
+        return list(map(_EFFICIENCY, self.lines)), list(map(_UTILIZATION, self.lines))
+
+
+_EFFICIENCY, _UTILIZATION = map(operator.attrgetter, ("efficiency", "utilization"))
+
+
+class _ReusedHour(PricedHour):
+    """A GPU-hour `Pricer` priced from a kept result: what differs from that result (the hour, the
+    GPU, each holder's team, utilization and efficiency, a tie's turn) is kept as values, and the
+    lines are made the first time they are read. Ingest's SQL ledger reads only those values for a
+    GPU-hour whose terms it carries (docs/billing.md §6.3): making ~4.4 lines took 13.0 µs of such a
+    GPU-hour, working out what the ledger stores of them 3.9 µs (~1,000 GPU-hours an hour on the
+    1,000-GPU bench). Equal to the same hour priced afresh (the tests compare them)."""
+
+    def __init__(
+        self,
+        kept: _Kept,
+        hour: datetime,
+        uuid: str,
+        teams: list[str],
+        efficiencies: list[Decimal | None],
+        utilizations: list[Decimal | None],
+        chosen: frozenset[int] | None,
+    ):
+        template = kept.priced
+        self.device_cost, self.model, self.price_version = (
+            template.device_cost,
+            template.model,
+            template.price_version,
+        )
+        self.warnings = []
+        self.terms = (kept, tuple(teams), chosen)
+        self._kept, self._hour, self._uuid, self._teams = kept, hour, uuid, teams
+        self._efficiencies, self._utilizations, self._chosen = efficiencies, utilizations, chosen
+        self._lines: list[Line] | None = None
+
+    @property
+    def lines(self) -> list[Line]:
+        if self._lines is None:
+            self._lines = self._made()
+        return self._lines
+
+    @lines.setter
+    def lines(self, lines: list[Line]) -> None:  # as a PricedHour's may be set
+        self._lines = lines
+
+    def _made(self) -> list[Line]:
+        """The lines, as `_price_gpu_hour` would make them: each kept line's fields copied and set."""
+        kept, hour, uuid = self._kept, self._hour, self._uuid
+        teams = iter(self._teams)
+        efficiencies, utilizations = self._efficiencies, self._utilizations
+        lines = []
+        for at, (line, source) in enumerate(zip(kept.priced.lines, kept.sources, strict=True)):
+            fields = line.__dict__.copy()
+            fields["hour"] = hour
+            fields["uuid"] = uuid
+            if source is not None:
+                fields["team"] = next(teams)
+                fields["utilization"] = utilizations[at]
+                fields["efficiency"] = efficiencies[at]
+            lines.append(with_fields(Line, fields))
+        tie, chosen = kept.tie, self._chosen
+        if tie is not None and chosen is not None:
+            for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
+                lines[at].__dict__["amount"] = plus if at in chosen else base  # seen by no one yet
+        return lines
+
+    @property
+    def size(self) -> int:
+        return len(self._kept.sources)
+
+    @property
+    def uuid(self) -> str | None:
+        return self._uuid if self._kept.sources else None
+
+    @property
+    def version_id(self) -> str | None:
+        return self._kept.version_id
+
+    def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
+        return self._efficiencies, self._utilizations
+
+
+class PricedLines(Sequence[Line]):
+    """The lines of priced GPU-hours one after another (`HourRecord.lines` from ingest), made when
+    first read. ``hours``, in the order of the record's line groups, are what priced them: a ledger
+    that carries a group's terms reads what it stores of its lines from its hour (`_ReusedHour`)."""
+
+    __slots__ = ("_lines", "hours")
+
+    def __init__(self, hours: list[PricedHour]):
+        self.hours: list[PricedHour] = hours
+        self._lines: list[Line] | None = None
+
+    def _all(self) -> list[Line]:
+        if self._lines is None:
+            self._lines = [line for priced in self.hours for line in priced.lines]
+        return self._lines
+
+    def __len__(self) -> int:
+        if self._lines is not None:
+            return len(self._lines)
+        return sum(priced.size for priced in self.hours)
+
+    @overload
+    def __getitem__(self, index: int) -> Line: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Line]: ...
+    def __getitem__(self, index: int | slice) -> Line | list[Line]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Line]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PricedLines):
+            other = other._all()
+        if not isinstance(other, list):
+            return NotImplemented
+        return self._all() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._all())
 
 
 def slice_weight(policy: str, compute: int, memory: int, totals: tuple[int, int]) -> Fraction:
@@ -127,7 +284,7 @@ def tie_break(lines: list[Line], hour: datetime) -> TieBreak:
     return choose
 
 
-def _tie_groups(lines: list[Line], tied: list[int]) -> list[list[int]]:
+def _tie_groups(lines: Mapping[int, Line] | list[Line], tied: list[int]) -> list[list[int]]:
     """The tied positions grouped by kind (in kind order), each group ordered by `line_key`."""
     ranks = {i: lines[i].kind.rank for i in tied}
     return [
@@ -393,12 +550,23 @@ def _evolve(line: Line, **changes: object) -> Line:
 @dataclass(eq=False)  # one kept result is equal to itself only: `PricedHour.terms` holds it
 class _Kept:
     """A priced GPU-hour `Pricer` re-uses: its lines, the allocation each prices, the tie its
-    rounding broke, and that tie's groups in order per GPU (`_tie_groups`, the same every hour)."""
+    rounding broke, and that tie's groups in order per GPU (`_tie_groups`, the same every hour);
+    worked out once from them: the lines with a holder ((place, allocation) pairs), the lines'
+    efficiencies and utilizations (a holder's are the hour's own) and the price version named."""
 
     priced: PricedHour
     sources: list[int | None]
     tie: _KeptTie | None
     tie_groups: dict[str, list[list[int]]]
+    held: list[tuple[int, int]] = field(init=False)
+    efficiencies: list[Decimal | None] = field(init=False)
+    utilizations: list[Decimal | None] = field(init=False)
+    version_id: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.held = [(at, source) for at, source in enumerate(self.sources) if source is not None]
+        self.efficiencies, self.utilizations = self.priced.readings()
+        self.version_id = self.priced.version_id
 
 
 # What of a MIG instance and of an allocation the amounts depend on (Pricer's key)
@@ -474,57 +642,41 @@ class Pricer:
                 self._memo[key] = _Kept(priced, sources, tie, {})
             return priced
         self.hits += 1
-        template, sources, tie = memo.priced, memo.sources, memo.tie
         uuid, allocations = dev.uuid, gpu_hour.allocations
         tier_efficiency, tiers = version.tier_efficiency, bool(version.utilization_tiers)
         unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
-        lines = []
+        efficiencies, utilizations = memo.efficiencies.copy(), memo.utilizations.copy()
         line_teams = []  # with the kept result and the tie's turn, what fixes the lines' terms
-        # each kept line copied with the hour's own hour, GPU and, for a holder's line, team and
-        # utilization: its fields copied and set, then made the new line's (`with_fields`)
-        for line, source in zip(template.lines, sources, strict=True):
-            fields = line.__dict__.copy()
-            new = with_fields(Line, fields)
-            fields["hour"] = hour
-            fields["uuid"] = uuid
-            if source is not None:
-                alloc = allocations[source]
-                utilization = alloc.utilization
-                if utilization is None:
-                    if alloc.gpu_instance_id:
-                        if unit_utilization is None:
-                            unit_utilization = {}
-                            for inst in gpu_hour.instances:
-                                unit_utilization.setdefault(
-                                    (inst.gpu_instance_id, inst.mig_profile), inst.utilization
-                                )
-                        utilization = unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
-                    else:
-                        utilization = dev.utilization
-                fields["team"] = team = teams.get(alloc.namespace, "")
-                line_teams.append(team)
-                fields["utilization"] = utilization
-                # without tiers there is no score (as tier_efficiency says): no call per line
-                fields["efficiency"] = tier_efficiency(utilization) if tiers else None
-            lines.append(new)
+        # what differs from the kept lines: each holder's line's team, utilization and efficiency
+        # (the lines themselves are made when read: `_ReusedHour`)
+        for at, source in memo.held:
+            alloc = allocations[source]
+            utilization = alloc.utilization
+            if utilization is None:
+                if alloc.gpu_instance_id:
+                    if unit_utilization is None:
+                        unit_utilization = {}
+                        for inst in gpu_hour.instances:
+                            unit_utilization.setdefault(
+                                (inst.gpu_instance_id, inst.mig_profile), inst.utilization
+                            )
+                    utilization = unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
+                else:
+                    utilization = dev.utilization
+            line_teams.append(teams.get(alloc.namespace, ""))
+            utilizations[at] = utilization
+            # without tiers there is no score (as tier_efficiency says): no call per line
+            efficiencies[at] = tier_efficiency(utilization) if tiers else None
         chosen = None
+        tie = memo.tie
         if tie is not None:  # the residue's last units fell on a tie: this hour's turn decides it
             # the tied lines' order depends on the GPU and the lines, not the hour: kept per GPU
             groups = memo.tie_groups.get(uuid)
             if groups is None:
-                groups = memo.tie_groups[uuid] = _tie_groups(lines, list(tie.positions))
+                tied = {at: _evolve(memo.priced.lines[at], uuid=uuid) for at in tie.positions}
+                groups = memo.tie_groups[uuid] = _tie_groups(tied, list(tie.positions))
             chosen = frozenset(_in_turn(groups, tie.extra, int(hour.timestamp()) // 3600))
-            for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
-                # the line was made above and is seen by no one yet: its amount set as `_evolve` would
-                lines[at].__dict__["amount"] = plus if at in chosen else base
-        return PricedHour(
-            lines,
-            template.device_cost,
-            template.model,
-            template.price_version,
-            [],
-            (memo, tuple(line_teams), chosen),
-        )
+        return _ReusedHour(memo, hour, uuid, line_teams, efficiencies, utilizations, chosen)
 
 
 def _share(alloc: Allocation, policy: str) -> Fraction:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -55,13 +55,15 @@ class HourRecord:
 
     hour: datetime
     gpu_hours: list[GpuHour]
-    lines: list[Line]
+    lines: Sequence[Line]  # a list, or ingest's `PricedLines`: made when first read
     book: PriceBook | None
     # what made the ingest doubt the hour (docs/billing.md §2.1): the run is recorded "suspect"
     warnings: tuple[str, ...] = ()
     # per GPU-hour, in the order of ``lines``: (uuid, its `PricedHour.terms`, how many lines it
     # has). A ledger may name the terms and keys it stored for that GPU's lines again where the
-    # terms are equal (docs/billing.md §6.3); empty: every line is looked at
+    # terms are equal (docs/billing.md §6.3), and then, where ``lines`` are ingest's `PricedLines`,
+    # read what it stores of them from their priced hour without making them; empty: every line is
+    # looked at
     line_groups: tuple[tuple[str, Hashable | None, int], ...] = field(default=(), compare=False, repr=False)
 
 

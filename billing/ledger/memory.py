@@ -14,6 +14,7 @@ import itertools
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -65,7 +66,7 @@ class MemoryLedger(Ledger):
 
     # --- writes ----------------------------------------------------------------------------
 
-    def _version_rows(self, book: PriceBook | None, lines: list[Line]) -> dict[str | None, int | None]:
+    def _version_rows(self, book: PriceBook | None, lines: Iterable[Line]) -> dict[str | None, int | None]:
         """The stored id of each price version the lines name (registered once, body and all)."""
         rows: dict[str | None, int | None] = {None: None}
         for name in {line.price_version for line in lines if line.price_version is not None}:

@@ -11,13 +11,13 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from itertools import chain, repeat
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -83,6 +83,9 @@ from gpumeter.billing.models import (
 )
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
 
+if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
+    from gpumeter.billing.allocate import PricedHour
+
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,34 @@ _PRICE_VERSION, _EFFICIENCY, _UTILIZATION, _UUID = map(
 
 
 SQLITE_ROWS = 1024  # rows per multi-row INSERT at most (`SqlLedger._bulk_insert`)
+
+
+def _lines_of(part: list[Line] | PricedHour) -> Sequence[Line]:
+    """A line group's lines: given as lines, or its priced hour's (made when first read)."""
+    return part if isinstance(part, list) else part.lines
+
+
+def _priced_hours(record: HourRecord) -> list[PricedHour] | None:
+    """The priced hour of each of the record's line groups, where its lines are ingest's
+    `PricedLines`: what the ledger stores of a group's lines is then read from its hour, and lines
+    it does not look up are never made. None: the lines are given as they are."""
+    hours = getattr(record.lines, "hours", None)
+    return hours if hours is not None and len(hours) == len(record.line_groups) else None
+
+
+def _versions_named(record: HourRecord, hours: list[PricedHour] | None) -> set[str | None]:
+    """The price versions the record's lines name. Every line of a priced GPU-hour names the one in
+    effect at its hour (`PricedHour.version_id`)."""
+    if hours is not None:
+        return {priced.version_id for priced in hours if priced.size}
+    return set(map(_PRICE_VERSION, record.lines))  # one map: ~3,700 lines an hour on the bench
+
+
+def _readings(part: list[Line] | PricedHour) -> tuple[list, list]:
+    """A line group's efficiencies and utilizations, from its priced hour without making its lines."""
+    if isinstance(part, list):
+        return list(map(_EFFICIENCY, part)), list(map(_UTILIZATION, part))
+    return part.readings()
 
 
 def _statement_sizes(rows: int, most: int) -> list[int]:
@@ -296,9 +327,11 @@ class SqlLedger(Ledger):
 
     # --- writes ----------------------------------------------------------------------------
 
-    def _version_rows(self, session: Session, book: PriceBook | None, lines: list[Line]) -> dict[str, int]:
-        """The stored row of each price version the lines name (registered once, body and all)."""
-        named = set(map(_PRICE_VERSION, lines)) - {None}  # one map: ~3,700 lines an hour on the bench
+    def _version_rows(
+        self, session: Session, book: PriceBook | None, named: set[str | None]
+    ) -> dict[str, int]:
+        """The stored row of each price version named (registered once, body and all)."""
+        named = named - {None}
         if named and book is None:
             raise ValueError("lines name a price version but no price book came with them")
         return {
@@ -372,16 +405,18 @@ class SqlLedger(Ledger):
         does with it: the GPU's lines of an hour before with equal terms, to name again; None, to
         look its lines up and carry them; False, to look them up only (no terms known, no lines, or
         not its GPU's lines: a caller's mistake). Raises DuplicateLine naming the first key met
-        twice, before any row is touched."""
+        twice, before any row is touched. A group named again is not made into lines (`PricedLines`)."""
         groups, lines = record.line_groups, record.lines
         if not groups or sum(group[2] for group in groups) != len(lines):
             return refuse_duplicate_lines(record.hour, lines), None
         carried = self._carried
+        hours = _priced_hours(record)
         keys: list[str] = []
         again: list = []
         at = 0
-        for uuid, priced, size in groups:
-            if priced is None or not size or lines[at].uuid != uuid:
+        for n, (uuid, priced, size) in enumerate(groups):
+            own = lines[at : at + size] if hours is None else hours[n]
+            if priced is None or not size or (own[0].uuid if hours is None else own.uuid) != uuid:
                 kept = False
             else:
                 kept = carried.get(uuid, {}).get(priced)
@@ -390,7 +425,7 @@ class SqlLedger(Ledger):
             if kept:
                 keys += kept[1]
             else:
-                keys += map(line_key, lines[at : at + size])
+                keys += map(line_key, _lines_of(own))
             again.append(kept)
             at += size
         if len(set(keys)) != len(keys):
@@ -400,12 +435,13 @@ class SqlLedger(Ledger):
     def _group_rows(
         self,
         session: Session,
-        lines: list[Line],
-        version_rows: dict[str, int],
+        lines: Sequence[Line],
+        version_rows: dict[str | None, int],
         hour,
         keys: list[str],
         groups: tuple = (),
         again: list | None = None,
+        hours: list[PricedHour] | None = None,
     ) -> tuple[list, dict, dict, list]:
         """Rows of ``cost_line_groups`` in GROUP_COLUMNS order, in the driver's form; the terms and
         sets this transaction added (content -> id), which `_term_ids` and `_set_ids` learn only once
@@ -415,55 +451,62 @@ class SqlLedger(Ledger):
         consecutive lines of one GPU). A line's term is found by its fields (a dict look-up: a GPU's
         lines repeat hour after hour, ~3,700 an hour on the 1,000-GPU bench), and a group's set by
         its terms; for a GPU whose lines' terms equal the last hour's (`again`, from `_line_keys`),
-        both are taken whole from that hour. What was not seen before is stored together."""
+        both are taken whole from that hour, and its readings from its priced hour, whose lines are
+        then never made. What was not seen before is stored together."""
         known: dict[tuple, int] = self._term_ids
-        # (first line, size, the GPU, what priced its lines, what `_line_keys` found kept)
-        spans: list[tuple[int, int, str | None, Hashable, object]] = []
+        # (first line, size, the GPU, what priced its lines, what `_line_keys` found kept, the
+        # group's lines or priced hour)
+        spans: list[tuple[int, int, str | None, Hashable, object, Any]] = []
         if again is None:
             at = 0
             for uuid, run in itertools.groupby(lines, key=_UUID):
-                size = sum(1 for _ in run)
-                spans.append((at, size, uuid, None, False))
-                at += size
+                part = list(run)
+                spans.append((at, len(part), uuid, None, False, part))
+                at += len(part)
         else:
             at = 0
-            for (uuid, priced, size), kept in zip(groups, again, strict=True):
+            for n, ((uuid, priced, size), kept) in enumerate(zip(groups, again, strict=True)):
                 if size:
-                    spans.append((at, size, uuid, priced, kept))
+                    own = lines[at : at + size] if hours is None else hours[n]
+                    spans.append((at, size, uuid, priced, kept, own))
                 at += size
         term_ids: list = []
         set_ids: list = []  # per span: its set's id, once known
         versions: list[int | None] = []
-        for at, size, _, _, kept in spans:
-            version = version_rows.get(lines[at].price_version)
+        for _, _, _, _, kept, part in spans:
+            version = version_rows.get(part[0].price_version if isinstance(part, list) else part.version_id)
             versions.append(version)
             if kept and kept[0] == version:
                 term_ids += kept[2]
                 set_ids.append(kept[3])
             else:
-                term_ids += map(known.get, zip(map(terms.of_line, lines[at : at + size]), repeat(version)))
+                term_ids += map(known.get, zip(map(terms.of_line, _lines_of(part)), repeat(version)))
                 set_ids.append(None)
         added: dict[tuple, int] = {}
         if None in term_ids:
             wanted: dict[tuple, tuple[str, list[int]]] = {}  # term -> its line key, the lines naming it
-            for at, line in enumerate(lines):
-                if term_ids[at] is None:
-                    term = (terms.of_line(line), version_rows.get(line.price_version))
-                    wanted.setdefault(term, (keys[at], []))[1].append(at)
+            for at, size, *_, part in spans:
+                if None not in term_ids[at : at + size]:
+                    continue
+                for place, line in enumerate(_lines_of(part), at):
+                    if term_ids[place] is None:
+                        term = (terms.of_line(line), version_rows.get(line.price_version))
+                        wanted.setdefault(term, (keys[place], []))[1].append(place)
             added = self._term_rows(session, {term: key for term, (key, _) in wanted.items()})
             for term, (_, named) in wanted.items():
                 for at in named:
                     term_ids[at] = added[term]
         added_sets = self._set_rows(session, spans, term_ids, set_ids)
-        efficiencies, utilizations = list(map(_EFFICIENCY, lines)), list(map(_UTILIZATION, lines))
         readings = terms.readings_text
         rows = [
-            (hour, at, set_id, readings(efficiencies[at : at + size], utilizations[at : at + size]))
-            for (at, size, *_), set_id in zip(spans, set_ids, strict=True)
+            (hour, span[0], set_id, readings(*_readings(span[5])))
+            for span, set_id in zip(spans, set_ids, strict=True)
         ]
         carry: list[tuple] = []
         if again is not None:
-            for (at, size, uuid, priced, kept), version, set_id in zip(spans, versions, set_ids, strict=True):
+            for (at, size, uuid, priced, kept, _), version, set_id in zip(
+                spans, versions, set_ids, strict=True
+            ):
                 if kept is None:  # looked up here: carried once the hour commits
                     carry.append(
                         (uuid, priced, (version, keys[at : at + size], term_ids[at : at + size], set_id))
@@ -636,9 +679,10 @@ class SqlLedger(Ledger):
             self._delete_hour(session, record.hour, facts=True)
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
-            versions = self._version_rows(session, record.book, record.lines)
+            hours = _priced_hours(record)
+            versions = self._version_rows(session, record.book, _versions_named(record, hours))
             rows, added_terms, added_sets, carry = self._group_rows(
-                session, record.lines, versions, hour, keys, record.line_groups, again
+                session, record.lines, versions, hour, keys, record.line_groups, again, hours
             )
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
             session.add(
@@ -684,7 +728,7 @@ class SqlLedger(Ledger):
         stored_hour, _ = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
-            versions = self._version_rows(session, book, lines)
+            versions = self._version_rows(session, book, set(map(_PRICE_VERSION, lines)))
             rows, added_terms, added_sets, _ = self._group_rows(session, lines, versions, stored_hour, keys)
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
         self._learn_terms(added_terms, added_sets)

@@ -147,3 +147,23 @@ def test_groups_that_are_not_their_gpus_lines_are_neither_used_nor_learned(sql_l
         sql_ledger.write_hour(record)
         reference.write_hour(record)
     assert sql_ledger.lines(HOURS[0], HOURS[4]) == reference.lines(HOURS[0], HOURS[4])
+
+
+def test_lines_whose_terms_are_carried_are_stored_without_being_made(sql_ledger, tmp_path):
+    """Ingest's record makes its lines only when read (`PricedLines`). A GPU-hour priced from a kept
+    result whose terms the ledger carries is stored from its priced hour's readings: its lines are
+    never made, and what is stored is still every line with its own hour's utilization."""
+    pricer, reference = Pricer(_book(tmp_path)), open_ledger("memory://")
+    records = [priced_record(pricer, hour, _gpu_hours(hour)[1:], {"ns-a": "alpha"})[0] for hour in HOURS[:4]]
+    for record in records:
+        sql_ledger.write_hour(record)
+    # per hour, whether its GPU-hour's lines exist (a `_ReusedHour` makes them when read)
+    made = [getattr(record.lines.hours[0], "_lines", True) is not None for record in records]
+    # hour 0 priced afresh, hour 1 re-used but looked up (nothing carried yet), hours 2-3 named again
+    assert made == [True, True, False, False]
+    for record in records:
+        reference.write_hour(record)  # the in-memory ledger keeps the lines themselves: made now
+    lines = sql_ledger.lines(HOURS[0], HOURS[4])
+    assert lines == reference.lines(HOURS[0], HOURS[4])
+    held = [line for line in lines if line.pod == "train"]
+    assert [line.utilization for line in held] == [Decimal(n) / 10 for n in range(4)]
