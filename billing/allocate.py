@@ -619,7 +619,7 @@ class Pricer:
         key = (
             id(version),
             # under sharing_split: usage the amounts follow the processes' use as well
-            tuple((a.process_sm, a.process_memory) for a in gpu_hour.allocations) if usage else (),
+            tuple((sm, memory) for _, sm, memory in gpu_hour.readings()[1]) if usage else (),
             dev.model,
             dev.present_seconds,
             dev.mig_mode,
@@ -642,7 +642,11 @@ class Pricer:
                 self._memo[key] = _Kept(priced, sources, tie, {})
             return priced
         self.hits += 1
-        uuid, allocations = dev.uuid, gpu_hour.allocations
+        uuid = dev.uuid
+        # the holders' names and the instances' ids from the layout's facts, the values from the
+        # hour's readings: a steady GPU-hour's facts are then never made (`SteadyGpuHour`)
+        instances, allocations = gpu_hour.layout_facts
+        instance_readings, held_readings = gpu_hour.readings()
         tier_efficiency, tiers = version.tier_efficiency, bool(version.utilization_tiers)
         unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
         efficiencies, utilizations = memo.efficiencies.copy(), memo.utilizations.copy()
@@ -651,15 +655,13 @@ class Pricer:
         # (the lines themselves are made when read: `_ReusedHour`)
         for at, source in memo.held:
             alloc = allocations[source]
-            utilization = alloc.utilization
+            utilization = held_readings[source][0]
             if utilization is None:
                 if alloc.gpu_instance_id:
                     if unit_utilization is None:
                         unit_utilization = {}
-                        for inst in gpu_hour.instances:
-                            unit_utilization.setdefault(
-                                (inst.gpu_instance_id, inst.mig_profile), inst.utilization
-                            )
+                        for inst, reading in zip(instances, instance_readings, strict=True):
+                            unit_utilization.setdefault((inst.gpu_instance_id, inst.mig_profile), reading)
                     utilization = unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
                 else:
                     utilization = dev.utilization

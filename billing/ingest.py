@@ -33,6 +33,8 @@ from gpumeter.billing.models import (
     Device,
     GpuHour,
     MigInstance,
+    Readings,
+    SteadyGpuHour,
     hour_floor,
     hours_between,
     with_fields,
@@ -504,6 +506,9 @@ class RunAnswers:
             ((a[1], (a[0], a[7], a[8], a[9])) for a in self.allocations),
         )
         self._built: tuple | None = None  # (index, config, intervals) of the hour built last
+        self._templates: dict[
+            str, GpuHour
+        ] = {}  # per GPU, the hour built in full its next one may be steady on
         for labels, values in _in_order(col["teams"]):
             namespace, team = labels.get(contract.NAMESPACE), labels.get(contract.LABEL_TEAM)
             if namespace and team:
@@ -535,7 +540,9 @@ class RunAnswers:
         # else None): counts repeat, hour after hour and series after series
         counted: dict[tuple[float, str], tuple[int, float | None]] = {}
 
-        def seconds(count: float, host: str, what: str, *names: str) -> int:
+        troubled: set[str] = set()  # GPUs with a series of more samples than the hour holds
+
+        def seconds(count: float, host: str, uuid: str, what: str, *names: str) -> int:
             held = counted.get((count, host))
             if held is None:
                 interval = by_host.get(host, fleet)  # intervals.of(host)
@@ -543,11 +550,30 @@ class RunAnswers:
                     seconds_from_count(count, config, interval),
                     interval if count > 3600 / interval + 1 else None,  # one sample of slack at the edges
                 )
-            if held[1] is not None and problems is not None:
-                problems.append(
-                    f"{what % names}: {count:g} samples, more than an hour holds at {held[1]:g} s"
-                )
+            if held[1] is not None:
+                troubled.add(uuid)
+                if problems is not None:
+                    problems.append(
+                        f"{what % names}: {count:g} samples, more than an hour holds at {held[1]:g} s"
+                    )
             return held[0]
+
+        # the hour after the one built last, with the same seconds per sample: a GPU none of whose
+        # layout's inputs moved (`_moved`) has the layout of that hour, whose key `kept` holds, and
+        # one built in full then or since (its template) is built steady: its readings only
+        before = self._built
+        moved = (
+            self.moved[index]
+            if before is not None
+            and before[0] == index - 1
+            and before[1] is config
+            and before[2] == (by_host, fleet)
+            else None
+        )
+        self._built = (index, config, (by_host, fleet))
+        kept, one = self.layouts.last, self.layouts.one
+        templates = self._templates if moved is not None else {}
+        steady: dict[str, Readings] = {}  # the readings of this hour's steady GPUs, as they are read
 
         devices: dict[str, list] = {}  # uuid -> [samples, best series' samples, its derived labels]
         for found, values in self.devices:
@@ -568,13 +594,18 @@ class RunAnswers:
                 Device,
                 uuid=uuid,
                 model=model,
-                present_seconds=seconds(count, host, "%s", uuid),
+                present_seconds=seconds(count, host, uuid, "%s", uuid),
                 hostname=host,
                 gpu=gpu,
                 mig_mode=mig_mode,
                 utilization=_at_hour(self.gpu_util.get(uuid), i),
             )
-            hours[uuid] = GpuHour(hour, device)
+            template = templates.get(uuid)
+            if template is not None and uuid not in moved and kept.get(uuid) is not None:  # type: ignore[operator]
+                readings = steady[uuid] = ([], [])
+                hours[uuid] = SteadyGpuHour(hour, device, template, readings, kept[uuid])  # type: ignore[arg-type]
+            else:
+                hours[uuid] = GpuHour(hour, device)
 
         for (uuid, gi, _, compute, memory), values, utilizations, template in self.instances:
             value = values[i]
@@ -583,12 +614,20 @@ class RunAnswers:
             if compute is None or memory is None:
                 log.warning("MIG instance %s/%s without slice counts; skipped", uuid, gi)
                 continue
+            utilization = None if utilizations is None else utilizations[i]
+            if utilization is not None:
+                utilization = _ratio(utilization)
+            readings = steady.get(uuid)
+            if readings is not None:
+                readings[0].append(utilization)
+                continue
             owner = hours[uuid]
             fields = template.copy()
             instance = with_fields(MigInstance, fields)
-            fields["present_seconds"] = seconds(value, owner.device.hostname, "%s instance %s", uuid, gi)
-            utilization = None if utilizations is None else utilizations[i]
-            fields["utilization"] = None if utilization is None else _ratio(utilization)
+            fields["present_seconds"] = seconds(
+                value, owner.device.hostname, uuid, "%s instance %s", uuid, gi
+            )
+            fields["utilization"] = utilization
             owner.instances.append(instance)
 
         with_data, with_sm = self.with_data[i], self.with_sm[i]
@@ -611,14 +650,6 @@ class RunAnswers:
             value = values[i]
             if value is None:
                 continue
-            owner = hours.get(uuid)
-            host = hostname or (owner.device.hostname if owner is not None else "")
-            held = seconds(value, host, "%s/%s", namespace, pod)
-            if owner is None:  # allocated but the device was never seen: priced as an unknown model
-                owner = hours[uuid] = GpuHour(hour, Device(uuid, "", held, hostname, gpu))
-            share = None if shares is None else shares[i]
-            memory = None if memory_shares is None else memory_shares[i]
-            compute = None if compute_shares is None else compute_shares[i]
             utilization = None if utils is None else utils[i]
             if utilization is not None:
                 utilization = _ratio(utilization)
@@ -628,6 +659,18 @@ class RunAnswers:
                 own_memory = _whole(_or_zero(used, i))
                 if shared and own_sm is not None:  # a shared GPU's holder: its own SM share
                     utilization = own_sm
+            readings = steady.get(uuid)
+            if readings is not None:
+                readings[1].append((utilization, own_sm, own_memory))
+                continue
+            owner = hours.get(uuid)
+            host = hostname or (owner.device.hostname if owner is not None else "")
+            held = seconds(value, host, uuid, "%s/%s", namespace, pod)
+            if owner is None:  # allocated but the device was never seen: priced as an unknown model
+                owner = hours[uuid] = GpuHour(hour, Device(uuid, "", held, hostname, gpu))
+            share = None if shares is None else shares[i]
+            memory = None if memory_shares is None else memory_shares[i]
+            compute = None if compute_shares is None else compute_shares[i]
             fields = template.copy()
             allocation = with_fields(Allocation, fields)
             fields["allocated_seconds"] = held
@@ -639,21 +682,14 @@ class RunAnswers:
             fields["process_memory"] = own_memory
             owner.allocations.append(allocation)
         built = [hours[u] for u in sorted(hours)]
-        kept, one = self.layouts.last, self.layouts.one
-        # the hour after the one built last, with the same seconds per sample: a GPU none of whose
-        # layout's inputs moved has the layout of that hour, whose key `kept` holds (`_moved`)
-        before = self._built
-        moved = (
-            self.moved[index]
-            if before is not None
-            and before[0] == index - 1
-            and before[1] is config
-            and before[2] == (by_host, fleet)
-            else None
-        )
-        self._built = (index, config, (by_host, fleet))
+        templates = {}  # each GPU's template for the next hour: this hour, or its steady one's
         for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
             uuid = gpu_hour.device.uuid
+            if uuid in steady:
+                templates[uuid] = gpu_hour.template  # type: ignore[attr-defined]
+                continue
+            if uuid not in troubled:  # a GPU whose counts made problems is built in full each hour
+                templates[uuid] = gpu_hour
             if moved is not None and uuid not in moved and uuid in kept:
                 gpu_hour.layout = kept[uuid]
                 continue
@@ -661,6 +697,7 @@ class RunAnswers:
             if key is not None:  # the key object of the first hour with this layout (`CarriedLayouts`)
                 key = one.setdefault(key, key)
             kept[uuid] = gpu_hour.layout = key
+        self._templates = templates
         if len(one) > LAYOUTS_KEPT:  # equal keys then compare value by value again, until met anew
             one.clear()
         return built, dict(self.teams[i])

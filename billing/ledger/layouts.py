@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from gpumeter.billing.ledger.base import SHARED_MODES
-from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
+from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance, Readings
 
 INSTANCE_ORDER = operator.attrgetter("gpu_instance_id", "mig_profile")
 ALLOCATION_ORDER = operator.attrgetter("gpu_instance_id", "namespace", "pod", "container", "resource")
@@ -119,10 +119,13 @@ def layout_body(key: tuple) -> tuple[str, str, bool]:
 def readings(instances: list[MigInstance], allocations: list[Allocation]) -> str:
     """The hour's readings of (ordered) instances and allocations as JSON text:
     ``[[instance utilization, ...], [[utilization, process SM, process memory], ...]]``."""
+    return readings_text((list(map(_UTILIZATION, instances)), list(map(_allocation_readings, allocations))))
+
+
+def readings_text(readings: Readings) -> str:
+    """`readings` of a GPU-hour's own (`GpuHour.readings`, in the order of its facts)."""
     # each Decimal written through str by orjson: a third less than making the texts here
-    return orjson.dumps(
-        [list(map(_UTILIZATION, instances)), list(map(_allocation_readings, allocations))], default=str
-    ).decode()
+    return orjson.dumps(list(readings), default=str).decode()
 
 
 def parse_layout(body: str) -> dict[str, list[list[Any]]]:

@@ -595,7 +595,7 @@ class SqlLedger(Ledger):
         rows = []
         wanted: dict[tuple, list[list]] = {}  # a layout not known yet -> the rows naming it
         at_utilization = len(self.DEVICE_COLUMNS) - 1
-        device_values, readings = self._device_values, layouts.readings
+        device_values, readings, readings_text = self._device_values, layouts.readings, layouts.readings_text
         for gpu_hour in gpu_hours:
             row = [hour, *device_values(gpu_hour.device), None, None]
             if exact is not None:
@@ -603,13 +603,14 @@ class SqlLedger(Ledger):
             key = gpu_hour.layout  # carried (in canonical order already), else worked out
             if key is None:
                 instances, allocations, key = layouts.canonical(gpu_hour)
-            else:
-                instances, allocations = gpu_hour.instances, gpu_hour.allocations
+                text = readings(instances, allocations) if key is not None else None
+            else:  # the hour's readings, in the canonical order (a steady GPU-hour's facts not made)
+                text = readings_text(gpu_hour.readings())
             if key is not None:
                 layout_id = known.get(key)
                 if layout_id is None:
                     wanted.setdefault(key, []).append(row)
-                row[-2], row[-1] = layout_id, readings(instances, allocations)
+                row[-2], row[-1] = layout_id, text
             rows.append(row)
         if not wanted:
             return rows, {}

@@ -11,13 +11,26 @@ import pickle
 import subprocess
 import sys
 from datetime import timedelta
+from decimal import Decimal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumeter import contract
-from gpumeter.billing.ingest import CarriedLayouts, HourIntervals, IngestConfig, RunAnswers, _at, build_hour
+from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.ingest import (
+    CarriedLayouts,
+    HourIntervals,
+    IngestConfig,
+    RunAnswers,
+    _at,
+    build_hour,
+    priced_record,
+)
 from gpumeter.billing.ledger import layouts
+from gpumeter.billing.models import SteadyGpuHour
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import Sample
 from tests.billing.factories import H100, HOUR0
 
@@ -233,3 +246,52 @@ def test_a_layout_that_comes_back_is_named_by_the_key_object_it_had():
     assert idle is None and held is not None and half is not None
     assert back is held and half != held and half is not held
     assert all(k is k0 for k, k0 in zip(again, keys[0], strict=True))
+
+
+def test_a_gpu_whose_layout_did_not_move_is_built_priced_and_stored_from_its_readings(sql_ledger):
+    """Hours 1-3 repeat hour 0 but for the readings (utilization, process use): each GPU is built
+    steady (`SteadyGpuHour`: its layout the first hour's, its readings its own), priced from the
+    kept result and stored, its facts never made; and each is the hour built from its own samples,
+    and what the ledger gives back, readings and all."""
+    readings = [0.0, 0.125, 0.3, 0.5]
+    history: dict[str, list[list[float | None]]] = {}
+    for name, labels in SERIES.items():
+        if name.endswith("_count"):
+            history[name] = [[120.0] * len(HOURS) for _ in labels]
+        elif name == "proc_memory":
+            history[name] = [[r * 4e10 for r in readings] for _ in labels]
+        else:
+            history[name] = [
+                list(readings) if name in ("gpu_util", "mig_util", "proc_sm") else [0.5] * 4 for _ in labels
+            ]
+    history["gpu_count"][2] = [None] * len(HOURS)  # no label change: one series per GPU
+    run = RunAnswers.of(_range_answers(history), HOURS)
+    pricer = Pricer(load_price_book(DEFAULT_BOOK))
+    records, built = [], []
+    for index, hour in enumerate(HOURS):
+        gpu_hours, teams = run.build(index, CONFIG)
+        built.append(gpu_hours)
+        records.append(priced_record(pricer, hour, gpu_hours, teams)[0])
+        sql_ledger.write_hour(records[-1])
+    steady = [[type(gh) is SteadyGpuHour and gh._facts is None for gh in gpu_hours] for gpu_hours in built]
+    assert steady == [[False, False], [True, True], [True, True], [True, True]]
+    for index, hour in enumerate(HOURS):
+        alone = {
+            name: [
+                Sample(dict(labels), values[index])
+                for labels, values in zip(SERIES[name], history[name], strict=True)
+                if values[index] is not None
+            ]
+            for name in SERIES
+        }
+        assert built[index] == build_hour(alone, hour, CONFIG)[0]
+        assert sql_ledger.facts(hour) == built[index]
+        assert records[index].lines == price_all(pricer.book, built[index], records[index])
+    utilizations = [[i.utilization for i in gpu_hours[0].instances] for gpu_hours in built]
+    assert utilizations == [[Decimal(repr(r)).quantize(Decimal("1e-9"))] * 2 for r in readings]
+
+
+def price_all(book, gpu_hours, record):
+    """The hour's lines priced from scratch, GPU-hour by GPU-hour, with the teams the record used."""
+    teams = {line.namespace: line.team for line in record.lines if line.team}
+    return [line for gh in gpu_hours for line in price_gpu_hour(gh, book, teams).lines]
