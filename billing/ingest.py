@@ -506,9 +506,8 @@ class RunAnswers:
             ((a[1], (a[0], a[7], a[8], a[9])) for a in self.allocations),
         )
         self._built: tuple | None = None  # (index, config, intervals) of the hour built last
-        self._templates: dict[
-            str, GpuHour
-        ] = {}  # per GPU, the hour built in full its next one may be steady on
+        # per GPU, the hour it was last built in full, which the next hour may be built steady on
+        self._templates: dict[str, GpuHour] = {}
         for labels, values in _in_order(col["teams"]):
             namespace, team = labels.get(contract.NAMESPACE), labels.get(contract.LABEL_TEAM)
             if namespace and team:
@@ -601,9 +600,14 @@ class RunAnswers:
                 utilization=_at_hour(self.gpu_util.get(uuid), i),
             )
             template = templates.get(uuid)
-            if template is not None and uuid not in moved and kept.get(uuid) is not None:  # type: ignore[operator]
+            if (
+                template is not None
+                and moved is not None
+                and uuid not in moved
+                and (key := kept.get(uuid)) is not None
+            ):
                 readings = steady[uuid] = ([], [])
-                hours[uuid] = SteadyGpuHour(hour, device, template, readings, kept[uuid])  # type: ignore[arg-type]
+                hours[uuid] = SteadyGpuHour(hour, device, template, readings, key)
             else:
                 hours[uuid] = GpuHour(hour, device)
 
@@ -682,14 +686,14 @@ class RunAnswers:
             fields["process_memory"] = own_memory
             owner.allocations.append(allocation)
         built = [hours[u] for u in sorted(hours)]
-        templates = {}  # each GPU's template for the next hour: this hour, or its steady one's
+        carried = {}  # each GPU's template for the next hour: this hour, or the one it was steady on
         for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
             uuid = gpu_hour.device.uuid
             if uuid in steady:
-                templates[uuid] = gpu_hour.template  # type: ignore[attr-defined]
+                carried[uuid] = templates[uuid]
                 continue
             if uuid not in troubled:  # a GPU whose counts made problems is built in full each hour
-                templates[uuid] = gpu_hour
+                carried[uuid] = gpu_hour
             if moved is not None and uuid not in moved and uuid in kept:
                 gpu_hour.layout = kept[uuid]
                 continue
@@ -697,7 +701,7 @@ class RunAnswers:
             if key is not None:  # the key object of the first hour with this layout (`CarriedLayouts`)
                 key = one.setdefault(key, key)
             kept[uuid] = gpu_hour.layout = key
-        self._templates = templates
+        self._templates = carried
         if len(one) > LAYOUTS_KEPT:  # equal keys then compare value by value again, until met anew
             one.clear()
         return built, dict(self.teams[i])
