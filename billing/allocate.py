@@ -31,6 +31,7 @@ from gpumeter.billing.models import (
     LineKind,
     QuantityUnit,
     line_key,
+    line_readings,
     with_fields,
 )
 from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
@@ -90,10 +91,7 @@ class PricedHour:
 
     def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
         """The lines' efficiencies and utilizations, in order."""
-        return list(map(_EFFICIENCY, self.lines)), list(map(_UTILIZATION, self.lines))
-
-
-_EFFICIENCY, _UTILIZATION = map(operator.attrgetter, ("efficiency", "utilization"))
+        return line_readings(self.lines)
 
 
 class _ReusedHour(PricedHour):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -196,7 +197,7 @@ class GpuHour:
     def readings(self) -> Readings:
         """The hour's own readings: each instance's utilization, and each allocation's utilization,
         process SM and process memory, in the order of the lists."""
-        return list(map(_INSTANCE_READING, self.instances)), list(map(_ALLOCATION_READINGS, self.allocations))
+        return facts_readings(self.instances, self.allocations)
 
     @property
     def layout_facts(self) -> tuple[list[MigInstance], list[Allocation]]:
@@ -204,8 +205,19 @@ class GpuHour:
         return self.instances, self.allocations
 
 
-_INSTANCE_READING = operator.attrgetter("utilization")
+_UTILIZATION = operator.attrgetter("utilization")
 _ALLOCATION_READINGS = operator.attrgetter("utilization", "process_sm", "process_memory")
+_EFFICIENCY = operator.attrgetter("efficiency")
+
+
+def facts_readings(instances: list[MigInstance], allocations: list[Allocation]) -> Readings:
+    """`GpuHour.readings` of instances and allocations as given."""
+    return list(map(_UTILIZATION, instances)), list(map(_ALLOCATION_READINGS, allocations))
+
+
+def line_readings(lines: Sequence[Line]) -> tuple[list[Decimal | None], list[Decimal | None]]:
+    """What a ledger stores of lines besides their terms: their efficiencies and utilizations."""
+    return list(map(_EFFICIENCY, lines)), list(map(_UTILIZATION, lines))
 
 
 class SteadyGpuHour(GpuHour):

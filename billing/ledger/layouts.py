@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from gpumeter.billing.ledger.base import SHARED_MODES
-from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance, Readings
+from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance, Readings, facts_readings
 
 INSTANCE_ORDER = operator.attrgetter("gpu_instance_id", "mig_profile")
 ALLOCATION_ORDER = operator.attrgetter("gpu_instance_id", "namespace", "pod", "container", "resource")
@@ -48,8 +48,6 @@ ALLOCATION_READINGS = ("utilization", "process_sm", "process_memory")
 _DECIMALS = frozenset(("share", "memory_share", "compute_share", *ALLOCATION_READINGS))
 _instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
 _allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
-_allocation_readings = operator.attrgetter(*ALLOCATION_READINGS)
-_UTILIZATION = operator.attrgetter("utilization")
 _NAMESPACE_AT, _POD_AT, _SHARING_AT = map(ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing"))
 
 
@@ -119,7 +117,7 @@ def layout_body(key: tuple) -> tuple[str, str, bool]:
 def readings(instances: list[MigInstance], allocations: list[Allocation]) -> str:
     """The hour's readings of (ordered) instances and allocations as JSON text:
     ``[[instance utilization, ...], [[utilization, process SM, process memory], ...]]``."""
-    return readings_text((list(map(_UTILIZATION, instances)), list(map(_allocation_readings, allocations))))
+    return readings_text(facts_readings(instances, allocations))
 
 
 def readings_text(readings: Readings) -> str:

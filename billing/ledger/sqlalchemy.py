@@ -80,6 +80,7 @@ from gpumeter.billing.models import (
     LineKind,
     QuantityUnit,
     line_key,
+    line_readings,
 )
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
 
@@ -98,9 +99,7 @@ CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger
 CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
 
 
-_PRICE_VERSION, _EFFICIENCY, _UTILIZATION, _UUID = map(
-    operator.attrgetter, ("price_version", "efficiency", "utilization", "uuid")
-)
+_PRICE_VERSION, _UUID = map(operator.attrgetter, ("price_version", "uuid"))
 
 
 SQLITE_ROWS = 1024  # rows per multi-row INSERT at most (`SqlLedger._bulk_insert`)
@@ -129,9 +128,7 @@ def _versions_named(record: HourRecord, hours: list[PricedHour] | None) -> set[s
 
 def _readings(part: list[Line] | PricedHour) -> tuple[list, list]:
     """A line group's efficiencies and utilizations, from its priced hour without making its lines."""
-    if isinstance(part, list):
-        return list(map(_EFFICIENCY, part)), list(map(_UTILIZATION, part))
-    return part.readings()
+    return line_readings(part) if isinstance(part, list) else part.readings()
 
 
 def _statement_sizes(rows: int, most: int) -> list[int]:
@@ -400,22 +397,27 @@ class SqlLedger(Ledger):
     )
     GPU_HOUR_COLUMNS = (*DEVICE_COLUMNS, "layout_id", "readings")  # the layout and readings: layouts.py
 
-    def _line_keys(self, record: HourRecord) -> tuple[list[str], list | None]:
+    def _line_keys(
+        self, record: HourRecord, hours: list[PricedHour] | None
+    ) -> tuple[list[str], list | None, list]:
         """The lines' keys, in order, and per line group (`HourRecord.line_groups`) what the ledger
         does with it: the GPU's lines of an hour before with equal terms, to name again; None, to
         look its lines up and carry them; False, to look them up only (no terms known, no lines, or
         not its GPU's lines: a caller's mistake). Raises DuplicateLine naming the first key met
-        twice, before any row is touched. A group named again is not made into lines (`PricedLines`)."""
+        twice, before any row is touched. A group named again is not made into lines (`PricedLines`).
+        Also each group's lines as `_group_rows` reads them: its priced hour (``hours``, from
+        `_priced_hours`) or the record's lines' slice."""
         groups, lines = record.line_groups, record.lines
         if not groups or sum(group[2] for group in groups) != len(lines):
-            return refuse_duplicate_lines(record.hour, lines), None
+            return refuse_duplicate_lines(record.hour, lines), None, []
         carried = self._carried
-        hours = _priced_hours(record)
         keys: list[str] = []
         again: list = []
+        parts: list = []
         at = 0
         for n, (uuid, priced, size) in enumerate(groups):
             own = lines[at : at + size] if hours is None else hours[n]
+            parts.append(own)
             if priced is None or not size or (own[0].uuid if hours is None else own.uuid) != uuid:
                 kept = False
             else:
@@ -430,7 +432,7 @@ class SqlLedger(Ledger):
             at += size
         if len(set(keys)) != len(keys):
             refuse_duplicate_lines(record.hour, lines)  # raises, naming the line
-        return keys, again
+        return keys, again, parts
 
     def _group_rows(
         self,
@@ -441,7 +443,7 @@ class SqlLedger(Ledger):
         keys: list[str],
         groups: tuple = (),
         again: list | None = None,
-        hours: list[PricedHour] | None = None,
+        parts: list | None = None,
     ) -> tuple[list, dict, dict, list]:
         """Rows of ``cost_line_groups`` in GROUP_COLUMNS order, in the driver's form; the terms and
         sets this transaction added (content -> id), which `_term_ids` and `_set_ids` learn only once
@@ -465,9 +467,8 @@ class SqlLedger(Ledger):
                 at += len(part)
         else:
             at = 0
-            for n, ((uuid, priced, size), kept) in enumerate(zip(groups, again, strict=True)):
+            for (uuid, priced, size), kept, own in zip(groups, again, parts or (), strict=True):
                 if size:
-                    own = lines[at : at + size] if hours is None else hours[n]
                     spans.append((at, size, uuid, priced, kept, own))
                 at += size
         term_ids: list = []
@@ -674,16 +675,16 @@ class SqlLedger(Ledger):
     @_stored("write hour")
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         now = datetime.now(UTC)
-        keys, again = self._line_keys(record)  # before any row is touched
+        hours = _priced_hours(record)
+        keys, again, parts = self._line_keys(record, hours)  # before any row is touched
         hour, exact = self._driver_values(record.hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, record.hour, facts=True)
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
-            hours = _priced_hours(record)
             versions = self._version_rows(session, record.book, _versions_named(record, hours))
             rows, added_terms, added_sets, carry = self._group_rows(
-                session, record.lines, versions, hour, keys, record.line_groups, again, hours
+                session, record.lines, versions, hour, keys, record.line_groups, again, parts
             )
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
             session.add(
