@@ -134,24 +134,22 @@ def test_a_child_that_outstays_sigterm_is_named_with_its_threads_stacks_and_left
     assert "Fatal Python error: Aborted" in dump and "threading.py" in dump  # the helper thread's stack
 
 
-# The exporter's stop, with the moment that hung one made certain: its event's lock sends this
-# process SIGTERM the first time it is taken outside the handler, and the handler (as every
-# command's: set the event) then runs while that lock is held. A timer sends SIGTERM as well.
-HELD_LOCK = """
+# A stand-in for an event's lock that, the first time it is taken where ``when()`` holds,
+# sends this process SIGTERM from another thread and keeps the lock until the signal is pending:
+# the handler then runs while the lock is held. Prefixed to the scripts below.
+SIGNALLING_LOCK = """
 import os, signal, threading
-from gpumeter.process import wait_until_set
-in_handler = False
 
 class SignallingLock:
-    def __init__(self):
-        self._lock, self.sent = threading.Lock(), False
+    def __init__(self, when):
+        self._lock, self._when, self.sent = threading.Lock(), when, False
     def acquire(self, *args):
         return self._lock.acquire(*args)
     def release(self):
         self._lock.release()
     def __enter__(self):
         self._lock.acquire()
-        if not self.sent and not in_handler:
+        if not self.sent and self._when():
             self.sent = True
             kill = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
             kill.start()
@@ -159,6 +157,17 @@ class SignallingLock:
         return True
     def __exit__(self, *exc):
         self._lock.release()
+"""
+
+
+# The exporter's stop, with the moment that hung one made certain: its event's lock sends this
+# process SIGTERM the first time it is taken outside the handler, and the handler (as every
+# command's: set the event) then runs while that lock is held. A timer sends SIGTERM as well.
+HELD_LOCK = (
+    SIGNALLING_LOCK
+    + """
+from gpumeter.process import wait_until_set
+in_handler = False
 
 def handler(*_):
     global in_handler
@@ -166,12 +175,13 @@ def handler(*_):
     stop.set()
 
 stop = threading.Event()
-stop._cond = threading.Condition(SignallingLock())
+stop._cond = threading.Condition(SignallingLock(lambda: not in_handler))
 signal.signal(signal.SIGTERM, handler)
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
 wait_until_set(stop, 0.05)
 print("stopped", flush=True)
 """
+)
 
 
 def test_a_stop_signal_never_finds_the_main_thread_holding_the_events_lock():
@@ -179,12 +189,7 @@ def test_a_stop_signal_never_finds_the_main_thread_holding_the_events_lock():
     the handler's ``stop.set()`` could run while the main thread held the event's lock, and waited
     for it forever: here at once; in a loaded ``make test``, an exporter still sampling after
     SIGTERM, its main thread in ``Event.set`` called from ``Condition.__exit__``."""
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", HELD_LOCK], capture_output=True, text=True, timeout=30, cwd=ROOT
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the main thread deadlocked: the handler waited for the lock it held")
+    out = _run_or_fail(HELD_LOCK, "the main thread deadlocked: the handler waited for the lock it held")
     assert out.stdout.strip() == "stopped", out.stderr[-2000:]
 
 
@@ -192,45 +197,34 @@ def test_a_stop_signal_never_finds_the_main_thread_holding_the_events_lock():
 # first time it is taken (by that handler's ``set()``: nothing else here takes it), sends this
 # process SIGTERM again and holds the lock until it is pending, so the second handler runs inside
 # the first one's ``set()``.
-NESTED = """
-import os, signal, threading
+NESTED = (
+    SIGNALLING_LOCK
+    + """
 from gpumeter.process import stop_on_signals, wait_until_set
 
-class NestingLock:
-    def __init__(self):
-        self._lock, self.sent = threading.Lock(), False
-    def acquire(self, *args):
-        return self._lock.acquire(*args)
-    def release(self):
-        self._lock.release()
-    def __enter__(self):
-        self._lock.acquire()
-        if not self.sent:
-            self.sent = True
-            kill = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM))
-            kill.start()
-            kill.join()
-        return True
-    def __exit__(self, *exc):
-        self._lock.release()
-
 stop = threading.Event()
-stop._cond = threading.Condition(NestingLock())
+stop._cond = threading.Condition(SignallingLock(lambda: True))
 stop_on_signals(stop, (signal.SIGTERM,))
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
 wait_until_set(stop, 0.05)
 print("stopped", stop._cond._lock.sent, flush=True)
 """
+)
 
 
 def test_a_second_stop_signal_inside_the_first_ones_handler_does_not_deadlock():
     """Ctrl-C pressed twice: the second handler ran inside the first one's ``stop.set()`` and, with
     every command's handler then (``lambda *_: stop.set()``), waited for the lock that ``set()``
     held, forever. `stop_on_signals`' handlers never wait."""
+    out = _run_or_fail(NESTED, "the second handler deadlocked inside the first one's set()")
+    assert out.stdout.strip() == "stopped True", out.stderr[-2000:]  # True: the second signal was sent
+
+
+def _run_or_fail(script: str, hung: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh interpreter; fail the test with ``hung`` if it runs past 30 s."""
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", NESTED], capture_output=True, text=True, timeout=30, cwd=ROOT
+        return subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
         )
     except subprocess.TimeoutExpired:
-        pytest.fail("the second handler deadlocked inside the first one's set()")
-    assert out.stdout.strip() == "stopped True", out.stderr[-2000:]  # True: the second signal was sent
+        pytest.fail(hung)

@@ -149,6 +149,18 @@ def _range_answers(history: dict[str, list[list[float | None]]]) -> dict[str, li
     }
 
 
+def _samples_at(history: dict[str, list[list[float | None]]], index: int) -> dict[str, list[Sample]]:
+    """The ``index``-th hour's samples alone, as its instant queries give them."""
+    return {
+        name: [
+            Sample(dict(labels), values[index])
+            for labels, values in zip(SERIES[name], history[name], strict=True)
+            if values[index] is not None
+        ]
+        for name in SERIES
+    }
+
+
 # seconds per sample of node-1 in each hour: 30 s, or 60 s after an exporter's restart with another
 # interval; the seconds of every series change with it, and so may every GPU's layout
 INTERVALS = st.lists(st.sampled_from((30.0, 60.0)), min_size=len(HOURS), max_size=len(HOURS))
@@ -164,14 +176,7 @@ def test_each_hour_of_a_run_is_the_hour_built_from_its_own_samples(history, seco
     for index in order:
         hour = HOURS[index]
         intervals = HourIntervals({"node-1": seconds[index]}, 30.0)
-        alone = {
-            name: [
-                Sample(dict(labels), values[index])
-                for labels, values in zip(SERIES[name], history[name], strict=True)
-                if values[index] is not None
-            ]
-            for name in SERIES
-        }
+        alone = _samples_at(history, index)
         problems_run: list[str] = []
         problems_alone: list[str] = []
         built = run.build(index, CONFIG, intervals, problems=problems_run)
@@ -276,14 +281,7 @@ def test_a_gpu_whose_layout_did_not_move_is_built_priced_and_stored_from_its_rea
     steady = [[type(gh) is SteadyGpuHour and gh._facts is None for gh in gpu_hours] for gpu_hours in built]
     assert steady == [[False, False], [True, True], [True, True], [True, True]]
     for index, hour in enumerate(HOURS):
-        alone = {
-            name: [
-                Sample(dict(labels), values[index])
-                for labels, values in zip(SERIES[name], history[name], strict=True)
-                if values[index] is not None
-            ]
-            for name in SERIES
-        }
+        alone = _samples_at(history, index)
         assert built[index] == build_hour(alone, hour, CONFIG)[0]
         assert sql_ledger.facts(hour) == built[index]
         assert records[index].lines == price_all(pricer.book, built[index], records[index])
