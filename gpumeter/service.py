@@ -84,9 +84,14 @@ def monthly_report(settings: dict, report: dict | None = None, now: datetime | N
 
 
 def build_app(
-    ledger: Ledger, clock: Callable[[], datetime] | None = None, budgets: Mapping[str, Budget] | None = None
+    ledger: Ledger,
+    clock: Callable[[], datetime] | None = None,
+    budgets: Mapping[str, Budget] | None = None,
+    ready: threading.Event | None = None,
 ):
-    """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database answers."""
+    """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database
+    answers. ``ready``: until it is set, /healthz answers 503 "starting" (serve sets it once the
+    scheduler holds its jobs, so a probe that passes means the schedule is there)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BillingCollector(ledger, clock or (lambda: datetime.now(UTC)), budgets))
     metrics = make_wsgi_app(registry)
@@ -94,6 +99,9 @@ def build_app(
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
         if path == "/healthz":
+            if ready is not None and not ready.is_set():
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"starting\n"]
             try:
                 ledger.ping()
             except Exception as exc:  # any database failure is unhealthy
@@ -120,13 +128,18 @@ def build_scheduler(
         timezone=UTC,
     )
     kwargs = {"settings": settings.as_dict()}
+    # The catch-up at start is the hourly job's first run, not a one-off job: APScheduler removes a
+    # one-off job after submitting it, and a stop landing then (a pod deleted as it starts) killed
+    # its thread with JobLookupError. A recurring job is only given its next run time.
+    at_start = {"next_run_time": datetime.now(UTC)} if catch_up_now else {}
     scheduler.add_job(
         hourly_ingest,
         CronTrigger(minute=5, timezone=UTC),
         id="hourly-ingest",
-        name="hourly ingest (catches up missed hours)",
+        name="hourly ingest (catches up missed hours; once at start too)",
         kwargs=kwargs,
         replace_existing=True,
+        **at_start,
     )
     report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
     scheduler.add_job(
@@ -137,8 +150,6 @@ def build_scheduler(
         kwargs={**kwargs, "report": report_schedule.as_dict()},
         replace_existing=True,
     )
-    if catch_up_now:
-        scheduler.add_job(hourly_ingest, id="catch-up-at-start", kwargs=kwargs, replace_existing=True)
     return scheduler
 
 
@@ -157,13 +168,15 @@ def serve(
     web.parse_listen(listen)
     budgets = load_budgets(settings.teams_file) if settings.teams_file else {}
     ledger = open_sql_ledger(settings.db, schema=settings.schema)  # the job store shares its database
+    ready = threading.Event()
     try:
-        server = web.serve(build_app(ledger, clock, budgets), listen, web_settings, name="billing")
+        server = web.serve(build_app(ledger, clock, budgets, ready), listen, web_settings, name="billing")
     except web.ListenError:
         ledger.close()
         raise
     scheduler = build_scheduler(ledger, settings)
     scheduler.start()
+    ready.set()
     log.info(
         "billing service on %s; ledger %s", listen, ledger.engine.url.render_as_string(hide_password=True)
     )

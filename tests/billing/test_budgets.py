@@ -8,7 +8,6 @@ is a tenant line of exactly 3.00 and an idle one an `__unallocated__` line nobod
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -16,7 +15,6 @@ from fractions import Fraction
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import text
 
 import gpumeter
 from gpumeter.billing.allocate import price_gpu_hour
@@ -302,11 +300,6 @@ def test_metrics_export_budget_month_to_date_and_forecast(prices):
 # --- a real `billing serve` ---------------------------------------------------------------------------
 
 
-def _job_ids(ledger) -> set[str]:
-    with ledger.engine.connect() as conn:
-        return set(conn.execute(text("SELECT id FROM apscheduler_jobs")).scalars())
-
-
 @pytest.mark.timeout(120)
 def test_billing_serve_exports_the_hand_worked_budget_series(sql_ledger, prices, tmp_path):
     """The service reads the wall clock, so the ledger is built around it: every hour of the 7 whole
@@ -339,11 +332,6 @@ def test_billing_serve_exports_the_hand_worked_budget_series(sql_ledger, prices,
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=20)
         exposition = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        # stop only once the one-off catch-up at start has left the job store: a stop while APScheduler
-        # removes it raises JobLookupError in the scheduler's thread
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and "catch-up-at-start" in _job_ids(ledger):
-            time.sleep(0.1)
     finally:
         stop.set()
         thread.join(20)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.config import Settings
+from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
@@ -98,10 +99,14 @@ def test_scheduler_keeps_its_jobs_in_the_ledger_database(sql_ledger, tmp_path):
 
     assert "apscheduler_jobs" in inspect(ledger.engine).get_table_names()
     # a second replica (or a restart) replaces the same jobs rather than adding more
-    again = build_scheduler(ledger, settings, catch_up_now=False)
+    # a start catches up at once: the hourly job's first run is now, then every hour at :05
+    before = datetime.now(UTC)
+    again = build_scheduler(ledger, settings)
     again.start(paused=True)
     try:
-        assert sorted(job.id for job in again.get_jobs()) == ["hourly-ingest", "monthly-report"]
+        jobs = {job.id: job for job in again.get_jobs()}
+        assert sorted(jobs) == ["hourly-ingest", "monthly-report"]
+        assert timedelta(0) <= jobs["hourly-ingest"].next_run_time - before < timedelta(seconds=5)
     finally:
         again.shutdown(wait=False)
 
@@ -143,3 +148,87 @@ def test_serve_answers_healthz_and_metrics_then_stops(sql_ledger, tmp_path):
     # flag used to stay set, and the next in-process run stopped after 0 hours).
     later = hourly_ingest(settings.as_dict(), now=HOUR0 + timedelta(minutes=5), holder="later")
     assert later.startswith("failed at"), later  # Prometheus at port 9 refuses: it ran, and failed
+
+
+def _job_ids(ledger) -> set[str]:
+    from sqlalchemy import inspect, text
+
+    if "apscheduler_jobs" not in inspect(ledger.engine).get_table_names():
+        return set()
+    with ledger.engine.connect() as conn:
+        return set(conn.execute(text("SELECT id FROM apscheduler_jobs")).scalars())
+
+
+def test_healthz_says_starting_until_the_service_is_ready(ledger):
+    ready = threading.Event()
+    app = build_app(ledger, ready=ready)
+    with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://billing") as client:
+        starting = client.get("/healthz")
+        assert (starting.status_code, starting.text) == (503, "starting\n")
+        assert client.get("/metrics").status_code == 200  # the ledger's figures need no scheduler
+        ready.set()
+        assert (client.get("/healthz").status_code, client.get("/healthz").text) == (200, "ok\n")
+
+
+@pytest.mark.timeout(60)
+def test_the_schedule_is_stored_before_healthz_first_says_ok(sql_ledger, tmp_path):
+    """CI once saw /healthz and /metrics answer before the scheduler had made its job store: the
+    listener went up first. A readiness probe that passes must mean the jobs are scheduled (the
+    window is a few milliseconds here; this checks the whole service keeps to it)."""
+    ledger = sql_ledger
+    settings = _settings(ledger, tmp_path, catchup_hours=1)
+    port, stop = free_port(), threading.Event()
+    thread = threading.Thread(target=serve, args=(settings, f"127.0.0.1:{port}", stop), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # polled tightly: the first ok is the one that counts
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "billing serve did not answer /healthz in 20 s"
+            time.sleep(0.01)
+        assert {"hourly-ingest", "monthly-report"} <= _job_ids(ledger)
+    finally:
+        stop.set()
+        thread.join(20)
+    assert not thread.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_port_raises_and_no_job_runs(sql_ledger, tmp_path):
+    import socket
+
+    from gpumeter.web import ListenError
+
+    ledger = sql_ledger
+    settings = _settings(ledger, tmp_path, catchup_hours=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError, match=f"127.0.0.1:{port}"):
+            serve(settings, f"127.0.0.1:{port}", threading.Event())
+    assert not [t for t in threading.enumerate() if t.name == "APScheduler"]
+    assert _job_ids(ledger) == set()  # nothing was scheduled, so nothing can run
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_during_start_leaves_the_scheduler_thread_unharmed(tmp_path):
+    """A stop that lands as the service starts (a pod deleted while it comes up) used to kill the
+    scheduler's thread with JobLookupError: APScheduler removes a one-off job after handing it to
+    its executor, and a stopped scheduler looks for it among its pending jobs only. pytest fails a
+    test whose thread raised. The stop is set before serve starts, so serve stops at once."""
+    settings = Settings(
+        db=f"sqlite:///{tmp_path / 'ledger.db'}", prometheus="http://127.0.0.1:9", catchup_hours=1
+    )
+    stop = threading.Event()
+    stop.set()
+    assert serve(settings, f"127.0.0.1:{free_port()}", stop) == 0
+    assert not [t for t in threading.enumerate() if t.name == "APScheduler"]
+    ledger = open_ledger(settings.db)
+    try:  # the schedule is whole for the next start: the two recurring jobs and nothing else
+        assert _job_ids(ledger) == {"hourly-ingest", "monthly-report"}
+    finally:
+        ledger.close()
