@@ -34,6 +34,7 @@ from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import open_client
 from gpumeter.process import stop_on_signals, wait_until_set
+from gpumeter.reports.model import ReportError
 from gpumeter.reports.schedule import ReportSchedule, run_monthly
 
 log = logging.getLogger(__name__)
@@ -162,10 +163,12 @@ def serve(
 ) -> int:
     """/metrics and /healthz through gpumeter.web (threads, TLS and basic auth from an exporter-toolkit
     web config, bounded clients: docs/security.md), and the scheduler. A bad web config or listen
-    address raises (WebConfigError, ListenError) before anything starts. ``clock``: what /metrics
+    address raises (WebConfigError, ListenError), and a bad GPUMETER_REPORT_* setting ReportError,
+    before anything starts. ``clock``: what /metrics
     takes for now (the budgets' month); the wall clock by default."""
     web_settings = web.load_web_config(web_config) if web_config else None
     web.parse_listen(listen)
+    ReportSchedule.from_env().check()  # here, not on the 1st of next month when the job runs
     budgets = load_budgets(settings.teams_file) if settings.teams_file else {}
     ledger = open_sql_ledger(settings.db, schema=settings.schema)  # the job store shares its database
     ready = threading.Event()
@@ -239,6 +242,6 @@ def cmd_serve(args) -> int:
         return 2
     try:
         return serve(billing_cli.settings_from(args), args.listen, web_config=args.web_config)
-    except (web.WebConfigError, web.ListenError) as exc:
+    except (web.WebConfigError, web.ListenError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

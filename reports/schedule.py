@@ -24,6 +24,7 @@ from pathlib import Path
 from apscheduler.triggers.cron import CronTrigger
 
 log = logging.getLogger(__name__)
+KINDS = ("chargeback", "health")  # GPUMETER_REPORT_KINDS: the two reports the monthly job renders
 
 
 @dataclass
@@ -49,6 +50,42 @@ class ReportSchedule:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def check(self) -> None:
+        """Refuse a setting the monthly job would fail on, at the service's start rather than on the
+        1st of next month. Raises ReportError naming the variable and its value."""
+        from gpumeter.reports import health_render, render
+        from gpumeter.reports.model import Grouping, ReportError
+        from gpumeter.reports.run import load_labels
+
+        def refuse(variable: str, problem: str, value: str) -> None:
+            raise ReportError(f"{variable}: {problem} (value {value!r})")
+
+        try:
+            self.trigger()
+        except ValueError as exc:
+            refuse("GPUMETER_REPORT_CRON", f"not a crontab line: {exc}", self.cron)
+        kinds = [k.strip() for k in self.kinds.split(",") if k.strip()]
+        if not kinds or set(kinds) - set(KINDS):
+            refuse("GPUMETER_REPORT_KINDS", f"expected some of {', '.join(KINDS)}", self.kinds)
+        formats = [f.strip() for f in self.formats.split(",") if f.strip()]
+        known = set(render.FORMATS) | set(health_render.FORMATS)
+        if not formats or set(formats) - known:
+            refuse("GPUMETER_REPORT_FORMATS", f"expected some of {', '.join(sorted(known))}", self.formats)
+        by = [b.strip() for b in self.by.split(",") if b.strip()]
+        if not by:
+            refuse("GPUMETER_REPORT_BY", "expected one grouping or more", self.by)
+        for part in by:
+            try:
+                Grouping.parse(part)
+            except ReportError as exc:
+                problem = str(exc).removeprefix("by: ").rsplit(" (value", 1)[0]
+                refuse("GPUMETER_REPORT_BY", f"{part!r}: {problem}", self.by)
+        if self.labels:
+            try:
+                load_labels(self.labels)
+            except ReportError as exc:
+                raise ReportError(f"GPUMETER_REPORT_LABELS: {exc}") from None
 
     def trigger(self) -> CronTrigger:
         if self.cron.strip():

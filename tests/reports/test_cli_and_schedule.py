@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
 from apscheduler.triggers.cron import CronTrigger
 
 import gpumeter
@@ -122,3 +123,62 @@ def test_report_runs_table_comes_from_the_migration(sql_ledger):
     ledger = sql_ledger
     assert "report_runs" in Base.metadata.tables
     assert ledger.report_runs() == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "GPUMETER_REPORT_CRON",
+            "30 2 1 *",
+            "GPUMETER_REPORT_CRON: not a crontab line: Wrong number of fields; got 4, expected 5 "
+            "(value '30 2 1 *')",
+        ),
+        (
+            "GPUMETER_REPORT_BY",
+            "team,colour",
+            "GPUMETER_REPORT_BY: 'colour': expected one of team, namespace, model, mig_profile or "
+            "label:KEY (value 'team,colour')",
+        ),
+        (
+            "GPUMETER_REPORT_FORMATS",
+            "html,pdf",
+            "GPUMETER_REPORT_FORMATS: expected some of csv, focus, html, json (value 'html,pdf')",
+        ),
+        (
+            "GPUMETER_REPORT_KINDS",
+            "invoice",
+            "GPUMETER_REPORT_KINDS: expected some of chargeback, health (value 'invoice')",
+        ),
+    ],
+)
+def test_serve_refuses_a_report_setting_the_monthly_job_would_fail_on(
+    tmp_path, capsys, monkeypatch, variable, value, message
+):
+    """Found on the 1st of next month at 01:00 otherwise, when the job runs: the service starts
+    without a word and the month's reports never come. Refused at start, before the ledger opens."""
+    db = tmp_path / "never.db"
+    monkeypatch.setenv(variable, value)
+    argv = ["billing", "serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0"]
+    assert gpumeter.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {message}"
+    assert not db.exists()
+
+
+def test_serve_refuses_a_labels_file_it_cannot_read(tmp_path, capsys, monkeypatch):
+    db, labels = tmp_path / "never.db", tmp_path / "labels.yaml"
+    labels.write_text("namespaces: [a, b]\n")
+    monkeypatch.setenv("GPUMETER_REPORT_BY", "label:cost-center")
+    monkeypatch.setenv("GPUMETER_REPORT_LABELS", str(labels))
+    assert gpumeter.main(["billing", "serve", "--db", f"sqlite:///{db}", "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"error: GPUMETER_REPORT_LABELS: {labels}: namespaces: expected namespace: {{label: value}} "
+        "(value ['a', 'b'])"
+    )
+    assert not db.exists()
+
+
+def test_the_default_report_settings_pass_the_check():
+    ReportSchedule().check()
+    ReportSchedule(by="label:cost-center,team", formats="focus", kinds="health", cron="30 2 1 * *").check()
