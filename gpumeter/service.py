@@ -178,7 +178,13 @@ def serve(
         ledger.close()
         raise
     scheduler = build_scheduler(ledger, settings)
-    scheduler.start()
+    try:
+        scheduler.start()  # stores the jobs: the database can refuse
+    except Exception:
+        # a listener left up with no schedule would say "starting" for ever; exit, to be restarted
+        server.close()
+        ledger.close()
+        raise
     ready.set()
     log.info(
         "billing service on %s; ledger %s", listen, ledger.engine.url.render_as_string(hide_password=True)

@@ -232,3 +232,26 @@ def test_a_stop_during_start_leaves_the_scheduler_thread_unharmed(tmp_path):
         assert _job_ids(ledger) == {"hourly-ingest", "monthly-report"}
     finally:
         ledger.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_store_the_database_refuses_closes_the_listener_and_raises(tmp_path):
+    """The database refusing the jobs (here a view where APScheduler's table would be, so its insert
+    fails) must end serve: a listener left up with no schedule would answer "starting" for ever, and
+    nothing would restart it."""
+    import socket
+
+    import sqlalchemy
+
+    db = tmp_path / "ledger.db"
+    open_ledger(f"sqlite:///{db}").close()
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE VIEW apscheduler_jobs AS SELECT 1 AS id")
+    engine.dispose()
+    settings = Settings(db=f"sqlite:///{db}", prometheus="http://127.0.0.1:9", catchup_hours=1)
+    port = free_port()
+    with pytest.raises(sqlalchemy.exc.SQLAlchemyError):
+        serve(settings, f"127.0.0.1:{port}", threading.Event())
+    with socket.socket() as probe:  # the port is free again: the listener was closed
+        probe.bind(("127.0.0.1", port))
