@@ -23,6 +23,7 @@ from gpumeter.billing.pricing.currency import minor_unit
 
 HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile")
+GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
 TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
 PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
 PLATFORM_NAMES: dict[str, str] = {  # by line kind (LineKind is a str)
@@ -143,7 +144,7 @@ class Grouping:
         }
         name = aliases.get(text, text)
         if name not in DIMENSIONS and not (name.startswith("label:") and len(name) > 6):
-            raise ReportError(f"by: expected one of {', '.join(DIMENSIONS)} or label:KEY (value {text!r})")
+            raise ReportError(f"by: {GROUPINGS_EXPECTED} (value {text!r})")
         return cls(name, labels or {})
 
     @property

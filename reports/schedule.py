@@ -55,7 +55,7 @@ class ReportSchedule:
         """Refuse a setting the monthly job would fail on, at the service's start rather than on the
         1st of next month. Raises ReportError naming the variable and its value."""
         from gpumeter.reports import health_render, render
-        from gpumeter.reports.model import Grouping, ReportError
+        from gpumeter.reports.model import GROUPINGS_EXPECTED, Grouping, ReportError
         from gpumeter.reports.run import load_labels
 
         def refuse(variable: str, problem: str, value: str) -> None:
@@ -65,22 +65,21 @@ class ReportSchedule:
             self.trigger()
         except ValueError as exc:
             refuse("GPUMETER_REPORT_CRON", f"not a crontab line: {exc}", self.cron)
-        kinds = [k.strip() for k in self.kinds.split(",") if k.strip()]
+        kinds = _listed(self.kinds)
         if not kinds or set(kinds) - set(KINDS):
             refuse("GPUMETER_REPORT_KINDS", f"expected some of {', '.join(KINDS)}", self.kinds)
-        formats = [f.strip() for f in self.formats.split(",") if f.strip()]
+        formats = _listed(self.formats)
         known = set(render.FORMATS) | set(health_render.FORMATS)
         if not formats or set(formats) - known:
             refuse("GPUMETER_REPORT_FORMATS", f"expected some of {', '.join(sorted(known))}", self.formats)
-        by = [b.strip() for b in self.by.split(",") if b.strip()]
+        by = _listed(self.by)
         if not by:
             refuse("GPUMETER_REPORT_BY", "expected one grouping or more", self.by)
         for part in by:
             try:
                 Grouping.parse(part)
-            except ReportError as exc:
-                problem = str(exc).removeprefix("by: ").rsplit(" (value", 1)[0]
-                refuse("GPUMETER_REPORT_BY", f"{part!r}: {problem}", self.by)
+            except ReportError:
+                refuse("GPUMETER_REPORT_BY", f"{part!r}: {GROUPINGS_EXPECTED}", self.by)
         if self.labels:
             try:
                 load_labels(self.labels)
@@ -91,6 +90,11 @@ class ReportSchedule:
         if self.cron.strip():
             return CronTrigger.from_crontab(self.cron, timezone=UTC)
         return CronTrigger(day=1, hour=1, minute=0, timezone=UTC)
+
+
+def _listed(setting: str) -> list[str]:
+    """A comma-separated setting's items, as both the job and `ReportSchedule.check` read them."""
+    return [item.strip() for item in setting.split(",") if item.strip()]
 
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
@@ -104,16 +108,16 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     cfg = ReportSchedule(**(schedule or {}))
     now = now or datetime.now(UTC)
     period = last_month(now)
-    formats = tuple(f.strip() for f in cfg.formats.split(",") if f.strip())
+    formats = tuple(_listed(cfg.formats))
     labels = load_labels(cfg.labels) if cfg.labels else {}
     # the billing service's team map file holds the teams' budgets: the report shows them
     budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
     out_dir = Path(cfg.out_dir) / period.label
-    kinds = {k.strip() for k in cfg.kinds.split(",") if k.strip()}
+    kinds = set(_listed(cfg.kinds))
     ledger = open_ledger(settings["db"], schema=settings.get("schema"))
     written, failed = 0, ""
     try:
-        for by in (b.strip() for b in cfg.by.split(",") if b.strip() and "chargeback" in kinds):
+        for by in _listed(cfg.by) if "chargeback" in kinds else ():
             result = generate(
                 ledger,
                 period,

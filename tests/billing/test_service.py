@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+import sqlalchemy
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import inspect, text
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
+from gpumeter.web import ListenError
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 from tests.support.servers import free_port, wait_http_ok
 
@@ -95,7 +99,6 @@ def test_scheduler_keeps_its_jobs_in_the_ledger_database(sql_ledger, tmp_path):
         assert jobs["hourly-ingest"].next_run_time.minute == 5
     finally:
         scheduler.shutdown(wait=False)
-    from sqlalchemy import inspect
 
     assert "apscheduler_jobs" in inspect(ledger.engine).get_table_names()
     # a second replica (or a restart) replaces the same jobs rather than adding more
@@ -151,8 +154,6 @@ def test_serve_answers_healthz_and_metrics_then_stops(sql_ledger, tmp_path):
 
 
 def _job_ids(ledger) -> set[str]:
-    from sqlalchemy import inspect, text
-
     if "apscheduler_jobs" not in inspect(ledger.engine).get_table_names():
         return set()
     with ledger.engine.connect() as conn:
@@ -181,14 +182,8 @@ def test_the_schedule_is_stored_before_healthz_first_says_ok(sql_ledger, tmp_pat
     thread = threading.Thread(target=serve, args=(settings, f"127.0.0.1:{port}", stop), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while True:  # polled tightly: the first ok is the one that counts
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "billing serve did not answer /healthz in 20 s"
-            time.sleep(0.01)
+        # polled tightly: the first ok is the one that counts
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=20, interval=0.01)
         assert {"hourly-ingest", "monthly-report"} <= _job_ids(ledger)
     finally:
         stop.set()
@@ -198,10 +193,6 @@ def test_the_schedule_is_stored_before_healthz_first_says_ok(sql_ledger, tmp_pat
 
 @pytest.mark.timeout(60)
 def test_a_busy_port_raises_and_no_job_runs(sql_ledger, tmp_path):
-    import socket
-
-    from gpumeter.web import ListenError
-
     ledger = sql_ledger
     settings = _settings(ledger, tmp_path, catchup_hours=1)
     with socket.socket() as taken:
@@ -239,10 +230,6 @@ def test_a_job_store_the_database_refuses_closes_the_listener_and_raises(tmp_pat
     """The database refusing the jobs (here a view where APScheduler's table would be, so its insert
     fails) must end serve: a listener left up with no schedule would answer "starting" for ever, and
     nothing would restart it."""
-    import socket
-
-    import sqlalchemy
-
     db = tmp_path / "ledger.db"
     open_ledger(f"sqlite:///{db}").close()
     engine = sqlalchemy.create_engine(f"sqlite:///{db}")

@@ -53,7 +53,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+def wait_http_ok(
+    url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None, interval: float = 0.1
+) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | str = "no answer"
     while time.monotonic() < deadline:
@@ -66,7 +68,7 @@ def wait_http_ok(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
             last = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             last = exc
-        time.sleep(0.1)
+        time.sleep(interval)
     raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
 
 
