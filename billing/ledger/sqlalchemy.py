@@ -304,6 +304,8 @@ class SqlLedger(Ledger):
         self.retry_delays, self.sleep = retry_delays, sleep
         # gpu_layouts rows are immutable and content-addressed: what was committed once is kept
         self._layout_ids: dict[tuple, int] = {}  # layout key -> id
+        # price_book_versions rows likewise (never changed once stored): (book digest, effective from) -> id
+        self._version_ids: dict[tuple[str, datetime], int] = {}
         self._parsed_layouts: dict[int, dict] = {}  # id -> parsed body
         # cost_line_terms rows too: (the line's term fields, its price version's row) -> id
         self._term_ids: dict[tuple, int] = {}
@@ -326,14 +328,22 @@ class SqlLedger(Ledger):
 
     def _version_rows(
         self, session: Session, book: PriceBook | None, named: set[str | None]
-    ) -> dict[str, int]:
-        """The stored row of each price version named (registered once, body and all)."""
+    ) -> tuple[dict[str, int], dict[tuple[str, datetime], int]]:
+        """The stored row of each price version named (registered once, body and all), and the rows
+        this transaction looked up or added ((digest, effective from) -> id), which `_version_ids`
+        learns only once it commits: an hour then names a version's row without a query."""
         named = named - {None}
         if named and book is None:
             raise ValueError("lines name a price version but no price book came with them")
-        return {
-            version_id: self._version_row(session, book, book.version(version_id)) for version_id in named
-        }
+        rows, looked_up = {}, {}
+        for name in named:
+            version = book.version(name)
+            key = (book.digest or "inline", version.effective_from)
+            row = self._version_ids.get(key)
+            if row is None:
+                row = looked_up[key] = self._version_row(session, book, version)
+            rows[name] = row
+        return rows, looked_up
 
     def _version_row(self, session: Session, book: PriceBook, version: PriceVersion) -> int:
         digest = book.digest or "inline"
@@ -682,7 +692,7 @@ class SqlLedger(Ledger):
             self._delete_hour(session, record.hour, facts=True)
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
-            versions = self._version_rows(session, record.book, _versions_named(record, hours))
+            versions, looked_up = self._version_rows(session, record.book, _versions_named(record, hours))
             rows, added_terms, added_sets, carry = self._group_rows(
                 session, record.lines, versions, hour, keys, record.line_groups, again, parts
             )
@@ -700,6 +710,7 @@ class SqlLedger(Ledger):
         if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
+        self._version_ids.update(looked_up)
         self._learn_terms(added_terms, added_sets)
         self._carry(carry)
 
@@ -730,9 +741,10 @@ class SqlLedger(Ledger):
         stored_hour, _ = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._delete_hour(session, hour, facts=False)
-            versions = self._version_rows(session, book, set(map(_PRICE_VERSION, lines)))
+            versions, looked_up = self._version_rows(session, book, set(map(_PRICE_VERSION, lines)))
             rows, added_terms, added_sets, _ = self._group_rows(session, lines, versions, stored_hour, keys)
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
+        self._version_ids.update(looked_up)
         self._learn_terms(added_terms, added_sets)
 
     @_stored("record run")

@@ -209,6 +209,67 @@ def test_an_hour_rolled_back_leaves_no_layout_behind_for_the_next_writer(sql_led
     assert sql_ledger.counts()["gpu_layouts"] == 2
 
 
+def _statements_on(ledger: SqlLedger, table: str) -> list[str]:
+    """The SQL statements the ledger's engine sends from now on that name ``table``."""
+    sent: list[str] = []
+
+    def seen(conn, cursor, statement, *rest) -> None:
+        if table in statement:
+            sent.append(statement)
+
+    sa.event.listen(ledger.engine, "before_cursor_execute", seen)
+    return sent
+
+
+def test_a_price_version_is_looked_up_by_the_first_hour_only(sql_ledger, tmp_path):
+    """An hour names its price version's row: the first hour that names it looks it up (and stores
+    it), and once that hour commits, later hours name the row the ledger learned, with no query."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    sent = _statements_on(sql_ledger, "price_book_versions")
+    for n in range(3):
+        gh = dataclasses.replace(_hour("GPU-a"), hour=HOUR0 + timedelta(hours=n))
+        sql_ledger.write_hour(HourRecord(gh.hour, [gh], price_gpu_hour(gh, prices).lines, prices))
+        if n == 0:
+            assert any(s.lstrip().upper().startswith("SELECT") for s in sent)
+            assert any(s.lstrip().upper().startswith("INSERT") for s in sent)
+            sent.clear()
+    assert sent == []  # the second and third hours sent nothing about it
+    assert sql_ledger.counts()["price_book_versions"] == 1
+    lines = sql_ledger.lines(HOUR0, HOUR0 + timedelta(hours=3))
+    assert len({line.hour for line in lines}) == 3 and len({line.price_version for line in lines}) == 1
+
+
+def test_an_hour_rolled_back_leaves_no_price_version_behind_for_the_next_writer(sql_ledger, tmp_path):
+    """A price version stored by an hour that was rolled back is gone: another book's version may now
+    take its id, and the hour written again must store its own version, not name that id."""
+    first_book = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    other_book = book(tmp_path, {"A100-40GB": {"hourly_rate": "5.00"}})
+    assert first_book.digest != other_book.digest
+    gh = _hour("GPU-a")
+    record = HourRecord(HOUR0, [gh], price_gpu_hour(gh, first_book).lines, first_book)
+    write_with_lines_failing(sql_ledger, record)
+    assert sql_ledger.counts()["price_book_versions"] == 0
+    later = dataclasses.replace(gh, hour=HOUR0 + timedelta(hours=1))
+    sql_ledger.write_hour(
+        HourRecord(later.hour, [later], price_gpu_hour(later, other_book).lines, other_book)
+    )
+    sql_ledger.write_hour(record)
+    with sql_ledger.engine.connect() as conn:
+        named = (
+            conn.execute(
+                sa.text(
+                    "SELECT DISTINCT v.digest FROM cost_lines l "
+                    "JOIN price_book_versions v ON v.id = l.price_version_id WHERE l.hour = :hour"
+                ),
+                {"hour": sql_ledger._driver_values(HOUR0)[0]},
+            )
+            .scalars()
+            .all()
+        )
+    assert named == [first_book.digest]
+    assert sql_ledger.counts()["price_book_versions"] == 2
+
+
 def test_two_writers_storing_one_new_layout_at_once_both_succeed(db, tmp_path):
     """Two ingests (two processes: each its own ledger and its own memory of layout ids) write
     different hours whose GPUs have the same, new layout: one row for it, both hours complete."""
