@@ -17,7 +17,7 @@ import os
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -40,7 +40,7 @@ from gpumeter.billing.models import (
     with_fields,
 )
 from gpumeter.billing.pricing.base import PriceBook
-from gpumeter.billing.prom import PrometheusError, QueryClient, Sample, open_client
+from gpumeter.billing.prom import PrometheusError, QueryClient, RangeAnswer, Sample, open_client
 
 log = logging.getLogger(__name__)
 _Fact = TypeVar("_Fact", Device, MigInstance, Allocation)
@@ -773,22 +773,45 @@ def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
     whose steps are the same instants (each step's ``[1h]`` window is that hour), so the answers
     are identical to the hour-by-hour instant queries, in 7 requests instead of 7 per hour.
     """
-    if len(hours) == 1:
-        at = _at(hours[0])
-        return _one_hour({name: client.query(promql, at) for name, promql in QUERIES.items()}, hours[0])
-    if any(b - a != HOUR for a, b in itertools.pairwise(hours)):
-        raise ValueError("query_run needs consecutive hours")
-    first, last = _at(hours[0]), _at(hours[-1])
-    # each answer made columns as it arrives: only one query's raw answer is held at a time (at
-    # 10,000 GPUs one is ~40,000 series x 24 steps of JSON lists)
-    at, count = first.timestamp(), len(hours)
-    return RunAnswers(
-        {
-            name: _columns(client.query_range(promql, first, last, 3600), at, count, KEEP[name])
-            for name, promql in QUERIES.items()
-        },
-        hours,
-    )
+    return FetchedRun(client, hours).answers()
+
+
+class FetchedRun:
+    """`query_run` in two halves: the requests, made when it is created (by ingest's query thread,
+    which then mostly waits on Prometheus with the GIL free), and the answers' decoding into
+    `RunAnswers` (`answers`, in the thread that builds the hours).
+
+    So one thread runs Python at a time: with the answers decoded in the query thread and the hours
+    written in a third, the same work took 11-20 % more CPU on the 1,000-GPU bench, and two runs'
+    decoded answers were held at once (docs/performance.md, issue 17, thirteenth session)."""
+
+    def __init__(self, client: QueryClient, hours: list[datetime]):
+        if any(b - a != HOUR for a, b in itertools.pairwise(hours)):
+            raise ValueError("query_run needs consecutive hours")
+        self.hours = hours
+        self._answers: RunAnswers | None = None
+        self._fetched: dict[str, RangeAnswer] = {}
+        if len(hours) == 1:  # instant queries: one hour's answers are small, decoded here
+            at = _at(hours[0])
+            self._answers = _one_hour(
+                {name: client.query(promql, at) for name, promql in QUERIES.items()}, hours[0]
+            )
+            return
+        first, last = _at(hours[0]), _at(hours[-1])
+        self._fetched = {
+            name: client.fetch_range(promql, first, last, 3600) for name, promql in QUERIES.items()
+        }
+
+    def answers(self) -> RunAnswers:
+        """The run's answers, decoded once. Each raw answer is let go as it is made columns: only one
+        is held decoded at a time (at 10,000 GPUs one is ~40,000 series x 24 steps of JSON lists)."""
+        if self._answers is None:
+            at, count = _at(self.hours[0]).timestamp(), len(self.hours)
+            columns = {}
+            for name in QUERIES:
+                columns[name] = _columns(self._fetched.pop(name)(), at, count, KEEP[name])
+            self._answers = RunAnswers(columns, self.hours)
+        return self._answers
 
 
 def collect_hour(
@@ -999,13 +1022,12 @@ def ingest_hours(
     ``pricer`` prices every hour (default: a new `Pricer` of ``book``); given one, the hours are
     ingested in this process whatever ``config.workers`` says, since a worker cannot share it.
 
-    Three stages overlap (docs/billing.md §6): consecutive hours are queried a run of
-    ``config.chunk_hours`` at a time with range queries (`query_run`, `query_intervals`), the next
-    run's queries in flight in one thread while this thread builds and prices an hour, and a writer
-    thread writes the previous hour (at most one hour in flight; each hour is still its own
-    transaction, written in order). A run whose range queries fail is retried hour by hour with
-    instant queries, so the failure is recorded against the first hour that fails, and nothing after
-    it is written.
+    Consecutive hours are queried a run of ``config.chunk_hours`` at a time with range queries
+    (`query_run`, `query_intervals`): the next run's requests wait on Prometheus in a thread while
+    this one decodes the run's answers, then builds, prices and writes its hours in order, each its
+    own transaction (docs/billing.md §6; `FetchedRun` says why one thread does all of that). A run
+    whose range queries fail is retried hour by hour with instant queries, so the failure is
+    recorded against the first hour that fails, and nothing after it is written.
     """
     hours = [hour_floor(h) for h in hours]
     if (
@@ -1040,9 +1062,9 @@ def _few_collections():
         gc.set_threshold(*old)
 
 
-def _query_run(client, hours: list[datetime], config):
-    """The answers and the scrape intervals of a run of consecutive hours."""
-    return query_run(client, hours), query_intervals(client, hours, config)
+def _fetch_run(client, hours: list[datetime], config) -> tuple[FetchedRun, dict[datetime, HourIntervals]]:
+    """The requests of a run of consecutive hours (its answers still to decode) and its scrape intervals."""
+    return FetchedRun(client, hours), query_intervals(client, hours, config)
 
 
 def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, stopping=None) -> IngestResult:
@@ -1051,49 +1073,31 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
     runs = _runs(hours, max(1, config.chunk_hours))
     known_teams = ledger.namespace_teams()
     layouts = CarriedLayouts()
-    writing: tuple[HourRecord, int, Future, datetime] | None = None  # the hour the writer thread writes
 
     def tick() -> None:
         if ticks is not None:
             next(ticks, None)
 
-    def written() -> bool:
-        """Wait for the hour in the writer thread and count it; False when the ledger refused it
-        (recorded as failed: the range stops there)."""
-        nonlocal writing
-        if writing is not None:
-            record, unpriced, future, started = writing
-            writing = None
-            try:
-                future.result()
-            except LedgerError as exc:
-                _write_failed(ledger, record.hour, exc, client.base_url, started, result)
-                return False
-            _count_written(record, unpriced, result)
-            tick()
-        return True
-
     def stop_here() -> bool:
-        """Asked to stop: finish the hour in flight and stop before the next one."""
+        """Asked to stop: the hour before is written; start no other."""
         if stopping is None or not stopping():
             return False
-        result.stopped = written()
+        result.stopped = True
         return True
 
-    with (
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries,
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-write") as writer,
-    ):
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries:
         try:
-            pending = queries.submit(_query_run, client, runs[0], config) if runs else None
+            pending = queries.submit(_fetch_run, client, runs[0], config) if runs else None
             for i, run in enumerate(runs):
                 if stop_here():
                     return result
                 future, pending = pending, None
+                answers = None  # the run before's answers let go before this run's are decoded
                 if i + 1 < len(runs):
-                    pending = queries.submit(_query_run, client, runs[i + 1], config)
+                    pending = queries.submit(_fetch_run, client, runs[i + 1], config)
                 try:
-                    answers, intervals = future.result()
+                    fetched, intervals = future.result()
+                    answers = fetched.answers()
                     answers.layouts = layouts  # each GPU's layout key, carried from run to run
                 except PrometheusError as exc:
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
@@ -1101,9 +1105,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                 for index, hour in enumerate(run):
                     if stop_here():
                         return result
-                    if answers is None or intervals is None:  # hour by hour, instant queries, in this thread
-                        if not written():
-                            return result
+                    if answers is None or intervals is None:  # hour by hour, instant queries
                         try:
                             _ingest_one(client, ledger, pricer, hour, config, result)
                         except PrometheusError as exc:
@@ -1119,27 +1121,20 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                             pricer, answers, index, intervals[hour], config, known_teams
                         )
                     except IntervalMismatch as exc:
-                        if written():
-                            _refuse(ledger, hour, str(exc), client.base_url, started, result)
+                        _refuse(ledger, hour, str(exc), client.base_url, started, result)
                         return result
                     if record is None:
-                        if not written():  # runs are recorded in hour order
-                            return result
                         _record_empty(ledger, hour, client.base_url, started, result)
                         tick()
                         continue
                     known_teams.update(kube_teams)
-                    if not written():  # one hour in flight at most: the previous one must be in
+                    try:
+                        _write_hour(ledger, record, kube_teams, client.base_url, started)
+                    except LedgerError as exc:  # recorded as failed: the range stops here
+                        _write_failed(ledger, hour, exc, client.base_url, started, result)
                         return result
-                    if stop_here():  # asked while the previous hour was written: start no other
-                        return result
-                    writing = (
-                        record,
-                        unpriced,
-                        writer.submit(_write_hour, ledger, record, kube_teams, client.base_url, started),
-                        started,
-                    )
-            written()
+                    _count_written(record, unpriced, result)
+                    tick()
         finally:
             if pending is not None:
                 pending.cancel()

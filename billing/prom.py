@@ -8,6 +8,8 @@ injectable httpx transport for tests. The same API is served by Thanos, Mimir an
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import datetime
 from typing import NamedTuple
 
@@ -22,6 +24,10 @@ class PrometheusError(RuntimeError):
 class Sample(NamedTuple):
     labels: dict[str, str]
     value: float
+
+
+# A range answer fetched, not yet decoded: calling it decodes it (PrometheusError if it is an error).
+RangeAnswer = Callable[[], list[tuple[dict[str, str], list[list]]]]
 
 
 class PrometheusClient:
@@ -65,27 +71,48 @@ class PrometheusClient:
         points at the steps where it has a value. Returned as Prometheus sends it, (labels,
         [[unix seconds, "value"], ...]) per series: the caller converts only what it keeps.
         """
-        data = self._post(
-            "/api/v1/query_range",
-            promql,
-            {"start": f"{start.timestamp():.3f}", "end": f"{end.timestamp():.3f}", "step": str(step_seconds)},
+        return self.fetch_range(promql, start, end, step_seconds)()
+
+    def fetch_range(self, promql: str, start: datetime, end: datetime, step_seconds: int) -> RangeAnswer:
+        """`query_range` in two halves: the request now, the answer's decoding when the returned
+        function is called. Ingest waits on Prometheus in a thread and decodes in the one that
+        builds the hours, so that only one thread runs Python at a time (docs/billing.md §6)."""
+        params = {
+            "start": f"{start.timestamp():.3f}",
+            "end": f"{end.timestamp():.3f}",
+            "step": str(step_seconds),
+        }
+        return functools.partial(
+            self._range_result, promql, *self._fetch("/api/v1/query_range", promql, params)
         )
+
+    def _range_result(
+        self, promql: str, status: int, content: bytes
+    ) -> list[tuple[dict[str, str], list[list]]]:
+        data = self._decode(promql, status, content)
         if data.get("resultType") != "matrix":
             raise PrometheusError(f"expected a range vector from {promql!r}, got {data.get('resultType')}")
         return [(item["metric"], item["values"]) for item in data["result"]]
 
     def _post(self, path: str, promql: str, params: dict[str, str]) -> dict:
+        return self._decode(promql, *self._fetch(path, promql, params))
+
+    def _fetch(self, path: str, promql: str, params: dict[str, str]) -> tuple[int, bytes]:
+        """(HTTP status, body): the body kept as bytes until it is decoded."""
         try:
             response = self._client.post(path, data={"query": promql, **params})
+            return response.status_code, response.content
         except httpx.HTTPError as exc:
             raise PrometheusError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+
+    def _decode(self, promql: str, status: int, content: bytes) -> dict:
         try:
-            body = orjson.loads(response.content)  # answers of a day run to megabytes: 3x json's speed
+            body = orjson.loads(content)  # answers of a day run to megabytes: 3x json's speed
         except ValueError:
-            raise PrometheusError(f"{self.base_url}: HTTP {response.status_code}: not JSON") from None
-        if response.status_code != 200 or body.get("status") != "success":
+            raise PrometheusError(f"{self.base_url}: HTTP {status}: not JSON") from None
+        if status != 200 or body.get("status") != "success":
             raise PrometheusError(
-                f"{self.base_url}: HTTP {response.status_code}: {body.get('errorType')}: {body.get('error')} "
+                f"{self.base_url}: HTTP {status}: {body.get('errorType')}: {body.get('error')} "
                 f"(query {promql!r})"
             )
         return body["data"]
@@ -136,9 +163,18 @@ class ReplicaSetClient:
     def query_range(
         self, promql: str, start: datetime, end: datetime, step_seconds: int
     ) -> list[tuple[dict[str, str], list[list]]]:
+        return self.fetch_range(promql, start, end, step_seconds)()
+
+    def fetch_range(self, promql: str, start: datetime, end: datetime, step_seconds: int) -> RangeAnswer:
+        """Every replica's answer fetched now, decoded and merged when the function is called."""
+        fetched = [client.fetch_range(promql, start, end, step_seconds) for client in self.replicas]
+        return functools.partial(self._merged, fetched)
+
+    @staticmethod
+    def _merged(fetched: list[RangeAnswer]) -> list[tuple[dict[str, str], list[list]]]:
         merged: dict[tuple, tuple[dict[str, str], dict[float, list]]] = {}
-        for client in self.replicas:
-            for labels, points in client.query_range(promql, start, end, step_seconds):
+        for answer in fetched:
+            for labels, points in answer():
                 _, steps = merged.setdefault(tuple(sorted(labels.items())), (labels, {}))
                 for point in points:
                     kept = steps.get(point[0])

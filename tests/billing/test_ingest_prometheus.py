@@ -275,6 +275,44 @@ def test_an_error_mid_hour_commits_nothing(ledger, book):
     assert after["gpu_hours"] == after["cost_lines"] == after["gpu_layouts"] == 0
 
 
+def test_a_run_whose_range_answers_are_errors_is_ingested_hour_by_hour(sql_ledger, book):
+    """Prometheus answers a run's range queries with an error (HTTP 503, as an overloaded one does)
+    while its instant queries answer: the error, met when the run's answers are decoded (in the
+    thread that builds the hours, `FetchedRun`), sends the run hour by hour, and every hour is billed.
+    The second hour's instant queries fail too: it is recorded as failed and nothing after it runs."""
+    hours = [H0 + timedelta(hours=n) for n in range(3)]
+    gpu = {"uuid": H, "gpu": "1", "model": "NVIDIA H100 80GB HBM3", "hostname": "n", "mig_mode": "Disabled"}
+    asked: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        form = dict(httpx.QueryParams(request.content.decode()))
+        kind = "range" if request.url.path.endswith("/query_range") else "instant"
+        asked.append((kind, form.get("time", "")))
+        if kind == "range" and not form["query"].startswith("max by (hostname)"):  # billing's own
+            return httpx.Response(
+                503, json={"status": "error", "errorType": "unavailable", "error": "overloaded"}
+            )
+        if kind == "range":  # the scrape-interval counts: none, 30 s given
+            return httpx.Response(
+                200, json={"status": "success", "data": {"resultType": "matrix", "result": []}}
+            )
+        if float(form["time"]) == _at(hours[1]).timestamp():
+            return httpx.Response(503, json={"status": "error", "errorType": "unavailable", "error": "down"})
+        result = [{"metric": gpu, "value": [0, "120"]}] if "nvidia_gpu_info" in form["query"] else []
+        return httpx.Response(
+            200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    prices = load_price_book(book)
+    with PrometheusClient("http://prometheus.test", transport=httpx.MockTransport(handler)) as client:
+        result = ingest_hours(client, sql_ledger, prices, hours, IngestConfig(scrape_interval=30, workers=1))
+    assert ("range", "") in asked, "the run was asked for with range queries first"
+    assert result.ingested == hours[:1]
+    assert [hour for hour, _ in result.failed] == [hours[1]] and "down" in result.failed[0][1]
+    assert sql_ledger.ingested_hours(hours[0], hours[-1] + timedelta(hours=1)) == {hours[0]}
+    assert not any(kind == "instant" and float(at) == _at(hours[2]).timestamp() for kind, at in asked)
+
+
 def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, monkeypatch):
     ledger = sql_ledger  # a crash inside the SQL ledger's transaction
     """Re-ingesting an hour deletes then inserts in one transaction: a crash in between rolls back."""
