@@ -6,6 +6,7 @@ in one transaction, so a Prometheus error or a crash commits no facts or lines.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import gc
@@ -147,14 +148,19 @@ def detect_intervals(
     whose samples say otherwise is a problem (the hour is then refused).
     """
     steady = {host: steady_intervals(counts) for host, counts in host_counts.items()}
+    # each exporter's steady hours in order: the nearest on either side found by bisection (a scan
+    # of every steady hour for every hour took 2.6 % of the 1,000-GPU bench's ingest)
+    in_order = [(host, found, sorted(found)) for host, found in sorted(steady.items())]
     reach = timedelta(hours=STEADY_SEARCH_HOURS)
     out = {}
     for hour in hours:
         detected: dict[str, float] = {}
         changes: list[str] = []  # doubtful with a derived interval; a given one is checked below
-        for host, found in sorted(steady.items()):
-            before = max((t for t in found if hour - reach <= t <= hour), default=None)
-            after = min((t for t in found if hour < t <= hour + reach), default=None)
+        earliest, latest = hour - reach, hour + reach
+        for host, found, times in in_order:
+            at = bisect.bisect_right(times, hour)  # times[:at] <= hour < times[at:]
+            before = times[at - 1] if at and times[at - 1] >= earliest else None
+            after = times[at] if at < len(times) and times[at] <= latest else None
             if before is None and after is None:
                 continue
             nearest = (

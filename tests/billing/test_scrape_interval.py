@@ -9,16 +9,25 @@ steps and ingested with no --scrape-interval: each bills the hand-computed figur
 from __future__ import annotations
 
 import contextlib
+import itertools
 import subprocess
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 import gpumeter
-from gpumeter.billing.ingest import IngestConfig, detect_intervals, missing_hours
+from gpumeter.billing.ingest import (
+    STEADY_SEARCH_HOURS,
+    IngestConfig,
+    detect_intervals,
+    missing_hours,
+    steady_intervals,
+)
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.models import UNALLOCATED
@@ -248,6 +257,34 @@ def test_a_node_without_a_steady_hour_takes_the_fleets_interval():
     young = {_hours(6)[4]: 30.0, _hours(6)[5]: 60.0}  # joined at 4:30, at 60 s like the rest
     intervals = detect_intervals({"old": steady, "young": young}, _hours(6), IngestConfig())
     assert intervals[_hours(6)[4]].of("young") == 60.0 and not intervals[_hours(6)[4]].problems
+
+
+_STRETCHES = st.lists(  # an exporter's history: stretches of hours at one count (0: absent, a gap)
+    st.tuples(st.integers(1, 30), st.sampled_from([0.0, 59.0, 60.0, 61.0, 120.0, 240.0])), max_size=8
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["node-a", "node-b", "node-c"]), _STRETCHES), st.integers(-20, 80))
+def test_each_exporter_takes_the_interval_of_its_nearest_steady_hour(stretches_by_host, first):
+    """docs/billing.md §2.1 as written: an exporter's interval in hour h is that of its steady hour
+    nearest to h within STEADY_SEARCH_HOURS, the earlier one on a tie; none within reach, none of
+    its own. Checked against that definition, steady hour by steady hour, for histories of gaps,
+    restarts and changes on either side of the hours asked about (from 30 hours before them)."""
+    host_counts = {}
+    for host, stretches in stretches_by_host.items():
+        counts = itertools.chain.from_iterable(itertools.repeat(n, length) for length, n in stretches)
+        host_counts[host] = {H0 + timedelta(hours=k): n for k, n in enumerate(counts, -30) if n}
+    hours = [H0 + timedelta(hours=first + i) for i in range(24)]
+    intervals = detect_intervals(host_counts, hours, IngestConfig())
+    reach = timedelta(hours=STEADY_SEARCH_HOURS)
+    for hour in hours:
+        for host, counts in host_counts.items():
+            steady = steady_intervals(counts)
+            within = [t for t in steady if abs(t - hour) <= reach]
+            nearest = min(within, key=lambda t: (abs(t - hour), t), default=None)
+            own = intervals[hour].by_host.get(host)
+            assert own == (None if nearest is None else steady[nearest]), (host, hour)
 
 
 def test_exporters_at_different_intervals_keep_their_own():
