@@ -333,20 +333,22 @@ class SqlLedger(Ledger):
         this transaction looked up or added ((digest, effective from) -> id), which `_version_ids`
         learns only once it commits: an hour then names a version's row without a query."""
         named = named - {None}
-        if named and book is None:
+        if not named:
+            return {}, {}
+        if book is None:
             raise ValueError("lines name a price version but no price book came with them")
         rows, looked_up = {}, {}
+        digest = book.digest or "inline"
         for name in named:
             version = book.version(name)
-            key = (book.digest or "inline", version.effective_from)
+            key = (digest, version.effective_from)
             row = self._version_ids.get(key)
             if row is None:
-                row = looked_up[key] = self._version_row(session, book, version)
+                row = looked_up[key] = self._version_row(session, book, digest, version)
             rows[name] = row
         return rows, looked_up
 
-    def _version_row(self, session: Session, book: PriceBook, version: PriceVersion) -> int:
-        digest = book.digest or "inline"
+    def _version_row(self, session: Session, book: PriceBook, digest: str, version: PriceVersion) -> int:
         query = select(PriceBookVersion.id).where(
             PriceBookVersion.digest == digest, PriceBookVersion.effective_from == version.effective_from
         )

@@ -27,6 +27,8 @@ STEP = 30
 N = 360  # 3 hours of samples, k = 0..359 at H0 + 30 k s
 A, H = "GPU-aaaa", "GPU-hhhh"
 NODE = {"hostname": "node-1", "job": "gpumeter", "instance": "node-1:9400"}
+# H's nvidia_gpu_info labels as an instant answer gives them (the tests that answer by hand)
+H_INFO = {"uuid": H, "gpu": "1", "model": "NVIDIA H100 80GB HBM3", "hostname": "n", "mig_mode": "Disabled"}
 LAYOUT = [("1", "3g.20gb", 3, 4), ("5", "2g.10gb", 2, 2), ("13", "1g.5gb", 1, 1), ("14", "1g.5gb", 1, 1)]
 
 
@@ -278,10 +280,9 @@ def test_an_error_mid_hour_commits_nothing(ledger, book):
 def test_a_run_whose_range_answers_are_errors_is_ingested_hour_by_hour(sql_ledger, book):
     """Prometheus answers a run's range queries with an error (HTTP 503, as an overloaded one does)
     while its instant queries answer: the error, met when the run's answers are decoded (in the
-    thread that builds the hours, `FetchedRun`), sends the run hour by hour, and every hour is billed.
+    thread that builds the hours, `FetchedRun`), sends the run hour by hour: the first hour is billed.
     The second hour's instant queries fail too: it is recorded as failed and nothing after it runs."""
     hours = [H0 + timedelta(hours=n) for n in range(3)]
-    gpu = {"uuid": H, "gpu": "1", "model": "NVIDIA H100 80GB HBM3", "hostname": "n", "mig_mode": "Disabled"}
     asked: list[tuple[str, str]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -298,7 +299,7 @@ def test_a_run_whose_range_answers_are_errors_is_ingested_hour_by_hour(sql_ledge
             )
         if float(form["time"]) == _at(hours[1]).timestamp():
             return httpx.Response(503, json={"status": "error", "errorType": "unavailable", "error": "down"})
-        result = [{"metric": gpu, "value": [0, "120"]}] if "nvidia_gpu_info" in form["query"] else []
+        result = [{"metric": H_INFO, "value": [0, "120"]}] if "nvidia_gpu_info" in form["query"] else []
         return httpx.Response(
             200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
         )
@@ -318,16 +319,7 @@ def test_a_database_failure_mid_write_keeps_the_previous_hour(sql_ledger, book, 
     """Re-ingesting an hour deletes then inserts in one transaction: a crash in between rolls back."""
     from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 
-    sample = {
-        "metric": {
-            "uuid": H,
-            "gpu": "1",
-            "model": "NVIDIA H100 80GB HBM3",
-            "hostname": "n",
-            "mig_mode": "Disabled",
-        },
-        "value": [0, "120"],
-    }
+    sample = {"metric": H_INFO, "value": [0, "120"]}
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/query_range"):  # the scrape-interval counts: none, 30 s given

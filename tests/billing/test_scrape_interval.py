@@ -278,9 +278,9 @@ def test_each_exporter_takes_the_interval_of_its_nearest_steady_hour(stretches_b
     hours = [H0 + timedelta(hours=first + i) for i in range(24)]
     intervals = detect_intervals(host_counts, hours, IngestConfig())
     reach = timedelta(hours=STEADY_SEARCH_HOURS)
+    steady_by_host = {host: steady_intervals(counts) for host, counts in host_counts.items()}
     for hour in hours:
-        for host, counts in host_counts.items():
-            steady = steady_intervals(counts)
+        for host, steady in steady_by_host.items():
             within = [t for t in steady if abs(t - hour) <= reach]
             nearest = min(within, key=lambda t: (abs(t - hour), t), default=None)
             own = intervals[hour].by_host.get(host)
