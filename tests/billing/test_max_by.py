@@ -12,6 +12,8 @@ import subprocess
 from datetime import timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpumeter import contract
 from gpumeter.billing.ingest import KEEP, QUERIES, IngestConfig, _at, _columns, _in_order, ingest_hours
@@ -128,3 +130,44 @@ def test_the_reduction_by_hand():
     assert out[1][1] == [None, None, 5.0] and out[2][1] == [4.0, None, None]
     ordered = _in_order(out)
     assert [dict(labels) for labels, _ in ordered] == [{"a": "1", "z": "9"}, {"a": "2", "z": "1"}, {"a": "3"}]
+
+
+_TEXTS = ["0", "1", "4", "0.25", "NaN", "240", "+Inf"]
+
+
+@given(
+    series=st.lists(
+        st.tuples(
+            st.sampled_from([("1", "x"), ("1", "y"), ("2", "x")]),  # (z, b): z kept, so some series merge
+            st.dictionaries(st.integers(0, 5), st.sampled_from(_TEXTS)),  # step -> the value's text
+            st.booleans(),  # whether its times are written a little off the step (another engine)
+        ),
+        max_size=6,
+    ),
+    repeated=st.booleans(),
+)
+def test_columns_equal_the_answer_read_point_by_point(series, repeated):
+    """`_columns` reads a series with a point at every step from its first to its last in one slice,
+    and converts the values of `REPEATED` answers once per text: whatever the steps present (gaps,
+    a late start, an early end) and the values (NaN, repeated texts), each hour holds what reading
+    the points one by one gives, merged by PromQL's ``max``."""
+    t0, count = 1_000_000.0, 6
+    raw = [
+        (
+            {"z": z, "b": b},
+            [[t0 + 3600 * step + (0.0004 if off else 0.0), text] for step, text in sorted(points.items())],
+        )
+        for (z, b), points, off in series
+    ]
+    expected: dict[str, list] = {}
+    for (z, _), points, _ in series:
+        values = expected.setdefault(z, [None] * count)
+        for step, text in points.items():
+            value, kept = float(text), values[step]
+            values[step] = value if kept is None or kept < value or kept != kept else kept
+    out = _columns(raw, t0, count, ("z",), repeated)
+    assert [labels["z"] for labels, _ in out] == list(expected)
+    for labels, values in out:
+        assert [("nan" if v != v else v) for v in values] == [
+            ("nan" if v is not None and v != v else v) for v in expected[labels["z"]]
+        ]
