@@ -13,7 +13,7 @@ import math
 import operator
 import re
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
@@ -171,6 +171,9 @@ class _ReusedHour(PricedHour):
         return self._efficiencies, self._utilizations
 
 
+_SIZE = operator.attrgetter("size")
+
+
 class PricedLines(Sequence[Line]):
     """The lines of priced GPU-hours one after another (`HourRecord.lines` from ingest), made when
     first read. ``hours``, in the order of the record's line groups, are what priced them: a ledger
@@ -190,7 +193,7 @@ class PricedLines(Sequence[Line]):
     def __len__(self) -> int:
         if self._lines is not None:
             return len(self._lines)
-        return sum(priced.size for priced in self.hours)
+        return sum(map(_SIZE, self.hours))
 
     @overload
     def __getitem__(self, index: int) -> Line: ...
@@ -549,20 +552,28 @@ def _evolve(line: Line, **changes: object) -> Line:
 class _Kept:
     """A priced GPU-hour `Pricer` re-uses: its lines, the allocation each prices, the tie its
     rounding broke, and that tie's groups in order per GPU (`_tie_groups`, the same every hour);
-    worked out once from them: the lines with a holder ((place, allocation) pairs), the lines'
-    efficiencies and utilizations (a holder's are the hour's own) and the price version named."""
+    worked out once from them and the hour's allocations: the lines with a holder (place,
+    allocation, its namespace, its MIG unit or None for a whole GPU), the lines' efficiencies and
+    utilizations (a holder's are the hour's own) and the price version named. Every hour that re-uses
+    it has allocations with the same names and units in the same places (`Pricer`'s key)."""
 
     priced: PricedHour
     sources: list[int | None]
     tie: _KeptTie | None
     tie_groups: dict[str, list[list[int]]]
-    held: list[tuple[int, int]] = field(init=False)
+    allocations: InitVar[list[Allocation]]
+    held: list[tuple[int, int, str, tuple[str, str] | None]] = field(init=False)
     efficiencies: list[Decimal | None] = field(init=False)
     utilizations: list[Decimal | None] = field(init=False)
     version_id: str | None = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.held = [(at, source) for at, source in enumerate(self.sources) if source is not None]
+    def __post_init__(self, allocations: list[Allocation]) -> None:
+        self.held = []
+        for at, source in enumerate(self.sources):
+            if source is not None:
+                alloc = allocations[source]
+                unit = (alloc.gpu_instance_id, alloc.mig_profile) if alloc.gpu_instance_id else None
+                self.held.append((at, source, alloc.namespace, unit))
         self.efficiencies, self.utilizations = self.priced.readings()
         self.version_id = self.priced.version_id
 
@@ -637,13 +648,12 @@ class Pricer:
             if not priced.warnings and priced.device_cost is not None and version is not None and reusable:
                 if len(self._memo) >= self.max_entries:
                     self._memo.clear()
-                self._memo[key] = _Kept(priced, sources, tie, {})
+                self._memo[key] = _Kept(priced, sources, tie, {}, gpu_hour.allocations)
             return priced
         self.hits += 1
         uuid = dev.uuid
-        # the holders' names and the instances' ids from the layout's facts, the values from the
-        # hour's readings: a steady GPU-hour's facts are then never made (`SteadyGpuHour`)
-        instances, allocations = gpu_hour.layout_facts
+        # the holders' names and units from the kept result, the values from the hour's readings:
+        # a steady GPU-hour's facts are then never made (`SteadyGpuHour`)
         instance_readings, held_readings = gpu_hour.readings()
         tier_efficiency, tiers = version.tier_efficiency, bool(version.utilization_tiers)
         unit_utilization: dict[tuple[str, str], Decimal | None] | None = None
@@ -651,19 +661,19 @@ class Pricer:
         line_teams = []  # with the kept result and the tie's turn, what fixes the lines' terms
         # what differs from the kept lines: each holder's line's team, utilization and efficiency
         # (the lines themselves are made when read: `_ReusedHour`)
-        for at, source in memo.held:
-            alloc = allocations[source]
+        for at, source, namespace, unit in memo.held:
             utilization = held_readings[source][0]
             if utilization is None:
-                if alloc.gpu_instance_id:
+                if unit is not None:
                     if unit_utilization is None:
                         unit_utilization = {}
+                        instances = gpu_hour.layout_facts[0]
                         for inst, reading in zip(instances, instance_readings, strict=True):
                             unit_utilization.setdefault((inst.gpu_instance_id, inst.mig_profile), reading)
-                    utilization = unit_utilization.get((alloc.gpu_instance_id, alloc.mig_profile))
+                    utilization = unit_utilization.get(unit)
                 else:
                     utilization = dev.utilization
-            line_teams.append(teams.get(alloc.namespace, ""))
+            line_teams.append(teams.get(namespace, ""))
             utilizations[at] = utilization
             # without tiers there is no score (as tier_efficiency says): no call per line
             efficiencies[at] = tier_efficiency(utilization) if tiers else None

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import operator
 from decimal import Decimal
+from itertools import repeat
+from operator import is_not
 
 import orjson
 
@@ -69,8 +71,8 @@ def readings_text(efficiencies: list[Decimal | None], utilizations: list[Decimal
     null; None when every line has neither. The `cost_lines` view reads them back by the line's
     place in its set. (orjson writes a Decimal through ``str``: 2 µs a GPU-hour's group, against 8
     for the same text joined in Python, ~1,000 groups an hour on the 1,000-GPU bench.)"""
-    size = len(efficiencies)
-    if efficiencies.count(None) == size and utilizations.count(None) == size:
+    # by identity: comparing a Decimal with None asks numbers' ABCs (~0.6 µs a value)
+    if not any(map(is_not, efficiencies, repeat(None))) and not any(map(is_not, utilizations, repeat(None))):
         return None
     return orjson.dumps(list(zip(efficiencies, utilizations, strict=True)), default=str).decode()
 
