@@ -120,3 +120,35 @@ def test_the_memoised_pricer_gives_exactly_what_price_gpu_hour_gives(case, data)
     assert pricer.price(carried(later), teams) == price_gpu_hour(carried(later), book, teams)
     # the order of the lists changes no line, only the order of warnings
     assert price_gpu_hour(carried(later), book, teams).lines == price_gpu_hour(later, book, teams).lines
+
+
+def test_a_re_used_mig_hour_gives_a_holder_without_its_own_utilization_its_instances():
+    """A MIG holder with no utilization of its own takes its instance's, on a memo hit as when priced
+    afresh (`price_gpu_hour`): the kept result names the holder's unit, and the hour's instance
+    readings fill it. The property test above seldom reaches this (its random MIG layouts mostly
+    warn, and are never re-used)."""
+    book = PriceBook(
+        "USD", (PriceVersion(HOUR0, None, {"A100-40GB": GpuPrice("A100-40GB", Decimal("3.00"))}),)
+    )
+
+    def hour(at: int, big: str, small: str, device: str) -> GpuHour:
+        instances = [mig("GPU-m", "1", "3g.20gb"), mig("GPU-m", "5", "2g.10gb")]
+        instances = [
+            replace(instances[0], utilization=Decimal(big)),
+            replace(instances[1], utilization=Decimal(small)),
+        ]
+        allocations = [
+            alloc("GPU-m", "ns0", "big", gi="1", profile="3g.20gb"),
+            alloc("GPU-m", "ns1", "small", gi="5", profile="2g.10gb"),
+        ]
+        gh = gpu_hour("GPU-m", A100, instances, allocations, hour=HOUR0 + timedelta(hours=at))
+        return replace(gh, device=replace(gh.device, utilization=Decimal(device)))
+
+    pricer = Pricer(book)
+    first, later = hour(0, "0.250", "0.500", "0.100"), hour(1, "0.750", "0.125", "0.900")
+    assert pricer.price(first) == price_gpu_hour(first, book)
+    priced = pricer.price(later)
+    assert pricer.hits == 1
+    assert priced == price_gpu_hour(later, book)
+    held = {line.pod: line.utilization for line in priced.lines if line.pod}
+    assert held == {"big": Decimal("0.750"), "small": Decimal("0.125")}  # the instances', not the GPU's 0.900
