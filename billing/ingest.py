@@ -400,8 +400,7 @@ def _columns(
     Series whose kept labels agree (HA replicas, an exporter that changed its instance label) merge
     hour by hour to the largest value; a NaN gives way to any number, as in PromQL's ``max``."""
     out: dict[tuple, tuple[SeriesLabels, Values]] = {}
-    steps = [first + 3600 * i for i in range(count)]  # each hour's time, as Prometheus writes it
-    slots = {t: i for i, t in enumerate(steps)}
+    slots = {first + 3600 * i: i for i in range(count)}  # a step's time -> its hour, as Prometheus writes it
     convert = _Repeated().__getitem__ if repeated else float
     for labels, points in answer:
         # a series with a point at each step from its first to its last (held all run, or by a pod
@@ -429,6 +428,12 @@ def _columns(
         else:
             kept[1][:] = map(_larger, kept[1], values)
     return list(out.values())
+
+
+def _query_columns(name: str, answer, first: float, count: int) -> list[tuple[SeriesLabels, Values]]:
+    """`_columns` of the answer to ``QUERIES[name]``: reduced by its kept labels, its values
+    converted once per text where they repeat."""
+    return _columns(answer, first, count, KEEP[name], name in REPEATED)
 
 
 def _larger(a: float | None, b: float | None) -> float | None:
@@ -468,11 +473,7 @@ class RunAnswers:
         """From the answers as Prometheus gives them: (labels, [[unix seconds, value], ...]) per series."""
         first = _at(hours[0]).timestamp()
         return cls(
-            {
-                name: _columns(answers.get(name, ()), first, len(hours), KEEP[name], name in REPEATED)
-                for name in QUERIES
-            },
-            hours,
+            {name: _query_columns(name, answers.get(name, ()), first, len(hours)) for name in QUERIES}, hours
         )
 
     def __init__(self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime]):
@@ -855,7 +856,7 @@ class FetchedRun:
             at, count = _at(self.hours[0]).timestamp(), len(self.hours)
             columns = {}
             for name in QUERIES:
-                columns[name] = _columns(self._fetched.pop(name)(), at, count, KEEP[name], name in REPEATED)
+                columns[name] = _query_columns(name, self._fetched.pop(name)(), at, count)
             self._answers = RunAnswers(columns, self.hours)
         return self._answers
 
