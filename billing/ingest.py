@@ -86,7 +86,9 @@ class IngestConfig:
     catchup_hours: int = 168
     settle: timedelta = timedelta(minutes=2)  # an hour is closed this long after its end
     teams: dict[str, str] = field(default_factory=dict)  # from the team map file; wins over kube
-    chunk_hours: int = 24  # consecutive hours per range query (docs/billing.md §6)
+    chunk_hours: int = 24  # consecutive hours of the first range queries, and of any (docs/billing.md §6)
+    # series x hours a run's answers may hold: later runs of a smaller fleet are longer (`_run_hours`)
+    run_points: int = 5_000_000
     workers: int = 1  # processes ingesting runs of hours side by side (docs/billing.md §6)
 
 
@@ -479,6 +481,7 @@ class RunAnswers:
     def __init__(self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime]):
         """``col``: per query name, its series with their values per hour (`_columns`)."""
         self.hours = hours
+        self.series = sum(map(len, col.values()))  # what sizes the next run (`_run_hours`)
         self.devices = [
             (_derived(labels, _device_labels), values) for labels, values in _in_order(col["gpu_count"])
         ]
@@ -1041,6 +1044,34 @@ def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: d
     result.failed.append((hour, reason))
 
 
+MAX_RUN_HOURS = 744  # a 31-day month; Prometheus answers at most 11,000 steps a series
+
+
+def _run_hours(config: IngestConfig, last: int, series: int | None) -> int:
+    """Hours of the next run of range queries, after one of ``last`` hours.
+
+    ``config.chunk_hours`` until the answers of a run are known, then as many as ``config.run_points``
+    allows for the ``series`` that run answered, never fewer than ``chunk_hours``. Each run decodes
+    and joins every series' labels again, ~20 µs a series whatever its hours (docs/performance.md,
+    issue 17, tenth pass), so fewer, longer runs cost less; the points bound the memory a run's
+    answers take. A run is at most three times the one before: its requests are answered while that
+    one's hours are built (~3 times what Prometheus takes per hour), so the build never waits long."""
+    least = max(1, config.chunk_hours)
+    if not series:
+        return least
+    return max(least, min(3 * last, config.run_points // series, MAX_RUN_HOURS))
+
+
+def _take_run(hours: list[datetime], at: int, size: int) -> list[datetime]:
+    """The consecutive hours from ``hours[at]`` on, at most ``size`` of them."""
+    run = hours[at : at + 1]
+    for hour in hours[at + 1 : at + size]:
+        if hour - run[-1] != HOUR:
+            break
+        run.append(hour)
+    return run
+
+
 def _runs(hours: list[datetime], size: int) -> list[list[datetime]]:
     """Split hours into runs of at most ``size`` consecutive hours, keeping their order."""
     runs: list[list[datetime]] = []
@@ -1117,7 +1148,6 @@ def _fetch_run(client, hours: list[datetime], config) -> tuple[FetchedRun, dict[
 def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, stopping=None) -> IngestResult:
     result = IngestResult()
     ticks = _ticks(progress, hours)
-    runs = _runs(hours, max(1, config.chunk_hours))
     known_teams = ledger.namespace_teams()
     layouts = CarriedLayouts()
 
@@ -1133,19 +1163,29 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
         return True
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries:
+        # hours taken into runs, the hours the last run was given, the series the last decoded run
+        # answered: what sizes the next run (a gap in the hours may cut one short)
+        taken, asked, series = 0, max(1, config.chunk_hours), None
+
+        def submit(size: int):
+            nonlocal taken, asked
+            run = _take_run(hours, taken, size)
+            taken, asked = taken + len(run), size
+            return (run, queries.submit(_fetch_run, client, run, config)) if run else None
+
+        pending = submit(asked)
         try:
-            pending = queries.submit(_fetch_run, client, runs[0], config) if runs else None
-            for i, run in enumerate(runs):
+            while pending is not None:
                 if stop_here():
                     return result
-                future, pending = pending, None
+                (run, future), pending = pending, None
                 answers = None  # the run before's answers let go before this run's are decoded
-                if i + 1 < len(runs):
-                    pending = queries.submit(_fetch_run, client, runs[i + 1], config)
+                pending = submit(_run_hours(config, asked, series))
                 try:
                     fetched, intervals = future.result()
                     answers = fetched.answers()
                     answers.layouts = layouts  # each GPU's layout key, carried from run to run
+                    series = answers.series
                 except PrometheusError as exc:
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
@@ -1184,7 +1224,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     tick()
         finally:
             if pending is not None:
-                pending.cancel()
+                pending[1].cancel()
             _close(ticks)
     return result
 

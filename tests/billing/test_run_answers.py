@@ -19,11 +19,13 @@ from hypothesis import strategies as st
 from gpumeter import contract
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
 from gpumeter.billing.ingest import (
+    MAX_RUN_HOURS,
     CarriedLayouts,
     HourIntervals,
     IngestConfig,
     RunAnswers,
     _at,
+    _run_hours,
     build_hour,
     priced_record,
 )
@@ -293,3 +295,18 @@ def price_all(book, gpu_hours, record):
     """The hour's lines priced from scratch, GPU-hour by GPU-hour, with the teams the record used."""
     teams = {line.namespace: line.team for line in record.lines if line.team}
     return [line for gh in gpu_hours for line in price_gpu_hour(gh, book, teams).lines]
+
+
+def test_runs_start_at_chunk_hours_and_grow_threefold_within_the_points():
+    """`_run_hours`: chunk_hours until a run's series are known; then as many hours as run_points
+    allows for them, at most three times the run before, never fewer than chunk_hours nor more than
+    a month of steps (docs/billing.md §6)."""
+    config = IngestConfig(chunk_hours=24, run_points=5_000_000)
+    assert _run_hours(config, 24, None) == 24  # nothing decoded yet
+    assert _run_hours(config, 24, 20_460) == 72  # the 1,000-GPU bench: 5,000,000 // 20,460 = 244
+    assert _run_hours(config, 72, 20_460) == 216
+    assert _run_hours(config, 216, 20_460) == 244
+    assert _run_hours(config, 24, 204_600) == 24  # 10,000 GPUs: 24 hours, as before runs grew
+    assert _run_hours(config, 24, 2_000_000) == 24  # never fewer than chunk_hours
+    assert _run_hours(config, 648, 16) == MAX_RUN_HOURS  # a small fleet: a month's steps at most
+    assert _run_hours(IngestConfig(chunk_hours=0), 1, None) == 1

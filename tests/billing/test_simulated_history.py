@@ -21,7 +21,7 @@ from fractions import Fraction
 import pytest
 
 from gpumeter.billing.allocate import Pricer
-from gpumeter.billing.ingest import IngestConfig, ingest_hour, ingest_hours
+from gpumeter.billing.ingest import QUERIES, IngestConfig, ingest_hour, ingest_hours
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.exporter.simulator.fleet import load_fleet
@@ -176,3 +176,37 @@ def test_reingesting_the_simulated_history_changes_nothing(prometheus, ledger, b
             ingest_hour(client, ledger, book, hour, serial)
     assert _ledger_state(ledger) == before
     assert ledger.counts()["ingest_runs"] == 3 * len(HOURS) + 2
+
+
+class _RunsRecorded(PrometheusClient):
+    """A Prometheus client that notes the hours of each run of range queries billing asks for."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.runs: list[int] = []
+
+    def fetch_range(self, promql, start, end, step_seconds):
+        if promql == QUERIES["gpu_count"]:  # one of each run's queries
+            self.runs.append(round((end - start).total_seconds() / step_seconds) + 1)
+        return super().fetch_range(promql, start, end, step_seconds)
+
+
+def test_runs_grow_across_a_gap_and_bill_what_fixed_runs_bill(prometheus, ledger, book):
+    """Runs of range queries start at chunk_hours, grow threefold once a run's series are known, are
+    cut short by a gap in the hours, and bound by run_points; every hour is ingested once, in order,
+    and the ledger is the one runs of 24 hours give (docs/billing.md §6)."""
+    hours = HOURS[:25] + HOURS[26:]  # hour 25 is not asked for
+    with PrometheusClient(prometheus.url) as client:
+        assert ingest_hours(client, ledger, book, hours, IngestConfig(scrape_interval=STEP)).ingested == hours
+    fixed = _ledger_state(ledger)
+    with _RunsRecorded(prometheus.url) as client:
+        grown = IngestConfig(scrape_interval=STEP, chunk_hours=2)
+        assert ingest_hours(client, ledger, book, hours, grown).ingested == hours
+        # 2; 2 (no series known yet); 6; 18 asked, 15 before the gap; 54 asked, the 46 left
+        assert client.runs == [2, 2, 6, 15, 46]
+        assert _ledger_state(ledger) == fixed
+        client.runs.clear()
+        bounded = IngestConfig(scrape_interval=STEP, chunk_hours=2, run_points=1)  # never past chunk_hours
+        assert ingest_hours(client, ledger, book, hours, bounded).ingested == hours
+        assert client.runs == [2] * 12 + [2] * 23  # hour 24 alone: instant queries, no range
+    assert _ledger_state(ledger) == fixed
