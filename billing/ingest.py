@@ -635,7 +635,22 @@ class RunAnswers:
                 entry[1], entry[2] = value, found
 
         hours: dict[str, GpuHour] = {}
+        gpu_util = self.gpu_util
         for uuid, (count, _, (_, model, host, gpu, mig_mode)) in devices.items():
+            template = templates.get(uuid)
+            if (
+                template is not None
+                and moved is not None
+                and uuid not in moved
+                and (key := kept.get(uuid)) is not None
+            ):
+                # its device series' counts did not move either: the template's device (labels and
+                # seconds), with this hour's utilization
+                fields = template.device.__dict__.copy()
+                fields["utilization"] = _at_hour(gpu_util.get(uuid), i)
+                readings = steady[uuid] = ([], [])
+                hours[uuid] = SteadyGpuHour(hour, with_fields(Device, fields), template, readings, key)
+                continue
             device = _fact(
                 Device,
                 uuid=uuid,
@@ -644,19 +659,9 @@ class RunAnswers:
                 hostname=host,
                 gpu=gpu,
                 mig_mode=mig_mode,
-                utilization=_at_hour(self.gpu_util.get(uuid), i),
+                utilization=_at_hour(gpu_util.get(uuid), i),
             )
-            template = templates.get(uuid)
-            if (
-                template is not None
-                and moved is not None
-                and uuid not in moved
-                and (key := kept.get(uuid)) is not None
-            ):
-                readings = steady[uuid] = ([], [])
-                hours[uuid] = SteadyGpuHour(hour, device, template, readings, key)
-            else:
-                hours[uuid] = GpuHour(hour, device)
+            hours[uuid] = GpuHour(hour, device)
 
         for (uuid, gi, _, compute, memory), values, utilizations, template in self.instances:
             value = values[i]
@@ -706,10 +711,13 @@ class RunAnswers:
                 utilization = _ratio(utilization)
             own_sm = own_memory = None
             if uuid in with_data:  # its container's own use: 0 where it ran no process on the GPU (§3.5)
-                own_sm = _ratio(_or_zero(sm, i)) if uuid in with_sm else None
-                own_memory = _whole(_or_zero(used, i))
-                if shared and own_sm is not None:  # a shared GPU's holder: its own SM share
-                    utilization = own_sm
+                if uuid in with_sm:
+                    reading = None if sm is None else sm[i]
+                    own_sm = _ratio(0.0 if reading is None else reading)
+                    if shared:  # a shared GPU's holder: its own SM share
+                        utilization = own_sm
+                reading = None if used is None else used[i]
+                own_memory = _whole(0.0 if reading is None else reading)
             readings = steady.get(uuid)
             if readings is not None:
                 readings[1].append((utilization, own_sm, own_memory))
@@ -807,13 +815,6 @@ def _at_hour(values: Values | None, index: int) -> Decimal | None:
         return None
     value = values[index]
     return None if value is None else _ratio(value)
-
-
-def _or_zero(values: Values | None, index: int) -> float:
-    if values is None:
-        return 0.0
-    value = values[index]
-    return 0.0 if value is None else value
 
 
 def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
