@@ -905,6 +905,9 @@ class HourQuery:
     series: Series
     function: str  # a PromQL <aggregation>_over_time
     by: tuple[str, ...]
+    # the value an answer leaves out, which billing reads back from its absence: the engine sends,
+    # and billing decodes, only the other points (None: every point)
+    left_out: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [label for label in self.by if label not in self.series.labels]
@@ -912,8 +915,9 @@ class HourQuery:
             raise ValueError(f"contract: {self.series.name} has no label {', '.join(unknown)}")
 
     def promql(self, window: str = "1h") -> str:
-        """What billing sends: the function per series, every label kept."""
-        return f"{self.function}({self.series.name}[{window}])"
+        """What billing sends: the function per series, every label kept (without `left_out`)."""
+        selected = f"{self.function}({self.series.name}[{window}])"
+        return selected if self.left_out is None else f"{selected} != {self.left_out}"
 
     def aggregated(self, window: str = "1h") -> str:
         """``max by (<by>)`` of `promql`, computed by the query engine."""
@@ -923,7 +927,8 @@ class HourQuery:
 BILLING_QUERIES: dict[str, HourQuery] = {
     # every allocation label: the two answers are matched series by series on these values
     "alloc_count": HourQuery(ALLOCATION, "count_over_time", ALLOCATION.labels),
-    "alloc_share": HourQuery(ALLOCATION, "avg_over_time", ALLOCATION.labels),
+    # an exclusive holding's share is 1 (most holdings): left out, and read as 1 where absent
+    "alloc_share": HourQuery(ALLOCATION, "avg_over_time", ALLOCATION.labels, left_out="1"),
     # fractional holdings only: both fractions granted, for the slice_weight policy
     "alloc_memory": HourQuery(ALLOCATION_MEMORY, "avg_over_time", ALLOCATION.labels),
     "alloc_compute": HourQuery(ALLOCATION_COMPUTE, "avg_over_time", ALLOCATION.labels),

@@ -210,3 +210,15 @@ def test_runs_grow_across_a_gap_and_bill_what_fixed_runs_bill(prometheus, ledger
         assert ingest_hours(client, ledger, book, hours, bounded).ingested == hours
         assert client.runs == [2] * 12 + [2] * 23  # hour 24 alone: instant queries, no range
     assert _ledger_state(ledger) == fixed
+
+
+def test_the_share_answer_leaves_out_exclusive_holdings(prometheus):
+    """The engine sends no share of 1 (`HourQuery.left_out`): exclusive holdings are absent from the
+    share answer, present in the count answer, and billed whole (the test above, to the cent)."""
+    first, last = HOURS[0] + timedelta(hours=1), HOURS[23] + timedelta(hours=1)
+    with PrometheusClient(prometheus.url) as client:
+        shares = client.query_range(QUERIES["alloc_share"], first, last, 3600)
+        counts = client.query_range(QUERIES["alloc_count"], first, last, 3600)
+    values = {float(value) for _, points in shares for _, value in points}
+    assert values and 1.0 not in values  # the time-sliced A100s' 1/replicas remain
+    assert 0 < len(shares) < len(counts)
