@@ -86,7 +86,9 @@ class IngestConfig:
     catchup_hours: int = 168
     settle: timedelta = timedelta(minutes=2)  # an hour is closed this long after its end
     teams: dict[str, str] = field(default_factory=dict)  # from the team map file; wins over kube
-    chunk_hours: int = 24  # consecutive hours of the first range queries, and of any (docs/billing.md §6)
+    chunk_hours: int = (
+        24  # hours of the first run of range queries, and the least of any (docs/billing.md §6)
+    )
     # series x hours a run's answers may hold: later runs of a smaller fleet are longer (`_run_hours`)
     run_points: int = 5_000_000
     workers: int = 1  # processes ingesting runs of hours side by side (docs/billing.md §6)
@@ -1051,9 +1053,9 @@ MAX_RUN_HOURS = 744  # a 31-day month; Prometheus answers at most 11,000 steps a
 def _run_hours(config: IngestConfig, last: int, series: int | None) -> int:
     """Hours of the next run of range queries, after one of ``last`` hours.
 
-    ``config.chunk_hours`` until the answers of a run are known, then as many as ``config.run_points``
-    allows for the ``series`` that run answered, never fewer than ``chunk_hours``. Each run decodes
-    and joins every series' labels again, ~20 µs a series whatever its hours (docs/performance.md,
+    ``config.chunk_hours`` for the first run (no answers known), then as many as ``config.run_points``
+    allows for the ``series`` the run before answered, never fewer than ``chunk_hours``. Each run
+    decodes and joins every series' labels again, ~20 µs a series whatever its hours (docs/performance.md,
     issue 17, tenth pass), so fewer, longer runs cost less; the points bound the memory a run's
     answers take. A run is at most three times the one before: its requests are answered while that
     one's hours are built (~3 times what Prometheus takes per hour), so the build never waits long."""
@@ -1164,8 +1166,8 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
         return True
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries:
-        # hours taken into runs, the hours the last run was given, the series the last decoded run
-        # answered: what sizes the next run (a gap in the hours may cut one short)
+        # hours taken into runs, the hours the last run was given, the series the last run answered:
+        # what sizes the next run (a gap in the hours may cut one short)
         taken, asked, series = 0, max(1, config.chunk_hours), None
 
         def submit(size: int):
@@ -1181,7 +1183,6 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     return result
                 (run, future), pending = pending, None
                 answers = None  # the run before's answers let go before this run's are decoded
-                pending = submit(_run_hours(config, asked, series))
                 try:
                     fetched, intervals = future.result()
                     answers = fetched.answers()
@@ -1190,6 +1191,8 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                 except PrometheusError as exc:
                     log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
+                # the next run's requests, sized by this run's series, answered while its hours are built
+                pending = submit(_run_hours(config, asked, series))
                 for index, hour in enumerate(run):
                     if stop_here():
                         return result

@@ -298,12 +298,12 @@ def price_all(book, gpu_hours, record):
 
 
 def test_runs_start_at_chunk_hours_and_grow_threefold_within_the_points():
-    """`_run_hours`: chunk_hours until a run's series are known; then as many hours as run_points
+    """`_run_hours`: chunk_hours for the first run; then as many hours as run_points
     allows for them, at most three times the run before, never fewer than chunk_hours nor more than
     a month of steps (docs/billing.md §6)."""
     config = IngestConfig(chunk_hours=24, run_points=5_000_000)
     assert _run_hours(config, 24, None) == 24  # nothing decoded yet
-    assert _run_hours(config, 24, 20_460) == 72  # the 1,000-GPU bench: 5,000,000 // 20,460 = 244
+    assert _run_hours(config, 24, 20_460) == 72  # 1,000 GPUs' series: 5,000,000 // 20,460 = 244
     assert _run_hours(config, 72, 20_460) == 216
     assert _run_hours(config, 216, 20_460) == 244
     assert _run_hours(config, 24, 204_600) == 24  # 10,000 GPUs: 24 hours, as before runs grew

@@ -202,8 +202,8 @@ def test_runs_grow_across_a_gap_and_bill_what_fixed_runs_bill(prometheus, ledger
     with _RunsRecorded(prometheus.url) as client:
         grown = IngestConfig(scrape_interval=STEP, chunk_hours=2)
         assert ingest_hours(client, ledger, book, hours, grown).ingested == hours
-        # 2; 2 (no series known yet); 6; 18 asked, 15 before the gap; 54 asked, the 46 left
-        assert client.runs == [2, 2, 6, 15, 46]
+        # 2; 6; 18 asked, 17 before the gap; 54 asked, the 46 left
+        assert client.runs == [2, 6, 17, 46]
         assert _ledger_state(ledger) == fixed
         client.runs.clear()
         bounded = IngestConfig(scrape_interval=STEP, chunk_hours=2, run_points=1)  # never past chunk_hours
