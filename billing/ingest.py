@@ -86,10 +86,9 @@ class IngestConfig:
     catchup_hours: int = 168
     settle: timedelta = timedelta(minutes=2)  # an hour is closed this long after its end
     teams: dict[str, str] = field(default_factory=dict)  # from the team map file; wins over kube
-    chunk_hours: int = (
-        24  # hours of the first run of range queries, and the least of any (docs/billing.md §6)
-    )
-    # series x hours a run's answers may hold: later runs of a smaller fleet are longer (`_run_hours`)
+    # hours of the first run of range queries, and the least of any; then series x hours a run's
+    # answers may hold: later runs of a smaller fleet are longer (`_run_hours`, docs/billing.md §6)
+    chunk_hours: int = 24
     run_points: int = 5_000_000
     workers: int = 1  # processes ingesting runs of hours side by side (docs/billing.md §6)
 
