@@ -1077,11 +1077,10 @@ def _take_run(hours: list[datetime], at: int, size: int) -> list[datetime]:
 def _runs(hours: list[datetime], size: int) -> list[list[datetime]]:
     """Split hours into runs of at most ``size`` consecutive hours, keeping their order."""
     runs: list[list[datetime]] = []
-    for hour in hours:
-        if runs and len(runs[-1]) < size and hour - runs[-1][-1] == HOUR:
-            runs[-1].append(hour)
-        else:
-            runs.append([hour])
+    taken = 0
+    while taken < len(hours):
+        runs.append(_take_run(hours, taken, size))
+        taken += len(runs[-1])
     return runs
 
 
@@ -1167,7 +1166,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-query") as queries:
         # hours taken into runs, the hours the last run was given, the series the last run answered:
         # what sizes the next run (a gap in the hours may cut one short)
-        taken, asked, series = 0, max(1, config.chunk_hours), None
+        taken, asked, series = 0, 0, None
 
         def submit(size: int):
             nonlocal taken, asked
@@ -1175,7 +1174,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
             taken, asked = taken + len(run), size
             return (run, queries.submit(_fetch_run, client, run, config)) if run else None
 
-        pending = submit(asked)
+        pending = submit(_run_hours(config, asked, series))
         try:
             while pending is not None:
                 if stop_here():
