@@ -6,13 +6,18 @@ alone, as the instant queries of the hourly service give them."""
 from __future__ import annotations
 
 import copy
+import gc
+import gzip
+import http.server
 import os
 import pickle
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from decimal import Decimal
 
+import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +25,9 @@ from gpumeter import contract
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
 from gpumeter.billing.ingest import (
     MAX_RUN_HOURS,
+    QUERIES,
     CarriedLayouts,
+    FetchedRun,
     HourIntervals,
     IngestConfig,
     RunAnswers,
@@ -33,7 +40,7 @@ from gpumeter.billing.ledger import layouts
 from gpumeter.billing.models import SteadyGpuHour
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
-from gpumeter.billing.prom import Sample
+from gpumeter.billing.prom import PrometheusClient, Sample
 from tests.billing.factories import H100, HOUR0
 
 HOURS = [HOUR0 + timedelta(hours=i) for i in range(4)]
@@ -310,3 +317,72 @@ def test_runs_start_at_chunk_hours_and_grow_threefold_within_the_points():
     assert _run_hours(config, 24, 2_000_000) == 24  # never fewer than chunk_hours
     assert _run_hours(config, 648, 16) == MAX_RUN_HOURS  # a small fleet: a month's steps at most
     assert _run_hours(IngestConfig(chunk_hours=0), 1, None) == 1
+
+
+class _RecordingClient:
+    """A query client whose range answers note whether the cyclic collector ran while each was
+    decoded (`FetchedRun.answers`): nothing but the answers' own decoding is under test."""
+
+    def __init__(self) -> None:
+        self.collector_on: list[bool] = []
+
+    def fetch_range(self, promql, start, end, step):
+        def decoded():
+            self.collector_on.append(gc.isenabled())
+            return []
+
+        return decoded
+
+
+def test_a_run_is_decoded_with_the_cyclic_collector_paused_and_restored():
+    client = _RecordingClient()
+    assert gc.isenabled()
+    FetchedRun(client, HOURS).answers()
+    assert client.collector_on == [False] * len(QUERIES)
+    assert gc.isenabled()
+    gc.disable()  # one who paused it themselves keeps it paused
+    try:
+        FetchedRun(client, HOURS).answers()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_fetched_range_answer_is_held_by_no_response():
+    """The body is kept by the answer only. An httpx response over a real connection sits in a
+    reference cycle (its gzip decoder and streams, as Prometheus' answers are gzipped), so one that
+    kept the body too (its ``_content``) held the answer's megabytes until the collector next ran."""
+    body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}' + b" " * 1_000_000
+    packed = gzip.compress(body)
+
+    class Gzipped(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(packed)))
+            self.end_headers()
+            self.wfile.write(packed)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gzipped)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    gc.disable()  # a response left in a cycle stays there while this test looks
+    try:
+        with PrometheusClient(f"http://127.0.0.1:{server.server_port}") as client:
+            answer = client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
+            kept = answer.args[-1]
+            assert kept == body
+            holders = [
+                r
+                for r in gc.get_referrers(kept)
+                if isinstance(r, httpx.Response) or (isinstance(r, dict) and "_content" in r)
+            ]
+            assert holders == []
+            assert answer() == []
+    finally:
+        gc.enable()
+        server.shutdown()
+        server.server_close()
