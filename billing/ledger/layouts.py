@@ -122,8 +122,9 @@ def readings(instances: list[MigInstance], allocations: list[Allocation]) -> str
 
 def readings_text(readings: Readings) -> str:
     """`readings` of a GPU-hour's own (`GpuHour.readings`, in the order of its facts)."""
-    # each Decimal written through str by orjson: a third less than making the texts here
-    return orjson.dumps(list(readings), default=str).decode()
+    # each Decimal written through its own __str__ by orjson: a third less than making the texts
+    # here, and calling the method a tenth less than calling str (which looks the method up)
+    return orjson.dumps(list(readings), default=Decimal.__str__).decode()
 
 
 def parse_layout(body: str) -> dict[str, list[list[Any]]]:
