@@ -1149,7 +1149,10 @@ def _no_collections():
     Decoding makes a list per point ([time, value]: millions a run) and holds them until each answer
     is made columns, so the collector's young collections found them alive, scanned and promoted them
     again and again: 2.0 s of the 1,000-GPU month's CPU went to collections. Nothing decoded is
-    cyclic; reference counting frees it all once an answer is made columns."""
+    cyclic; reference counting frees it all once an answer is made columns. (The pause is the
+    process's: `billing serve`'s other threads go without collections for the seconds a run
+    takes to decode (7 s in all over the 1,000-GPU month's five runs); their garbage is collected
+    once it ends.)"""
     paused = gc.isenabled()
     gc.disable()
     try:
