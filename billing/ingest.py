@@ -1118,47 +1118,30 @@ def ingest_hours(
         and getattr(ledger, "engine", None) is not None
     ):
         return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
-    with _few_collections():
+    with _no_collections():
         return _ingest_serially(client, ledger, pricer or Pricer(book), hours, config, progress, stopping)
 
 
 @contextlib.contextmanager
-def _few_collections():
-    """Raise the cyclic GC's thresholds while ingesting, restore them after.
-
-    An ingest allocates millions of short-lived, acyclic objects (samples, facts, lines, rows). With
-    the default thresholds (700 allocations) the collector runs constantly and its full collections
-    re-scan the whole heap: about 40 % of the ingest's CPU on the 1,000-GPU bench. Reference counting
-    frees all of these objects anyway; the collector still runs, every 200,000 allocations. (At
-    50,000 its young collections, each scanning the facts, lines and answers of the hours in flight,
-    still took ~9 % of the bench's CPU: 1.2-1.4 s of 13-15 s over 96 hours, against 0.22-0.26 s now;
-    at 1,000,000 they took 0.04 s, but the peak RSS grew by 80 MiB over 200 hours, not 20.)
-    """
-    old = gc.get_threshold()
-    gc.set_threshold(200_000, 20, 100)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
-@contextlib.contextmanager
 def _no_collections():
-    """The cyclic GC paused while a run's answers are decoded, restored after.
+    """The cyclic collector paused, restored after: around an ingest (`ingest_hours`, `reprice`),
+    and around a run's decoding wherever that happens (`FetchedRun.answers`).
 
-    Decoding makes a list per point ([time, value]: millions a run) and holds them until each answer
-    is made columns, so the collector's young collections found them alive, scanned and promoted them
-    again and again: 2.0 s of the 1,000-GPU month's CPU went to collections. Nothing decoded is
-    cyclic; reference counting frees it all once an answer is made columns. (The pause is the
-    process's: `billing serve`'s other threads go without collections for the seconds a run
-    takes to decode (7 s in all over the 1,000-GPU month's five runs); their garbage is collected
-    once it ends.)"""
-    paused = gc.isenabled()
+    An ingest makes millions of objects that reference counting frees (samples, facts, priced hours,
+    rows) and almost no cycles. The collector's young collections, every 200,000 allocations, found
+    the hours in flight alive and scanned and promoted them again and again: decoding alone (a list
+    per point, held until its answer is made columns) cost 2.0 s of the 1,000-GPU month, and building,
+    pricing and writing 10,000 GPUs' hours cost 7.3 s of the 10,000-GPU bench's 62.7 s of CPU. The
+    few cycles an ingest makes (an HTTP exchange's objects, a caught exception's frames) wait for the
+    collection `_ingest_serially` makes between runs, or for the end. (The pause is the process's:
+    `billing serve`'s other threads go without collections while an ingest runs, and theirs too wait.)
+    """
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if paused:
+        if enabled:
             gc.enable()
 
 
@@ -1202,6 +1185,9 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     return result
                 (run, future), pending = pending, None
                 answers = None  # the run before's answers let go before this run's are decoded
+                # the cycles the run before made, and what survived one run and died in the next:
+                # the collector is paused (`_no_collections`), so they are collected here, once a run
+                gc.collect(1)
                 try:
                     fetched, intervals = future.result()
                     answers = fetched.answers()
@@ -1386,7 +1372,7 @@ def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, tea
     count = 0
     merged = {**ledger.namespace_teams(), **teams}
     pricer = Pricer(book)
-    with _few_collections():
+    with _no_collections():
         for hour in hours_between(start, end):
             facts = ledger.facts(hour)
             if facts:

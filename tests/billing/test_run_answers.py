@@ -18,6 +18,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ from gpumeter.billing.ingest import (
     IngestConfig,
     RunAnswers,
     _at,
+    _no_collections,
     _run_hours,
     build_hour,
     priced_record,
@@ -386,3 +388,10 @@ def test_a_fetched_range_answer_is_held_by_no_response():
         gc.enable()
         server.shutdown()
         server.server_close()
+
+
+def test_the_collector_is_paused_for_what_runs_within_and_restored_when_it_fails():
+    with pytest.raises(RuntimeError, match="mid-ingest"), _no_collections():
+        assert not gc.isenabled()
+        raise RuntimeError("mid-ingest")
+    assert gc.isenabled()
