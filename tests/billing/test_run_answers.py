@@ -11,9 +11,11 @@ import gzip
 import http.server
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -42,7 +44,7 @@ from gpumeter.billing.ledger import layouts
 from gpumeter.billing.models import SteadyGpuHour
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
-from gpumeter.billing.prom import PrometheusClient, Sample
+from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
 from tests.billing.factories import H100, HOUR0
 
 HOURS = [HOUR0 + timedelta(hours=i) for i in range(4)]
@@ -395,3 +397,63 @@ def test_the_collector_is_paused_for_what_runs_within_and_restored_when_it_fails
         assert not gc.isenabled()
         raise RuntimeError("mid-ingest")
     assert gc.isenabled()
+
+
+def test_a_range_answer_cut_off_mid_body_is_a_prometheus_error_naming_the_server():
+    """The body is read as a stream: a connection that drops before the promised length arrives
+    (a restarted Prometheus, a proxy's timeout) fails the query as any other HTTP failure does."""
+
+    class CutOff(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            self.wfile.write(b'{"status":"success","data":{"resultType":"matrix","result":[')
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with PrometheusClient(url, timeout=10) as client, pytest.raises(PrometheusError, match=url):
+            client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
+    """Headers, then nothing: the client's read timeout applies to each read of the streamed body,
+    so a stalled answer fails within the timeout instead of holding the ingest forever."""
+    release = threading.Event()
+
+    class Stalled(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"status":')
+            self.wfile.flush()
+            release.wait(10)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stalled)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with PrometheusClient(f"http://127.0.0.1:{server.server_port}", timeout=0.5) as client:
+            started = time.monotonic()
+            with pytest.raises(PrometheusError, match="ReadTimeout"):
+                client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
+            assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
