@@ -13,7 +13,6 @@ of the runs is kept. Uses the bench's cached history (`.bench/`, built by `tests
 from __future__ import annotations
 
 import argparse
-import gc
 import tempfile
 import time
 from datetime import timedelta
@@ -33,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpumeter.billing.ingest import (
         CarriedLayouts,
         IngestConfig,
+        _no_collections,
         priced_record,
         query_intervals,
         query_run,
@@ -49,24 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     config = IngestConfig(scrape_interval=900.0)
     with tempfile.TemporaryDirectory() as tmp:
         server = PrometheusServer(Path(tmp) / "prom", data_dir=data).start()
-        # the collector paused, as the ingest pauses it (`_no_collections`), for every stage: with
-        # the default thresholds, decoding a day's answers alone took twice the CPU
-        gc.disable()
-        try:
-            with PrometheusClient(server.url) as client:
-                started = time.process_time()
-                days = [
-                    (
-                        query_run(client, hours[at : at + 24]),
-                        query_intervals(client, hours[at : at + 24], config),
-                    )
-                    for at in (0, 24)
-                ]
-                reading = (time.process_time() - started) / len(hours)
-        finally:
-            server.stop()
-        best = {"build": float("inf"), "price": float("inf"), "write": float("inf")}
-        try:
+        # the collector paused, as the ingest pauses it, for every stage: with the default
+        # thresholds, decoding a day's answers alone took twice the CPU
+        with _no_collections():
+            try:
+                with PrometheusClient(server.url) as client:
+                    started = time.process_time()
+                    days = [
+                        (
+                            query_run(client, hours[at : at + 24]),
+                            query_intervals(client, hours[at : at + 24], config),
+                        )
+                        for at in (0, 24)
+                    ]
+                    reading = (time.process_time() - started) / len(hours)
+            finally:
+                server.stop()
+            best = {"build": float("inf"), "price": float("inf"), "write": float("inf")}
             for run in range(args.runs):
                 ledger, pricer, layouts = (
                     open_ledger(f"sqlite:///{tmp}/ledger-{run}.db"),
@@ -91,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
                 ledger.close()
                 for stage, seconds in spent.items():
                     best[stage] = min(best[stage], seconds / 24)
-        finally:
-            gc.enable()
     print(f"ms of CPU an hour, day 2 of the billing bench, least of {args.runs} runs, one thread:")
     print(f"  {'reading answers (once, both days)':<36} {1000 * reading:8.1f}")
     for stage, seconds in best.items():

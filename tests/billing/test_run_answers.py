@@ -5,6 +5,7 @@ alone, as the instant queries of the hourly service give them."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import gzip
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 
@@ -352,6 +354,32 @@ def test_a_run_is_decoded_with_the_cyclic_collector_paused_and_restored():
         gc.enable()
 
 
+class _Answer(http.server.BaseHTTPRequestHandler):
+    """A loopback Prometheus stand-in's handler: reads the query, then `answer` writes the reply."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.answer()
+
+    def answer(self) -> None:
+        raise NotImplementedError
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _answering(handler: type[_Answer]) -> Iterator[str]:
+    """A real HTTP server on loopback answering with ``handler``, for as long as the block; its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_fetched_range_answer_is_held_by_no_response():
     """The body is kept by the answer only. An httpx response over a real connection sits in a
     reference cycle (its gzip decoder and streams, as Prometheus' answers are gzipped), so one that
@@ -359,23 +387,17 @@ def test_a_fetched_range_answer_is_held_by_no_response():
     body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}' + b" " * 1_000_000
     packed = gzip.compress(body)
 
-    class Gzipped(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
+    class Gzipped(_Answer):
+        def answer(self) -> None:
             self.send_response(200)
             self.send_header("Content-Encoding", "gzip")
             self.send_header("Content-Length", str(len(packed)))
             self.end_headers()
             self.wfile.write(packed)
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gzipped)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     gc.disable()  # a response left in a cycle stays there while this test looks
     try:
-        with PrometheusClient(f"http://127.0.0.1:{server.server_port}") as client:
+        with _answering(Gzipped) as url, PrometheusClient(url) as client:
             answer = client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
             kept = answer.args[-1]
             assert kept == body
@@ -388,8 +410,6 @@ def test_a_fetched_range_answer_is_held_by_no_response():
             assert answer() == []
     finally:
         gc.enable()
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_collector_is_paused_for_what_runs_within_and_restored_when_it_fails():
@@ -403,9 +423,8 @@ def test_a_range_answer_cut_off_mid_body_is_a_prometheus_error_naming_the_server
     """The body is read as a stream: a connection that drops before the promised length arrives
     (a restarted Prometheus, a proxy's timeout) fails the query as any other HTTP failure does."""
 
-    class CutOff(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
+    class CutOff(_Answer):
+        def answer(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", "1000000")
             self.end_headers()
@@ -413,18 +432,12 @@ def test_a_range_answer_cut_off_mid_body_is_a_prometheus_error_naming_the_server
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
-        with PrometheusClient(url, timeout=10) as client, pytest.raises(PrometheusError, match=url):
-            client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with (
+        _answering(CutOff) as url,
+        PrometheusClient(url, timeout=10) as client,
+        pytest.raises(PrometheusError, match=url),
+    ):
+        client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
 
 
 def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
@@ -432,9 +445,8 @@ def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
     so a stalled answer fails within the timeout instead of holding the ingest forever."""
     release = threading.Event()
 
-    class Stalled(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
+    class Stalled(_Answer):
+        def answer(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", "1000")
             self.end_headers()
@@ -442,18 +454,11 @@ def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
             self.wfile.flush()
             release.wait(10)
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stalled)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with PrometheusClient(f"http://127.0.0.1:{server.server_port}", timeout=0.5) as client:
-            started = time.monotonic()
+    with _answering(Stalled) as url, PrometheusClient(url, timeout=0.5) as client:
+        started = time.monotonic()
+        try:
             with pytest.raises(PrometheusError, match="ReadTimeout"):
                 client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
-            assert time.monotonic() - started < 5
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+        finally:
+            release.set()  # the handler's thread let go before the server closes
+        assert time.monotonic() - started < 5
