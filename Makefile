@@ -107,7 +107,7 @@ docs: venv
 	$(BIN)/gpumeter docs metrics > docs/metrics.md
 
 dashboards: venv
-	$(BIN)/gpumeter dashboards build
+	$(BIN)/gpumeter dashboards build --out dashboards/generated --configmaps deploy/kubernetes/base/dashboards
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) .pytest_cache .ruff_cache .hypothesis var .bench
