@@ -31,7 +31,6 @@ from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector
-from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import open_client
 from gpumeter.process import stop_on_signals, wait_until_set
 from gpumeter.reports.model import ReportError
@@ -58,7 +57,7 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     cfg = Settings(**settings)
     now = now or datetime.now(UTC)
     holder = holder or holder_id()
-    book = load_price_book(cfg.prices)
+    book = cfg.price_book()
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     try:
         with ledger.lock(INGEST_LOCK, holder, now), open_client(cfg.prometheus) as client:
