@@ -68,12 +68,21 @@ def test_worked_example_m_to_the_cent(seed_book):
     assert by_namespace[TIER_SHORTFALL].kind is LineKind.UTILIZATION_SHORTFALL
     # the shortfall's quantity: weighted GPU-hours it stands for, 2/7 x 0.9 x 0.2 + 1/7 x 0.9 x 0.5
     assert by_namespace[TIER_SHORTFALL].quantity == D("0.115714")
-    assert [by_namespace[t].efficiency for t in ("team-a", "team-b", "team-c")] == [D("1.0"), D("0.8"), D("0.5")]
+    assert [by_namespace[t].efficiency for t in ("team-a", "team-b", "team-c")] == [
+        D("1.0"),
+        D("0.8"),
+        D("0.5"),
+    ]
 
 
 def test_report_the_default_leaves_the_amounts_alone(seed_book):
     priced = price_gpu_hour(example_m(), seed_book)
-    assert amounts(priced) == {"team-a": D("1.80"), "team-b": D("0.90"), "team-c": D("0.45"), SHORTFALL: D("0.35")}
+    assert amounts(priced) == {
+        "team-a": D("1.80"),
+        "team-b": D("0.90"),
+        "team-c": D("0.45"),
+        SHORTFALL: D("0.35"),
+    }
     # the tiers still score the lines
     assert [line.efficiency for line in priced.lines if line.kind is LineKind.TENANT] == [
         D("1.0"),
