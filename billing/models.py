@@ -58,9 +58,9 @@ class LineKind(enum.StrEnum):
 
 _KIND_RANK = {kind: rank for rank, kind in enumerate(LineKind)}
 
-# The platform's lines by kind, with the namespace each is written under, in the order reports list
-# them; billing's /metrics and the reports both read this one table.
-PLATFORM_NAMES: dict[LineKind, str] = {
+# The platform's lines by kind (LineKind is a str), with the namespace each is written under, in the
+# order reports list them; billing's /metrics and the reports both read this one table.
+PLATFORM_NAMES: dict[str, str] = {
     LineKind.UNALLOCATED: UNALLOCATED,
     LineKind.STRANDED: STRANDED,
     LineKind.SHARING_SHORTFALL: SHORTFALL,

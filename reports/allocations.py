@@ -159,8 +159,8 @@ def build_allocations(ledger: Ledger, period: Period) -> AllocationReport:
                 holding.held_seconds += seconds
                 holding.hours += 1
                 seen.add(key)
-        for key in [k for k in open_runs if k not in seen]:  # held last hour, not this one: released
-            done.append(open_runs.pop(key))
+        for released in [k for k in open_runs if k not in seen]:  # held last hour, not this one
+            done.append(open_runs.pop(released))
     done.extend(open_runs.values())
     teams = _teams(ledger, period)
     for holding in done:

@@ -135,7 +135,7 @@ class PriceBook:
     def version_body(self, version: PriceVersion) -> str:
         """What priced a line under ``version``, as canonical JSON: stored once per version by the
         ledger and shown by reports (docs/billing.md §7)."""
-        body = {
+        body: dict[str, object] = {
             "rates": {m: str(p.hourly_rate) for m, p in sorted(version.gpus.items())},
             "derived": sorted(m for m, p in version.gpus.items() if p.derived),
             "slice_weight": version.slice_weight,
