@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.models import hour_floor, hours_between
+from gpumeter.billing.pricing.base import UTILIZATION_TIERS_USES
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,13 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
         "--prices", default=defaults.prices, help="price book YAML (default: the shipped book)"
     )
     parser.add_argument("--teams", default=None, help="team map YAML: namespaces: {namespace: team}")
+    parser.add_argument(
+        "--utilization-tiers",
+        choices=UTILIZATION_TIERS_USES,
+        default=defaults.utilization_tiers,
+        help="what the price book's utilization tiers do: report (a score on each tenant line, the "
+        "default) or price (the tenant pays its tier's efficiency, the platform the rest; docs/billing.md §3.7)",
+    )
     if prometheus:
         parser.add_argument(
             "--prometheus",
@@ -108,6 +116,7 @@ def settings_from(args):
         gap_grace_intervals=getattr(args, "gap_grace_intervals", IngestConfig.gap_grace_intervals),
         catchup_hours=getattr(args, "catchup_hours", IngestConfig.catchup_hours),
         workers=getattr(args, "workers", IngestConfig.workers),
+        utilization_tiers=getattr(args, "utilization_tiers", "report"),
     )
 
 
@@ -154,10 +163,10 @@ def register(subparsers):
 def load_inputs(args):
     """Price book and team map, validated before any database is opened (errors write nothing)."""
     from gpumeter.billing.config import ConfigError, load_team_file
-    from gpumeter.billing.pricing import PriceBookError, load_price_book
+    from gpumeter.billing.pricing import PriceBookError
 
     try:
-        book = load_price_book(args.prices)
+        book = settings_from(args).price_book()
         team_file = load_team_file(args.teams) if args.teams else None
         # a budget in another currency would never be compared with the costs (the alerts join on it)
         for team, budget in (team_file.budgets if team_file else {}).items():

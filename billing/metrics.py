@@ -15,11 +15,9 @@ from gpumeter import contract
 from gpumeter.billing.budget import team_months
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger
-from gpumeter.billing.models import LineKind
+from gpumeter.billing.models import PLATFORM_KINDS
 
 __all__ = ["BillingCollector", "family"]
-
-PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
 
 
 class BillingCollector:

@@ -834,7 +834,7 @@ BILLING_UNALLOCATED_COST = _billing(
     "gpumeter_billing_unallocated_cost_total",
     C,
     "",
-    "Cost left with the platform: unallocated, stranded and sharing-efficiency shortfall.",
+    "Cost left with the platform: unallocated, stranded, sharing-efficiency and utilization-tier shortfall.",
     KIND,
     CURRENCY,
 )

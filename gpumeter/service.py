@@ -33,7 +33,6 @@ from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector, family
-from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import open_client
 from gpumeter.process import stop_on_signals, wait_until_set
 from gpumeter.reports.model import ReportError
@@ -156,7 +155,7 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
 
 
 def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
-    book = load_price_book(cfg.prices)
+    book = cfg.price_book()
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     try:
         with ledger.lock(INGEST_LOCK, holder, now), open_client(cfg.prometheus) as client:

@@ -45,9 +45,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--kind",
-        choices=["chargeback", "health"],
+        choices=["chargeback", "health", "allocations"],
         default="chargeback",
-        help="chargeback (default) or health: utilization and maturity, incidents, MTBF, RMA candidates, waste",
+        help="chargeback (default); health: utilization and maturity, incidents, MTBF, RMA candidates, waste; "
+        "allocations: who held which GPU, MIG instance or share from when to when (csv, html)",
     )
     parser.add_argument(
         "--prometheus",
@@ -72,7 +73,8 @@ def register(subparsers) -> None:
         dest="formats",
         type=_formats,
         default=None,
-        help="comma list of html, csv, json, focus, or 'all' (default all; the health report has html, csv, json)",
+        help="comma list of html, csv, json, focus, or 'all' (default all; the health report has html, csv, "
+        "json; the allocations report csv, html)",
     )
     parser.add_argument("--out", default="reports-out", help="output directory (default reports-out)")
     parser.add_argument("--grain", choices=["day", "hour"], default="day", help="FOCUS/detail row grain")
@@ -128,6 +130,16 @@ def cmd_report(args) -> int:
                 raise ReportError(
                     f"format: the health report has {', '.join(health_render.FORMATS)} (value {','.join(bad)!r})"
                 )
+        elif args.kind == "allocations":
+            from gpumeter.reports import allocations
+
+            if args.formats is None or args.formats == FORMATS:
+                args.formats = allocations.FORMATS
+            bad = [f for f in args.formats if f not in allocations.FORMATS]
+            if bad:
+                raise ReportError(
+                    f"format: the allocations report has {', '.join(allocations.FORMATS)} (value {','.join(bad)!r})"
+                )
         elif args.formats is None:
             args.formats = FORMATS
     except (ReportError, ConfigError) as exc:
@@ -144,6 +156,8 @@ def cmd_report(args) -> int:
         return 1
     if args.kind == "health":
         return _health(args, ledger, period, now)
+    if args.kind == "allocations":
+        return _allocations(args, ledger, period, now)
     try:
         result = generate(
             ledger,
@@ -202,4 +216,31 @@ def _health(args, ledger, period, now: datetime) -> int:
     )
     for name, digest in files.items():
         print(f"  {Path(args.out) / name}  sha256:{digest[:16]}")
+    return 0
+
+
+def _allocations(args, ledger, period, now: datetime) -> int:
+    from gpumeter.billing.ledger.base import LedgerError
+    from gpumeter.reports import allocations
+    from gpumeter.reports.model import ReportError
+    from gpumeter.reports.run import output_directory
+
+    try:
+        out = output_directory(args.out)
+        report = allocations.build_allocations(ledger, period)
+        files = allocations.render(report, out, args.formats, generated_at=now)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ledger.close()
+    print(
+        f"allocations {period.label}: {len(report.holdings)} allocation(s), facts of {report.hours_read}/"
+        f"{period.hours} hours"
+    )
+    for name, digest in files.items():
+        print(f"  {out / name}  sha256:{digest[:16]}")
     return 0

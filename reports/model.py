@@ -18,19 +18,14 @@ from decimal import Decimal
 from gpumeter import contract
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord, SharedUse
-from gpumeter.billing.models import SHORTFALL, STRANDED, UNALLOCATED, LineKind, QuantityUnit
+from gpumeter.billing.models import PLATFORM_KINDS, PLATFORM_NAMES, LineKind, QuantityUnit
 from gpumeter.billing.pricing.currency import minor_unit
 
 HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile")
 GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
 TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
-PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
-PLATFORM_NAMES: dict[str, str] = {  # by line kind (LineKind is a str)
-    LineKind.UNALLOCATED: UNALLOCATED,
-    LineKind.STRANDED: STRANDED,
-    LineKind.SHARING_SHORTFALL: SHORTFALL,
-}
+
 NO_TEAM, WHOLE_GPU, NO_LABEL = "(no team)", "(whole GPU)", "(none)"
 ZERO = Decimal(0)
 
@@ -258,7 +253,7 @@ class GroupRow:
 
 @dataclass
 class PlatformRow:
-    kind: str  # unallocated | stranded | sharing_shortfall
+    kind: str  # a key of PLATFORM_NAMES: unallocated | stranded | sharing_shortfall | utilization_shortfall
     namespace: str
     usage: Usage
     change: Change

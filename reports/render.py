@@ -457,6 +457,7 @@ PLATFORM_COLOURS = {
     "__unallocated__": "#b0b0b0",
     "__stranded__": "#6b6b6b",
     "__sharing_shortfall__": "#d9b38c",
+    "__utilization_shortfall__": "#c9a0dc",
 }
 
 
