@@ -52,13 +52,13 @@ def prometheus(tmp_path_factory):
 
 def _as_the_image_user(argv: list[str], work: Path) -> subprocess.CompletedProcess:
     if os.geteuid() != 0:
-        pytest.fail("the image-layout test switches to UID 10001: run it as root (CI and the dev machines are)")
+        pytest.fail(
+            "the image-layout test switches to UID 10001: run it as root (CI and the dev machines are)"
+        )
     venv_bin = str(Path(sys.executable).parent)
     env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8", "TZ": "UTC"}
     setpriv = [require_binary("setpriv"), f"--reuid={UID}", f"--regid={UID}", "--clear-groups"]
-    return subprocess.run(
-        [*setpriv, *argv], env=env, cwd=work, capture_output=True, text=True, timeout=1500
-    )
+    return subprocess.run([*setpriv, *argv], env=env, cwd=work, capture_output=True, text=True, timeout=1500)
 
 
 @pytest.mark.slow
@@ -66,13 +66,23 @@ def _as_the_image_user(argv: list[str], work: Path) -> subprocess.CompletedProce
 @pytest.mark.timeout(1800)
 def test_every_command_runs_as_the_image_runs_it(prometheus):
     prom, day = prometheus
-    package = Path(subprocess.check_output([sys.executable, "-c", "import gpumeter; print(gpumeter.__file__)"], text=True).strip()).parent
+    package = Path(
+        subprocess.check_output(
+            [sys.executable, "-c", "import gpumeter; print(gpumeter.__file__)"], text=True
+        ).strip()
+    ).parent
     before = sorted(str(p) for p in package.rglob("*"))
     work = Path(tempfile.mkdtemp(prefix="gpumeter-layout-"))
     try:
         os.chown(work, UID, UID)
         argv = [sys.executable, str(LAYOUT), "--prometheus", prom.url, "--day", day.date().isoformat()]
-        argv += ["--work", str(work), "--gpumeter", str(Path(sys.executable).parent / "gpumeter"), "--with-demo"]
+        argv += [
+            "--work",
+            str(work),
+            "--gpumeter",
+            str(Path(sys.executable).parent / "gpumeter"),
+            "--with-demo",
+        ]
         result = _as_the_image_user(argv, work)
         print(result.stdout)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
