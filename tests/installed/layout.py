@@ -147,7 +147,7 @@ class Layout:
                     "--set",
                     "code=79",
                 )
-                wait_for(lambda: _has(url, 'nvidia_gpu_xid_errors_total{code="79"'), "the injected XID 79")
+                wait_for(lambda: _xid_counted(url, "79"), "the injected XID 79 counted")
                 self.run("simulate", "inject", "--admin", f"127.0.0.1:{admin}", "clear")
         return "scraped with pods, an XID injected and seen"
 
@@ -359,6 +359,16 @@ def _has(url: str, text: str) -> str | None:
     except OSError:
         return None
     return body if text in body else None
+
+
+def _xid_counted(url: str, code: str) -> bool:
+    """An XID counter (of the GPU, or of its MIG instances) with ``xid=code`` on /metrics."""
+    body = _has(url, f'xid="{code}"') or ""
+    return any(
+        line.startswith(("nvidia_gpu_xid_errors_total{", "nvidia_gpu_mig_xid_errors_total{"))
+        and f'xid="{code}"' in line
+        for line in body.splitlines()
+    )
 
 
 def wait_for(probe: Callable[[], object], what: str, timeout: float = 60):

@@ -63,6 +63,7 @@ def _as_the_image_user(argv: list[str], work: Path) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 @pytest.mark.prometheus
+@pytest.mark.image_user
 @pytest.mark.timeout(1800)
 def test_every_command_runs_as_the_image_runs_it(prometheus):
     prom, day = prometheus
