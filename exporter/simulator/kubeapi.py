@@ -10,11 +10,17 @@ each. Other paths answer 404; any other field selector 400, as the API server's 
 Faults, set while it runs (``set_fault``): ``unauthorized`` (401, as for a missing or wrong bearer
 token), ``forbidden`` (403, as without RBAC on pods), ``unreachable`` (the connection is closed without
 an answer); ``delay_s`` makes every answer that slow. With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
+
+``gpumeter simulate kube-api --fleet F [--node N] --listen HOST:PORT`` serves it until SIGINT/SIGTERM
+(:func:`add_parser` adds the subcommand), for an exporter's ``--kube-api http://HOST:PORT``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,11 +36,13 @@ from gpumeter.exporter.kubernetes.fractional import (
     GPUSHARE_POD,
     HAMI_ALLOCATED,
 )
+from gpumeter.process import stop_on_signals, wait_until_set
 
-from .fleet import Fleet, NodeSpec, PodSpec
+from .fleet import Fleet, FleetError, NodeSpec, PodSpec, load_fleet
+from .metrics_server import listen_address
 from .processes import container_id, pod_uid, runtime_scheme
 
-__all__ = ["FAULTS", "StandInKubeApi", "pod_object"]
+__all__ = ["FAULTS", "StandInKubeApi", "add_parser", "pod_object", "run"]
 
 FAULTS = ("unauthorized", "forbidden", "unreachable")
 GIB_MIB = 1024
@@ -133,8 +141,9 @@ class StandInKubeApi:
         clock: Callable[[], float] = time.time,
         start: float | None = None,
         token: str | None = None,
+        listen: tuple[str, int] = ("127.0.0.1", 0),
     ):
-        self.fleet, self.clock, self.token = fleet, clock, token
+        self.fleet, self.clock, self.token, self.listen = fleet, clock, token, listen
         self.start_time = clock() if start is None else float(start)
         self.fault: str | None = None
         self.delay_s = 0.0  # a slow API server: each answer waits this long (the exporter must not)
@@ -206,7 +215,7 @@ class StandInKubeApi:
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(self.listen, Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="stand-in-kube-api", daemon=True
@@ -217,8 +226,8 @@ class StandInKubeApi:
     @property
     def base_url(self) -> str:
         assert self._server is not None, "not started"
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def stop(self) -> None:
         if self._server is not None:
@@ -231,3 +240,70 @@ class StandInKubeApi:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# --- gpumeter simulate kube-api -------------------------------------------------------------------
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``kube-api`` to the ``gpumeter simulate`` subcommands; ``args.func(args)`` runs it."""
+    parser = subparsers.add_parser(
+        "kube-api",
+        help="serve the stand-in Kubernetes API (a fleet node's pods) for an exporter's --kube-api",
+        description="A stand-in Kubernetes API server on http://LISTEN: the v1 PodList of a fleet's "
+        "nodes (pods with UIDs and container IDs, HAMi and gpushare grant annotations) as the pods come "
+        "and go. Runs until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--fleet", required=True, help="fleet file, or the name of a shipped example (shared-modes)"
+    )
+    parser.add_argument("--node", help="serve only this node's pods (default: every node of the fleet)")
+    parser.add_argument("--listen", default="127.0.0.1:8001", help="HOST:PORT (default 127.0.0.1:8001)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="simulated seconds per real second (default 1: real time)"
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    command = "gpumeter simulate kube-api"
+    try:
+        fleet = load_fleet(args.fleet)
+        listen = listen_address(args.listen)
+    except (FleetError, ValueError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+    if args.node is not None:
+        names = [n.name for n in fleet.nodes]
+        if args.node not in names:
+            print(
+                f"{command}: no node {args.node!r} in {fleet.source}; nodes: {', '.join(names)}",
+                file=sys.stderr,
+            )
+            return 2
+        fleet = Fleet(fleet.seed, (fleet.node(args.node),), fleet.pods_on(args.node), fleet.source)
+    if args.speed <= 0:
+        print(f"{command}: --speed must be positive", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    speed = args.speed
+
+    def clock() -> float:
+        return t0 + (time.time() - t0) * speed
+
+    stop = threading.Event()
+    previous = stop_on_signals(stop)
+    api = StandInKubeApi(fleet, clock=clock, start=t0, listen=listen)
+    try:
+        api.start()
+    except OSError as exc:
+        print(f"{command}: listen {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        nodes = ", ".join(n.name for n in fleet.nodes)
+        print(f"stand-in Kubernetes API: node(s) {nodes} of {fleet.source} on {api.base_url}", flush=True)
+        wait_until_set(stop)
+    finally:
+        api.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
