@@ -131,6 +131,10 @@ SHARING_MODES = (
     SHARING_VGPU,
 )
 
+# The `resource` of a holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): the claim, as
+# kubectl names the object (`kubectl -n <namespace> get resourceclaim/<name>`; the pod's namespace)
+CLAIM_RESOURCE_PREFIX = "resourceclaim/"
+
 DEVICE_LABELS = (GPU, UUID)  # every series of a physical GPU
 MIG_LABELS = (GPU, UUID, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID, MIG_PROFILE)  # every series of a MIG instance
 VGPU_LABELS = (GPU, UUID, VGPU_UUID, VM_ID)  # every series of a vGPU instance (its physical GPU first)

@@ -52,8 +52,7 @@ __all__ = [
 DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver and its DeviceClass
 PARAMETERS_API = "resource.nvidia.com/v1beta1"  # the opaque config's apiVersion
 CONFIG_KINDS = ("GpuConfig", "MigDeviceConfig")
-# the `resource` label of a DRA allocation: the claim it is held through, as kubectl names the object
-CLAIM_RESOURCE_PREFIX = "resourceclaim/"
+CLAIM_RESOURCE_PREFIX = contract.CLAIM_RESOURCE_PREFIX  # the `resource` of a DRA allocation
 _STRATEGIES = {"TimeSlicing": contract.SHARING_TIME_SLICING, "MPS": contract.SHARING_MPS}
 
 _GPU_NAME = re.compile(r"^gpu-(\d+)$")

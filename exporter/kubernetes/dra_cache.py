@@ -146,4 +146,7 @@ class DraCache:
             self.refresh()
             if self._wake.wait(max(self.refresh_s, 0.1)):
                 self._wake.clear()
-                self._stop.wait(max(self.min_refresh_s, 0.1))  # rate limit on wake-ups
+                # rate limit on wake-ups: at least min_refresh_s between two refreshes
+                since = self.clock() - (self._listed_at or 0.0)
+                if since < self.min_refresh_s:
+                    self._stop.wait(self.min_refresh_s - since)
