@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumeter.dashboards.build import GENERATED
 from gpumeter.exporter.simulator.fleet import load_fleet
 from tests.dashboards.promql import queries, substitute
+from tests.reports.helpers import html_tables
 from tests.support.servers import require_binary
 
 ROOT = Path(__file__).parents[2]
@@ -216,6 +217,14 @@ def test_the_demo_stack_end_to_end(tmp_path):
             assert a100["gpus_with_pending_remap_or_retirement"] == 1
             rma = sorted((c["node"], len(c["reasons"])) for c in doc["rma_candidates"])
             assert rma == [("gpu-a100-mixed-01", 2), ("gpu-h100-mig-01", 1)], doc["rma_candidates"]
+
+            # the chargeback report shows how the pods held their GPUs: all six sharing modes, each with
+            # the pods the demo's fleets give it (the vGPU host's VMs hold theirs as namespace = VM ID)
+            (chargeback,) = (workdir / "reports").rglob("gpumeter-*-by-team.html")
+            modes = {row[0]: row for row in html_tables(chargeback.read_text())["sharing-modes"][1:]}
+            assert set(modes) == six, modes
+            assert "data-eng/etl-1" in modes["time_slicing"][2] and "inference/server-0" in modes["mps"][2]
+            assert "genai/llm-serve" in modes["fractional"][2] and modes["vgpu"][1] == "3"
 
             # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
             (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")
