@@ -24,7 +24,7 @@ def register(subparsers) -> None:
 
     simulate = subparsers.add_parser(
         "simulate",
-        help="the simulator: inject faults, stand-ins (kubelet, kube-state-metrics, volcano-scheduler), history",
+        help="the simulator: inject faults, stand-ins (kubelet, Kubernetes API, kube-state-metrics, volcano-scheduler), history",
     )
     sim = simulate.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
     inject = sim.add_parser("inject", help="inject a fault into a running simulated exporter")
@@ -60,8 +60,9 @@ def register(subparsers) -> None:
         history = None
     if history is not None:
         history.add_parser(sim)
-    from .simulator import kube_state_metrics, volcano
+    from .simulator import kube_state_metrics, kubeapi, volcano
 
+    kubeapi.add_parser(sim)
     kube_state_metrics.add_parser(sim)
     volcano.add_parser(sim)
 

@@ -21,6 +21,8 @@ from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord, 
 from gpumeter.billing.models import PLATFORM_KINDS, PLATFORM_NAMES, LineKind, QuantityUnit
 from gpumeter.billing.pricing.currency import minor_unit
 
+CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
+
 HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile")
 GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
@@ -238,6 +240,26 @@ class PodRow:
     # its own processes' use on the shared GPUs it held (time-sliced, MPS, fractional), where the
     # exporter's processes collector reported it (docs/billing.md §3.5); None otherwise
     shared: SharedUse | None = None
+    sharing: list[str] = field(default_factory=list)  # how it held GPUs (contract.SHARING_MODES)
+    claims: list[str] = field(default_factory=list)  # the DRA ResourceClaims it held them through
+
+
+@dataclass
+class SharingRow:
+    """One way GPUs were held in the period (``sharing``), and by which pods."""
+
+    sharing: str
+    pods: list[tuple[str, str]]  # (namespace, pod), sorted
+
+
+@dataclass
+class ClaimRow:
+    """A DRA ResourceClaim pods held GPUs through (docs/pod-attribution.md §DRA)."""
+
+    namespace: str
+    claim: str
+    sharing: list[str]
+    pods: list[str]
 
 
 @dataclass
@@ -334,6 +356,9 @@ class Report:
     slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours held, as the lines state them
     # per pod billed in the period, its own use on the shared GPUs it held (not the devices'), by cost
     shared_use: list[PodRow] = field(default_factory=list)
+    # how GPUs were held (every sharing mode met in the period) and the DRA claims they were held through
+    sharing_modes: list[SharingRow] = field(default_factory=list)
+    claims: list[ClaimRow] = field(default_factory=list)
     # budget against actual per team; empty unless budgets were given and the period is a month
     budgets: list[BudgetRow] = field(default_factory=list)
 
@@ -524,10 +549,34 @@ def build_report(
         return Change.of(now, before if has_previous else None)
 
     shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
+    holdings = ledger.holdings(period.start, period.end)
+    held_as: dict[tuple[str, str], set[str]] = defaultdict(set)
+    held_through: dict[tuple[str, str], set[str]] = defaultdict(set)
+    by_mode: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    by_claim: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+    for h in holdings:
+        held_as[(h.namespace, h.pod)].add(h.sharing)
+        by_mode[h.sharing].add((h.namespace, h.pod))
+        if h.resource.startswith(CLAIM_PREFIX):
+            claim = h.resource.removeprefix(CLAIM_PREFIX)
+            held_through[(h.namespace, h.pod)].add(claim)
+            modes, holders = by_claim.setdefault((h.namespace, claim), (set(), set()))
+            modes.add(h.sharing)
+            holders.add(h.pod)
 
     def pod_row(pod: tuple[str, str]) -> PodRow:
         team, models, profiles = pod_meta[pod]
-        return PodRow(pod[0], pod[1], team, sorted(models), sorted(profiles), pods[pod], shared.get(pod))
+        return PodRow(
+            pod[0],
+            pod[1],
+            team,
+            sorted(models),
+            sorted(profiles),
+            pods[pod],
+            shared.get(pod),
+            sorted(held_as.get(pod, ())),
+            sorted(held_through.get(pod, ())),
+        )
 
     ranked_pods = sorted(pods, key=lambda p: (-pods[p].cost, p))
     pod_group = {p: grouping.key(_pod_probe(p, pod_meta)) for p in pods}
@@ -586,6 +635,15 @@ def build_report(
         charges=charges,
         slice_hours=slice_hours,
         shared_use=[pod_row(p) for p in ranked_pods if p in shared],
+        sharing_modes=[
+            SharingRow(mode, sorted(by_mode[mode]))
+            for mode in (*contract.SHARING_MODES, *sorted(set(by_mode) - set(contract.SHARING_MODES)))
+            if mode in by_mode
+        ],
+        claims=[
+            ClaimRow(namespace, claim, sorted(modes), sorted(holders))
+            for (namespace, claim), (modes, holders) in sorted(by_claim.items())
+        ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
     )
 

@@ -305,6 +305,9 @@ def _pod(report: Report, pod) -> dict:
     }
     if pod.shared is not None:  # its own use on shared GPUs, not the devices' (docs/billing.md §3.5)
         out["shared_gpu_use"] = _shared(pod.shared)
+    out["sharing"] = pod.sharing
+    if pod.claims:  # the DRA ResourceClaims it held GPUs through
+        out["resource_claims"] = pod.claims
     return out
 
 
@@ -359,6 +362,14 @@ def report_dict(report: Report) -> dict:
         ],
         "top_pods": [_pod(report, p) for p in report.top_pods],
         "shared_gpu_pods": [_pod(report, p) for p in report.shared_use],
+        "sharing_modes": [
+            {"sharing": m.sharing, "pods": [{"namespace": ns, "pod": pod} for ns, pod in m.pods]}
+            for m in report.sharing_modes
+        ],
+        "resource_claims": [
+            {"namespace": c.namespace, "claim": c.claim, "sharing": c.sharing, "pods": c.pods}
+            for c in report.claims
+        ],
         "daily": [
             {"day": d.isoformat(), "costs": {k: report.money(v) for k, v in costs.items()}}
             for d, costs in report.daily

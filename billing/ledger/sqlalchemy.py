@@ -54,6 +54,7 @@ from gpumeter.billing.ledger.base import (
     LedgerError,
     LedgerSummary,
     LineTotal,
+    PodHolding,
     PriceVersionRecord,
     ReportRunRecord,
     SharedUse,
@@ -812,6 +813,21 @@ class SqlLedger(Ledger):
                     self._layout(session, layout_id), stored
                 )
             )
+
+    def holdings(self, start: datetime, end: datetime) -> list[PodHolding]:
+        """The range's distinct layouts, each parsed once: a month of a GPU is a handful of them."""
+        query = (
+            select(GpuHourRow.layout_id)
+            .where(GpuHourRow.hour >= start, GpuHourRow.hour < end, GpuHourRow.layout_id.is_not(None))
+            .distinct()
+        )
+        found: set[tuple[str, str, str, str]] = set()
+        with Session(self.engine) as session:
+            for (layout_id,) in session.execute(query).all():
+                layout = self._layout(session, layout_id)
+                if layout is not None:
+                    found |= layouts.holdings_of(layout)
+        return sorted(PodHolding(*h) for h in found)
 
     def _layout(self, session: Session, layout_id: int | None) -> dict | None:
         """A stored layout, parsed (kept: layouts never change)."""
