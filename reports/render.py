@@ -418,7 +418,7 @@ def _environment() -> Environment:
 
 
 # Every template the reports render (reports/templates/, package data).
-TEMPLATES = ("report.html.j2", "health.html.j2")
+TEMPLATES = ("report.html.j2", "health.html.j2", "allocations.html.j2")
 
 
 def check_templates() -> None:

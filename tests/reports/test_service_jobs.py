@@ -225,3 +225,15 @@ def test_a_report_job_that_fails_shows_in_its_series_and_fires_the_alert(tmp_pat
             proc.terminate()
             _, err = proc.communicate(timeout=30)
         assert "monthly chargeback report for" in err and "failed" in err
+
+
+def test_the_start_check_loads_every_template_the_package_ships():
+    from importlib.resources import files
+
+    from gpumeter.reports import render
+
+    shipped = sorted(
+        p.name for p in (files("gpumeter.reports") / "templates").iterdir() if p.name.endswith(".j2")
+    )
+    assert sorted(render.TEMPLATES) == shipped
+    render.check_templates()

@@ -38,7 +38,9 @@ NEEDS: dict[str, Need] = {
     ),
     "chromium": Need("headless Chromium (Debian package chromium)", ("chromium",)),
     "kubectl": Need("kubectl (Debian package kubectl)", ("kubectl",)),
-    "image_user": Need("root, to run commands as the image's UID 10001 with setpriv (util-linux)", ("setpriv",)),
+    "image_user": Need(
+        "root, to run commands as the image's UID 10001 with setpriv (util-linux)", ("setpriv",)
+    ),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),
 }
 
