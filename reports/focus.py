@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing.currency import MINOR_UNITS
+from gpumeter.reports import csvfile
 from gpumeter.reports.model import HOUR, WHOLE_GPU, Report, version_label
 
 FOCUS_VERSION = "1.2"
@@ -297,11 +298,17 @@ def rows(report: Report, *, account: str = "gpumeter", service: str = "Kubernete
     return out
 
 
-def write_csv(focus_rows: Iterable[dict], stream: io.TextIOBase) -> None:
-    """RFC 4180 CSV, LF line ends, nulls as empty fields, text quoted where it needs it."""
-    writer = csv.DictWriter(stream, fieldnames=HEADER, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-    writer.writeheader()
-    writer.writerows(focus_rows)
+def write_csv(focus_rows: Iterable[dict], stream: io.TextIOBase, *, keep_formulas: bool = False) -> None:
+    """RFC 4180 CSV (`reports.csvfile`): nulls as empty fields, text quoted where it needs it,
+    formula-leading text cells defused unless ``keep_formulas``."""
+    stream.write(
+        csvfile.text(
+            HEADER,
+            ([row[name] for name in HEADER] for row in focus_rows),
+            quote_all=False,
+            keep_formulas=keep_formulas,
+        )
+    )
 
 
 # --- the schema check ---------------------------------------------------------------------------------
