@@ -36,6 +36,7 @@ class RenderOptions:
     top: int = 10
     # write text cells of the CSVs and FOCUS exactly, formula-leading ones too (--keep-formulas)
     keep_formulas: bool = False
+    focus_version: str = focus.FOCUS_VERSION  # 1.3, or 1.2 (--focus-version)
 
 
 def file_stem(report: Report) -> str:
@@ -43,13 +44,15 @@ def file_stem(report: Report) -> str:
     return f"gpumeter-{report.period.label}-by-{by}"
 
 
-def file_names(report: Report, formats: tuple[str, ...]) -> dict[str, list[str]]:
+def file_names(
+    report: Report, formats: tuple[str, ...], focus_version: str = focus.FOCUS_VERSION
+) -> dict[str, list[str]]:
     stem = file_stem(report)
     names = {
         "html": [f"{stem}.html"],
         "csv": [f"{stem}.csv", f"gpumeter-{report.period.label}-lines.csv"],
         "json": [f"{stem}.json"],
-        "focus": [f"gpumeter-{report.period.label}-focus-1.2.csv"],
+        "focus": [f"gpumeter-{report.period.label}-focus-{focus_version}.csv"],
     }
     if report.budgets:  # budget against actual per team, when the report has budgets
         names["csv"].append(f"gpumeter-{report.period.label}-budgets.csv")
@@ -260,10 +263,12 @@ def _budget(report: Report, row) -> dict:
 def focus_csv(report: Report, options: RenderOptions | None = None) -> str:
     options = options or RenderOptions()
     out = io.StringIO()
+    version = options.focus_version
     focus.write_csv(
-        focus.rows(report, account=options.account, service=options.service),
+        focus.rows(report, account=options.account, service=options.service, version=version),
         out,
         keep_formulas=options.keep_formulas,
+        version=version,
     )
     return out.getvalue()
 
@@ -633,7 +638,7 @@ def render(
         raise ValueError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    names = file_names(report, formats)
+    names = file_names(report, formats, options.focus_version)
     texts: dict[str, str] = {}
     for fmt in formats:
         if fmt == "html":

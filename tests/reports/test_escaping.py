@@ -92,7 +92,7 @@ def test_csv_quotes_tenant_strings_and_defuses_formulas(ledger, tmp_path):
     # a spreadsheet formula in a namespace name is defused with a leading apostrophe
     assert {r["namespace"] for r in rows if r["pod"] == "pod-2"} == {"'" + FORMULA}
     # FOCUS defuses it too, quotes where CSV needs it, and stays valid
-    focus_path = out / "gpumeter-2026-11-focus-1.2.csv"
+    focus_path = out / "gpumeter-2026-11-focus-1.3.csv"
     assert focus.check_file(focus_path) == []
     focus_rows = list(csv.DictReader(io.StringIO(focus_path.read_text(), newline="")))
     assert {(r["x_Namespace"], r["x_Pod"]) for r in focus_rows if r["x_LineKind"] == "tenant"} == {
@@ -143,7 +143,7 @@ def test_every_csv_quotes_a_bare_cr_and_defuses_formulas(ledger, tmp_path):
         "lines": (out / "gpumeter-2026-11-lines.csv", count, "team"),
         "summary": (out / "gpumeter-2026-11-by-team.csv", None, "group"),
         "budgets": (out / "gpumeter-2026-11-budgets.csv", 2, "team"),
-        "focus": (out / "gpumeter-2026-11-focus-1.2.csv", count, "x_Team"),
+        "focus": (out / "gpumeter-2026-11-focus-1.3.csv", count, "x_Team"),
     }
     for name, (path, rows, team_column) in files.items():
         raw = path.read_bytes()
@@ -170,7 +170,7 @@ def test_every_csv_quotes_a_bare_cr_and_defuses_formulas(ledger, tmp_path):
 
     # --keep-formulas: exact values, still quoted so the CR cannot split a row
     render(report, tmp_path / "exact", ("focus",), RenderOptions(keep_formulas=True))
-    exact = _records(tmp_path / "exact" / "gpumeter-2026-11-focus-1.2.csv")
+    exact = _records(tmp_path / "exact" / "gpumeter-2026-11-focus-1.3.csv")
     assert len(exact) == 1 + count
     team = exact[0].index("x_Team")
     assert {r[team] for r in exact[1:]} >= {FORMULA_TEAM, FORGED_TEAM}
