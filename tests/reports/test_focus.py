@@ -129,6 +129,7 @@ def test_focus_validator_passes_the_12_export(worked_ledger, tmp_path, record_pr
     ).stdout.strip()
     supported = subprocess.run(
         [str(program), "--supported-versions", "--block-download"],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         check=False,
