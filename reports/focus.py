@@ -349,7 +349,7 @@ class _Allocations:
             "x_OriginCharge": {
                 "ResourceId": c.uuid,
                 "ChargePeriodStart": _ts(c.bucket),
-                "BilledCost": _num(origin),
+                "BilledCost": self.report.money(origin),
             },
             "x_LineKind": c.kind,
             "x_Policy": body.get(method.policy, "equal" if method.policy == "sharing_split" else ""),

@@ -208,7 +208,7 @@ def test_worked_example_a_mig_slices_as_allocated_rows(worked_ledger, tmp_path):
         {"AllocatedRatio": 0.426666666667, "UsageQuantity": 3.0, "UsageUnit": "Slice-Hours"}
     ]
     assert details["x_OriginCharge"] == {
-        "BilledCost": "3",
+        "BilledCost": "3.00",
         "ChargePeriodStart": FIRST_HOUR,
         "ResourceId": "GPU-a",
     }
