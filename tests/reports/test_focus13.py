@@ -11,6 +11,7 @@ mistake copied into both would still be caught by one of them.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -18,9 +19,12 @@ from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from gpumeter.reports.render import render
+from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour
 
 DEFINITIONS = json.loads((Path(__file__).parent / "data" / "focus-1.3-columns.json").read_text())
 COLUMNS = DEFINITIONS["columns"]
@@ -264,3 +268,96 @@ def test_a_gpu_held_whole_is_no_split(worked_ledger, tmp_path):
     tenant = next(r for r in research if r["x_LineKind"] == "tenant")
     assert json.loads(tenant["Tags"])["team"] == "gamma"
     assert all(r["ServiceProviderName"] == r["HostProviderName"] == "gpumeter" for r in rows)
+
+
+def _shared_modes_ledger(ledger, tmp_path):
+    """One hour of four H100s at $6.88, one per remaining method: (k) time-sliced replicas split by
+    use, (h) MPS replicas, (i) fractional grants (compute), (j) vGPUs (docs/billing.md §8)."""
+    prices = book(
+        tmp_path,
+        {"H100-80GB": {"hourly_rate": "6.88"}},
+        sharing_efficiency={"time_slicing": "0.75", "mps": "0.90", "vgpu": "0.85"},
+        sharing_split="usage",
+    )
+
+    def replica(u, ns, pod, sharing, sm=None, memory=None, share="0.25"):
+        return dataclasses.replace(
+            alloc(u, ns, pod, share=share),
+            sharing=sharing,
+            process_sm=None if sm is None else Decimal(sm),
+            process_memory=None if memory is None else Decimal(memory),
+        )
+
+    gib = 1024**3
+    grants = {"a": ("0.50", "0.30"), "b": ("0.25", "0.50"), "c": ("0.125", "0.125")}
+    hours = [
+        gpu_hour(
+            "GPU-k",
+            H100,
+            allocations=[
+                replica("GPU-k", "data-eng", "etl-0", "time_slicing", "0.05", 30 * gib),
+                replica("GPU-k", "data-eng", "etl-1", "time_slicing", "0.15", 20 * gib),
+                replica("GPU-k", "data-eng", "etl-2", "time_slicing", "0.02", 5 * gib),
+            ],
+        ),
+        gpu_hour(
+            "GPU-m", H100, allocations=[replica("GPU-m", "inference", f"p{i}", "mps") for i in (1, 2, 3)]
+        ),
+        gpu_hour(
+            "GPU-f",
+            H100,
+            allocations=[
+                dataclasses.replace(
+                    alloc("GPU-f", "ml", pod, share=compute),
+                    sharing="fractional",
+                    memory_share=Decimal(memory),
+                    compute_share=Decimal(compute),
+                )
+                for pod, (memory, compute) in grants.items()
+            ],
+        ),
+        gpu_hour("GPU-v", H100, allocations=[replica("GPU-v", "vms", f"vm-{i}", "vgpu") for i in (1, 2, 3)]),
+    ]
+    lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+    ledger.write_hour(HourRecord(HOUR0, hours, lines, prices))
+
+
+def test_every_sharing_mode_has_its_method(ledger, tmp_path):
+    _shared_modes_ledger(ledger, tmp_path)
+    path = _export(ledger, tmp_path / "out", "hour")
+    assert schema_problems(path) == [] and focus.check_file(path) == []
+    _header, rows = _rows(path)
+
+    def gpu(uuid):
+        return {r["x_Pod"] or r["x_LineKind"]: r for r in rows if r["x_GpuUuid"] == uuid}
+
+    expected = {  # docs/billing.md §8 (k), (h), (i) `compute`, (j)
+        "GPU-k": (
+            "gpumeter.usage-split",
+            {"etl-0": "0.88", "etl-1": "2.64", "etl-2": "0.35"},
+            "1.29",
+            "1.72",
+        ),
+        "GPU-m": ("gpumeter.mps-share", {"p1": "1.55", "p2": "1.55", "p3": "1.55"}, "0.51", "1.72"),
+        "GPU-f": ("gpumeter.fractional-grant", {"a": "2.06", "b": "3.44", "c": "0.86"}, None, "0.52"),
+        "GPU-v": ("gpumeter.vgpu-share", {"vm-1": "1.46", "vm-2": "1.46", "vm-3": "1.46"}, "0.78", "1.72"),
+    }
+    for uuid, (method, tenants, shortfall, unallocated) in expected.items():
+        got = gpu(uuid)
+        assert {r["AllocatedMethodId"] for r in got.values()} == {method}, uuid
+        assert {p: got[p]["BilledCost"] for p in tenants} == tenants, uuid
+        assert got["unallocated"]["BilledCost"] == unallocated, uuid
+        if shortfall:
+            assert Decimal(got["sharing_shortfall"]["BilledCost"]) == Decimal(shortfall), uuid
+        assert sum(Decimal(r["BilledCost"]) for r in got.values()) == Decimal("6.88"), uuid
+    k = _details(gpu("GPU-k")["etl-1"])
+    assert (k["x_Policy"], k["x_Share"], k["x_SharingEfficiency"]) == ("usage", 0.25, 0.75)
+    assert _details(gpu("GPU-m")["p1"])["x_SharingEfficiency"] == 0.9
+    a = _details(gpu("GPU-f")["a"])
+    assert (a["x_Policy"], a["x_MemoryShare"], a["x_ComputeShare"], a["x_SharingEfficiency"]) == (
+        "compute",
+        0.5,
+        0.3,
+        1.0,
+    )
+    assert _details(gpu("GPU-v")["vm-1"])["x_SharingEfficiency"] == 0.85
