@@ -77,6 +77,10 @@ $(TOOLS_STAMP): tests/deploy/tools-requirements.txt tests/deploy/tools-venv.sh
 
 tools-venv: $(TOOLS_STAMP)
 
+# focus-validator on Python 3.12 in .venv-focus/ (tests/reports/test_focus.py; idempotent)
+focus-venv: tests/reports/focus-validator-requirements.txt tests/reports/focus-validator-venv.sh
+	bash tests/reports/focus-validator-venv.sh
+
 # The ledger tests run against a real PostgreSQL on 127.0.0.1:5432; start the local cluster if it is down.
 postgres:
 	@pg_isready -q -h 127.0.0.1 -p 5432 || { cluster=$$(ls /etc/postgresql | sort -V | tail -1); \
@@ -90,7 +94,7 @@ postgres:
 	@psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 || \
 	  psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test" >/dev/null
 
-setup: tools venv tools-venv postgres
+setup: tools venv tools-venv focus-venv postgres
 
 lint: venv
 	$(BIN)/ruff check .

@@ -41,7 +41,7 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "report",
-        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2), or the fleet-health report",
+        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.3 or 1.2), or the fleet-health report",
     )
     parser.add_argument(
         "--kind",
@@ -80,6 +80,17 @@ def register(subparsers) -> None:
     parser.add_argument("--grain", choices=["day", "hour"], default="day", help="FOCUS/detail row grain")
     parser.add_argument("--account", default="gpumeter", help="FOCUS BillingAccountId/ProviderName")
     parser.add_argument("--service-name", default="Kubernetes GPU", help="FOCUS ServiceName")
+    parser.add_argument(
+        "--focus-version",
+        choices=["1.3", "1.2"],
+        default="1.3",
+        help="FOCUS version of the focus file: 1.3 (default: split cost allocation) or 1.2",
+    )
+    parser.add_argument(
+        "--keep-formulas",
+        action="store_true",
+        help="write CSV and FOCUS text cells exactly, those starting with = + - @ too (default: prefixed with ')",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not record the run in report_runs")
     parser.set_defaults(func=cmd_report)
 
@@ -166,7 +177,13 @@ def cmd_report(args) -> int:
             args.formats,
             args.out,
             grain=args.grain,
-            options=RenderOptions(account=args.account, service=args.service_name, generated_at=now),
+            options=RenderOptions(
+                account=args.account,
+                service=args.service_name,
+                generated_at=now,
+                keep_formulas=args.keep_formulas,
+                focus_version=args.focus_version,
+            ),
             now=now,
             record=not args.no_record,
             budgets=budgets,

@@ -20,7 +20,6 @@ from gpumeter.reports.health import (
 )
 from gpumeter.reports.render import (
     PALETTE,
-    _cell,
     _environment,
     _layout,
     _ts,
@@ -173,7 +172,7 @@ def pools_csv(report: HealthReport) -> str:
             [
                 *head,
                 level,
-                _cell(name),
+                name,
                 i.gpus,
                 _num(i.utilization),
                 i.maturity or "",
@@ -215,9 +214,9 @@ def gpus_csv(report: HealthReport) -> str:
         ],
         (
             [
-                _cell(g.uuid),
-                _cell(g.model),
-                _cell(g.hostname),
+                g.uuid,
+                g.model,
+                g.hostname,
                 g.hours_up,
                 _num(g.utilization),
                 " ".join(f"{code}:{n}" for code, n in sorted(g.xids.items())),
@@ -249,7 +248,7 @@ def teams_csv(report: HealthReport) -> str:
         ],
         (
             [
-                _cell(t.team),
+                t.team,
                 str(t.gpu_hours),
                 report.money(t.cost),
                 report.currency,

@@ -18,7 +18,13 @@ from decimal import Decimal
 from gpumeter import contract
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord, SharedUse
-from gpumeter.billing.models import PLATFORM_KINDS, PLATFORM_NAMES, LineKind, QuantityUnit
+from gpumeter.billing.models import (
+    PLATFORM_KINDS,
+    PLATFORM_NAMES,
+    Allocation,
+    LineKind,
+    QuantityUnit,
+)
 from gpumeter.billing.pricing.currency import minor_unit
 
 CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
@@ -334,6 +340,71 @@ class BudgetRow:
         return self.budget is not None and self.actual > self.budget
 
 
+@dataclass(frozen=True)
+class Holding:
+    """How one holder's part of a shared GPU-hour was split (FOCUS 1.3 allocation, reports.focus):
+    its sharing mode as pricing read it, and the figures the split took."""
+
+    mode: str  # contract.SHARING_MIG, _TIME_SLICING, _MPS, _FRACTIONAL or _VGPU
+    share: Decimal
+    memory_share: Decimal | None = None  # a fractional grant's fractions
+    compute_share: Decimal | None = None
+    compute_slices: int = 0  # of its MIG instance
+    replica: str = ""  # a MIG instance shared by replicas: their mode
+    process_use: bool = False  # its unit's replicas reported process use (sharing_split: usage applies)
+
+
+HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
+
+
+def _replica_mode(a: Allocation) -> str:
+    """The replica mode of a holding, as pricing reads it (billing/allocate.py `_replica_mode`)."""
+    if a.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_VGPU):
+        return a.sharing
+    if a.sharing:
+        return ""
+    return contract.SHARING_TIME_SLICING if a.share < 1 or a.resource.endswith(".shared") else ""
+
+
+def read_splits(ledger: Ledger, period: Period) -> dict[datetime, dict[HoldingKey, Holding]]:
+    """Per hour of ``period``, the holdings of every GPU-hour whose cost was split among holders (MIG
+    instances, replicas, fractional grants, vGPUs); a GPU held whole by one holder is no split. Read
+    from the stored facts hour by hour."""
+    out: dict[datetime, dict[HoldingKey, Holding]] = {}
+    hour = period.start
+    while hour < period.end:
+        held: dict[HoldingKey, Holding] = {}
+        for gpu_hour in ledger.facts(hour):
+            slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
+            used = defaultdict(bool)  # per unit (MIG instance or whole GPU): any replica's process use
+            for a in gpu_hour.allocations:
+                if _replica_mode(a) and ((a.process_sm or 0) > 0 or (a.process_memory or 0) > 0):
+                    used[a.gpu_instance_id] = True
+            for a in gpu_hour.allocations:
+                replica = _replica_mode(a)
+                if a.gpu_instance_id:
+                    mode = contract.SHARING_MIG
+                elif a.sharing == contract.SHARING_FRACTIONAL:
+                    mode = contract.SHARING_FRACTIONAL
+                elif replica:
+                    mode, replica = replica, ""
+                else:
+                    continue  # a whole GPU held alone
+                held[(a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container)] = Holding(
+                    mode,
+                    a.share,
+                    a.memory_share,
+                    a.compute_share,
+                    slices.get(a.gpu_instance_id, 0),
+                    replica,
+                    used[a.gpu_instance_id],
+                )
+        if held:
+            out[hour] = held
+        hour += HOUR
+    return out
+
+
 @dataclass
 class Report:
     period: Period
@@ -361,6 +432,8 @@ class Report:
     claims: list[ClaimRow] = field(default_factory=list)
     # budget against actual per team; empty unless budgets were given and the period is a month
     budgets: list[BudgetRow] = field(default_factory=list)
+    # per hour, the holdings of the GPU-hours whose cost was split (read_splits); None: not read
+    splits: dict[datetime, dict[HoldingKey, Holding]] | None = None
 
     @property
     def exponent(self) -> int:
@@ -468,9 +541,11 @@ def build_report(
     top: int = 10,
     compare: bool = True,
     budgets: Mapping[str, Budget] | None = None,
+    splits: bool = True,
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
-    with ``budgets`` (team → monthly budget) and a month, budget against actual per team."""
+    with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
+    ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it)."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
@@ -645,6 +720,7 @@ def build_report(
             for (namespace, claim), (modes, holders) in sorted(by_claim.items())
         ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
+        splits=read_splits(ledger, period) if splits else None,
     )
 
 

@@ -26,7 +26,7 @@ class Need:
     binaries: tuple[str, ...] = ()
 
 
-# marker -> what it stands for; `make test` provides each (Makefile: tools, postgres, tools-venv).
+# marker -> what it stands for; `make test` provides each (Makefile: tools, postgres, tools-venv, focus-venv).
 NEEDS: dict[str, Need] = {
     "postgres": Need("the PostgreSQL server on 127.0.0.1:5432"),
     "prometheus": Need("Prometheus (Debian package prometheus)", ("prometheus", "promtool")),
@@ -42,6 +42,9 @@ NEEDS: dict[str, Need] = {
         "root, to run commands as the image's UID 10001 with setpriv (util-linux)", ("setpriv",)
     ),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),
+    "focus_validator": Need(
+        ".venv-focus: focus-validator on Python 3.12 (tests/reports/focus-validator-venv.sh)"
+    ),
 }
 
 # Fixtures that start or reach a need, by the module and name of the fixture function (names repeat
