@@ -10,35 +10,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.support.wheel import build_wheel, wheel_names
+
 ROOT = Path(__file__).resolve().parents[1]
+KUSTOMIZE_TREE = "deploy/kubernetes/"
 
 
 @pytest.fixture(scope="module")
 def wheel_files(tmp_path_factory) -> list[str]:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = out.glob("gpumeter-*.whl")
-    return zipfile.ZipFile(wheel).namelist()
+    return wheel_names(build_wheel(tmp_path_factory.mktemp("wheel")))
 
 
 def _tracked(*folders: str) -> list[str]:
@@ -66,9 +50,12 @@ def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
             name
             for name in _tracked(folder)
             if f"{prefix}/{name.removeprefix(folder + '/')}" not in installed
+            and not name.startswith(KUSTOMIZE_TREE)
         ]
         assert not missing, f"{folder}/ files missing from the wheel under {prefix}/: {missing[:10]}"
     assert not [name for name in wheel_files if name.startswith(("tests/", "gpumeter/tests/"))]
+    # pyproject's exclude-package-data: for `kubectl apply -k` from a checkout, read by no code
+    assert not [name for name in wheel_files if name.startswith(f"gpumeter/{KUSTOMIZE_TREE}")]
 
 
 def test_console_command_points_into_the_package():

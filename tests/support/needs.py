@@ -38,6 +38,10 @@ NEEDS: dict[str, Need] = {
     ),
     "chromium": Need("headless Chromium (Debian package chromium)", ("chromium",)),
     "kubectl": Need("kubectl (Debian package kubectl)", ("kubectl",)),
+    "buildah": Need(
+        "buildah and debootstrap, to build and run the image (Debian packages buildah, debootstrap)",
+        ("buildah", "debootstrap"),
+    ),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),
 }
 
@@ -52,6 +56,7 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus", "victoriametrics"),
     "tests.deploy.conftest.rendered": ("kubectl",),
+    "tests.deploy.conftest.built_image": ("buildah",),
     "tests.reports.test_browser._chromium_installed": ("chromium",),
 }
 
