@@ -122,6 +122,11 @@ def register(subparsers):
     check = prices_sub.add_parser("check", help="validate a price book and print its rates")
     check.add_argument("file")
     check.set_defaults(func=cmd_prices_check)
+    default = prices_sub.add_parser(
+        "default",
+        help="print the price book gpumeter ships (the one used without --prices), to copy and edit",
+    )
+    default.set_defaults(func=cmd_prices_default)
 
     ingest = sub.add_parser(
         "ingest", help="ingest closed hours from Prometheus (default: catch up missed hours)"
@@ -165,6 +170,13 @@ def load_inputs(args):
         print(f"error: {exc}", file=sys.stderr)
         return None, None
     return book, team_file.namespaces if team_file else {}
+
+
+def cmd_prices_default(args) -> int:
+    from gpumeter.billing.pricing.static import DEFAULT_BOOK
+
+    sys.stdout.write(DEFAULT_BOOK.read_text(encoding="utf-8"))
+    return 0
 
 
 def cmd_prices_check(args) -> int:

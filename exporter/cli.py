@@ -32,7 +32,10 @@ def register(subparsers) -> None:
 
     inject.add_argument("fault", help=", ".join((*FAULTS, "clear")))
     inject.add_argument(
-        "--admin", default="http://127.0.0.1:9836", help="the exporter's --admin-listen address"
+        "--admin",
+        default="127.0.0.1:9836",
+        metavar="HOST:PORT",
+        help="the exporter's --admin-listen address (an http:// URL works too; default %(default)s)",
     )
     inject.add_argument("--gpu", type=int, help="GPU index")
     inject.add_argument(
@@ -114,7 +117,8 @@ def _parameter(text: str):
 
 
 def run_inject(args: argparse.Namespace) -> int:
-    url = args.admin.rstrip("/") + "/faults"
+    base = args.admin if "://" in args.admin else f"http://{args.admin}"  # HOST:PORT, as its help says
+    url = base.rstrip("/") + "/faults"
     try:
         if args.fault == "clear":
             response = httpx.delete(url, params={} if args.gpu is None else {"gpu": args.gpu}, timeout=10)

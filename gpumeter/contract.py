@@ -97,6 +97,9 @@ TEAM = "team"
 KIND = "kind"
 CURRENCY = "currency"
 STATUS = "status"
+# A scheduled job of `billing serve` (BILLING_JOBS). Not `job`: Prometheus gives that name to the scrape
+# job, and a target's own `job` label would be renamed exported_job.
+TASK = "task"
 # vGPU (a hypervisor host's GPU shared by virtual machines, docs/pod-attribution.md §vGPU)
 VGPU_UUID = "vgpu_uuid"  # nvmlVgpuInstanceGetUUID
 VM_ID = "vm_id"  # nvmlVgpuInstanceGetVmID: the VM's UUID (KVM) or domain ID (Xen), as the host names it
@@ -876,6 +879,32 @@ BILLING_TEAM_BUDGET = _billing(
     CURRENCY,
 )
 
+# The scheduled jobs of `billing serve` (gpumeter/service.py): the hourly ingest, and the monthly job's
+# two reports, each told apart so one failing never hides behind the other.
+BILLING_JOBS = ("ingest", "chargeback_report", "health_report")
+BILLING_JOB_LAST_SUCCESS = _billing(
+    "gpumeter_billing_job_last_success_timestamp_seconds",
+    G,
+    "seconds",
+    "When the scheduled job last succeeded (Unix time; 0: not since the service started and not in the "
+    "ledger).",
+    TASK,
+)
+BILLING_JOB_LAST_DUE = _billing(
+    "gpumeter_billing_job_last_due_timestamp_seconds",
+    G,
+    "seconds",
+    "When the job's schedule last called for a run while the service was up (Unix time; absent: not yet).",
+    TASK,
+)
+BILLING_JOB_FAILURES = _billing(
+    "gpumeter_billing_job_failures_total",
+    C,
+    "",
+    "Runs of the scheduled job that failed (raised, or ended with a failed hour or report) since start.",
+    TASK,
+)
+
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
     BILLING_GPU_HOURS,
@@ -887,6 +916,9 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_TEAM_MONTH_TO_DATE,
     BILLING_TEAM_FORECAST,
     BILLING_TEAM_BUDGET,
+    BILLING_JOB_LAST_SUCCESS,
+    BILLING_JOB_LAST_DUE,
+    BILLING_JOB_FAILURES,
 )
 
 

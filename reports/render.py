@@ -398,12 +398,23 @@ def json_text(report: Report) -> str:
 @lru_cache(maxsize=1)
 def _environment() -> Environment:
     env = Environment(
-        loader=PackageLoader("reports", "templates"),
+        loader=PackageLoader("gpumeter.reports", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
     )
     return env
+
+
+# Every template the reports render (reports/templates/, package data).
+TEMPLATES = ("report.html.j2", "health.html.j2")
+
+
+def check_templates() -> None:
+    """Load every template and plotly's script: raises what the first HTML report would."""
+    for name in TEMPLATES:
+        _environment().get_template(name)
+    plotly_js()
 
 
 @lru_cache(maxsize=1)

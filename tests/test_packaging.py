@@ -17,7 +17,6 @@ import pytest
 from tests.support.wheel import build_wheel, wheel_names
 
 ROOT = Path(__file__).resolve().parents[1]
-KUSTOMIZE_TREE = "deploy/kubernetes/"
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +40,10 @@ def test_one_top_level_import_name(wheel_files):
     assert top == {"gpumeter"}
 
 
+# The kustomize tree is applied from a checkout (`kubectl apply -k`); no code reads it at run time.
+NOT_PACKAGED = ("deploy/kubernetes/",)
+
+
 def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     installed = set(wheel_files)
@@ -49,13 +52,20 @@ def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
         missing = [
             name
             for name in _tracked(folder)
-            if f"{prefix}/{name.removeprefix(folder + '/')}" not in installed
-            and not name.startswith(KUSTOMIZE_TREE)
+            if not name.startswith(NOT_PACKAGED)
+            and f"{prefix}/{name.removeprefix(folder + '/')}" not in installed
         ]
         assert not missing, f"{folder}/ files missing from the wheel under {prefix}/: {missing[:10]}"
     assert not [name for name in wheel_files if name.startswith(("tests/", "gpumeter/tests/"))]
-    # pyproject's exclude-package-data: for `kubectl apply -k` from a checkout, read by no code
-    assert not [name for name in wheel_files if name.startswith(f"gpumeter/{KUSTOMIZE_TREE}")]
+
+
+def test_the_kustomize_tree_is_not_package_data(wheel_files):
+    assert _tracked("deploy/kubernetes"), "the checkout has the tree"
+    assert not [name for name in wheel_files if name.startswith("gpumeter/deploy/kubernetes/")]
+
+
+def test_the_package_declares_itself_typed(wheel_files):
+    assert "gpumeter/py.typed" in wheel_files
 
 
 def test_console_command_points_into_the_package():

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from importlib.resources import files
 from itertools import chain, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -87,7 +88,7 @@ from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS = Path(str(files("gpumeter.billing") / "migrations"))  # package data: alembic needs a folder
 log = logging.getLogger(__name__)
 
 # Seconds between tries of a ledger operation that lost its connection (a PostgreSQL restart or

@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, replace
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ __all__ = [
     "parse_fleet",
 ]
 
-FLEETS_DIR = Path(__file__).parent / "fleets"
+FLEETS_DIR = Path(str(files("gpumeter.exporter.simulator") / "fleets"))  # package data
 WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
