@@ -10,35 +10,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.wheel import build_wheel, wheel_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def wheel_files(tmp_path_factory) -> list[str]:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = out.glob("gpumeter-*.whl")
-    return zipfile.ZipFile(wheel).namelist()
+    return wheel_names(build_wheel(tmp_path_factory.mktemp("wheel")))
 
 
 def _tracked(*folders: str) -> list[str]:

@@ -41,6 +41,10 @@ NEEDS: dict[str, Need] = {
     "image_user": Need(
         "root, to run commands as the image's UID 10001 with setpriv (util-linux)", ("setpriv",)
     ),
+    "buildah": Need(
+        "buildah and debootstrap, to build and run the image (Debian packages buildah, debootstrap)",
+        ("buildah", "debootstrap"),
+    ),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),
     "focus_validator": Need(
         ".venv-focus: focus-validator on Python 3.12 (tests/reports/focus-validator-venv.sh)"
@@ -58,6 +62,7 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus", "victoriametrics"),
     "tests.deploy.conftest.rendered": ("kubectl",),
+    "tests.deploy.conftest.built_image": ("buildah",),
     "tests.reports.test_browser._chromium_installed": ("chromium",),
 }
 
