@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.models import hour_floor, hours_between
@@ -14,14 +14,55 @@ from gpumeter.billing.models import hour_floor, hours_between
 log = logging.getLogger(__name__)
 
 
+# The span a ledger's hours can plausibly lie in (docs/billing.md §6.3): nothing was billed per GPU-hour
+# from Prometheus before 2000 (Prometheus itself dates from 2012), and one command covers at most a
+# leap year of hours: `--from 1970-01-01` wrote 48,747 empty runs before it was stopped (issue 42).
+EARLIEST_HOUR = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_RANGE_HOURS = 366 * 24
+
+
 def _when(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"expected an ISO 8601 time such as 2026-11-01T00:00Z (value {text!r})"
         ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    if not EARLIEST_HOUR <= moment <= datetime.now(UTC) + timedelta(days=MAX_RANGE_HOURS // 24):
+        raise argparse.ArgumentTypeError(
+            f"expected a time from {EARLIEST_HOUR.date().isoformat()} to a year from now (value {text!r})"
+        )
+    return moment
+
+
+def _range_error(start: datetime | None, end: datetime | None) -> str | None:
+    """Why --from/--to cannot be ingested or re-priced (one line), or None."""
+    if start and end and start >= end:
+        return f"--from must be before --to (value --from {start.isoformat()} --to {end.isoformat()})"
+    if start and end and end - start > timedelta(hours=MAX_RANGE_HOURS):
+        return (
+            f"--from .. --to spans more than {MAX_RANGE_HOURS} hours; split it "
+            f"(value --from {start.isoformat()} --to {end.isoformat()})"
+        )
+    return None
+
+
+def _seconds(minimum: float, maximum: float, *, zero: bool = False):
+    """Seconds in [minimum, maximum] (0 too, meaning none, where ``zero``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds (value {text!r})") from None
+        if not (minimum <= value <= maximum or (zero and value == 0)):  # also refuses nan and inf
+            raise argparse.ArgumentTypeError(
+                f"expected seconds in [{minimum:g}, {maximum:g}]{' or 0 for none' if zero else ''} (value {text!r})"
+            )
+        return value
+
+    return parse
 
 
 # Seconds per sample a billing interval can be: Prometheus scrapes at 1 s at the finest, and one
@@ -75,6 +116,42 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
             help="Prometheus (or Thanos, Mimir, VictoriaMetrics) query base URL; comma-separated URLs: the replicas of an HA pair, merged (docs/billing.md §6.2)",
         )
         parser.add_argument(
+            "--prometheus-timeout",
+            type=_seconds(1, 3600),
+            default=defaults.prometheus_timeout,
+            help=f"seconds for one query's whole answer (default {defaults.prometheus_timeout:g})",
+        )
+        parser.add_argument(
+            "--deadline",
+            type=_seconds(1, 7 * 24 * 3600, zero=True),
+            default=defaults.deadline,
+            help=f"seconds for the whole ingest; later hours are left to the next run (default {defaults.deadline:g}; 0: none)",
+        )
+        for flag, what in (
+            (
+                "--prometheus-bearer-token-file",
+                "file holding the bearer token (env GPUMETER_PROMETHEUS_BEARER_TOKEN_FILE)",
+            ),
+            ("--prometheus-basic-auth-user", "basic-auth user (env GPUMETER_PROMETHEUS_BASIC_AUTH_USER)"),
+            (
+                "--prometheus-basic-auth-password-file",
+                "file holding the basic-auth password (env GPUMETER_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE)",
+            ),
+            ("--prometheus-cert-file", "TLS client certificate (env GPUMETER_PROMETHEUS_CERT_FILE)"),
+            ("--prometheus-key-file", "its key (env GPUMETER_PROMETHEUS_KEY_FILE)"),
+            (
+                "--prometheus-ca-file",
+                "CA certificates that sign Prometheus' (env GPUMETER_PROMETHEUS_CA_FILE)",
+            ),
+        ):
+            parser.add_argument(flag, default=None, help=what)
+        parser.add_argument(
+            "--prometheus-config",
+            default=None,
+            help="Prometheus http_config YAML: bearer_token_file, basic_auth {username, password_file}, "
+            "tls_config {cert_file, key_file, ca_file}; flags win over it (docs/security.md)",
+        )
+        parser.add_argument(
             "--scrape-interval",
             type=_interval,
             default=IngestConfig.scrape_interval,
@@ -95,10 +172,31 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
         )
 
 
-def settings_from(args):
-    from gpumeter.billing.config import Settings
+AUTH_FIELDS = (
+    "prometheus_bearer_token_file",
+    "prometheus_basic_auth_user",
+    "prometheus_basic_auth_password_file",
+    "prometheus_cert_file",
+    "prometheus_key_file",
+    "prometheus_ca_file",
+)
 
+
+def settings_from(args):
+    """The Settings of the command line: its flags, then its --prometheus-config file, then the
+    environment (Settings' defaults). ConfigError for an http_config file that cannot be used."""
+    from gpumeter.billing.config import Settings, load_http_config
+
+    defaults = Settings()
+    from_file = load_http_config(args.prometheus_config) if getattr(args, "prometheus_config", None) else {}
+    auth = {
+        name: getattr(args, name, None) or from_file.get(name) or getattr(defaults, name)
+        for name in AUTH_FIELDS
+    }
     return Settings(
+        prometheus_timeout=getattr(args, "prometheus_timeout", defaults.prometheus_timeout),
+        deadline=getattr(args, "deadline", defaults.deadline),
+        **auth,
         db=args.db,
         schema=args.db_schema,
         prometheus=getattr(args, "prometheus", Settings().prometheus),
@@ -192,28 +290,33 @@ def cmd_prices_check(args) -> int:
 def cmd_ingest(args) -> int:
     from tqdm import tqdm
 
+    from gpumeter.billing.config import ConfigError
     from gpumeter.billing.ingest import FAILURES_LOGGER, catch_up, ingest_hours
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
-    from gpumeter.billing.prom import open_client
+    from gpumeter.billing.prom import PrometheusError, open_client
 
     logging.getLogger(FAILURES_LOGGER).setLevel(logging.CRITICAL + 1)  # printed below, one line each
 
-    if args.start and args.end and args.start >= args.end:
-        print(
-            f"error: --from must be before --to (value --from {args.start.isoformat()} --to {args.end.isoformat()})",
-            file=sys.stderr,
-        )
+    wrong = _range_error(args.start, args.end)
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
         return 2
     book, _ = load_inputs(args)  # the team map is re-read into the ingest config below
     if book is None:
         return 2
-    settings = settings_from(args)
-    config = settings.ingest_config()
+    try:
+        settings = settings_from(args)
+        config = settings.ingest_config()
+        client = open_client(settings.prometheus, **settings.client_options())
+    except (ConfigError, PrometheusError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     now = datetime.now(UTC)
     try:
         ledger = open_ledger(settings.db, schema=settings.schema)
     except LedgerError as exc:
+        client.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
@@ -221,7 +324,7 @@ def cmd_ingest(args) -> int:
         return tqdm(hours, unit="h", desc="ingest", disable=args.no_progress, file=sys.stderr)
 
     try:
-        with open_client(settings.prometheus) as client:
+        with client:
             if args.start or args.end:
                 closed = hour_floor(now - config.settle)  # the open hour and the future are not billable yet
                 end = min(args.end or closed, closed)
@@ -259,6 +362,10 @@ def cmd_price(args) -> int:
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
 
+    wrong = _range_error(args.start, args.end)
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+        return 2
     book, teams = load_inputs(args)
     if book is None:
         return 2

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpumeter import web
 from gpumeter.billing import cli as billing_cli
-from gpumeter.billing.config import Budget, Settings, load_budgets
+from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger
@@ -61,7 +61,10 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     book = load_price_book(cfg.prices)
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     try:
-        with ledger.lock(INGEST_LOCK, holder, now), open_client(cfg.prometheus) as client:
+        with (
+            ledger.lock(INGEST_LOCK, holder, now),
+            open_client(cfg.prometheus, **cfg.client_options()) as client,
+        ):
             result = catch_up(client, ledger, book, now, cfg.ingest_config(), stopping=STOPPING.is_set)
     except LockNotAcquired:
         log.info("another replica holds the ingest lock; skipping")
@@ -186,9 +189,7 @@ def serve(
         ledger.close()
         raise
     ready.set()
-    log.info(
-        "billing service on %s; ledger %s", listen, ledger.engine.url.render_as_string(hide_password=True)
-    )
+    log.info("billing service on %s; ledger %s", listen, ledger.name)
     stop = stop or threading.Event()
     signalled = threading.current_thread() is threading.main_thread()
     if signalled:
@@ -248,6 +249,6 @@ def cmd_serve(args) -> int:
         return 2
     try:
         return serve(billing_cli.settings_from(args), args.listen, web_config=args.web_config)
-    except (web.WebConfigError, web.ListenError, ReportError) as exc:
+    except (web.WebConfigError, web.ListenError, ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -83,6 +83,7 @@ from gpumeter.billing.models import (
     line_readings,
 )
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
+from gpumeter.billing.secrets import redact_url
 
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
@@ -275,18 +276,23 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
+def _shown(engine: Engine) -> str:
+    """The database's URL as shown: no password, in its user info or its query (``?password=``)."""
+    return redact_url(engine.url.render_as_string(hide_password=True))
+
+
 def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) -> SqlLedger:
     """The SQL ledger at ``url``, migrated to head; LedgerError (one line) when it cannot be opened."""
     try:
         engine = make_engine(url, schema=schema)
     except (SQLAlchemyError, ImportError, ValueError) as exc:
-        raise LedgerError(f"{url.split('@')[-1]}: not a usable database URL: {one_line(exc)}") from exc
+        raise LedgerError(f"{redact_url(url)}: not a usable database URL: {one_line(exc)}") from exc
     try:
         if migrate:
             upgrade(engine)
     except SQLAlchemyError as exc:
         engine.dispose()
-        name = engine.url.render_as_string(hide_password=True)
+        name = _shown(engine)
         raise LedgerError(f"{name}: cannot open the ledger: {one_line(exc)}") from exc
     return SqlLedger(engine)
 
@@ -300,7 +306,7 @@ class SqlLedger(Ledger):
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.engine = engine
-        self.name = engine.url.render_as_string(hide_password=True)
+        self.name = _shown(engine)
         self.retry_delays, self.sleep = retry_delays, sleep
         # gpu_layouts rows are immutable and content-addressed: what was committed once is kept
         self._layout_ids: dict[tuple, int] = {}  # layout key -> id
