@@ -22,17 +22,20 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpumeter import web
 from gpumeter.billing import cli as billing_cli
 from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.billing.ledger.base import LedgerError
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import open_client
+from gpumeter.billing.secrets import redact_url
 from gpumeter.process import stop_on_signals, wait_until_set
 from gpumeter.reports.model import ReportError
 from gpumeter.reports.schedule import ReportSchedule, run_monthly
@@ -252,3 +255,9 @@ def cmd_serve(args) -> int:
     except (web.WebConfigError, web.ListenError, ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LedgerError as exc:  # unreachable, or refused the schema
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as exc:  # the job store's own writes: a read-only or full database
+        print(f"error: {redact_url(args.db)}: cannot store the schedule: {one_line(exc)}", file=sys.stderr)
+        return 1

@@ -216,9 +216,28 @@ def one_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+# Errors no retry cures, though drivers class them "operational" with lost connections (issue 42: a
+# read-only ledger was retried 15 s): SQLite's result codes SQLITE_READONLY and SQLITE_FULL
+# (sqlite.org/rescode.html, the primary code is the low byte), PostgreSQL's SQLSTATEs disk_full and
+# read_only_sql_transaction (postgresql.org/docs/current/errcodes-appendix.html).
+_PERMANENT_SQLITE_CODES = {8, 13}
+_PERMANENT_SQLSTATES = {"53100", "25006"}
+
+
+def permanent(exc: BaseException) -> bool:
+    """The database refuses every write until someone acts: read-only, or its disk is full."""
+    cause = getattr(exc, "orig", None) or exc
+    code = getattr(cause, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _PERMANENT_SQLITE_CODES:
+        return True
+    return getattr(cause, "sqlstate", None) in _PERMANENT_SQLSTATES
+
+
 def _transient(exc: Exception, dbapi) -> bool:
     """Lost or refused connections, server shutdowns, deadlocks and lock timeouts: worth another try.
     (COPY runs on the driver's own connection, so its errors come unwrapped, as the driver's.)"""
+    if permanent(exc):
+        return False
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, OperationalError | getattr(dbapi, "OperationalError", OperationalError))
@@ -272,6 +291,17 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             # two processes migrating one empty database at once would both create the tables; the
             # second waits here and then finds the schema at head (PostgreSQL's DDL is transactional)
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+        elif connection.dialect.name == "sqlite":
+            # the same on SQLite: the file's write lock, taken before Alembic reads the version, so
+            # the second process waits (the busy timeout) and finds the schema at head. pysqlite
+            # would begin only at the first write, after both had read "no version" (issue 42)
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            except OperationalError as exc:
+                if not permanent(exc):
+                    raise
+                # a read-only ledger (reports, audits): readable if at head; a migration it needs fails
+
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 
