@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.models import hour_floor, hours_between
@@ -236,12 +237,81 @@ def register(subparsers):
     )
     ingest.set_defaults(func=cmd_ingest)
 
+    ingest.add_argument("--reason", default="", help="why, kept in the audit of any billed hour this changes")
+
     price = sub.add_parser("price", help="re-price stored hours with the current price book")
     common_arguments(price, prometheus=False)
     price.add_argument("--from", dest="start", type=_when, required=True)
     price.add_argument("--to", dest="end", type=_when, required=True)
+    price.add_argument("--reason", default="", help="why, kept in the audit of every hour this changes")
     price.set_defaults(func=cmd_price)
+
+    audit = sub.add_parser("audit", help="list the changes to already-billed hours (re-price, re-ingest)")
+    audit.add_argument("--db", default=None, help="SQLAlchemy URL of the ledger (env GPUMETER_BILLING_DB)")
+    audit.add_argument("--db-schema", default=None, help="PostgreSQL schema (search_path) for the ledger")
+    audit.add_argument("--from", dest="start", type=_when, help="first hour (ISO 8601, UTC)")
+    audit.add_argument("--to", dest="end", type=_when, help="end, exclusive")
+    audit.set_defaults(func=cmd_audit)
     return sub
+
+
+def actor_of(command: str, reason: str = ""):
+    """Who runs this command: named in the audit records it writes (docs/billing.md §6.5)."""
+    import getpass
+    import uuid
+
+    from gpumeter.billing.ledger.base import Actor
+
+    try:
+        operator = getpass.getuser()
+    except (KeyError, OSError):  # no login name (a container's arbitrary uid)
+        operator = f"uid {os.getuid()}"
+    return Actor(command, operator, reason, uuid.uuid4().hex)
+
+
+def _months(start: datetime, end: datetime) -> tuple[datetime, datetime]:
+    """The calendar months (UTC) that [start, end) touches, as one span."""
+    first = start.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last = (end - timedelta(microseconds=1)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    after = (
+        last.replace(year=last.year + 1, month=1) if last.month == 12 else last.replace(month=last.month + 1)
+    )
+    return first, after
+
+
+def currency_error(ledger, book, path: str, start: datetime, end: datetime) -> str | None:
+    """Why ``book`` cannot price [start, end): the ledger bills those months in another currency,
+    and a month's lines in two currencies cannot be summed by any report (one line), or None."""
+    first, after = _months(start, end)
+    others = ledger.currencies(first, after) - {book.currency}
+    if not others:
+        return None
+    return (
+        f"{path}: currency: the ledger bills {first.date().isoformat()}..{after.date().isoformat()} in "
+        f"{', '.join(sorted(others))}, not this book's currency (value {book.currency!r})"
+    )
+
+
+def _money(amount: Decimal, currency: str) -> str:
+    """An amount at its currency's minor unit (the ledger keeps 4 decimals)."""
+    from gpumeter.billing.pricing.currency import MINOR_UNITS
+
+    return str(amount.quantize(Decimal(1).scaleb(-MINOR_UNITS.get(currency, 2))))
+
+
+def _changed(ledger, run: str) -> str | None:
+    """What this run did to hours billed before it (its audit records), in one line, or None."""
+    records = [r for r in ledger.audit_records() if r.run == run]
+    if not records:
+        return None
+    old = sum((r.old_total for r in records), Decimal(0))
+    new = sum((r.new_total for r in records), Decimal(0))
+    currency = records[0].currency
+    return (
+        f"{len(records)} already-billed hour(s) changed from {_money(old, currency)} to "
+        f"{_money(new, currency)} {currency} "
+        f"({records[0].hour.isoformat()}..{records[-1].hour.isoformat()}); `gpumeter billing audit` lists them"
+    )
 
 
 def load_inputs(args):
@@ -323,21 +393,33 @@ def cmd_ingest(args) -> int:
     def progress(hours):
         return tqdm(hours, unit="h", desc="ingest", disable=args.no_progress, file=sys.stderr)
 
+    ledger.actor = actor_of("ingest", args.reason)
+    closed = hour_floor(now - config.settle)  # the open hour and the future are not billable yet
+    if args.start or args.end:
+        end = min(args.end or closed, closed)
+        start = min(args.start or end, end)
+    else:
+        start, end = closed - timedelta(hours=config.catchup_hours), closed
     try:
         with client:
-            if args.start or args.end:
-                closed = hour_floor(now - config.settle)  # the open hour and the future are not billable yet
-                end = min(args.end or closed, closed)
-                if args.end and args.end > closed:
-                    print(
-                        f"note: --to {args.end.isoformat()} is past the last closed hour; ingesting up to "
-                        f"{closed.isoformat()} (later hours are caught up once they close)",
-                        file=sys.stderr,
-                    )
-                start = args.start or end
-                result = ingest_hours(client, ledger, book, hours_between(start, end), config, progress)
-            else:
-                result = catch_up(client, ledger, book, now, config, progress)
+            wrong = currency_error(ledger, book, args.prices, start, max(end, start + timedelta(hours=1)))
+            if wrong:
+                print(f"error: {wrong}", file=sys.stderr)
+                return 2
+            with ledger.serialised(shared=True) as waited:
+                if waited:
+                    print("note: waited for a re-price of this ledger to finish", file=sys.stderr)
+                if args.start or args.end:
+                    if args.end and args.end > closed:
+                        print(
+                            f"note: --to {args.end.isoformat()} is past the last closed hour; ingesting up to "
+                            f"{closed.isoformat()} (later hours are caught up once they close)",
+                            file=sys.stderr,
+                        )
+                    result = ingest_hours(client, ledger, book, hours_between(start, end), config, progress)
+                else:
+                    result = catch_up(client, ledger, book, now, config, progress)
+            changed = _changed(ledger, ledger.actor.run)
     except LedgerError as exc:  # the ledger was lost past its retries before any hour could be recorded
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -352,6 +434,8 @@ def cmd_ingest(args) -> int:
         )
     for hour, why in result.suspect:
         print(f"warning: hour {hour.isoformat()} ingested but suspect: {why}", file=sys.stderr)
+    if changed:
+        print(f"note: {changed}", file=sys.stderr)
     for hour, error in result.failed:
         print(f"error: hour {hour.isoformat()} not ingested: {error}", file=sys.stderr)
     return 1 if result.failed else 0
@@ -371,12 +455,63 @@ def cmd_price(args) -> int:
         return 2
     try:
         ledger = open_ledger(args.db, schema=args.db_schema)
+        ledger.actor = actor_of("price", args.reason)
         try:
-            count = reprice(ledger, book, args.start, args.end, teams)
+            wrong = currency_error(ledger, book, args.prices, args.start, args.end)
+            if wrong:
+                print(f"error: {wrong}", file=sys.stderr)
+                return 2
+            with ledger.serialised(shared=False) as waited:
+                if waited:
+                    print("note: waited for the ingests running on this ledger to finish", file=sys.stderr)
+                count = reprice(ledger, book, args.start, args.end, teams)
+            changed = _changed(ledger, ledger.actor.run)
         finally:
             ledger.close()
     except LedgerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"re-priced {count} hour(s)")
+    if changed:
+        print(f"note: {changed}", file=sys.stderr)
+    return 0
+
+
+def cmd_audit(args) -> int:
+    """One line per changed hour, then one per run: when, which command, who, why, which book."""
+    from gpumeter.billing.config import Settings
+    from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.ledger.base import LedgerError
+
+    try:
+        ledger = open_ledger(args.db or Settings().db, schema=args.db_schema)
+        try:
+            records = ledger.audit_records(args.start, args.end)
+        finally:
+            ledger.close()
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not records:
+        print("no billed hour was changed")
+        return 0
+    print("at\tcommand\toperator\treason\tbook\thour\told\tnew\tcurrency")
+    for r in records:
+        print(
+            f"{r.at.isoformat(timespec='seconds')}\t{r.command}\t{r.operator!r}\t{r.reason!r}\t"
+            f"{r.book_digest[:12]}\t{r.hour.isoformat()}\t{_money(r.old_total, r.currency)}\t"
+            f"{_money(r.new_total, r.currency)}\t{r.currency}"
+        )
+    runs: dict[str, list] = {}
+    for r in records:
+        runs.setdefault(r.run, []).append(r)
+    for rows in runs.values():
+        old = sum((r.old_total for r in rows), Decimal(0))
+        new = sum((r.new_total for r in rows), Decimal(0))
+        first = rows[0]
+        print(
+            f"{first.at.isoformat(timespec='seconds')} {first.command} by {first.operator!r}: {len(rows)} hour(s), "
+            f"total {_money(old, first.currency)} -> {_money(new, first.currency)} {first.currency}"
+            + (f" ({first.reason!r})" if first.reason else "")
+        )
     return 0

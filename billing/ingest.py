@@ -1375,7 +1375,7 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
     """
     engine = ledger.engine
     schema = engine.dialect.default_schema_name if engine.dialect.name == "postgresql" else None
-    target = (engine.url.render_as_string(hide_password=False), schema)
+    target = (engine.url.render_as_string(hide_password=False), schema, ledger.actor)
     # the URL as given (a password in it included) and the other options: the worker's own client
     source = (
         client.url,
@@ -1432,8 +1432,9 @@ def _ingest_task(target, source, book, hours, config) -> IngestResult:
     """One worker's task: its own ledger connection and Prometheus client, hours in order."""
     from gpumeter.billing.ledger import open_ledger
 
-    (url, schema), (prometheus_url, options) = target, source
+    (url, schema, actor), (prometheus_url, options) = target, source
     ledger = open_ledger(url, schema=schema, migrate=False)
+    ledger.actor = actor  # the audit records name the command that started the worker
     try:
         with open_client(prometheus_url, **options) as client:
             return ingest_hours(client, ledger, book, hours, config)

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
@@ -29,7 +30,7 @@ from gpumeter.billing import cli as billing_cli
 from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
-from gpumeter.billing.ledger.base import LedgerError
+from gpumeter.billing.ledger.base import Actor, LedgerError
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector
@@ -63,9 +64,11 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     holder = holder or holder_id()
     book = load_price_book(cfg.prices)
     ledger = open_ledger(cfg.db, schema=cfg.schema)
+    ledger.actor = Actor("serve", holder, "hourly catch-up", uuid.uuid4().hex)
     try:
         with (
             ledger.lock(INGEST_LOCK, holder, now),
+            ledger.serialised(shared=True),  # a `billing price` running now finishes first
             open_client(cfg.prometheus, **cfg.client_options()) as client,
         ):
             result = catch_up(client, ledger, book, now, cfg.ingest_config(), stopping=STOPPING.is_set)
