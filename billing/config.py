@@ -15,6 +15,7 @@ from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.billing.pricing.static import DEFAULT_BOOK, load_price_book
 from gpumeter.billing.pricing.yamlload import MAX_BYTES, YamlRefused, load_yaml
+from gpumeter.billing.prom import REQUEST_TIMEOUT, Auth
 
 
 class ConfigError(ValueError):
@@ -36,6 +37,18 @@ class Settings:
     workers: int = IngestConfig.workers
     # report | price: whether the book's utilization tiers only score lines or price them (§3.7)
     utilization_tiers: str = "report"
+    prometheus_timeout: float = REQUEST_TIMEOUT  # seconds for one request's whole answer
+    deadline: float = IngestConfig.deadline  # seconds for a whole ingest run (0: none)
+    # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
+    # secrets themselves, so neither the job store nor a log line ever holds one
+    prometheus_bearer_token_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_BEARER_TOKEN_FILE")
+    prometheus_basic_auth_user: str | None = os.environ.get("GPUMETER_PROMETHEUS_BASIC_AUTH_USER")
+    prometheus_basic_auth_password_file: str | None = os.environ.get(
+        "GPUMETER_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE"
+    )
+    prometheus_cert_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_CERT_FILE")
+    prometheus_key_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_KEY_FILE")
+    prometheus_ca_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_CA_FILE")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -50,8 +63,74 @@ class Settings:
             gap_grace_intervals=self.gap_grace_intervals,
             catchup_hours=self.catchup_hours,
             workers=self.workers,
+            deadline=self.deadline,
             teams=load_team_map(self.teams_file) if self.teams_file else {},
         )
+
+    def auth(self) -> Auth:
+        return Auth(
+            bearer_token_file=self.prometheus_bearer_token_file,
+            basic_auth_user=self.prometheus_basic_auth_user,
+            basic_auth_password_file=self.prometheus_basic_auth_password_file,
+            cert_file=self.prometheus_cert_file,
+            key_file=self.prometheus_key_file,
+            ca_file=self.prometheus_ca_file,
+        )
+
+    def client_options(self) -> dict:
+        """`open_client`'s keywords for these settings."""
+        return {"timeout": self.prometheus_timeout, "auth": self.auth()}
+
+
+# `--prometheus-config`: Prometheus' own http_config keys (its scrape and remote-read configs), the
+# ones billing supports -> the Settings field each sets
+HTTP_CONFIG_KEYS = {
+    ("bearer_token_file",): "prometheus_bearer_token_file",
+    ("basic_auth", "username"): "prometheus_basic_auth_user",
+    ("basic_auth", "password_file"): "prometheus_basic_auth_password_file",
+    ("tls_config", "cert_file"): "prometheus_cert_file",
+    ("tls_config", "key_file"): "prometheus_key_file",
+    ("tls_config", "ca_file"): "prometheus_ca_file",
+}
+
+
+def load_http_config(path: str | Path) -> dict[str, str]:
+    """A Prometheus ``http_config`` YAML file (bearer_token_file, basic_auth.username/password_file,
+    tls_config.cert_file/key_file/ca_file) → Settings fields. Inline secrets (``bearer_token``,
+    ``basic_auth.password``) are refused: a secret is read from its own file (docs/security.md)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            doc = load_yaml(file.read(MAX_BYTES + 1))
+    except OSError as exc:
+        raise ConfigError(f"{path}: (file): cannot load the Prometheus http_config: {exc.strerror}") from None
+    except YamlRefused as exc:
+        raise ConfigError(f"{path}: {exc.field}: {exc.problem} (value {exc.value!r})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: (file): expected a mapping of http_config keys (value {doc!r})")
+    out: dict[str, str] = {}
+    known = {keys[0] for keys in HTTP_CONFIG_KEYS}
+    for key, value in doc.items():
+        if key not in known:
+            hint = "; write the secret to a file and name it in *_file" if key in ("bearer_token",) else ""
+            raise ConfigError(f"{path}: {key}: not a supported http_config key{hint} (value {key!r})")
+        if isinstance(value, dict):
+            for sub in value:
+                if (key, sub) not in HTTP_CONFIG_KEYS:
+                    hint = "; name a password_file instead" if sub == "password" else ""
+                    raise ConfigError(
+                        f"{path}: {key}.{sub}: not a supported http_config key{hint} (value {sub!r})"
+                    )
+    for keys, field_name in HTTP_CONFIG_KEYS.items():
+        value: Any = doc
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{path}: {'.'.join(keys)}: expected a path or a name (value {value!r})")
+        out[field_name] = value
+    return out
 
 
 # The most a team's monthly budget can be, in any currency's major unit: what a month of 100,000 GPUs

@@ -16,6 +16,8 @@ import multiprocessing
 import operator
 import os
 import statistics
+import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -41,7 +43,14 @@ from gpumeter.billing.models import (
     with_fields,
 )
 from gpumeter.billing.pricing.base import PriceBook
-from gpumeter.billing.prom import PrometheusError, QueryClient, RangeAnswer, Sample, open_client
+from gpumeter.billing.prom import (
+    BadAnswer,
+    PrometheusError,
+    QueryClient,
+    RangeAnswer,
+    Sample,
+    open_client,
+)
 
 log = logging.getLogger(__name__)
 _Fact = TypeVar("_Fact", Device, MigInstance, Allocation)
@@ -65,6 +74,34 @@ _ALLOC_KEYS = contract.BILLING_QUERIES["alloc_count"].by
 ALLOC_LABELS = ",".join(_ALLOC_KEYS)
 _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
 _RATIO = Decimal("0.000000001")
+
+# What an answer's values may be before they become money (docs/billing.md §6.4); an answer with any
+# other value (negative, NaN, infinite, past its range) is refused with its hour, never billed.
+# A sample count: at most what an hour holds at the finest scrape interval billing accepts (1 s; the
+# [1h] window closed at both ends in Prometheus 2 holds one more).
+MAX_SAMPLES_AN_HOUR = 3601.0
+# bytes a process can hold on one GPU: far above any GPU's memory (141 GB on an H200), far below 1e308
+MAX_BYTES_READING = float(1 << 50)
+# Ratios (shares, fractions, utilization) lie in [0, 1]; one off by less than half the ledger's
+# resolution (`_RATIO`, 1e-9: an average's rounding) is stored as the bound, any other is refused.
+_RATIO_SLACK = 5e-10
+
+
+def _value_bounds(query: contract.HourQuery) -> tuple[float, float]:
+    """The range of ``query``'s values: from its function and its series' unit."""
+    if query.function == "count_over_time":
+        return (0.0, MAX_SAMPLES_AN_HOUR)
+    if query.series.unit == "ratio" or query.series is contract.ALLOCATION:  # a share: 1/replicas
+        return (-_RATIO_SLACK, 1.0 + _RATIO_SLACK)
+    if query.series.unit == "bytes":
+        return (0.0, MAX_BYTES_READING)
+    return (-sys.float_info.max, sys.float_info.max)  # any finite number (the teams' info value)
+
+
+VALUE_BOUNDS = {name: _value_bounds(query) for name, query in contract.BILLING_QUERIES.items()}
+# Label values longer than this are refused: Kubernetes names are at most 253 characters, and an
+# answer of megabyte labels took ingest to gigabytes of memory and the ledger with it (issue 42).
+MAX_LABEL_LENGTH = 1024
 
 
 # The seconds per sample assumed when the data cannot tell (docs/billing.md §2.1): the interval the
@@ -91,6 +128,9 @@ class IngestConfig:
     chunk_hours: int = 24
     run_points: int = 5_000_000
     workers: int = 1  # processes ingesting runs of hours side by side (docs/billing.md §6)
+    # seconds an ingest of a range of hours may take in all (0: no deadline). Past it no query is
+    # sent: the hour in flight is recorded failed, and later hours are left to the next run
+    deadline: float = 3600.0
 
 
 @dataclass
@@ -218,13 +258,27 @@ def query_intervals(
     counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side."""
     margin = timedelta(hours=STEADY_SEARCH_HOURS + 1)
     counts: dict[str, dict[datetime, float]] = defaultdict(dict)
-    for labels, points in client.query_range(
-        HOST_COUNTS, _at(hours[0] - margin), _at(hours[-1] + margin), 3600
-    ):
-        host = labels.get(contract.HOSTNAME, "")
-        for t, value in points:
-            counts[host][hour_floor(datetime.fromtimestamp(float(t), UTC))] = float(value)
+    answer = client.query_range(HOST_COUNTS, _at(hours[0] - margin), _at(hours[-1] + margin), 3600)
+    try:
+        for labels, points in answer:
+            host = labels.get(contract.HOSTNAME, "")
+            for t, value in points:
+                count = float(value)
+                if not 0 <= count <= MAX_SAMPLES_AN_HOUR:
+                    raise BadAnswer(
+                        f"sample counts ({HOST_COUNTS!r}): {host!r}: value {value!r} is not a count "
+                        f"in [0, {MAX_SAMPLES_AN_HOUR:g}]"
+                    )
+                counts[host][hour_floor(datetime.fromtimestamp(float(t), UTC))] = count
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        raise BadAnswer(
+            f"sample counts ({HOST_COUNTS!r}): an answer of the wrong shape: {_why(exc)}"
+        ) from None
     return detect_intervals(counts, hours, config)
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc!s:.200}"
 
 
 @functools.lru_cache(maxsize=65536)
@@ -427,6 +481,12 @@ def _columns(
         key = tuple(map(labels.get, keep, itertools.repeat("")))  # absent and empty are one to PromQL
         kept = out.get(key)
         if kept is None:  # neither is kept
+            for value in key:  # checked once per kept label set
+                if value.__class__ is not str or len(value) > MAX_LABEL_LENGTH:
+                    raise BadAnswer(
+                        f"a label value that is not text of at most {MAX_LABEL_LENGTH} characters "
+                        f"(value {str(value)[:60]!r}, {len(str(value))} characters)"
+                    )
             out[key] = (SeriesLabels({k: v for k, v in zip(keep, key, strict=True) if v}), values)
         else:
             kept[1][:] = map(_larger, kept[1], values)
@@ -435,8 +495,35 @@ def _columns(
 
 def _query_columns(name: str, answer, first: float, count: int) -> list[tuple[SeriesLabels, Values]]:
     """`_columns` of the answer to ``QUERIES[name]``: reduced by its kept labels, its values
-    converted once per text where they repeat."""
-    return _columns(answer, first, count, KEEP[name], name in REPEATED)
+    converted once per text where they repeat, and checked (`_check_values`). BadAnswer, naming
+    the query, for an answer of the wrong shape or values out of their range."""
+    try:
+        series = _columns(answer, first, count, KEEP[name], name in REPEATED)
+    except BadAnswer as exc:
+        raise BadAnswer(f"{name} ({QUERIES[name]!r}): {exc}") from None
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        raise BadAnswer(f"{name} ({QUERIES[name]!r}): an answer of the wrong shape: {_why(exc)}") from None
+    _check_values(name, series)
+    return series
+
+
+def _check_values(name: str, series: list[tuple[SeriesLabels, Values]]) -> None:
+    """BadAnswer unless every value of the answer to ``QUERIES[name]`` is a finite number within
+    `VALUE_BOUNDS`. In C-speed passes (a sum is NaN when any value is; then the least and largest):
+    ~5 million values a run."""
+    low, high = VALUE_BOUNDS[name]
+    for labels, values in series:
+        present = values if None not in values else [v for v in values if v is not None]
+        if not present:
+            continue
+        total = sum(present)
+        if total == total and low <= min(present) and max(present) <= high:
+            continue
+        bad = next((v for v in present if not low <= v <= high), total)
+        raise BadAnswer(
+            f"{name} ({QUERIES[name]!r}): {dict(labels)!r:.300}: value {bad!r} is not a number in "
+            f"[{max(low, 0.0):g}, {high:g}]"
+        )
 
 
 def _larger(a: float | None, b: float | None) -> float | None:
@@ -1110,6 +1197,12 @@ def ingest_hours(
     recorded against the first hour that fails, and nothing after it is written.
     """
     hours = [hour_floor(h) for h in hours]
+    if config.deadline > 0 and getattr(client, "deadline", False) is None:
+        client.deadline = time.monotonic() + config.deadline
+        try:
+            return ingest_hours(client, ledger, book, hours, config, progress, stopping, pricer)
+        finally:
+            client.deadline = None
     if (
         pricer is None
         and config.workers > 1
@@ -1194,7 +1287,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     answers.layouts = layouts  # each GPU's layout key, carried from run to run
                     series = answers.series
                 except PrometheusError as exc:
-                    log.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
+                    failures.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
                 # the next run's requests, sized by this run's series, answered while its hours are built
                 pending = submit(_run_hours(config, asked, series))
@@ -1282,8 +1375,18 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
     """
     engine = ledger.engine
     schema = engine.dialect.default_schema_name if engine.dialect.name == "postgresql" else None
-    target = (engine.url.render_as_string(hide_password=False), schema)
-    source = (client.base_url, client.timeout, client.headers)
+    target = (engine.url.render_as_string(hide_password=False), schema, ledger.actor)
+    # the URL as given (a password in it included) and the other options: the worker's own client
+    source = (
+        client.url,
+        {
+            "timeout": client.timeout,
+            "headers": client.headers,
+            "auth": client.auth,
+            "max_answer_bytes": client.max_answer_bytes,
+            "deadline": client.deadline,  # CLOCK_MONOTONIC: one clock for every process of the host
+        },
+    )
     serial = replace(config, workers=1)
     task_hours = max(config.chunk_hours, -(-len(hours) // (4 * config.workers)))  # ~4 tasks a worker
     tasks = _runs(hours, task_hours)
@@ -1329,10 +1432,11 @@ def _ingest_task(target, source, book, hours, config) -> IngestResult:
     """One worker's task: its own ledger connection and Prometheus client, hours in order."""
     from gpumeter.billing.ledger import open_ledger
 
-    (url, schema), (base_url, timeout, headers) = target, source
+    (url, schema, actor), (prometheus_url, options) = target, source
     ledger = open_ledger(url, schema=schema, migrate=False)
+    ledger.actor = actor  # the audit records name the command that started the worker
     try:
-        with open_client(base_url, timeout=timeout, headers=headers) as client:
+        with open_client(prometheus_url, **options) as client:
             return ingest_hours(client, ledger, book, hours, config)
     finally:
         ledger.close()

@@ -9,16 +9,85 @@ injectable httpx transport for tests. The same API is served by Thanos, Mimir an
 from __future__ import annotations
 
 import functools
+import ssl
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import NamedTuple
 
 import httpx
 import orjson
 
+from gpumeter.billing.secrets import redact_url
+
+# Defaults of `billing ingest` and `billing serve` (docs/billing.md §6.3): one request's whole answer
+# within REQUEST_TIMEOUT seconds (a connection, every read and the body together, so an answer that
+# trickles in is given up as one that hangs); every answer at most MAX_ANSWER_BYTES.
+REQUEST_TIMEOUT = 120.0
+# The 10,000-GPU bench's largest answer is a 24-hour run's allocation counts (~40,000 series, tens of
+# MB); a run's points are bounded by IngestConfig.run_points, so no honest answer nears this.
+MAX_ANSWER_BYTES = 512 << 20
+
 
 class PrometheusError(RuntimeError):
     """Prometheus could not answer a query (connection, HTTP or PromQL error)."""
+
+
+class BadAnswer(PrometheusError):
+    """Prometheus answered, but not with what billing can turn into money: an answer of the wrong
+    shape, a value that is not a finite number in its range, a label longer than billing keeps, an
+    answer larger than the cap. The hour is refused like one Prometheus could not answer."""
+
+
+@dataclass(frozen=True)
+class Auth:
+    """How billing authenticates to Prometheus, as Prometheus' own ``http_config`` offers it: a bearer
+    token file, a basic-auth user with a password file, a TLS client certificate (and the CA that
+    signs the server). Paths only, read when a client is opened: no secret is held in settings,
+    printed or stored (docs/security.md). Plain values, so a worker process can be given them."""
+
+    bearer_token_file: str | None = None
+    basic_auth_user: str | None = None
+    basic_auth_password_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+    def client_options(self) -> dict:
+        """httpx.Client keywords: its auth, headers and TLS context. Raises PrometheusError (one
+        line, naming the file) when a file cannot be read."""
+        options: dict = {}
+        if self.bearer_token_file:
+            token = _secret(self.bearer_token_file, "bearer token file")
+            options["headers"] = {"Authorization": f"Bearer {token}"}
+        if self.basic_auth_password_file or self.basic_auth_user:
+            if not self.basic_auth_user:
+                raise PrometheusError("a basic-auth password file needs a basic-auth user")
+            password = (
+                _secret(self.basic_auth_password_file, "basic-auth password file")
+                if self.basic_auth_password_file
+                else ""
+            )
+            options["auth"] = httpx.BasicAuth(self.basic_auth_user, password)
+        if self.cert_file or self.ca_file:
+            try:
+                context = ssl.create_default_context(cafile=self.ca_file)
+                if self.cert_file:
+                    context.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise PrometheusError(f"TLS files for Prometheus cannot be used: {exc}") from None
+            options["verify"] = context
+        return options
+
+
+def _secret(path: str, what: str) -> str:
+    """A secret file's content, stripped of its trailing newline (as Prometheus reads one)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PrometheusError(f"{path}: cannot read the {what}: {getattr(exc, 'strerror', exc)}") from None
 
 
 class Sample(NamedTuple):
@@ -31,20 +100,31 @@ RangeAnswer = Callable[[], list[tuple[dict[str, str], list[list]]]]
 
 
 class PrometheusClient:
+    """``url`` may carry a user and password (``http://user:pass@host``): httpx sends them as basic
+    auth, and only the redacted URL (`base_url`) is ever shown or stored.
+
+    ``deadline``: a `time.monotonic` instant after which no request is started and none is waited
+    on (a run's overall deadline, `billing ingest --deadline`)."""
+
     def __init__(
         self,
         base_url: str,
         *,
         transport: httpx.BaseTransport | None = None,
-        timeout: float = 120.0,
+        timeout: float = REQUEST_TIMEOUT,
         headers: dict[str, str] | None = None,
+        auth: Auth | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        deadline: float | None = None,
     ):
-        self.base_url = base_url.rstrip("/")
-        self.timeout, self.headers = timeout, dict(headers or {})
+        self.url = base_url.rstrip("/")
+        self.base_url = redact_url(self.url)  # what errors and the ledger's runs name
+        self.timeout, self.headers, self.auth = timeout, dict(headers or {}), auth or Auth()
+        self.max_answer_bytes, self.deadline = max_answer_bytes, deadline
         self.reopenable = transport is None  # another process can open the same client (ingest workers)
-        self._client = httpx.Client(
-            base_url=self.base_url, transport=transport, timeout=timeout, headers=headers or {}
-        )
+        options = self.auth.client_options()
+        options["headers"] = {**options.get("headers", {}), **self.headers}
+        self._client = httpx.Client(base_url=self.url, transport=transport, timeout=timeout, **options)
 
     def close(self) -> None:
         self._client.close()
@@ -59,8 +139,13 @@ class PrometheusClient:
         """Evaluate an instant query at ``at``; an instant vector comes back as samples."""
         data = self._post("/api/v1/query", promql, {"time": f"{at.timestamp():.3f}"})
         if data.get("resultType") != "vector":
-            raise PrometheusError(f"expected an instant vector from {promql!r}, got {data.get('resultType')}")
-        return [Sample(item["metric"], float(item["value"][1])) for item in data["result"]]
+            raise BadAnswer(f"expected an instant vector from {promql!r}, got {data.get('resultType')!r}")
+        try:
+            return [Sample(item["metric"], float(item["value"][1])) for item in _result(data)]
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise BadAnswer(
+                f"{self.base_url}: an answer of the wrong shape to {promql!r}: {_why(exc)}"
+            ) from None
 
     def query_range(
         self, promql: str, start: datetime, end: datetime, step_seconds: int
@@ -91,8 +176,13 @@ class PrometheusClient:
     ) -> list[tuple[dict[str, str], list[list]]]:
         data = self._decode(promql, status, content)
         if data.get("resultType") != "matrix":
-            raise PrometheusError(f"expected a range vector from {promql!r}, got {data.get('resultType')}")
-        return [(item["metric"], item["values"]) for item in data["result"]]
+            raise BadAnswer(f"expected a range vector from {promql!r}, got {data.get('resultType')!r}")
+        try:  # the points' own shape and values are checked as they are read (billing.ingest._columns)
+            return [(item["metric"], item["values"]) for item in _result(data)]
+        except (TypeError, KeyError) as exc:
+            raise BadAnswer(
+                f"{self.base_url}: an answer of the wrong shape to {promql!r}: {_why(exc)}"
+            ) from None
 
     def _post(self, path: str, promql: str, params: dict[str, str]) -> dict:
         return self._decode(promql, *self._fetch(path, promql, params))
@@ -104,27 +194,72 @@ class PrometheusClient:
         a reference cycle (with its decoder), and one that kept its body held a range answer's tens
         of megabytes until the cyclic collector next ran (issue 17: ~100 MiB of the 1,000-GPU month's
         peak once ingest paused the collector while decoding)."""
+        started = time.monotonic()
+        # the whole request within the timeout, and within the run's deadline: httpx's own timeout is
+        # per read, so an answer trickled a few bytes at a time was waited on for ever (issue 42)
+        until = started + self.timeout
+        if self.deadline is not None:
+            if started >= self.deadline:
+                raise PrometheusError(
+                    f"{self.base_url}: the run's deadline passed; query {promql!r} not sent"
+                )
+            until = min(until, self.deadline)
         try:
-            request = self._client.build_request("POST", path, data={"query": promql, **params})
+            request = self._client.build_request(
+                "POST",
+                path,
+                data={"query": promql, **params},
+                timeout=httpx.Timeout(max(0.001, until - started)),
+            )
             response = self._client.send(request, stream=True)
             try:
-                return response.status_code, b"".join(response.iter_bytes())
+                chunks, size = [], 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > self.max_answer_bytes:
+                        raise BadAnswer(
+                            f"{self.base_url}: answer larger than {self.max_answer_bytes} bytes to {promql!r}; refused"
+                        )
+                    if time.monotonic() > until:
+                        raise PrometheusError(
+                            f"{self.base_url}: answer not complete within {until - started:g} s "
+                            f"({size} bytes read) to {promql!r}; given up"
+                        )
+                    chunks.append(chunk)
+                return response.status_code, b"".join(chunks)
             finally:
                 response.close()
         except httpx.HTTPError as exc:
-            raise PrometheusError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+            raise PrometheusError(f"{self.base_url}: {type(exc).__name__}: {redact_url(str(exc))}") from exc
 
     def _decode(self, promql: str, status: int, content: bytes) -> dict:
         try:
             body = orjson.loads(content)  # answers of a day run to megabytes: 3x json's speed
         except ValueError:
             raise PrometheusError(f"{self.base_url}: HTTP {status}: not JSON") from None
+        if not isinstance(body, dict):
+            raise BadAnswer(f"{self.base_url}: HTTP {status}: not a Prometheus answer (query {promql!r})")
         if status != 200 or body.get("status") != "success":
+            # the server's own words, shown with repr so control characters cannot reach a terminal
+            error = str(body.get("error"))[:500]
             raise PrometheusError(
-                f"{self.base_url}: HTTP {status}: {body.get('errorType')}: {body.get('error')} "
-                f"(query {promql!r})"
+                f"{self.base_url}: HTTP {status}: {body.get('errorType')!s:.100}: {error!r} (query {promql!r})"
             )
-        return body["data"]
+        data = body.get("data")
+        if not isinstance(data, dict):
+            raise BadAnswer(f"{self.base_url}: HTTP {status}: an answer without data (query {promql!r})")
+        return data
+
+
+def _result(data: dict) -> list:
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise TypeError(f"result is {type(result).__name__}, not a list")
+    return result
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc!s:.200}"
 
 
 class ReplicaSetClient:
@@ -140,15 +275,25 @@ class ReplicaSetClient:
     billed from one replica that may itself have a gap.
     """
 
-    def __init__(
-        self, base_urls: list[str], *, timeout: float = 120.0, headers: dict[str, str] | None = None
-    ):
+    def __init__(self, base_urls: list[str], **options):
         if len(base_urls) < 2:
             raise ValueError("a replica set needs two or more Prometheus URLs")
-        self.replicas = [PrometheusClient(url, timeout=timeout, headers=headers) for url in base_urls]
+        self.replicas = [PrometheusClient(url, **options) for url in base_urls]
+        self.url = ",".join(client.url for client in self.replicas)
         self.base_url = ",".join(client.base_url for client in self.replicas)
-        self.timeout, self.headers = timeout, dict(headers or {})
+        first = self.replicas[0]
+        self.timeout, self.headers, self.auth = first.timeout, first.headers, first.auth
+        self.max_answer_bytes = first.max_answer_bytes
         self.reopenable = True
+
+    @property
+    def deadline(self) -> float | None:
+        return self.replicas[0].deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        for client in self.replicas:
+            client.deadline = value
 
     def close(self) -> None:
         for client in self.replicas:
@@ -183,24 +328,26 @@ class ReplicaSetClient:
     def _merged(fetched: list[RangeAnswer]) -> list[tuple[dict[str, str], list[list]]]:
         merged: dict[tuple, tuple[dict[str, str], dict[float, list]]] = {}
         for answer in fetched:
-            for labels, points in answer():
-                _, steps = merged.setdefault(tuple(sorted(labels.items())), (labels, {}))
-                for point in points:
-                    kept = steps.get(point[0])
-                    if kept is None or float(point[1]) > float(kept[1]):
-                        steps[point[0]] = point
+            try:
+                for labels, points in answer():
+                    _, steps = merged.setdefault(tuple(sorted(labels.items())), (labels, {}))
+                    for point in points:
+                        kept = steps.get(point[0])
+                        if kept is None or float(point[1]) > float(kept[1]):
+                            steps[point[0]] = point
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+                raise BadAnswer(f"a replica's range answer of the wrong shape: {_why(exc)}") from None
         return [(labels, [steps[t] for t in sorted(steps)]) for labels, steps in merged.values()]
 
 
-def open_client(
-    url: str, *, timeout: float = 120.0, headers: dict[str, str] | None = None
-) -> PrometheusClient | ReplicaSetClient:
+def open_client(url: str, **options) -> PrometheusClient | ReplicaSetClient:
     """The client for ``url``: one Prometheus (or Thanos, Mimir, VictoriaMetrics query URL), or,
-    given comma-separated URLs, the replicas of an HA pair merged by :class:`ReplicaSetClient`."""
+    given comma-separated URLs, the replicas of an HA pair merged by :class:`ReplicaSetClient`.
+    ``options``: `PrometheusClient`'s (timeout, headers, auth, max_answer_bytes, deadline)."""
     urls = [part.strip() for part in url.split(",") if part.strip()]
     if len(urls) > 1:
-        return ReplicaSetClient(urls, timeout=timeout, headers=headers)
-    return PrometheusClient(url, timeout=timeout, headers=headers)
+        return ReplicaSetClient(urls, **options)
+    return PrometheusClient(url, **options)
 
 
 QueryClient = PrometheusClient | ReplicaSetClient  # what billing queries: one URL or a replica set

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -24,16 +25,19 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpumeter import contract, web
 from gpumeter.billing import cli as billing_cli
-from gpumeter.billing.config import Budget, Settings, load_budgets
+from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+from gpumeter.billing.ledger.base import Actor, LedgerError
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector, family
 from gpumeter.billing.prom import open_client
+from gpumeter.billing.secrets import redact_url
 from gpumeter.process import stop_on_signals, wait_until_set
 from gpumeter.reports.model import ReportError
 from gpumeter.reports.schedule import KINDS, ReportSchedule, run_monthly
@@ -157,8 +161,13 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
 def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
     book = cfg.price_book()
     ledger = open_ledger(cfg.db, schema=cfg.schema)
+    ledger.actor = Actor("serve", holder, "hourly catch-up", uuid.uuid4().hex)
     try:
-        with ledger.lock(INGEST_LOCK, holder, now), open_client(cfg.prometheus) as client:
+        with (
+            ledger.lock(INGEST_LOCK, holder, now),
+            ledger.serialised(shared=True),  # a `billing price` running now finishes first
+            open_client(cfg.prometheus, **cfg.client_options()) as client,
+        ):
             result = catch_up(client, ledger, book, now, cfg.ingest_config(), stopping=STOPPING.is_set)
     except LockNotAcquired:
         log.info("another replica holds the ingest lock; skipping")
@@ -306,9 +315,7 @@ def serve(
         ledger.close()
         raise
     ready.set()
-    log.info(
-        "billing service on %s; ledger %s", listen, ledger.engine.url.render_as_string(hide_password=True)
-    )
+    log.info("billing service on %s; ledger %s", listen, ledger.name)
     stop = stop or threading.Event()
     signalled = threading.current_thread() is threading.main_thread()
     if signalled:
@@ -368,6 +375,12 @@ def cmd_serve(args) -> int:
         return 2
     try:
         return serve(billing_cli.settings_from(args), args.listen, web_config=args.web_config)
-    except (web.WebConfigError, web.ListenError, ReportError) as exc:
+    except (web.WebConfigError, web.ListenError, ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LedgerError as exc:  # unreachable, or refused the schema
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as exc:  # the job store's own writes: a read-only or full database
+        print(f"error: {redact_url(args.db)}: cannot store the schedule: {one_line(exc)}", file=sys.stderr)
+        return 1

@@ -50,6 +50,67 @@ def refuse_duplicate_lines(hour: datetime, lines: Iterable[Line]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Actor:
+    """Who changes the ledger (docs/billing.md §6.5): the command, the operator (the OS user), the
+    reason given (``--reason``) and the command's run, which names the audit records it writes."""
+
+    command: str = ""
+    operator: str = ""
+    reason: str = ""
+    run: str = ""
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """An already-billed hour whose amounts a re-ingest or re-price changed (``billing_audit``)."""
+
+    id: int
+    at: datetime
+    run: str
+    command: str
+    operator: str
+    reason: str
+    book_digest: str
+    hour: datetime
+    currency: str
+    old_total: Decimal
+    new_total: Decimal
+
+
+def hour_total(lines: Iterable[Line]) -> tuple[Decimal, str] | None:
+    """(the hour's billed amount, its currency), None for an hour without priced lines."""
+    total, currency, priced = Decimal(0), "", False
+    for line in lines:
+        if line.amount is not None:
+            total += line.amount
+            currency = currency or line.currency
+            priced = True
+    return (total, currency) if priced else None
+
+
+def audited_change(
+    actor: Actor, book: PriceBook | None, hour: datetime, old, new, at: datetime
+) -> AuditRecord | None:
+    """The audit record of replacing an hour billed ``old`` by lines totalling ``new`` (each
+    `hour_total`), or None: an hour billed for the first time, or to the same total, needs none."""
+    if old is None or (new is not None and old[0] == new[0] and old[1] == new[1]):
+        return None
+    return AuditRecord(
+        0,
+        at,
+        actor.run,
+        actor.command,
+        actor.operator,
+        actor.reason,
+        (book.digest if book is not None else "") or "inline",
+        hour,
+        old[1],
+        old[0],
+        new[0] if new is not None else Decimal(0),
+    )
+
+
+@dataclass(frozen=True)
 class HourRecord:
     """What one ingest wrote for one hour: facts, priced lines and the book that priced them."""
 
@@ -234,6 +295,8 @@ class ReportRunRecord:
 
 
 class Ledger(abc.ABC):
+    actor: Actor = Actor()  # who writes, named in the audit records; the commands set theirs
+
     @abc.abstractmethod
     def ping(self) -> None:
         """Raise when the store cannot be reached (the service's /healthz)."""
@@ -322,6 +385,21 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
         """Ingest runs of the hours in [start, end), oldest first (successful and failed)."""
+
+    @abc.abstractmethod
+    def audit_records(self, start: datetime | None = None, end: datetime | None = None) -> list[AuditRecord]:
+        """Audit records of the hours in [start, end) (every one when not given), oldest first."""
+
+    def currencies(self, start: datetime, end: datetime) -> set[str]:
+        """The currencies the lines of [start, end) are billed in."""
+        return {line.currency for line in self.lines(start, end) if line.amount is not None}
+
+    @contextlib.contextmanager
+    def serialised(self, *, shared: bool) -> Iterator[bool]:
+        """Ingests (``shared``) run side by side; a re-price (not shared) runs alone, so the two never
+        interleave hours priced by two books (docs/billing.md §6.5). Yields whether it had to wait.
+        In one process (this default) nothing runs side by side to wait for."""
+        yield False
 
     @abc.abstractmethod
     def record_report_run(self, run: ReportRunRecord) -> int:

@@ -23,6 +23,8 @@ from typing import Any
 from gpumeter import contract
 from gpumeter.billing.ledger import layouts, terms
 from gpumeter.billing.ledger.base import (
+    Actor,
+    AuditRecord,
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -30,6 +32,8 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PriceVersionRecord,
     ReportRunRecord,
+    audited_change,
+    hour_total,
     refuse_duplicate_lines,
     summarise,
 )
@@ -57,6 +61,8 @@ class MemoryLedger(Ledger):
         self._teams: dict[str, str] = {}
         self._reports: list[ReportRunRecord] = []
         self._locks: dict[str, tuple[str, datetime]] = {}
+        self._audit: list[AuditRecord] = []
+        self.actor = Actor()
 
     def ping(self) -> None:
         return None
@@ -102,6 +108,7 @@ class MemoryLedger(Ledger):
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
         refuse_duplicate_lines(record.hour, record.lines)  # the SQL ledger's unique (hour, line_key)
         with self._guard:
+            self._audit_change(record.hour, record.lines, record.book)
             rows = self._version_rows(record.book, record.lines)
             self._facts[record.hour] = copy.deepcopy(record.gpu_hours)
             self._lines[record.hour] = [(line, rows[line.price_version]) for line in record.lines]
@@ -111,8 +118,24 @@ class MemoryLedger(Ledger):
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
         refuse_duplicate_lines(hour, lines)
         with self._guard:
+            self._audit_change(hour, lines, book)
             rows = self._version_rows(book, lines)
             self._lines[hour] = [(line, rows[line.price_version]) for line in lines]
+
+    def _audit_change(self, hour: datetime, lines, book: PriceBook | None) -> None:
+        kept = self._lines.get(hour)
+        if not kept:
+            return
+        old = hour_total(line for line, _ in kept)
+        change = audited_change(self.actor, book, hour, old, hour_total(lines), datetime.now(UTC))
+        if change is not None:
+            self._audit.append(replace(change, id=len(self._audit) + 1))
+
+    def audit_records(self, start: datetime | None = None, end: datetime | None = None) -> list[AuditRecord]:
+        with self._guard:
+            return [
+                r for r in self._audit if (start is None or r.hour >= start) and (end is None or r.hour < end)
+            ]
 
     def record_run(
         self,
@@ -162,6 +185,7 @@ class MemoryLedger(Ledger):
         with self._guard:
             hours = [gh for ghs in self._facts.values() for gh in ghs]
             return {
+                "billing_audit": len(self._audit),
                 "ingest_runs": len(self._runs),
                 "price_book_versions": len(self._versions),
                 "gpu_hours": len(hours),

@@ -164,6 +164,24 @@ class BillingLock(Base):
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
+class BillingAudit(Base):
+    """An already-billed hour whose amounts a re-ingest or re-price changed: who, when, with which
+    book, old and new totals (revision 0011, docs/billing.md §6.5)."""
+
+    __tablename__ = "billing_audit"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime)
+    run: Mapped[str] = mapped_column(String(32), index=True)  # the command's run (Actor.run)
+    command: Mapped[str] = mapped_column(String(16))  # ingest | price | serve
+    operator: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    book_digest: Mapped[str] = mapped_column(String(64))
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    currency: Mapped[str] = mapped_column(String(3))
+    old_total: Mapped[Decimal] = mapped_column(Money())
+    new_total: Mapped[Decimal] = mapped_column(Money())
+
+
 class ReportRun(Base):
     """A rendered chargeback report (reports/): what it covered, what priced it, what it wrote."""
 

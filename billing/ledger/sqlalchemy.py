@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import itertools
 import json
@@ -11,7 +13,7 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -48,6 +50,8 @@ from gpumeter import contract
 from gpumeter.billing.ledger import layouts, terms
 from gpumeter.billing.ledger.base import (
     BILLED_TO_TEAMS,
+    Actor,
+    AuditRecord,
     HourRecord,
     IngestRunRecord,
     Ledger,
@@ -58,12 +62,15 @@ from gpumeter.billing.ledger.base import (
     PriceVersionRecord,
     ReportRunRecord,
     SharedUse,
+    audited_change,
+    hour_total,
     refuse_duplicate_lines,
     shared_use_of,
     summarise,
 )
 from gpumeter.billing.ledger.orm import (
     COST_LINES,
+    BillingAudit,
     BillingLock,
     CostLineGroup,
     CostLineSet,
@@ -85,6 +92,7 @@ from gpumeter.billing.models import (
     line_readings,
 )
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion, version_id
+from gpumeter.billing.secrets import redact_url
 
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
@@ -217,9 +225,28 @@ def one_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+# Errors no retry cures, though drivers class them "operational" with lost connections (issue 42: a
+# read-only ledger was retried 15 s): SQLite's result codes SQLITE_READONLY and SQLITE_FULL
+# (sqlite.org/rescode.html, the primary code is the low byte), PostgreSQL's SQLSTATEs disk_full and
+# read_only_sql_transaction (postgresql.org/docs/current/errcodes-appendix.html).
+_PERMANENT_SQLITE_CODES = {8, 13}
+_PERMANENT_SQLSTATES = {"53100", "25006"}
+
+
+def permanent(exc: BaseException) -> bool:
+    """The database refuses every write until someone acts: read-only, or its disk is full."""
+    cause = getattr(exc, "orig", None) or exc
+    code = getattr(cause, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _PERMANENT_SQLITE_CODES:
+        return True
+    return getattr(cause, "sqlstate", None) in _PERMANENT_SQLSTATES
+
+
 def _transient(exc: Exception, dbapi) -> bool:
     """Lost or refused connections, server shutdowns, deadlocks and lock timeouts: worth another try.
     (COPY runs on the driver's own connection, so its errors come unwrapped, as the driver's.)"""
+    if permanent(exc):
+        return False
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, OperationalError | getattr(dbapi, "OperationalError", OperationalError))
@@ -254,6 +281,7 @@ _HOUR_LOCK_SPACE = 0x6770_6D00_0000_0000  # "gpm": keeps gpumeter's advisory loc
 
 
 _MIGRATION_LOCK_KEY = _HOUR_LOCK_SPACE - 1  # below every hour's key
+_SERIAL_LOCK_KEY = _HOUR_LOCK_SPACE - 2  # ingests (shared) against a re-price (exclusive): `serialised`
 
 
 def _hour_lock_key(hour: datetime) -> int:
@@ -273,8 +301,24 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             # two processes migrating one empty database at once would both create the tables; the
             # second waits here and then finds the schema at head (PostgreSQL's DDL is transactional)
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+        elif connection.dialect.name == "sqlite":
+            # the same on SQLite: the file's write lock, taken before Alembic reads the version, so
+            # the second process waits (the busy timeout) and finds the schema at head. pysqlite
+            # would begin only at the first write, after both had read "no version" (issue 42)
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            except OperationalError as exc:
+                if not permanent(exc):
+                    raise
+                # a read-only ledger (reports, audits): readable if at head; a migration it needs fails
+
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+
+
+def _shown(engine: Engine) -> str:
+    """The database's URL as shown: no password, in its user info or its query (``?password=``)."""
+    return redact_url(engine.url.render_as_string(hide_password=True))
 
 
 def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) -> SqlLedger:
@@ -282,13 +326,13 @@ def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) ->
     try:
         engine = make_engine(url, schema=schema)
     except (SQLAlchemyError, ImportError, ValueError) as exc:
-        raise LedgerError(f"{url.split('@')[-1]}: not a usable database URL: {one_line(exc)}") from exc
+        raise LedgerError(f"{redact_url(url)}: not a usable database URL: {one_line(exc)}") from exc
     try:
         if migrate:
             upgrade(engine)
     except SQLAlchemyError as exc:
         engine.dispose()
-        name = engine.url.render_as_string(hide_password=True)
+        name = _shown(engine)
         raise LedgerError(f"{name}: cannot open the ledger: {one_line(exc)}") from exc
     return SqlLedger(engine)
 
@@ -302,8 +346,9 @@ class SqlLedger(Ledger):
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.engine = engine
-        self.name = engine.url.render_as_string(hide_password=True)
+        self.name = _shown(engine)
         self.retry_delays, self.sleep = retry_delays, sleep
+        self.actor = Actor()  # who writes: named in the audit records (`_audit_change`)
         # gpu_layouts rows are immutable and content-addressed: what was committed once is kept
         self._layout_ids: dict[tuple, int] = {}  # layout key -> id
         # price_book_versions rows likewise (never changed once stored): (book digest, effective from) -> id
@@ -375,9 +420,39 @@ class SqlLedger(Ledger):
 
     @staticmethod
     def _lock_hour(session: Session, hour: datetime) -> None:
-        """The hour's writer lock, held until the transaction ends (PostgreSQL; SQLite locks the file)."""
+        """The hour's writer lock, held until the transaction ends. PostgreSQL: the hour's advisory
+        lock. SQLite: the file's write lock, taken now (pysqlite would take it at the first write):
+        what the hour held is then read in the same transaction that replaces it (`_audit_change`)."""
         if session.bind.dialect.name == "postgresql":
             session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _hour_lock_key(hour)})
+        elif session.bind.dialect.name == "sqlite":
+            connection = session.connection()
+            if not connection.connection.dbapi_connection.in_transaction:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def _hour_totals(self, session: Session, hour: datetime) -> tuple[Decimal, str] | None:
+        """What the hour is billed now (`hour_total`), summed in SQL at the stored scale."""
+        c = COST_LINES.c
+        scale = 10**4  # Money() is NUMERIC(20, 4)
+        query = (
+            select(c.currency, func.sum(cast(func.round(c.amount * literal_column(str(scale))), BigInteger)))
+            .where(c.hour == bindparam("hour", type_=c.hour.type), c.amount.isnot(None))
+            .group_by(c.currency)
+        )
+        rows = session.execute(query, {"hour": hour}).all()
+        if not rows:
+            return None
+        return sum((Decimal(int(total)) for _, total in rows), Decimal(0)).scaleb(-4), rows[0][0]
+
+    def _audit_change(self, session: Session, hour: datetime, old, lines, book, now: datetime) -> None:
+        """An audit row when the hour was billed and its new lines bill another total."""
+        if old is None:
+            return
+        change = audited_change(self.actor, book, hour, old, hour_total(lines), now)
+        if change is not None:
+            fields = dataclasses.asdict(change)
+            del fields["id"]
+            session.add(BillingAudit(**fields))
 
     @staticmethod
     def _delete_hour(session: Session, hour: datetime, *, facts: bool) -> None:
@@ -693,7 +768,10 @@ class SqlLedger(Ledger):
         keys, again, parts = self._line_keys(record, hours)  # before any row is touched
         hour, exact = self._driver_values(record.hour)
         with Session(self.engine) as session, session.begin():
+            self._lock_hour(session, record.hour)
+            old = self._hour_totals(session, record.hour)
             self._delete_hour(session, record.hour, facts=True)
+            self._audit_change(session, record.hour, old, record.lines, record.book, now)
             rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
             self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
             versions, looked_up = self._version_rows(session, record.book, _versions_named(record, hours))
@@ -744,7 +822,10 @@ class SqlLedger(Ledger):
         keys = refuse_duplicate_lines(hour, lines)
         stored_hour, _ = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
+            self._lock_hour(session, hour)
+            old = self._hour_totals(session, hour)
             self._delete_hour(session, hour, facts=False)
+            self._audit_change(session, hour, old, lines, book, datetime.now(UTC))
             versions, looked_up = self._version_rows(session, book, set(map(_PRICE_VERSION, lines)))
             rows, added_terms, added_sets, _ = self._group_rows(session, lines, versions, stored_hour, keys)
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
@@ -891,6 +972,7 @@ class SqlLedger(Ledger):
     def counts(self) -> dict[str, int]:
         """Row counts per table (tests use it to prove nothing was written)."""
         tables = (
+            BillingAudit,
             IngestRun,
             PriceBookVersion,
             GpuHourRow,
@@ -1104,6 +1186,86 @@ class SqlLedger(Ledger):
                 .order_by(IngestRun.hour, IngestRun.id)
             )
             return [IngestRunRecord(*row) for row in rows]
+
+    @_stored("read audit records")
+    def audit_records(self, start: datetime | None = None, end: datetime | None = None) -> list[AuditRecord]:
+        a = BillingAudit
+        query = select(
+            a.id,
+            a.at,
+            a.run,
+            a.command,
+            a.operator,
+            a.reason,
+            a.book_digest,
+            a.hour,
+            a.currency,
+            a.old_total,
+            a.new_total,
+        ).order_by(a.id)
+        if start is not None:
+            query = query.where(a.hour >= start)
+        if end is not None:
+            query = query.where(a.hour < end)
+        with Session(self.engine) as session:
+            return [AuditRecord(*row) for row in session.execute(query)]
+
+    @_stored("read currencies")
+    def currencies(self, start: datetime, end: datetime) -> set[str]:
+        c = COST_LINES.c
+        query = (
+            select(c.currency)
+            .where(
+                c.hour >= bindparam("lo", type_=c.hour.type),
+                c.hour < bindparam("hi", type_=c.hour.type),
+                c.amount.isnot(None),
+            )
+            .distinct()
+        )
+        with self.engine.connect() as conn:
+            return set(conn.execute(query, {"lo": start, "hi": end}).scalars())
+
+    @contextlib.contextmanager
+    def serialised(self, *, shared: bool) -> Iterator[bool]:
+        """PostgreSQL: a session advisory lock, shared by ingests, exclusive for a re-price, held on
+        a connection of its own for the whole command. SQLite: flock(2) on a file beside the ledger
+        (`<file>.lock`), shared or exclusive likewise: SQLite's own locks last one transaction."""
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.connect() as conn:
+                how = "_shared" if shared else ""
+                key = {"key": _SERIAL_LOCK_KEY}
+                waited = not conn.execute(text(f"SELECT pg_try_advisory_lock{how}(:key)"), key).scalar()
+                if waited:
+                    conn.execute(text(f"SELECT pg_advisory_lock{how}(:key)"), key)
+                conn.commit()
+                try:
+                    yield waited
+                finally:
+                    conn.execute(text(f"SELECT pg_advisory_unlock{how}(:key)"), key)
+                    conn.commit()
+            return
+        database = self.engine.url.database or ""
+        path = database.removeprefix("file:").split("?")[0]
+        if self.engine.dialect.name != "sqlite" or not path or path == ":memory:":
+            yield False
+            return
+        try:
+            file = open(f"{path}.lock", "a")  # noqa: SIM115 (held for the block)
+        except OSError:  # a read-only folder: nothing there writes either
+            yield False
+            return
+        with file:
+            mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            try:
+                fcntl.flock(file, mode | fcntl.LOCK_NB)
+                waited = False
+            except BlockingIOError:
+                fcntl.flock(file, mode)
+                waited = True
+            try:
+                yield waited
+            finally:
+                fcntl.flock(file, fcntl.LOCK_UN)
 
     @_stored("record report run")
     def record_report_run(self, run: ReportRunRecord) -> int:

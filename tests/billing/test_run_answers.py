@@ -5,11 +5,9 @@ alone, as the instant queries of the hourly service give them."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import gzip
-import http.server
 import os
 import pickle
 import socket
@@ -17,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 
@@ -48,6 +45,7 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
 from tests.billing.factories import H100, HOUR0
+from tests.support.servers import AnswerHandler, answering
 
 HOURS = [HOUR0 + timedelta(hours=i) for i in range(4)]
 CONFIG = IngestConfig(scrape_interval=30.0)
@@ -354,32 +352,6 @@ def test_a_run_is_decoded_with_the_cyclic_collector_paused_and_restored():
         gc.enable()
 
 
-class _Answer(http.server.BaseHTTPRequestHandler):
-    """A loopback Prometheus stand-in's handler: reads the query, then `answer` writes the reply."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.answer()
-
-    def answer(self) -> None:
-        raise NotImplementedError
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _answering(handler: type[_Answer]) -> Iterator[str]:
-    """A real HTTP server on loopback answering with ``handler``, for as long as the block; its URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_a_fetched_range_answer_is_held_by_no_response():
     """The body is kept by the answer only. An httpx response over a real connection sits in a
     reference cycle (its gzip decoder and streams, as Prometheus' answers are gzipped), so one that
@@ -387,7 +359,7 @@ def test_a_fetched_range_answer_is_held_by_no_response():
     body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}' + b" " * 1_000_000
     packed = gzip.compress(body)
 
-    class Gzipped(_Answer):
+    class Gzipped(AnswerHandler):
         def answer(self) -> None:
             self.send_response(200)
             self.send_header("Content-Encoding", "gzip")
@@ -397,7 +369,7 @@ def test_a_fetched_range_answer_is_held_by_no_response():
 
     gc.disable()  # a response left in a cycle stays there while this test looks
     try:
-        with _answering(Gzipped) as url, PrometheusClient(url) as client:
+        with answering(Gzipped) as url, PrometheusClient(url) as client:
             answer = client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
             kept = answer.args[-1]
             assert kept == body
@@ -423,7 +395,7 @@ def test_a_range_answer_cut_off_mid_body_is_a_prometheus_error_naming_the_server
     """The body is read as a stream: a connection that drops before the promised length arrives
     (a restarted Prometheus, a proxy's timeout) fails the query as any other HTTP failure does."""
 
-    class CutOff(_Answer):
+    class CutOff(AnswerHandler):
         def answer(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", "1000000")
@@ -433,7 +405,7 @@ def test_a_range_answer_cut_off_mid_body_is_a_prometheus_error_naming_the_server
             self.connection.shutdown(socket.SHUT_RDWR)
 
     with (
-        _answering(CutOff) as url,
+        answering(CutOff) as url,
         PrometheusClient(url, timeout=10) as client,
         pytest.raises(PrometheusError, match=url),
     ):
@@ -445,7 +417,7 @@ def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
     so a stalled answer fails within the timeout instead of holding the ingest forever."""
     release = threading.Event()
 
-    class Stalled(_Answer):
+    class Stalled(AnswerHandler):
         def answer(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", "1000")
@@ -454,7 +426,7 @@ def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
             self.wfile.flush()
             release.wait(10)
 
-    with _answering(Stalled) as url, PrometheusClient(url, timeout=0.5) as client:
+    with answering(Stalled) as url, PrometheusClient(url, timeout=0.5) as client:
         started = time.monotonic()
         try:
             with pytest.raises(PrometheusError, match="ReadTimeout"):

@@ -58,6 +58,9 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.billing.test_ingest_prometheus.tsdb": ("prometheus",),
     "tests.billing.test_ingest_prometheus.prometheus": ("prometheus",),  # or victoriametrics: its param
     "tests.billing.test_simulated_history.prometheus": ("prometheus",),
+    "tests.billing.test_hostile_answers.real_prometheus": ("prometheus",),
+    "tests.billing.test_prometheus_auth.secured": ("prometheus",),
+    "tests.billing.test_audit.prometheus": ("prometheus",),
     "tests.billing.test_ha_pairs.pair": ("prometheus",),
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus", "victoriametrics"),

@@ -26,8 +26,10 @@ from tests.support import needs
 
 __all__ = [
     "AlertmanagerServer",
+    "AnswerHandler",
     "PrometheusServer",
     "VictoriaMetricsServer",
+    "answering",
     "free_port",
     "require_binary",
     "wait_http_ok",
@@ -409,3 +411,42 @@ class Webhook:
                 )
                 raise AssertionError(f"not received within {timeout}s: {missing}\nreceived: {got}")
             time.sleep(0.2)
+
+
+class AnswerHandler(BaseHTTPRequestHandler):
+    """A loopback Prometheus stand-in's handler: reads the query (``self.form``), then `answer`
+    writes the reply: the hostile answers a real Prometheus would never give."""
+
+    form: dict[str, str]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.form = dict(httpx.QueryParams(body.decode()))
+        self.answer()
+
+    def answer(self) -> None:
+        raise NotImplementedError
+
+    def send_json(self, body: object, status: int = 200) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def answering(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A real HTTP server on loopback answering with ``handler``, for as long as the block; its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,155 @@
+"""Deadlines and bounds (issue 42, point 4): a request's whole answer within its timeout, a whole
+ingest within its deadline, an answer within its size cap, the hours asked for within the ledger's
+plausible span. Loopback servers answer the hostile cases: one that trickles, one that hangs, one
+that answers without end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from gpumeter.billing.ingest import IngestConfig, ingest_hours
+from gpumeter.billing.ledger import MEMORY_URL
+from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.pricing.static import DEFAULT_BOOK
+from gpumeter.billing.prom import BadAnswer, PrometheusClient, PrometheusError
+from tests.billing.factories import HOUR0
+from tests.support.servers import AnswerHandler, answering
+
+HOURS = [HOUR0 + timedelta(hours=i) for i in range(4)]
+
+
+def test_an_answer_trickled_in_is_given_up_at_the_request_timeout():
+    """200 bytes every 0.2 s: each read is within httpx's read timeout, so before, the answer was
+    waited on for as long as it trickled (600 s and more in the probe). The whole answer now has
+    the timeout: given up at 1 s, not when the server stops."""
+    stop = threading.Event()
+
+    class Trickle(AnswerHandler):
+        def answer(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**7))
+            self.end_headers()
+            while not stop.is_set():
+                self.wfile.write(b" " * 200)
+                self.wfile.flush()
+                time.sleep(0.2)
+
+    with answering(Trickle) as url, PrometheusClient(url, timeout=1.0) as client:
+        started = time.monotonic()
+        try:
+            with pytest.raises(PrometheusError, match=r"not complete within 1 s"):
+                client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
+        finally:
+            stop.set()
+        assert time.monotonic() - started < 2.5
+
+
+def test_a_hung_prometheus_is_given_up_at_the_run_deadline(sql_ledger):
+    """Every request hangs. With a 30 s request timeout and a 1.5 s deadline the ingest ends within
+    the deadline (before: 241 s with one worker, the range query then the hour's instant retry each
+    waiting the full timeout), with the first hour recorded failed and nothing written."""
+    release = threading.Event()
+
+    class Hung(AnswerHandler):
+        def answer(self) -> None:
+            release.wait(30)
+
+    book = load_price_book(DEFAULT_BOOK)
+    config = IngestConfig(scrape_interval=30, deadline=1.5, workers=1)
+    before = sql_ledger.counts()
+    with answering(Hung) as url, PrometheusClient(url, timeout=30) as client:
+        started = time.monotonic()
+        try:
+            result = ingest_hours(client, sql_ledger, book, HOURS, config)
+        finally:
+            release.set()
+        took = time.monotonic() - started
+    assert took < 4, took
+    assert [hour for hour, _ in result.failed] == [HOURS[0]] and result.ingested == []
+    assert "deadline" in result.failed[0][1] or "ReadTimeout" in result.failed[0][1]
+    after = sql_ledger.counts()
+    assert after["ingest_runs"] == before["ingest_runs"] + 1 and after["cost_lines"] == before["cost_lines"]
+
+
+def test_an_answer_larger_than_the_cap_is_refused_without_being_held():
+    """An answer that never ends (the probe's 200 MB took ingest to 2.9 GB) is refused once it passes
+    the cap, before its body is decoded."""
+    stop = threading.Event()
+
+    class Endless(AnswerHandler):
+        def answer(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"status":"success","data":{"resultType":"matrix","result":[')
+            chunk = b'{"metric":{},"values":[]},' * 4000
+            try:
+                while not stop.is_set():
+                    self.wfile.write(chunk)
+            except OSError:
+                pass
+
+    with answering(Endless) as url, PrometheusClient(url, max_answer_bytes=4 << 20) as client:
+        try:
+            with pytest.raises(BadAnswer, match=r"answer larger than 4194304 bytes"):
+                client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
+        finally:
+            stop.set()
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpumeter", "billing", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "span", "refusal"),
+    [
+        (
+            "ingest",
+            ("--from", "1970-01-01"),
+            "expected a time from 2000-01-01 to a year from now (value '1970-01-01')",
+        ),
+        (
+            "ingest",
+            ("--from", "0001-01-01"),
+            "expected a time from 2000-01-01 to a year from now (value '0001-01-01')",
+        ),
+        ("ingest", ("--from", "9999-12-31T23:59Z"), "(value '9999-12-31T23:59Z')"),
+        (
+            "ingest",
+            ("--from", "2020-01-01", "--to", "2022-01-01"),
+            "--from .. --to spans more than 8784 hours; split it",
+        ),
+        ("price", ("--from", "1970-01-01", "--to", "2026-01-01"), "(value '1970-01-01')"),
+        ("price", ("--from", "2020-01-01", "--to", "2026-01-01"), "spans more than 8784 hours"),
+    ],
+)
+def test_hours_outside_the_ledgers_plausible_span_are_refused_with_one_line(tmp_path, command, span, refusal):
+    db = f"sqlite:///{tmp_path / 'ledger.db'}"
+    done = _cli(
+        command, "--db", db, *span, *(("--prometheus", "http://127.0.0.1:1") if command == "ingest" else ())
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert refusal in last and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "ledger.db").exists()  # refused before the ledger was opened
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--prometheus-timeout", "0"), ("--prometheus-timeout", "nan"), ("--deadline", "-3")]
+)
+def test_timeouts_out_of_range_are_refused(flag, value):
+    done = _cli("ingest", "--db", MEMORY_URL, flag, value)
+    assert done.returncode == 2 and f"(value {value!r})" in done.stderr, done.stderr
