@@ -307,6 +307,9 @@ RETIRED_PAGES_PENDING = _device(
     "1 while a page retirement waits for the next GPU reset or driver reload (before Ampere).",
 )
 # --- XID ----------------------------------------------------------------------------------------------
+# The XIDs that take a GPU out of service, as GpuXidCritical (alerts/gpumeter-alerts.yaml) and the
+# fleet-health report class them from NVIDIA's Xid catalog (docs/nvml.md §13); `doctor --check` too.
+CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143})
 XID_ERRORS = _device(
     "nvidia_gpu_xid_errors_total",
     C,
