@@ -60,11 +60,12 @@ def register(subparsers) -> None:
         history = None
     if history is not None:
         history.add_parser(sim)
-    from .simulator import kube_state_metrics, kubeapi, volcano
+    from .simulator import dcgm_exporter, kube_state_metrics, kubeapi, volcano
 
     kubeapi.add_parser(sim)
     kube_state_metrics.add_parser(sim)
     volcano.add_parser(sim)
+    dcgm_exporter.add_parser(sim)
 
     from .doctor import add_parser as add_doctor
 
