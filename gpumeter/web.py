@@ -49,8 +49,6 @@ from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-import yaml
-
 __all__ = [
     "CLIENT_AUTH_TYPES",
     "Limits",
@@ -297,6 +295,8 @@ def load_web_config(path: str | os.PathLike) -> WebConfig:
         secret = field_path.startswith("basic_auth_users") or field_path == "tls_server_config.key"
         shown = "<hidden>" if secret else value
         return WebConfigError(f"{source}: {field_path}: {why} (got {shown!r})")
+
+    import yaml  # only with a web config file
 
     try:
         data = yaml.safe_load(_read_text(path, "web config"))
