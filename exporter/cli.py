@@ -79,8 +79,10 @@ def register_doctor(subparsers) -> None:
 
 
 def run_exporter(args: argparse.Namespace) -> int:
+    from . import malloc
     from .app import build_exporter
 
+    malloc.one_arena()  # before any thread starts (exporter/malloc.py)
     try:
         config = exporter_config.resolve(args)
         exporter = build_exporter(config).start()
@@ -88,6 +90,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         print(f"gpumeter exporter: {exc}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects live forever: keep them out of every later full collection
+    malloc.release_free_pages()
     stopped = threading.Event()
     stop_on_signals(stopped)
     print(
