@@ -236,9 +236,8 @@ def render(
     out.mkdir(parents=True, exist_ok=True)
     checksums = {}
     for fmt, name in file_names(report, formats).items():
-        text = csv_text(
-            HEADER, rows(report)
-        )  # formulas defused there (reports.csvfile) if fmt == "csv" else html_text(report, generated_at)
+        # csv_text defuses formula-leading cells itself (reports.csvfile)
+        text = csv_text(HEADER, rows(report)) if fmt == "csv" else html_text(report, generated_at)
         data = text.encode("utf-8")
         (out / name).write_bytes(data)
         checksums[name] = hashlib.sha256(data).hexdigest()
