@@ -255,8 +255,10 @@ def _json(doc: dict) -> str:
 
 
 def _one(values: Iterable) -> object:
-    """One value where the hours of a row agree, else all of them, sorted."""
-    distinct = sorted(set(values))
+    """One value where the hours of a row agree, else all of them, sorted; None where none is known."""
+    distinct = sorted({v for v in values if v is not None})
+    if not distinct:
+        return None
     return distinct[0] if len(distinct) == 1 else distinct
 
 
@@ -285,9 +287,9 @@ def _method(holding: Holding, body: dict) -> str:
 
 class _Allocations:
     """The FOCUS 1.3 split cost allocation columns of a report's rows (docs/reports.md, "FOCUS 1.3
-    split cost allocation"). The origin charge of a row is its GPU's cost over the row's charge
-    period: every line of a split GPU-hour is an allocated charge of it, AllocatedRatio its share of
-    that cost, and the ratios of one GPU's rows of a bucket sum to 1."""
+    split cost allocation"). The origin charge of a row is its GPU's split lines of the row's bucket
+    (an hour or a UTC day): every such line is an allocated charge of it, AllocatedRatio its share of
+    that cost, and the ratios of one origin charge sum to 1."""
 
     def __init__(self, report: Report):
         self.report = report
@@ -405,7 +407,7 @@ class _Allocations:
                 figures["x_Sharing"] = h.replica
             efficiency.add(_figure(e))
         figures["x_SharingEfficiency"] = _one(efficiency)
-        return figures
+        return {key: value for key, value in figures.items() if value is not None}
 
 
 TAG_PREFIX = "gpumeter/"  # AllocatedTags' data generator-defined tag scheme
