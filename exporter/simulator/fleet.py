@@ -30,7 +30,7 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
             virtualization: passthrough   # none (default) | passthrough: a GPU passed through to a VM
             dra: true               # handed out by Dynamic Resource Allocation (NVIDIA's DRA driver,
                                     # gpu.nvidia.com), not by the device plugin: pods hold it through claims
-    claims:                         # DRA ResourceClaims, allocated (docs/pod-attribution.md §DRA)
+    claims:                         # DRA ResourceClaims, allocated (docs/pod-attribution.md §8a)
       - namespace: ml-research
         name: shared-gpu
         node: gpu-h100-01

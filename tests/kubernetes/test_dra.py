@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter import contract
+from gpumeter.alerts.files import RULE_FILES
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.kubernetes import dra
@@ -29,7 +30,7 @@ from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
-from tests.support.servers import free_port, stop_processes, wait_http_ok
+from tests.support.servers import PrometheusServer, free_port, stop_processes, wait_http_ok
 
 NODE = "gpu-dra-01"
 FLEET = load_fleet("dra")
@@ -102,6 +103,7 @@ def served(tmp_path_factory):
                     return samples
                 time.sleep(0.5)
 
+        scrape.port = ports.get  # type: ignore[attr-defined]
         yield scrape
     finally:
         left = stop_processes([(p, log) for p, log in processes])
@@ -167,6 +169,26 @@ def test_dcgm_naming_carries_dcgm_exporters_dra_labels(served):
     assert detector["dra_mig_profile"] == "3g.40gb"
     assert detector["dra_mig_device_uuid"] == GPUS[1].mig_uuid(1)
     assert detector["GPU_I_ID"] == "1"
+
+
+@pytest.mark.prometheus
+def test_the_capacity_dashboard_counts_dra_held_gpus_with_the_rest(served, tmp_path):
+    """A real Prometheus scraping the live exporter, with the shipped recording rules: the capacity
+    dashboard's allocated GPU-equivalents and MIG counts include the GPUs held through DRA claims."""
+    served("native", _attributed)
+    port = served.port("native")
+    with PrometheusServer(
+        tmp_path / "prom",
+        scrape_targets={"gpumeter-exporter": [f"127.0.0.1:{port}"]},
+        rule_files=list(RULE_FILES),
+    ) as prometheus:
+        # by hand from dra.yaml: pretrain 1 + detector 3/7 + embedder 1/7 + two claims shared 0.5 + 0.5
+        (allocated,) = prometheus.wait_for("cluster:nvidia_gpu_allocated_gpu_equivalents:sum > 3", timeout=60)
+        assert float(allocated["value"][1]) == pytest.approx(1 + 3 / 7 + 1 / 7 + 2, abs=1e-9)
+        migs = prometheus.query(
+            'count by (hostname, mig_profile) (nvidia_gpu_allocation{gpu_instance_id!=""})'
+        )
+        assert {r["metric"]["mig_profile"]: int(r["value"][1]) for r in migs} == {"3g.40gb": 1, "1g.10gb": 1}
 
 
 def _in_process(fault: str | None):
