@@ -29,7 +29,7 @@ __all__ = ["claim_object", "claim_uid", "consumers", "device_name", "resource_sl
 # (compute slices, memory slices) → NVML GPU instance profile id (nvidia-smi mig -lgip "ID")
 PROFILE_IDS = {(1, 1): 19, (1, 2): 15, (2, 2): 14, (3, 4): 9, (4, 4): 5, (7, 8): 0}
 API_VERSION = "resource.k8s.io/v1"
-_STRATEGY_CONFIG = {  # the driver's per-strategy settings, at their defaults (sharing.go)
+_STRATEGY_CONFIG: dict[str, tuple[str, dict[str, Any]]] = {  # the driver's settings, at defaults (sharing.go)
     "TimeSlicing": ("timeSlicingConfig", {"interval": "Default"}),
     "MPS": ("mpsConfig", {"defaultActiveThreadPercentage": 100}),
 }

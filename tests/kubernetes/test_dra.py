@@ -297,3 +297,69 @@ def test_only_the_newest_generation_of_a_pool_is_read():
 
     devices = dra.slice_devices([slice_(1, "GPU-old"), slice_(2, "GPU-new")])
     assert devices[("n", "gpu-0")].uuid == "GPU-new"
+
+
+_NODE = {"name": "n", "gpus": [{"model": "H100-SXM5-80GB", "dra": True}, {"model": "H100-SXM5-80GB"}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"claims": [{"namespace": "a", "name": "c", "node": "n", "devices": [{"gpu": 1}]}]},
+            r"claims\[0\].devices\[0\].gpu: not a GPU of n marked dra: true \(got 1\)",
+        ),
+        (
+            {
+                "claims": [
+                    {"namespace": "a", "name": "c", "node": "n", "devices": [{"gpu": 0}], "sharing": "Fast"}
+                ]
+            },
+            r"claims\[0\].sharing: expected one of TimeSlicing, MPS \(got 'Fast'\)",
+        ),
+        (
+            {"pods": [{"namespace": "a", "name": "p", "node": "n", "devices": [{"gpu": 0}]}]},
+            r"pods\[0\].devices\[0\].gpu: GPU 0 of n is handed out by DRA: hold it through a claim",
+        ),
+        (
+            {"pods": [{"namespace": "a", "name": "p", "node": "n", "devices": [{"claim": "nope"}]}]},
+            r"pods\[0\].devices\[0\].claim: no claim nope of namespace a on node n",
+        ),
+        (
+            {
+                "claims": [
+                    {"namespace": "a", "name": "c", "node": "n", "devices": [{"gpu": 0}]},
+                    {"namespace": "b", "name": "d", "node": "n", "devices": [{"gpu": 0}]},
+                ]
+            },
+            r"claims: device already allocated to a/c \(got 'b/d'\)",
+        ),
+    ],
+)
+def test_bad_dra_entries_in_a_fleet_name_the_field_and_value(extra, message):
+    from gpumeter.exporter.simulator.fleet import FleetError, parse_fleet
+
+    with pytest.raises(FleetError, match=message):
+        parse_fleet({"nodes": [_NODE], **extra}, source="fleet.yaml")
+
+
+def test_the_stand_in_kubelet_keeps_dra_gpus_out_of_the_device_plugins_allocatable():
+    kubelet = StandInKubelet(FLEET, "gpu-dra-mixed-01", "/unused", clock=lambda: 0.0, start=0.0)
+    ids = {i for d in kubelet.allocatable_response().devices for i in d.device_ids}
+    gpus = FLEET.node("gpu-dra-mixed-01").gpus
+    assert gpus[0].uuid in ids and gpus[2].uuid not in ids  # GPU 0 the plugin's, GPU 2 the driver's
+    assert not any(
+        i.startswith("MIG-") and i in {gpus[3].mig_uuid(m.gpu_instance_id) for m in gpus[3].mig} for i in ids
+    )
+    trainer = next(p for p in kubelet.list_response().pod_resources if p.name == "trainer")
+    (container,) = trainer.containers
+    assert list(container.devices) == []
+    (claim,) = container.dynamic_resources
+    assert (claim.claim_name, claim.claim_namespace) == ("trainer-gpu", "ml-training")
+    (resource,) = claim.claim_resources
+    assert (resource.driver_name, resource.pool_name, resource.device_name) == (
+        "gpu.nvidia.com",
+        "gpu-dra-mixed-01",
+        "gpu-2",
+    )
+    assert resource.cdi_devices[0].name.startswith("k8s.gpu.nvidia.com/claim=")
