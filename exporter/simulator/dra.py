@@ -139,14 +139,15 @@ def claim_object(fleet: Fleet, claim: ClaimSpec, t: float) -> dict[str, Any]:
         request = "gpu" if len(claim.devices) == 1 else f"gpu-{i}"
         requests.append({"name": request, "exactly": {"deviceClassName": DRIVER, "count": 1}})
         gpu = node.gpus[device.gpu]
-        results.append(
-            {
-                "request": request,
-                "driver": DRIVER,
-                "pool": node.name,
-                "device": device_name(gpu, device.gpu_instance_id),
-            }
-        )
+        result = {
+            "request": request,
+            "driver": DRIVER,
+            "pool": node.name,
+            "device": device_name(gpu, device.gpu_instance_id),
+        }
+        if device.share_id is not None:  # DeviceRequestAllocationResult.shareID (consumable capacity)
+            result["shareID"] = device.share_id
+        results.append(result)
         if claim.sharing:
             setting, values = _STRATEGY_CONFIG[claim.sharing]
             kind = "GpuConfig" if device.gpu_instance_id is None else "MigDeviceConfig"

@@ -191,16 +191,16 @@ def test_the_capacity_dashboard_counts_dra_held_gpus_with_the_rest(served, tmp_p
         assert {r["metric"]["mig_profile"]: int(r["value"][1]) for r in migs} == {"3g.40gb": 1, "1g.10gb": 1}
 
 
-def _in_process(fault: str | None):
-    """gpu-dra-01 sampled once in process, the stand-in API answering with ``fault``."""
+def _in_process(fault: str | None, fleet=FLEET, node_name: str = NODE):
+    """A node (gpu-dra-01) sampled once in process, the stand-in API answering with ``fault``."""
     clock = Clock(0.0)
-    node = SimulatedNode(FLEET, NODE, clock=clock, start=0.0)
+    node = SimulatedNode(fleet, node_name, clock=clock, start=0.0)
     directory = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")
-    kubelet = StandInKubelet(FLEET, NODE, f"{directory}/k.sock", clock=clock, start=0.0).start()
-    api = StandInKubeApi(FLEET, clock=clock, start=0.0).start()
+    kubelet = StandInKubelet(fleet, node_name, f"{directory}/k.sock", clock=clock, start=0.0).start()
+    api = StandInKubeApi(fleet, clock=clock, start=0.0).start()
     api.set_fault(fault)
     config = ExporterConfig(
-        listen="127.0.0.1:0", kubelet_socket=f"{directory}/k.sock", hostname=NODE, kube_api=api.base_url
+        listen="127.0.0.1:0", kubelet_socket=f"{directory}/k.sock", hostname=node_name, kube_api=api.base_url
     )
     exporter = build_exporter(config, clock=clock, library=SimulatedNvml(node), node=node)
     try:
@@ -363,3 +363,48 @@ def test_the_stand_in_kubelet_keeps_dra_gpus_out_of_the_device_plugins_allocatab
         "gpu-2",
     )
     assert resource.cdi_devices[0].name.startswith("k8s.gpu.nvidia.com/claim=")
+
+
+def _share_ids(fleet, node: str) -> dict[str, str | None]:
+    """Each pod's ClaimResource.share_id as the exporter's client reads it over gRPC."""
+    from gpumeter.exporter.kubelet.client import PodResourcesClient
+
+    sock = f"{tempfile.mkdtemp(prefix='gpm-', dir='/tmp')}/k.sock"
+    with StandInKubelet(fleet, node, sock, clock=lambda: 0.0, start=0.0), PodResourcesClient(sock) as client:
+        return {
+            p.name: r.share_id
+            for p in client.list()
+            for c in p.containers
+            for d in c.dynamic_resources
+            for r in d.claim_resources
+        }
+
+
+def test_a_device_two_claims_consume_by_capacity_is_split_between_them():
+    """Consumable capacity (Kubernetes 1.35+): two claims allocate shares of one GPU, the kubelet
+    tells them apart by share_id; each holder gets half, the device's shares sum to 1."""
+    from gpumeter.exporter.simulator.fleet import parse_fleet
+
+    fleet = parse_fleet(
+        {
+            "nodes": [{"name": "n", "gpus": [{"model": "H100-SXM5-80GB", "dra": True}]}],
+            "claims": [
+                {"namespace": "a", "name": "half-1", "node": "n", "devices": [{"gpu": 0, "share_id": "s1"}]},
+                {"namespace": "b", "name": "half-2", "node": "n", "devices": [{"gpu": 0, "share_id": "s2"}]},
+            ],
+            "pods": [
+                {"namespace": "a", "name": "p1", "node": "n", "devices": [{"claim": "half-1"}]},
+                {"namespace": "b", "name": "p2", "node": "n", "devices": [{"claim": "half-2"}]},
+            ],
+        },
+        source="capacity.yaml",
+    )
+    assert _share_ids(fleet, "n") == {"p1": "s1", "p2": "s2"}
+    assert set(_share_ids(FLEET, NODE).values()) == {None}  # without capacity: unset, not ""
+    snapshot = _in_process(None, fleet, "n")
+    labels = contract.ALLOCATION.labels
+    got = {
+        dict(zip(labels, v, strict=True))["pod"]: (dict(zip(labels, v, strict=True))["sharing"], share)
+        for v, share in snapshot.samples(contract.ALLOCATION.name)
+    }
+    assert got == {"p1": ("time_slicing", 0.5), "p2": ("time_slicing", 0.5)}
