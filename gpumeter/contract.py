@@ -137,7 +137,7 @@ SHARING_MODES = (
     SHARING_VGPU,
 )
 
-# The `resource` of a holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): the claim, as
+# The `resource` of a holding through a DRA ResourceClaim (docs/pod-attribution.md §8a): the claim, as
 # kubectl names the object (`kubectl -n <namespace> get resourceclaim/<name>`; the pod's namespace)
 CLAIM_RESOURCE_PREFIX = "resourceclaim/"
 
@@ -543,7 +543,7 @@ ALLOCATION_COMPUTE = _exporter(
     'memory fraction unless a core limit is given). Only for sharing="fractional".',
     *ALLOCATION.labels,
 )
-# A holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): its allocation's resource is
+# A holding through a DRA ResourceClaim (docs/pod-attribution.md §8a): its allocation's resource is
 # "resourceclaim/<claim name>"; this info series adds the claim's namespace and the device as the
 # kubelet names it (driver, pool, device), for joins on the allocation's labels and dcgm naming's dra_*.
 DRA_ALLOCATION_INFO = _exporter(

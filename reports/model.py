@@ -260,7 +260,7 @@ class SharingRow:
 
 @dataclass
 class ClaimRow:
-    """A DRA ResourceClaim pods held GPUs through (docs/pod-attribution.md §DRA)."""
+    """A DRA ResourceClaim pods held GPUs through (docs/pod-attribution.md §8a)."""
 
     namespace: str
     claim: str
