@@ -145,6 +145,7 @@ def build() -> d.Dashboard:
                 Query(on_exporter("gpumeter_exporter_nvml_up"), "{{hostname}} NVML"),
                 Query(on_exporter("gpumeter_exporter_kubelet_up"), "{{hostname}} kubelet"),
                 Query(on_exporter("gpumeter_exporter_kube_api_up"), "{{hostname}} Kubernetes API"),
+                Query(on_exporter("gpumeter_exporter_dra_api_up"), "{{hostname}} DRA ResourceSlices/Claims"),
             ],
             mappings=UP_DOWN,
             thresholds=UP_STEPS,
@@ -209,6 +210,14 @@ def build() -> d.Dashboard:
                 Query(
                     on_exporter("rate(gpumeter_exporter_kube_api_errors_total[$__rate_interval])"),
                     "{{hostname}} Kubernetes API {{reason}}",
+                ),
+                Query(
+                    on_exporter("rate(gpumeter_exporter_dra_api_errors_total[$__rate_interval])"),
+                    "{{hostname}} DRA API {{reason}}",
+                ),
+                Query(
+                    on_exporter("gpumeter_exporter_dra_devices_unresolved"),
+                    "{{hostname}} DRA devices unresolved",
                 ),
             ],
             description="Failed PodResources queries, and failed pod lists from the Kubernetes API (where "
