@@ -82,10 +82,12 @@ TERMS = 4  # tenant ns-ml, unallocated, unpriced, tenant ns-web
 def _insert_0008(engine: sa.Engine, lines: list[Line] = LINES) -> None:
     with engine.begin() as conn:
         conn.execute(
+            # typed, so SQLAlchemy writes the datetime as each dialect stores it (Python 3.12 deprecates
+            # sqlite3's own datetime adapter, which an untyped parameter would go through)
             sa.text(
                 "INSERT INTO price_book_versions (id, digest, path, currency, effective_from, source, body) "
                 "VALUES (1, 'book', '', 'USD', :since, '', '{}')"
-            ),
+            ).bindparams(sa.bindparam("since", type_=sa.DateTime())),
             {"since": VERSION_FROM.replace(tzinfo=None)},
         )
         for line in lines:
