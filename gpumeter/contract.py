@@ -274,6 +274,27 @@ PCIE_RX_BYTES = _device(
     "nvidia_gpu_pcie_rx_bytes_total", C, "bytes", "PCIe bytes received (driver 555+; may wrap)."
 )
 PCIE_REPLAY = _device("nvidia_gpu_pcie_replay_total", C, "", "PCIe replays (retransmissions).")
+_PCIE_IDLE = " The driver may lower it while the GPU is not in use (power saving, nvidia-smi -q)."
+PCIE_LINK_GENERATION = _device(
+    "nvidia_gpu_pcie_link_generation", G, "", "Current PCIe link generation." + _PCIE_IDLE
+)
+PCIE_LINK_MAX_GENERATION = _device(
+    "nvidia_gpu_pcie_link_max_generation",
+    G,
+    "",
+    "Highest PCIe link generation the GPU and its slot allow together.",
+)
+PCIE_LINK_WIDTH = _device("nvidia_gpu_pcie_link_width", G, "", "Current PCIe link width, lanes." + _PCIE_IDLE)
+PCIE_LINK_MAX_WIDTH = _device(
+    "nvidia_gpu_pcie_link_max_width", G, "", "Widest PCIe link the GPU and its slot allow together, lanes."
+)
+PCIE_LINK_BANDWIDTH = _device(
+    "nvidia_gpu_pcie_link_bandwidth_bytes_per_second",
+    G,
+    "bytes",
+    "Data the current PCIe link carries per direction: its lanes times its generation's per-lane rate after "
+    "line encoding (PCIe base specification).",
+)
 # --- memory errors ------------------------------------------------------------------------------------
 ECC_ERRORS = _device(
     "nvidia_gpu_ecc_errors_total",
@@ -654,6 +675,11 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     PCIE_TX_BYTES,
     PCIE_RX_BYTES,
     PCIE_REPLAY,
+    PCIE_LINK_GENERATION,
+    PCIE_LINK_MAX_GENERATION,
+    PCIE_LINK_WIDTH,
+    PCIE_LINK_MAX_WIDTH,
+    PCIE_LINK_BANDWIDTH,
     ECC_ERRORS,
     REMAPPED_ROWS,
     REMAPPED_ROWS_PENDING,

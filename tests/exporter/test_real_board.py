@@ -192,9 +192,24 @@ def _simulated_exposition(fleet: str) -> dict:
         exporter.sampler.stop()
 
 
+# Series the exporter gained after the boards' expositions were recorded, with the board.json answer
+# each comes from: the board answered the call, so the real exporter serves it there now.
+NEWER_THAN_RECORDING = {
+    "nvidia_gpu_pcie_link_generation": "pcie_cur_gen",
+    "nvidia_gpu_pcie_link_max_generation": "pcie_max_gen",
+    "nvidia_gpu_pcie_link_width": "pcie_cur_width",
+    "nvidia_gpu_pcie_link_max_width": "pcie_max_width",
+    "nvidia_gpu_pcie_link_bandwidth_bytes_per_second": "pcie_cur_width",
+}
+
+
 def test_the_exporter_on_the_stand_in_serves_the_series_it_served_on_the_real_board(real):
     served = _shape(exposition(real[0], "metrics-idle.prom"))
     simulated = _shape(_simulated_exposition(real[1]))
+    board = (real[0] / "board.json").read_text()
+    for name, answer in NEWER_THAN_RECORDING.items():
+        assert f'"{answer}": {{\n    "value": ' in board, answer  # the board answered its call
+        simulated = {key: value for key, value in simulated.items() if key[0] != name}
     assert sorted(set(simulated) - set(served)) == []
     assert sorted(set(served) - set(simulated)) == []
     for key, value in served.items():
