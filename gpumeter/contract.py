@@ -804,6 +804,17 @@ KUBE_NAMESPACE_LABELS = Series(
     Producer.KUBE_STATE_METRICS,
 )
 
+# --- kube-state-metrics: the node label GPU pools are defined by (docs/capacity.md, "Pools") -----------
+# GPU feature discovery's nvidia.com/gpu.product, with --metric-labels-allowlist=nodes=[nvidia.com/gpu.product].
+KUBE_NODE_LABELS = Series(
+    "kube_node_labels",
+    G,
+    ("node", "label_nvidia_com_gpu_product"),  # the labels the pool rules read; one per allowed label
+    "",
+    "Kubernetes labels of a node as label_<name> (kube-state-metrics, --metric-labels-allowlist).",
+    Producer.KUBE_STATE_METRICS,
+)
+
 # --- kube-state-metrics: GPU demand and quota (docs/capacity.md) ---------------------------------------
 # kube-state-metrics v2 names and labels (internal/store/pod.go, resourcequota.go). An extended resource's
 # name is sanitised into a label value: nvidia.com/gpu -> nvidia_com_gpu, nvidia.com/mig-1g.10gb ->
@@ -1045,6 +1056,7 @@ BILLING_INPUTS: tuple[Series, ...] = tuple(dict.fromkeys(q.series for q in BILLI
 CONTRACT: tuple[Series, ...] = (
     *EXPORTER_SERIES,
     KUBE_NAMESPACE_LABELS,
+    KUBE_NODE_LABELS,
     *KUBE_DEMAND_SERIES,
     *VOLCANO_QUEUE_SERIES,
     *DCGM_EXPORTER_SERIES,
