@@ -25,7 +25,15 @@ from gpumeter.exporter.nvml import NvmlSession
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
-from tests.real_gpu.evidence import BOARDS, H100, H200, exposition, json_of, nvidia_smi_q
+from tests.real_gpu.evidence import (
+    BOARDS,
+    H100,
+    H200,
+    NEWER_THAN_RECORDING,
+    exposition,
+    json_of,
+    nvidia_smi_q,
+)
 from tests.real_gpu.probe import board
 
 T0 = 1_795_000_000.0
@@ -190,17 +198,6 @@ def _simulated_exposition(fleet: str) -> dict:
         }
     finally:
         exporter.sampler.stop()
-
-
-# Series the exporter gained after the boards' expositions were recorded, with the board.json answer
-# each comes from: the board answered the call, so the real exporter serves it there now.
-NEWER_THAN_RECORDING = {
-    "nvidia_gpu_pcie_link_generation": "pcie_cur_gen",
-    "nvidia_gpu_pcie_link_max_generation": "pcie_max_gen",
-    "nvidia_gpu_pcie_link_width": "pcie_cur_width",
-    "nvidia_gpu_pcie_link_max_width": "pcie_max_width",
-    "nvidia_gpu_pcie_link_bandwidth_bytes_per_second": "pcie_cur_width",
-}
 
 
 def test_the_exporter_on_the_stand_in_serves_the_series_it_served_on_the_real_board(real):
