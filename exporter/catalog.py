@@ -368,6 +368,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         "field NVML_FI_DEV_PCIE_REPLAY_COUNTER (94)",
         dcgm=(DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", help="Total number of PCIe retries."),),
     ),
+    MetricSpec(contract.PCIE_LINK_GENERATION, D, "nvmlDeviceGetCurrPcieLinkGeneration"),
+    MetricSpec(contract.PCIE_LINK_MAX_GENERATION, D, "nvmlDeviceGetMaxPcieLinkGeneration (read once)"),
+    MetricSpec(contract.PCIE_LINK_WIDTH, D, "nvmlDeviceGetCurrPcieLinkWidth"),
+    MetricSpec(contract.PCIE_LINK_MAX_WIDTH, D, "nvmlDeviceGetMaxPcieLinkWidth (read once)"),
+    MetricSpec(
+        contract.PCIE_LINK_BANDWIDTH,
+        D,
+        "nvmlDeviceGetCurrPcieLinkGeneration and ...Width: lanes x the generation's per-lane bytes per second",
+    ),
     # --- memory errors --------------------------------------------------------------------------
     MetricSpec(
         contract.ECC_ERRORS,

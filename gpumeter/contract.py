@@ -281,6 +281,27 @@ PCIE_RX_BYTES = _device(
     "nvidia_gpu_pcie_rx_bytes_total", C, "bytes", "PCIe bytes received (driver 555+; may wrap)."
 )
 PCIE_REPLAY = _device("nvidia_gpu_pcie_replay_total", C, "", "PCIe replays (retransmissions).")
+_PCIE_IDLE = " The driver may lower it while the GPU is not in use (power saving, nvidia-smi -q)."
+PCIE_LINK_GENERATION = _device(
+    "nvidia_gpu_pcie_link_generation", G, "", "Current PCIe link generation." + _PCIE_IDLE
+)
+PCIE_LINK_MAX_GENERATION = _device(
+    "nvidia_gpu_pcie_link_max_generation",
+    G,
+    "",
+    "Highest PCIe link generation the GPU and its slot allow together.",
+)
+PCIE_LINK_WIDTH = _device("nvidia_gpu_pcie_link_width", G, "", "Current PCIe link width, lanes." + _PCIE_IDLE)
+PCIE_LINK_MAX_WIDTH = _device(
+    "nvidia_gpu_pcie_link_max_width", G, "", "Widest PCIe link the GPU and its slot allow together, lanes."
+)
+PCIE_LINK_BANDWIDTH = _device(
+    "nvidia_gpu_pcie_link_bandwidth_bytes_per_second",
+    G,
+    "bytes",
+    "Data the current PCIe link carries per direction: its lanes times its generation's per-lane rate after "
+    "line encoding (PCIe base specification).",
+)
 # --- memory errors ------------------------------------------------------------------------------------
 ECC_ERRORS = _device(
     "nvidia_gpu_ecc_errors_total",
@@ -708,6 +729,11 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     PCIE_TX_BYTES,
     PCIE_RX_BYTES,
     PCIE_REPLAY,
+    PCIE_LINK_GENERATION,
+    PCIE_LINK_MAX_GENERATION,
+    PCIE_LINK_WIDTH,
+    PCIE_LINK_MAX_WIDTH,
+    PCIE_LINK_BANDWIDTH,
     ECC_ERRORS,
     REMAPPED_ROWS,
     REMAPPED_ROWS_PENDING,
@@ -833,6 +859,17 @@ KUBE_NAMESPACE_LABELS = Series(
     (NAMESPACE, LABEL_TEAM),  # the labels billing reads; kube-state-metrics adds one per allowed label
     "",
     "Kubernetes labels of a namespace as label_<name> (kube-state-metrics, --metric-labels-allowlist).",
+    Producer.KUBE_STATE_METRICS,
+)
+
+# --- kube-state-metrics: the node label GPU pools are defined by (docs/capacity.md, "Pools") -----------
+# GPU feature discovery's nvidia.com/gpu.product, with --metric-labels-allowlist=nodes=[nvidia.com/gpu.product].
+KUBE_NODE_LABELS = Series(
+    "kube_node_labels",
+    G,
+    ("node", "label_nvidia_com_gpu_product"),  # the labels the pool rules read; one per allowed label
+    "",
+    "Kubernetes labels of a node as label_<name> (kube-state-metrics, --metric-labels-allowlist).",
     Producer.KUBE_STATE_METRICS,
 )
 
@@ -1106,6 +1143,7 @@ BILLING_INPUTS: tuple[Series, ...] = tuple(dict.fromkeys(q.series for q in BILLI
 CONTRACT: tuple[Series, ...] = (
     *EXPORTER_SERIES,
     KUBE_NAMESPACE_LABELS,
+    KUBE_NODE_LABELS,
     *KUBE_DEMAND_SERIES,
     *VOLCANO_QUEUE_SERIES,
     *DCGM_EXPORTER_SERIES,

@@ -89,6 +89,7 @@ class GpuHealth:
     hours_up: int = 0  # hourly steps at which nvidia_gpu_up was 1
     utilization: float | None = None  # time-mean; None where not measured (A100 in MIG mode, no DCGM)
     utilization_source: str = ""  # where it comes from: UTILIZATION_SOURCES; "" where not measured
+    pool: str = ""  # its node's pool label (docs/capacity.md, "Pools"); "" where the node has none
     xids: dict[int, int] = field(default_factory=dict)  # code -> events in the period
     lost_incidents: int = 0  # times nvidia_gpu_up went to 0
     lost_hours: float = 0.0
@@ -282,9 +283,10 @@ class HealthReport:
 
     @property
     def pools(self) -> list[tuple[str, Incidents]]:
-        """A pool is a GPU model: what the price book, the scheduler's node pools and MIG profiles
-        are defined by."""
-        return self.by(lambda g: g.model)
+        """A pool is what the pool rules make it (docs/capacity.md, "Pools"): the node's pool label,
+        GPU feature discovery's product by default, and without it the GPU model (what the price book,
+        the scheduler's node pools and MIG profiles are defined by)."""
+        return self.by(lambda g: g.pool or g.model)
 
     @property
     def nodes(self) -> list[tuple[str, Incidents]]:
@@ -440,6 +442,19 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
                 gpu.utilization_source = source
 
 
+def _pools(window: _Window, gpus: dict[str, GpuHealth]) -> None:
+    """Each GPU's pool: the pool node label its node last had in the period, as kube-state-metrics
+    exports it (kube_node_labels, the label uuid:gpumeter_pool:info reads)."""
+    label = contract.KUBE_NODE_LABELS.labels[1]
+    by_node = {
+        labels.get("node", ""): labels[label]
+        for labels, _ in window.query(f'last_over_time({contract.KUBE_NODE_LABELS.name}{{{label}!=""}}[W])')
+        if labels.get(label)
+    }
+    for gpu in gpus.values():
+        gpu.pool = by_node.get(gpu.hostname, "")
+
+
 def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     """Runs of 5-minute points at which nvidia_gpu_up was 0: one run, one incident."""
     for labels, points in window.points(f"max by (uuid) ({contract.GPU_UP.name}) == 0"):
@@ -487,6 +502,7 @@ def read_devices(client: PrometheusClient | ReplicaSetClient, period: Period) ->
         if labels.get("uuid") in gpus:
             gpus[labels["uuid"]].hours_up = int(hours)
     _utilization(window, gpus)
+    _pools(window, gpus)
     _lost(window, gpus)
     for (uuid, xid), n in window.increases(contract.XID_ERRORS.name, "", ("uuid", "xid")).items():
         if uuid in gpus and n > 0:

@@ -119,6 +119,7 @@ def report_dict(report: HealthReport) -> dict:
                 "hours_in_service": g.hours_up,
                 "mean_utilization": None if g.utilization is None else round(g.utilization, 6),
                 "utilization_source": g.utilization_source or None,
+                "pool": g.pool or g.model,
                 "xids": {str(code): n for code, n in sorted(g.xids.items())},
                 "lost_incidents": g.lost_incidents,
                 "lost_hours": round(g.lost_hours, 6),

@@ -1,4 +1,4 @@
-"""PCIe traffic and replays.
+"""PCIe traffic, replays and the link: its current and maximum generation and width.
 
 Traffic comes from the cumulative byte counters ``NVML_FI_DEV_PCIE_COUNT_TX_BYTES``/``RX_BYTES`` (197/198)
 where the driver has them (branch 555 and later, NVML's change log): they ride in the device's one
@@ -10,6 +10,12 @@ Older drivers only have ``nvmlDeviceGetPcieThroughput``, which "is querying a by
 interval" (nvml.h): two calls per GPU would put 320 ms of waiting into every cycle on 8 GPUs. Those
 calls run on a small pool beside the sampler instead; each cycle publishes the reading that finished
 since the last one (so the gauge lags one interval) and starts the next.
+
+The link: ``nvmlDeviceGetMaxPcieLinkGeneration``/``Width`` ("the maximum ... possible with this device and
+system": a gen-5 GPU in a gen-4 slot reports 4, nvml.h) are read once; the current generation and width
+every cycle, as a link can train down (x16 -> x8, gen 5 -> gen 3) and the driver itself lowers both
+while the GPU is not in use (nvidia-smi -q: "These may be reduced when the GPU is not in use"), which
+the alert GpuPcieLinkDegraded tells apart by the GPU's own idle clocks-event reason.
 """
 
 from __future__ import annotations
@@ -30,6 +36,16 @@ THROUGHPUT_WORKERS = 8  # one read in flight per GPU; a node has at most this ma
 # A read started a whole interval ago is long done; this bound only matters when cycles come back to
 # back (tests, a fast interval) and keeps a slow read from holding the cycle for more than its window.
 THROUGHPUT_WAIT_S = 0.1
+# Bytes per second per lane and direction after line encoding, by generation (PCI-SIG's base
+# specifications): 2.5 and 5 GT/s with 8b/10b, 8, 16 and 32 GT/s with 128b/130b, 64 GT/s FLIT (242/256).
+LANE_BYTES_PER_SECOND = {
+    1: 2.5e9 * 8 / 10 / 8,
+    2: 5e9 * 8 / 10 / 8,
+    3: 8e9 * 128 / 130 / 8,
+    4: 16e9 * 128 / 130 / 8,
+    5: 32e9 * 128 / 130 / 8,
+    6: 64e9 * 242 / 256 / 8,
+}
 
 
 @register_collector("pcie")
@@ -46,8 +62,32 @@ class PcieCollector:
             pool.shutdown(wait=True, cancel_futures=True)
         self._reads.clear()
 
+    def discover(self, device) -> None:
+        """The link's maximum generation and width do not change: read them once."""
+        device.static["pcie_max"] = (
+            device.call("pcie_max_generation", N.nvmlDeviceGetMaxPcieLinkGeneration, device.handle),
+            device.call("pcie_max_width", N.nvmlDeviceGetMaxPcieLinkWidth, device.handle),
+        )
+
     def fields(self, device):
         return [(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), *((field, 0) for field in COUNTER_FIELDS.values())]
+
+    def _link(self, device, out) -> None:
+        labels = device.labels
+        max_generation, max_width = device.static.get("pcie_max", (None, None))
+        generation = device.call("pcie_generation", N.nvmlDeviceGetCurrPcieLinkGeneration, device.handle)
+        width = device.call("pcie_width", N.nvmlDeviceGetCurrPcieLinkWidth, device.handle)
+        for name, value in (
+            ("nvidia_gpu_pcie_link_generation", generation),
+            ("nvidia_gpu_pcie_link_max_generation", max_generation),
+            ("nvidia_gpu_pcie_link_width", width),
+            ("nvidia_gpu_pcie_link_max_width", max_width),
+        ):
+            if value is not None:
+                out.add(name, labels, value)
+        lane = LANE_BYTES_PER_SECOND.get(generation) if generation is not None else None
+        if lane is not None and width:
+            out.add("nvidia_gpu_pcie_link_bandwidth_bytes_per_second", labels, lane * width)
 
     def update(self, device, out) -> None:
         labels = device.labels
@@ -59,6 +99,7 @@ class PcieCollector:
         replays = device.field(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER)
         if replays is not None:
             out.add("nvidia_gpu_pcie_replay_total", labels, replays)
+        self._link(device, out)
 
     def _from_counters(self, device, counters: dict[str, float], out) -> None:
         for direction, total in counters.items():

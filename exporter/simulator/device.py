@@ -51,6 +51,7 @@ FAULTS = (
     "nvml_error",
     "nvlink_sleep",
     "page_retire",
+    "pcie_downtrain",
 )
 
 
@@ -69,6 +70,7 @@ NVLINK_DATA_RATE = {"tx": 9e9, "rx": 8.5e9}
 AMBIENT_C = 28.0
 THERMAL_TAU_S = 30.0
 STEP_S = 5.0  # longest integration step when time jumps (fast-forward)
+IDLE_LOAD = 0.02  # below it the GPU is not in use: the gpu_idle clocks-event reason, PCIe power saving
 
 
 def _load_at(workload: Workload, t: float, rng: random.Random) -> float:
@@ -155,6 +157,18 @@ class SimulatedGpu:
     unsupported: set[str] = field(default_factory=set)  # C function names answering NOT_SUPPORTED
     # Injected NVML return codes: C function name (or "*" for every call on this GPU) -> code
     nvml_errors: dict[str, int] = field(default_factory=dict)
+    # An injected PCIe link below its maximum: (generation, width, only while not in use); None: full link
+    pcie_downtrained: tuple[int, int, bool] | None = None
+
+    def pcie_link(self) -> tuple[int, int]:
+        """The link's current (generation, width). The driver's power saving lowers it only while the GPU
+        is not in use (nvidia-smi -q, "GPU Link Info": "These may be reduced when the GPU is not in
+        use"); a link that trained down stays down under load."""
+        if self.pcie_downtrained is not None:
+            generation, width, power_saving = self.pcie_downtrained
+            if not power_saving or self.load < IDLE_LOAD:
+                return generation, width
+        return self.model.pcie_gen, self.model.pcie_width
 
     def __post_init__(self) -> None:
         model = self.spec.model
@@ -253,7 +267,7 @@ class SimulatedGpu:
         if wanted > self.power_limit_w:
             reasons.add("sw_power_cap")
         self.power_w = min(wanted, self.power_limit_w) * (1 + self.rng.uniform(-0.02, 0.02))
-        if demand < 0.02:
+        if demand < IDLE_LOAD:
             reasons.add("gpu_idle")
         # Healthy full load settles 12 °C under the SW-thermal limit; an injected overheat adds to it.
         k = (model.gpu_max_c - 12 - AMBIENT_C) / model.power_limit_w
@@ -478,6 +492,20 @@ class SimulatedNode:
                 if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
                     raise ValueError(f"code must be an NVML return code, a positive integer (got {code!r})")
                 target.nvml_errors[str(params.get("function", "*"))] = code
+            elif fault == "pcie_downtrain":
+                model = target.model
+                generation = int(params.get("gen", max(1, model.pcie_gen - 2)))
+                width = int(params.get("width", model.pcie_width))
+                if (
+                    not 1 <= generation <= model.pcie_gen
+                    or width not in (1, 2, 4, 8, 16)
+                    or width > model.pcie_width
+                ):
+                    raise ValueError(
+                        f"gen must be 1..{model.pcie_gen} and width one of 1, 2, 4, 8, 16 up to "
+                        f"{model.pcie_width} on a {model.key} (got gen {generation}, width {width})"
+                    )
+                target.pcie_downtrained = (generation, width, bool(params.get("power_saving", False)))
             elif fault == "mig_reconfigure":
                 from .fleet import _layout, _Reader
 
@@ -501,6 +529,7 @@ class SimulatedNode:
                 target.lost = False
                 target.unsupported.clear()
                 target.nvml_errors.clear()
+                target.pcie_downtrained = None
         return "cleared"
 
     def _gpu(self, index: int | None) -> SimulatedGpu:

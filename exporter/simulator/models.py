@@ -68,6 +68,7 @@ class GpuModel:
     nvlinks: int
     clocks_max_mhz: dict[str, int]  # graphics, sm, memory, video
     pcie_gen: int
+    pcie_width: int = 16  # every modelled board is x16 (real boards' board.json: pcie_max_width 16)
     has_fan: bool = False
     has_ecc: bool = True
     pci_device_id: int = 0

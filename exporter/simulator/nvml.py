@@ -537,6 +537,35 @@ def nvmlDeviceGetPcieThroughput(lib, gpu, mig, counter, out):
     return OK
 
 
+# The link is the physical GPU's: a MIG device handle is refused, as for nvmlDeviceGetPowerUsage (the
+# real boards answer all four on the GPU: tests/data/real-gpu/*/board.json pcie_cur_gen ... pcie_max_width).
+def _pcie_link(gpu, mig, out, value) -> int:
+    if mig:
+        return N.NVML_ERROR_NOT_SUPPORTED
+    _out(out).value = value
+    return OK
+
+
+@device_call
+def nvmlDeviceGetCurrPcieLinkGeneration(lib, gpu, mig, out):
+    return _pcie_link(gpu, mig, out, gpu.pcie_link()[0])
+
+
+@device_call
+def nvmlDeviceGetCurrPcieLinkWidth(lib, gpu, mig, out):
+    return _pcie_link(gpu, mig, out, gpu.pcie_link()[1])
+
+
+@device_call
+def nvmlDeviceGetMaxPcieLinkGeneration(lib, gpu, mig, out):
+    return _pcie_link(gpu, mig, out, gpu.model.pcie_gen)
+
+
+@device_call
+def nvmlDeviceGetMaxPcieLinkWidth(lib, gpu, mig, out):
+    return _pcie_link(gpu, mig, out, gpu.model.pcie_width)
+
+
 @device_call
 def nvmlDeviceGetPcieReplayCounter(lib, gpu, mig, out):
     _out(out).value = gpu.pcie_replays

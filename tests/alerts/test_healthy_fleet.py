@@ -8,8 +8,8 @@ generated on the fly, with the labels a real scrape adds (``job="gpumeter-export
 
 * ``exp_alerts: []`` for every alert of both rule files at 1, 2, 5 and 10 minutes;
 * no ``ALERTS`` series at all during the 10 minutes (``max_over_time(ALERTS[10m])`` is empty), so an alert
-  whose ``for:`` is longer than the window (15m, 30m, 3h) is not even pending; GpuPoolHeadroomLow aside,
-  which is pending when every GPU is held (a full pool has no spare, healthy or not);
+  whose ``for:`` is longer than the window (15m, 30m, 3h) is not even pending; GpuPoolHeadroomLow and
+  GpuPoolSpareLow aside, pending when every GPU is held (a full pool has no spare, healthy or not);
 * a few positive checks, so that "nothing fires" cannot come from data the rules never see (the joins on
   instance/uuid match, the recording rules see 8 GPUs and the allocations).
 
@@ -186,10 +186,11 @@ def _positive_checks(values: dict[SeriesKey, list]) -> list[dict]:
             "eval_time": "10m",
             "exp_samples": [{"labels": "{}", "value": allocations}],
         },
-        # GpuPoolHeadroomLow is about the pool, not the node's health: with every GPU held (all-busy) the
-        # pool has no spare by definition and the alert is rightly pending (it fires only after 30m).
+        # GpuPoolHeadroomLow and its per-pool twin GpuPoolSpareLow are about the pool, not the node's
+        # health: with every GPU held (all-busy) the pool has no spare by definition and the alerts are
+        # rightly pending (they fire only after 30m).
         {
-            "expr": 'max_over_time(ALERTS{alertname!="GpuPoolHeadroomLow"}[10m])',
+            "expr": 'max_over_time(ALERTS{alertname!~"GpuPoolHeadroomLow|GpuPoolSpareLow"}[10m])',
             "eval_time": "10m",
             "exp_samples": [],
         },

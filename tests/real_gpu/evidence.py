@@ -59,3 +59,14 @@ def nvidia_smi_q(board: Path, name: str) -> dict[tuple[str, ...], str]:
         else:
             path.append((indent, key.strip()))
     return out
+
+
+# Series the exporter gained after the boards' expositions were recorded, with the board.json answer
+# each comes from: the board answered the call, so the real exporter serves it there now.
+NEWER_THAN_RECORDING = {
+    "nvidia_gpu_pcie_link_generation": "pcie_cur_gen",
+    "nvidia_gpu_pcie_link_max_generation": "pcie_max_gen",
+    "nvidia_gpu_pcie_link_width": "pcie_cur_width",
+    "nvidia_gpu_pcie_link_max_width": "pcie_max_width",
+    "nvidia_gpu_pcie_link_bandwidth_bytes_per_second": "pcie_cur_width",
+}
