@@ -132,8 +132,9 @@ test: setup wheel-venv lint typecheck
 
 # The Dockerfile built for real by buildah on a debootstrap base of Debian's Python (registry images
 # cannot be pulled here), as localhost/gpumeter:VERSION in build/image/'s own storage
-# (tests/deploy/image.py). Cold 4 to 8 min on a busy 2-core machine (debootstrap and pip's downloads),
-# 40 s after a source change, 12 s unchanged; IMAGE_STORAGE_DRIVER=vfs where overlay cannot mount.
+# (tests/deploy/image.py). Cold 5 to 8 min on a busy 2-core machine (debootstrap 1.2-3.5 min, then
+# pip's downloads), 40 s after a source change, 12 s unchanged; IMAGE_STORAGE_DRIVER=vfs where overlay
+# cannot mount (vfs: 58 s unchanged, each container a full copy).
 image: tools
 	$(PYTHON) -m tests.deploy.image build
 

@@ -10,9 +10,10 @@ debootstrap tarball (keyed by its inputs, so a second build skips the ~30 s debo
 buildah's storage (`--root`, never the machine's global /var/lib/containers), whose layer cache
 makes an unchanged rebuild take seconds.
 
-Both builds and runs use chroot isolation: this sandbox refuses the user namespaces that `podman
-run` and buildah's default (oci) isolation need, while chroot isolation shares the host's network,
-so the Dockerfile's `pip install` reaches PyPI and a command inside reaches servers on 127.0.0.1.
+Both builds and runs use chroot isolation: it needs no OCI runtime (buildah's default isolation
+fails without runc or crun) and runs where `podman run` was refused by the sandbox's limits, and it
+shares the host's network, so the Dockerfile's `pip install` reaches PyPI and a command inside
+reaches servers on 127.0.0.1.
 """
 
 from __future__ import annotations

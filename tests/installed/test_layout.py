@@ -15,39 +15,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.support.servers import PrometheusServer, require_binary
+from tests.installed.history import backfilled_prometheus
+from tests.support.servers import require_binary
 
 LAYOUT = Path(__file__).resolve().parent / "layout.py"
 UID = 10001  # the image's user (Dockerfile, the billing Deployment's runAsUser)
 
 
-def backfilled_day() -> datetime:
-    """The first day of last month: `billing serve`'s scheduled report renders last month."""
-    first = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return (first - timedelta(days=1)).replace(day=1)
-
-
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    day = backfilled_day()
-    work = tmp_path_factory.mktemp("history")
-    history = work / "day.om"
-    argv = [sys.executable, "-m", "gpumeter", "simulate", "history", "--fleet", "h100-mig"]
-    argv += ["--from", day.isoformat(), "--to", (day + timedelta(days=1)).isoformat(), "--out", str(history)]
-    subprocess.run(argv, check=True, capture_output=True, cwd=work)
-    data = work / "data"
-    subprocess.run(
-        [require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(history), str(data)],
-        check=True,
-        capture_output=True,
-    )
-    with PrometheusServer(work / "prom", data_dir=data) as prom:
-        yield prom, day
+    with backfilled_prometheus(tmp_path_factory.mktemp("history")) as served:
+        yield served
 
 
 def _as_the_image_user(argv: list[str], work: Path) -> subprocess.CompletedProcess:
