@@ -123,7 +123,7 @@ fast-tests: venv
 # mostly wait on sockets and deadlines), then those against real servers on two workers (one at a time
 # they took 16.5 min on a slow machine), then the `quiet` ones (a wall-clock bound, tests/conftest.py)
 # one at a time, as `make check` runs them too.
-test: setup wheel-venv lint typecheck
+test: setup image wheel-venv lint typecheck
 	@status=0; \
 	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "not external and not quiet" -n 4 ) || status=$$?; \
 	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "external and not quiet" -n 2 ) || status=$$?; \
