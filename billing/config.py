@@ -4,6 +4,7 @@ and the teams' monthly budgets)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -131,6 +132,8 @@ def load_http_config(path: str | Path) -> dict[str, str]:
 # the sums it is compared with.
 MAX_BUDGET = Decimal(10) ** 15
 TEAM_FILE_KEYS = ("namespaces", "vms", "budgets")
+# a namespace's name: an RFC 1123 DNS label (kubernetes.io/docs/concepts/overview/working-with-objects/names)
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,12 @@ def load_team_file(path: str | Path) -> TeamFile:
         for name, team in entries.items():
             if not isinstance(name, str) or not isinstance(team, str) or not team:
                 raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+    for name in namespaces:
+        if not NAMESPACE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{path}: namespaces.{ascii(name)[1:-1]}: not a Kubernetes namespace name (lower-case "
+                f"letters, digits and '-', at most 63, RFC 1123) (value {name!r})"
+            )
     for vm_id, team in vms.items():
         if namespaces.get(vm_id, team) != team:
             raise ConfigError(
