@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 __all__ = ["ALERTS_FILE", "RULES_FILE", "RULE_FILES", "RUNBOOK_FILE", "RUNBOOK_URL"]
 
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(str(files("gpumeter.alerts")))  # package data: the rule files and the runbook
 
 ALERTS_FILE = _HERE / "gpumeter-alerts.yaml"
 RULES_FILE = _HERE / "gpumeter-rules.yaml"

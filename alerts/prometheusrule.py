@@ -17,12 +17,7 @@ import yaml
 
 from gpumeter.alerts.files import RULE_FILES
 
-__all__ = ["DEFAULT_OUTPUT", "build", "load_groups", "render", "write"]
-
-# Where the committed copy lives in a source checkout.
-DEFAULT_OUTPUT = (
-    Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
-)
+__all__ = ["build", "load_groups", "render", "write"]
 
 # kube-prometheus-stack's Prometheus selects PrometheusRules by its Helm release label.
 DEFAULT_LABELS = {
@@ -98,7 +93,7 @@ def render(obj: dict[str, Any] | None = None) -> str:
     return _HEADER + body
 
 
-def write(path: Path = DEFAULT_OUTPUT, obj: dict[str, Any] | None = None) -> Path:
+def write(path: Path, obj: dict[str, Any] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(obj), encoding="utf-8")

@@ -23,6 +23,7 @@ from gpumeter import contract
 from gpumeter.billing.models import (
     SHORTFALL,
     STRANDED,
+    TIER_SHORTFALL,
     UNALLOCATED,
     UNPRICED,
     Allocation,
@@ -417,9 +418,11 @@ def _price_gpu_hour(
             unit.weight *= factor
 
     efficiency = {mode: to_fraction(version.efficiency(mode)) for mode in SHARING_MODES}
+    prices_tiers = version.prices_tiers
     tenants: list[tuple[Line, Fraction, int]] = []  # (line without amount, exact amount, allocation index)
     index = {id(alloc): i for i, alloc in enumerate(gpu_hour.allocations)}
     shortfall = shortfall_q = Fraction(0)
+    tier_shortfall = tier_shortfall_q = Fraction(0)
     unallocated = unallocated_q = Fraction(0)
     capacity_q = Fraction(0)
     for unit in units.values():
@@ -443,6 +446,7 @@ def _price_gpu_hour(
             if replica:
                 eff *= efficiency[replica]
             utilization = alloc.utilization if alloc.utilization is not None else unit.utilization
+            tier = version.tier_efficiency(utilization)
             line = Line(
                 kind=LineKind.TENANT,
                 namespace=alloc.namespace,
@@ -457,12 +461,17 @@ def _price_gpu_hour(
                 mig_profile=alloc.mig_profile,
                 team=teams.get(alloc.namespace, ""),
                 utilization=utilization,
-                efficiency=version.tier_efficiency(utilization),
+                efficiency=tier,
                 **common,
             )
-            tenants.append((line, gross * eff, index[id(alloc)]))
             shortfall += gross * (1 - eff)
             shortfall_q += quantity * (1 - eff)
+            if prices_tiers and tier is not None:  # §3.7: the tenant pays its tier's part of what it owes
+                tier_part = to_fraction(tier)
+                tier_shortfall += gross * eff * (1 - tier_part)
+                tier_shortfall_q += quantity * eff * (1 - tier_part)
+                eff *= tier_part
+            tenants.append((line, gross * eff, index[id(alloc)]))
             unit_q_held += quantity
         unallocated += rate * (unit.weight * unit.presence - unit_q_held)
         unallocated_q += unit.weight * unit.presence - unit_q_held
@@ -486,6 +495,7 @@ def _price_gpu_hour(
         unallocated = stranded = unallocated_q = stranded_q = Fraction(0)
     for kind, namespace, amount, quantity in (
         (LineKind.SHARING_SHORTFALL, SHORTFALL, shortfall, shortfall_q),
+        (LineKind.UTILIZATION_SHORTFALL, TIER_SHORTFALL, tier_shortfall, tier_shortfall_q),
         (LineKind.UNALLOCATED, UNALLOCATED, unallocated, unallocated_q),
         (LineKind.STRANDED, STRANDED, stranded, stranded_q),
     ):
@@ -626,6 +636,8 @@ class Pricer:
             id(version),
             # under sharing_split: usage the amounts follow the processes' use as well
             tuple((sm, memory) for _, sm, memory in gpu_hour.readings()[1]) if usage else (),
+            # under utilization_tiers: price, the tiers of the utilizations the holders' lines may carry
+            _tiers_held(gpu_hour, version) if version is not None and version.prices_tiers else (),
             dev.model,
             dev.present_seconds,
             dev.mig_mode,
@@ -684,6 +696,21 @@ class Pricer:
                 groups = memo.tie_groups[uuid] = _tie_groups(tied, list(tie.positions))
             chosen = frozenset(_in_turn(groups, tie.extra, int(hour.timestamp()) // 3600))
         return _ReusedHour(memo, hour, uuid, line_teams, efficiencies, utilizations, chosen)
+
+
+def _tiers_held(gpu_hour: GpuHour, version: PriceVersion) -> tuple[Decimal | None, ...]:
+    """What a GPU-hour's amounts depend on under ``utilization_tiers: price``, beyond its layout: the
+    tier of each reading a holder's line can carry (its own utilization, else its MIG instance's or
+    the GPU's). Hours whose readings fall in the same tiers are priced alike; none without holders."""
+    instance_readings, held_readings = gpu_hour.readings()
+    if not held_readings:
+        return ()
+    tier = version.tier_efficiency
+    return (
+        *(tier(utilization) for utilization, _, _ in held_readings),
+        *map(tier, instance_readings),
+        tier(gpu_hour.device.utilization),
+    )
 
 
 def _share(alloc: Allocation, policy: str) -> Fraction:

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.models import hour_floor, hours_between
+from gpumeter.billing.pricing.base import UTILIZATION_TIERS_USES
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,13 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
         "--prices", default=defaults.prices, help="price book YAML (default: the shipped book)"
     )
     parser.add_argument("--teams", default=None, help="team map YAML: namespaces: {namespace: team}")
+    parser.add_argument(
+        "--utilization-tiers",
+        choices=UTILIZATION_TIERS_USES,
+        default=defaults.utilization_tiers,
+        help="what the price book's utilization tiers do: report (a score on each tenant line, the "
+        "default) or price (the tenant pays its tier's efficiency, the platform the rest; docs/billing.md §3.7)",
+    )
     if prometheus:
         parser.add_argument(
             "--prometheus",
@@ -207,6 +215,7 @@ def settings_from(args):
         gap_grace_intervals=getattr(args, "gap_grace_intervals", IngestConfig.gap_grace_intervals),
         catchup_hours=getattr(args, "catchup_hours", IngestConfig.catchup_hours),
         workers=getattr(args, "workers", IngestConfig.workers),
+        utilization_tiers=getattr(args, "utilization_tiers", "report"),
     )
 
 
@@ -221,6 +230,11 @@ def register(subparsers):
     check = prices_sub.add_parser("check", help="validate a price book and print its rates")
     check.add_argument("file")
     check.set_defaults(func=cmd_prices_check)
+    default = prices_sub.add_parser(
+        "default",
+        help="print the price book gpumeter ships (the one used without --prices), to copy and edit",
+    )
+    default.set_defaults(func=cmd_prices_default)
 
     ingest = sub.add_parser(
         "ingest", help="ingest closed hours from Prometheus (default: catch up missed hours)"
@@ -317,10 +331,10 @@ def _changed(ledger, run: str) -> str | None:
 def load_inputs(args):
     """Price book and team map, validated before any database is opened (errors write nothing)."""
     from gpumeter.billing.config import ConfigError, load_team_file
-    from gpumeter.billing.pricing import PriceBookError, load_price_book
+    from gpumeter.billing.pricing import PriceBookError
 
     try:
-        book = load_price_book(args.prices)
+        book = settings_from(args).price_book()
         team_file = load_team_file(args.teams) if args.teams else None
         # a budget in another currency would never be compared with the costs (the alerts join on it)
         for team, budget in (team_file.budgets if team_file else {}).items():
@@ -333,6 +347,13 @@ def load_inputs(args):
         print(f"error: {exc}", file=sys.stderr)
         return None, None
     return book, team_file.namespaces if team_file else {}
+
+
+def cmd_prices_default(args) -> int:
+    from gpumeter.billing.pricing.static import DEFAULT_BOOK
+
+    sys.stdout.write(DEFAULT_BOOK.read_text(encoding="utf-8"))
+    return 0
 
 
 def cmd_prices_check(args) -> int:

@@ -12,8 +12,9 @@ from typing import Any
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.ledger import DEFAULT_URL
+from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.pricing.currency import MINOR_UNITS
-from gpumeter.billing.pricing.static import DEFAULT_BOOK
+from gpumeter.billing.pricing.static import DEFAULT_BOOK, load_price_book
 from gpumeter.billing.pricing.yamlload import MAX_BYTES, YamlRefused, load_yaml
 from gpumeter.billing.prom import REQUEST_TIMEOUT, Auth
 
@@ -35,6 +36,8 @@ class Settings:
     gap_grace_intervals: int = IngestConfig.gap_grace_intervals
     catchup_hours: int = IngestConfig.catchup_hours
     workers: int = IngestConfig.workers
+    # report | price: whether the book's utilization tiers only score lines or price them (§3.7)
+    utilization_tiers: str = "report"
     prometheus_timeout: float = REQUEST_TIMEOUT  # seconds for one request's whole answer
     deadline: float = IngestConfig.deadline  # seconds for a whole ingest run (0: none)
     # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
@@ -50,6 +53,10 @@ class Settings:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def price_book(self) -> PriceBook:
+        """The price book, its tiers used as ``utilization_tiers`` says; PriceBookError if unusable."""
+        return load_price_book(self.prices).with_utilization_tiers(self.utilization_tiers)
 
     def ingest_config(self) -> IngestConfig:
         return IngestConfig(

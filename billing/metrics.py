@@ -15,11 +15,9 @@ from gpumeter import contract
 from gpumeter.billing.budget import team_months
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger
-from gpumeter.billing.models import LineKind
+from gpumeter.billing.models import PLATFORM_KINDS
 
-__all__ = ["BillingCollector"]
-
-PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
+__all__ = ["BillingCollector", "family"]
 
 
 class BillingCollector:
@@ -35,7 +33,7 @@ class BillingCollector:
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         summary = self.ledger.summary()
-        cost = _family(contract.BILLING_COST)
+        cost = family(contract.BILLING_COST)
         platform: dict[tuple[str, str], float] = {}
         for labels, value in summary.cost:
             cost.add_metric([labels[k] for k in contract.BILLING_COST.labels], float(value))
@@ -43,27 +41,27 @@ class BillingCollector:
                 key = (labels[contract.KIND], labels[contract.CURRENCY])
                 platform[key] = platform.get(key, 0.0) + float(value)
         yield cost
-        hours = _family(contract.BILLING_GPU_HOURS)
+        hours = family(contract.BILLING_GPU_HOURS)
         for labels, value in summary.gpu_hours:
             hours.add_metric([labels[k] for k in contract.BILLING_GPU_HOURS.labels], float(value))
         yield hours
-        unpriced = _family(contract.BILLING_UNPRICED_GPU_HOURS)
+        unpriced = family(contract.BILLING_UNPRICED_GPU_HOURS)
         for labels, value in summary.unpriced:
             unpriced.add_metric([labels[k] for k in contract.BILLING_UNPRICED_GPU_HOURS.labels], float(value))
         yield unpriced
-        idle = _family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
+        idle = family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
         for (kind, currency), amount in sorted(platform.items()):
             idle.add_metric([kind, currency], amount)
         yield idle
-        runs = _family(contract.BILLING_INGEST_RUNS)
+        runs = family(contract.BILLING_INGEST_RUNS)
         for status, count in sorted(summary.runs.items()):
             runs.add_metric([status], count)
         yield runs
         if summary.last_success is not None:
-            last = _family(contract.BILLING_LAST_SUCCESS)
+            last = family(contract.BILLING_LAST_SUCCESS)
             last.add_metric([], summary.last_success.timestamp())
             yield last
-            lag = _family(contract.BILLING_INGEST_LAG)
+            lag = family(contract.BILLING_INGEST_LAG)
             lag.add_metric([], (self.clock() - summary.last_success).total_seconds())
             yield lag
         yield from self._budgets(summary.last_success)
@@ -71,9 +69,9 @@ class BillingCollector:
     def _budgets(self, last_success: datetime | None) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Month-to-date, forecast and budget per team (docs/billing.md §4.4); a forecast is left out
         while no hour of its window is ingested, never exported as 0."""
-        mtd = _family(contract.BILLING_TEAM_MONTH_TO_DATE)
-        forecast = _family(contract.BILLING_TEAM_FORECAST)
-        budget = _family(contract.BILLING_TEAM_BUDGET)
+        mtd = family(contract.BILLING_TEAM_MONTH_TO_DATE)
+        forecast = family(contract.BILLING_TEAM_FORECAST)
+        budget = family(contract.BILLING_TEAM_BUDGET)
         for month in team_months(self.ledger, self.budgets, self.clock(), last_success):
             labels = [month.team, month.currency]
             mtd.add_metric(labels, float(month.month_to_date))
@@ -86,7 +84,7 @@ class BillingCollector:
         yield budget
 
 
-def _family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
+def family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
     """An empty family for one of billing's series, named, typed and labelled by the contract."""
     cls = CounterMetricFamily if series.type is contract.MetricType.COUNTER else GaugeMetricFamily
     return cls(series.family_name, series.help, labels=list(series.labels))

@@ -19,6 +19,7 @@ HOUR = timedelta(hours=1)
 UNALLOCATED = "__unallocated__"
 STRANDED = "__stranded__"
 SHORTFALL = "__sharing_shortfall__"
+TIER_SHORTFALL = "__utilization_shortfall__"
 UNPRICED = "__unpriced__"
 
 
@@ -45,6 +46,7 @@ class LineKind(enum.StrEnum):
     TENANT = "tenant"
     IDLE_SHARE = "idle_share"
     SHARING_SHORTFALL = "sharing_shortfall"
+    UTILIZATION_SHORTFALL = "utilization_shortfall"  # utilization_tiers: price (docs/billing.md §3.7)
     UNALLOCATED = "unallocated"
     STRANDED = "stranded"
     UNPRICED = "unpriced"
@@ -55,6 +57,16 @@ class LineKind(enum.StrEnum):
 
 
 _KIND_RANK = {kind: rank for rank, kind in enumerate(LineKind)}
+
+# The platform's lines by kind (LineKind is a str), with the namespace each is written under, in the
+# order reports list them; billing's /metrics and the reports both read this one table.
+PLATFORM_NAMES: dict[str, str] = {
+    LineKind.UNALLOCATED: UNALLOCATED,
+    LineKind.STRANDED: STRANDED,
+    LineKind.SHARING_SHORTFALL: SHORTFALL,
+    LineKind.UTILIZATION_SHORTFALL: TIER_SHORTFALL,
+}
+PLATFORM_KINDS = tuple(PLATFORM_NAMES)
 
 
 class QuantityUnit(enum.StrEnum):
@@ -138,7 +150,9 @@ class Line:
     mig_profile: str = ""
     team: str = ""
     currency: str = "USD"
-    efficiency: Decimal | None = None  # utilization-tier efficiency score (report only)
+    # the utilization tier's efficiency: a score for reports, or, under utilization_tiers: price, the
+    # factor the tenant's amount was priced with (docs/billing.md §3.7)
+    efficiency: Decimal | None = None
     utilization: Decimal | None = None
     held: Decimal = Decimal(0)  # the quantity held, in held_unit: a fact of pricing, never recomputed
     held_unit: QuantityUnit = QuantityUnit.GPU_HOUR

@@ -1,9 +1,11 @@
-"""`gpumeter dashboards build [--check]`: regenerate the Grafana dashboards and their ConfigMaps."""
+"""`gpumeter dashboards build --out DIR [--configmaps DIR] [--check]`: the Grafana dashboards as JSON,
+and their kube-prometheus-stack ConfigMaps, written only under the folders given."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -11,24 +13,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="dashboards_command", required=True, metavar="ACTION")
     build = sub.add_parser(
         "build",
-        help="write dashboards/generated/*.json and deploy/kubernetes/base/dashboards/*.yaml",
+        help="write the dashboards' JSON models (and optionally their ConfigMaps) under the folders given",
+        description="Render every dashboard. Writes only under --out (and --configmaps); a checkout's "
+        "own copies are refreshed with `make dashboards`.",
+    )
+    build.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for <uid>.json")
+    build.add_argument(
+        "--configmaps",
+        type=Path,
+        metavar="DIR",
+        help="also write one Grafana-sidecar ConfigMap per dashboard and their kustomization.yaml here",
     )
     build.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 when a generated file is stale"
+        "--check", action="store_true", help="write nothing; exit 1 when a file under the folders is stale"
     )
     build.set_defaults(func=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from .build import ROOT, stale, write
+    from .build import stale, write
 
     if args.check:
-        paths = stale()
+        paths = stale(args.out, args.configmaps)
         for path in paths:
-            print(f"stale: {path.relative_to(ROOT)}", file=sys.stderr)
+            print(f"stale: {path}", file=sys.stderr)
         if paths:
-            print("run: gpumeter dashboards build", file=sys.stderr)
+            print("run: gpumeter dashboards build with the same folders", file=sys.stderr)
         return 1 if paths else 0
-    for path in write():
-        print(f"wrote {path.relative_to(ROOT)}")
+    try:
+        written = write(args.out, args.configmaps)
+    except OSError as error:
+        print(f"gpumeter dashboards build: cannot write {error.filename}: {error.strerror}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
     return 0

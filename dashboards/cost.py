@@ -58,7 +58,7 @@ def build() -> d.Dashboard:
             "gpumeter / Cost & chargeback",
             "Cost and weighted GPU-hours by team, namespace, GPU model and MIG profile, from the billing "
             "ledger (gpumeter_billing_* series). Every GPU-hour's cost lands on a tenant line, "
-            "__unallocated__, __stranded__ or __sharing_shortfall__; unpriced models are counted apart.",
+            "__unallocated__, __stranded__, __sharing_shortfall__ or __utilization_shortfall__; unpriced models are counted apart.",
             [
                 query_var(
                     "currency",
@@ -287,7 +287,8 @@ def build() -> d.Dashboard:
             [Query(in_range(PLATFORM, "kind, currency"), table=True)],
             description="unallocated: instances or GPUs nobody held; stranded: capacity no MIG instance "
             "covers (e.g. the 7th slice under 3g+3g); sharing_shortfall: the discount given to shared "
-            "GPUs. See docs/billing.md §4.",
+            "GPUs; utilization_shortfall: the discount of utilization tiers (utilization_tiers: price). "
+            "See docs/billing.md §4.",
             unit=MONEY,
             decimals=2,
             transformations=[organize(rename={"Value": "cost"})],
@@ -302,7 +303,7 @@ def build() -> d.Dashboard:
             [
                 Query(
                     in_range(
-                        'gpumeter_billing_cost_total{currency=~"$currency", kind=~"unallocated|stranded|sharing_shortfall"}',
+                        'gpumeter_billing_cost_total{currency=~"$currency", kind=~"unallocated|stranded|sharing_shortfall|utilization_shortfall"}',
                         "kind, model, mig_profile, currency",
                     ),
                     table=True,

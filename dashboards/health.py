@@ -298,4 +298,42 @@ def build() -> d.Dashboard:
             unit="short",
         ),
     )
+    # The service's scheduled jobs (docs/billing.md §7): GpumeterBillingJobFailed and
+    # GpumeterBillingReportOverdue read the same series.
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Scheduled job failures in the range",
+            [Query("sum by (task) (increase(gpumeter_billing_job_failures_total[$__range]))", "{{task}}")],
+            description="Runs of the hourly ingest and of the monthly chargeback and health reports that "
+            "raised or ended with a failed hour or report.",
+            thresholds=steps((None, "green"), (1, "red")),
+            decimals=0,
+            w=8,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Scheduled jobs: last success",
+            [Query("max by (task) (gpumeter_billing_job_last_success_timestamp_seconds) * 1000", "{{task}}")],
+            description="When each job last succeeded (a report: also a run recorded in the ledger).",
+            unit="dateTimeFromNow",
+            w=8,
+            h=5,
+        ),
+    )
+    layout.panel(
+        stat_panel,
+        PanelSpec(
+            "Scheduled jobs: last due",
+            [Query("max by (task) (gpumeter_billing_job_last_due_timestamp_seconds) * 1000", "{{task}}")],
+            description="When the schedule last called for each job while the service was up; a due time "
+            "newer than the last success an hour on fires GpumeterBillingReportOverdue.",
+            unit="dateTimeFromNow",
+            w=8,
+            h=5,
+        ),
+    )
     return layout.builder

@@ -1,11 +1,16 @@
 """``gpumeter demo``: the whole stack on one machine, on the embedded default.
 
-Two simulated GPU nodes (the 8×H100 MIG node and the mixed A100 node), each with its stand-in
-kubelet, stand-in kube-state-metrics (pods, pending GPU demand, a GPU quota) and exporter; a stand-in
-volcano-scheduler (two GPU queues); a real Prometheus with the alerting and recording rules, holding a month of
+Six simulated GPU nodes: the 8×H100 MIG node, the mixed A100 node and the four nodes of
+``shared-modes`` (time-slicing, MPS, HAMi/gpushare fractional grants, a vGPU host), so every ``sharing``
+mode is on show. Each node has its exporter and, but for the vGPU host, its stand-in kubelet; each fleet
+its stand-in kube-state-metrics (pods, pending GPU demand, a GPU quota). The shared-modes exporters
+collect per-process use (``--enable-collectors processes`` on the simulator's /proc) and list their
+pods from a stand-in Kubernetes API (``gpumeter simulate kube-api``), which carries the fractional
+grants and names each process's pod. A stand-in volcano-scheduler (two GPU queues); a real Prometheus with the alerting and recording rules, holding a month of
 backfilled history; a real Alertmanager routing to a local webhook log; the billing service on SQLite
 caught up on that month; last month's chargeback and fleet-health reports; the dashboards' JSON. Every process it starts is
-stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate.
+stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate. Every child runs in the
+demo's work directory, never inside the installed package.
 """
 
 from __future__ import annotations
@@ -32,25 +37,42 @@ from gpumeter.process import stop_on_signals, wait_until_set
 __all__ = ["register"]
 
 ROOT = Path(__file__).resolve().parents[1]
-NODES = (("h100-mig", "gpu-h100-mig-01"), ("a100-mixed", "gpu-a100-mixed-01"))
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    fleet: str
+    node: str
+    kubelet: bool = True  # a vGPU host has none: its VMs' vGPUs come from NVML
+    shared: bool = False  # per-process collection, pods listed from the stand-in Kubernetes API
+
+
+NODES = (
+    DemoNode("h100-mig", "gpu-h100-mig-01"),
+    DemoNode("a100-mixed", "gpu-a100-mixed-01"),
+    DemoNode("shared-modes", "gpu-shared-ts-01", shared=True),
+    DemoNode("shared-modes", "gpu-shared-mps-01", shared=True),
+    DemoNode("shared-modes", "gpu-shared-frac-01", shared=True),
+    DemoNode("shared-modes", "gpu-shared-vgpu-01", kubelet=False),
+)
+FLEETS = tuple(dict.fromkeys(n.fleet for n in NODES))  # each once, in NODES' order
 PORTS = {
     "prometheus": 9090,
     "alertmanager": 9093,
     "webhook": 9099,
     "billing": 9840,
-    "exporter-0": 9835,
-    "admin-0": 9836,
-    "exporter-1": 9845,
-    "admin-1": 9846,
-    "kube-state-metrics-0": 9850,
-    "kube-state-metrics-1": 9851,
-    "volcano-scheduler": 9852,
+    **{f"exporter-{i}": 9835 + 10 * i for i in range(len(NODES))},  # 9835, 9845, ... 9885
+    **{f"admin-{i}": 9836 + 10 * i for i in range(len(NODES))},
+    **{f"kube-state-metrics-{j}": 9850 + j for j in range(len(FLEETS))},  # 9850..9852
+    "volcano-scheduler": 9853,
+    "kube-api": 9854,
 }
 # GPU demand the fleets' running pods do not show, and a GPU quota, given to the stand-in
 # kube-state-metrics of each node's fleet (as tests/dashboards/conftest.py does), so that the capacity
 # dashboard's pending-demand, waiting-time and quota panels have something to show.
 KUBE_STATE = {
     "h100-mig": ([], []),
+    "shared-modes": ([], []),
     "a100-mixed": (
         ["ml-research/wait-3g=nvidia.com/mig-3g.20gb:1:2400", "vision/wait-2gpu=nvidia.com/gpu:2:300"],
         ["vision/gpus=requests.nvidia.com/gpu:8:6"],
@@ -149,7 +171,7 @@ class Stack:
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = (self.workdir / "logs" / f"{name}.log").open("ab")
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=None
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir, env=None
         )
         log.close()
         self.processes.append((name, proc))
@@ -198,7 +220,7 @@ def _check_ports(ports: dict[str, int]) -> None:
 def _prometheus_config(stack: Stack) -> dict:
     exporters = [
         {"targets": [f"127.0.0.1:{stack.ports[f'exporter-{i}']}"], "labels": {"instance": f"{node}:9835"}}
-        for i, (_, node) in enumerate(NODES)
+        for i, node in enumerate(n.node for n in NODES)
     ]
     return {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
@@ -218,7 +240,7 @@ def _prometheus_config(stack: Stack) -> dict:
                 "static_configs": [
                     {
                         "targets": [
-                            f"127.0.0.1:{stack.ports[f'kube-state-metrics-{i}']}" for i in range(len(NODES))
+                            f"127.0.0.1:{stack.ports[f'kube-state-metrics-{j}']}" for j in range(len(FLEETS))
                         ]
                     }
                 ],
@@ -315,14 +337,14 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
 
     _progress(
         f"simulating history {start:%Y-%m-%d %H:%M} .. {hour:%Y-%m-%d %H:%M} UTC for "
-        f"{', '.join(n for _, n in NODES)}"
+        f"{', '.join(n.node for n in NODES)}"
     )
     history = stack.workdir / "history.om"
     subprocess.run(
         _gpumeter(
             "simulate",
             "history",
-            *(a for f, _ in NODES for a in ("--fleet", f)),
+            *(a for f in FLEETS for a in ("--fleet", f)),
             "--from",
             start.isoformat(),
             "--to",
@@ -338,7 +360,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             ),
         ),
         check=True,
-        cwd=ROOT,
+        cwd=stack.workdir,
     )
     _progress("backfilling it into Prometheus (promtool tsdb create-blocks-from openmetrics)")
     subprocess.run(
@@ -368,38 +390,60 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             *(a for q in VOLCANO_QUEUES for a in ("--queue", q)),
         ),
     )
-    for i, (fleet, node) in enumerate(NODES):
+    for j, fleet in enumerate(FLEETS):
         pending, quotas = KUBE_STATE[fleet]
         stack.spawn(
-            f"kube-state-metrics-{i}",
+            f"kube-state-metrics-{j}",
             _gpumeter(
                 "simulate",
                 "kube-state-metrics",
                 "--fleet",
                 fleet,
                 "--listen",
-                f"127.0.0.1:{stack.ports[f'kube-state-metrics-{i}']}",
+                f"127.0.0.1:{stack.ports[f'kube-state-metrics-{j}']}",
                 *(a for p in pending for a in ("--pending", p)),
                 *(a for q in quotas for a in ("--quota", q)),
             ),
         )
-        socket_path = stack.workdir / "kubelet" / f"{i}.sock"
-        stack.spawn(
-            f"kubelet-{i}",
-            _gpumeter("simulate", "kubelet", "--fleet", fleet, "--node", node, "--socket", str(socket_path)),
-        )
+    # the shared-modes nodes' pods (fractional grants, the pods their GPU processes belong to)
+    stack.spawn(
+        "kube-api",
+        _gpumeter(
+            "simulate",
+            "kube-api",
+            "--fleet",
+            "shared-modes",
+            "--listen",
+            f"127.0.0.1:{stack.ports['kube-api']}",
+        ),
+    )
+    for i, demo_node in enumerate(NODES):
+        node_args = ["--simulate", demo_node.fleet, "--simulate-node", demo_node.node]
+        if demo_node.kubelet:
+            socket_path = stack.workdir / "kubelet" / f"{i}.sock"
+            stack.spawn(
+                f"kubelet-{i}",
+                _gpumeter(
+                    "simulate",
+                    "kubelet",
+                    *("--fleet", demo_node.fleet, "--node", demo_node.node, "--socket", str(socket_path)),
+                ),
+            )
+            node_args += ["--kubelet-socket", str(socket_path)]
+        if demo_node.shared:
+            node_args += [
+                *("--enable-collectors", "processes"),
+                *("--kube-api", stack.url("kube-api"), "--kube-api-refresh", "10"),
+            ]
         stack.spawn(
             f"exporter-{i}",
             _gpumeter(
                 "exporter",
-                "--simulate",
-                fleet,
+                *node_args,
                 "--listen",
                 f"127.0.0.1:{stack.ports[f'exporter-{i}']}",
                 "--admin-listen",
                 f"127.0.0.1:{stack.ports[f'admin-{i}']}",
-                "--kubelet-socket",
-                str(socket_path),
                 "--interval",
                 "5",
             ),
@@ -434,7 +478,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     )
     for i in range(len(NODES)):
         stack.wait_http(f"exporter-{i}", f"{stack.url(f'exporter-{i}')}/healthz")
-        stack.wait_http(f"kube-state-metrics-{i}", f"{stack.url(f'kube-state-metrics-{i}')}/metrics")
+    for j in range(len(FLEETS)):
+        stack.wait_http(f"kube-state-metrics-{j}", f"{stack.url(f'kube-state-metrics-{j}')}/metrics")
     stack.wait_http("volcano-scheduler", f"{stack.url('volcano-scheduler')}/metrics")
     stack.wait_http("alertmanager", f"{stack.url('alertmanager')}/-/ready")
     stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
@@ -460,7 +505,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             hour.isoformat(),
         ),
         check=True,
-        cwd=ROOT,
+        cwd=stack.workdir,
     )
     stack.spawn(
         "billing",
@@ -502,7 +547,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
                 str(reports),
             ),
             check=True,
-            cwd=ROOT,
+            cwd=stack.workdir,
         )
         _progress(f"rendering the {period} fleet-health report")
         subprocess.run(
@@ -520,24 +565,27 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
                 str(reports),
             ),
             check=True,
-            cwd=ROOT,
+            cwd=stack.workdir,
         )
 
     if stopping.is_set():
         return
     dashboards = ROOT / "dashboards" / "generated"
     gpumeter = _command_name()
+    exporters = "\n                  ".join(
+        f"{stack.url(f'exporter-{i}')}/metrics  ({n.node})" for i, n in enumerate(NODES)
+    )
     print(
         f"""
 gpumeter demo: stack ready
 
   Prometheus      {stack.url("prometheus")}   (alerts: {stack.url("prometheus")}/alerts)
   Alertmanager    {stack.url("alertmanager")}   (notifications logged to {stack.workdir / "alerts.jsonl"})
-  Exporters       {stack.url("exporter-0")}/metrics  ({NODES[0][1]})
-                  {stack.url("exporter-1")}/metrics  ({NODES[1][1]})
+  Exporters       {exporters}
   Billing         {stack.url("billing")}/metrics   (ledger {stack.workdir / "billing.sqlite"})
   Reports         {reports}  (chargeback and fleet health, {period})
-  kube-state-metrics (stand-in)  {stack.url("kube-state-metrics-0")}/metrics  {stack.url("kube-state-metrics-1")}/metrics
+  kube-state-metrics (stand-in)  {"  ".join(f"{stack.url(f'kube-state-metrics-{j}')}/metrics" for j in range(len(FLEETS)))}
+  Kubernetes API (stand-in)      {stack.url("kube-api")}/api/v1/pods?fieldSelector=spec.nodeName=gpu-shared-frac-01
   volcano-scheduler (stand-in)   {stack.url("volcano-scheduler")}/metrics
   Dashboards      {dashboards}  (import into Grafana, or use deploy/grafana/ provisioning)
   Logs            {stack.workdir / "logs"}

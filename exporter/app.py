@@ -36,6 +36,7 @@ class Exporter:
     library: object | None = None  # the stand-in NVML library when simulating
     servers: list = field(default_factory=list)
     pod_list: object | None = None  # kubernetes.pods.PodListCache: the node's pods, on their own thread
+    dra_cache: object | None = None  # kubernetes.dra_cache.DraCache: ResourceSlices and claims, likewise
     cleanups: list = field(default_factory=list)  # run at stop (a simulated /proc's directory)
 
     def health(self) -> tuple[bool, str]:
@@ -52,6 +53,8 @@ class Exporter:
         web = load_web_config(self.config.web_config) if self.config.web_config else None
         if self.pod_list is not None:
             self.pod_list.start()  # a slow API server delays this thread, never a sampling cycle
+        if self.dra_cache is not None:
+            self.dra_cache.start()
         self.sampler.start()
         try:
             app = make_app(self.exposition, self.health)
@@ -79,6 +82,8 @@ class Exporter:
         self.sampler.stop()
         if self.pod_list is not None:
             self.pod_list.stop()
+        if self.dra_cache is not None:
+            self.dra_cache.stop()
         while self.cleanups:
             self.cleanups.pop()()
 
@@ -118,7 +123,7 @@ def build_exporter(
     if privileged is None:  # a simulated node says what its driver grants; a real one asks the kernel
         privileged = node.privileged if node is not None else process_is_privileged()
     pod_list = _pod_list(config, hostname)
-    attribution = None
+    attribution = dra_cache = None
     if kubelet_client is not None or config.kubelet_socket:
         from .kubelet.attribution import PodAttribution
         from .kubelet.client import PodResourcesClient
@@ -126,9 +131,11 @@ def build_exporter(
         client = kubelet_client or PodResourcesClient(config.kubelet_socket, timeout=config.kubelet_timeout)
         fractional = None
         if pod_list is not None:
+            from .kubernetes.dra_cache import DraCache
             from .kubernetes.fractional import FractionalAttribution
 
             fractional = FractionalAttribution(None, hostname, pods=pod_list)
+            dra_cache = DraCache(pod_list.lister, hostname, refresh_s=config.kube_api_refresh)
         strategy = config.gpu_sharing_strategy or (node.spec.sharing_strategy if node is not None else None)
         attribution = PodAttribution(
             client,
@@ -137,6 +144,7 @@ def build_exporter(
             extra_resources=config.extra_resources,
             replicas_under_mps=strategy == "mps",
             fractional=fractional,
+            dra=dra_cache,
         )
     cleanups = []
     proc_root = config.proc_root
@@ -181,7 +189,15 @@ def build_exporter(
     exposition = ExpositionCache(registry, sampler.snapshot)
     sampler.listeners.append(exposition.prepare)
     return Exporter(
-        config, sampler, registry, exposition, node, library, pod_list=pod_list, cleanups=cleanups
+        config,
+        sampler,
+        registry,
+        exposition,
+        node,
+        library,
+        pod_list=pod_list,
+        dra_cache=dra_cache,
+        cleanups=cleanups,
     )
 
 

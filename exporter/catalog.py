@@ -654,6 +654,12 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(contract.ALLOCATION_MEMORY, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     MetricSpec(contract.ALLOCATION_COMPUTE, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     MetricSpec(
+        contract.DRA_ALLOCATION_INFO,
+        A,
+        "kubelet PodResources v1 List (ContainerResources.dynamic_resources); Kubernetes API: the node's "
+        "resource.k8s.io/v1 ResourceSlices",
+    ),
+    MetricSpec(
         contract.PROCESS_MEMORY_USED,
         D,
         "nvmlDeviceGetComputeRunningProcesses_v3 + nvmlDeviceGetMPSComputeRunningProcesses_v3 "
@@ -673,6 +679,17 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(contract.KUBELET_ERRORS, X, "kubelet List"),
     MetricSpec(contract.KUBE_API_UP, X, "GET /api/v1/pods?fieldSelector=spec.nodeName=<node>"),
     MetricSpec(contract.KUBE_API_ERRORS, X, "GET /api/v1/pods?fieldSelector=spec.nodeName=<node>"),
+    MetricSpec(
+        contract.DRA_API_UP, X, "GET resource.k8s.io/v1 resourceslices (spec.nodeName=<node>), resourceclaims"
+    ),
+    MetricSpec(
+        contract.DRA_API_ERRORS,
+        X,
+        "GET resource.k8s.io/v1 resourceslices (spec.nodeName=<node>), resourceclaims",
+    ),
+    MetricSpec(
+        contract.DRA_DEVICES_UNRESOLVED, X, "kubelet List dynamic_resources, ResourceSlices, NVML inventory"
+    ),
     MetricSpec(contract.LAST_SAMPLE_TIMESTAMP, X, "sampler"),
     MetricSpec(contract.SAMPLE_DURATION, X, "sampler"),
     MetricSpec(contract.NVML_CALLS, X, "sampler"),

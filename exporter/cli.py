@@ -24,7 +24,7 @@ def register(subparsers) -> None:
 
     simulate = subparsers.add_parser(
         "simulate",
-        help="the simulator: inject faults, stand-ins (kubelet, kube-state-metrics, volcano-scheduler), history",
+        help="the simulator: inject faults, stand-ins (kubelet, Kubernetes API, kube-state-metrics, volcano-scheduler), history",
     )
     sim = simulate.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
     inject = sim.add_parser("inject", help="inject a fault into a running simulated exporter")
@@ -32,7 +32,10 @@ def register(subparsers) -> None:
 
     inject.add_argument("fault", help=", ".join((*FAULTS, "clear")))
     inject.add_argument(
-        "--admin", default="http://127.0.0.1:9836", help="the exporter's --admin-listen address"
+        "--admin",
+        default="127.0.0.1:9836",
+        metavar="HOST:PORT",
+        help="the exporter's --admin-listen address (an http:// URL works too; default %(default)s)",
     )
     inject.add_argument("--gpu", type=int, help="GPU index")
     inject.add_argument(
@@ -57,8 +60,9 @@ def register(subparsers) -> None:
         history = None
     if history is not None:
         history.add_parser(sim)
-    from .simulator import kube_state_metrics, volcano
+    from .simulator import kube_state_metrics, kubeapi, volcano
 
+    kubeapi.add_parser(sim)
     kube_state_metrics.add_parser(sim)
     volcano.add_parser(sim)
 
@@ -114,7 +118,8 @@ def _parameter(text: str):
 
 
 def run_inject(args: argparse.Namespace) -> int:
-    url = args.admin.rstrip("/") + "/faults"
+    base = args.admin if "://" in args.admin else f"http://{args.admin}"  # HOST:PORT, as its help says
+    url = base.rstrip("/") + "/faults"
     try:
         if args.fault == "clear":
             response = httpx.delete(url, params={} if args.gpu is None else {"gpu": args.gpu}, timeout=10)

@@ -67,10 +67,10 @@ OPTIONS = {
     "kubelet_keep_cycles": "sampling cycles the last good allocations survive a kubelet outage (default 5)",
     "extra_resources": "comma-separated extra resource names that are GPUs (e.g. nvidia.com/a100)",
     "kube_api": "list this node's pods from the Kubernetes API for HAMi/gpushare fractional grants and the "
-    "processes collector's pods: "
+    "processes collector's pods, and its DRA ResourceSlices and claims (resource.k8s.io/v1): "
     "in-cluster (service account) or an API server URL (default: off)",
     "kube_api_token_file": "bearer token file for --kube-api URL (in-cluster: the service account's)",
-    "kube_api_refresh": "seconds between pod lists from the Kubernetes API (default 30)",
+    "kube_api_refresh": "seconds between pod lists (and ResourceSlice lists) from the Kubernetes API (default 30)",
     "proc_root": "where the host's /proc is, for the processes collector's /proc/<pid>/cgroup (default /proc, "
     "which with hostPID is the host's; with --simulate a temporary directory the simulator fills)",
     "gpu_sharing_strategy": "how the device plugin shares replicas on this node: time-slicing (default) or mps "

@@ -17,7 +17,9 @@ A drop-in for NVIDIA/dcgm-exporter 4.8.x (pre-4.9 names and units, docs/dcgm-mod
   whole GPUs matched by UUID, MIG instances by (GPU index, GPU instance id) (#272, #577). A device
   that several pods share (time-slicing) gets one series per pod, at most ``MAX_PODS_PER_DEVICE``,
   where dcgm-exporter labels only the last one (#307). Each of those series carries the device's
-  value: do not sum them across pods.
+  value: do not sum them across pods. A pod holding the device through a DRA claim also carries
+  dcgm-exporter's ``dra_claim_name``, ``dra_claim_namespace``, ``dra_driver_name``, ``dra_pool_name``,
+  ``dra_device_name`` and, on a MIG device, ``dra_mig_profile`` and ``dra_mig_device_uuid`` (4.4.0, #535).
 * ``DCGM_FI_DEV_XID_ERRORS`` is the code of the last XID (the newest timestamp), 0 when none, with
   ``err_code`` and ``err_msg`` labels, as dcgm-exporter reports it (quirk §2.4). Native mode counts
   every XID.
@@ -72,6 +74,7 @@ DECIMALS = 6  # dcgm-exporter prints doubles with %f
 
 _INFO = by_name("nvidia_gpu_info")
 _ALLOCATION = by_name("nvidia_gpu_allocation")
+_DRA_INFO = by_name("nvidia_gpu_allocation_dra_info")
 _XID_COLLECTOR = "xid"
 _warned: set[tuple[str, str]] = set()
 
@@ -280,15 +283,45 @@ class _View:
         return found
 
     @staticmethod
-    def _holders(snapshot: Snapshot) -> dict[tuple[str, str], tuple[dict[str, str], ...]]:
-        """(parent uuid, "") for whole GPUs, (gpu index, gpu instance id) for MIG -> pod labels."""
+    def _dra_labels(snapshot: Snapshot) -> dict[tuple[str, ...], dict[str, str]]:
+        """dcgm-exporter's DRA labels (internal/pkg/transformation/dra.go, 4.4.0+) of each DRA holder, by
+        (namespace, pod, container, uuid, gpu_instance_id) of its allocation."""
+        names = _DRA_INFO.label_names
+        migs = {(str(m.gpu_index), str(m.gpu_instance_id)): m for d in snapshot.devices for m in d.migs}
+        out = {}
+        for labels, _ in snapshot.samples(_DRA_INFO.name):
+            row = dict(zip(names, labels, strict=True))
+            found = {
+                "dra_claim_name": row["claim_name"],
+                "dra_claim_namespace": row["claim_namespace"],
+                "dra_driver_name": row["driver"],
+                "dra_pool_name": row["pool"],
+                "dra_device_name": row["device"],
+            }
+            mig = migs.get((row["gpu"], row["gpu_instance_id"])) if row["gpu_instance_id"] else None
+            if mig is not None:
+                found |= {"dra_mig_profile": mig.profile, "dra_mig_device_uuid": mig.uuid}
+            key = (row["namespace"], row["pod"], row["container"], row["uuid"], row["gpu_instance_id"])
+            out[key] = found
+        return out
+
+    @classmethod
+    def _holders(cls, snapshot: Snapshot) -> dict[tuple[str, str], tuple[dict[str, str], ...]]:
+        """(parent uuid, "") for whole GPUs, (gpu index, gpu instance id) for MIG -> pod labels (and a
+        DRA holder's dra_* labels)."""
         names = _ALLOCATION.label_names
         at = {label: names.index(label) for label in (*POD_LABELS, "uuid", "gpu", "gpu_instance_id")}
-        found: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        dra = cls._dra_labels(snapshot)
+        found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+        extra: dict[tuple[str, ...], dict[str, str]] = {}
         for labels, _share in snapshot.samples(_ALLOCATION.name):
             gi = labels[at["gpu_instance_id"]]
             key = (labels[at["uuid"]], "") if gi == "" else (labels[at["gpu"]], gi)
-            found.setdefault(key, set()).add(tuple(labels[at[label]] for label in POD_LABELS))
+            pod = tuple(labels[at[label]] for label in POD_LABELS)
+            found.setdefault(key, set()).add(pod)
+            held = dra.get((pod[1], pod[0], pod[2], labels[at["uuid"]], gi))
+            if held is not None:
+                extra[pod] = held
         out = {}
         for key, pods in found.items():
             ordered = sorted(pods, key=lambda p: (p[1], p[0], p[2]))  # namespace, pod, container
@@ -303,7 +336,9 @@ class _View:
                         MAX_PODS_PER_DEVICE,
                     )
                 ordered = ordered[:MAX_PODS_PER_DEVICE]
-            out[key] = tuple(dict(zip(POD_LABELS, pod, strict=True)) for pod in ordered)
+            out[key] = tuple(
+                {**dict(zip(POD_LABELS, pod, strict=True)), **extra.get(pod, {})} for pod in ordered
+            )
         return out
 
     def device(self, uuid: str) -> DeviceIdentity | None:

@@ -16,8 +16,10 @@ stand-in's capability tables (exporter/simulator/models.py) and latency table (s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import stat
 import sys
 import tempfile
@@ -93,6 +95,9 @@ class Report:
     gpus: list[GpuReport] = field(default_factory=list)
     kubelet: str = ""
     kubelet_ok: bool | None = None  # None: not checked
+    dynamic_resources: str = ""  # whether the kubelet reports DRA devices (PodResources dynamic_resources)
+    resource_slices: str = ""  # whether this node's ResourceSlices can be read (--kube-api)
+    resource_slices_ok: bool | None = None  # None: not checked; never blocking (attribution degrades)
     blocking: list[str] = field(default_factory=list)
 
     @property
@@ -212,22 +217,68 @@ def _mig_layout(handle) -> list[dict[str, Any]]:
     return layout
 
 
-def _kubelet(socket_path: str | None, required: bool) -> tuple[str, bool | None]:
+def _dynamic_resources(pods) -> str:
+    """Whether the kubelet reports DRA devices: a container with ``dynamic_resources`` proves it does;
+    none may mean no claims here, or a kubelet without the PodResources DRA gates."""
+    claims = {
+        (d.claim_namespace, d.claim_name) for p in pods for c in p.containers for d in c.dynamic_resources
+    }
+    holders = sum(1 for p in pods for c in p.containers if c.dynamic_resources)
+    if holders:
+        return f"reported: {holders} containers hold devices through {len(claims)} DRA claims"
+    return (
+        "none reported: no DRA claims on this node, or a kubelet before 1.34 without the "
+        "KubeletPodResourcesDynamicResources and KubeletPodResourcesGet feature gates"
+    )
+
+
+def _resource_slices(kube_api: str | None, token_file: str | None, node: str) -> tuple[str, bool | None]:
+    if not kube_api:
+        return "not checked (no --kube-api): DRA devices are attributed from their names alone", None
+    from .kubernetes.api import KubeApiError, PodLister
+    from .kubernetes.dra import slice_devices
+
+    try:
+        lister = (
+            PodLister.in_cluster(timeout=3.0)
+            if kube_api == "in-cluster"
+            else PodLister(kube_api, token_path=token_file, timeout=3.0)
+        )
+        try:
+            devices = slice_devices(lister.list_resource_slices(node))
+        finally:
+            lister.close()
+    except KubeApiError as exc:
+        return f"cannot read the ResourceSlices of {node} ({exc.reason}): {exc}", False
+    gpus = sum(1 for d in devices.values() if d.type == "gpu")
+    migs = sum(1 for d in devices.values() if d.type == "mig")
+    return (
+        f"readable: {len(devices)} gpu.nvidia.com devices of {node} ({gpus} GPUs, {migs} MIG devices)",
+        True,
+    )
+
+
+def _kubelet(socket_path: str | None, required: bool) -> tuple[str, bool | None, str]:
     if not socket_path:
-        return "not checked (no kubelet socket configured): pod attribution off", None
+        return "not checked (no kubelet socket configured): pod attribution off", None, "not checked"
     path = Path(socket_path)
     try:
         mode = path.stat().st_mode
     except OSError as exc:
         if not required:
-            return f"{socket_path}: {exc.strerror} (not a Kubernetes node?): pod attribution off", None
-        return f"{socket_path}: {exc.strerror}", False
+            return (
+                f"{socket_path}: {exc.strerror} (not a Kubernetes node?): pod attribution off",
+                None,
+                "not checked",
+            )
+        return f"{socket_path}: {exc.strerror}", False, "not checked"
     if not stat.S_ISSOCK(mode):
-        return f"{socket_path}: not a unix socket", False
+        return f"{socket_path}: not a unix socket", False, "not checked"
     if not os.access(socket_path, os.R_OK | os.W_OK):
         return (
             f"{socket_path}: no read/write permission for uid {os.geteuid()} (mount it, run as root)",
             False,
+            "not checked",
         )
     from .kubelet.client import KubeletError, PodResourcesClient
 
@@ -238,13 +289,13 @@ def _kubelet(socket_path: str | None, required: bool) -> tuple[str, bool | None]
             devices = client.allocatable().devices
             ms = (time.perf_counter() - started) * 1000
     except KubeletError as exc:
-        return str(exc), False
+        return str(exc), False, "not checked"
     held = sum(1 for p in pods for c in p.containers if c.devices)
     answer = (
         f"{socket_path}: List and GetAllocatableResources answered in {ms:.1f} ms "
         f"({len(devices)} allocatable device groups, {held} containers holding devices)"
     )
-    return answer, True
+    return answer, True, _dynamic_resources(pods)
 
 
 def diagnose(
@@ -254,6 +305,9 @@ def diagnose(
     kubelet_required: bool = False,
     privileged: bool | None = None,
     clock: Callable[[], float] = time.time,
+    kube_api: str | None = None,
+    kube_api_token_file: str | None = None,
+    node_name: str | None = None,
 ) -> Report:
     """Everything the report says. ``library``: None for the real libnvidia-ml, else a stand-in."""
     report = Report(privileged=process_is_privileged() if privileged is None else privileged)
@@ -265,7 +319,9 @@ def diagnose(
         report.blocking.append(
             "NVML does not start: is the NVIDIA driver loaded and libnvidia-ml.so.1 found?"
         )
-        report.kubelet, report.kubelet_ok = _kubelet(kubelet_socket, kubelet_required)
+        report.kubelet, report.kubelet_ok, report.dynamic_resources = _kubelet(
+            kubelet_socket, kubelet_required
+        )
         return report
     try:
         report.nvml = N.nvmlSystemGetNVMLVersion()
@@ -281,9 +337,12 @@ def diagnose(
         _confirm_with_a_cycle(session, report, clock)
     finally:
         session.stop()
-    report.kubelet, report.kubelet_ok = _kubelet(kubelet_socket, kubelet_required)
+    report.kubelet, report.kubelet_ok, report.dynamic_resources = _kubelet(kubelet_socket, kubelet_required)
     if report.kubelet_ok is False:
         report.blocking.append(f"kubelet: {report.kubelet}")
+    report.resource_slices, report.resource_slices_ok = _resource_slices(
+        kube_api, kube_api_token_file, node_name or socket.gethostname()
+    )
     return report
 
 
@@ -424,7 +483,13 @@ def render_text(report: Report) -> str:
             f"profiling metrics: absent on {len(without_gpm)} of {len(report.gpus)} GPUs of this node (no NVML "
             "GPM before Hopper; docs/metrics.md); nvidia_gpu_utilization_ratio is the only activity measure there",
         ]
-    out += ["", f"kubelet pod-resources: {report.kubelet}", ""]
+    out += [
+        "",
+        f"kubelet pod-resources: {report.kubelet}",
+        f"kubelet dynamic resources (DRA): {report.dynamic_resources}",
+        f"ResourceSlices (DRA): {report.resource_slices}",
+        "",
+    ]
     if report.blocking:
         out.append("BLOCKING:")
         out += [f"  {line}" for line in report.blocking]
@@ -448,23 +513,42 @@ def add_parser(subparsers) -> None:
         default=None,
         help=f"the kubelet pod-resources socket (default {DEFAULT_SOCKET}; with --simulate a stand-in kubelet)",
     )
+    doctor.add_argument(
+        "--kube-api",
+        default=None,
+        help="in-cluster or an API server URL: check that this node's DRA ResourceSlices can be read "
+        "(with --simulate: a stand-in API unless given)",
+    )
+    doctor.add_argument("--kube-api-token-file", default=None, help="bearer token file for --kube-api URL")
+    doctor.add_argument(
+        "--node-name", default=None, help="this node's Kubernetes name (default: the hostname)"
+    )
     doctor.add_argument("--json", action="store_true", help="the report as JSON")
     doctor.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.simulate:
-        report = _simulated(args.simulate, args.simulate_node, args.kubelet_socket)
+        report = _simulated(args.simulate, args.simulate_node, args.kubelet_socket, args.kube_api)
     else:
         socket_path = args.kubelet_socket if args.kubelet_socket is not None else DEFAULT_SOCKET
-        report = diagnose(kubelet_socket=socket_path, kubelet_required=args.kubelet_socket is not None)
+        report = diagnose(
+            kubelet_socket=socket_path,
+            kubelet_required=args.kubelet_socket is not None,
+            kube_api=args.kube_api,
+            kube_api_token_file=args.kube_api_token_file,
+            node_name=args.node_name,
+        )
     sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json else render_text(report))
     return report.exit_status
 
 
-def _simulated(fleet_name: str, node_name: str | None, socket_path: str | None) -> Report:
+def _simulated(
+    fleet_name: str, node_name: str | None, socket_path: str | None, kube_api: str | None = None
+) -> Report:
     from .simulator.device import SimulatedNode
     from .simulator.fleet import FleetError, load_fleet
+    from .simulator.kubeapi import StandInKubeApi
     from .simulator.kubelet import StandInKubelet
     from .simulator.latency import CALL_LATENCY_S
     from .simulator.nvml import SimulatedNvml
@@ -475,15 +559,19 @@ def _simulated(fleet_name: str, node_name: str | None, socket_path: str | None) 
     except (FleetError, KeyError) as exc:
         raise SystemExit(f"gpumeter doctor: {exc}") from None
     library = SimulatedNvml(node, latency=CALL_LATENCY_S)
-    if socket_path is not None:
+    with contextlib.ExitStack() as stack:
+        if kube_api is None:
+            kube_api = stack.enter_context(StandInKubeApi(fleet)).base_url
+        if socket_path is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumeter-doctor-"))
+            socket_path = stack.enter_context(
+                StandInKubelet(fleet, node.spec.name, Path(tmp) / "kubelet.sock")
+            ).socket_path
         return diagnose(
-            library, kubelet_socket=socket_path, kubelet_required=True, privileged=node.privileged
+            library,
+            kubelet_socket=socket_path,
+            kubelet_required=True,
+            privileged=node.privileged,
+            kube_api=kube_api,
+            node_name=node.spec.name,
         )
-    with tempfile.TemporaryDirectory(prefix="gpumeter-doctor-") as tmp:
-        kubelet = StandInKubelet(fleet, node.spec.name, Path(tmp) / "kubelet.sock").start()
-        try:
-            return diagnose(
-                library, kubelet_socket=kubelet.socket_path, kubelet_required=True, privileged=node.privileged
-            )
-        finally:
-            kubelet.stop()

@@ -97,6 +97,9 @@ TEAM = "team"
 KIND = "kind"
 CURRENCY = "currency"
 STATUS = "status"
+# A scheduled job of `billing serve` (BILLING_JOBS). Not `job`: Prometheus gives that name to the scrape
+# job, and a target's own `job` label would be renamed exported_job.
+TASK = "task"
 # vGPU (a hypervisor host's GPU shared by virtual machines, docs/pod-attribution.md §vGPU)
 VGPU_UUID = "vgpu_uuid"  # nvmlVgpuInstanceGetUUID
 VM_ID = "vm_id"  # nvmlVgpuInstanceGetVmID: the VM's UUID (KVM) or domain ID (Xen), as the host names it
@@ -130,6 +133,10 @@ SHARING_MODES = (
     SHARING_FRACTIONAL,
     SHARING_VGPU,
 )
+
+# The `resource` of a holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): the claim, as
+# kubectl names the object (`kubectl -n <namespace> get resourceclaim/<name>`; the pod's namespace)
+CLAIM_RESOURCE_PREFIX = "resourceclaim/"
 
 DEVICE_LABELS = (GPU, UUID)  # every series of a physical GPU
 MIG_LABELS = (GPU, UUID, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID, MIG_PROFILE)  # every series of a MIG instance
@@ -530,6 +537,29 @@ ALLOCATION_COMPUTE = _exporter(
     'memory fraction unless a core limit is given). Only for sharing="fractional".',
     *ALLOCATION.labels,
 )
+# A holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): its allocation's resource is
+# "resourceclaim/<claim name>"; this info series adds the claim's namespace and the device as the
+# kubelet names it (driver, pool, device), for joins on the allocation's labels and dcgm naming's dra_*.
+DRA_ALLOCATION_INFO = _exporter(
+    "nvidia_gpu_allocation_dra_info",
+    G,
+    "",
+    "A pod's container holds this GPU or MIG device through a Dynamic Resource Allocation claim; value 1. "
+    "The labels before claim_namespace are nvidia_gpu_allocation's; driver, pool and device name the "
+    "device as the kubelet and the node's ResourceSlice do (e.g. gpu.nvidia.com, the node, gpu-1-mig-3g40gb-9-0).",
+    HOSTNAME,
+    NAMESPACE,
+    POD,
+    CONTAINER,
+    UUID,
+    GPU,
+    GPU_INSTANCE_ID,
+    "claim_namespace",
+    "claim_name",
+    "driver",
+    "pool",
+    "device",
+)
 # Per process, mapped to its pod through /proc/<pid>/cgroup and the node's pod list (the `processes`
 # collector, docs/pod-attribution.md §Processes). Summed per (GPU instance, container): a container's
 # processes are one series, and every process outside a pod (or of a pod not in the list) is summed
@@ -599,6 +629,30 @@ KUBE_API_ERRORS = _exporter(
     "Failed lists of this node's pods from the Kubernetes API, by reason (unreachable, unauthorized, "
     "forbidden, http, malformed).",
     "reason",
+)
+DRA_API_UP = _exporter(
+    "gpumeter_exporter_dra_api_up",
+    G,
+    "",
+    "1 when the last read of this node's ResourceSlices and of its pods' ResourceClaims succeeded; 0: DRA "
+    "devices are attributed from their names alone (whole GPUs; MIG devices whose profile is unique on "
+    "their GPU), sharing without the claims' config (absent when --kube-api is off).",
+)
+DRA_API_ERRORS = _exporter(
+    "gpumeter_exporter_dra_api_errors_total",
+    C,
+    "",
+    "Failed reads of ResourceSlices and ResourceClaims from the Kubernetes API, by reason (unreachable, "
+    "unauthorized, forbidden, http, malformed).",
+    "reason",
+)
+DRA_DEVICES_UNRESOLVED = _exporter(
+    "gpumeter_exporter_dra_devices_unresolved",
+    G,
+    "",
+    "DRA devices (gpu.nvidia.com) the kubelet reports held by a container that could not be mapped to a "
+    "GPU or MIG device in the last cycle: their holders have no nvidia_gpu_allocation series (absent "
+    "when attribution is off).",
 )
 LAST_SAMPLE_TIMESTAMP = _exporter(
     "gpumeter_exporter_last_sample_timestamp_seconds",
@@ -683,6 +737,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     ALLOCATION,
     ALLOCATION_MEMORY,
     ALLOCATION_COMPUTE,
+    DRA_ALLOCATION_INFO,
     PROCESS_MEMORY_USED,
     PROCESS_SM_UTILIZATION,
     COLLECTOR_SUCCESS,
@@ -692,6 +747,9 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     KUBELET_ERRORS,
     KUBE_API_UP,
     KUBE_API_ERRORS,
+    DRA_API_UP,
+    DRA_API_ERRORS,
+    DRA_DEVICES_UNRESOLVED,
     LAST_SAMPLE_TIMESTAMP,
     SAMPLE_DURATION,
     NVML_CALLS,
@@ -831,7 +889,7 @@ BILLING_UNALLOCATED_COST = _billing(
     "gpumeter_billing_unallocated_cost_total",
     C,
     "",
-    "Cost left with the platform: unallocated, stranded and sharing-efficiency shortfall.",
+    "Cost left with the platform: unallocated, stranded, sharing-efficiency and utilization-tier shortfall.",
     KIND,
     CURRENCY,
 )
@@ -876,6 +934,32 @@ BILLING_TEAM_BUDGET = _billing(
     CURRENCY,
 )
 
+# The scheduled jobs of `billing serve` (gpumeter/service.py): the hourly ingest, and the monthly job's
+# two reports, each told apart so one failing never hides behind the other.
+BILLING_JOBS = ("ingest", "chargeback_report", "health_report")
+BILLING_JOB_LAST_SUCCESS = _billing(
+    "gpumeter_billing_job_last_success_timestamp_seconds",
+    G,
+    "seconds",
+    "When the scheduled job last succeeded (Unix time; 0: not since the service started and not in the "
+    "ledger).",
+    TASK,
+)
+BILLING_JOB_LAST_DUE = _billing(
+    "gpumeter_billing_job_last_due_timestamp_seconds",
+    G,
+    "seconds",
+    "When the job's schedule last called for a run while the service was up (Unix time; absent: not yet).",
+    TASK,
+)
+BILLING_JOB_FAILURES = _billing(
+    "gpumeter_billing_job_failures_total",
+    C,
+    "",
+    "Runs of the scheduled job that failed (raised, or ended with a failed hour or report) since start.",
+    TASK,
+)
+
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
     BILLING_GPU_HOURS,
@@ -887,6 +971,9 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_TEAM_MONTH_TO_DATE,
     BILLING_TEAM_FORECAST,
     BILLING_TEAM_BUDGET,
+    BILLING_JOB_LAST_SUCCESS,
+    BILLING_JOB_LAST_DUE,
+    BILLING_JOB_FAILURES,
 )
 
 

@@ -16,16 +16,18 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpumeter import web
+from gpumeter import contract, web
 from gpumeter.billing import cli as billing_cli
 from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
@@ -33,13 +35,12 @@ from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.base import Actor, LedgerError
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
-from gpumeter.billing.metrics import BillingCollector
-from gpumeter.billing.pricing import load_price_book
+from gpumeter.billing.metrics import BillingCollector, family
 from gpumeter.billing.prom import open_client
 from gpumeter.billing.secrets import redact_url
 from gpumeter.process import stop_on_signals, wait_until_set
 from gpumeter.reports.model import ReportError
-from gpumeter.reports.schedule import ReportSchedule, run_monthly
+from gpumeter.reports.schedule import KINDS, ReportSchedule, run_monthly
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,112 @@ STOP_GRACE_SECONDS = 1.0
 LOCK_RELEASE_SECONDS = 0.4  # then, at most this long to free the lock row of a job that did not stop
 
 
+class JobStatus:
+    """What the scheduled jobs did in this process, for /metrics (contract.BILLING_JOB_*): per task,
+    when it last succeeded, when its schedule last called for it, and how many runs failed. A job
+    that fails is logged too, but these series are what the GpumeterBillingJob* alerts read: a report
+    that is not written on the 1st must page someone that day, not surprise finance at month end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.start(datetime.now(UTC), {})
+
+    def start(
+        self, started: datetime, triggers: Mapping[str, BaseTrigger], due_at_start: tuple[str, ...] = ()
+    ):
+        """Forget the last service's state: ``triggers`` by task, and the tasks run once at start."""
+        with self._lock:
+            self.started = started
+            self.triggers = dict(triggers)
+            self.success: dict[str, float] = dict.fromkeys(contract.BILLING_JOBS, 0.0)
+            self.failures: dict[str, int] = dict.fromkeys(contract.BILLING_JOBS, 0)
+            # per task: the newest due time found so far, and the next fire time after it
+            self._due: dict[str, tuple[datetime | None, datetime | None]] = {
+                task: (started if task in due_at_start else None, trigger.get_next_fire_time(None, started))
+                for task, trigger in self.triggers.items()
+            }
+
+    def succeeded(self, task: str, at: datetime | None = None) -> None:
+        with self._lock:
+            self.success[task] = max(self.success[task], (at or datetime.now(UTC)).timestamp())
+
+    def failed(self, task: str) -> None:
+        with self._lock:
+            self.failures[task] += 1
+
+    def last_due(self, task: str, now: datetime) -> datetime | None:
+        """The newest time, since the service started, at which the task's schedule called for a run."""
+        with self._lock:
+            if task not in self._due:
+                return None
+            due, upcoming = self._due[task]
+            while upcoming is not None and upcoming <= now:
+                due = upcoming
+                upcoming = self.triggers[task].get_next_fire_time(due, due + timedelta(microseconds=1))
+            self._due[task] = (due, upcoming)
+            return due
+
+
+JOBS = JobStatus()  # the jobs below are plain functions APScheduler calls by reference: they report here
+
+
+class JobCollector:
+    """contract.BILLING_JOB_* at scrape time. A report's last success is also read from the ledger's
+    report runs, so it survives a restart and is the same on every replica."""
+
+    def __init__(self, jobs: JobStatus, ledger: Ledger, clock: Callable[[], datetime]):
+        self.jobs, self.ledger, self.clock = jobs, ledger, clock
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        now = self.clock()
+        recorded = self._recorded_reports()
+        success = family(contract.BILLING_JOB_LAST_SUCCESS)
+        due = family(contract.BILLING_JOB_LAST_DUE)
+        failures = family(contract.BILLING_JOB_FAILURES)
+        for task in contract.BILLING_JOBS:
+            success.add_metric([task], max(self.jobs.success[task], recorded.get(task, 0.0)))
+            if (when := self.jobs.last_due(task, now)) is not None:
+                due.add_metric([task], when.timestamp())
+            failures.add_metric([task], self.jobs.failures[task])
+        yield from (success, due, failures)
+
+    def _recorded_reports(self) -> dict[str, float]:
+        newest: dict[str, float] = {}
+        for run in self.ledger.report_runs():
+            if run.status == "ok":
+                task = "health_report" if run.grouping == "health" else "chargeback_report"
+                created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
+                newest[task] = max(newest.get(task, 0.0), created.timestamp())
+        return newest
+
+
 def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | None = None) -> str:
-    """The scheduled job: catch up every missed closed hour, under the lock row. Returns what it did."""
-    cfg = Settings(**settings)
-    now = now or datetime.now(UTC)
-    holder = holder or holder_id()
-    book = load_price_book(cfg.prices)
+    """The scheduled job: catch up every missed closed hour, under the lock row. Returns what it did;
+    a failure (raised, or a failed hour) is counted in JOBS."""
+    try:
+        outcome = _catch_up(Settings(**settings), now or datetime.now(UTC), holder or holder_id())
+    except Exception:
+        JOBS.failed("ingest")
+        raise  # APScheduler logs it with its traceback
+    if outcome.startswith("failed"):
+        JOBS.failed("ingest")
+        log.error("hourly ingest: %s", outcome)
+    else:
+        if outcome.startswith("ingested"):
+            JOBS.succeeded("ingest")
+        log.info("hourly ingest: %s", outcome)
+    return outcome
+
+
+def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
+    book = cfg.price_book()
     ledger = open_ledger(cfg.db, schema=cfg.schema)
     ledger.actor = Actor("serve", holder, "hourly catch-up", uuid.uuid4().hex)
     try:
@@ -78,19 +175,33 @@ def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | Non
     finally:
         ledger.close()
     if result.failed:
-        outcome = f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
-    elif result.stopped:
-        outcome = f"stopped after {len(result.ingested)} hour(s): the service is stopping"
-    else:
-        outcome = f"ingested {len(result.ingested)}"
-    log.info("hourly ingest: %s", outcome)
-    return outcome
+        return f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
+    if result.stopped:
+        return f"stopped after {len(result.ingested)} hour(s): the service is stopping"
+    return f"ingested {len(result.ingested)}"
 
 
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
     """The scheduled job: render last month's chargeback and fleet-health reports (reports/,
-    docs/reports.md) into the configured directory and record each run (period, price-book versions, checksums) in the ledger."""
-    return run_monthly(settings, report, now)
+    docs/reports.md) into the configured directory and record each run (period, price-book versions, checksums) in the ledger.
+    Each report's success or failure goes to JOBS (/metrics); a failure is logged, not raised."""
+    now = now or datetime.now(UTC)
+    try:
+        outcome = run_monthly(settings, report, now)
+    except Exception:  # before either report could start (the ledger cannot be opened)
+        for kind in _listed_kinds(report):
+            JOBS.failed(f"{kind}_report")
+        raise
+    for task in outcome.succeeded:
+        JOBS.succeeded(task, now)
+    for task in outcome.failed:
+        JOBS.failed(task)
+    return outcome.message
+
+
+def _listed_kinds(report: dict | None) -> list[str]:
+    kinds = ReportSchedule(**(report or {})).kinds
+    return [kind for kind in KINDS if kind in {k.strip() for k in kinds.split(",")}]
 
 
 def build_app(
@@ -103,7 +214,9 @@ def build_app(
     answers. ``ready``: until it is set, /healthz answers 503 "starting" (serve sets it once the
     scheduler holds its jobs, so a probe that passes means the schedule is there)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BillingCollector(ledger, clock or (lambda: datetime.now(UTC)), budgets))
+    clock = clock or (lambda: datetime.now(UTC))
+    registry.register(BillingCollector(ledger, clock, budgets))
+    registry.register(JobCollector(JOBS, ledger, clock))
     metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):
@@ -137,6 +250,14 @@ def build_scheduler(
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
         timezone=UTC,
     )
+    report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
+    ingest_trigger, report_trigger = CronTrigger(minute=5, timezone=UTC), report_schedule.trigger()
+    kinds = _listed_kinds(report_schedule.as_dict())
+    JOBS.start(
+        datetime.now(UTC),
+        {"ingest": ingest_trigger} | {f"{kind}_report": report_trigger for kind in kinds},
+        due_at_start=("ingest",) if catch_up_now else (),
+    )
     kwargs = {"settings": settings.as_dict()}
     # The catch-up at start is the hourly job's first run, not a one-off job: APScheduler removes a
     # one-off job after submitting it, and a stop landing then (a pod deleted as it starts) killed
@@ -144,17 +265,16 @@ def build_scheduler(
     at_start = {"next_run_time": datetime.now(UTC)} if catch_up_now else {}
     scheduler.add_job(
         hourly_ingest,
-        CronTrigger(minute=5, timezone=UTC),
+        ingest_trigger,
         id="hourly-ingest",
         name="hourly ingest (catches up missed hours; once at start too)",
         kwargs=kwargs,
         replace_existing=True,
         **at_start,
     )
-    report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
     scheduler.add_job(
         monthly_report,
-        report_schedule.trigger(),
+        report_trigger,
         id="monthly-report",
         name="monthly chargeback and fleet-health reports (last month)",
         kwargs={**kwargs, "report": report_schedule.as_dict()},

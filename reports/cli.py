@@ -41,13 +41,14 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "report",
-        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.2), or the fleet-health report",
+        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.3 or 1.2), or the fleet-health report",
     )
     parser.add_argument(
         "--kind",
-        choices=["chargeback", "health"],
+        choices=["chargeback", "health", "allocations"],
         default="chargeback",
-        help="chargeback (default) or health: utilization and maturity, incidents, MTBF, RMA candidates, waste",
+        help="chargeback (default); health: utilization and maturity, incidents, MTBF, RMA candidates, waste; "
+        "allocations: who held which GPU, MIG instance or share from when to when (csv, html)",
     )
     parser.add_argument(
         "--prometheus",
@@ -72,12 +73,24 @@ def register(subparsers) -> None:
         dest="formats",
         type=_formats,
         default=None,
-        help="comma list of html, csv, json, focus, or 'all' (default all; the health report has html, csv, json)",
+        help="comma list of html, csv, json, focus, or 'all' (default all; the health report has html, csv, "
+        "json; the allocations report csv, html)",
     )
     parser.add_argument("--out", default="reports-out", help="output directory (default reports-out)")
     parser.add_argument("--grain", choices=["day", "hour"], default="day", help="FOCUS/detail row grain")
     parser.add_argument("--account", default="gpumeter", help="FOCUS BillingAccountId/ProviderName")
     parser.add_argument("--service-name", default="Kubernetes GPU", help="FOCUS ServiceName")
+    parser.add_argument(
+        "--focus-version",
+        choices=["1.3", "1.2"],
+        default="1.3",
+        help="FOCUS version of the focus file: 1.3 (default: split cost allocation) or 1.2",
+    )
+    parser.add_argument(
+        "--keep-formulas",
+        action="store_true",
+        help="write CSV and FOCUS text cells exactly, those starting with = + - @ too (default: prefixed with ')",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not record the run in report_runs")
     parser.set_defaults(func=cmd_report)
 
@@ -128,6 +141,16 @@ def cmd_report(args) -> int:
                 raise ReportError(
                     f"format: the health report has {', '.join(health_render.FORMATS)} (value {','.join(bad)!r})"
                 )
+        elif args.kind == "allocations":
+            from gpumeter.reports import allocations
+
+            if args.formats is None or args.formats == FORMATS:
+                args.formats = allocations.FORMATS
+            bad = [f for f in args.formats if f not in allocations.FORMATS]
+            if bad:
+                raise ReportError(
+                    f"format: the allocations report has {', '.join(allocations.FORMATS)} (value {','.join(bad)!r})"
+                )
         elif args.formats is None:
             args.formats = FORMATS
     except (ReportError, ConfigError) as exc:
@@ -144,6 +167,8 @@ def cmd_report(args) -> int:
         return 1
     if args.kind == "health":
         return _health(args, ledger, period, now)
+    if args.kind == "allocations":
+        return _allocations(args, ledger, period, now)
     try:
         result = generate(
             ledger,
@@ -152,7 +177,13 @@ def cmd_report(args) -> int:
             args.formats,
             args.out,
             grain=args.grain,
-            options=RenderOptions(account=args.account, service=args.service_name, generated_at=now),
+            options=RenderOptions(
+                account=args.account,
+                service=args.service_name,
+                generated_at=now,
+                keep_formulas=args.keep_formulas,
+                focus_version=args.focus_version,
+            ),
             now=now,
             record=not args.no_record,
             budgets=budgets,
@@ -202,4 +233,31 @@ def _health(args, ledger, period, now: datetime) -> int:
     )
     for name, digest in files.items():
         print(f"  {Path(args.out) / name}  sha256:{digest[:16]}")
+    return 0
+
+
+def _allocations(args, ledger, period, now: datetime) -> int:
+    from gpumeter.billing.ledger.base import LedgerError
+    from gpumeter.reports import allocations
+    from gpumeter.reports.model import ReportError
+    from gpumeter.reports.run import output_directory
+
+    try:
+        out = output_directory(args.out)
+        report = allocations.build_allocations(ledger, period)
+        files = allocations.render(report, out, args.formats, generated_at=now)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ledger.close()
+    print(
+        f"allocations {period.label}: {len(report.holdings)} allocation(s), facts of {report.hours_read}/"
+        f"{period.hours} hours"
+    )
+    for name, digest in files.items():
+        print(f"  {out / name}  sha256:{digest[:16]}")
     return 0

@@ -149,6 +149,17 @@ class GpuHealth:
         return reasons
 
 
+@dataclass(frozen=True)
+class NodeOutages:
+    """A node's downtime in the period (seed 002 §4.1 counts "node downtime" beside GPU drop-offs):
+    runs of 5-minute points at which none of its GPUs' ``nvidia_gpu_info`` was there, after its first
+    one in the period. The node, or its exporter, did not answer (they look alike from Prometheus)."""
+
+    hostname: str
+    outages: int
+    down_hours: float
+
+
 @dataclass
 class Incidents:
     """Incidents summed over GPUs (a model, a node, the fleet)."""
@@ -166,6 +177,15 @@ class Incidents:
     failures: int = 0
     utilization_sum: float = 0.0
     measured: int = 0  # GPUs whose utilization is known
+    node_outages: int = 0  # times a node of the group went down (NodeOutages)
+    node_down_hours: float = 0.0
+
+    def add_node(self, node: NodeOutages) -> None:
+        """A node outage is a failure of the group, once per outage however many GPUs the node has:
+        its GPUs were out of service together (their hours in service stop with their series)."""
+        self.node_outages += node.outages
+        self.node_down_hours += node.down_hours
+        self.failures += node.outages
 
     def add(self, gpu: GpuHealth) -> None:
         self.gpus += 1
@@ -239,11 +259,15 @@ class HealthReport:
     currency: str
     gpus: list[GpuHealth]
     teams: list[TeamHealth]
+    node_outages: list[NodeOutages] = field(default_factory=list)
 
     def by(self, key) -> list[tuple[str, Incidents]]:
         groups: dict[str, Incidents] = defaultdict(Incidents)
         for gpu in self.gpus:
             groups[key(gpu)].add(gpu)
+        for node in self.node_outages:  # once in each group the node's GPUs are in
+            for name in sorted({key(gpu) for gpu in self.gpus if gpu.hostname == node.hostname}):
+                groups[name].add_node(node)
         return sorted(groups.items())
 
     @property
@@ -261,6 +285,8 @@ class HealthReport:
         total = Incidents()
         for gpu in self.gpus:
             total.add(gpu)
+        for node in self.node_outages:
+            total.add_node(node)
         return total
 
     @property
@@ -399,6 +425,25 @@ def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:
         gpu.lost_hours += len(points) * window.step / 3600
 
 
+def read_node_outages(client: PrometheusClient | ReplicaSetClient, period: Period) -> list[NodeOutages]:
+    """Each node's runs of 5-minute points without any of its GPUs' ``nvidia_gpu_info``, from its first
+    point in the period to the period's last (a node that joined later was not down before it; one
+    that stops answering and does not come back is down to the end). Lost hours = points x 5 min."""
+    window = _Window(client, period.start, period.end)
+    last = (window.start + timedelta(seconds=((window.seconds - 1) // window.step) * window.step)).timestamp()
+    outages = []
+    for labels, points in window.points(f"count by ({contract.HOSTNAME}) ({contract.GPU_INFO.name})"):
+        hostname = labels.get(contract.HOSTNAME, "")
+        if not hostname or not points:
+            continue
+        times = [t for t, _ in points]
+        gaps = [round((b - a) / window.step) - 1 for a, b in itertools.pairwise([*times, last + window.step])]
+        down = [n for n in gaps if n > 0]
+        if down:
+            outages.append(NodeOutages(hostname, len(down), sum(down) * window.step / 3600))
+    return sorted(outages, key=lambda n: n.hostname)
+
+
 def _flags(window: _Window, metric: str) -> set[str]:
     return {
         labels.get("uuid", "")
@@ -503,4 +548,5 @@ def _tenant_lines(ledger: Ledger, period: Period) -> Iterator[LineTotal]:
 
 def build_health(client: PrometheusClient | ReplicaSetClient, ledger: Ledger, period: Period) -> HealthReport:
     currency, teams = read_teams(ledger, period)
-    return HealthReport(period, client.base_url, currency, read_devices(client, period), teams)
+    devices, outages = read_devices(client, period), read_node_outages(client, period)
+    return HealthReport(period, client.base_url, currency, devices, teams, outages)

@@ -20,7 +20,6 @@ from gpumeter.reports.health import (
 )
 from gpumeter.reports.render import (
     PALETTE,
-    _cell,
     _environment,
     _layout,
     _ts,
@@ -61,6 +60,8 @@ def _incidents(i: Incidents) -> dict:
         "retired_pages": i.retired_pages,
         "gpus_with_pending_remap_or_retirement": i.pending,
         "thermal_slowdown_hours": round(i.thermal_hours, 6),
+        "node_outages": i.node_outages,
+        "node_down_hours": round(i.node_down_hours, 6),
         "gpu_hours_in_service": i.hours_up,
         "failures": i.failures,
         "mtbf_hours": None if i.mtbf_hours is None else round(i.mtbf_hours, 6),
@@ -153,6 +154,8 @@ POOL_HEADER = [
     "remapped_rows",
     "retired_pages",
     "thermal_slowdown_hours",
+    "node_outages",
+    "node_down_hours",
     "gpu_hours_in_service",
     "failures",
     "mtbf_hours",
@@ -169,7 +172,7 @@ def pools_csv(report: HealthReport) -> str:
             [
                 *head,
                 level,
-                _cell(name),
+                name,
                 i.gpus,
                 _num(i.utilization),
                 i.maturity or "",
@@ -180,6 +183,8 @@ def pools_csv(report: HealthReport) -> str:
                 i.remapped_rows,
                 i.retired_pages,
                 _num(i.thermal_hours),
+                i.node_outages,
+                _num(i.node_down_hours),
                 i.hours_up,
                 i.failures,
                 _num(i.mtbf_hours),
@@ -209,9 +214,9 @@ def gpus_csv(report: HealthReport) -> str:
         ],
         (
             [
-                _cell(g.uuid),
-                _cell(g.model),
-                _cell(g.hostname),
+                g.uuid,
+                g.model,
+                g.hostname,
                 g.hours_up,
                 _num(g.utilization),
                 " ".join(f"{code}:{n}" for code, n in sorted(g.xids.items())),
@@ -243,7 +248,7 @@ def teams_csv(report: HealthReport) -> str:
         ],
         (
             [
-                _cell(t.team),
+                t.team,
                 str(t.gpu_hours),
                 report.money(t.cost),
                 report.currency,

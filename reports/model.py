@@ -18,19 +18,22 @@ from decimal import Decimal
 from gpumeter import contract
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord, SharedUse
-from gpumeter.billing.models import SHORTFALL, STRANDED, UNALLOCATED, LineKind, QuantityUnit
+from gpumeter.billing.models import (
+    PLATFORM_KINDS,
+    PLATFORM_NAMES,
+    Allocation,
+    LineKind,
+    QuantityUnit,
+)
 from gpumeter.billing.pricing.currency import minor_unit
+
+CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
 
 HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile")
 GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
 TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
-PLATFORM_KINDS = (LineKind.UNALLOCATED, LineKind.STRANDED, LineKind.SHARING_SHORTFALL)
-PLATFORM_NAMES: dict[str, str] = {  # by line kind (LineKind is a str)
-    LineKind.UNALLOCATED: UNALLOCATED,
-    LineKind.STRANDED: STRANDED,
-    LineKind.SHARING_SHORTFALL: SHORTFALL,
-}
+
 NO_TEAM, WHOLE_GPU, NO_LABEL = "(no team)", "(whole GPU)", "(none)"
 ZERO = Decimal(0)
 
@@ -243,6 +246,26 @@ class PodRow:
     # its own processes' use on the shared GPUs it held (time-sliced, MPS, fractional), where the
     # exporter's processes collector reported it (docs/billing.md §3.5); None otherwise
     shared: SharedUse | None = None
+    sharing: list[str] = field(default_factory=list)  # how it held GPUs (contract.SHARING_MODES)
+    claims: list[str] = field(default_factory=list)  # the DRA ResourceClaims it held them through
+
+
+@dataclass
+class SharingRow:
+    """One way GPUs were held in the period (``sharing``), and by which pods."""
+
+    sharing: str
+    pods: list[tuple[str, str]]  # (namespace, pod), sorted
+
+
+@dataclass
+class ClaimRow:
+    """A DRA ResourceClaim pods held GPUs through (docs/pod-attribution.md §DRA)."""
+
+    namespace: str
+    claim: str
+    sharing: list[str]
+    pods: list[str]
 
 
 @dataclass
@@ -258,7 +281,7 @@ class GroupRow:
 
 @dataclass
 class PlatformRow:
-    kind: str  # unallocated | stranded | sharing_shortfall
+    kind: str  # a key of PLATFORM_NAMES: unallocated | stranded | sharing_shortfall | utilization_shortfall
     namespace: str
     usage: Usage
     change: Change
@@ -317,6 +340,71 @@ class BudgetRow:
         return self.budget is not None and self.actual > self.budget
 
 
+@dataclass(frozen=True)
+class Holding:
+    """How one holder's part of a shared GPU-hour was split (FOCUS 1.3 allocation, reports.focus):
+    its sharing mode as pricing read it, and the figures the split took."""
+
+    mode: str  # contract.SHARING_MIG, _TIME_SLICING, _MPS, _FRACTIONAL or _VGPU
+    share: Decimal
+    memory_share: Decimal | None = None  # a fractional grant's fractions
+    compute_share: Decimal | None = None
+    compute_slices: int = 0  # of its MIG instance
+    replica: str = ""  # a MIG instance shared by replicas: their mode
+    process_use: bool = False  # its unit's replicas reported process use (sharing_split: usage applies)
+
+
+HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
+
+
+def _replica_mode(a: Allocation) -> str:
+    """The replica mode of a holding, as pricing reads it (billing/allocate.py `_replica_mode`)."""
+    if a.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_VGPU):
+        return a.sharing
+    if a.sharing:
+        return ""
+    return contract.SHARING_TIME_SLICING if a.share < 1 or a.resource.endswith(".shared") else ""
+
+
+def read_splits(ledger: Ledger, period: Period) -> dict[datetime, dict[HoldingKey, Holding]]:
+    """Per hour of ``period``, the holdings of every GPU-hour whose cost was split among holders (MIG
+    instances, replicas, fractional grants, vGPUs); a GPU held whole by one holder is no split. Read
+    from the stored facts hour by hour."""
+    out: dict[datetime, dict[HoldingKey, Holding]] = {}
+    hour = period.start
+    while hour < period.end:
+        held: dict[HoldingKey, Holding] = {}
+        for gpu_hour in ledger.facts(hour):
+            slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
+            used = defaultdict(bool)  # per unit (MIG instance or whole GPU): any replica's process use
+            for a in gpu_hour.allocations:
+                if _replica_mode(a) and ((a.process_sm or 0) > 0 or (a.process_memory or 0) > 0):
+                    used[a.gpu_instance_id] = True
+            for a in gpu_hour.allocations:
+                replica = _replica_mode(a)
+                if a.gpu_instance_id:
+                    mode = contract.SHARING_MIG
+                elif a.sharing == contract.SHARING_FRACTIONAL:
+                    mode = contract.SHARING_FRACTIONAL
+                elif replica:
+                    mode, replica = replica, ""
+                else:
+                    continue  # a whole GPU held alone
+                held[(a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container)] = Holding(
+                    mode,
+                    a.share,
+                    a.memory_share,
+                    a.compute_share,
+                    slices.get(a.gpu_instance_id, 0),
+                    replica,
+                    used[a.gpu_instance_id],
+                )
+        if held:
+            out[hour] = held
+        hour += HOUR
+    return out
+
+
 @dataclass
 class Report:
     period: Period
@@ -339,8 +427,13 @@ class Report:
     slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours held, as the lines state them
     # per pod billed in the period, its own use on the shared GPUs it held (not the devices'), by cost
     shared_use: list[PodRow] = field(default_factory=list)
+    # how GPUs were held (every sharing mode met in the period) and the DRA claims they were held through
+    sharing_modes: list[SharingRow] = field(default_factory=list)
+    claims: list[ClaimRow] = field(default_factory=list)
     # budget against actual per team; empty unless budgets were given and the period is a month
     budgets: list[BudgetRow] = field(default_factory=list)
+    # per hour, the holdings of the GPU-hours whose cost was split (read_splits); None: not read
+    splits: dict[datetime, dict[HoldingKey, Holding]] | None = None
 
     @property
     def exponent(self) -> int:
@@ -448,9 +541,11 @@ def build_report(
     top: int = 10,
     compare: bool = True,
     budgets: Mapping[str, Budget] | None = None,
+    splits: bool = True,
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
-    with ``budgets`` (team → monthly budget) and a month, budget against actual per team."""
+    with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
+    ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it)."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
@@ -529,10 +624,34 @@ def build_report(
         return Change.of(now, before if has_previous else None)
 
     shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
+    holdings = ledger.holdings(period.start, period.end)
+    held_as: dict[tuple[str, str], set[str]] = defaultdict(set)
+    held_through: dict[tuple[str, str], set[str]] = defaultdict(set)
+    by_mode: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    by_claim: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+    for h in holdings:
+        held_as[(h.namespace, h.pod)].add(h.sharing)
+        by_mode[h.sharing].add((h.namespace, h.pod))
+        if h.resource.startswith(CLAIM_PREFIX):
+            claim = h.resource.removeprefix(CLAIM_PREFIX)
+            held_through[(h.namespace, h.pod)].add(claim)
+            modes, holders = by_claim.setdefault((h.namespace, claim), (set(), set()))
+            modes.add(h.sharing)
+            holders.add(h.pod)
 
     def pod_row(pod: tuple[str, str]) -> PodRow:
         team, models, profiles = pod_meta[pod]
-        return PodRow(pod[0], pod[1], team, sorted(models), sorted(profiles), pods[pod], shared.get(pod))
+        return PodRow(
+            pod[0],
+            pod[1],
+            team,
+            sorted(models),
+            sorted(profiles),
+            pods[pod],
+            shared.get(pod),
+            sorted(held_as.get(pod, ())),
+            sorted(held_through.get(pod, ())),
+        )
 
     ranked_pods = sorted(pods, key=lambda p: (-pods[p].cost, p))
     pod_group = {p: grouping.key(_pod_probe(p, pod_meta)) for p in pods}
@@ -591,7 +710,17 @@ def build_report(
         charges=charges,
         slice_hours=slice_hours,
         shared_use=[pod_row(p) for p in ranked_pods if p in shared],
+        sharing_modes=[
+            SharingRow(mode, sorted(by_mode[mode]))
+            for mode in (*contract.SHARING_MODES, *sorted(set(by_mode) - set(contract.SHARING_MODES)))
+            if mode in by_mode
+        ],
+        claims=[
+            ClaimRow(namespace, claim, sorted(modes), sorted(holders))
+            for (namespace, claim), (modes, holders) in sorted(by_claim.items())
+        ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
+        splits=read_splits(ledger, period) if splits else None,
     )
 
 

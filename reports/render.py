@@ -1,13 +1,13 @@
 """Rendering a Report: HTML (Jinja2, autoescaped, plotly.js inline once), CSV, JSON and FOCUS CSV.
 
 CSV, FOCUS and JSON output depend only on the report (the ledger and the price-book versions): no
-clock, no locale, sorted rows, LF line ends, so the same ledger renders byte-identical files. The
+clock, no locale, sorted rows, so the same ledger renders byte-identical files. Every CSV is written by
+`reports.csvfile` (RFC 4180, CRLF, formula-leading text cells defused unless ``keep_formulas``). The
 HTML carries the generation time, given by the caller.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import json
@@ -22,11 +22,10 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from gpumeter.billing.models import LineKind
-from gpumeter.reports import focus
+from gpumeter.reports import csvfile, focus
 from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
 
 FORMATS = ("html", "csv", "json", "focus")
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,9 @@ class RenderOptions:
     service: str = "Kubernetes GPU"  # FOCUS ServiceName
     generated_at: datetime | None = None  # shown in the HTML only
     top: int = 10
+    # write text cells of the CSVs and FOCUS exactly, formula-leading ones too (--keep-formulas)
+    keep_formulas: bool = False
+    focus_version: str = focus.FOCUS_VERSION  # 1.3, or 1.2 (--focus-version)
 
 
 def file_stem(report: Report) -> str:
@@ -42,13 +44,15 @@ def file_stem(report: Report) -> str:
     return f"gpumeter-{report.period.label}-by-{by}"
 
 
-def file_names(report: Report, formats: tuple[str, ...]) -> dict[str, list[str]]:
+def file_names(
+    report: Report, formats: tuple[str, ...], focus_version: str = focus.FOCUS_VERSION
+) -> dict[str, list[str]]:
     stem = file_stem(report)
     names = {
         "html": [f"{stem}.html"],
         "csv": [f"{stem}.csv", f"gpumeter-{report.period.label}-lines.csv"],
         "json": [f"{stem}.json"],
-        "focus": [f"gpumeter-{report.period.label}-focus-1.2.csv"],
+        "focus": [f"gpumeter-{report.period.label}-focus-{focus_version}.csv"],
     }
     if report.budgets:  # budget against actual per team, when the report has budgets
         names["csv"].append(f"gpumeter-{report.period.label}-budgets.csv")
@@ -64,11 +68,6 @@ def _ratio(value: float | None) -> str:
 
 def _qty(value: Decimal) -> str:
     return str(value.quantize(Decimal("0.000001")))
-
-
-def _cell(value: str) -> str:
-    """Neutralise spreadsheet formulas in tenant-controlled text (OWASP CSV injection)."""
-    return "'" + value if value.startswith(_FORMULA_START) else value
 
 
 def _change_fields(report: Report, change: Change) -> list[str]:
@@ -127,27 +126,21 @@ def _ts(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def csv_text(header: list[str], rows: Iterable[list]) -> str:
-    """A report's CSV: a header row, then the rows, every field quoted, LF line ends."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(header)
-    writer.writerows(rows)
-    return out.getvalue()
+def csv_text(header: list[str], rows: Iterable[list], *, keep_formulas: bool = False) -> str:
+    """A report's CSV: a header row, then the rows, every field quoted (`reports.csvfile`)."""
+    return csvfile.text(header, rows, keep_formulas=keep_formulas)
 
 
-def summary_csv(report: Report) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    writer.writerow(SUMMARY_HEADER)
+def summary_csv(report: Report, *, keep_formulas: bool = False) -> str:
+    out: list[list] = []
     versions = " ".join(version_label(v) for v in report.price_versions)
     head = [_ts(report.period.start), _ts(report.period.end), report.grouping.name]
 
     def row(group: str, line: str, usage: Usage, change: Change, cost: str | None = None):
-        writer.writerow(
+        out.append(
             [
                 *head,
-                _cell(group),
+                group,
                 line,
                 report.money(usage.cost) if cost is None else cost,
                 report.money(usage.idle_share),
@@ -167,7 +160,7 @@ def summary_csv(report: Report) -> str:
         row(platform.namespace, platform.kind, platform.usage, platform.change)
     for unpriced in report.unpriced:
         usage = Usage(gpu_hours=unpriced.gpu_hours)
-        writer.writerow(
+        out.append(
             [
                 *head,
                 f"__unpriced__ {unpriced.model}",
@@ -181,10 +174,10 @@ def summary_csv(report: Report) -> str:
             + [versions]
         )
     row("__total__", "total", report.total, report.total_change)
-    return out.getvalue()
+    return csv_text(SUMMARY_HEADER, out, keep_formulas=keep_formulas)
 
 
-def lines_csv(report: Report) -> str:
+def lines_csv(report: Report, *, keep_formulas: bool = False) -> str:
     labels = {v.id: version_label(v) for v in report.price_versions}
     return csv_text(
         LINES_HEADER,
@@ -194,10 +187,10 @@ def lines_csv(report: Report) -> str:
                 _ts(c.first_hour),
                 _ts(c.last_hour + HOUR),
                 LineKind.UNPRICED.value if c.amount is None else c.kind,
-                _cell(c.team),
-                _cell(c.namespace),
-                _cell(c.pod),
-                _cell(c.container),
+                c.team,
+                c.namespace,
+                c.pod,
+                c.container,
                 c.model,
                 c.mig_profile,
                 c.uuid,
@@ -217,6 +210,7 @@ def lines_csv(report: Report) -> str:
             ]
             for c in report.charges
         ),
+        keep_formulas=keep_formulas,
     )
 
 
@@ -233,7 +227,7 @@ BUDGETS_HEADER = [
 ]
 
 
-def budgets_csv(report: Report) -> str:
+def budgets_csv(report: Report, *, keep_formulas: bool = False) -> str:
     """Budget against actual per team: actual = the team's tenant and idle-share lines of the month."""
     return csv_text(
         BUDGETS_HEADER,
@@ -241,7 +235,7 @@ def budgets_csv(report: Report) -> str:
             [
                 _ts(report.period.start),
                 _ts(report.period.end),
-                _cell(row.team),
+                row.team,
                 report.money(row.budget),
                 report.money(row.actual),
                 report.money(row.remaining),
@@ -251,6 +245,7 @@ def budgets_csv(report: Report) -> str:
             ]
             for row in report.budgets
         ),
+        keep_formulas=keep_formulas,
     )
 
 
@@ -268,7 +263,13 @@ def _budget(report: Report, row) -> dict:
 def focus_csv(report: Report, options: RenderOptions | None = None) -> str:
     options = options or RenderOptions()
     out = io.StringIO()
-    focus.write_csv(focus.rows(report, account=options.account, service=options.service), out)
+    version = options.focus_version
+    focus.write_csv(
+        focus.rows(report, account=options.account, service=options.service, version=version),
+        out,
+        keep_formulas=options.keep_formulas,
+        version=version,
+    )
     return out.getvalue()
 
 
@@ -305,6 +306,9 @@ def _pod(report: Report, pod) -> dict:
     }
     if pod.shared is not None:  # its own use on shared GPUs, not the devices' (docs/billing.md §3.5)
         out["shared_gpu_use"] = _shared(pod.shared)
+    out["sharing"] = pod.sharing
+    if pod.claims:  # the DRA ResourceClaims it held GPUs through
+        out["resource_claims"] = pod.claims
     return out
 
 
@@ -359,6 +363,14 @@ def report_dict(report: Report) -> dict:
         ],
         "top_pods": [_pod(report, p) for p in report.top_pods],
         "shared_gpu_pods": [_pod(report, p) for p in report.shared_use],
+        "sharing_modes": [
+            {"sharing": m.sharing, "pods": [{"namespace": ns, "pod": pod} for ns, pod in m.pods]}
+            for m in report.sharing_modes
+        ],
+        "resource_claims": [
+            {"namespace": c.namespace, "claim": c.claim, "sharing": c.sharing, "pods": c.pods}
+            for c in report.claims
+        ],
         "daily": [
             {"day": d.isoformat(), "costs": {k: report.money(v) for k, v in costs.items()}}
             for d, costs in report.daily
@@ -398,12 +410,23 @@ def json_text(report: Report) -> str:
 @lru_cache(maxsize=1)
 def _environment() -> Environment:
     env = Environment(
-        loader=PackageLoader("reports", "templates"),
+        loader=PackageLoader("gpumeter.reports", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
     )
     return env
+
+
+# Every template the reports render (reports/templates/, package data).
+TEMPLATES = ("report.html.j2", "health.html.j2", "allocations.html.j2")
+
+
+def check_templates() -> None:
+    """Load every template and plotly's script: raises what the first HTML report would."""
+    for name in TEMPLATES:
+        _environment().get_template(name)
+    plotly_js()
 
 
 @lru_cache(maxsize=1)
@@ -446,6 +469,7 @@ PLATFORM_COLOURS = {
     "__unallocated__": "#b0b0b0",
     "__stranded__": "#6b6b6b",
     "__sharing_shortfall__": "#d9b38c",
+    "__utilization_shortfall__": "#c9a0dc",
 }
 
 
@@ -637,16 +661,17 @@ def render(
         raise ValueError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    names = file_names(report, formats)
+    names = file_names(report, formats, options.focus_version)
     texts: dict[str, str] = {}
     for fmt in formats:
         if fmt == "html":
             texts[names["html"][0]] = html_text(report, options)
         elif fmt == "csv":
-            texts[names["csv"][0]] = summary_csv(report)
-            texts[names["csv"][1]] = lines_csv(report)
+            keep = options.keep_formulas
+            texts[names["csv"][0]] = summary_csv(report, keep_formulas=keep)
+            texts[names["csv"][1]] = lines_csv(report, keep_formulas=keep)
             if report.budgets:
-                texts[names["csv"][2]] = budgets_csv(report)
+                texts[names["csv"][2]] = budgets_csv(report, keep_formulas=keep)
         elif fmt == "json":
             texts[names["json"][0]] = json_text(report)
         elif fmt == "focus":

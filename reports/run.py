@@ -69,7 +69,16 @@ def generate(
     if unknown:
         raise ReportError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
     out = output_directory(out_dir)
-    report = build_report(ledger, period, grouping, grain=grain, top=options.top, budgets=budgets)
+    report = build_report(
+        ledger,
+        period,
+        grouping,
+        grain=grain,
+        top=options.top,
+        budgets=budgets,
+        # how shared GPU-hours were split: read from the facts, only for FOCUS 1.3's allocation columns
+        splits="focus" in formats and options.focus_version == "1.3",
+    )
     files = render(report, out, formats, options)
     versions = [
         {"id": v.id, "label": version_label(v), "digest": v.digest, "path": v.path}

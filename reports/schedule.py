@@ -15,8 +15,10 @@ store; these travel with the job the same way):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +87,12 @@ class ReportSchedule:
                 load_labels(self.labels)
             except ReportError as exc:
                 raise ReportError(f"GPUMETER_REPORT_LABELS: {exc}") from None
+        if "html" in formats:
+            try:  # the templates ship as package data: a broken install fails here, not on the 1st
+                render.check_templates()
+            except Exception as exc:
+                raise ReportError(f"GPUMETER_REPORT_FORMATS: html cannot be rendered: {exc}") from None
+        _check_writable("GPUMETER_REPORT_DIR", Path(self.out_dir))
 
     def trigger(self) -> CronTrigger:
         if self.cron.strip():
@@ -92,13 +100,42 @@ class ReportSchedule:
         return CronTrigger(day=1, hour=1, minute=0, timezone=UTC)
 
 
+def _check_writable(variable: str, folder: Path) -> None:
+    """A file can be written in ``folder``, or in its nearest existing parent when the job would have
+    to create it (the probe file is removed; nothing is left behind)."""
+    from gpumeter.reports.model import ReportError
+
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".gpumeter-write-check-"):
+            pass
+    except OSError as exc:
+        raise ReportError(f"{variable}: not writable ({exc.strerror}; value {str(folder)!r})") from None
+
+
 def _listed(setting: str) -> list[str]:
     """A comma-separated setting's items, as both the job and `ReportSchedule.check` read them."""
     return [item.strip() for item in setting.split(",") if item.strip()]
 
 
-def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> str:
-    """Render last month (relative to ``now``) for every configured grouping; record each run."""
+@dataclass(frozen=True)
+class MonthlyOutcome:
+    """What the monthly job did: its one-line message, and the reports that failed with why
+    (``chargeback_report``, ``health_report``: contract.BILLING_JOBS)."""
+
+    message: str
+    succeeded: tuple[str, ...]
+    failed: dict[str, str]
+
+
+def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> MonthlyOutcome:
+    """Render last month (relative to ``now``) for every configured grouping; record each run. Each
+    report is attempted whatever happened to the other: a chargeback that fails does not keep the
+    fleet-health report from being written, and each failure is logged and returned."""
     from gpumeter.billing.config import load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.reports.model import Grouping, last_month
@@ -109,52 +146,58 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     now = now or datetime.now(UTC)
     period = last_month(now)
     formats = tuple(_listed(cfg.formats))
-    labels = load_labels(cfg.labels) if cfg.labels else {}
-    # the billing service's team map file holds the teams' budgets: the report shows them
-    budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
     out_dir = Path(cfg.out_dir) / period.label
     kinds = set(_listed(cfg.kinds))
+    written, succeeded, failed = 0, [], {}
     ledger = open_ledger(settings["db"], schema=settings.get("schema"))
-    written, failed = 0, ""
     try:
-        for by in _listed(cfg.by) if "chargeback" in kinds else ():
-            result = generate(
-                ledger,
-                period,
-                Grouping.parse(by, labels),
-                formats,
-                out_dir,
-                trigger="schedule",
-                options=RenderOptions(generated_at=now),
-                now=now,
-                budgets=budgets,
-            )
-            written += len(result.files)
+        if "chargeback" in kinds:
+            try:
+                labels = load_labels(cfg.labels) if cfg.labels else {}
+                # the billing service's team map file holds the teams' budgets: the report shows them
+                budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
+                for by in _listed(cfg.by):
+                    result = generate(
+                        ledger,
+                        period,
+                        Grouping.parse(by, labels),
+                        formats,
+                        out_dir,
+                        trigger="schedule",
+                        options=RenderOptions(generated_at=now),
+                        now=now,
+                        budgets=budgets,
+                    )
+                    written += len(result.files)
+                succeeded.append("chargeback_report")
+            except (
+                Exception
+            ) as exc:  # any failure: logged with its traceback, counted, the health report still tried
+                log.exception("monthly chargeback report for %s failed", period.label)
+                failed["chargeback_report"] = f"{type(exc).__name__}: {exc}"
         if "health" in kinds:
-            files, failed = _health(settings, ledger, period, formats, out_dir, now)
-            written += files
+            try:
+                written += _health(settings, ledger, period, formats, out_dir, now)
+                succeeded.append("health_report")
+            except Exception as exc:
+                log.exception("monthly health report for %s failed", period.label)
+                failed["health_report"] = f"{type(exc).__name__}: {exc}"
     finally:
         ledger.close()
-    message = f"rendered {written} file(s) for {period.label} into {out_dir}{failed}"
-    log.info("monthly report: %s", message)
-    return message
+    message = f"rendered {written} file(s) for {period.label} into {out_dir}"
+    message += "".join(f"; {task.replace('_', ' ')} failed: {why}" for task, why in failed.items())
+    (log.error if failed else log.info)("monthly report: %s", message)
+    return MonthlyOutcome(message, tuple(succeeded), failed)
 
 
-def _health(
-    settings: dict, ledger, period, formats: tuple[str, ...], out_dir: Path, now: datetime
-) -> tuple[int, str]:
-    """The fleet-health report beside the chargeback. Prometheus being down fails this report only
-    (logged, and named in the job's result); the chargeback is already written."""
-    from gpumeter.billing.prom import PrometheusError, open_client
+def _health(settings: dict, ledger, period, formats: tuple[str, ...], out_dir: Path, now: datetime) -> int:
+    """The fleet-health report beside the chargeback (it reads the service's Prometheus)."""
+    from gpumeter.billing.prom import open_client
     from gpumeter.reports import health_render
 
     kept = tuple(f for f in formats if f in health_render.FORMATS) or health_render.FORMATS
-    try:
-        with open_client(settings["prometheus"]) as client:
-            _, files, _ = health_render.generate(
-                client, ledger, period, kept, out_dir, trigger="schedule", now=now
-            )
-    except PrometheusError as exc:
-        log.error("monthly health report for %s failed: %s", period.label, exc)
-        return 0, f"; health report failed: {exc}"
-    return len(files), ""
+    with open_client(settings["prometheus"]) as client:
+        _, files, _ = health_render.generate(
+            client, ledger, period, kept, out_dir, trigger="schedule", now=now
+        )
+    return len(files)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import os
+import shutil
 import signal
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from _pytest.faulthandler import fault_handler_stderr_fd_key
@@ -34,6 +40,48 @@ def pytest_configure(config):
     # SIGTERM (a CI job's timeout, `kill`) ends the run as Ctrl-C does, so the fixtures' finalizers
     # still stop the servers they started; by default it killed pytest and left them running.
     signal.signal(signal.SIGTERM, _interrupted)
+    _one_import_universe()
+
+
+# The folders pyproject.toml maps into gpumeter.<part>. Installed, only gpumeter.* exists; a module
+# imported under one of these bare names means the checkout leaked onto sys.path and a test proved the
+# tree instead of the package (a template loaded as "reports" crashed every installed user's report).
+BARE_PARTS = ("exporter", "billing", "reports", "dashboards", "alerts", "deploy")
+TESTS = Path(__file__).resolve().parent
+
+
+def _one_import_universe() -> None:
+    """Children of the tests (``python -m gpumeter``, ``python -m tests.support...``) see the installed
+    package and this tests package, never the checkout's root: PYTHONSAFEPATH keeps their working
+    directory and script folder off sys.path, and PYTHONPATH is a folder holding only ``tests``."""
+    if os.environ.get("GPUMETER_TEST_IMPORT_ROOT"):  # set by the controller for xdist workers
+        return
+    root = Path(tempfile.mkdtemp(prefix="gpumeter-imports-"))
+    (root / "tests").symlink_to(TESTS, target_is_directory=True)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    os.environ["GPUMETER_TEST_IMPORT_ROOT"] = os.environ["PYTHONPATH"] = str(root)
+    os.environ["PYTHONSAFEPATH"] = "1"
+
+
+def bare_part_modules() -> list[str]:
+    return sorted(name for name in sys.modules if name.partition(".")[0] in BARE_PARTS)
+
+
+@pytest.fixture(autouse=True)
+def _no_bare_part_imports():
+    """Fails the test after which a bare part name (``reports``, ``billing``, ...) is imported."""
+    yield
+    if leaked := bare_part_modules():
+        pytest.fail(f"imported outside the gpumeter package: {', '.join(leaked[:5])}", pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The end-of-run check, in whichever process collected and ran tests."""
+    if leaked := bare_part_modules():
+        session.config.get_terminal_writer().line(
+            f"FAILED: modules imported outside the gpumeter package: {', '.join(leaked)}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _interrupted(signum, frame):

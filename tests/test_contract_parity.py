@@ -45,7 +45,12 @@ FLEETS = (
     ("shared-modes", "gpu-shared-mps-01"),
     ("shared-modes", "gpu-shared-frac-01"),
     ("shared-modes", "gpu-shared-vgpu-01"),  # a vGPU host: its VMs' allocations come from NVML
+    # Dynamic Resource Allocation: claims' devices from the kubelet's dynamic_resources, resolved through
+    # the stand-in API's ResourceSlices, shared as the claims' config says; and a node mixing both
+    ("dra", "gpu-dra-01"),
+    ("dra", "gpu-dra-mixed-01"),
 )
+CLAIM_SHARING = {"TimeSlicing": contract.SHARING_TIME_SLICING, "MPS": contract.SHARING_MPS}
 START = 1_790_208_000.0  # the period's start; the fleets' pod schedules count from it
 OFFSET = 10 * 3600.0  # 10:00 of day 0: every scheduled pod of both fleets is running
 STEP = 600.0  # the history's step; OFFSET is one of its instants
@@ -187,7 +192,11 @@ def test_live_exporter_and_history_agree_on_every_series_billing_consumes(sample
     # how each holding is shared, worked out from the fleet file: replicas by the node's strategy
     replica = contract.SHARING_MPS if node.sharing_strategy == "mps" else contract.SHARING_TIME_SLICING
     sharing = {
-        "fractional"
+        CLAIM_SHARING.get(
+            fleet.claim(p.namespace, d.claim).sharing, "exclusive" if d.gpu_instance_id is None else "mig"
+        )
+        if d.claim is not None
+        else "fractional"
         if gpus[d.gpu].fractional
         else replica
         if gpus[d.gpu].time_slicing > 1

@@ -10,35 +10,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.wheel import build_wheel, wheel_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def wheel_files(tmp_path_factory) -> list[str]:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = out.glob("gpumeter-*.whl")
-    return zipfile.ZipFile(wheel).namelist()
+    return wheel_names(build_wheel(tmp_path_factory.mktemp("wheel")))
 
 
 def _tracked(*folders: str) -> list[str]:
@@ -57,6 +40,10 @@ def test_one_top_level_import_name(wheel_files):
     assert top == {"gpumeter"}
 
 
+# The kustomize tree is applied from a checkout (`kubectl apply -k`); no code reads it at run time.
+NOT_PACKAGED = ("deploy/kubernetes/",)
+
+
 def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     installed = set(wheel_files)
@@ -65,10 +52,20 @@ def test_every_part_is_installed_under_gpumeter_and_tests_are_not(wheel_files):
         missing = [
             name
             for name in _tracked(folder)
-            if f"{prefix}/{name.removeprefix(folder + '/')}" not in installed
+            if not name.startswith(NOT_PACKAGED)
+            and f"{prefix}/{name.removeprefix(folder + '/')}" not in installed
         ]
         assert not missing, f"{folder}/ files missing from the wheel under {prefix}/: {missing[:10]}"
     assert not [name for name in wheel_files if name.startswith(("tests/", "gpumeter/tests/"))]
+
+
+def test_the_kustomize_tree_is_not_package_data(wheel_files):
+    assert _tracked("deploy/kubernetes"), "the checkout has the tree"
+    assert not [name for name in wheel_files if name.startswith("gpumeter/deploy/kubernetes/")]
+
+
+def test_the_package_declares_itself_typed(wheel_files):
+    assert "gpumeter/py.typed" in wheel_files
 
 
 def test_console_command_points_into_the_package():

@@ -220,6 +220,18 @@ class SharedUse:
 SHARED_MODES = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_FRACTIONAL)
 
 
+@dataclass(frozen=True, order=True)
+class PodHolding:
+    """How a pod held GPUs in a range: one per (sharing mode, resource) it held them as, the resource
+    being the device plugin's (``nvidia.com/gpu``), a vGPU type, or a DRA claim
+    (``resourceclaim/<name>``, docs/pod-attribution.md §DRA). For reports."""
+
+    namespace: str
+    pod: str
+    sharing: str
+    resource: str
+
+
 def shared_use_of(rows: Iterable[Any]) -> list[SharedUse]:
     """Rows of (namespace, pod, hour, process memory, process SM) → one SharedUse per pod."""
     per_hour: dict[tuple[str, str, datetime], list[Any]] = {}
@@ -409,6 +421,19 @@ class Ledger(abc.ABC):
                         rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
             hour += HOUR
         return shared_use_of(rows)
+
+    def holdings(self, start: datetime, end: datetime) -> list[PodHolding]:
+        """Every (pod, sharing, resource) held over [start, end), sorted (reports). This default reads
+        the facts hour by hour; the SQL ledger reads the range's distinct layouts."""
+        found: set[PodHolding] = set()
+        hour = start
+        while hour < end:
+            for gpu_hour in self.facts(hour):
+                found.update(
+                    PodHolding(a.namespace, a.pod, a.sharing, a.resource) for a in gpu_hour.allocations
+                )
+            hour += HOUR
+        return sorted(found)
 
     @contextlib.contextmanager
     def lock(self, name: str, holder: str, now: datetime, ttl_seconds: int = 1800) -> Iterator[None]:

@@ -48,7 +48,9 @@ ALLOCATION_READINGS = ("utilization", "process_sm", "process_memory")
 _DECIMALS = frozenset(("share", "memory_share", "compute_share", *ALLOCATION_READINGS))
 _instance_layout = operator.attrgetter(*INSTANCE_LAYOUT)
 _allocation_layout = operator.attrgetter(*ALLOCATION_LAYOUT)
-_NAMESPACE_AT, _POD_AT, _SHARING_AT = map(ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing"))
+_NAMESPACE_AT, _POD_AT, _SHARING_AT, _RESOURCE_AT = map(
+    ALLOCATION_LAYOUT.index, ("namespace", "pod", "sharing", "resource")
+)
 
 
 def ordered(gpu_hour: GpuHour) -> tuple[list[MigInstance], list[Allocation]]:
@@ -140,6 +142,14 @@ def shared_holders(layout: dict[str, list[list[Any]]], stored: str) -> list[tupl
         for values, (_, sm, memory) in zip(layout["allocations"], orjson.loads(stored)[1], strict=True)
         if values[_SHARING_AT] in SHARED_MODES and memory is not None
     ]
+
+
+def holdings_of(layout: dict[str, list[list[Any]]]) -> set[tuple[str, str, str, str]]:
+    """(namespace, pod, sharing, resource) of each holder of a layout (`Ledger.holdings`)."""
+    return {
+        (values[_NAMESPACE_AT], values[_POD_AT], values[_SHARING_AT], values[_RESOURCE_AT])
+        for values in layout["allocations"]
+    }
 
 
 def _decimal(value: str | None) -> Decimal | None:

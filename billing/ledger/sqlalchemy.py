@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from importlib.resources import files
 from itertools import chain, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -57,6 +58,7 @@ from gpumeter.billing.ledger.base import (
     LedgerError,
     LedgerSummary,
     LineTotal,
+    PodHolding,
     PriceVersionRecord,
     ReportRunRecord,
     SharedUse,
@@ -95,7 +97,7 @@ from gpumeter.billing.secrets import redact_url
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS = Path(str(files("gpumeter.billing") / "migrations"))  # package data: alembic needs a folder
 log = logging.getLogger(__name__)
 
 # Seconds between tries of a ledger operation that lost its connection (a PostgreSQL restart or
@@ -892,6 +894,21 @@ class SqlLedger(Ledger):
                     self._layout(session, layout_id), stored
                 )
             )
+
+    def holdings(self, start: datetime, end: datetime) -> list[PodHolding]:
+        """The range's distinct layouts, each parsed once: a month of a GPU is a handful of them."""
+        query = (
+            select(GpuHourRow.layout_id)
+            .where(GpuHourRow.hour >= start, GpuHourRow.hour < end, GpuHourRow.layout_id.is_not(None))
+            .distinct()
+        )
+        found: set[tuple[str, str, str, str]] = set()
+        with Session(self.engine) as session:
+            for (layout_id,) in session.execute(query).all():
+                layout = self._layout(session, layout_id)
+                if layout is not None:
+                    found |= layouts.holdings_of(layout)
+        return sorted(PodHolding(*h) for h in found)
 
     def _layout(self, session: Session, layout_id: int | None) -> dict | None:
         """A stored layout, parsed (kept: layouts never change)."""

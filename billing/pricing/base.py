@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +17,9 @@ IDLE_POLICIES = ("platform", "spread")
 # equally (each its replicas), or by what their processes used (SM time, memory as the tie-breaker).
 SHARING_SPLITS = ("equal", "usage")
 SHARING_MODES = ("mig", "time_slicing", "mps", "vgpu")
+# What a version's utilization tiers do (docs/billing.md §3.7): score each tenant line for the reports
+# only, or price it, the tenant paying its tier's efficiency and the platform the rest.
+UTILIZATION_TIERS_USES = ("report", "price")
 
 
 class PriceBookError(ValueError):
@@ -48,6 +53,7 @@ class PriceVersion:
     sharing_efficiency: dict[str, Decimal] = field(default_factory=dict)
     utilization_tiers: tuple[tuple[Decimal, Decimal, Decimal], ...] = ()
     sharing_split: str = "equal"
+    utilization_tiers_use: str = "report"  # UTILIZATION_TIERS_USES
 
     @property
     def id(self) -> str:
@@ -65,8 +71,14 @@ class PriceVersion:
             mode = "time_slicing"
         return self.sharing_efficiency.get(mode, Decimal(1))
 
+    @property
+    def prices_tiers(self) -> bool:
+        """Whether the tiers price tenant lines (utilization_tiers: price, and tiers to price by)."""
+        return self.utilization_tiers_use == "price" and bool(self.utilization_tiers)
+
     def tier_efficiency(self, utilization: Decimal | None) -> Decimal | None:
-        """The utilization-tier efficiency score of a mean utilization (report only)."""
+        """The utilization-tier efficiency of a mean utilization: a score, or under
+        ``utilization_tiers: price`` the factor of the tenant's amount; None where unknown."""
         if utilization is None or not self.utilization_tiers:
             return None
         last = len(self.utilization_tiers) - 1
@@ -84,6 +96,29 @@ class PriceBook:
     path: str = ""
     digest: str = ""
 
+    def with_utilization_tiers(self, use: str) -> PriceBook:
+        """This book with its versions' utilization tiers used as ``use`` says (report | price;
+        docs/billing.md §3.7), so a book written for reports, the seed's ConfigMap among them, prices by
+        its tiers unchanged. A book priced by its tiers is another book: its digest is this one's and the
+        option's, so a ledger registers its versions (whose bodies then say so) apart from this one's."""
+        if use not in UTILIZATION_TIERS_USES:
+            raise PriceBookError(
+                self.path, "utilization_tiers", use, f"expected one of {', '.join(UTILIZATION_TIERS_USES)}"
+            )
+        if use == "price" and not any(version.utilization_tiers for version in self.versions):
+            raise PriceBookError(
+                self.path, "utilization_tiers", use, "the price book has no utilization tiers to price by"
+            )
+        if all(version.utilization_tiers_use == use for version in self.versions):
+            return self
+        versions = tuple(dataclasses.replace(v, utilization_tiers_use=use) for v in self.versions)
+        digest = (
+            self.digest
+            if use == "report"
+            else hashlib.sha256(f"{self.digest}\0tiers={use}".encode()).hexdigest()
+        )
+        return dataclasses.replace(self, versions=versions, digest=digest)
+
     def version(self, version_id: str) -> PriceVersion:
         """The version a line's ``price_version`` names."""
         for version in self.versions:
@@ -100,7 +135,7 @@ class PriceBook:
     def version_body(self, version: PriceVersion) -> str:
         """What priced a line under ``version``, as canonical JSON: stored once per version by the
         ledger and shown by reports (docs/billing.md §7)."""
-        body = {
+        body: dict[str, object] = {
             "rates": {m: str(p.hourly_rate) for m, p in sorted(version.gpus.items())},
             "derived": sorted(m for m, p in version.gpus.items() if p.derived),
             "slice_weight": version.slice_weight,
@@ -110,6 +145,10 @@ class PriceBook:
         }
         if version.sharing_split != "equal":  # absent at its default: bodies stored before it stay equal
             body["sharing_split"] = version.sharing_split
+        if version.prices_tiers:  # likewise: the tiers are in the body only where they priced
+            body["utilization_tiers"] = [
+                [str(low), str(high), str(eff)] for low, high, eff in version.utilization_tiers
+            ]
         return json.dumps(body, sort_keys=True)
 
     def price(self, hour: datetime, nvml_model: str) -> tuple[PriceVersion | None, GpuPrice | None]:

@@ -9,6 +9,7 @@ import hashlib
 from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from gpumeter.billing.pricing.yamlload import YamlRefused, load_yaml
 HOURS_PER_MONTH = Decimal(730)  # 8760 / 12
 RATE_QUANTUM = Decimal("0.000001")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-DEFAULT_BOOK = Path(__file__).resolve().parent.parent / "pricebooks" / "default.yaml"
+# Package data, found through the package (never a path into a checkout): `gpumeter billing prices default`.
+DEFAULT_BOOK = Path(str(files("gpumeter.billing.pricebooks") / "default.yaml"))
 
 # What money can be (docs/billing.md §3.4): every number of a book is bounded, so no later sum or
 # column overflows. A rate (given or derived) is at most 10^7 currency units per GPU-hour with 6

@@ -12,6 +12,12 @@ device inventory and adds to the snapshot:
   both the same IDs, so the node's strategy (GPU Feature Discovery's ``nvidia.com/gpu.sharing-strategy``,
   passed as ``--gpu-sharing-strategy``) tells them apart.
 * ``gpumeter_exporter_kubelet_up`` 1/0 and ``gpumeter_exporter_kubelet_errors_total``.
+* Dynamic Resource Allocation (``dynamic_resources``, exporter/kubernetes/dra.py): each ``gpu.nvidia.com``
+  device a container holds through a claim, resolved through the node's ResourceSlices (read off the
+  sampling thread by kubernetes/dra_cache.py; never a call per sample) or, without them, from its
+  name; ``resource`` is ``resourceclaim/<claim>``, the share 1/the containers holding the device, and
+  ``sharing`` the claim's config's strategy (``nvidia_gpu_allocation_dra_info`` names claim and device;
+  ``gpumeter_exporter_dra_devices_unresolved`` counts devices that resolve to nothing).
 
 The mapping is rebuilt from every successful List, so a pod's series disappear the cycle after it ends.
 When the kubelet is slow or gone, the last good allocations are kept for ``keep_cycles`` cycles (a kubelet
@@ -26,12 +32,13 @@ from dataclasses import dataclass
 
 from gpumeter import contract
 from gpumeter.exporter.catalog import by_name
+from gpumeter.exporter.kubernetes import dra
 from gpumeter.exporter.snapshot import DeviceIdentity, SnapshotBuilder
 
 from .client import AllocatableResources, KubeletError, PodResources
 from .devices import Inventory, is_gpu_resource, parse_device_id, replica_counts, resolve, share
 
-__all__ = ["ALLOCATION", "KUBELET_ERRORS", "KUBELET_UP", "LABELS", "Allocation", "PodAttribution"]
+__all__ = ["ALLOCATION", "KUBELET_ERRORS", "KUBELET_UP", "LABELS", "Allocation", "DraRef", "PodAttribution"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,17 @@ _MAX_REMEMBERED = 10_000  # bound on the "logged once" sets
 
 
 @dataclass(frozen=True, slots=True)
+class DraRef:
+    """The claim and device a DRA allocation is held through (``nvidia_gpu_allocation_dra_info``)."""
+
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """One ``nvidia_gpu_allocation`` series."""
 
@@ -69,6 +87,15 @@ class Allocation:
     mig_profile: str
     sharing: str  # contract.SHARING_MODES
     share: float
+    dra: DraRef | None = None  # held through a DRA claim
+
+    def dra_labels(self, hostname: str) -> tuple[str, ...]:
+        """``nvidia_gpu_allocation_dra_info``'s labels (only for a DRA allocation)."""
+        assert self.dra is not None
+        gi = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
+        d = self.dra
+        return (hostname, self.namespace, self.pod, self.container, self.uuid, str(self.gpu), gi,
+                d.claim_namespace, d.claim_name, d.driver, d.pool, d.device)  # fmt: skip
 
     def labels(self, hostname: str) -> tuple[str, ...]:
         gi = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
@@ -97,8 +124,13 @@ class PodAttribution:
         extra_resources: Iterable[str] = (),
         replicas_under_mps: bool = False,
         fractional=None,
+        dra=None,
     ):
         self.client = client
+        # exporter.kubernetes.dra_cache.DraCache: the node's ResourceSlices and its claims' config; None
+        # without --kube-api (DRA devices then resolve from their names alone)
+        self.dra = dra
+        self.dra_unresolved = 0
         # exporter.kubernetes.fractional.FractionalAttribution: HAMi/gpushare grants from the pods
         self.fractional = fractional
         self.replica_sharing = contract.SHARING_MPS if replicas_under_mps else contract.SHARING_TIME_SLICING
@@ -147,13 +179,30 @@ class PodAttribution:
             emitted = self.fractional.apply(emitted, devices, builder, self.hostname)
         for allocation in emitted:
             builder.add(ALLOCATION, allocation.labels(self.hostname), allocation.share)
+            if allocation.dra is not None:
+                builder.add(contract.DRA_ALLOCATION_INFO.name, allocation.dra_labels(self.hostname), 1.0)
         builder.add(KUBELET_UP, (), 1.0 if self.up else 0.0)
         builder.add(KUBELET_ERRORS, (), float(self.errors))
+        builder.add(contract.DRA_DEVICES_UNRESOLVED.name, (), float(self.dra_unresolved))
+        if self.dra is not None:
+            view = self.dra.snapshot()
+            builder.add(contract.DRA_API_UP.name, (), 1.0 if view.up else 0.0)
+            for reason, count in view.errors.items():
+                builder.add(contract.DRA_API_ERRORS.name, (reason,), float(count))
 
     def _query(self, devices: tuple[DeviceIdentity, ...]) -> tuple[Allocation, ...]:
         pods = self.client.list()
         allocatable = self.client.allocatable()
-        allocations = self.allocations(pods, allocatable, devices)
+        view = None
+        if self.dra is not None:
+            self.dra.want(
+                (d.claim_namespace, d.claim_name)
+                for p in pods
+                for c in p.containers
+                for d in c.dynamic_resources
+            )
+            view = self.dra.poll()
+        allocations = self.allocations(pods, allocatable, devices, view)
         if self._first_success:
             self._first_success = False
             seen = sorted({d.resource_name for p in pods for c in p.containers for d in c.devices})
@@ -172,8 +221,10 @@ class PodAttribution:
         pods: Iterable[PodResources],
         allocatable: AllocatableResources,
         devices: tuple[DeviceIdentity, ...],
+        dra_view=None,
     ) -> tuple[Allocation, ...]:
-        """Resolve one List answer against the inventory; replicas counted from ``allocatable``."""
+        """Resolve one List answer against the inventory; replicas counted from ``allocatable``; DRA
+        devices through ``dra_view`` (a kubernetes.dra_cache.DraView) where given."""
         inventory = Inventory.from_devices(devices)
         pods = tuple(pods)
         replicas = replica_counts(
@@ -235,8 +286,70 @@ class PodAttribution:
                             self._sharing(ref, resolved.gpu_instance_id),
                         )
                         shares[key] = shares.get(key, 0.0) + share(ref, replicas)
-        return tuple(
+        plugin = tuple(
             Allocation(*key, min(value, 1.0)) for key, value in sorted(shares.items(), key=_sort_key)
+        )
+        return plugin + self._dra_allocations(pods, inventory, devices, dra_view)
+
+    def _dra_allocations(self, pods, inventory: Inventory, devices, view) -> tuple[Allocation, ...]:
+        """The devices containers hold through DRA claims. Every container holding a device gets a
+        share of 1/holders, so a device's shares sum to 1 at most; sharing as the claim says."""
+        held = []  # (pod, container, dynamic resource, claim resource, resolved)
+        unresolved = 0
+        for pod in pods:
+            for container in pod.containers:
+                for claim in container.dynamic_resources:
+                    for resource in claim.claim_resources:
+                        if resource.driver != dra.DRIVER:
+                            continue  # another driver's devices (a NIC, an FPGA)
+                        resolved = dra.resolve(resource.pool, resource.device, inventory, view)
+                        if resolved is None:
+                            if devices:  # NVML is down: nothing resolves; not the claim's fault
+                                unresolved += 1
+                                self._log_once(
+                                    f"dra/{resource.pool}/{resource.device}",
+                                    "cannot map DRA device %s/%s of claim %s/%s (%s/%s container %s) to a GPU%s; "
+                                    "not attributed",
+                                    resource.pool,
+                                    resource.device,
+                                    claim.claim_namespace,
+                                    claim.claim_name,
+                                    pod.namespace,
+                                    pod.name,
+                                    container.name,
+                                    "" if view is not None and view.up else " without the ResourceSlices",
+                                )
+                            continue
+                        held.append((pod, container, claim, resource, resolved))
+        self.dra_unresolved = unresolved
+        holders: dict[tuple, set[tuple[str, str, str]]] = {}
+        for pod, container, _, _, resolved in held:
+            holders.setdefault(resolved.key, set()).add((pod.namespace, pod.name, container.name))
+        out: dict[tuple, Allocation] = {}
+        for pod, container, claim, resource, resolved in held:
+            strategies = view.claims.get((claim.claim_namespace, claim.claim_name), {}) if view else {}
+            count = len(holders[resolved.key])
+            allocation = Allocation(
+                pod.namespace,
+                pod.name,
+                container.name,
+                dra.claim_resource(claim.claim_name),
+                resolved.uuid,
+                resolved.gpu,
+                resolved.gpu_instance_id,
+                resolved.mig_profile,
+                dra.sharing_of(
+                    strategies.get((resource.pool, resource.device), ""), count, resolved.gpu_instance_id
+                ),
+                1.0 / count,
+                DraRef(
+                    claim.claim_namespace, claim.claim_name, resource.driver, resource.pool, resource.device
+                ),
+            )
+            key = (pod.namespace, pod.name, container.name, resolved.key)
+            out.setdefault(key, allocation)  # a device named twice in one container is held once
+        return tuple(
+            out[k] for k in sorted(out, key=lambda k: (*k[:3], k[3][0], -1 if k[3][1] is None else k[3][1]))
         )
 
     def _sharing(self, ref, gpu_instance_id: int | None) -> str:

@@ -21,8 +21,10 @@ from . import api_pb2, api_pb2_grpc
 __all__ = [
     "DEFAULT_SOCKET",
     "AllocatableResources",
+    "ClaimResource",
     "ContainerDevices",
     "ContainerResources",
+    "DynamicResource",
     "KubeletError",
     "PodResources",
     "PodResourcesClient",
@@ -48,9 +50,31 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimResource:
+    """A device allocated through a DRA claim (``ClaimResource``): which driver's pool and device.
+    ``share_id`` is set where the device is consumed by capacity (Kubernetes 1.35+)."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicResource:
+    """One DRA ResourceClaim a container uses (``DynamicResource``, ``ContainerResources`` field 5)."""
+
+    claim_name: str
+    claim_namespace: str
+    claim_resources: tuple[ClaimResource, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...] = ()
+    dynamic_resources: tuple[DynamicResource, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +98,26 @@ def _devices(messages) -> tuple[ContainerDevices, ...]:
             resource_name=d.resource_name,
             device_ids=tuple(d.device_ids),
             numa_nodes=tuple(n.ID for n in d.topology.nodes) if d.HasField("topology") else (),
+        )
+        for d in messages
+    )
+
+
+def _dynamic(messages) -> tuple[DynamicResource, ...]:
+    return tuple(
+        DynamicResource(
+            claim_name=d.claim_name,
+            claim_namespace=d.claim_namespace,
+            claim_resources=tuple(
+                ClaimResource(
+                    driver=r.driver_name,
+                    pool=r.pool_name,
+                    device=r.device_name,
+                    cdi_devices=tuple(c.name for c in r.cdi_devices),
+                    share_id=r.share_id if r.HasField("share_id") else None,
+                )
+                for r in d.claim_resources
+            ),
         )
         for d in messages
     )
@@ -146,7 +190,12 @@ class PodResourcesClient:
                 namespace=pod.namespace,
                 name=pod.name,
                 containers=tuple(
-                    ContainerResources(name=c.name, devices=_devices(c.devices)) for c in pod.containers
+                    ContainerResources(
+                        name=c.name,
+                        devices=_devices(c.devices),
+                        dynamic_resources=_dynamic(c.dynamic_resources),
+                    )
+                    for c in pod.containers
                 ),
             )
             for pod in response.pod_resources

@@ -1,8 +1,10 @@
-"""List this node's pods from the Kubernetes API: one authenticated GET, no client library.
+"""Read this node's pods (and DRA objects) from the Kubernetes API: authenticated GETs, no client library.
 
 ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`` with the service account's bearer token and
-CA (in-cluster config: KUBERNETES_SERVICE_HOST/PORT and /var/run/secrets/kubernetes.io/serviceaccount).
-The RBAC it needs is ``get``/``list`` on ``pods`` (deploy/kubernetes/base/rbac.yaml). Everything is
+CA (in-cluster config: KUBERNETES_SERVICE_HOST/PORT and /var/run/secrets/kubernetes.io/serviceaccount);
+for Dynamic Resource Allocation the node's ``resource.k8s.io/v1`` ResourceSlices (same field selector)
+and single ResourceClaims. The RBAC it needs is ``get``/``list`` on ``pods``, ``resourceslices`` and
+``resourceclaims`` (deploy/kubernetes/base/exporter-rbac.yaml). Everything is
 injectable (base URL, token and CA paths, httpx transport) so tests talk to a real stand-in server.
 """
 
@@ -30,6 +32,7 @@ UNREACHABLE, UNAUTHORIZED, FORBIDDEN, HTTP, MALFORMED = (
     "malformed",
 )
 REASONS = (UNREACHABLE, UNAUTHORIZED, FORBIDDEN, HTTP, MALFORMED)
+NOT_FOUND = "http"  # a 404 (a claim deleted meanwhile) counts as an HTTP error
 
 
 class KubeApiError(Exception):
@@ -89,31 +92,56 @@ class PodLister:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def list_pods(self, node: str) -> list[dict[str, Any]]:
-        url = f"{self.base_url}/api/v1/pods"
+    def _get(self, path: str, needs: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        """One GET answered 200 with a JSON object; ``needs`` names the RBAC a 403 lacks."""
+        url = f"{self.base_url}{path}"
         try:
-            response = self._client.get(
-                url, params={"fieldSelector": f"spec.nodeName={node}"}, headers=self._headers()
-            )
+            response = self._client.get(url, params=params, headers=self._headers())
         except httpx.HTTPError as exc:
             raise KubeApiError(UNREACHABLE, f"{url}: {type(exc).__name__}: {exc}") from None
         if response.status_code == 401:
             raise KubeApiError(UNAUTHORIZED, f"{url}: 401 Unauthorized (service-account token refused)")
         if response.status_code == 403:
             raise KubeApiError(
-                FORBIDDEN,
-                f"{url}: 403 Forbidden (the ServiceAccount needs get/list on pods: {_status(response)})",
+                FORBIDDEN, f"{url}: 403 Forbidden (the ServiceAccount needs {needs}: {_status(response)})"
             )
+        if response.status_code == 404:
+            raise KubeApiError(NOT_FOUND, f"{url}: 404 Not Found: {_status(response)}")
         if response.status_code != 200:
             raise KubeApiError(HTTP, f"{url}: HTTP {response.status_code}: {_status(response)}")
         try:
             body = response.json()
-            items = body["items"]
-            if not isinstance(items, list):
-                raise TypeError("items is not a list")
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise KubeApiError(MALFORMED, f"{url}: not a PodList: {exc}") from None
+            if not isinstance(body, dict):
+                raise TypeError("not a JSON object")
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise KubeApiError(MALFORMED, f"{url}: not a Kubernetes object: {exc}") from None
+        return body
+
+    def _items(self, path: str, needs: str, node: str, kind: str) -> list[dict[str, Any]]:
+        body = self._get(path, needs, {"fieldSelector": f"spec.nodeName={node}"})
+        items = body.get("items")
+        if not isinstance(items, list):
+            raise KubeApiError(MALFORMED, f"{self.base_url}{path}: not a {kind}: items is not a list")
         return [item for item in items if isinstance(item, dict)]
+
+    def list_pods(self, node: str) -> list[dict[str, Any]]:
+        return self._items("/api/v1/pods", "get/list on pods", node, "PodList")
+
+    def list_resource_slices(self, node: str) -> list[dict[str, Any]]:
+        """The node's ``resource.k8s.io/v1`` ResourceSlices (cluster-scoped; DRA devices)."""
+        return self._items(
+            "/apis/resource.k8s.io/v1/resourceslices",
+            "get/list on resourceslices.resource.k8s.io",
+            node,
+            "ResourceSliceList",
+        )
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One ``resource.k8s.io/v1`` ResourceClaim (its allocation and sharing config)."""
+        return self._get(
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+            "get on resourceclaims.resource.k8s.io",
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -28,6 +28,15 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
             workload: {pattern: diurnal, mean: 0.55, amplitude: 0.25}
             nvlinks: 0              # NVLinks that answer (default: the model's); 0: none, as in a VM
             virtualization: passthrough   # none (default) | passthrough: a GPU passed through to a VM
+            dra: true               # handed out by Dynamic Resource Allocation (NVIDIA's DRA driver,
+                                    # gpu.nvidia.com), not by the device plugin: pods hold it through claims
+    claims:                         # DRA ResourceClaims, allocated (docs/pod-attribution.md §DRA)
+      - namespace: ml-research
+        name: shared-gpu
+        node: gpu-h100-01
+        devices: [{gpu: 2}]         # or {gpu: 1, gpu_instance_id: 3}: a MIG device
+        sharing: TimeSlicing        # the claim's opaque GpuConfig/MigDeviceConfig sharing strategy:
+                                    # TimeSlicing | MPS; absent: none written (the driver time-slices)
     pods:
       - namespace: ml-research
         name: trainer-{gpu}-{gi}    # a range ("0-7") in a device expands the entry into one pod per value;
@@ -37,6 +46,7 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
         devices: [{gpu: 0, gpu_instance_id: 7}]   # or {gpu: 1} whole, or {gpu: 2, replica: 1} time-sliced
                                     # or {gpu: 3, memory_mib: 20480, cores: 30} on a fractional GPU
                                     # (gpushare: memory_mib a multiple of 1024, cores optional)
+                                    # or {claim: shared-gpu}: the devices of a claim of its namespace
         utilization: 0.7            # load the pod puts on what it holds
         start: 0h                   # offset from the start of the simulation
         end: 48h                    # optional; absent = runs forever
@@ -52,6 +62,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, replace
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +72,9 @@ from .models import MODELS, GpuModel, MigProfile
 from .vgpu import LICENSE_STATES, VGPU_TYPES, VgpuSpec, vm_uuid
 
 __all__ = [
+    "CLAIM_SHARING",
     "CgroupLayout",
+    "ClaimSpec",
     "Fleet",
     "FleetError",
     "GpuSpec",
@@ -75,13 +88,15 @@ __all__ = [
     "parse_fleet",
 ]
 
-FLEETS_DIR = Path(__file__).parent / "fleets"
+FLEETS_DIR = Path(str(files("gpumeter.exporter.simulator") / "fleets"))  # package data
 WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
 SHARING_STRATEGIES = ("time-slicing", "mps")
 # nvmlGpuVirtualizationMode NONE and PASSTHROUGH (a host vGPU is set by vgpus:)
 VIRTUALIZATION_MODES = ("none", "passthrough")
+# NVIDIA's DRA driver's claim config sharing strategies (api/nvidia.com/resource/v1beta1/sharing.go)
+CLAIM_SHARING = ("TimeSlicing", "MPS")
 FRACTIONAL_SCHEDULERS = (
     "hami",
     "gpushare",
@@ -141,6 +156,7 @@ class GpuSpec:
     vgpu_host: bool = False  # in host vGPU mode (the fleet file has `vgpus:`, maybe empty)
     vgpus: tuple[VgpuSpec, ...] = ()  # the vGPUs running on it, one per VM's vGPU
     passthrough: bool = False  # the node is a VM this GPU is passed through to (NVML: PASSTHROUGH mode)
+    dra: bool = False  # handed out by the DRA driver (ResourceSlice devices), not by the device plugin
 
     @property
     def mig_enabled(self) -> bool:
@@ -204,6 +220,18 @@ class PodDevice:
     replica: int | None = None
     memory_mib: int | None = None  # a grant on a fractional GPU (HAMi, gpushare)
     cores: int | None = None  # percent of the GPU's compute; None: no compute grant
+    claim: str | None = None  # held through this DRA ResourceClaim (of the pod's namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """An allocated DRA ResourceClaim: the devices it got and the sharing its opaque config asks for."""
+
+    namespace: str
+    name: str
+    node: str
+    devices: tuple[PodDevice, ...]  # gpu and gpu_instance_id only
+    sharing: str = ""  # CLAIM_SHARING, or "" when the claim has no sharing config
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +264,7 @@ class Fleet:
     nodes: tuple[NodeSpec, ...]
     pods: tuple[PodSpec, ...]
     source: str = "<fleet>"
+    claims: tuple[ClaimSpec, ...] = ()
 
     def node(self, name: str) -> NodeSpec:
         for node in self.nodes:
@@ -245,6 +274,15 @@ class Fleet:
 
     def pods_on(self, node: str) -> tuple[PodSpec, ...]:
         return tuple(p for p in self.pods if p.node == node)
+
+    def claims_on(self, node: str) -> tuple[ClaimSpec, ...]:
+        return tuple(c for c in self.claims if c.node == node)
+
+    def claim(self, namespace: str, name: str) -> ClaimSpec:
+        for claim in self.claims:
+            if (claim.namespace, claim.name) == (namespace, name):
+                return claim
+        raise KeyError((namespace, name))
 
 
 def _uuid(prefix: str, key: str) -> str:
@@ -500,6 +538,13 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 raise r.fail(f"{gpath}.nvlinks", nvlinks, f"must be within 0..{model.nvlinks} on a {key}")
             if nvlinks != model.nvlinks:
                 model = replace(model, nvlinks=nvlinks)
+            dra = r.get(group, "dra", gpath, bool, False)
+            if dra and (replicas > 1 or fractional or vgpu_host):
+                raise r.fail(
+                    f"{gpath}.dra",
+                    dra,
+                    "a DRA GPU is shared through its claims: no time_slicing, fractional or vgpus",
+                )
             virtualization = r.get(group, "virtualization", gpath, str, "none")
             if virtualization not in VIRTUALIZATION_MODES or (virtualization != "none" and vgpu_host):
                 raise r.fail(
@@ -535,6 +580,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                         vgpu_host,
                         vgpus,
                         passthrough=virtualization == "passthrough",
+                        dra=dra,
                     )
                 )
         gpus_by_node[name] = tuple(gpus)
@@ -553,6 +599,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 host_processes=_host_processes(r, raw, path, tuple(gpus)),
             )
         )
+    claims = _claims(r, data, gpus_by_node)
     pods = []
     for p, raw in _expand_pods(r, r.get(data, "pods", "", list, [])):
         path = f"pods[{p}]"
@@ -563,6 +610,9 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
         devices = []
         for d, dev in enumerate(r.get(raw, "devices", path, list)):
             dpath = f"{path}.devices[{d}]"
+            if isinstance(dev, dict) and "claim" in dev:
+                devices.extend(_claimed(r, dev, dpath, claims, r.get(raw, "namespace", path, str), node))
+                continue
             gpu = r.get(dev, "gpu", dpath, int)
             if not 0 <= gpu < len(gpus):
                 raise r.fail(f"{dpath}.gpu", gpu, f"node {node} has GPUs 0..{len(gpus) - 1}")
@@ -581,6 +631,10 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             if replica is not None and not 0 <= replica < spec.time_slicing:
                 raise r.fail(
                     f"{dpath}.replica", replica, f"GPU {gpu} has {spec.time_slicing} time-slicing replicas"
+                )
+            if spec.dra:
+                raise r.fail(
+                    f"{dpath}.gpu", gpu, f"GPU {gpu} of {node} is handed out by DRA: hold it through a claim"
                 )
             memory_mib = r.get(dev, "memory_mib", dpath, int, None)
             cores = r.get(dev, "cores", dpath, int, None)
@@ -623,7 +677,60 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             )
         )
     _check_pids(r, nodes, pods)
-    return Fleet(seed=seed, nodes=tuple(nodes), pods=tuple(pods), source=source)
+    return Fleet(seed=seed, nodes=tuple(nodes), pods=tuple(pods), source=source, claims=claims)
+
+
+# --- DRA ResourceClaims -------------------------------------------------------------------------------
+def _claims(r: _Reader, data: dict, gpus_by_node: dict[str, tuple[GpuSpec, ...]]) -> tuple[ClaimSpec, ...]:
+    out: list[ClaimSpec] = []
+    for c, raw in enumerate(r.get(data, "claims", "", list, [])):
+        path = f"claims[{c}]"
+        namespace, name = r.get(raw, "namespace", path, str), r.get(raw, "name", path, str)
+        if any((x.namespace, x.name) == (namespace, name) for x in out):
+            raise r.fail(f"{path}.name", name, f"a claim {namespace}/{name} is listed twice")
+        node = r.get(raw, "node", path, str)
+        if node not in gpus_by_node:
+            raise r.fail(f"{path}.node", node, "no such node in this fleet")
+        gpus = gpus_by_node[node]
+        devices = []
+        for d, dev in enumerate(r.get(raw, "devices", path, list)):
+            dpath = f"{path}.devices[{d}]"
+            gpu = r.get(dev, "gpu", dpath, int)
+            if not 0 <= gpu < len(gpus) or not gpus[gpu].dra:
+                raise r.fail(f"{dpath}.gpu", gpu, f"not a GPU of {node} marked dra: true")
+            gi = r.get(dev, "gpu_instance_id", dpath, int, None)
+            if gpus[gpu].mig_enabled != (gi is not None) or (
+                gi is not None and gi not in {m.gpu_instance_id for m in gpus[gpu].mig}
+            ):
+                raise r.fail(
+                    f"{dpath}.gpu_instance_id", gi, "name one of the GPU's MIG instances exactly on a MIG GPU"
+                )
+            devices.append(PodDevice(gpu, gi))
+        sharing = r.get(raw, "sharing", path, str, "")
+        if sharing and sharing not in CLAIM_SHARING:
+            raise r.fail(f"{path}.sharing", sharing, f"expected one of {', '.join(CLAIM_SHARING)}")
+        out.append(ClaimSpec(namespace, name, node, tuple(devices), sharing))
+    taken: dict[tuple[str, int, int | None], str] = {}
+    for claim in out:  # a device is allocated to one claim (no consumable capacity here)
+        for dev in claim.devices:
+            key = (claim.node, dev.gpu, dev.gpu_instance_id)
+            if key in taken:
+                raise r.fail(
+                    "claims", f"{claim.namespace}/{claim.name}", f"device already allocated to {taken[key]}"
+                )
+            taken[key] = f"{claim.namespace}/{claim.name}"
+    return tuple(out)
+
+
+def _claimed(
+    r: _Reader, dev: dict, path: str, claims: tuple[ClaimSpec, ...], namespace: str, node: str
+) -> list[PodDevice]:
+    """A pod's ``{claim: NAME}``: the claim's devices, held through it."""
+    name = r.get(dev, "claim", path, str)
+    claim = next((c for c in claims if (c.namespace, c.name) == (namespace, name)), None)
+    if claim is None or claim.node != node:
+        raise r.fail(f"{path}.claim", name, f"no claim {name} of namespace {namespace} on node {node}")
+    return [replace(d, claim=name) for d in claim.devices]
 
 
 # --- processes (issue 15 point 5): what NVML lists per GPU and /proc/<pid>/cgroup says of each -------

@@ -32,7 +32,9 @@ from typing import TextIO
 
 from gpumeter import contract
 from gpumeter.contract import Series
+from gpumeter.exporter.kubernetes.dra import claim_resource, sharing_of
 
+from . import dra
 from .device import _load_at
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, PodSpec, load_fleet
 from .kubelet import resource_name
@@ -115,7 +117,7 @@ class _Series:
     def __init__(
         self, fleet: Fleet, node: NodeSpec, incidents: tuple[Incident, ...] = (), start: float = 0.0
     ):
-        self.node = node
+        self.fleet, self.node = fleet, node
         self.start = start
         self.incidents = [i for i in incidents if i.node == node.name]
         self.scrape = {"job": JOB, "instance": f"{node.name}:9835"}  # what a scrape adds
@@ -235,20 +237,30 @@ class _Series:
                     profile = next(
                         m.profile.name for m in gpu.mig if m.gpu_instance_id == dev.gpu_instance_id
                     )
+                resource, sharing = (
+                    resource_name(self.node, gpu, dev.gpu_instance_id),
+                    _sharing(self.node, dev),
+                )
+                share = 1.0 / gpu.time_slicing if dev.replica is not None else 1.0
+                if dev.claim is not None:  # held through a DRA claim: shared by all who hold the device
+                    holders = dra.consumers(self.fleet, self.node.name, offset, dev)
+                    claim = self.fleet.claim(pod.namespace, dev.claim)
+                    resource = claim_resource(dev.claim)
+                    sharing = sharing_of(claim.sharing, holders, dev.gpu_instance_id)
+                    share = 1.0 / holders
                 values = {
                     contract.HOSTNAME: self.node.name,
                     contract.NAMESPACE: pod.namespace,
                     contract.POD: pod.name,
                     contract.CONTAINER: pod.container,
-                    contract.RESOURCE: resource_name(self.node, gpu, dev.gpu_instance_id),
+                    contract.RESOURCE: resource,
                     contract.UUID: gpu.uuid,
                     contract.GPU: str(gpu.index),
                     contract.GPU_INSTANCE_ID: "" if dev.gpu_instance_id is None else str(dev.gpu_instance_id),
                     contract.MIG_PROFILE: profile,
-                    contract.SHARING: _sharing(self.node, dev),
+                    contract.SHARING: sharing,
                 }
                 key = tuple(values.items())  # in the contract's order
-                share = 1.0 / gpu.time_slicing if dev.replica is not None else 1.0
                 if gpu.fractional:  # the exporter values a grant at its compute fraction
                     share = grant_fractions(gpu, dev)[1]
                 shares[key] = shares.get(key, 0.0) + share

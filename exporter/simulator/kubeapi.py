@@ -5,16 +5,28 @@ on that node that are running at the simulated time, with what the exporter read
 and their resource limits, and the annotations HAMi's scheduler and gpushare's scheduler extender
 write on a pod they placed on a fractional GPU (formats and sources: exporter/kubernetes/fractional.py,
 docs/pod-attribution.md §Fractional). Pods of one (namespace, name) are one pod with one container
-each. Other paths answer 404; any other field selector 400, as the API server's Status objects.
+each. For Dynamic Resource Allocation (exporter/simulator/dra.py, docs/pod-attribution.md §DRA):
+``GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>`` answers the node's
+ResourceSlice of ``gpu.nvidia.com`` devices, and ``GET /apis/resource.k8s.io/v1/namespaces/<ns>/
+resourceclaims/<name>`` an allocated ResourceClaim with its sharing config. Other paths answer 404;
+any other field selector 400, as the API server's Status objects.
 
 Faults, set while it runs (``set_fault``): ``unauthorized`` (401, as for a missing or wrong bearer
-token), ``forbidden`` (403, as without RBAC on pods), ``unreachable`` (the connection is closed without
+token), ``forbidden`` (403, as without RBAC on pods), ``forbidden-dra`` (403 on ``resource.k8s.io``
+only, as for a ClusterRole from before DRA), ``unreachable`` (the connection is closed without
 an answer); ``delay_s`` makes every answer that slow. With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
+
+``gpumeter simulate kube-api --fleet F [--node N] --listen HOST:PORT`` serves it until SIGINT/SIGTERM
+(:func:`add_parser` adds the subcommand), for an exporter's ``--kube-api http://HOST:PORT``.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,13 +42,17 @@ from gpumeter.exporter.kubernetes.fractional import (
     GPUSHARE_POD,
     HAMI_ALLOCATED,
 )
+from gpumeter.process import stop_on_signals, wait_until_set
 
-from .fleet import Fleet, NodeSpec, PodSpec
+from .dra import claim_object, resource_slice
+from .fleet import Fleet, FleetError, NodeSpec, PodSpec, load_fleet
+from .metrics_server import listen_address
 from .processes import container_id, pod_uid, runtime_scheme
 
-__all__ = ["FAULTS", "StandInKubeApi", "pod_object"]
+__all__ = ["FAULTS", "StandInKubeApi", "add_parser", "pod_object", "run"]
 
-FAULTS = ("unauthorized", "forbidden", "unreachable")
+FAULTS = ("unauthorized", "forbidden", "forbidden-dra", "unreachable")
+RESOURCE_API = "/apis/resource.k8s.io/v1/"
 GIB_MIB = 1024
 
 
@@ -77,6 +93,8 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
                 gpushare_mib += device.memory_mib or 0
                 annotations[GPUSHARE_IDX] = str(gpu.index)
                 annotations[GPUSHARE_DEV] = str(gpu.model.memory_mib // GIB_MIB)
+            elif device.claim is not None:
+                continue  # held through a claim (spec.resourceClaims), not a resource limit
             elif device.gpu_instance_id is not None:
                 limits["nvidia.com/mig"] = "1"
             else:
@@ -124,6 +142,16 @@ def _container_statuses(node: NodeSpec, specs: list[PodSpec]) -> list[dict[str, 
     ]
 
 
+def _node_selector(query: str) -> str | None:
+    """The node of ``fieldSelector=spec.nodeName=<node>`` (other terms, e.g. ``spec.driver=…``, are
+    let through: a node has one driver here); None without one."""
+    selector = parse_qs(query).get("fieldSelector", [""])[0]
+    for term in selector.split(","):
+        if term.startswith("spec.nodeName="):
+            return term.removeprefix("spec.nodeName=")
+    return None
+
+
 class StandInKubeApi:
     """The pod list of a fleet's nodes over HTTP on 127.0.0.1 (``base_url`` once started)."""
 
@@ -133,8 +161,9 @@ class StandInKubeApi:
         clock: Callable[[], float] = time.time,
         start: float | None = None,
         token: str | None = None,
+        listen: tuple[str, int] = ("127.0.0.1", 0),
     ):
-        self.fleet, self.clock, self.token = fleet, clock, token
+        self.fleet, self.clock, self.token, self.listen = fleet, clock, token, listen
         self.start_time = clock() if start is None else float(start)
         self.fault: str | None = None
         self.delay_s = 0.0  # a slow API server: each answer waits this long (the exporter must not)
@@ -177,14 +206,50 @@ class StandInKubeApi:
                 'resource "pods" in API group "" at the cluster scope',
             )
         url = urlsplit(handler.path)
+        if url.path.startswith(RESOURCE_API):
+            return self._resource_api(url.path.removeprefix(RESOURCE_API), url.query)
         if url.path != "/api/v1/pods":
             return 404, _status(404, "NotFound", "the server could not find the requested resource")
-        selector = parse_qs(url.query).get("fieldSelector", [""])[0]
-        if not selector.startswith("spec.nodeName="):
+        node = _node_selector(url.query)
+        if node is None:
             return 400, _status(
-                400, "BadRequest", f"this stand-in answers only spec.nodeName=<node>, not {selector!r}"
+                400, "BadRequest", "this stand-in answers only fieldSelector=spec.nodeName=<node>"
             )
-        return 200, self.pod_list(selector.removeprefix("spec.nodeName="))
+        return 200, self.pod_list(node)
+
+    def _resource_api(self, rest: str, query: str) -> tuple[int, dict[str, Any]]:
+        """resource.k8s.io/v1: the node's ResourceSlices, one ResourceClaim by namespace and name."""
+        if self.fault == "forbidden-dra":
+            what = "resourceslices" if rest == "resourceslices" else "resourceclaims"
+            return 403, _status(
+                403,
+                "Forbidden",
+                f'{what}.resource.k8s.io is forbidden: User "system:serviceaccount:gpumeter:gpumeter-exporter" '
+                f'cannot get resource "{what}" in API group "resource.k8s.io"',
+            )
+        if rest == "resourceslices":
+            node = _node_selector(query)
+            if node is None:
+                return 400, _status(
+                    400, "BadRequest", "this stand-in answers only fieldSelector=spec.nodeName=<node>"
+                )
+            nodes = {n.name: n for n in self.fleet.nodes}
+            found = resource_slice(nodes[node]) if node in nodes else None
+            return 200, {
+                "kind": "ResourceSliceList",
+                "apiVersion": "resource.k8s.io/v1",
+                "metadata": {"resourceVersion": "1"},
+                "items": [] if found is None else [found],
+            }
+        parts = rest.split("/")
+        if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "resourceclaims":
+            namespace, name = parts[1], parts[3]
+            try:
+                claim = self.fleet.claim(namespace, name)
+            except KeyError:
+                return 404, _status(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found')
+            return 200, claim_object(self.fleet, claim, self.clock() - self.start_time)
+        return 404, _status(404, "NotFound", "the server could not find the requested resource")
 
     def start(self) -> StandInKubeApi:
         api = self
@@ -206,7 +271,7 @@ class StandInKubeApi:
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(self.listen, Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="stand-in-kube-api", daemon=True
@@ -217,8 +282,8 @@ class StandInKubeApi:
     @property
     def base_url(self) -> str:
         assert self._server is not None, "not started"
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def stop(self) -> None:
         if self._server is not None:
@@ -231,3 +296,75 @@ class StandInKubeApi:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# --- gpumeter simulate kube-api -------------------------------------------------------------------
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``kube-api`` to the ``gpumeter simulate`` subcommands; ``args.func(args)`` runs it."""
+    parser = subparsers.add_parser(
+        "kube-api",
+        help="serve the stand-in Kubernetes API (a fleet node's pods) for an exporter's --kube-api",
+        description="A stand-in Kubernetes API server on http://LISTEN: the v1 PodList of a fleet's "
+        "nodes (pods with UIDs and container IDs, HAMi and gpushare grant annotations) as the pods come "
+        "and go. Runs until SIGINT/SIGTERM.",
+    )
+    parser.add_argument(
+        "--fleet", required=True, help="fleet file, or the name of a shipped example (shared-modes)"
+    )
+    parser.add_argument("--node", help="serve only this node's pods (default: every node of the fleet)")
+    parser.add_argument("--listen", default="127.0.0.1:8001", help="HOST:PORT (default 127.0.0.1:8001)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="simulated seconds per real second (default 1: real time)"
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    command = "gpumeter simulate kube-api"
+    try:
+        fleet = load_fleet(args.fleet)
+        listen = listen_address(args.listen)
+    except (FleetError, ValueError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+    if args.node is not None:
+        names = [n.name for n in fleet.nodes]
+        if args.node not in names:
+            print(
+                f"{command}: no node {args.node!r} in {fleet.source}; nodes: {', '.join(names)}",
+                file=sys.stderr,
+            )
+            return 2
+        fleet = dataclasses.replace(
+            fleet,
+            nodes=(fleet.node(args.node),),
+            pods=fleet.pods_on(args.node),
+            claims=fleet.claims_on(args.node),
+        )
+    if args.speed <= 0:
+        print(f"{command}: --speed must be positive", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    speed = args.speed
+
+    def clock() -> float:
+        return t0 + (time.time() - t0) * speed
+
+    stop = threading.Event()
+    previous = stop_on_signals(stop)
+    api = StandInKubeApi(fleet, clock=clock, start=t0, listen=listen)
+    try:
+        api.start()
+    except OSError as exc:
+        print(f"{command}: listen {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        nodes = ", ".join(n.name for n in fleet.nodes)
+        print(f"stand-in Kubernetes API: node(s) {nodes} of {fleet.source} on {api.base_url}", flush=True)
+        wait_until_set(stop)
+    finally:
+        api.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

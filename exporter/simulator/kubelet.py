@@ -23,6 +23,11 @@ HAMi ``GPU-<uuid>-<n>`` for n < 10 (its default deviceSplitCount) under ``nvidia
 its rank among the fleet's pods on the GPU, gpushare the next ``memory_mib / 1024`` units; the real
 grant is on the pod, which the stand-in Kubernetes API (simulator/kubeapi.py) serves.
 
+A GPU handed out by DRA (``dra: true``) is not the device plugin's: it is in no GetAllocatableResources
+answer, and a container holding it through a claim gets a ``dynamic_resources`` entry (the claim's
+name and namespace; driver ``gpu.nvidia.com``, pool the node, device as simulator/dra.py names it,
+and its CDI device) instead of ``devices``.
+
 Faults can be set while it runs: ``set_fault(delay_s=…, error=grpc.StatusCode.UNAVAILABLE)`` slows or
 fails every call; ``stop()`` removes the socket (kubelet gone) and ``start()`` serves it again.
 
@@ -50,6 +55,7 @@ from gpumeter.exporter.kubelet import api_pb2, api_pb2_grpc
 from gpumeter.exporter.kubelet.client import DEFAULT_SOCKET
 from gpumeter.process import stop_on_signals, wait_until_set
 
+from . import dra
 from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet
 
 __all__ = ["StandInKubelet", "add_parser", "device_id", "resource_name", "run"]
@@ -173,16 +179,31 @@ class StandInKubelet:
             device_id(self.node, gpu, device.gpu_instance_id, device.replica),
         )
 
+    def _claim_resource(self, claim: str, namespace: str, device: PodDevice) -> api_pb2.ClaimResource:
+        name = dra.device_name(self._gpu(device.gpu), device.gpu_instance_id)
+        uid = dra.claim_uid(self.fleet.claim(namespace, claim))
+        return api_pb2.ClaimResource(
+            # CDI qualified name <vendor>/<class>=<device> (CDI spec), the driver's per-claim device
+            cdi_devices=[api_pb2.CDIDevice(name=f"k8s.{dra.DRIVER}/claim={uid}-{name}")],
+            driver_name=dra.DRIVER,
+            pool_name=self.node.name,
+            device_name=name,
+        )
+
     def list_response(self) -> api_pb2.ListPodResourcesResponse:
         t = self.clock() - self.start_time
         pods: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
+        claimed: dict[tuple[str, str, str], dict[str, list[api_pb2.ClaimResource]]] = {}
         for pod in self.fleet.pods_on(self.node.name):
             if not pod.running(t):
                 continue
             containers = pods.setdefault((pod.namespace, pod.name), {})
             entries = containers.setdefault(pod.container, [])
             for d in pod.devices:
-                if self._gpu(d.gpu).fractional:
+                if d.claim is not None:
+                    by_claim = claimed.setdefault((pod.namespace, pod.name, pod.container), {})
+                    by_claim.setdefault(d.claim, []).append(self._claim_resource(d.claim, pod.namespace, d))
+                elif self._gpu(d.gpu).fractional:
                     entries.extend(fractional_entries(self.fleet, self.node, pod, d))
                 else:
                     entries.append(self._entry(d))
@@ -192,7 +213,16 @@ class StandInKubelet:
                     namespace=namespace,
                     name=name,
                     containers=[
-                        api_pb2.ContainerResources(name=container, devices=_grouped(entries))
+                        api_pb2.ContainerResources(
+                            name=container,
+                            devices=_grouped(entries),
+                            dynamic_resources=[
+                                api_pb2.DynamicResource(
+                                    claim_name=claim, claim_namespace=namespace, claim_resources=resources
+                                )
+                                for claim, resources in claimed.get((namespace, name, container), {}).items()
+                            ],
+                        )
                         for container, entries in containers.items()
                     ],
                 )
@@ -203,6 +233,8 @@ class StandInKubelet:
     def allocatable_response(self) -> api_pb2.AllocatableResourcesResponse:
         entries: list[tuple[str, str]] = []
         for gpu in self.node.gpus:
+            if gpu.dra:
+                continue  # the DRA driver's, published in a ResourceSlice
             if gpu.fractional:
                 entries.extend(fractional_allocatable(gpu))
             elif gpu.mig:

@@ -9,6 +9,7 @@ import yaml
 
 import gpumeter.cli
 from gpumeter.alerts import ALERTS_FILE, RULES_FILE, cli, prometheusrule
+from tests.support.checkout import PROMETHEUSRULE
 
 
 def _main(argv: list[str]) -> int:
@@ -24,7 +25,7 @@ def test_part_is_registered_with_the_gpumeter_command():
 
 
 def test_committed_prometheusrule_is_fresh():
-    committed = prometheusrule.DEFAULT_OUTPUT
+    committed = PROMETHEUSRULE
     assert committed.exists(), f"{committed} is missing: run gpumeter alerts prometheusrule --out {committed}"
     assert committed.read_text(encoding="utf-8") == prometheusrule.render(), (
         f"{committed} is stale: run `gpumeter alerts prometheusrule --out deploy/kubernetes/base/prometheusrule.yaml`"

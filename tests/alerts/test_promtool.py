@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpumeter.alerts import RULE_FILES, prometheusrule
+from gpumeter.alerts import RULE_FILES
 from gpumeter.deploy.demo import ALERTMANAGER_CONFIG
 from tests.alerts.conftest import TESTS_DIR
+from tests.support.checkout import PROMETHEUSRULE
 from tests.support.servers import require_binary
 
 TEST_FILES = sorted(TESTS_DIR.glob("*.yaml"))
@@ -43,7 +44,7 @@ def test_promtool_unit_tests(test_file: Path):
 
 @pytest.mark.prometheus
 def test_generated_prometheusrule_passes_promtool_check(tmp_path: Path):
-    obj = yaml.safe_load(prometheusrule.DEFAULT_OUTPUT.read_text())
+    obj = yaml.safe_load(PROMETHEUSRULE.read_text())
     rule_file = tmp_path / "from-prometheusrule.yaml"
     rule_file.write_text(yaml.safe_dump({"groups": obj["spec"]["groups"]}, allow_unicode=True))
     _run([require_binary("promtool"), "check", "rules", str(rule_file)])

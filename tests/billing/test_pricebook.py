@@ -64,6 +64,27 @@ def test_default_book_has_the_reference_rates():
     assert price.hourly_rate == D("6.88")
 
 
+@pytest.mark.parametrize(
+    ("nvml_name", "rate"),
+    [
+        # seed 003's older boards as the v100-t4 fleet's NVML names them (exporter/simulator/models.py)
+        ("Tesla V100-PCIE-32GB", "2.00"),
+        ("Tesla V100-SXM2-32GB", "2.00"),
+        ("Tesla T4", "0.45"),
+        # a guest's vGPU by its type's name, both spellings: the host rate x the framebuffer share
+        ("GRID A100-4C", "0.30"),  # 3.00 x 4/40
+        ("NVIDIA A100-4C", "0.30"),
+        ("GRID A100-5C", "0.375"),  # 3.00 x 5/40
+        ("GRID H100XM-20C", "1.72"),  # 6.88 x 20/80: what the host side bills an H100XM-20C (§8 (j), e = 1)
+        ("NVIDIA H100XM-4C", "0.344"),  # 6.88 x 4/80
+    ],
+)
+def test_default_book_prices_the_seed_gpus_and_guest_vgpus(nvml_name, rate):
+    _, price = load_price_book(DEFAULT_BOOK).price(HOUR0, nvml_name)
+    assert price is not None, f"{nvml_name} unpriced under the default book"
+    assert price.hourly_rate == D(rate)
+
+
 def test_derived_rate_from_tco_inputs(tmp_path):
     doc = {
         "currency": "EUR",

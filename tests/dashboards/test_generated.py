@@ -21,9 +21,9 @@ from gpumeter import contract
 from gpumeter.dashboards import build
 from gpumeter.exporter.catalog import CATALOG, Scope
 from tests.dashboards.promql import panels
+from tests.support.checkout import DASHBOARD_CONFIGMAPS, DASHBOARDS, ROOT
 from tests.support.servers import require_binary
 
-ROOT = Path(__file__).resolve().parents[2]
 MODELS = {path.stem: json.loads(path.read_text()) for path in sorted(build.GENERATED.glob("*.json"))}
 UIDS = {
     "gpumeter-fleet",
@@ -47,11 +47,49 @@ def _links(model: dict):
 
 
 def test_committed_files_are_a_fresh_build():
-    assert build.stale() == [], "run: gpumeter dashboards build (make dashboards)"
+    assert build.stale(DASHBOARDS, DASHBOARD_CONFIGMAPS) == [], "run: make dashboards"
+
+
+def test_the_package_ships_the_committed_models():
+    shipped = {path.name: path.read_text() for path in build.GENERATED.glob("*.json")}
+    committed = {path.name: path.read_text() for path in DASHBOARDS.glob("*.json")}
+    assert shipped == committed
 
 
 def test_build_check_command(capsys):
-    assert gpumeter.main(["dashboards", "build", "--check"]) == 0
+    argv = [
+        "dashboards",
+        "build",
+        "--check",
+        "--out",
+        str(DASHBOARDS),
+        "--configmaps",
+        str(DASHBOARD_CONFIGMAPS),
+    ]
+    assert gpumeter.main(argv) == 0
+
+
+def test_build_writes_only_under_the_folders_given(tmp_path, capsys):
+    out, configmaps = tmp_path / "models", tmp_path / "cm"
+    assert gpumeter.main(["dashboards", "build", "--out", str(out)]) == 0
+    assert sorted(p.stem for p in out.iterdir()) == sorted(UIDS) and not configmaps.exists()
+    assert gpumeter.main(["dashboards", "build", "--out", str(out), "--check"]) == 0
+    (out / "gpumeter-fleet.json").write_text("{}")
+    (out / "left-over.json").write_text("{}")
+    assert gpumeter.main(["dashboards", "build", "--out", str(out), "--check"]) == 1
+    assert "stale: " in capsys.readouterr().err
+    assert gpumeter.main(["dashboards", "build", "--out", str(out), "--configmaps", str(configmaps)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{uid}.json" for uid in UIDS)
+    assert json.loads((out / "gpumeter-fleet.json").read_text()) == MODELS["gpumeter-fleet"]
+    assert (configmaps / "kustomization.yaml").exists()
+
+
+def test_build_into_an_unwritable_folder_says_so_in_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert gpumeter.main(["dashboards", "build", "--out", str(blocker / "models")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot write" in err and str(blocker) in err
 
 
 def test_every_dashboard_is_generated_with_its_uid():
@@ -152,15 +190,15 @@ def test_power_and_temperature_are_never_summed_over_mig_series():
 
 
 def test_configmaps_for_the_grafana_sidecar():
-    kustomization = yaml.safe_load((build.CONFIGMAPS / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((DASHBOARD_CONFIGMAPS / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(f"{uid}.yaml" for uid in MODELS)
     for uid, model in MODELS.items():
-        doc = yaml.safe_load((build.CONFIGMAPS / f"{uid}.yaml").read_text())
+        doc = yaml.safe_load((DASHBOARD_CONFIGMAPS / f"{uid}.yaml").read_text())
         assert doc["kind"] == "ConfigMap" and doc["apiVersion"] == "v1"
         assert doc["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert json.loads(doc["data"][f"{uid}.json"]) == model
         # a ConfigMap must stay under 1 MiB (and the sidecar's annotations far below)
-        assert len((build.CONFIGMAPS / f"{uid}.yaml").read_bytes()) < 900_000
+        assert len((DASHBOARD_CONFIGMAPS / f"{uid}.yaml").read_bytes()) < 900_000
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -177,7 +215,7 @@ def test_grafana_provisioning_for_the_local_stack():
     (provider,) = providers["providers"]
     assert provider["type"] == "file"
     path = Path(provider["options"]["path"])
-    assert path.resolve() == build.GENERATED
+    assert path.resolve() == DASHBOARDS
     assert sorted(p.stem for p in path.glob("*.json")) == sorted(MODELS)
     assert os.path.isabs(provider["options"]["path"])
 
@@ -217,7 +255,7 @@ def test_configmaps_render_with_kustomize():
     """The folder is a kustomize target of its own (deploy/kubernetes/base includes it)."""
     kubectl = require_binary("kubectl")
     result = subprocess.run(
-        [kubectl, "kustomize", str(build.CONFIGMAPS)], capture_output=True, text=True, timeout=120
+        [kubectl, "kustomize", str(DASHBOARD_CONFIGMAPS)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]

@@ -23,9 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumeter.dashboards.build import GENERATED
 from gpumeter.exporter.simulator.fleet import load_fleet
 from tests.dashboards.promql import queries, substitute
+from tests.reports.helpers import html_tables
 from tests.support.servers import require_binary
 
 ROOT = Path(__file__).parents[2]
+FLEETS = ("h100-mig", "a100-mixed", "shared-modes")  # deploy/demo.py's
 
 
 def free_offset() -> int:
@@ -137,6 +139,49 @@ def test_the_demo_stack_end_to_end(tmp_path):
         ).json()
         assert int(result["data"]["result"][0]["value"][1]) >= 56
 
+        # every way a GPU is shared is in Prometheus, live from the six exporters: exclusive and
+        # time-sliced (a100-mixed), MIG (h100-mig), time-slicing, MPS and fractional grants (HAMi,
+        # gpushare; read from the stand-in Kubernetes API) on shared-modes, and the vGPU host's VMs
+        def sharing_values() -> set[str]:
+            answer = httpx.get(
+                f"{prometheus}/api/v1/query",
+                params={"query": "count by (sharing) (nvidia_gpu_allocation)"},
+                timeout=10,
+            ).json()
+            return {r["metric"]["sharing"] for r in answer["data"]["result"]}
+
+        six = {"exclusive", "mig", "time_slicing", "mps", "fractional", "vgpu"}
+        poll(sharing_values, lambda found: found == six, 90, "all six sharing values live")
+        # and in the backfilled month
+        month = httpx.get(
+            f"{prometheus}/api/v1/query",
+            params={"query": "count by (sharing) (count_over_time(nvidia_gpu_allocation[30d]))"},
+            timeout=30,
+        ).json()["data"]["result"]
+        assert {r["metric"]["sharing"] for r in month} == six, month
+
+        # per-process use on the shared GPUs, by pod: the processes collector maps each process's
+        # cgroup to its pod through the stand-in Kubernetes API's pod list (device series carry no
+        # hostname: the demo's scrape labels each exporter's instance with its node)
+        def process_pods() -> set[tuple[str, str, str]]:
+            answer = httpx.get(
+                f"{prometheus}/api/v1/query",
+                params={"query": 'nvidia_gpu_process_sm_utilization_ratio{pod!=""}'},
+                timeout=10,
+            ).json()
+            return {
+                (r["metric"]["instance"].split(":")[0], r["metric"]["namespace"], r["metric"]["pod"])
+                for r in answer["data"]["result"]
+            }
+
+        expected_process_pods = {
+            ("gpu-shared-ts-01", "data-eng", "etl-1"),  # time-sliced
+            ("gpu-shared-mps-01", "inference", "server-0"),  # MPS (its first 18 h run from the start)
+            ("gpu-shared-frac-01", "genai", "llm-serve"),  # HAMi grant
+            ("gpu-shared-frac-01", "vision", "ocr"),  # gpushare grant
+        }
+        poll(process_pods, lambda found: expected_process_pods <= found, 90, "process series with pod names")
+
         if (ROOT / "reports" / "cli.py").exists():
             files = {p.suffix for p in (workdir / "reports").rglob("*") if p.is_file()}
             assert {".html", ".csv"} <= files, files
@@ -144,7 +189,7 @@ def test_the_demo_stack_end_to_end(tmp_path):
             health = list((workdir / "reports").glob("gpumeter-health-*.json"))
             assert len(health) == 1, sorted(p.name for p in (workdir / "reports").iterdir())
             doc = json.loads(health[0].read_text())
-            gpus = sum(len(n.gpus) for f in ("h100-mig", "a100-mixed") for n in load_fleet(f).nodes)
+            gpus = sum(len(n.gpus) for f in FLEETS for n in load_fleet(f).nodes)
             assert doc["fleet"]["gpus"] == gpus and doc["fleet"]["gpu_hours_in_service"] > 0
             assert doc["fleet"]["mean_utilization"] is not None and 1 <= doc["fleet"]["maturity_level"] <= 5
             assert doc["teams"] and all(
@@ -152,8 +197,9 @@ def test_the_demo_stack_end_to_end(tmp_path):
             )
             assert (workdir / "reports" / health[0].name.replace(".json", ".html")).exists()
             # the incidents deploy/demo.py puts in last month's history, worked out by hand (H = hours in the
-            # month): H100 pool 8 GPUs, GPU 5 lost 2 h (8H - 2 GPU-hours in service), 3 failures (XID 48
-            # twice on GPU 3; XID 79 and the loss of GPU 5 count once), MTBF (8H - 2) / 3, 1.5 h HW thermal;
+            # month): H100 pool 15 GPUs (8 of h100-mig, 7 of shared-modes' four nodes), GPU 5 lost 2 h
+            # (15H - 2 GPU-hours in service), 3 failures (XID 48 twice on GPU 3; XID 79 and the loss of GPU 5
+            # count once), MTBF (15H - 2) / 3, 1.5 h HW thermal;
             # A100 pool: XID 31 (application), a 2-row remap (XID 63, hardware) pending, then a row-remap
             # failure (XID 64, critical): 1 failure in 6H GPU-hours. RMA: H100 GPU 3 and A100 GPU 2.
             start, end = (
@@ -162,8 +208,8 @@ def test_the_demo_stack_end_to_end(tmp_path):
             hours = int((end - start).total_seconds()) // 3600
             pools = {p["pool"]: p for p in doc["pools"]}
             h100, a100 = pools["NVIDIA H100 80GB HBM3"], pools["NVIDIA A100-SXM4-40GB"]
-            assert (h100["gpus"], h100["gpu_hours_in_service"], h100["failures"]) == (8, 8 * hours - 2, 3)
-            assert h100["mtbf_hours"] == pytest.approx((8 * hours - 2) / 3, abs=1e-6)
+            assert (h100["gpus"], h100["gpu_hours_in_service"], h100["failures"]) == (15, 15 * hours - 2, 3)
+            assert h100["mtbf_hours"] == pytest.approx((15 * hours - 2) / 3, abs=1e-6)
             assert (h100["lost_gpus"], h100["lost_hours"], h100["thermal_slowdown_hours"]) == (1, 2.0, 1.5)
             assert h100["xid_events"] == {"critical": 3, "hardware": 0, "application": 0}
             assert a100["xid_events"] == {"critical": 1, "hardware": 1, "application": 1}
@@ -171,6 +217,14 @@ def test_the_demo_stack_end_to_end(tmp_path):
             assert a100["gpus_with_pending_remap_or_retirement"] == 1
             rma = sorted((c["node"], len(c["reasons"])) for c in doc["rma_candidates"])
             assert rma == [("gpu-a100-mixed-01", 2), ("gpu-h100-mig-01", 1)], doc["rma_candidates"]
+
+            # the chargeback report shows how the pods held their GPUs: all six sharing modes, each with
+            # the pods the demo's fleets give it (the vGPU host's VMs hold theirs as namespace = VM ID)
+            (chargeback,) = (workdir / "reports").rglob("gpumeter-*-by-team.html")
+            modes = {row[0]: row for row in html_tables(chargeback.read_text())["sharing-modes"][1:]}
+            assert set(modes) == six, modes
+            assert "data-eng/etl-1" in modes["time_slicing"][2] and "inference/server-0" in modes["mps"][2]
+            assert "genai/llm-serve" in modes["fractional"][2] and modes["vgpu"][1] == "3"
 
             # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
             (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")

@@ -1,6 +1,7 @@
 """Shared fixtures for the deployment tests: the kustomize targets rendered once per session with the
-real kubectl, and the tools from .venv-tools/ (tests/deploy/tools-venv.sh). A missing kubectl or
-tool fails the test; nothing here is skipped."""
+real kubectl, the tools from .venv-tools/ (tests/deploy/tools-venv.sh), a wheel built from the
+checkout, and the image built by buildah (tests/deploy/image.py). A missing kubectl, tool or buildah
+fails the test; nothing here is skipped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import yaml
 
 from tests.support import needs
 from tests.support.servers import require_binary
+from tests.support.wheel import build_wheel, wheel_names
+
+from . import image
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
@@ -74,3 +78,22 @@ def rendered(tmp_path_factory):
         return cache[target]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def wheel_files(tmp_path_factory) -> set[str]:
+    """The files a wheel built from the checkout installs: paths under site-packages, no dist-info."""
+    wheel = build_wheel(tmp_path_factory.mktemp("wheel"))
+    return {name for name in wheel_names(wheel) if ".dist-info/" not in name}
+
+
+@pytest.fixture(scope="session")
+def built_image() -> str:
+    """The image `make image` builds (tests/deploy/image.py), built now if it is not: with every
+    layer cached, a few seconds."""
+    require_binary("buildah")
+    require_binary("debootstrap")
+    try:
+        return image.build()
+    except image.ImageError as error:
+        pytest.fail(f"make image failed: {error}", pytrace=False)

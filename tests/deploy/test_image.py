@@ -10,6 +10,7 @@ import subprocess
 import tomllib
 
 import pytest
+from docker.utils.build import exclude_paths
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -74,6 +75,32 @@ def test_dockerignore_keeps_the_context_to_the_package():
         *setuptools["package-dir"].values(),
     }
     assert not needed & ignored, needed & ignored
+
+
+def test_build_context_holds_the_wheels_package(wheel_files):
+    """What .dockerignore lets into the build context under the folders pyproject maps into the
+    package is exactly what the wheel installs: the image's `pip install .` builds the same package
+    (tests/deploy/test_image_built.py compares the built image's files too)."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    folders = {
+        folder: package.replace(".", "/")
+        for package, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "package-dir"
+        ].items()
+    }
+    in_context = set()
+    for path in exclude_paths(str(ROOT), patterns):  # Docker's own matcher (the Docker SDK)
+        for folder, package in folders.items():
+            if path.startswith(f"{folder}/") and (ROOT / path).is_file():
+                in_context.add(f"{package}/{path.removeprefix(folder + '/')}")
+    assert in_context == wheel_files, {
+        "only in the build context": sorted(in_context - wheel_files)[:20],
+        "only in the wheel": sorted(wheel_files - in_context)[:20],
+    }
 
 
 def test_lock_pins_every_runtime_dependency_within_its_range():

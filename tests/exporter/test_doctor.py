@@ -90,3 +90,30 @@ def test_an_unprivileged_exporter_is_told_what_it_misses(clock):
     report = diagnose(SimulatedNvml(node), privileged=False, clock=clock)
     assert "MIG instances' XIDs are withheld" in report.gpus[0].xid_events
     assert report.exit_status == 0
+
+
+def test_doctor_says_whether_the_kubelet_reports_dra_devices_and_slices_can_be_read(capsys):
+    status = main(["doctor", "--simulate", "dra", "--simulate-node", "gpu-dra-01"])
+    text = capsys.readouterr().out
+    assert status == 0
+    # dra.yaml's gpu-dra-01: 7 containers through 5 claims; its slice: GPUs 0, 2, 3 and GPU 1's 4 MIG devices
+    assert "kubelet dynamic resources (DRA): reported: 7 containers hold devices through 5 DRA claims" in text
+    assert (
+        "ResourceSlices (DRA): readable: 7 gpu.nvidia.com devices of gpu-dra-01 (3 GPUs, 4 MIG devices)"
+        in text
+    )
+    main(["doctor", "--simulate", "h100-mig"])  # no claims there: says what that may mean
+    assert "none reported: no DRA claims on this node, or a kubelet before 1.34" in capsys.readouterr().out
+
+
+def test_forbidden_resource_slices_are_named_but_do_not_block(clock):
+    from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
+
+    fleet = load_fleet("dra")
+    node = SimulatedNode(fleet, "gpu-dra-01", clock=clock)
+    with StandInKubeApi(fleet) as api:
+        api.set_fault("forbidden-dra")
+        report = diagnose(SimulatedNvml(node), clock=clock, kube_api=api.base_url, node_name="gpu-dra-01")
+    assert report.resource_slices_ok is False and report.exit_status == 0
+    assert report.resource_slices.startswith("cannot read the ResourceSlices of gpu-dra-01 (forbidden)")
+    assert "resourceslices.resource.k8s.io" in report.resource_slices  # the RBAC it lacks

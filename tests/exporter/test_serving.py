@@ -493,3 +493,17 @@ def test_promtool_backfills_history_with_such_label_values(tmp_path):
     )
     assert dump.returncode == 0, dump.stderr
     assert 'namespace="team \\"a\\"\\\\b\\nc"' in dump.stdout, dump.stdout[:500]
+
+
+def test_inject_takes_the_fault_port_as_host_and_port(simulate, capsys):
+    """`simulate inject --admin HOST:PORT`, as its help says, and an http:// URL as before."""
+    sim = simulate("workstation", admin_listen="127.0.0.1:0")
+    sim.exporter.start()
+    try:
+        _metrics, admin = sim.exporter.servers  # the fault port is started after the metrics one
+        host, port = admin.server_address[:2]
+        assert gpumeter_main(["simulate", "inject", "--admin", f"{host}:{port}", "clear"]) == 0
+        assert gpumeter_main(["simulate", "inject", "--admin", f"http://{host}:{port}/", "clear"]) == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        sim.exporter.stop()

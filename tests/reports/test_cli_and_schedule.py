@@ -33,7 +33,7 @@ def test_cli_renders_the_requested_formats(worked_sql_ledger, tmp_path, capsys):
     assert names == [
         "gpumeter-2026-11-by-team.csv",
         "gpumeter-2026-11-by-team.html",
-        "gpumeter-2026-11-focus-1.2.csv",
+        "gpumeter-2026-11-focus-1.3.csv",
         "gpumeter-2026-11-lines.csv",
         "manifest.json",
     ]

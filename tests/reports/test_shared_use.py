@@ -11,8 +11,8 @@ from decimal import Decimal
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger.base import HourRecord
-from reports.model import build_report, range_period
-from reports.render import html_text, json_text
+from gpumeter.reports.model import build_report, range_period
+from gpumeter.reports.render import html_text, json_text
 from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour
 from tests.reports.helpers import html_tables
 

@@ -184,12 +184,17 @@ def test_focus_to_the_cent_and_schema_check(rendered):
         "MIG Instance",
     )
     assert team_a["SkuId"] == "mig-3g.20gb" and team_a["SkuPriceId"].startswith("a100-40gb:3g.20gb:")
+    # FOCUS 1.3: the GPU's tags in Tags, the holder's in AllocatedTags (which must not repeat Tags)
     assert json.loads(team_a["Tags"]) == {
         "gpu_model": "A100-40GB",
         "kind": "tenant",
         "mig_profile": "3g.20gb",
-        "namespace": "team-a",
-        "team": "alpha",
+    }
+    assert json.loads(team_a["AllocatedTags"]) == {
+        "gpumeter/container": "main",
+        "gpumeter/namespace": "team-a",
+        "gpumeter/pod": "a-0",
+        "gpumeter/team": "alpha",
     }
     research = [r for r in rows if r["x_Namespace"] == "research"]
     # one row per UTC day held (Nov 1-20): 15 days x 24 x 6.88 = 165.12 each, 5 days x 24 x 4.90 = 117.60
@@ -206,11 +211,11 @@ def test_focus_to_the_cent_and_schema_check(rendered):
 def test_focus_hourly_grain_is_one_row_per_ledger_line(worked_ledger, tmp_path):
     report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
     render(report, tmp_path, ("focus",))
-    rows = read_csv(tmp_path / "gpumeter-2026-11-focus-1.2.csv")
+    rows = read_csv(tmp_path / "gpumeter-2026-11-focus-1.3.csv")
     lines = worked_ledger.lines(NOVEMBER.start, NOVEMBER.end)
     assert len(rows) == len(lines)
     assert sum(D(r["BilledCost"]) for r in rows) == TOTAL
-    assert focus.check_file(tmp_path / "gpumeter-2026-11-focus-1.2.csv") == []
+    assert focus.check_file(tmp_path / "gpumeter-2026-11-focus-1.3.csv") == []
 
 
 def test_html_to_the_cent(rendered):
@@ -243,7 +248,7 @@ def test_same_ledger_renders_byte_identical_csv_focus_and_json(worked_ledger, re
     )
     for name, digest in again.files.items():
         assert first.files[name] == digest, name
-    assert (tmp_path / "gpumeter-2026-11-focus-1.2.csv").read_bytes() == rendered[1]["focus"][0].read_bytes()
+    assert (tmp_path / "gpumeter-2026-11-focus-1.3.csv").read_bytes() == rendered[1]["focus"][0].read_bytes()
 
 
 def test_report_names_price_book_versions_and_ingest_runs(rendered, worked_ledger):
@@ -298,7 +303,7 @@ def test_idle_spread_shows_as_the_tenants_idle_share(ledger, tmp_path):
     render(report, tmp_path / "out", ("csv", "focus"))
     rows = {r["group"]: r for r in read_csv(tmp_path / "out" / "gpumeter-2026-11-by-team.csv")}
     assert (rows["alpha"]["cost"], rows["alpha"]["idle_share_cost"]) == ("3.00", "1.71")
-    assert focus.check_file(tmp_path / "out" / "gpumeter-2026-11-focus-1.2.csv") == []
+    assert focus.check_file(tmp_path / "out" / "gpumeter-2026-11-focus-1.3.csv") == []
 
 
 def test_an_empty_period_renders_every_format(ledger, tmp_path):
@@ -308,6 +313,6 @@ def test_an_empty_period_renders_every_format(ledger, tmp_path):
     assert report.ingest.hours_ingested == 0 and report.ingest.missing == [
         (report.period.start, report.period.end)
     ]
-    focus_path = tmp_path / "gpumeter-2027-02-focus-1.2.csv"
+    focus_path = tmp_path / "gpumeter-2027-02-focus-1.3.csv"
     assert focus_path.read_text().count("\n") == 1 and focus.check_file(focus_path) == []
     assert "0 of 672 hours ingested" in (tmp_path / "gpumeter-2027-02-by-team.html").read_text()

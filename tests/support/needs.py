@@ -26,7 +26,7 @@ class Need:
     binaries: tuple[str, ...] = ()
 
 
-# marker -> what it stands for; `make test` provides each (Makefile: tools, postgres, tools-venv).
+# marker -> what it stands for; `make test` provides each (Makefile: tools, postgres, tools-venv, focus-venv).
 NEEDS: dict[str, Need] = {
     "postgres": Need("the PostgreSQL server on 127.0.0.1:5432"),
     "prometheus": Need("Prometheus (Debian package prometheus)", ("prometheus", "promtool")),
@@ -38,7 +38,17 @@ NEEDS: dict[str, Need] = {
     ),
     "chromium": Need("headless Chromium (Debian package chromium)", ("chromium",)),
     "kubectl": Need("kubectl (Debian package kubectl)", ("kubectl",)),
+    "image_user": Need(
+        "root, to run commands as the image's UID 10001 with setpriv (util-linux)", ("setpriv",)
+    ),
+    "buildah": Need(
+        "buildah and debootstrap, to build and run the image (Debian packages buildah, debootstrap)",
+        ("buildah", "debootstrap"),
+    ),
     "tools_venv": Need(".venv-tools: kubernetes-validate, checkov and hadolint (tests/deploy/tools-venv.sh)"),
+    "focus_validator": Need(
+        ".venv-focus: focus-validator on Python 3.12 (tests/reports/focus-validator-venv.sh)"
+    ),
 }
 
 # Fixtures that start or reach a need, by the module and name of the fixture function (names repeat
@@ -55,6 +65,7 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus", "victoriametrics"),
     "tests.deploy.conftest.rendered": ("kubectl",),
+    "tests.deploy.conftest.built_image": ("buildah",),
     "tests.reports.test_browser._chromium_installed": ("chromium",),
 }
 

@@ -1,0 +1,55 @@
+"""CSV as every report writes it (docs/reports.md, "CSV files"): RFC 4180, spreadsheet formulas defused.
+
+* RFC 4180 (section 2): records end in CRLF, and a field holding a comma, a double quote, a CR or an
+  LF is quoted, its quotes doubled. Python's csv module quotes a field for a CR or LF only when the
+  character is in ``lineterminator``, so the terminator is CRLF: with LF alone a bare CR in a team
+  name was written unquoted and split the row for every reader that honours CR (issue 42, point 8).
+* A text cell starting with ``= + - @``, a tab or a CR is one a spreadsheet may evaluate as a formula
+  (OWASP, "CSV Injection"); it gets a leading ``'``, which spreadsheets show as text. A plain decimal
+  number (a negative amount) is no formula and stays a number. ``keep_formulas`` writes cells as they
+  are, for a consumer that reads the file as data and has asked for exact values.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Iterable, Sequence
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+LINE_END = "\r\n"
+_PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+def is_formula(value: str) -> bool:
+    """Whether a spreadsheet could read ``value`` as a formula: it starts with a formula character
+    and is not a plain decimal number."""
+    return value.startswith(FORMULA_START) and not _PLAIN_NUMBER.fullmatch(value)
+
+
+def neutralise(value: str) -> str:
+    """``value`` made inert for a spreadsheet: a leading ``'`` where it could be read as a formula."""
+    return "'" + value if is_formula(value) else value
+
+
+def text(
+    header: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    *,
+    quote_all: bool = True,
+    keep_formulas: bool = False,
+) -> str:
+    """A CSV document: the header, then the rows. ``quote_all``: every field quoted (the report CSVs);
+    otherwise only where RFC 4180 needs it, so an empty field is a null (FOCUS). Text cells are
+    neutralised unless ``keep_formulas``; other values (numbers) are written as they are."""
+    out = io.StringIO()
+    writer = csv.writer(
+        out, lineterminator=LINE_END, quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL
+    )
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow(
+            row if keep_formulas else [neutralise(cell) if isinstance(cell, str) else cell for cell in row]
+        )
+    return out.getvalue()

@@ -1,0 +1,363 @@
+"""The FOCUS 1.3 export, checked by the project's own schema test against the 1.3 column definitions
+as the spec's public text states them (tests/reports/data/focus-1.3-columns.json names the repository,
+ref and path of each), and the split cost allocation of docs/billing.md's worked examples (a) and (b)
+read back from it to the cent.
+
+focus-validator cannot check 1.3 here: the rules model it ships is 1.2's and 1.3's is downloaded at
+run time (test_focus.py). This test reads the definitions, not reports/focus.py's own tables, so a
+mistake copied into both would still be caught by one of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import re
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.reports import focus
+from gpumeter.reports.model import build_report, month_period
+from gpumeter.reports.render import render
+from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour
+
+DEFINITIONS = json.loads((Path(__file__).parent / "data" / "focus-1.3-columns.json").read_text())
+COLUMNS = DEFINITIONS["columns"]
+NOVEMBER = month_period("2026-11")
+FIRST_HOUR = "2026-11-01T00:00:00Z"
+_DECIMAL = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+
+
+def _export(ledger, tmp_path, grain: str = "day") -> Path:
+    render(build_report(ledger, NOVEMBER, "team", grain=grain), tmp_path, ("focus",))
+    return tmp_path / "gpumeter-2026-11-focus-1.3.csv"
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    reader = csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8"), newline=""))
+    rows = list(reader)
+    return list(reader.fieldnames or []), rows
+
+
+def _details_problems(value: str, spec: dict) -> list[str]:
+    """The AllocatedMethodDetails object's rules as its definition states them."""
+    doc = json.loads(value)
+    shape = spec["object"]
+    if not isinstance(doc, dict) or not isinstance(doc.get("Elements"), list) or not doc["Elements"]:
+        return ["Elements must be a non-empty array"]
+    problems = [
+        f"root key {k}" for k in doc if k != "Elements" and not k.startswith(shape["custom_key_prefix"])
+    ]
+    for element in doc["Elements"]:
+        for key in shape["element_required"]:
+            if not isinstance(element.get(key), int | float):
+                problems.append(f"{key} must be numeric")
+        if shape["usage_unit_required_with"] in element and not isinstance(element.get("UsageUnit"), str):
+            problems.append("UsageUnit must be given with UsageQuantity")
+        known = set(shape["element_required"]) | set(shape["element_optional"])
+        problems += [f"element key {k}" for k in element if k not in known and not k.startswith("x_")]
+    return problems
+
+
+def schema_problems(path: Path) -> list[str]:
+    """Every departure of a 1.3 export from the definitions: columns, types, nulls, allowed values,
+    the allocation columns' rules, and AllocatedRatio summing to 1 per origin charge."""
+    header, rows = _rows(path)
+    problems = [f"header: {c} missing" for c in COLUMNS if c not in header]
+    problems += [
+        f"header: {c} is no FOCUS 1.3 column" for c in header if not c.startswith("x_") and c not in COLUMNS
+    ]
+    ratios: dict[tuple, float] = defaultdict(float)
+    for number, row in enumerate(rows, start=2):
+
+        def bad(column: str, what: str, row=row, number=number) -> None:
+            problems.append(f"row {number}: {column}: {what} (value {row.get(column)!r})")
+
+        for name, spec in COLUMNS.items():
+            value = row.get(name, "")
+            if value == "":
+                if not spec["allows_nulls"]:
+                    bad(name, "null")
+                continue
+            kind = spec["data_type"]
+            if kind == "Decimal" and not _DECIMAL.fullmatch(value):
+                bad(name, "not a decimal")
+            elif kind == "Date/Time" and not _DATETIME.fullmatch(value):
+                bad(name, "not a UTC date-time")
+            elif kind == "JSON" and not isinstance(json.loads(value), dict):
+                bad(name, "not a JSON object")
+            allowed = spec.get("allowed_values")
+            if isinstance(allowed, dict):
+                allowed = allowed.get(row.get("ServiceCategory", ""), [])
+            if allowed is not None and value not in allowed:
+                bad(name, "not an allowed value")
+        split = row["AllocatedMethodId"] != ""
+        if (row["AllocatedMethodDetails"] != "") != split:
+            bad("AllocatedMethodDetails", "null exactly when AllocatedMethodId is")
+        if (row["AllocatedResourceName"] != "") != (row["AllocatedResourceId"] != ""):
+            bad("AllocatedResourceName", "null exactly when AllocatedResourceId is")
+        if not split and (row["AllocatedResourceId"] or row["AllocatedTags"]):
+            bad("AllocatedResourceId", "set on a charge not related to a split")
+        if (
+            split
+            and row["x_LineKind"] in ("unallocated", "stranded", "sharing_shortfall")
+            and row["AllocatedResourceId"]
+        ):
+            bad("AllocatedResourceId", "must be null on the unallocated portion")
+        if row["ContractApplied"]:
+            bad("ContractApplied", "must be null: no ContractID")
+        if row["AllocatedTags"] and set(json.loads(row["AllocatedTags"])) & set(
+            json.loads(row["Tags"] or "{}")
+        ):
+            bad("AllocatedTags", "repeats a tag of Tags")
+        if split:
+            found = _details_problems(row["AllocatedMethodDetails"], COLUMNS["AllocatedMethodDetails"])
+            for problem in found:
+                bad("AllocatedMethodDetails", problem)
+            details = json.loads(row["AllocatedMethodDetails"])
+            origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
+            if not found and origin:
+                ratios[(origin["ResourceId"], origin["ChargePeriodStart"])] += sum(
+                    e["AllocatedRatio"] for e in details["Elements"]
+                )
+    problems += [
+        f"origin {key}: AllocatedRatio sums to {total!r}"
+        for key, total in ratios.items()
+        if abs(total - 1) > 1e-9
+    ]
+    return problems
+
+
+def test_the_definitions_are_the_spec_text_named():
+    for name, spec in COLUMNS.items():
+        source = spec["source"]
+        assert source["repository"] == "FinOps-Open-Cost-and-Usage-Spec/FOCUS_Spec", name
+        assert source["path"].startswith("specification/") and source["path"].endswith(".md"), name
+        assert spec["data_type"] in ("String", "Decimal", "Date/Time", "JSON"), name
+    introduced = {n for n, s in COLUMNS.items() if s.get("introduced") == "1.3"}
+    assert introduced == {
+        "AllocatedMethodDetails",
+        "AllocatedMethodId",
+        "AllocatedResourceId",
+        "AllocatedResourceName",
+        "AllocatedTags",
+        "ContractApplied",
+        "HostProviderName",
+        "ServiceProviderName",
+    }
+    assert COLUMNS["ProviderName"]["deprecated"] == "1.3" and not COLUMNS["ProviderName"]["allows_nulls"]
+
+
+def test_the_13_export_meets_the_13_definitions(worked_ledger, tmp_path):
+    for grain in ("day", "hour"):
+        path = _export(worked_ledger, tmp_path / grain, grain)
+        assert schema_problems(path) == [], grain
+        assert focus.check_file(path) == [], grain  # the project's own check agrees
+    # and the schema test fails on what breaks the definitions
+    header, rows = _rows(path)
+    split = next(i for i, r in enumerate(rows) if r["AllocatedMethodId"])
+    for column, value, expected in (
+        ("AllocatedMethodDetails", '{"Elements": []}', "AllocatedMethodDetails: Elements must be"),
+        ("AllocatedMethodDetails", '{"Elements": [{"UsageQuantity": 1}]}', "AllocatedRatio must be numeric"),
+        ("AllocatedResourceName", "", "AllocatedResourceName: null exactly"),
+        ("HostProviderName", "", "HostProviderName: null"),
+        ("ChargeCategory", "GPU", "ChargeCategory: not an allowed value"),
+    ):
+        broken = [dict(r) for r in rows]
+        broken[split][column] = value
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=header, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(broken)
+        target = tmp_path / "broken.csv"
+        target.write_text(out.getvalue(), newline="")
+        assert any(expected in p for p in schema_problems(target)), (column, schema_problems(target))
+
+
+def _first_hour(ledger, tmp_path, uuid: str) -> list[dict[str, str]]:
+    _header, rows = _rows(_export(ledger, tmp_path, "hour"))
+    return [r for r in rows if r["x_GpuUuid"] == uuid and r["ChargePeriodStart"] == FIRST_HOUR]
+
+
+def _details(row: dict[str, str]) -> dict:
+    return json.loads(row["AllocatedMethodDetails"])
+
+
+def test_worked_example_a_mig_slices_as_allocated_rows(worked_ledger, tmp_path):
+    # (a) A100-40GB at $3.00, compute weights: team-a 3g 1.28, team-b 2g 0.86 + 1g 0.43, one 1g unheld 0.43
+    rows = {(r["x_LineKind"], r["x_Pod"]): r for r in _first_hour(worked_ledger, tmp_path, "GPU-a")}
+    assert {k: r["BilledCost"] for k, r in rows.items()} == {
+        ("tenant", "a-0"): "1.28",
+        ("tenant", "b-0"): "0.86",
+        ("tenant", "b-1"): "0.43",
+        ("unallocated", ""): "0.43",
+    }
+    assert sum(Decimal(r["BilledCost"]) for r in rows.values()) == Decimal("3.00")
+    assert {r["AllocatedMethodId"] for r in rows.values()} == {"gpumeter.mig-slice-weight"}
+    team_a = rows[("tenant", "a-0")]
+    details = _details(team_a)
+    # weight 3/7 of the GPU, 3 slice-hours held, 1.28 of the 3.00 the GPU-hour cost
+    assert (details["x_Policy"], details["x_Weight"], details["x_SharingEfficiency"]) == (
+        "compute",
+        0.428571,
+        1.0,
+    )
+    assert details["Elements"] == [
+        {"AllocatedRatio": 0.426666666667, "UsageQuantity": 3.0, "UsageUnit": "Slice-Hours"}
+    ]
+    assert details["x_OriginCharge"] == {
+        "BilledCost": "3.00",
+        "ChargePeriodStart": FIRST_HOUR,
+        "ResourceId": "GPU-a",
+    }
+    assert details["x_PriceBookVersion"] == team_a["x_PriceBookVersion"] != ""
+    assert (team_a["AllocatedResourceId"], team_a["AllocatedResourceName"]) == (
+        "team-a/a-0/main",
+        "team-a/a-0",
+    )
+    assert json.loads(team_a["AllocatedTags"])["gpumeter/team"] == "alpha"
+    assert [_details(rows[("tenant", p)])["x_Weight"] for p in ("b-0", "b-1")] == [0.285714, 0.142857]
+    unallocated = rows[("unallocated", "")]
+    assert (unallocated["AllocatedResourceId"], unallocated["AllocatedTags"]) == ("", "")
+    assert _details(unallocated)["x_LineKind"] == "unallocated"
+    ratios = [e["AllocatedRatio"] for r in rows.values() for e in _details(r)["Elements"]]
+    assert abs(sum(ratios) - 1) < 1e-9
+
+
+def test_worked_example_b_time_sliced_replicas_as_allocated_rows(worked_ledger, tmp_path):
+    # (b) H100 at $6.88, time_slicing efficiency 0.75, 4 replicas: p1-p3 1.29 each, p4 (half the
+    # hour) 0.65, shortfall 1.50, unallocated 0.86
+    rows = {(r["x_LineKind"], r["x_Pod"]): r for r in _first_hour(worked_ledger, tmp_path, "GPU-h")}
+    assert {k: r["BilledCost"] for k, r in rows.items()} == {
+        ("tenant", "p1"): "1.29",
+        ("tenant", "p2"): "1.29",
+        ("tenant", "p3"): "1.29",
+        ("tenant", "p4"): "0.65",
+        ("sharing_shortfall", ""): "1.5",
+        ("unallocated", ""): "0.86",
+    }
+    assert sum(Decimal(r["BilledCost"]) for r in rows.values()) == Decimal("6.88")
+    assert {r["AllocatedMethodId"] for r in rows.values()} == {"gpumeter.time-slicing-share"}
+    for pod, held, ratio in (("p1", 0.25, 0.1875), ("p4", 0.125, 0.094476744186)):  # 1.29 / 6.88, 0.65 / 6.88
+        details = _details(rows[("tenant", pod)])
+        assert (details["x_Policy"], details["x_Share"], details["x_SharingEfficiency"]) == (
+            "equal",
+            0.25,
+            0.75,
+        )
+        assert details["Elements"] == [
+            {"AllocatedRatio": ratio, "UsageQuantity": held, "UsageUnit": "GPU-Hours"}
+        ]
+    shortfall = rows[("sharing_shortfall", "")]
+    assert shortfall["AllocatedResourceId"] == "" and _details(shortfall)["x_LineKind"] == "sharing_shortfall"
+    ratios = [e["AllocatedRatio"] for r in rows.values() for e in _details(r)["Elements"]]
+    assert abs(sum(ratios) - 1) < 1e-9
+
+
+def test_a_gpu_held_whole_is_no_split(worked_ledger, tmp_path):
+    # (c) the H100 research holds whole, then nobody: no allocation columns, team and namespace in Tags
+    _header, rows = _rows(_export(worked_ledger, tmp_path))
+    research = [r for r in rows if r["x_GpuUuid"] == "GPU-c"]
+    assert research and all(r["AllocatedMethodId"] == r["AllocatedMethodDetails"] == "" for r in research)
+    tenant = next(r for r in research if r["x_LineKind"] == "tenant")
+    assert json.loads(tenant["Tags"])["team"] == "gamma"
+    assert all(r["ServiceProviderName"] == r["HostProviderName"] == "gpumeter" for r in rows)
+
+
+def _shared_modes_ledger(ledger, tmp_path):
+    """One hour of four H100s at $6.88, one per remaining method: (k) time-sliced replicas split by
+    use, (h) MPS replicas, (i) fractional grants (compute), (j) vGPUs (docs/billing.md §8)."""
+    prices = book(
+        tmp_path,
+        {"H100-80GB": {"hourly_rate": "6.88"}},
+        sharing_efficiency={"time_slicing": "0.75", "mps": "0.90", "vgpu": "0.85"},
+        sharing_split="usage",
+    )
+
+    def replica(u, ns, pod, sharing, sm=None, memory=None, share="0.25"):
+        return dataclasses.replace(
+            alloc(u, ns, pod, share=share),
+            sharing=sharing,
+            process_sm=None if sm is None else Decimal(sm),
+            process_memory=None if memory is None else Decimal(memory),
+        )
+
+    gib = 1024**3
+    grants = {"a": ("0.50", "0.30"), "b": ("0.25", "0.50"), "c": ("0.125", "0.125")}
+    hours = [
+        gpu_hour(
+            "GPU-k",
+            H100,
+            allocations=[
+                replica("GPU-k", "data-eng", "etl-0", "time_slicing", "0.05", 30 * gib),
+                replica("GPU-k", "data-eng", "etl-1", "time_slicing", "0.15", 20 * gib),
+                replica("GPU-k", "data-eng", "etl-2", "time_slicing", "0.02", 5 * gib),
+            ],
+        ),
+        gpu_hour(
+            "GPU-m", H100, allocations=[replica("GPU-m", "inference", f"p{i}", "mps") for i in (1, 2, 3)]
+        ),
+        gpu_hour(
+            "GPU-f",
+            H100,
+            allocations=[
+                dataclasses.replace(
+                    alloc("GPU-f", "ml", pod, share=compute),
+                    sharing="fractional",
+                    memory_share=Decimal(memory),
+                    compute_share=Decimal(compute),
+                )
+                for pod, (memory, compute) in grants.items()
+            ],
+        ),
+        gpu_hour("GPU-v", H100, allocations=[replica("GPU-v", "vms", f"vm-{i}", "vgpu") for i in (1, 2, 3)]),
+    ]
+    lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+    ledger.write_hour(HourRecord(HOUR0, hours, lines, prices))
+
+
+def test_every_sharing_mode_has_its_method(ledger, tmp_path):
+    _shared_modes_ledger(ledger, tmp_path)
+    path = _export(ledger, tmp_path / "out", "hour")
+    assert schema_problems(path) == [] and focus.check_file(path) == []
+    _header, rows = _rows(path)
+
+    def gpu(uuid):
+        return {r["x_Pod"] or r["x_LineKind"]: r for r in rows if r["x_GpuUuid"] == uuid}
+
+    expected = {  # docs/billing.md §8 (k), (h), (i) `compute`, (j)
+        "GPU-k": (
+            "gpumeter.usage-split",
+            {"etl-0": "0.88", "etl-1": "2.64", "etl-2": "0.35"},
+            "1.29",
+            "1.72",
+        ),
+        "GPU-m": ("gpumeter.mps-share", {"p1": "1.55", "p2": "1.55", "p3": "1.55"}, "0.51", "1.72"),
+        "GPU-f": ("gpumeter.fractional-grant", {"a": "2.06", "b": "3.44", "c": "0.86"}, None, "0.52"),
+        "GPU-v": ("gpumeter.vgpu-share", {"vm-1": "1.46", "vm-2": "1.46", "vm-3": "1.46"}, "0.78", "1.72"),
+    }
+    for uuid, (method, tenants, shortfall, unallocated) in expected.items():
+        got = gpu(uuid)
+        assert {r["AllocatedMethodId"] for r in got.values()} == {method}, uuid
+        assert {p: got[p]["BilledCost"] for p in tenants} == tenants, uuid
+        assert got["unallocated"]["BilledCost"] == unallocated, uuid
+        if shortfall:
+            assert Decimal(got["sharing_shortfall"]["BilledCost"]) == Decimal(shortfall), uuid
+        assert sum(Decimal(r["BilledCost"]) for r in got.values()) == Decimal("6.88"), uuid
+    k = _details(gpu("GPU-k")["etl-1"])
+    assert (k["x_Policy"], k["x_Share"], k["x_SharingEfficiency"]) == ("usage", 0.25, 0.75)
+    assert _details(gpu("GPU-m")["p1"])["x_SharingEfficiency"] == 0.9
+    a = _details(gpu("GPU-f")["a"])
+    assert (a["x_Policy"], a["x_MemoryShare"], a["x_ComputeShare"], a["x_SharingEfficiency"]) == (
+        "compute",
+        0.5,
+        0.3,
+        1.0,
+    )
+    assert _details(gpu("GPU-v")["vm-1"])["x_SharingEfficiency"] == 0.85
