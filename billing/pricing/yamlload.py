@@ -8,7 +8,7 @@ It also reads YAML 1.1, where ``1:30`` is the integer 90 (sexagesimal) and ``0x1
 numbers are decimal only, as YAML 1.2's core schema has them (yaml.org/spec/1.2.2 §10.3.2), so such
 a value stays text and the price book refuses it as "not a number". A NUL byte and nesting deeper than MAX_DEPTH are
 refused (PyYAML answered a traceback, RecursionError). Keys (model names, namespaces, teams) must be
-names a person can tell apart (`refuse_confusable`, docs/billing.md §3.6).
+names a person can tell apart (`refuse_confusable`, docs/billing.md §3.8).
 """
 
 from __future__ import annotations
