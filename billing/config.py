@@ -123,14 +123,14 @@ def load_http_config(path: str | Path) -> dict[str, str]:
                         f"{path}: {key}.{sub}: not a supported http_config key{hint} (value {sub!r})"
                     )
     for keys, field_name in HTTP_CONFIG_KEYS.items():
-        value: Any = doc
+        found: Any = doc
         for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is None:
+            found = found.get(key) if isinstance(found, dict) else None
+        if found is None:
             continue
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{path}: {'.'.join(keys)}: expected a path or a name (value {value!r})")
-        out[field_name] = value
+        if not isinstance(found, str) or not found:
+            raise ConfigError(f"{path}: {'.'.join(keys)}: expected a path or a name (value {found!r})")
+        out[field_name] = found
     return out
 
 

@@ -513,7 +513,7 @@ def _check_values(name: str, series: list[tuple[SeriesLabels, Values]]) -> None:
     ~5 million values a run."""
     low, high = VALUE_BOUNDS[name]
     for labels, values in series:
-        present = values if None not in values else [v for v in values if v is not None]
+        present: list[float] = [v for v in values if v is not None] if None in values else values  # type: ignore[assignment]
         if not present:
             continue
         total = sum(present)

@@ -89,7 +89,12 @@ def hour_total(lines: Iterable[Line]) -> tuple[Decimal, str] | None:
 
 
 def audited_change(
-    actor: Actor, book: PriceBook | None, hour: datetime, old, new, at: datetime
+    actor: Actor,
+    book: PriceBook | None,
+    hour: datetime,
+    old: tuple[Decimal, str] | None,
+    new: tuple[Decimal, str] | None,
+    at: datetime,
 ) -> AuditRecord | None:
     """The audit record of replacing an hour billed ``old`` by lines totalling ``new`` (each
     `hour_total`), or None: an hour billed for the first time, or to the same total, needs none."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 
@@ -40,7 +40,8 @@ _FLOAT = re.compile(
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    yaml_implicit_resolvers: ClassVar[dict] = {  # PyYAML's, less its YAML 1.1 numbers
+    # PyYAML's resolvers, less its YAML 1.1 numbers (a class attribute, as PyYAML's own)
+    yaml_implicit_resolvers = {  # type: ignore[misc]  # noqa: RUF012
         first: [
             (tag, rx)
             for tag, rx in resolvers
