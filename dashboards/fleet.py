@@ -188,9 +188,14 @@ def build() -> d.Dashboard:
     layout.panel(
         stat_panel,
         PanelSpec(
-            "MIG SM utilization",
-            [Query(f"avg({on_gpu('nvidia_gpu_mig_sm_utilization_ratio', labels='hostname')})")],
-            description="Mean SM utilization of MIG instances (NVML GPM: Hopper and later only).",
+            "MIG utilization",
+            [
+                Query(
+                    f"avg({on_gpu('uuid_gpu_instance_id:nvidia_gpu_mig_utilization:ratio', labels='hostname')})"
+                )
+            ],
+            description="Mean utilization of MIG instances: SM utilization from NVML GPM (Hopper and later), "
+            "else dcgm-exporter's graphics-engine activity where it runs beside gpumeter (docs/dcgm-mode.md §6).",
             unit="percentunit",
             w=6,
             h=5,
@@ -266,10 +271,10 @@ def build() -> d.Dashboard:
     layout.panel(
         ts,
         PanelSpec(
-            "MIG SM utilization by node and profile",
+            "MIG utilization by node and profile",
             [
                 Query(
-                    f"avg by (hostname, mig_profile) ({on_gpu('nvidia_gpu_mig_sm_utilization_ratio', labels='hostname')})",
+                    f"avg by (hostname, mig_profile) ({on_gpu('uuid_gpu_instance_id:nvidia_gpu_mig_utilization:ratio', labels='hostname')})",
                     "{{hostname}} {{mig_profile}}",
                 )
             ],

@@ -209,6 +209,23 @@ def build() -> d.Dashboard:
     layout.panel(
         ts,
         PanelSpec(
+            "Utilization per MIG instance",
+            [
+                Query(
+                    mig("uuid_gpu_instance_id:nvidia_gpu_mig_utilization:ratio"),
+                    "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}} ({{source}})",
+                )
+            ],
+            description="SM utilization from NVML GPM (Hopper and later), else dcgm-exporter's graphics-engine "
+            "activity where it runs beside gpumeter (A100, A30; docs/dcgm-mode.md §6); the legend names the source.",
+            unit="percentunit",
+            min=0,
+            max=1,
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
             "SM utilization per MIG instance",
             [
                 Query(

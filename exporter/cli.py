@@ -7,20 +7,29 @@ import gc
 import sys
 import threading
 
-import httpx
-
 from gpumeter.process import stop_on_signals, wait_until_set
 
 from . import config as exporter_config
 
-__all__ = ["register"]
+__all__ = ["register", "register_doctor", "register_simulate"]
 
 
 def register(subparsers) -> None:
+    """``exporter`` and ``docs``. The simulator's and the doctor's commands register apart
+    (gpumeter/cli.py PARTS): their modules carry gRPC, which the exporter loads only with a kubelet socket."""
     exporter = subparsers.add_parser("exporter", help="serve NVML (or simulated) GPU metrics for Prometheus")
     exporter_config.add_arguments(exporter)
     exporter.set_defaults(func=run_exporter)
 
+    docs = subparsers.add_parser("docs", help="generated documentation")
+    docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="WHAT")
+    docs_sub.add_parser("metrics", help="print docs/metrics.md from the catalog").set_defaults(func=run_docs)
+    docs_sub.add_parser(
+        "models", help="print the simulated GPU models' capability tables (docs/simulator.md)"
+    ).set_defaults(func=run_docs_models)
+
+
+def register_simulate(subparsers) -> None:
     simulate = subparsers.add_parser(
         "simulate",
         help="the simulator: inject faults, stand-ins (kubelet, Kubernetes API, kube-state-metrics, volcano-scheduler), history",
@@ -59,27 +68,25 @@ def register(subparsers) -> None:
         history = None
     if history is not None:
         history.add_parser(sim)
-    from .simulator import kube_state_metrics, kubeapi, volcano
+    from .simulator import dcgm_exporter, kube_state_metrics, kubeapi, volcano
 
     kubeapi.add_parser(sim)
     kube_state_metrics.add_parser(sim)
     volcano.add_parser(sim)
+    dcgm_exporter.add_parser(sim)
 
+
+def register_doctor(subparsers) -> None:
     from .doctor import add_parser as add_doctor
 
     add_doctor(subparsers)
 
-    docs = subparsers.add_parser("docs", help="generated documentation")
-    docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="WHAT")
-    docs_sub.add_parser("metrics", help="print docs/metrics.md from the catalog").set_defaults(func=run_docs)
-    docs_sub.add_parser(
-        "models", help="print the simulated GPU models' capability tables (docs/simulator.md)"
-    ).set_defaults(func=run_docs_models)
-
 
 def run_exporter(args: argparse.Namespace) -> int:
+    from . import malloc
     from .app import build_exporter
 
+    malloc.one_arena()  # before any thread starts (exporter/malloc.py)
     try:
         config = exporter_config.resolve(args)
         exporter = build_exporter(config).start()
@@ -87,6 +94,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         print(f"gpumeter exporter: {exc}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects live forever: keep them out of every later full collection
+    malloc.release_free_pages()
     stopped = threading.Event()
     stop_on_signals(stopped)
     print(
@@ -117,6 +125,8 @@ def _parameter(text: str):
 
 
 def run_inject(args: argparse.Namespace) -> int:
+    import httpx
+
     base = args.admin if "://" in args.admin else f"http://{args.admin}"  # HOST:PORT, as its help says
     url = base.rstrip("/") + "/faults"
     try:

@@ -9,8 +9,6 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import yaml
-
 from gpumeter.web import ListenError, parse_listen
 
 __all__ = ["OPTIONS", "ConfigError", "ExporterConfig", "add_arguments", "resolve"]
@@ -139,6 +137,8 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     values: dict = {}
     config_path = args.config or environ.get("GPUMETER_CONFIG")
     if config_path:
+        import yaml  # only with a config file: an exporter started by flags never loads it
+
         try:
             data = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:

@@ -121,6 +121,11 @@ class DcgmMetric:
     sources: tuple[Source, ...]
 
     @property
+    def latest(self) -> bool:
+        """A last-event field (the newest XID): absent until the first cycle that collects it."""
+        return any(s.latest is not None for s in self.sources)
+
+    @property
     def per_mig_instance(self) -> bool:
         """Reported per GPU instance on a MIG-enabled GPU (a MIG metric provides it)."""
         return any(s.spec.scope is Scope.MIG for s in self.sources)
@@ -453,10 +458,53 @@ def _render_latest(family: Metric, source: Source, samples, view: _View) -> None
             _add(family, {**labels, **error}, holders, _value(code, source.field.scale, source.field.integer))
 
 
+# Fields a collectors file asks for that some GPU of this node did not serve, logged once per field.
+_unserved: set[str] = set()
+
+
+def _who_can(metric: DcgmMetric) -> str:
+    """Which source can serve a field NVML does not serve on a GPU."""
+    if metric.name.startswith("DCGM_FI_PROF_"):
+        return (
+            "NVML measures it with GPM on Hopper and later only; DCGM's profiling module does on Volta and "
+            "later: run dcgm-exporter beside gpumeter for it (docs/dcgm-mode.md §6)"
+        )
+    sources = "; ".join(dict.fromkeys(s.spec.nvml for s in metric.sources))
+    return (
+        f"gpumeter reads it from {sources}, which NVML does not answer there (in MIG mode, on this model "
+        "or driver); dcgm-exporter reads it through NVML too"
+    )
+
+
+def _log_unserved(metric: DcgmMetric, family: Metric, snapshot: Snapshot) -> None:
+    """Once per field: the GPUs of this node a listed field has no sample for, and which source can serve
+    it, so that a field of the collectors file is never silently absent (dcgm-exporter logs it too)."""
+    if metric.name in _unserved or not snapshot.nvml_up:
+        return
+    served = {sample.labels.get("UUID") for sample in family.samples}
+    missing = [d for d in snapshot.devices if d.up and d.uuid not in served]
+    if not missing:
+        return
+    _unserved.add(metric.name)
+    by_model: dict[str, list[str]] = {}
+    for device in missing:
+        by_model.setdefault(device.model, []).append(str(device.index))
+    log.warning(
+        "%s, listed in the collectors file, is not served on %d of %d GPUs (%s): %s",
+        metric.name,
+        len(missing),
+        len(snapshot.devices),
+        "; ".join(f"{model} GPU {', '.join(indexes)}" for model, indexes in sorted(by_model.items())),
+        _who_can(metric),
+    )
+
+
 def collect_dcgm(snapshot: Snapshot, options: DcgmOptions = DEFAULT_OPTIONS) -> Iterator[Metric]:
     view = _View(snapshot, options)
     for metric in _selected(options):
         family = _render(metric, view)
+        if options.fields is not None and not metric.latest:
+            _log_unserved(metric, family, snapshot)
         if family.samples:  # unsupported or absent: no family, never NaN or 0
             yield family
     for spec in _NATIVE:

@@ -8,6 +8,11 @@ Then one sampling cycle of the real exporter confirms the last point. The exit s
 something blocks monitoring (NVML does not start, no GPU, a GPU lost or unreadable, a configured kubelet
 socket that does not answer), else 0.
 
+``--check`` turns the report into a verdict for a node-problem-detector plugin or a cron job: one line
+per finding (a lost GPU, an inactive NVLink, a pending row remap or page retirement, a temperature at or
+over slowdown, a critical XID in the kernel log's recent records or during the check, NVML or the kubelet
+unreachable) and exit status 1 when there is any, 0 when there is none (docs/doctor.md, "--check").
+
 ``--simulate FLEET`` runs it against the stand-in (with the driver's per-call latency and a stand-in
 kubelet), which is how it is tested on every example fleet. On a real node it is the evidence for the
 stand-in's capability tables (exporter/simulator/models.py) and latency table (simulator/latency.py).
@@ -19,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -31,14 +37,17 @@ from typing import Any
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import collectors as collector_registry
 from .catalog import CATALOG, Scope
 from .kubelet.client import DEFAULT_SOCKET
 from .nvml import NvmlSession, process_is_privileged
 from .sampler import Sampler
 from .xid import XidWatcher
+from .xid_messages import message as xid_message
 
-__all__ = ["Report", "add_parser", "diagnose"]
+__all__ = ["Finding", "Report", "add_parser", "diagnose", "read_kmsg"]
 
 OK = "ok"
 _CODES = {v: k for k, v in vars(N).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}
@@ -86,6 +95,40 @@ class GpuReport:
     not_exported: list[str] = field(default_factory=list)
 
 
+# What `--check` finds, one kind per condition that takes a GPU (or the node's monitoring) out of service.
+GPU_LOST = "gpu_lost"
+NVLINK_INACTIVE = "nvlink_inactive"
+ROW_REMAP_PENDING = "row_remap_pending"
+PAGE_RETIREMENT_PENDING = "page_retirement_pending"
+TEMPERATURE_AT_SLOWDOWN = "temperature_at_slowdown"
+CRITICAL_XID = "critical_xid"
+NVML_UNREACHABLE = "nvml_unreachable"
+KUBELET_UNREACHABLE = "kubelet_unreachable"
+FINDING_KINDS = (
+    GPU_LOST,
+    NVLINK_INACTIVE,
+    ROW_REMAP_PENDING,
+    PAGE_RETIREMENT_PENDING,
+    TEMPERATURE_AT_SLOWDOWN,
+    CRITICAL_XID,
+    NVML_UNREACHABLE,
+    KUBELET_UNREACHABLE,
+)
+XID_WINDOW_S = 3600.0  # how far back the kernel log's XIDs count as recent, by default
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    message: str
+    gpu: int | None = None
+    uuid: str = ""
+
+    def line(self) -> str:
+        where = "" if self.gpu is None else f" GPU {self.gpu}" + (f" {self.uuid}" if self.uuid else "")
+        return f"{self.kind}{where}: {self.message}"
+
+
 @dataclass
 class Report:
     nvml: str = ""
@@ -99,15 +142,82 @@ class Report:
     resource_slices: str = ""  # whether this node's ResourceSlices can be read (--kube-api)
     resource_slices_ok: bool | None = None  # None: not checked; never blocking (attribution degrades)
     blocking: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    kernel_log: str = ""  # what the XID check read, or why it could not
 
     @property
     def exit_status(self) -> int:
         return 1 if self.blocking else 0
 
+    @property
+    def check_status(self) -> int:
+        """``--check``'s exit status: 1 with any finding (node-problem-detector's NonOK), else 0."""
+        return 1 if self.findings else 0
+
     def as_dict(self) -> dict:
         from dataclasses import asdict
 
-        return {**asdict(self), "exit_status": self.exit_status}
+        return {**asdict(self), "exit_status": self.exit_status, "check_status": self.check_status}
+
+    def check_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {
+            "healthy": not self.findings,
+            "findings": [asdict(f) for f in self.findings],
+            "gpus": len(self.gpus),
+            "kernel_log": self.kernel_log,
+            "exit_status": self.check_status,
+        }
+
+
+# --- the kernel log: where a critical XID that happened before this run is still to be seen -------------
+# The driver's line, e.g. "NVRM: Xid (PCI:0000:00:06): 31, pid=531, ..." (a real H200, alerts/runbook.md).
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\): (\d+),")
+KernelLog = Callable[[], tuple[float, list[str]]]  # -> (seconds since boot now, /dev/kmsg records)
+
+
+def read_kmsg(path: str = "/dev/kmsg") -> tuple[float, list[str]]:
+    """The kernel's log buffer as /dev/kmsg records ("prio,seq,usec since boot,flags;message"), read
+    without blocking (Documentation/ABI/testing/dev-kmsg); now in the same clock (CLOCK_MONOTONIC, as the
+    kernel stamps its records). Raises OSError where it cannot be read (no CAP_SYSLOG, dmesg_restrict)."""
+    records = []
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # a record overwritten while reading: go on with the next one
+                continue
+            if not chunk:
+                break
+            records.append(chunk.decode(errors="replace").rstrip("\n"))
+    finally:
+        os.close(fd)
+    return time.clock_gettime(time.CLOCK_MONOTONIC), records
+
+
+def _pci_key(domain: str, bus: str, device: str) -> tuple[int, int, int]:
+    return int(domain, 16), int(bus, 16), int(device, 16)
+
+
+def recent_xids(
+    now: float, records: list[str], window_s: float
+) -> list[tuple[tuple[int, int, int], int, float]]:
+    """(PCI domain/bus/device, XID, seconds ago) of every NVRM Xid record of the last ``window_s``."""
+    found = []
+    for record in records:
+        prefix, _, message = record.partition(";")
+        fields = prefix.split(",")
+        match = XID_LINE.search(message)
+        if match is None or len(fields) < 3 or not fields[2].isdigit():
+            continue
+        ago = now - int(fields[2]) / 1e6
+        if ago <= window_s:
+            found.append((_pci_key(*match.group(1, 2, 3)), int(match.group(4)), ago))
+    return found
 
 
 def _timed(fn: Callable, *args) -> tuple[str, Any, float]:
@@ -308,8 +418,13 @@ def diagnose(
     kube_api: str | None = None,
     kube_api_token_file: str | None = None,
     node_name: str | None = None,
+    kernel_log: KernelLog | None = None,
+    xid_window_s: float = XID_WINDOW_S,
+    expect_gpus: int | None = None,
 ) -> Report:
-    """Everything the report says. ``library``: None for the real libnvidia-ml, else a stand-in."""
+    """Everything the report says. ``library``: None for the real libnvidia-ml, else a stand-in.
+    ``kernel_log``: where recent XIDs are read (None: not read); ``expect_gpus``: how many GPUs the node
+    has, so that one the driver no longer enumerates counts as lost."""
     report = Report(privileged=process_is_privileged() if privileged is None else privileged)
     session = NvmlSession(library)
     try:
@@ -319,10 +434,10 @@ def diagnose(
         report.blocking.append(
             "NVML does not start: is the NVIDIA driver loaded and libnvidia-ml.so.1 found?"
         )
-        report.kubelet, report.kubelet_ok, report.dynamic_resources = _kubelet(
-            kubelet_socket, kubelet_required
-        )
+        report.findings.append(Finding(NVML_UNREACHABLE, report.nvml))
+        _kubelet_findings(report, kubelet_socket, kubelet_required)
         return report
+    snapshot = None
     try:
         report.nvml = N.nvmlSystemGetNVMLVersion()
         report.driver = N.nvmlSystemGetDriverVersion()
@@ -331,19 +446,102 @@ def diagnose(
         count = N.nvmlDeviceGetCount()
         if count == 0:
             report.blocking.append("NVML sees no GPU")
+        if count == 0 or (expect_gpus is not None and count < expect_gpus):
+            expected = f", {expect_gpus} expected" if expect_gpus is not None else ""
+            report.findings.append(Finding(GPU_LOST, f"NVML sees {count} GPUs{expected}"))
         chosen = collector_registry.build(xid_watcher=None, privileged=report.privileged)
         for index in range(count):
             report.gpus.append(_gpu(index, chosen, report))
-        _confirm_with_a_cycle(session, report, clock)
+        snapshot = _confirm_with_a_cycle(session, report, clock)
     finally:
         session.stop()
-    report.kubelet, report.kubelet_ok, report.dynamic_resources = _kubelet(kubelet_socket, kubelet_required)
-    if report.kubelet_ok is False:
-        report.blocking.append(f"kubelet: {report.kubelet}")
+    _gpu_findings(report, snapshot)
+    _xid_findings(report, snapshot, kernel_log, xid_window_s)
+    _kubelet_findings(report, kubelet_socket, kubelet_required)
     report.resource_slices, report.resource_slices_ok = _resource_slices(
         kube_api, kube_api_token_file, node_name or socket.gethostname()
     )
     return report
+
+
+def _kubelet_findings(report: Report, socket_path: str | None, required: bool) -> None:
+    report.kubelet, report.kubelet_ok, report.dynamic_resources = _kubelet(socket_path, required)
+    if report.kubelet_ok is False:
+        report.blocking.append(f"kubelet: {report.kubelet}")
+        report.findings.append(Finding(KUBELET_UNREACHABLE, report.kubelet))
+
+
+def _gpu_findings(report: Report, snapshot) -> None:
+    """What takes a GPU out of service, as the exporter's own cycle saw it (the series the alerts read)."""
+    for gpu in report.gpus:
+        if not gpu.up:
+            report.findings.append(Finding(GPU_LOST, gpu.problem, gpu.index, gpu.uuid))
+    if snapshot is None:
+        return
+    if not snapshot.nvml_up:
+        report.findings.append(Finding(NVML_UNREACHABLE, "the exporter's sampling cycle found NVML down"))
+    index = {g.uuid: g.index for g in report.gpus}
+
+    def where(labels) -> tuple[int | None, str]:
+        return index.get(labels[1]), labels[1]
+
+    for labels, up in snapshot.samples(contract.NVLINK_UP.name):
+        if up == 0:
+            report.findings.append(Finding(NVLINK_INACTIVE, f"NVLink {labels[2]} inactive", *where(labels)))
+    for labels, pending in snapshot.samples(contract.REMAPPED_ROWS_PENDING.name):
+        if pending:
+            message = "a row remap waits for the next GPU reset: drain the GPU and reset it"
+            report.findings.append(Finding(ROW_REMAP_PENDING, message, *where(labels)))
+    for labels, failed in snapshot.samples(contract.REMAPPED_ROWS_FAILURE.name):
+        if failed:
+            message = "a row remap failed (no spare rows left): an RMA candidate"
+            report.findings.append(Finding(ROW_REMAP_PENDING, message, *where(labels)))
+    for labels, pending in snapshot.samples(contract.RETIRED_PAGES_PENDING.name):
+        if pending:
+            message = "a page retirement waits for the next GPU reset or driver reload"
+            report.findings.append(Finding(PAGE_RETIREMENT_PENDING, message, *where(labels)))
+    slowdown = {
+        labels[:2]: value
+        for labels, value in snapshot.samples(contract.TEMPERATURE_THRESHOLD.name)
+        if labels[2] == "slowdown"
+    }
+    for labels, celsius in snapshot.samples(contract.TEMPERATURE.name):
+        limit = slowdown.get(labels[:2])
+        if limit is not None and celsius >= limit:
+            message = f"{celsius:.0f} °C, at or over its slowdown threshold {limit:.0f} °C"
+            report.findings.append(Finding(TEMPERATURE_AT_SLOWDOWN, message, *where(labels)))
+
+
+def _xid_findings(report: Report, snapshot, kernel_log: KernelLog | None, window_s: float) -> None:
+    """Critical XIDs: those the kernel log holds from the last ``window_s`` (the driver writes every XID
+    there, so one from before this run is seen), and any NVML event during the check's own cycles."""
+    seen: dict[tuple[int | None, str, int], str] = {}
+    if snapshot is not None:
+        for labels, count in snapshot.samples(contract.XID_ERRORS.name):
+            if count and int(labels[2]) in contract.CRITICAL_XIDS:
+                seen[(int(labels[0]), labels[1], int(labels[2]))] = "during the check"
+    if kernel_log is None:
+        report.kernel_log = "not read"
+    else:
+        try:
+            now, records = kernel_log()
+        except OSError as exc:
+            report.kernel_log = f"not readable ({exc.strerror or exc}): XIDs before this run not checked"
+        else:
+            report.kernel_log = f"{len(records)} records read, XIDs of the last {window_s:.0f} s count"
+            by_pci = {}
+            for device in snapshot.devices if snapshot is not None else ():
+                domain, bus, rest = device.pci_bus_id.split(":")
+                by_pci[_pci_key(domain, bus, rest.split(".")[0])] = (device.index, device.uuid)
+            for pci, code, ago in recent_xids(now, records, window_s):
+                if code in contract.CRITICAL_XIDS:
+                    address = f"PCI {pci[0]:04x}:{pci[1]:02x}:{pci[2]:02x}"
+                    gpu, uuid = by_pci.get(pci, (None, address))
+                    where = "" if gpu is not None else f" ({address})"  # a GPU NVML no longer lists
+                    seen[(gpu, uuid, code)] = f"in the kernel log {ago:.0f} s ago{where}"
+    for (gpu, uuid, code), when in sorted(seen.items(), key=lambda item: (item[0][0] is None, item[0])):
+        message = f"XID {code} ({xid_message(code)}) {when}"
+        report.findings.append(Finding(CRITICAL_XID, message, gpu, uuid if gpu is not None else ""))
 
 
 def _gpu(index: int, chosen, report: Report) -> GpuReport:
@@ -407,7 +605,7 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
     return gpu
 
 
-def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock) -> None:
+def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock):
     """Two cycles of the real sampler (GPM needs two samples): which device and MIG series came out."""
     sampler = Sampler(
         NvmlSession(session.library),
@@ -442,6 +640,7 @@ def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock) -> None:
                 if spec.name.startswith("nvidia_gpu_xid") or spec.name == "nvidia_gpu_mig_xid_errors_total":
                     continue  # event counts appear with the first event, not before
                 gpu.not_exported.append(f"{spec.name} ({spec.nvml})")
+    return snapshot
 
 
 def render_text(report: Report) -> str:
@@ -524,12 +723,47 @@ def add_parser(subparsers) -> None:
         "--node-name", default=None, help="this node's Kubernetes name (default: the hostname)"
     )
     doctor.add_argument("--json", action="store_true", help="the report as JSON")
+    doctor.add_argument(
+        "--check",
+        action="store_true",
+        help="a verdict: one line per finding (lost GPU, inactive NVLink, pending row remap or page "
+        "retirement, temperature at slowdown, recent critical XID, NVML or kubelet unreachable); exit 1 with any",
+    )
+    doctor.add_argument(
+        "--xid-window",
+        type=_seconds,
+        default=XID_WINDOW_S,
+        metavar="SECONDS",
+        help=f"with --check: how old a kernel-log XID may be and still count (default {XID_WINDOW_S:.0f})",
+    )
+    doctor.add_argument(
+        "--expect-gpus",
+        type=int,
+        metavar="N",
+        help="with --check: the node's GPU count, so that a GPU the driver no longer lists counts as lost",
+    )
+    doctor.add_argument(
+        "--kernel-log", default="/dev/kmsg", metavar="PATH", help="where XIDs are read (default /dev/kmsg)"
+    )
     doctor.set_defaults(func=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--xid-window: a positive number of seconds, not {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    options = {"xid_window_s": args.xid_window, "expect_gpus": args.expect_gpus}
     if args.simulate:
-        report = _simulated(args.simulate, args.simulate_node, args.kubelet_socket, args.kube_api)
+        report = _simulated(
+            args.simulate, args.simulate_node, args.kubelet_socket, kube_api=args.kube_api, **options
+        )
     else:
         socket_path = args.kubelet_socket if args.kubelet_socket is not None else DEFAULT_SOCKET
         report = diagnose(
@@ -538,13 +772,27 @@ def run(args: argparse.Namespace) -> int:
             kube_api=args.kube_api,
             kube_api_token_file=args.kube_api_token_file,
             node_name=args.node_name,
+            kernel_log=lambda: read_kmsg(args.kernel_log),
+            **options,
         )
+    if args.check:
+        sys.stdout.write(
+            json.dumps(report.check_dict(), indent=2) + "\n" if args.json else render_check(report)
+        )
+        return report.check_status
     sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n" if args.json else render_text(report))
     return report.exit_status
 
 
+def render_check(report: Report) -> str:
+    """One line per finding, for a node-problem-detector plugin's message or a cron job's mail."""
+    if not report.findings:
+        return f"healthy: {len(report.gpus)} GPUs, no finding (kernel log: {report.kernel_log})\n"
+    return "".join(f.line() + "\n" for f in report.findings)
+
+
 def _simulated(
-    fleet_name: str, node_name: str | None, socket_path: str | None, kube_api: str | None = None
+    fleet_name: str, node_name: str | None, socket_path: str | None, kube_api: str | None = None, **options
 ) -> Report:
     from .simulator.device import SimulatedNode
     from .simulator.fleet import FleetError, load_fleet
@@ -559,6 +807,7 @@ def _simulated(
     except (FleetError, KeyError) as exc:
         raise SystemExit(f"gpumeter doctor: {exc}") from None
     library = SimulatedNvml(node, latency=CALL_LATENCY_S)
+    options.update(privileged=node.privileged, kernel_log=node.kmsg)
     with contextlib.ExitStack() as stack:
         if kube_api is None:
             kube_api = stack.enter_context(StandInKubeApi(fleet)).base_url
@@ -571,7 +820,7 @@ def _simulated(
             library,
             kubelet_socket=socket_path,
             kubelet_required=True,
-            privileged=node.privileged,
             kube_api=kube_api,
             node_name=node.spec.name,
+            **options,
         )

@@ -13,10 +13,13 @@ import sys
 
 from gpumeter import __version__
 
-# Each part's module, by the commands it registers. A command loads only its own part, so the
-# exporter does not carry billing's SQLAlchemy and Alembic in its resident memory.
+# Each part's module (``module:function`` where the function is not ``register``), by the commands it
+# registers. A command loads only its own part, so the exporter does not carry billing's SQLAlchemy
+# and Alembic, nor the simulator's and the doctor's gRPC, in its resident memory.
 PARTS = {
-    "gpumeter.exporter.cli": ("exporter", "simulate", "docs", "doctor"),
+    "gpumeter.exporter.cli": ("exporter", "docs"),
+    "gpumeter.exporter.cli:register_simulate": ("simulate",),
+    "gpumeter.exporter.cli:register_doctor": ("doctor",),
     "gpumeter.billing.cli": ("billing",),
     "gpumeter.reports.cli": ("report",),
     "gpumeter.dashboards.cli": ("dashboards",),
@@ -36,8 +39,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     wanted = [name for name, commands in PARTS.items() if words & set(commands)]
     registered = {}
     for name in wanted or PARTS:  # no known command given: all of them, for --help
-        module = importlib.import_module(name)
-        registered[name] = module.register(subparsers)
+        module_name, _, function = name.partition(":")
+        registered[name] = getattr(importlib.import_module(module_name), function or "register")(subparsers)
     if "gpumeter.billing.cli" in registered:
         # `billing serve` runs the composition root, which sits above billing and reports
         from gpumeter import service

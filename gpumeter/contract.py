@@ -22,6 +22,8 @@ __all__ = [
     "BILLING_QUERIES",
     "BILLING_SERIES",
     "CONTRACT",
+    "CRITICAL_XIDS",
+    "DCGM_EXPORTER_SERIES",
     "EXPORTER_SERIES",
     "KUBE_DEMAND_SERIES",
     "VOLCANO_QUEUE_SERIES",
@@ -44,6 +46,7 @@ class Producer(StrEnum):
     EXPORTER = "exporter"
     BILLING = "billing"
     KUBE_STATE_METRICS = "kube-state-metrics"
+    DCGM_EXPORTER = "dcgm-exporter"
     VOLCANO = "volcano-scheduler"
 
 
@@ -134,7 +137,7 @@ SHARING_MODES = (
     SHARING_VGPU,
 )
 
-# The `resource` of a holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): the claim, as
+# The `resource` of a holding through a DRA ResourceClaim (docs/pod-attribution.md §8a): the claim, as
 # kubectl names the object (`kubectl -n <namespace> get resourceclaim/<name>`; the pod's namespace)
 CLAIM_RESOURCE_PREFIX = "resourceclaim/"
 
@@ -314,6 +317,9 @@ RETIRED_PAGES_PENDING = _device(
     "1 while a page retirement waits for the next GPU reset or driver reload (before Ampere).",
 )
 # --- XID ----------------------------------------------------------------------------------------------
+# The XIDs that take a GPU out of service, as GpuXidCritical (alerts/gpumeter-alerts.yaml) and the
+# fleet-health report class them from NVIDIA's Xid catalog (docs/nvml.md §13); `doctor --check` too.
+CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143})
 XID_ERRORS = _device(
     "nvidia_gpu_xid_errors_total",
     C,
@@ -537,7 +543,7 @@ ALLOCATION_COMPUTE = _exporter(
     'memory fraction unless a core limit is given). Only for sharing="fractional".',
     *ALLOCATION.labels,
 )
-# A holding through a DRA ResourceClaim (docs/pod-attribution.md §DRA): its allocation's resource is
+# A holding through a DRA ResourceClaim (docs/pod-attribution.md §8a): its allocation's resource is
 # "resourceclaim/<claim name>"; this info series adds the claim's namespace and the device as the
 # kubelet names it (driver, pool, device), for joins on the allocation's labels and dcgm naming's dra_*.
 DRA_ALLOCATION_INFO = _exporter(
@@ -756,6 +762,69 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     BUILD_INFO,
     MIG_XIDS_VISIBLE,
 )
+
+# --- dcgm-exporter beside gpumeter: DCGM's profiling module where NVML has none (docs/dcgm-mode.md, "DCGM
+# beside gpumeter") ---------------------------------------------------------------------------------------
+# NVML has no per-instance activity before Hopper (GPM); DCGM's profiling module measures it per GPU
+# instance, and the GPU Operator deploys dcgm-exporter by default. Labels as dcgm-exporter's
+# internal/pkg/rendermetrics/render_metrics.go renders a GPU entity (NVIDIA/dcgm-exporter d5e5f51): gpu,
+# UUID (the physical GPU's), pci_bus_id, device, modelName, then on a MIG series GPU_I_PROFILE and
+# GPU_I_ID, the hostname (`Hostname` up to 4.8.2), then the CSV's label rows (DCGM_FI_DRIVER_VERSION) and
+# the pod's container, namespace and pod, in key order. The recording rules join them onto gpumeter's
+# identity by (UUID, GPU_I_ID) -> (uuid, gpu_instance_id) only: both are unique across a fleet.
+DCGM_GPU_LABELS = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "GPU_I_PROFILE",
+    "GPU_I_ID",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+    CONTAINER,
+    NAMESPACE,
+    POD,
+)
+
+
+def _dcgm(name: str, unit: str, help_: str) -> Series:
+    return Series(name, G, DCGM_GPU_LABELS, unit, help_, Producer.DCGM_EXPORTER)
+
+
+# Help texts are the rows of dcgm-exporter's etc/default-counters.csv (SM_ACTIVE and SM_OCCUPANCY are
+# commented out there: a collectors file enables them).
+DCGM_GR_ENGINE_ACTIVE = _dcgm(
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", "Ratio of time the graphics engine is active."
+)
+DCGM_SM_ACTIVE = _dcgm(
+    "DCGM_FI_PROF_SM_ACTIVE", "ratio", "The ratio of cycles an SM has at least 1 warp assigned."
+)
+DCGM_SM_OCCUPANCY = _dcgm(
+    "DCGM_FI_PROF_SM_OCCUPANCY", "ratio", "The ratio of number of warps resident on an SM."
+)
+DCGM_PIPE_TENSOR_ACTIVE = _dcgm(
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ratio", "Ratio of cycles the tensor (HMMA) pipe is active."
+)
+DCGM_DRAM_ACTIVE = _dcgm(
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "ratio",
+    "Ratio of cycles the device memory interface is active sending or receiving data.",
+)
+DCGM_FB_USED = _dcgm("DCGM_FI_DEV_FB_USED", "MiB", "Framebuffer memory used (in MiB).")
+DCGM_FB_FREE = _dcgm("DCGM_FI_DEV_FB_FREE", "MiB", "Framebuffer memory free (in MiB).")
+DCGM_EXPORTER_SERIES: tuple[Series, ...] = (
+    DCGM_GR_ENGINE_ACTIVE,
+    DCGM_SM_ACTIVE,
+    DCGM_SM_OCCUPANCY,
+    DCGM_PIPE_TENSOR_ACTIVE,
+    DCGM_DRAM_ACTIVE,
+    DCGM_FB_USED,
+    DCGM_FB_FREE,
+)
+# The one gpumeter reads as a GPU instance's utilization where NVML has none: NVIDIA's answer for
+# utilization under MIG (dcgm-exporter #216, #430), and on in default-counters.csv.
+DCGM_UTILIZATION = DCGM_GR_ENGINE_ACTIVE
 
 # --- kube-state-metrics: the namespace → team mapping billing reads -----------------------------------
 KUBE_NAMESPACE_LABELS = Series(
@@ -1039,6 +1108,7 @@ CONTRACT: tuple[Series, ...] = (
     KUBE_NAMESPACE_LABELS,
     *KUBE_DEMAND_SERIES,
     *VOLCANO_QUEUE_SERIES,
+    *DCGM_EXPORTER_SERIES,
     *BILLING_SERIES,
 )
 _BY_NAME = {s.name: s for s in CONTRACT}

@@ -5,7 +5,8 @@ The server is the standard library's WSGI server (prometheus-client's own has no
 routes of ours), made fit to face a network (docs/security.md):
 
 * one daemon thread per connection, so an idle, slow or hostile client holds a thread, never the
-  accept loop; at most ``Limits.max_connections`` at once, more are closed as they arrive;
+  accept loop; at most ``Limits.max_connections`` at once, and at most
+  ``Limits.max_connections_per_client`` of them from one client, more are closed as they arrive;
 * except for the exporter's plain-HTTP /metrics, whose answers are ready in memory: there one
   event-loop thread serves every kept-alive scraper (``_EventLoop``), under the same deadlines, and
   hands anything but a plain GET/HEAD to a thread;
@@ -48,8 +49,6 @@ from typing import Any
 from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
-
-import yaml
 
 __all__ = [
     "CLIENT_AUTH_TYPES",
@@ -297,6 +296,8 @@ def load_web_config(path: str | os.PathLike) -> WebConfig:
         secret = field_path.startswith("basic_auth_users") or field_path == "tls_server_config.key"
         shown = "<hidden>" if secret else value
         return WebConfigError(f"{source}: {field_path}: {why} (got {shown!r})")
+
+    import yaml  # only with a web config file
 
     try:
         data = yaml.safe_load(_read_text(path, "web config"))
@@ -813,6 +814,10 @@ class Limits:
 
     backlog: int = 1024
     max_connections: int = 512
+    # One client (an IPv4 address, an IPv6 /64) holding every connection would shut every scraper out
+    # (issue 42). A quarter of them: far more than a Prometheus pair or a 50-client benchmark opens from
+    # one address, and three quarters are left to everyone else.
+    max_connections_per_client: int = 128
     handshake_timeout: float = 5.0
     read_timeout: float = 10.0  # the whole request, from the end of the handshake
     write_timeout: float = 30.0  # the whole answer
@@ -1321,7 +1326,22 @@ class _EventLoop:
             return
         self._selector.unregister(connection.sock)
         self._server.shutdown_request(connection.sock)
-        self._server.release_slot()
+        self._server.release_slot(connection.address)
+
+
+def _client_of(client_address) -> str:
+    """Whose connection this is, for the per-client share: the IPv4 address, or the IPv6 /64 (one host
+    is given a whole /64 and may connect from any address in it, RFC 4291 §2.5.4)."""
+    host = client_address[0]
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # an IPv4 client of a dual-stack listener
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 class Server(ThreadingMixIn, WSGIServer):
@@ -1347,6 +1367,8 @@ class Server(ThreadingMixIn, WSGIServer):
         self.request_queue_size = limits.backlog
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self._per_client: Counter[str] = Counter()  # connections open, by _client_of
+        self._per_client_lock = threading.Lock()  # taken by the accept loop and each closing thread
         super().__init__(address, _Handler)
         self.set_app(app)
         # TLS connections keep their thread: the handshake is CPU work that would hold up the loop.
@@ -1358,16 +1380,18 @@ class Server(ThreadingMixIn, WSGIServer):
         return _address(host, port)
 
     def verify_request(self, request, client_address) -> bool:
-        if self._slots.acquire(blocking=False):
-            return True
+        client = _client_of(client_address)
+        with self._per_client_lock:
+            if self._per_client[client] >= self.limits.max_connections_per_client:
+                why = f"{self.limits.max_connections_per_client} connections open from {client}"
+            elif not self._slots.acquire(blocking=False):
+                why = f"{self.limits.max_connections} connections open"
+            else:
+                self._per_client[client] += 1
+                return True
         if time.monotonic() - self._refused_logged > 10:  # one line per 10 s, not one per connection
             self._refused_logged = time.monotonic()
-            log.warning(
-                "%d connections open on %s; closing new ones (from %s, ...)",
-                self.limits.max_connections,
-                self.address,
-                client_address[0],
-            )
+            log.warning("%s on %s; closing new ones (from %s, ...)", why, self.address, client_address[0])
         return False
 
     def process_request(self, request, client_address) -> None:
@@ -1378,7 +1402,7 @@ class Server(ThreadingMixIn, WSGIServer):
             else:
                 super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self.release_slot(client_address)
             raise
 
     def serve_handed_over(self, request, client_address, already_read: bytes) -> None:
@@ -1389,16 +1413,21 @@ class Server(ThreadingMixIn, WSGIServer):
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
-            self.release_slot()
+            self.release_slot(client_address)
 
-    def release_slot(self) -> None:
+    def release_slot(self, client_address) -> None:
+        client = _client_of(client_address)
+        with self._per_client_lock:
+            self._per_client[client] -= 1
+            if self._per_client[client] <= 0:
+                del self._per_client[client]
         self._slots.release()
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self.release_slot(client_address)
 
     def finish_request(self, request, client_address) -> None:
         """In the connection's own thread: the TLS handshake (bounded), then the request."""

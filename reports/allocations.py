@@ -24,7 +24,7 @@ from pathlib import Path
 from gpumeter.billing.ledger.base import Ledger
 from gpumeter.billing.models import HOUR, LineKind, hours_between
 from gpumeter.reports.model import Period
-from gpumeter.reports.render import _cell, _environment, _ts, csv_text
+from gpumeter.reports.render import _environment, _ts, csv_text
 
 FORMATS = ("csv", "html")
 # How well an end of a holding is known (`Holding.start_known`, `end_known`)
@@ -213,12 +213,6 @@ def rows(report: AllocationReport) -> Iterable[list[str]]:
         ]
 
 
-def csv_rows(report: AllocationReport) -> Iterable[list[str]]:
-    """`rows` with spreadsheet formulas in the names neutralised (reports.render's rule)."""
-    for row in rows(report):
-        yield [_cell(value) for value in row]
-
-
 def file_names(report: AllocationReport, formats: tuple[str, ...]) -> dict[str, str]:
     return {f: f"gpumeter-allocations-{report.period.label}.{f}" for f in formats}
 
@@ -242,7 +236,8 @@ def render(
     out.mkdir(parents=True, exist_ok=True)
     checksums = {}
     for fmt, name in file_names(report, formats).items():
-        text = csv_text(HEADER, csv_rows(report)) if fmt == "csv" else html_text(report, generated_at)
+        # csv_text defuses formula-leading cells itself (reports.csvfile)
+        text = csv_text(HEADER, rows(report)) if fmt == "csv" else html_text(report, generated_at)
         data = text.encode("utf-8")
         (out / name).write_bytes(data)
         checksums[name] = hashlib.sha256(data).hexdigest()

@@ -255,8 +255,10 @@ def _json(doc: dict) -> str:
 
 
 def _one(values: Iterable) -> object:
-    """One value where the hours of a row agree, else all of them, sorted."""
-    distinct = sorted(set(values))
+    """One value where the hours of a row agree, else all of them, sorted; None where none is known."""
+    distinct = sorted({v for v in values if v is not None})
+    if not distinct:
+        return None
     return distinct[0] if len(distinct) == 1 else distinct
 
 
@@ -285,9 +287,9 @@ def _method(holding: Holding, body: dict) -> str:
 
 class _Allocations:
     """The FOCUS 1.3 split cost allocation columns of a report's rows (docs/reports.md, "FOCUS 1.3
-    split cost allocation"). The origin charge of a row is its GPU's cost over the row's charge
-    period: every line of a split GPU-hour is an allocated charge of it, AllocatedRatio its share of
-    that cost, and the ratios of one GPU's rows of a bucket sum to 1."""
+    split cost allocation"). The origin charge of a row is its GPU's split lines of the row's bucket
+    (an hour or a UTC day): every such line is an allocated charge of it, AllocatedRatio its share of
+    that cost, and the ratios of one origin charge sum to 1."""
 
     def __init__(self, report: Report):
         self.report = report
@@ -296,10 +298,10 @@ class _Allocations:
             raise ValueError("FOCUS 1.3 needs the report built with splits=True (reports.model.read_splits)")
         self.bodies = {v.id: v.body for v in report.price_versions}
         self.labels = {v.id: version_label(v) for v in report.price_versions}
-        self.by_gpu: dict[tuple[datetime, str], list[Holding]] = defaultdict(list)
-        for hour, held in self.splits.items():
-            for key, holding in held.items():
-                self.by_gpu[(hour, key[0])].append(holding)
+        self.by_gpu: dict[tuple[datetime, str], set[Holding]] = defaultdict(set)
+        for bucket, held in self.splits.items():
+            for key, holdings in held.items():
+                self.by_gpu[(bucket, key[0])] |= holdings
         # the origin charge of a split row: its GPU's split rows of the same bucket
         self.holdings = {id(c): self._holdings(c) for c in report.charges}
         self.origin: dict[tuple, Decimal] = defaultdict(Decimal)
@@ -309,18 +311,13 @@ class _Allocations:
                 self.origin[(c.bucket, c.uuid)] += c.amount or 0
                 self.origin_quantity[(c.bucket, c.uuid)] += c.quantity
 
-    def _holdings(self, c) -> list[Holding]:
-        """The holdings of the split GPU-hours a charge covers: its holder's, for a tenant line; its
-        GPU's, for a platform line."""
-        hours = []
-        hour = c.first_hour
-        while hour <= c.last_hour:
-            hours.append(hour)
-            hour += HOUR
+    def _holdings(self, c) -> set[Holding]:
+        """The holdings of the split GPU-hours of a charge's bucket: its holder's, for a tenant line;
+        its GPU's, for a platform line."""
         if c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE):
             key = (c.uuid, c.gpu_instance_id, c.namespace, c.pod, c.container)
-            return [h for hour in hours if (h := self.splits.get(hour, {}).get(key))]
-        return [h for hour in hours for h in self.by_gpu.get((hour, c.uuid), ())]
+            return self.splits.get(c.bucket, {}).get(key, set())
+        return self.by_gpu.get((c.bucket, c.uuid), set())
 
     def columns(self, c) -> dict[str, str]:
         """AllocatedMethodId, -Details, -ResourceId, -ResourceName and -Tags of charge ``c`` (all null
@@ -376,7 +373,7 @@ class _Allocations:
             "AllocatedTags": _json({f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}),
         }
 
-    def _figures(self, c, holdings: list[Holding], body: dict) -> dict[str, object]:
+    def _figures(self, c, holdings: set[Holding], body: dict) -> dict[str, object]:
         """The parameters the split took: weight, share, efficiency (x_ keys, FOCUS' custom prefix)."""
         figures: dict[str, object] = {}
         modes = {h.mode for h in holdings}
@@ -405,7 +402,7 @@ class _Allocations:
                 figures["x_Sharing"] = h.replica
             efficiency.add(_figure(e))
         figures["x_SharingEfficiency"] = _one(efficiency)
-        return figures
+        return {key: value for key, value in figures.items() if value is not None}
 
 
 TAG_PREFIX = "gpumeter/"  # AllocatedTags' data generator-defined tag scheme

@@ -87,7 +87,8 @@ class GpuHealth:
     model: str
     hostname: str
     hours_up: int = 0  # hourly steps at which nvidia_gpu_up was 1
-    utilization: float | None = None  # time-mean; None where not measured (A100 in MIG mode)
+    utilization: float | None = None  # time-mean; None where not measured (A100 in MIG mode, no DCGM)
+    utilization_source: str = ""  # where it comes from: UTILIZATION_SOURCES; "" where not measured
     xids: dict[int, int] = field(default_factory=dict)  # code -> events in the period
     lost_incidents: int = 0  # times nvidia_gpu_up went to 0
     lost_hours: float = 0.0
@@ -179,6 +180,7 @@ class Incidents:
     measured: int = 0  # GPUs whose utilization is known
     node_outages: int = 0  # times a node of the group went down (NodeOutages)
     node_down_hours: float = 0.0
+    sources: dict[str, int] = field(default_factory=dict)  # utilization source -> GPUs measured by it
 
     def add_node(self, node: NodeOutages) -> None:
         """A node outage is a failure of the group, once per outage however many GPUs the node has:
@@ -203,6 +205,14 @@ class Incidents:
         if gpu.utilization is not None:
             self.utilization_sum += gpu.utilization
             self.measured += 1
+            self.sources[gpu.utilization_source] = self.sources.get(gpu.utilization_source, 0) + 1
+
+    @property
+    def sources_text(self) -> str:
+        """E.g. "nvml 2, dcgm 2": how many GPUs' figures come from each source."""
+        return ", ".join(
+            f"{name} {self.sources[name]}" for name in UTILIZATION_SOURCES if name in self.sources
+        )
 
     @property
     def utilization(self) -> float | None:
@@ -388,30 +398,46 @@ def _gpus(window: _Window) -> dict[str, GpuHealth]:
     return gpus
 
 
+# Where a GPU's utilization comes from: NVML's whole-GPU utilization, its MIG instances' SM utilization
+# from NVML GPM (Hopper and later), or their graphics-engine activity from a dcgm-exporter beside gpumeter
+# (DCGM's profiling module: the one source for A100 and A30 in MIG mode; docs/dcgm-mode.md).
+UTILIZATION_SOURCES = ("nvml", "gpm", "dcgm")
+
+
 def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     """Each GPU's time-mean utilization: whole GPUs from nvidia_gpu_utilization_ratio; GPUs in MIG mode
-    from their instances' SM utilization (GPM, Hopper and later), weighted by compute slices over the
-    GPU's (slices no instance covers count as idle). A100s in MIG mode have neither: not measured."""
+    from their instances' SM utilization (GPM, Hopper and later), else from dcgm-exporter's
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE of their instances where it was scraped, weighted by compute slices over
+    the GPU's (slices no instance covers count as idle). With neither: not measured."""
     for labels, value in window.query(f"max by (uuid) (avg_over_time({contract.UTILIZATION.name}[W]))"):
         if labels.get("uuid") in gpus:
             gpus[labels["uuid"]].utilization = value
+            gpus[labels["uuid"]].utilization_source = "nvml"
     slices = {
         (labels.get("uuid", ""), labels.get("gpu_instance_id", "")): int(
             labels.get(contract.COMPUTE_SLICES, "0") or 0
         )
         for labels, _ in window.query(f"last_over_time({contract.MIG_INFO.name}[W])")
     }
-    mig: dict[str, float] = defaultdict(float)
-    for labels, value in window.query(
-        f"max by (uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))"
+    dcgm = contract.DCGM_UTILIZATION.name
+    for source, promql in (
+        ("gpm", f"max by (uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))"),
+        # dcgm-exporter's UUID and GPU_I_ID are gpumeter's uuid and gpu_instance_id
+        ("dcgm", f'max by (UUID, GPU_I_ID) (avg_over_time({dcgm}{{GPU_I_ID!=""}}[W]))'),
     ):
-        key = (labels.get("uuid", ""), labels.get("gpu_instance_id", ""))
-        mig[key[0]] += value * slices.get(key, 0)
-    for uuid, weighted in mig.items():
-        gpu = gpus.get(uuid)
-        if gpu is not None and gpu.utilization is None:
-            capacity = next((n for name, n in MIG_SLICES.items() if name in gpu.model), 7)
-            gpu.utilization = weighted / capacity
+        mig: dict[str, float] = defaultdict(float)
+        for labels, value in window.query(promql):
+            key = (
+                labels.get("uuid", labels.get("UUID", "")),
+                labels.get("gpu_instance_id", labels.get("GPU_I_ID", "")),
+            )
+            mig[key[0]] += value * slices.get(key, 0)
+        for uuid, weighted in mig.items():
+            gpu = gpus.get(uuid)
+            if gpu is not None and gpu.utilization is None:
+                capacity = next((n for name, n in MIG_SLICES.items() if name in gpu.model), 7)
+                gpu.utilization = weighted / capacity
+                gpu.utilization_source = source
 
 
 def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:

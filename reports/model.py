@@ -260,7 +260,7 @@ class SharingRow:
 
 @dataclass
 class ClaimRow:
-    """A DRA ResourceClaim pods held GPUs through (docs/pod-attribution.md §DRA)."""
+    """A DRA ResourceClaim pods held GPUs through (docs/pod-attribution.md §8a)."""
 
     namespace: str
     claim: str
@@ -366,17 +366,22 @@ def _replica_mode(a: Allocation) -> str:
     return contract.SHARING_TIME_SLICING if a.share < 1 or a.resource.endswith(".shared") else ""
 
 
-def read_splits(ledger: Ledger, period: Period) -> dict[datetime, dict[HoldingKey, Holding]]:
-    """Per hour of ``period``, the holdings of every GPU-hour whose cost was split among holders (MIG
-    instances, replicas, fractional grants, vGPUs); a GPU held whole by one holder is no split. Read
-    from the stored facts hour by hour."""
-    out: dict[datetime, dict[HoldingKey, Holding]] = {}
+def read_splits(
+    ledger: Ledger, period: Period, grain: str = "day"
+) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
+    """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
+    of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
+    vGPUs); a GPU held whole by one holder is no split. Read from the stored facts hour by hour; kept
+    per bucket, as the report's charges are, so a month by day holds a day's worth of holders."""
+    out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
     hour = period.start
     while hour < period.end:
-        held: dict[HoldingKey, Holding] = {}
+        bucket = out.setdefault(hour if grain == "hour" else hour.replace(hour=0), {})
         for gpu_hour in ledger.facts(hour):
             slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
-            used = defaultdict(bool)  # per unit (MIG instance or whole GPU): any replica's process use
+            used: dict[str, bool] = defaultdict(
+                bool
+            )  # per unit (MIG instance or whole GPU): replicas' process use
             for a in gpu_hour.allocations:
                 if _replica_mode(a) and ((a.process_sm or 0) > 0 or (a.process_memory or 0) > 0):
                     used[a.gpu_instance_id] = True
@@ -390,19 +395,20 @@ def read_splits(ledger: Ledger, period: Period) -> dict[datetime, dict[HoldingKe
                     mode, replica = replica, ""
                 else:
                     continue  # a whole GPU held alone
-                held[(a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container)] = Holding(
-                    mode,
-                    a.share,
-                    a.memory_share,
-                    a.compute_share,
-                    slices.get(a.gpu_instance_id, 0),
-                    replica,
-                    used[a.gpu_instance_id],
+                key = (a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container)
+                bucket.setdefault(key, set()).add(
+                    Holding(
+                        mode,
+                        a.share,
+                        a.memory_share,
+                        a.compute_share,
+                        slices.get(a.gpu_instance_id, 0),
+                        replica,
+                        used[a.gpu_instance_id],
+                    )
                 )
-        if held:
-            out[hour] = held
         hour += HOUR
-    return out
+    return {bucket: held for bucket, held in out.items() if held}
 
 
 @dataclass
@@ -432,8 +438,8 @@ class Report:
     claims: list[ClaimRow] = field(default_factory=list)
     # budget against actual per team; empty unless budgets were given and the period is a month
     budgets: list[BudgetRow] = field(default_factory=list)
-    # per hour, the holdings of the GPU-hours whose cost was split (read_splits); None: not read
-    splits: dict[datetime, dict[HoldingKey, Holding]] | None = None
+    # per charge bucket, the holdings of the GPU-hours whose cost was split (read_splits); None: not read
+    splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None = None
 
     @property
     def exponent(self) -> int:
@@ -720,7 +726,7 @@ def build_report(
             for (namespace, claim), (modes, holders) in sorted(by_claim.items())
         ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
-        splits=read_splits(ledger, period) if splits else None,
+        splits=read_splits(ledger, period, grain) if splits else None,
     )
 
 

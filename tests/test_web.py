@@ -416,6 +416,53 @@ def test_connections_beyond_the_limit_are_closed_and_service_resumes(served):
     assert served_within(url + "/metrics", 5) < 5
 
 
+def connect_from(source: str, url: str) -> socket.socket:
+    """A connection to ``url`` from the loopback address ``source`` (Linux routes all of 127/8 to lo)."""
+    host, port = url.split("://")[1].split(":")
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(10)
+    sock.connect((host, int(port)))
+    return sock
+
+
+@pytest.mark.parametrize("answers_from_memory", [False, True], ids=["thread-per-connection", "event-loop"])
+def test_one_client_holding_every_connection_leaves_room_for_the_scrapers(answers_from_memory):
+    """Issue 42, point 10: 512 idle sockets from one address filled every slot, and no scraper was
+    served until they timed out. One client now gets its share; the others are closed at accept."""
+    limits = Limits(read_timeout=30)  # the idle sockets are not dropped by a deadline during the test
+    server = serve(hello, "127.0.0.1:0", limits=limits, answers_from_memory=answers_from_memory)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    hog = []
+    try:
+        hog = [connect_from("127.0.0.2", url) for _ in range(limits.max_connections)]
+        time.sleep(0.5)
+        still_open = 0
+        for sock in hog:
+            sock.settimeout(0.01)
+            try:
+                still_open += sock.recv(1) != b""
+            except TimeoutError:
+                still_open += 1  # held by the server, waiting for a request
+            except ConnectionResetError:
+                pass
+        assert still_open == limits.max_connections_per_client
+        with connect_from("127.0.0.3", url) as scraper:
+            scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := scraper.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello over http\n")
+        for sock in hog:  # the hog's share frees as it closes: it connects again, up to its share
+            sock.close()
+        hog = []
+        assert served_within(url + "/metrics", 5) < 5
+    finally:
+        for sock in hog:
+            sock.close()
+        server.close()
+
+
 # --- the listen address ----------------------------------------------------------------------------
 
 

@@ -229,7 +229,7 @@ SHARED_MODES = (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SH
 class PodHolding:
     """How a pod held GPUs in a range: one per (sharing mode, resource) it held them as, the resource
     being the device plugin's (``nvidia.com/gpu``), a vGPU type, or a DRA claim
-    (``resourceclaim/<name>``, docs/pod-attribution.md §DRA). For reports."""
+    (``resourceclaim/<name>``, docs/pod-attribution.md §8a). For reports."""
 
     namespace: str
     pod: str

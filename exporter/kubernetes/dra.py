@@ -21,7 +21,7 @@ How a claim's device is shared is nowhere but in the claim's opaque config: a ``
 ``TimeSlicing`` or ``MPS`` (api/nvidia.com/resource/v1beta1/sharing.go). Several containers holding
 one device through one claim share it; with no sharing config the driver time-slices them
 (demo/specs/quickstart: gpu-test3's two containers of one claim run with SHARING_STRATEGY=TimeSlicing).
-Facts and sources: /work/shared/reference/dra.md, docs/pod-attribution.md §DRA.
+Facts and their sources: docs/pod-attribution.md §8a.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
 from .vgpu import simulated_vgpus
 
-__all__ = ["FAULTS", "THROTTLE_BITS", "EventSet", "SimulatedGpu", "SimulatedMig", "SimulatedNode"]
+__all__ = ["FAULTS", "THROTTLE_BITS", "EventSet", "SimulatedGpu", "SimulatedMig", "SimulatedNode", "pci_bus"]
 
 # nvmlClocksEventReason* bits (docs/nvml.md §5.2)
 THROTTLE_BITS = {
@@ -52,6 +52,12 @@ FAULTS = (
     "nvlink_sleep",
     "page_retire",
 )
+
+
+def pci_bus(index: int) -> int:
+    """The PCI bus of the node's GPU ``index``: what the stand-in's nvmlDeviceGetPciInfo answers."""
+    return 0x17 + 0x10 * index
+
 
 NVLINK_INACTIVE, NVLINK_ACTIVE, NVLINK_SLEEP = 0, 1, 2  # NVML_NVLINK_STATE_* (nvml.h)
 
@@ -301,6 +307,9 @@ class SimulatedNode:
         self.privileged = self.spec.exporter_privileged
         self.proc_root: str | None = None  # where simulator/processes.py writes the node's fake /proc
         self.events_changed = threading.Condition(self.lock)  # wakes a thread blocked in nvmlEventSetWait
+        # What the driver writes to the kernel log (/dev/kmsg records, "prio,seq,usec,flags;message",
+        # usec since boot = since the node's start): an NVRM Xid line per injected XID.
+        self.kernel_log: list[str] = []
         self._t = self.start
         self._step(self.start, 0.0)
 
@@ -367,6 +376,20 @@ class SimulatedNode:
                 eventset.queue.append((gpu, kind, data, gpu_instance, compute_instance))
         self.events_changed.notify_all()
 
+    def _log_xid(self, gpu: SimulatedGpu, code: int) -> None:
+        """The driver's kernel-log line for an XID, in the form a real H200 wrote it (alerts/runbook.md,
+        "What dmesg shows"); the PCI address is the one nvmlDeviceGetPciInfo answers for this GPU."""
+        from ..xid_messages import message
+
+        usec = int((self._t - self.start) * 1e6)
+        line = f"NVRM: Xid (PCI:0000:{pci_bus(gpu.spec.index):02x}:00): {code}, pid=4242, name=python3, {message(code)}"
+        self.kernel_log.append(f"3,{len(self.kernel_log)},{usec},-;{line}")
+
+    def kmsg(self) -> tuple[float, list[str]]:
+        """What reading /dev/kmsg gives: seconds since boot (the node's start) and the records."""
+        with self.lock:
+            return self.clock() - self.start, list(self.kernel_log)
+
     def inject(self, fault: str, gpu: int | None = None, **params) -> str:
         """Inject a fault; returns a one-line description. Raises ValueError on a bad request."""
         if fault not in FAULTS:
@@ -411,6 +434,7 @@ class SimulatedNode:
                     raise ValueError(
                         f"GPU instance {gi} of GPU {target.spec.index} has no compute instance {ci}"
                     )
+                self._log_xid(target, code)
                 self._event(
                     target.spec.index,
                     0x8,

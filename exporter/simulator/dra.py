@@ -29,7 +29,7 @@ __all__ = ["claim_object", "claim_uid", "consumers", "device_name", "resource_sl
 # (compute slices, memory slices) → NVML GPU instance profile id (nvidia-smi mig -lgip "ID")
 PROFILE_IDS = {(1, 1): 19, (1, 2): 15, (2, 2): 14, (3, 4): 9, (4, 4): 5, (7, 8): 0}
 API_VERSION = "resource.k8s.io/v1"
-_STRATEGY_CONFIG = {  # the driver's per-strategy settings, at their defaults (sharing.go)
+_STRATEGY_CONFIG: dict[str, tuple[str, dict[str, Any]]] = {  # the driver's settings, at defaults (sharing.go)
     "TimeSlicing": ("timeSlicingConfig", {"interval": "Default"}),
     "MPS": ("mpsConfig", {"defaultActiveThreadPercentage": 100}),
 }
@@ -139,14 +139,15 @@ def claim_object(fleet: Fleet, claim: ClaimSpec, t: float) -> dict[str, Any]:
         request = "gpu" if len(claim.devices) == 1 else f"gpu-{i}"
         requests.append({"name": request, "exactly": {"deviceClassName": DRIVER, "count": 1}})
         gpu = node.gpus[device.gpu]
-        results.append(
-            {
-                "request": request,
-                "driver": DRIVER,
-                "pool": node.name,
-                "device": device_name(gpu, device.gpu_instance_id),
-            }
-        )
+        result = {
+            "request": request,
+            "driver": DRIVER,
+            "pool": node.name,
+            "device": device_name(gpu, device.gpu_instance_id),
+        }
+        if device.share_id is not None:  # DeviceRequestAllocationResult.shareID (consumable capacity)
+            result["shareID"] = device.share_id
+        results.append(result)
         if claim.sharing:
             setting, values = _STRATEGY_CONFIG[claim.sharing]
             kind = "GpuConfig" if device.gpu_instance_id is None else "MigDeviceConfig"

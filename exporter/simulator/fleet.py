@@ -30,11 +30,12 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
             virtualization: passthrough   # none (default) | passthrough: a GPU passed through to a VM
             dra: true               # handed out by Dynamic Resource Allocation (NVIDIA's DRA driver,
                                     # gpu.nvidia.com), not by the device plugin: pods hold it through claims
-    claims:                         # DRA ResourceClaims, allocated (docs/pod-attribution.md §DRA)
+    claims:                         # DRA ResourceClaims, allocated (docs/pod-attribution.md §8a)
       - namespace: ml-research
         name: shared-gpu
         node: gpu-h100-01
-        devices: [{gpu: 2}]         # or {gpu: 1, gpu_instance_id: 3}: a MIG device
+        devices: [{gpu: 2}]         # or {gpu: 1, gpu_instance_id: 3}: a MIG device; share_id: "a"
+                                    # for a device several claims consume by capacity (Kubernetes 1.35+)
         sharing: TimeSlicing        # the claim's opaque GpuConfig/MigDeviceConfig sharing strategy:
                                     # TimeSlicing | MPS; absent: none written (the driver time-slices)
     pods:
@@ -221,6 +222,7 @@ class PodDevice:
     memory_mib: int | None = None  # a grant on a fractional GPU (HAMi, gpushare)
     cores: int | None = None  # percent of the GPU's compute; None: no compute grant
     claim: str | None = None  # held through this DRA ResourceClaim (of the pod's namespace)
+    share_id: str | None = None  # the claim's share of a device consumed by capacity (DRAConsumableCapacity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -716,20 +718,26 @@ def _claims(r: _Reader, data: dict, gpus_by_node: dict[str, tuple[GpuSpec, ...]]
                 raise r.fail(
                     f"{dpath}.gpu_instance_id", gi, "name one of the GPU's MIG instances exactly on a MIG GPU"
                 )
-            devices.append(PodDevice(gpu, gi))
+            share_id = r.get(dev, "share_id", dpath, str, None)
+            devices.append(PodDevice(gpu, gi, share_id=share_id))
         sharing = r.get(raw, "sharing", path, str, "")
         if sharing and sharing not in CLAIM_SHARING:
             raise r.fail(f"{path}.sharing", sharing, f"expected one of {', '.join(CLAIM_SHARING)}")
         out.append(ClaimSpec(namespace, name, node, tuple(devices), sharing))
-    taken: dict[tuple[str, int, int | None], str] = {}
-    for claim in out:  # a device is allocated to one claim (no consumable capacity here)
+    taken: dict[tuple, str] = {}
+    for claim in out:  # a device is allocated to one claim, or by capacity: a share_id per claim
         for dev in claim.devices:
-            key = (claim.node, dev.gpu, dev.gpu_instance_id)
-            if key in taken:
+            device = (claim.node, dev.gpu, dev.gpu_instance_id)
+            holders = [
+                who
+                for (*d, share), who in taken.items()
+                if tuple(d) == device and (share is None or dev.share_id is None or share == dev.share_id)
+            ]
+            if holders:
                 raise r.fail(
-                    "claims", f"{claim.namespace}/{claim.name}", f"device already allocated to {taken[key]}"
+                    "claims", f"{claim.namespace}/{claim.name}", f"device already allocated to {holders[0]}"
                 )
-            taken[key] = f"{claim.namespace}/{claim.name}"
+            taken[(*device, dev.share_id)] = f"{claim.namespace}/{claim.name}"
     return tuple(out)
 
 

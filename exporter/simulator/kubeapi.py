@@ -5,7 +5,7 @@ on that node that are running at the simulated time, with what the exporter read
 and their resource limits, and the annotations HAMi's scheduler and gpushare's scheduler extender
 write on a pod they placed on a fractional GPU (formats and sources: exporter/kubernetes/fractional.py,
 docs/pod-attribution.md §Fractional). Pods of one (namespace, name) are one pod with one container
-each. For Dynamic Resource Allocation (exporter/simulator/dra.py, docs/pod-attribution.md §DRA):
+each. For Dynamic Resource Allocation (exporter/simulator/dra.py, docs/pod-attribution.md §8a):
 ``GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>`` answers the node's
 ResourceSlice of ``gpu.nvidia.com`` devices, and ``GET /apis/resource.k8s.io/v1/namespaces/<ns>/
 resourceclaims/<name>`` an allocated ResourceClaim with its sharing config. Other paths answer 404;
@@ -73,6 +73,7 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
     annotations: dict[str, str] = {}
     containers = []
     hami_entries: list[str] = []
+    pod_claims: set[str] = set()
     gpushare_mib = 0
     for spec in specs:
         limits: dict[str, str] = {}
@@ -100,12 +101,13 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
             else:
                 limits["nvidia.com/gpu"] = str(int(limits.get("nvidia.com/gpu", "0")) + 1)
         hami_entries.append("".join(hami_devices))
+        resources: dict[str, Any] = {"limits": limits, "requests": dict(limits)}
+        claims = sorted({d.claim for d in spec.devices if d.claim is not None})
+        if claims:  # a DRA claim is named by the container (core/v1 ResourceRequirements.claims)
+            resources["claims"] = [{"name": c} for c in claims]
+            pod_claims.update(claims)
         containers.append(
-            {
-                "name": spec.container,
-                "image": "registry.example/workload:1",
-                "resources": {"limits": limits, "requests": dict(limits)},
-            }
+            {"name": spec.container, "image": "registry.example/workload:1", "resources": resources}
         )
     if any(hami_entries):
         annotations[HAMI_ALLOCATED] = "".join(f"{entry};" for entry in hami_entries)  # EncodePodSingleDevice
@@ -122,7 +124,16 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
             "labels": dict(first.labels),
             "annotations": annotations,
         },
-        "spec": {"nodeName": node.name, "containers": containers},
+        "spec": {
+            "nodeName": node.name,
+            "containers": containers,
+            # PodResourceClaim: the pod's name for each claim, here the ResourceClaim's own
+            **(
+                {"resourceClaims": [{"name": c, "resourceClaimName": c} for c in sorted(pod_claims)]}
+                if pod_claims
+                else {}
+            ),
+        },
         "status": {"phase": "Running", "containerStatuses": _container_statuses(node, specs)},
     }
 
@@ -283,6 +294,7 @@ class StandInKubeApi:
     def base_url(self) -> str:
         assert self._server is not None, "not started"
         host, port = self._server.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}"
 
     def stop(self) -> None:

@@ -188,6 +188,7 @@ class StandInKubelet:
             driver_name=dra.DRIVER,
             pool_name=self.node.name,
             device_name=name,
+            share_id=device.share_id,  # set only where the device is consumed by capacity
         )
 
     def list_response(self) -> api_pb2.ListPodResourcesResponse:

@@ -29,6 +29,7 @@ from .device import (
     SimulatedGpu,
     SimulatedMig,
     SimulatedNode,
+    pci_bus,
 )
 from .latency import FIELD_LATENCY_S, GPM_METRIC_LATENCY_S, WAITS, call_latency, items_latency
 from .models import PCIE_BYTE_COUNTERS_FROM_DRIVER, SYMBOL_SINCE_DRIVER, driver_branch
@@ -354,7 +355,7 @@ def nvmlDeviceGetUUID(lib, gpu, mig, buf, length):
 @device_call
 def nvmlDeviceGetPciInfo_v3(lib, gpu, mig, out):
     info = _out(out)
-    bus = 0x17 + 0x10 * gpu.spec.index
+    bus = pci_bus(gpu.spec.index)
     info.domain, info.bus, info.device = 0, bus, 0
     info.pciDeviceId = gpu.model.pci_device_id
     info.busId = f"00000000:{bus:02X}:00.0".encode()

@@ -3,13 +3,18 @@
 Runs INSIDE nvitop-exporter's own virtual env (``.bench/nvitop-venv``), never gpumeter's:
 
     .bench/nvitop-venv/bin/python tests/bench_support/nvitop_launch.py \\
-        --repo /work/main --fleet h100-mig --stats /tmp/stats.json -- \\
+        --gpumeter-site .bench/gpumeter-site --fleet h100-mig --stats /tmp/stats.json -- \\
         --bind-address 127.0.0.1 --port 9999 --interval 1 --hostname bench
 
-It puts the repository root on ``sys.path`` (only ``exporter.simulator`` is imported from it: the
-fleet file, the simulated node and the stand-in library), points pynvml's library object at the
-stand-in *before* nvitop initialises NVML, and then runs nvitop-exporter's own ``main()`` with the
-arguments after ``--``. Nothing of nvitop-exporter is changed except that its collection loop is
+``--gpumeter-site`` is a folder holding only the installed gpumeter distribution's top-level entries
+(the package, or an editable install's ``.pth`` and finder), made by ``tests.bench`` from the
+interpreter it measures gpumeter with: the stand-in is the installed package's, never the checkout's
+(whose root has no ``gpumeter.exporter``: the parts install under ``gpumeter`` from their own
+folders). It is added *after* nvitop's own site-packages, so nvitop-exporter keeps its own
+prometheus-client and nvidia-ml-py. Only ``gpumeter.exporter.simulator`` is imported from it (the
+fleet file, the simulated node and the stand-in library). The launcher then points pynvml's library
+object at the stand-in *before* nvitop initialises NVML, and runs nvitop-exporter's own ``main()``
+with the arguments after ``--``. Nothing of nvitop-exporter is changed except that its collection loop is
 wrapped so the benchmark can count cycles and their CPU time (the loop body is nvitop-exporter's own).
 
 Every second (and on SIGTERM) it writes ``--stats``: the stand-in's call counter, the C functions
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+import site
 import sys
 import threading
 import time
@@ -31,18 +37,19 @@ from collections import Counter
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repo", default=os.environ.get("GPUMETER_REPO"), required=False)
+    parser.add_argument(
+        "--gpumeter-site", required=True, help="folder with the installed gpumeter's top-level entries"
+    )
     parser.add_argument("--fleet", default="h100-mig")
     parser.add_argument("--stats", required=True, help="JSON file the launcher keeps up to date")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="-- then nvitop-exporter's arguments")
     args = parser.parse_args()
-    if not args.repo:
-        parser.error("--repo (or GPUMETER_REPO) is required")
     exporter_args = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
 
-    sys.path.insert(0, os.path.abspath(args.repo))
+    site.addsitedir(os.path.abspath(args.gpumeter_site))  # appended, and its .pth files run
     import pynvml
 
+    import gpumeter.exporter.simulator
     from gpumeter.exporter.simulator.device import SimulatedNode
     from gpumeter.exporter.simulator.fleet import load_fleet
     from gpumeter.exporter.simulator.nvml import SimulatedNvml
@@ -90,6 +97,7 @@ def main() -> int:
         with lock:
             data = {
                 "pid": os.getpid(),
+                "simulator": gpumeter.exporter.simulator.__file__,
                 "calls": dict(lib.calls),
                 "missing": dict(missing),
                 "cycle_cpu_seconds": list(cycles),

@@ -80,11 +80,19 @@ def test_exporter_security_posture(rendered, target):
 
 @pytest.mark.parametrize("target", OVERLAY_TARGETS)
 def test_exporter_reads_only_pods_from_the_api_with_a_short_lived_token(rendered, target):
-    """The pod lister (HAMi/gpushare grants, docs/pod-attribution.md §8): get/list pods and nothing else,
-    a projected one-hour token rather than an automounted one, egress to the API server's ports only."""
+    """The pod lister (HAMi/gpushare grants, docs/pod-attribution.md §8): get/list pods, and for DRA
+    (§8a) get/list/watch ResourceSlices and ResourceClaims, nothing else; a projected one-hour token
+    rather than an automounted one, egress to the API server's ports only."""
     out = rendered(target)
     role = out.one("ClusterRole", "gpumeter-exporter-pods")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "resourceclaims"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
     binding = out.one("ClusterRoleBinding", "gpumeter-exporter-pods")
     assert binding["roleRef"]["name"] == "gpumeter-exporter-pods"
     assert binding["subjects"] == [

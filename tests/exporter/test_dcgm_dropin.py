@@ -142,6 +142,39 @@ def test_only_the_listed_fields_are_exported_with_the_rows_type_and_help(simulat
     assert "DCGM_FI_DRIVER_VERSION=" not in text and 'Hostname="' in text
 
 
+SEED_003_CSV = Path(__file__).resolve().parents[1] / "data" / "seed-003" / "dcp-metrics-included.csv"
+PROF_FIELDS = [
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+]
+
+
+@pytest.mark.parametrize(
+    ("fleet", "node", "model"), [("v100-t4", "gpu-t4-01", "Tesla T4"), ("a100-pcie", None, "A100")]
+)
+def test_seed_003s_fields_nvml_cannot_serve_are_logged_once_each_with_who_can(
+    simulate, caplog, monkeypatch, fleet, node, model
+):
+    from gpumeter.exporter import dcgm
+
+    monkeypatch.setattr(dcgm, "_unserved", set())
+    sim = simulate(fleet, node=node, naming="dcgm", collectors=str(SEED_003_CSV))
+    with caplog.at_level(logging.WARNING, logger="gpumeter.exporter.dcgm"):
+        for _ in range(3):
+            sim.sample()
+            sim.text()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for field in PROF_FIELDS:  # no GPM before Hopper: each said once, naming the GPUs and DCGM
+        said = [
+            w for w in warnings if w.startswith(f"{field}, listed in the collectors file, is not served on ")
+        ]
+        assert len(said) == 1, warnings
+        assert model in said[0] and "DCGM's profiling module does on Volta and later" in said[0]
+    assert "DCGM_FI_DEV_GPU_TEMP" not in " ".join(warnings)  # a field every GPU served is not named
+
+
 def test_hostname_label_spelled_as_asked(simulate):
     sim = simulate("h200", naming="dcgm", dcgm_hostname_label="hostname")
     sim.sample()

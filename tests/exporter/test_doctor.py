@@ -117,3 +117,150 @@ def test_forbidden_resource_slices_are_named_but_do_not_block(clock):
     assert report.resource_slices_ok is False and report.exit_status == 0
     assert report.resource_slices.startswith("cannot read the ResourceSlices of gpu-dra-01 (forbidden)")
     assert "resourceslices.resource.k8s.io" in report.resource_slices  # the RBAC it lacks
+
+
+# --- `doctor --check`: a verdict per finding --------------------------------------------------------------
+HEALTHY = [(fleet, node) for fleet, node in EXAMPLES]
+
+
+@pytest.mark.parametrize(("fleet", "node"), HEALTHY)
+def test_check_passes_every_healthy_example_fleet(capsys, fleet, node):
+    status = main(["doctor", "--check", "--simulate", fleet, "--simulate-node", node])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.startswith(f"healthy: {len(load_fleet(fleet).node(node).gpus)} GPUs, no finding")
+
+
+def _check(node, clock, **options):
+    return diagnose(SimulatedNvml(node), clock=clock, kernel_log=node.kmsg, **options)
+
+
+@pytest.mark.parametrize(
+    ("fleet", "fault", "params", "kind", "says"),
+    [
+        ("workstation", "gpu_lost", {}, "gpu_lost", "nvmlDeviceGetHandleByIndex: GPU_IS_LOST"),
+        ("h100-mig", "nvlink_down", {"link": 3}, "nvlink_inactive", "NVLink 3 inactive"),
+        ("h200", "row_remap", {"kind": "pending"}, "row_remap_pending", "waits for the next GPU reset"),
+        ("h200", "row_remap", {"kind": "failure"}, "row_remap_pending", "a row remap failed"),
+        ("v100-t4", "page_retire", {"cause": "dbe"}, "page_retirement_pending", "page retirement waits"),
+        (
+            "h100-mig",
+            "overheat",
+            {"celsius": 80},
+            "temperature_at_slowdown",
+            "at or over its slowdown threshold",
+        ),
+        (
+            "h100-mig",
+            "xid",
+            {"code": 48},
+            "critical_xid",
+            "XID 48 (Double Bit ECC Error) in the kernel log 0 s ago",
+        ),
+    ],
+)
+def test_check_finds_each_injected_fault_and_exits_1(clock, fleet, fault, params, kind, says):
+    node = SimulatedNode(load_fleet(fleet), clock=clock)
+    gpu = 1 if fleet == "workstation" else 0
+    node.inject(fault, gpu, **params)
+    clock.advance(60)  # the GPU heats up; the XID's kernel-log line is a minute old
+    report = _check(node, clock)
+    assert report.check_status == 1
+    found = [f for f in report.findings if f.kind == kind]
+    assert len(found) == 1, report.findings
+    uuid = "" if kind == "gpu_lost" else node.gpus[gpu].spec.uuid  # a lost GPU's handle gives no UUID
+    assert found[0].gpu == gpu and found[0].uuid == uuid
+    assert says.replace("0 s ago", "60 s ago") in found[0].line(), found[0].line()
+    assert found[0].line().startswith(f"{kind} GPU {gpu}{' ' + uuid if uuid else ''}: ")
+    # the same node cleared (and cooled down) is healthy again, but for what stays: the XID's kernel-log
+    # line while it is recent, a failed row remap (the damage is permanent)
+    node.clear()
+    clock.advance(600)
+    assert [f.kind for f in _check(node, clock).findings] == (
+        [kind] if fault == "xid" or params.get("kind") == "failure" else []
+    )
+
+
+def test_an_nvlink_asleep_to_save_power_is_no_finding(clock):
+    node = SimulatedNode(load_fleet("h100-mig"), clock=clock)
+    node.inject("nvlink_sleep", 0, link=2)
+    assert _check(node, clock).findings == []
+
+
+def test_a_critical_xid_ages_out_of_the_window_and_an_application_xid_never_counts(clock):
+    node = SimulatedNode(load_fleet("h100-mig"), clock=clock)
+    node.inject("xid", 0, code=31)  # an application's memory fault: the job's bug, not the GPU's
+    node.inject("xid", 0, code=119)
+    clock.advance(601)
+    assert [f.message for f in _check(node, clock, xid_window_s=900).findings] == [
+        "XID 119 (GSP RPC Timeout) in the kernel log 601 s ago"
+    ]
+    assert _check(node, clock, xid_window_s=600).findings == []
+
+
+def test_xid_79_is_both_a_lost_gpu_and_a_critical_xid(clock):
+    node = SimulatedNode(load_fleet("a100-pcie"), clock=clock)
+    node.inject("xid", 2, code=79)
+    findings = _check(node, clock).findings
+    # a GPU off the bus gives NVML no handle, so the kernel log's line is known by its PCI address only
+    assert [f.line() for f in findings] == [
+        "gpu_lost GPU 2: nvmlDeviceGetHandleByIndex: GPU_IS_LOST",
+        "critical_xid: XID 79 (GPU has fallen off the bus) in the kernel log 0 s ago (PCI 0000:37:00)",
+    ]
+
+
+def test_nvml_and_the_kubelet_unreachable_are_findings(clock, tmp_path):
+    node = SimulatedNode(load_fleet("workstation"), clock=clock)
+    node.inject("nvml_unavailable")
+    report = diagnose(
+        SimulatedNvml(node), clock=clock, kubelet_socket=str(tmp_path / "gone.sock"), kubelet_required=True
+    )
+    assert [f.kind for f in report.findings] == ["nvml_unreachable", "kubelet_unreachable"]
+    assert "LIBRARY_NOT_FOUND" in report.findings[0].message
+    assert "gone.sock: No such file or directory" in report.findings[1].message
+
+
+def test_a_gpu_the_driver_no_longer_lists_is_lost_when_the_count_is_known(clock):
+    node = SimulatedNode(load_fleet("workstation"), clock=clock)
+    report = _check(node, clock, expect_gpus=3)
+    assert [f.line() for f in report.findings] == ["gpu_lost: NVML sees 2 GPUs, 3 expected"]
+
+
+def test_an_unreadable_kernel_log_is_said_not_hidden(clock):
+    node = SimulatedNode(load_fleet("workstation"), clock=clock)
+
+    def denied():
+        raise PermissionError(1, "Operation not permitted")
+
+    report = diagnose(SimulatedNvml(node), clock=clock, kernel_log=denied)
+    assert report.findings == []
+    assert report.kernel_log == "not readable (Operation not permitted): XIDs before this run not checked"
+
+
+def test_the_kernel_log_is_read_as_dev_kmsg_records(tmp_path):
+    from gpumeter.exporter.doctor import read_kmsg, recent_xids
+
+    log = tmp_path / "kmsg"  # a regular file reads to its end, as /dev/kmsg reads to EAGAIN
+    log.write_text(
+        "3,1,45990995,-;NVRM: Xid (PCI:0000:00:06): 31, pid=531, name=python3, channel 0x0000000a\n"
+    )
+    now, records = read_kmsg(str(log))
+    assert now > 0 and records == [
+        "3,1,45990995,-;NVRM: Xid (PCI:0000:00:06): 31, pid=531, name=python3, channel 0x0000000a"
+    ]
+    assert recent_xids(46.0 + 10, records, 60) == [((0, 0, 6), 31, pytest.approx(10.009005))]
+
+
+def test_check_json_and_its_exit_status_through_the_command(capsys):
+    status = main(["doctor", "--check", "--json", "--simulate", "h100-mig"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert status == verdict["exit_status"] == 0
+    assert verdict["healthy"] is True and verdict["findings"] == [] and verdict["gpus"] == 8
+    assert verdict["kernel_log"].startswith("0 records read")
+
+
+def test_xid_window_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["doctor", "--check", "--xid-window", "-5", "--simulate", "h100-mig"])
+    assert exited.value.code == 2
+    assert "--xid-window: a positive number of seconds, not '-5'" in capsys.readouterr().err

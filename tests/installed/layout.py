@@ -152,18 +152,31 @@ class Layout:
         return "scraped with pods, an XID injected and seen"
 
     def stand_ins(self) -> str:
-        ksm, volcano = free_port(), free_port()
+        ksm, volcano, kube_api, dcgm = free_port(), free_port(), free_port(), free_port()
         with (
             self.serving("simulate", "kube-state-metrics", "--fleet", FLEET, "--listen", f"127.0.0.1:{ksm}"),
             self.serving(
                 "simulate", "volcano", "--listen", f"127.0.0.1:{volcano}", "--queue", "research=8:6:10:2"
+            ),
+            self.serving(
+                "simulate", "kube-api", "--fleet", "shared-modes", "--listen", f"127.0.0.1:{kube_api}"
+            ),
+            self.serving(
+                "simulate", "dcgm-exporter", "--fleet", "a100-mixed", "--listen", f"127.0.0.1:{dcgm}"
             ),
         ):
             wait_for(
                 lambda: _has(f"http://127.0.0.1:{ksm}/metrics", "kube_pod_"), "kube-state-metrics series"
             )
             wait_for(lambda: _has(f"http://127.0.0.1:{volcano}/metrics", "volcano_queue_"), "volcano series")
-        return "kube-state-metrics, volcano"
+            pods = wait_for(
+                lambda: _has(f"http://127.0.0.1:{kube_api}/api/v1/pods", '"PodList"'), "a PodList"
+            )
+            assert '"uid"' in pods and "containerID" in pods, "pods without UIDs or container IDs"
+            wait_for(
+                lambda: _has(f"http://127.0.0.1:{dcgm}/metrics", "DCGM_FI_PROF_"), "DCGM profiling series"
+            )
+        return "kube-state-metrics, volcano, kube-api, dcgm-exporter"
 
     def history(self) -> str:
         start = datetime.combine(self.day, datetime.min.time(), UTC)
@@ -401,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         ("gpumeter --version", layout.version),
         ("doctor", layout.doctor),
         ("exporter with the stand-in kubelet, scraped; simulate inject", layout.exporter),
-        ("simulate kube-state-metrics and volcano", layout.stand_ins),
+        ("simulate kube-state-metrics, volcano, kube-api, dcgm-exporter", layout.stand_ins),
         ("simulate history", layout.history),
         ("billing prices default and check", layout.prices),
         ("billing ingest and price", layout.ingest),

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter import contract
+from gpumeter.alerts.files import RULE_FILES
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.kubernetes import dra
@@ -29,7 +30,7 @@ from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
-from tests.support.servers import free_port, stop_processes, wait_http_ok
+from tests.support.servers import PrometheusServer, free_port, stop_processes, wait_http_ok
 
 NODE = "gpu-dra-01"
 FLEET = load_fleet("dra")
@@ -102,6 +103,7 @@ def served(tmp_path_factory):
                     return samples
                 time.sleep(0.5)
 
+        scrape.port = ports.get  # type: ignore[attr-defined]
         yield scrape
     finally:
         left = stop_processes([(p, log) for p, log in processes])
@@ -169,16 +171,36 @@ def test_dcgm_naming_carries_dcgm_exporters_dra_labels(served):
     assert detector["GPU_I_ID"] == "1"
 
 
-def _in_process(fault: str | None):
-    """gpu-dra-01 sampled once in process, the stand-in API answering with ``fault``."""
+@pytest.mark.prometheus
+def test_the_capacity_dashboard_counts_dra_held_gpus_with_the_rest(served, tmp_path):
+    """A real Prometheus scraping the live exporter, with the shipped recording rules: the capacity
+    dashboard's allocated GPU-equivalents and MIG counts include the GPUs held through DRA claims."""
+    served("native", _attributed)
+    port = served.port("native")
+    with PrometheusServer(
+        tmp_path / "prom",
+        scrape_targets={"gpumeter-exporter": [f"127.0.0.1:{port}"]},
+        rule_files=list(RULE_FILES),
+    ) as prometheus:
+        # by hand from dra.yaml: pretrain 1 + detector 3/7 + embedder 1/7 + two claims shared 0.5 + 0.5
+        (allocated,) = prometheus.wait_for("cluster:nvidia_gpu_allocated_gpu_equivalents:sum > 3", timeout=60)
+        assert float(allocated["value"][1]) == pytest.approx(1 + 3 / 7 + 1 / 7 + 2, abs=1e-9)
+        migs = prometheus.query(
+            'count by (hostname, mig_profile) (nvidia_gpu_allocation{gpu_instance_id!=""})'
+        )
+        assert {r["metric"]["mig_profile"]: int(r["value"][1]) for r in migs} == {"3g.40gb": 1, "1g.10gb": 1}
+
+
+def _in_process(fault: str | None, fleet=FLEET, node_name: str = NODE):
+    """A node (gpu-dra-01) sampled once in process, the stand-in API answering with ``fault``."""
     clock = Clock(0.0)
-    node = SimulatedNode(FLEET, NODE, clock=clock, start=0.0)
+    node = SimulatedNode(fleet, node_name, clock=clock, start=0.0)
     directory = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")
-    kubelet = StandInKubelet(FLEET, NODE, f"{directory}/k.sock", clock=clock, start=0.0).start()
-    api = StandInKubeApi(FLEET, clock=clock, start=0.0).start()
+    kubelet = StandInKubelet(fleet, node_name, f"{directory}/k.sock", clock=clock, start=0.0).start()
+    api = StandInKubeApi(fleet, clock=clock, start=0.0).start()
     api.set_fault(fault)
     config = ExporterConfig(
-        listen="127.0.0.1:0", kubelet_socket=f"{directory}/k.sock", hostname=NODE, kube_api=api.base_url
+        listen="127.0.0.1:0", kubelet_socket=f"{directory}/k.sock", hostname=node_name, kube_api=api.base_url
     )
     exporter = build_exporter(config, clock=clock, library=SimulatedNvml(node), node=node)
     try:
@@ -275,3 +297,114 @@ def test_only_the_newest_generation_of_a_pool_is_read():
 
     devices = dra.slice_devices([slice_(1, "GPU-old"), slice_(2, "GPU-new")])
     assert devices[("n", "gpu-0")].uuid == "GPU-new"
+
+
+_NODE = {"name": "n", "gpus": [{"model": "H100-SXM5-80GB", "dra": True}, {"model": "H100-SXM5-80GB"}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"claims": [{"namespace": "a", "name": "c", "node": "n", "devices": [{"gpu": 1}]}]},
+            r"claims\[0\].devices\[0\].gpu: not a GPU of n marked dra: true \(got 1\)",
+        ),
+        (
+            {
+                "claims": [
+                    {"namespace": "a", "name": "c", "node": "n", "devices": [{"gpu": 0}], "sharing": "Fast"}
+                ]
+            },
+            r"claims\[0\].sharing: expected one of TimeSlicing, MPS \(got 'Fast'\)",
+        ),
+        (
+            {"pods": [{"namespace": "a", "name": "p", "node": "n", "devices": [{"gpu": 0}]}]},
+            r"pods\[0\].devices\[0\].gpu: GPU 0 of n is handed out by DRA: hold it through a claim",
+        ),
+        (
+            {"pods": [{"namespace": "a", "name": "p", "node": "n", "devices": [{"claim": "nope"}]}]},
+            r"pods\[0\].devices\[0\].claim: no claim nope of namespace a on node n",
+        ),
+        (
+            {
+                "claims": [
+                    {"namespace": "a", "name": "c", "node": "n", "devices": [{"gpu": 0}]},
+                    {"namespace": "b", "name": "d", "node": "n", "devices": [{"gpu": 0}]},
+                ]
+            },
+            r"claims: device already allocated to a/c \(got 'b/d'\)",
+        ),
+    ],
+)
+def test_bad_dra_entries_in_a_fleet_name_the_field_and_value(extra, message):
+    from gpumeter.exporter.simulator.fleet import FleetError, parse_fleet
+
+    with pytest.raises(FleetError, match=message):
+        parse_fleet({"nodes": [_NODE], **extra}, source="fleet.yaml")
+
+
+def test_the_stand_in_kubelet_keeps_dra_gpus_out_of_the_device_plugins_allocatable():
+    kubelet = StandInKubelet(FLEET, "gpu-dra-mixed-01", "/unused", clock=lambda: 0.0, start=0.0)
+    ids = {i for d in kubelet.allocatable_response().devices for i in d.device_ids}
+    gpus = FLEET.node("gpu-dra-mixed-01").gpus
+    assert gpus[0].uuid in ids and gpus[2].uuid not in ids  # GPU 0 the plugin's, GPU 2 the driver's
+    assert not any(
+        i.startswith("MIG-") and i in {gpus[3].mig_uuid(m.gpu_instance_id) for m in gpus[3].mig} for i in ids
+    )
+    trainer = next(p for p in kubelet.list_response().pod_resources if p.name == "trainer")
+    (container,) = trainer.containers
+    assert list(container.devices) == []
+    (claim,) = container.dynamic_resources
+    assert (claim.claim_name, claim.claim_namespace) == ("trainer-gpu", "ml-training")
+    (resource,) = claim.claim_resources
+    assert (resource.driver_name, resource.pool_name, resource.device_name) == (
+        "gpu.nvidia.com",
+        "gpu-dra-mixed-01",
+        "gpu-2",
+    )
+    assert resource.cdi_devices[0].name.startswith("k8s.gpu.nvidia.com/claim=")
+
+
+def _share_ids(fleet, node: str) -> dict[str, str | None]:
+    """Each pod's ClaimResource.share_id as the exporter's client reads it over gRPC."""
+    from gpumeter.exporter.kubelet.client import PodResourcesClient
+
+    sock = f"{tempfile.mkdtemp(prefix='gpm-', dir='/tmp')}/k.sock"
+    with StandInKubelet(fleet, node, sock, clock=lambda: 0.0, start=0.0), PodResourcesClient(sock) as client:
+        return {
+            p.name: r.share_id
+            for p in client.list()
+            for c in p.containers
+            for d in c.dynamic_resources
+            for r in d.claim_resources
+        }
+
+
+def test_a_device_two_claims_consume_by_capacity_is_split_between_them():
+    """Consumable capacity (Kubernetes 1.35+): two claims allocate shares of one GPU, the kubelet
+    tells them apart by share_id; each holder gets half, the device's shares sum to 1."""
+    from gpumeter.exporter.simulator.fleet import parse_fleet
+
+    fleet = parse_fleet(
+        {
+            "nodes": [{"name": "n", "gpus": [{"model": "H100-SXM5-80GB", "dra": True}]}],
+            "claims": [
+                {"namespace": "a", "name": "half-1", "node": "n", "devices": [{"gpu": 0, "share_id": "s1"}]},
+                {"namespace": "b", "name": "half-2", "node": "n", "devices": [{"gpu": 0, "share_id": "s2"}]},
+            ],
+            "pods": [
+                {"namespace": "a", "name": "p1", "node": "n", "devices": [{"claim": "half-1"}]},
+                {"namespace": "b", "name": "p2", "node": "n", "devices": [{"claim": "half-2"}]},
+            ],
+        },
+        source="capacity.yaml",
+    )
+    assert _share_ids(fleet, "n") == {"p1": "s1", "p2": "s2"}
+    assert set(_share_ids(FLEET, NODE).values()) == {None}  # without capacity: unset, not ""
+    snapshot = _in_process(None, fleet, "n")
+    labels = contract.ALLOCATION.labels
+    got = {
+        dict(zip(labels, v, strict=True))["pod"]: (dict(zip(labels, v, strict=True))["sharing"], share)
+        for v, share in snapshot.samples(contract.ALLOCATION.name)
+    }
+    assert got == {"p1": ("time_slicing", 0.5), "p2": ("time_slicing", 0.5)}
