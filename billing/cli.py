@@ -16,7 +16,7 @@ from gpumeter.billing.pricing.base import UTILIZATION_TIERS_USES
 log = logging.getLogger(__name__)
 
 
-# The span a ledger's hours can plausibly lie in (docs/billing.md §6.3): nothing was billed per GPU-hour
+# The span a ledger's hours can plausibly lie in (docs/billing.md §6.5): nothing was billed per GPU-hour
 # from Prometheus before 2000 (Prometheus itself dates from 2012), and one command covers at most a
 # leap year of hours: `--from 1970-01-01` wrote 48,747 empty runs before it was stopped (issue 42).
 EARLIEST_HOUR = datetime(2000, 1, 1, tzinfo=UTC)
@@ -270,7 +270,7 @@ def register(subparsers):
 
 
 def actor_of(command: str, reason: str = ""):
-    """Who runs this command: named in the audit records it writes (docs/billing.md §6.5)."""
+    """Who runs this command: named in the audit records it writes (docs/billing.md §6.6)."""
     import getpass
     import uuid
 

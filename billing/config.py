@@ -4,6 +4,7 @@ and the teams' monthly budgets)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -122,14 +123,14 @@ def load_http_config(path: str | Path) -> dict[str, str]:
                         f"{path}: {key}.{sub}: not a supported http_config key{hint} (value {sub!r})"
                     )
     for keys, field_name in HTTP_CONFIG_KEYS.items():
-        value: Any = doc
+        found: Any = doc
         for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is None:
+            found = found.get(key) if isinstance(found, dict) else None
+        if found is None:
             continue
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{path}: {'.'.join(keys)}: expected a path or a name (value {value!r})")
-        out[field_name] = value
+        if not isinstance(found, str) or not found:
+            raise ConfigError(f"{path}: {'.'.join(keys)}: expected a path or a name (value {found!r})")
+        out[field_name] = found
     return out
 
 
@@ -138,6 +139,8 @@ def load_http_config(path: str | Path) -> dict[str, str]:
 # the sums it is compared with.
 MAX_BUDGET = Decimal(10) ** 15
 TEAM_FILE_KEYS = ("namespaces", "vms", "budgets")
+# a namespace's name: an RFC 1123 DNS label (kubernetes.io/docs/concepts/overview/working-with-objects/names)
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,12 @@ def load_team_file(path: str | Path) -> TeamFile:
         for name, team in entries.items():
             if not isinstance(name, str) or not isinstance(team, str) or not team:
                 raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+    for name in namespaces:
+        if not NAMESPACE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{path}: namespaces.{ascii(name)[1:-1]}: not a Kubernetes namespace name (lower-case "
+                f"letters, digits and '-', at most 63, RFC 1123) (value {name!r})"
+            )
     for vm_id, team in vms.items():
         if namespaces.get(vm_id, team) != team:
             raise ConfigError(

@@ -75,7 +75,7 @@ ALLOC_LABELS = ",".join(_ALLOC_KEYS)
 _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
 _RATIO = Decimal("0.000000001")
 
-# What an answer's values may be before they become money (docs/billing.md §6.4); an answer with any
+# What an answer's values may be before they become money (docs/billing.md §6.5); an answer with any
 # other value (negative, NaN, infinite, past its range) is refused with its hour, never billed.
 # A sample count: at most what an hour holds at the finest scrape interval billing accepts (1 s; the
 # [1h] window closed at both ends in Prometheus 2 holds one more).
@@ -513,7 +513,7 @@ def _check_values(name: str, series: list[tuple[SeriesLabels, Values]]) -> None:
     ~5 million values a run."""
     low, high = VALUE_BOUNDS[name]
     for labels, values in series:
-        present = values if None not in values else [v for v in values if v is not None]
+        present: list[float] = [v for v in values if v is not None] if None in values else values  # type: ignore[assignment]
         if not present:
             continue
         total = sum(present)

@@ -22,7 +22,7 @@ import orjson
 
 from gpumeter.billing.secrets import redact_url
 
-# Defaults of `billing ingest` and `billing serve` (docs/billing.md §6.3): one request's whole answer
+# Defaults of `billing ingest` and `billing serve` (docs/billing.md §6.5): one request's whole answer
 # within REQUEST_TIMEOUT seconds (a connection, every read and the body together, so an answer that
 # trickles in is given up as one that hangs); every answer at most MAX_ANSWER_BYTES.
 REQUEST_TIMEOUT = 120.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import threading
 
@@ -135,7 +134,7 @@ def run_inject(args: argparse.Namespace) -> int:
             response = httpx.delete(url, params={} if args.gpu is None else {"gpu": args.gpu}, timeout=10)
         else:
             body = {"fault": args.fault, "gpu": args.gpu, **dict(_parameter(p) for p in args.set)}
-            response = httpx.post(url, content=json.dumps(body), timeout=10)
+            response = httpx.post(url, json=body, timeout=10)
     except httpx.HTTPError as exc:
         print(f"gpumeter simulate inject: cannot reach {url}: {exc}", file=sys.stderr)
         return 1

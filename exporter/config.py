@@ -202,4 +202,17 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         raise ConfigError(
             f"counter_interval: must be a finite number of seconds >= 0 (got {str(config.counter_interval)!r})"
         )
+    for name, (low, high) in RANGES.items():
+        value = getattr(config, name)
+        if not low <= value <= high:  # also refuses nan
+            raise ConfigError(f"{name}: must be from {low:g} to {high:g} (got {str(value)!r})")
     return config
+
+
+# The numeric options' bounds past the checks above (issue 42: --kubelet-keep-cycles -3 was taken):
+# a kubelet answers in milliseconds and the sampler waits on it; a cycle is one sample
+RANGES: dict[str, tuple[float, float]] = {
+    "kubelet_timeout": (0.01, 60.0),
+    "kubelet_keep_cycles": (0, 10_000),
+    "kube_api_refresh": (0.0, 86_400.0),  # 0: list every cycle
+}

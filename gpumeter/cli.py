@@ -49,14 +49,31 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def escaped(text: str) -> str:
+    """``text`` with every control and invisible character (a newline, an ESC that would drive the
+    terminal, a zero-width space) written as its Python escape: one log line stays one line and
+    shows what came (label values and Prometheus' error text are anyone's, issue 42)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+class EscapingFormatter(logging.Formatter):
+    """Every log line's message escaped (`escaped`); a traceback keeps its own lines, each escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escaped(super().formatMessage(record))
+
+    def formatException(self, ei) -> str:
+        return "\n".join(map(escaped, super().formatException(ei).split("\n")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     # one line per request, or alembic's "setup plugin ..." on every start, drowns what matters
     for chatty in ("httpx", "httpcore", "alembic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -51,7 +51,7 @@ def refuse_duplicate_lines(hour: datetime, lines: Iterable[Line]) -> list[str]:
 
 @dataclass(frozen=True)
 class Actor:
-    """Who changes the ledger (docs/billing.md §6.5): the command, the operator (the OS user), the
+    """Who changes the ledger (docs/billing.md §6.6): the command, the operator (the OS user), the
     reason given (``--reason``) and the command's run, which names the audit records it writes."""
 
     command: str = ""
@@ -89,7 +89,12 @@ def hour_total(lines: Iterable[Line]) -> tuple[Decimal, str] | None:
 
 
 def audited_change(
-    actor: Actor, book: PriceBook | None, hour: datetime, old, new, at: datetime
+    actor: Actor,
+    book: PriceBook | None,
+    hour: datetime,
+    old: tuple[Decimal, str] | None,
+    new: tuple[Decimal, str] | None,
+    at: datetime,
 ) -> AuditRecord | None:
     """The audit record of replacing an hour billed ``old`` by lines totalling ``new`` (each
     `hour_total`), or None: an hour billed for the first time, or to the same total, needs none."""
@@ -397,7 +402,7 @@ class Ledger(abc.ABC):
     @contextlib.contextmanager
     def serialised(self, *, shared: bool) -> Iterator[bool]:
         """Ingests (``shared``) run side by side; a re-price (not shared) runs alone, so the two never
-        interleave hours priced by two books (docs/billing.md §6.5). Yields whether it had to wait.
+        interleave hours priced by two books (docs/billing.md §6.6). Yields whether it had to wait.
         In one process (this default) nothing runs side by side to wait for."""
         yield False
 

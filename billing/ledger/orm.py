@@ -166,7 +166,7 @@ class BillingLock(Base):
 
 class BillingAudit(Base):
     """An already-billed hour whose amounts a re-ingest or re-price changed: who, when, with which
-    book, old and new totals (revision 0011, docs/billing.md §6.5)."""
+    book, old and new totals (revision 0011, docs/billing.md §6.6)."""
 
     __tablename__ = "billing_audit"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)

@@ -3,12 +3,18 @@
 ``POST /faults`` with JSON ``{"fault": "overheat", "gpu": 0, ...params}`` injects a fault;
 ``DELETE /faults`` (optionally ``?gpu=N``) clears them; ``GET /faults`` lists the faults known.
 ``gpumeter simulate inject`` is the command-line client.
+
+Only JSON is taken, and nothing from another site: a web page the operator has open could otherwise
+POST a `text/plain` body here (a "simple" request, sent without a CORS preflight) and inject faults
+into the fleet (issue 42). A POST must say ``Content-Type: application/json``, which a page can only
+send cross-site after a preflight this endpoint never answers, and a request carrying an ``Origin``
+(browsers add it) must come from this endpoint's own origin.
 """
 
 from __future__ import annotations
 
 import json
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from .device import FAULTS, SimulatedNode
 
@@ -25,6 +31,18 @@ def make_admin_app(node: SimulatedNode):
         if environ.get("PATH_INFO") != "/faults":
             return reply(start_response, "404 Not Found", {"error": "use /faults"})
         method = environ["REQUEST_METHOD"]
+        origin = environ.get("HTTP_ORIGIN")
+        if origin is not None and method != "GET" and urlsplit(origin).netloc != environ.get("HTTP_HOST"):
+            return reply(
+                start_response, "403 Forbidden", {"error": f"cross-site request from {origin!r} refused"}
+            )
+        media_type = environ.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
+        if method == "POST" and media_type != "application/json":
+            return reply(
+                start_response,
+                "415 Unsupported Media Type",
+                {"error": f"POST /faults takes Content-Type application/json (got {media_type!r})"},
+            )
         if method == "GET":
             return reply(
                 start_response,

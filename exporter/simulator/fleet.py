@@ -297,6 +297,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
+# GPUs a simulated node may hold: the largest real servers hold 8 to 16 (an NVL72 rack is 18 nodes of
+# 4); `count: 2000000` grew the simulator without bound (2.3 GB in 14 s, issue 42)
+MAX_GPUS_PER_NODE = 64
+
+
 class _Reader:
     def __init__(self, source: str):
         self.source = source
@@ -507,8 +512,10 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 raise r.fail(f"{gpath}.model", key, f"unknown GPU model; known: {', '.join(MODELS)}")
             model = MODELS[key]
             count = r.get(group, "count", gpath, int, 1)
-            if count < 1:
-                raise r.fail(f"{gpath}.count", count, "must be at least 1")
+            if not 1 <= count <= MAX_GPUS_PER_NODE - len(gpus):
+                raise r.fail(
+                    f"{gpath}.count", count, f"must be from 1 to {MAX_GPUS_PER_NODE} GPUs a node in all"
+                )
             mig = (
                 _layout(r, model, r.get(group, "mig", gpath, list), f"{gpath}.mig") if "mig" in group else ()
             )
@@ -564,6 +571,8 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             amplitude = r.get(wl, "amplitude", f"{gpath}.workload", float, 0.2)
             if not 0 <= mean <= 1:
                 raise r.fail(f"{gpath}.workload.mean", mean, "must be within 0..1")
+            if not 0 <= amplitude <= 1:  # before: 50 was taken, and the load clamped to 0..1
+                raise r.fail(f"{gpath}.workload.amplitude", amplitude, "must be within 0..1")
             workload = Workload(pattern, mean, amplitude)
             for _ in range(count):
                 index = len(gpus)
@@ -657,6 +666,8 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 raise r.fail(f"{dpath}.memory_mib", memory_mib, f"GPU {gpu} of {node} is not fractional")
             devices.append(PodDevice(gpu, gi, replica, memory_mib, cores))
         utilization = r.get(raw, "utilization", path, float, 0.6)
+        if not 0 <= utilization <= 1:  # before: -5 was taken, and the load clamped to 0
+            raise r.fail(f"{path}.utilization", utilization, "must be within 0..1")
         start = r.duration(raw.get("start", 0), f"{path}.start")
         end = r.duration(raw["end"], f"{path}.end") if raw.get("end") is not None else None
         every = r.duration(raw["every"], f"{path}.every") if raw.get("every") is not None else None

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -235,3 +235,41 @@ def test_a_wrong_shaped_instant_answer_is_a_bad_answer(billed):
         pytest.raises(BadAnswer, match="wrong shape"),
     ):
         client.query("up", H0)
+
+
+def test_billing_serve_counts_the_refused_hour_in_its_ingest_job_series(real_prometheus, book, tmp_path):
+    """The service's hourly job meets the negative count: the hour is a failed run, nothing is
+    billed, and /metrics says so in gpumeter_billing_job_failures_total{task="ingest"} (before: the
+    job died with a traceback on that hour every time while /healthz said ok)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpumeter.billing.config import Settings
+    from gpumeter.service import JOBS, build_app, hourly_ingest
+
+    url = f"sqlite:///{tmp_path / 'served.db'}"
+    JOBS.start(datetime.now(UTC), {})
+    with answering(_proxy(real_prometheus.url, QUERIES["alloc_count"], _every_value("-12"))) as proxy:
+        settings = Settings(
+            db=url, prometheus=proxy, prices=str(book), scrape_interval=30, catchup_hours=3, workers=1
+        )
+        outcome = hourly_ingest(settings.as_dict(), now=END + timedelta(minutes=5), holder="test")
+    assert outcome.startswith(f"failed at {H0.isoformat()}: ") and "not a number in [0, 3601]" in outcome
+
+    ledger = open_ledger(url)
+    try:
+        out: list = []
+        body = b"".join(
+            build_app(ledger)({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET"}, lambda *a: out.append(a))
+        )
+        lines, counts, runs = _ledger_state(url)
+    finally:
+        ledger.close()
+    samples = {
+        (s.name, s.labels.get("task")): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+    assert samples["gpumeter_billing_job_failures_total", "ingest"] == 1
+    assert samples["gpumeter_billing_job_last_success_timestamp_seconds", "ingest"] == 0
+    assert lines == [] and counts["gpu_hours"] == 0
+    assert [(run.status, run.source) for run in runs] == [(contract.INGEST_FAILED, proxy)]

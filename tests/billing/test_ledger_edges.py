@@ -111,3 +111,39 @@ def test_serve_on_a_read_only_ledger_fails_with_one_line(tmp_path):
     assert errors == [
         f"error: {url}: cannot store the schedule: OperationalError: attempt to write a readonly database"
     ]
+
+
+def test_two_billing_serves_starting_on_a_fresh_sqlite_ledger_both_serve(tmp_path):
+    """Before, the second crashed at start on the schema both were creating."""
+    from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes, wait_http_ok
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / f"serve-{n}.log" for n in range(2)]
+    serving = []
+    for port, log in zip(ports, logs, strict=True):
+        argv = [
+            sys.executable,
+            "-m",
+            "gpumeter",
+            "billing",
+            "serve",
+            "--db",
+            url,
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
+        argv += ["--prometheus", "http://127.0.0.1:1"]
+        with log.open("wb") as out:
+            serving.append(
+                subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **DUMP_ON_ABORT}
+                )
+            )
+    try:
+        for port, proc in zip(ports, serving, strict=True):
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=proc)
+    finally:
+        stuck = stop_processes(zip(serving, logs, strict=True))
+    assert stuck == [], stuck
+    assert all("Traceback" not in log.read_text() for log in logs), [log.read_text()[-2000:] for log in logs]

@@ -287,7 +287,7 @@ def dcgm_stack(tmp_path_factory):
             targets[role] = f"127.0.0.1:{port}"
             if role == "seed":
                 fault = {"fault": "nvlink_crc", "gpu": 0, "link": 0, "rate": 100}
-                answer = httpx.post(f"http://127.0.0.1:{admin}/faults", content=json.dumps(fault), timeout=10)
+                answer = httpx.post(f"http://127.0.0.1:{admin}/faults", json=fault, timeout=10)
                 assert answer.status_code == 200, answer.text
         prom = PrometheusServer(
             workdir / "prom",

@@ -3,7 +3,7 @@
 A re-price with a cheaper book took a day from $11,215.68 to $2,184.00 and left no trace (issue 42).
 Re-ingest and re-price now write a row per hour whose total they change: the command and its run,
 the operator and the reason given, the book's digest, and the hour's old and new totals
-(docs/billing.md §6.5). Nothing existing changes; the downgrade drops the table.
+(docs/billing.md §6.6). Nothing existing changes; the downgrade drops the table.
 
 Revision ID: 0011
 Revises: 0010
