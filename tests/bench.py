@@ -756,7 +756,7 @@ NVITOP_AXES = (
 )
 
 
-def nvitop_process(python: Path, stats_path: Path) -> Process:
+def nvitop_process(python: Path, stats_path: Path, driver_cost: bool = True) -> Process:
     with contextlib.suppress(FileNotFoundError):
         stats_path.unlink()
     port = free_port()
@@ -771,6 +771,7 @@ def nvitop_process(python: Path, stats_path: Path) -> Process:
             FLEET,
             "--stats",
             str(stats_path),
+            *(["--driver-cost"] if driver_cost else []),
             "--",
             "--bind-address",
             "127.0.0.1",
@@ -789,11 +790,10 @@ def nvitop_process(python: Path, stats_path: Path) -> Process:
 
 def compare_run(python: Path, scrapes: int, nvitop_scrapes: int, idle_seconds: float) -> dict:
     """One side-by-side run: gpumeter, then nvitop-exporter, each a fresh process at interval 1 s over the
-    same stand-in node, measured the same way. gpumeter takes ``scrapes`` (10,000: the memory target's
+    same stand-in node and library, each call charged the driver's measured CPU (simulator/latency.py),
+    measured the same way. gpumeter takes ``scrapes`` (10,000: the memory target's
     count), nvitop-exporter ``nvitop_scrapes`` (its scrapes take ~0.1-0.3 s each, 10,000 would be most of
-    an hour); its resident memory grows with them, so the RSS ratio is gpumeter's upper bound. gpumeter's
-    stand-in charges the driver's per-call cost in CPU (simulator/latency.py), nvitop-exporter's does not:
-    the CPU ratio is likewise gpumeter's worst case."""
+    an hour); its resident memory grows with them, so the RSS ratio is gpumeter's upper bound."""
     result: dict = {"loadavg_at_start": loadavg()}
     ours = gpumeter_exporter("gpumeter-compare")  # no kubelet, as nvitop-exporter has none
     try:
@@ -1168,8 +1168,8 @@ def print_nvitop(n: dict, imports: dict, cycle: dict | None = None) -> None:
         return
     print(
         f"{n.get('versions', 'nvitop-exporter')}: {len(n['runs'])} side-by-side runs over the same stand-in "
-        f"node, interval 1 s, {n['scrapes']} scrapes of gpumeter and {n['nvitop_scrapes']} of nvitop-exporter "
-        "(gpumeter's stand-in alone charges the driver's per-call CPU); gpumeter / nvitop-exporter = ratio:"
+        f"node and library (each call charged the driver's CPU), interval 1 s, {n['scrapes']} scrapes of "
+        f"gpumeter and {n['nvitop_scrapes']} of nvitop-exporter; gpumeter / nvitop-exporter = ratio:"
     )
     print(table(nvitop_rows(n)))
     for i, run in enumerate(n["runs"], 1):
