@@ -751,7 +751,7 @@ def read_stats(path: Path) -> dict:
 # The axes of issue 44's goal, each as gpumeter / nvitop-exporter in the same run, with its bound.
 NVITOP_AXES = (
     ("rss", "RSS after the scrapes", 1.0),  # below nvitop-exporter's
-    ("cpu_per_cycle", "CPU per sampling cycle (idle, interval 1 s)", 0.5),
+    ("cpu_per_cycle", "CPU per sampling cycle (idle, interval 1 s; gpumeter's whole process)", 0.5),
     ("scrape_p99", "scrape p99", 0.5),
 )
 
@@ -788,6 +788,22 @@ def nvitop_process(python: Path, stats_path: Path, driver_cost: bool = True) -> 
     return process
 
 
+def sampled_cycles(process: Process, seconds: float) -> tuple[int, float]:
+    """(cycles completed, process CPU seconds) over ``seconds`` of no scraping but a poll of
+    ``gpumeter_exporter_last_sample_timestamp_seconds`` every 0.5 s (each poll ~0.3 ms of the
+    exporter's CPU, counted against it): distinct timestamps are completed cycles."""
+    seen: set[str] = set()
+    cpu0 = cpu_seconds(process.pid)
+    deadline = time.monotonic() + seconds
+    with httpx.Client(timeout=10) as client:
+        while time.monotonic() < deadline:
+            for line in client.get(process.url).text.splitlines():
+                if line.startswith("gpumeter_exporter_last_sample_timestamp_seconds"):
+                    seen.add(line.rsplit(" ", 1)[1])
+            time.sleep(0.5)
+    return max(0, len(seen) - 1), cpu_seconds(process.pid) - cpu0
+
+
 def compare_run(python: Path, scrapes: int, nvitop_scrapes: int, idle_seconds: float) -> dict:
     """One side-by-side run: gpumeter, then nvitop-exporter, each a fresh process at interval 1 s over the
     same stand-in node and library, each call charged the driver's measured CPU (simulator/latency.py),
@@ -799,6 +815,8 @@ def compare_run(python: Path, scrapes: int, nvitop_scrapes: int, idle_seconds: f
     try:
         time.sleep(3)
         ours_idle = idle_cpu(ours, idle_seconds)
+        cycles, cpu = sampled_cycles(ours, idle_seconds)
+        ours_idle.update(cycles=cycles, cpu_ms_per_cycle=round(cpu * 1000 / cycles, 2) if cycles else None)
         ours_run = scrape_run(ours, scrapes, max(1, scrapes // 10))
         ours_run.pop("last_text", None)
         result["gpumeter"] = {"idle": ours_idle, "scrapes": ours_run}
@@ -838,13 +856,20 @@ def compare_run(python: Path, scrapes: int, nvitop_scrapes: int, idle_seconds: f
         "cycle_thread_cpu": summary_ms(stats.get("cycle_cpu_seconds", [])[2:]),  # the first warm caches
     }
     g, n = result["gpumeter"], result["nvitop"]
+    # gpumeter: its whole process's CPU per completed cycle; nvitop-exporter: its collection thread's
+    # CPU per cycle, as the launcher times it (its other threads idle): gpumeter's side is the larger.
     values = {
         "rss": (g["scrapes"]["rss_final_mib"], n["scrapes"]["rss_final_mib"]),
-        "cpu_per_cycle": (g["idle"]["cpu_ms_per_second"], n["idle"]["cpu_ms_per_second"]),
+        "cpu_per_cycle": (g["idle"]["cpu_ms_per_cycle"], n["cycle_thread_cpu"].get("mean_ms")),
         "scrape_p99": (g["scrapes"]["latency"]["p99_ms"], n["scrapes"]["latency"]["p99_ms"]),
     }
     result["axes"] = {
-        axis: {"gpumeter": a, "nvitop": b, "ratio": round(a / b, 3) if b else None, "bound": bound}
+        axis: {
+            "gpumeter": a,
+            "nvitop": b,
+            "ratio": round(a / b, 3) if a is not None and b else None,
+            "bound": bound,
+        }
         for (axis, _, bound), (a, b) in ((spec, values[spec[0]]) for spec in NVITOP_AXES)
     }
     result["loadavg_at_end"] = loadavg()
