@@ -1,6 +1,6 @@
 """What the profiling collectors (GPM, NVLink traffic, video engines) and dcgm naming cost on the 8xH100
 MIG node: NVML calls, CPU per sampling cycle and series, with the new collectors off and on, and under
---naming dcgm (docs/performance.md, "Profiling metrics and dcgm mode"). A measurement, not a test.
+--naming dcgm (docs/performance.md, "Figures not re-measured"; the full table in its log). A measurement, not a test.
 
     .venv/bin/python -m tests.bench_profiling
 """

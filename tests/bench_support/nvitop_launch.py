@@ -42,6 +42,11 @@ def main() -> int:
     )
     parser.add_argument("--fleet", default="h100-mig")
     parser.add_argument("--stats", required=True, help="JSON file the launcher keeps up to date")
+    parser.add_argument(
+        "--driver-cost",
+        action="store_true",
+        help="charge each call the driver's measured cost, as gpumeter's exporter is charged (simulator/latency.py)",
+    )
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="-- then nvitop-exporter's arguments")
     args = parser.parse_args()
     exporter_args = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -52,6 +57,7 @@ def main() -> int:
     import gpumeter.exporter.simulator
     from gpumeter.exporter.simulator.device import SimulatedNode
     from gpumeter.exporter.simulator.fleet import load_fleet
+    from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
     from gpumeter.exporter.simulator.nvml import SimulatedNvml
 
     missing: Counter[str] = Counter()
@@ -68,7 +74,7 @@ def main() -> int:
                 raise
 
     node = SimulatedNode(load_fleet(args.fleet), clock=time.time)
-    lib = RecordingNvml(node)
+    lib = RecordingNvml(node, latency=CALL_LATENCY_S if args.driver_cost else None)
     with pynvml.libLoadLock:
         pynvml.nvmlLib = lib
         pynvml._nvmlGetFunctionPointer_cache = {}
