@@ -368,6 +368,41 @@ def build() -> d.Dashboard:
             unit="ops",
         ),
     )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "PCIe link: generation and width against the maximum",
+            [
+                Query(g("nvidia_gpu_pcie_link_generation"), f"{GPU_LEGEND} gen"),
+                Query(g("nvidia_gpu_pcie_link_max_generation"), f"{GPU_LEGEND} max gen"),
+                Query(g("nvidia_gpu_pcie_link_width"), f"{GPU_LEGEND} width"),
+                Query(g("nvidia_gpu_pcie_link_max_width"), f"{GPU_LEGEND} max width"),
+            ],
+            description="A link below its maximum while the GPU is busy has trained down (GpuPcieLinkDegraded); "
+            "an idle GPU may lower its generation to save power, which the alert leaves out.",
+            unit="short",
+            overrides=[dashed("/.* max .*/")],
+        ),
+    )
+    layout.panel(
+        ts,
+        PanelSpec(
+            "PCIe utilization of the link's bandwidth",
+            [
+                Query(
+                    g(
+                        f"nvidia_gpu_pcie_{way}_bytes_per_second / on (uuid) nvidia_gpu_pcie_link_bandwidth_bytes_per_second"
+                    ),
+                    f"{GPU_LEGEND} {way}",
+                )
+                for way in ("tx", "rx")
+            ],
+            description="Each direction's bytes per second over what the link carries per direction at its "
+            "current generation and width (nvidia_gpu_pcie_link_bandwidth_bytes_per_second); the busier "
+            "one is uuid:nvidia_gpu_pcie_utilization:ratio.",
+            unit="percentunit",
+        ),
+    )
 
     layout.row("NVLink")
     layout.panel(
