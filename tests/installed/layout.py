@@ -169,9 +169,10 @@ class Layout:
                 lambda: _has(f"http://127.0.0.1:{ksm}/metrics", "kube_pod_"), "kube-state-metrics series"
             )
             wait_for(lambda: _has(f"http://127.0.0.1:{volcano}/metrics", "volcano_queue_"), "volcano series")
-            pods = wait_for(
-                lambda: _has(f"http://127.0.0.1:{kube_api}/api/v1/pods", '"PodList"'), "a PodList"
+            node_pods = (
+                f"http://127.0.0.1:{kube_api}/api/v1/pods?fieldSelector=spec.nodeName=gpu-shared-frac-01"
             )
+            pods = wait_for(lambda: _has(node_pods, '"PodList"'), "a node's PodList")
             assert '"uid"' in pods and "containerID" in pods, "pods without UIDs or container IDs"
             wait_for(
                 lambda: _has(f"http://127.0.0.1:{dcgm}/metrics", "DCGM_FI_PROF_"), "DCGM profiling series"
