@@ -5,7 +5,6 @@ and Ctrl-C stops it all."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumeter.dashboards.build import GENERATED
 from gpumeter.exporter.simulator.fleet import load_fleet
 from tests.dashboards.promql import queries, substitute
+from tests.installed.layout import free_offset as layout_free_offset
 from tests.reports.helpers import html_tables
 from tests.support.servers import require_binary
 
@@ -31,21 +31,9 @@ FLEETS = ("h100-mig", "a100-mixed", "shared-modes")  # deploy/demo.py's
 
 
 def free_offset() -> int:
-    """A --port-offset whose every port is free: clear of a developer's own running demo, and of the
-    same test running in another checkout at the same time (a fixed offset made them collide)."""
-    import socket
-
-    from gpumeter.deploy.demo import PORTS
-
-    for offset in range(20000, 50000, 1000):
-        with contextlib.ExitStack() as stack:
-            socks = [stack.enter_context(socket.socket()) for _ in PORTS]
-            if all(
-                sock.connect_ex(("127.0.0.1", port + offset)) != 0
-                for sock, port in zip(socks, PORTS.values(), strict=True)
-            ):
-                return offset
-    raise AssertionError("no free port offset for the demo between 20000 and 50000")
+    """A --port-offset whose every port is free, searched from 20000 (tests/installed/layout.py's from
+    21000, so the two demos of one run do not pick the same)."""
+    return layout_free_offset(start=20000)
 
 
 def processes_mentioning(text: str) -> list[str]:

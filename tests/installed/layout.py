@@ -347,11 +347,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def free_offset() -> int:
-    """A --port-offset for the demo whose every port is free."""
+def free_offset(start: int = 21000) -> int:
+    """A --port-offset for the demo whose every port is free: clear of a developer's own running demo,
+    and of another demo started beside it (tests/demo starts its search at 20000, this one at 21000)."""
     from gpumeter.deploy.demo import PORTS  # the demo runs on this interpreter's gpumeter
 
-    for offset in range(21000, 50000, 1000):
+    for offset in range(start, 50000, 1000):
         with contextlib.ExitStack() as stack:
             socks = [stack.enter_context(socket.socket()) for _ in PORTS]
             if all(
