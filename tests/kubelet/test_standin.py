@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -122,25 +121,14 @@ def test_add_parser_wires_simulate_kubelet():
     assert args.socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
-RUNNER = (
-    "import argparse, sys\n"
-    "from exporter.simulator.kubelet import add_parser\n"
-    "p = argparse.ArgumentParser()\n"
-    "add_parser(p.add_subparsers())\n"
-    "a = p.parse_args(sys.argv[1:])\n"
-    "sys.exit(a.func(a))\n"
-)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_runs_until_signalled(sock, sig):
     proc = subprocess.Popen(
-        [sys.executable, "-c", RUNNER, "kubelet", "--fleet", "a100-mixed", "--socket", sock],
-        cwd=ROOT,
+        # the command as users run it (it once ran the checkout's exporter/ under a bare name)
+        [sys.executable, "-m", "gpumeter", "simulate", "kubelet", "--fleet", "a100-mixed", "--socket", sock],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         deadline = time.monotonic() + 30
