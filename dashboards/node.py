@@ -387,20 +387,11 @@ def build() -> d.Dashboard:
     layout.panel(
         ts,
         PanelSpec(
-            "PCIe utilization of the link's bandwidth",
-            [
-                Query(
-                    g(
-                        f"nvidia_gpu_pcie_{way}_bytes_per_second / on (uuid) nvidia_gpu_pcie_link_bandwidth_bytes_per_second"
-                    ),
-                    f"{GPU_LEGEND} {way}",
-                )
-                for way in ("tx", "rx")
-            ],
-            description="Each direction's bytes per second over what the link carries per direction at its "
-            "current generation and width (nvidia_gpu_pcie_link_bandwidth_bytes_per_second); the busier "
-            "one is uuid:nvidia_gpu_pcie_utilization:ratio.",
-            unit="percentunit",
+            "PCIe link bandwidth per direction",
+            [Query(g("nvidia_gpu_pcie_link_bandwidth_bytes_per_second"), GPU_LEGEND)],
+            description="What the link carries per direction at its current generation and width; the "
+            "busier direction's share of it is uuid:nvidia_gpu_pcie_utilization:ratio.",
+            unit="Bps",
         ),
     )
 
