@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
@@ -883,3 +885,10 @@ def load_fleet(path: str | Path) -> Fleet:
     except yaml.YAMLError as exc:
         raise FleetError(f"{candidate}: malformed YAML: {exc}") from None
     return parse_fleet(data, source=str(candidate))
+
+
+def scaled_clock(speed: float) -> tuple[float, Callable[[], float]]:
+    """Now, and a clock that runs ``speed`` simulated seconds per real second from now: the stand-ins'
+    ``--speed``."""
+    t0 = time.time()
+    return t0, lambda: t0 + (time.time() - t0) * speed

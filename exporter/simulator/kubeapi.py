@@ -45,7 +45,7 @@ from gpumeter.exporter.kubernetes.fractional import (
 from gpumeter.process import stop_on_signals, wait_until_set
 
 from .dra import claim_object, resource_slice
-from .fleet import Fleet, FleetError, NodeSpec, PodSpec, load_fleet
+from .fleet import Fleet, FleetError, NodeSpec, PodSpec, load_fleet, scaled_clock
 from .metrics_server import listen_address
 from .processes import container_id, pod_uid, runtime_scheme
 
@@ -357,12 +357,7 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print(f"{command}: --speed must be positive", file=sys.stderr)
         return 2
-    t0 = time.time()
-    speed = args.speed
-
-    def clock() -> float:
-        return t0 + (time.time() - t0) * speed
-
+    t0, clock = scaled_clock(args.speed)
     stop = threading.Event()
     previous = stop_on_signals(stop)
     api = StandInKubeApi(fleet, clock=clock, start=t0, listen=listen)

@@ -56,7 +56,7 @@ from gpumeter.exporter.kubelet.client import DEFAULT_SOCKET
 from gpumeter.process import stop_on_signals, wait_until_set
 
 from . import dra
-from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet
+from .fleet import Fleet, FleetError, GpuSpec, NodeSpec, PodDevice, load_fleet, scaled_clock
 
 __all__ = ["StandInKubelet", "add_parser", "device_id", "resource_name", "run"]
 
@@ -353,12 +353,7 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print("gpumeter simulate kubelet: --speed must be positive", file=sys.stderr)
         return 2
-    t0 = time.time()
-    speed = args.speed
-
-    def clock() -> float:
-        return t0 + (time.time() - t0) * speed
-
+    t0, clock = scaled_clock(args.speed)
     stop = threading.Event()
     previous = stop_on_signals(stop)
     kubelet = StandInKubelet(fleet, node, args.socket, clock=clock, start=t0)
