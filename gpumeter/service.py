@@ -33,7 +33,7 @@ from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.base import Actor, LedgerError
-from gpumeter.billing.ledger.sqlalchemy import SqlLedger, one_line
+from gpumeter.billing.ledger.sqlalchemy import SqlLedger, create_table, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector, family
 from gpumeter.billing.prom import open_client
@@ -245,8 +245,10 @@ def build_app(
 def build_scheduler(
     ledger: SqlLedger, settings: Settings, *, catch_up_now: bool = True
 ) -> BackgroundScheduler:
+    store = SQLAlchemyJobStore(engine=ledger.engine)
+    create_table(ledger.engine, store.jobs_t)  # under the migrations' lock: replicas start together
     scheduler = BackgroundScheduler(
-        jobstores={"default": SQLAlchemyJobStore(engine=ledger.engine)},
+        jobstores={"default": store},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
         timezone=UTC,
     )
@@ -306,8 +308,8 @@ def serve(
     except web.ListenError:
         ledger.close()
         raise
-    scheduler = build_scheduler(ledger, settings)
     try:
+        scheduler = build_scheduler(ledger, settings)  # creates the job store's table
         scheduler.start()  # stores the jobs: the database can refuse
     except Exception:
         # a listener left up with no schedule would say "starting" for ever; exit, to be restarted

@@ -26,6 +26,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import (
     BigInteger,
+    Connection,
     Engine,
     Float,
     bindparam,
@@ -38,6 +39,7 @@ from sqlalchemy import (
     literal_column,
     make_url,
     select,
+    Table,
     text,
     update,
 )
@@ -289,6 +291,27 @@ def _hour_lock_key(hour: datetime) -> int:
     return _HOUR_LOCK_SPACE | int(hour.timestamp()) // 3600
 
 
+@contextlib.contextmanager
+def _schema_change(engine: Engine) -> Iterator[Connection]:
+    """A transaction that holds the database's schema lock: two processes changing one empty
+    database at once would both create the tables; the second waits here and then finds them."""
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # PostgreSQL's DDL is transactional: the second finds the schema the first committed
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+        elif connection.dialect.name == "sqlite":
+            # the same on SQLite: the file's write lock, taken before anything reads the schema, so
+            # the second process waits (the busy timeout). pysqlite would begin only at the first
+            # write, after both had read "no version" (issue 42)
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            except OperationalError as exc:
+                if not permanent(exc):
+                    raise
+                # a read-only ledger (reports, audits): readable if at head; a change it needs fails
+        yield connection
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Run the Alembic migrations programmatically on ``engine``."""
     migration_log = logging.getLogger("alembic")
@@ -296,24 +319,17 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         migration_log.setLevel(logging.WARNING)
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # two processes migrating one empty database at once would both create the tables; the
-            # second waits here and then finds the schema at head (PostgreSQL's DDL is transactional)
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
-        elif connection.dialect.name == "sqlite":
-            # the same on SQLite: the file's write lock, taken before Alembic reads the version, so
-            # the second process waits (the busy timeout) and finds the schema at head. pysqlite
-            # would begin only at the first write, after both had read "no version" (issue 42)
-            try:
-                connection.exec_driver_sql("BEGIN IMMEDIATE")
-            except OperationalError as exc:
-                if not permanent(exc):
-                    raise
-                # a read-only ledger (reports, audits): readable if at head; a migration it needs fails
-
+    with _schema_change(engine) as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+
+
+def create_table(engine: Engine, table: Table) -> None:
+    """Create ``table`` unless it exists, under the same lock as the migrations. For a library's own
+    table kept in the ledger's database (APScheduler's job store), whose create-if-missing two
+    replicas starting on an empty database would race ("table apscheduler_jobs already exists")."""
+    with _schema_change(engine) as connection:
+        table.create(connection, checkfirst=True)
 
 
 def _shown(engine: Engine) -> str:
