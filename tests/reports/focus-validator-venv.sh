@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) .venv-focus/: focus-validator for tests/reports/test_focus.py, on Python 3.12
+# Creates (or refreshes) .venv-focus/: focus-validator for tests/reports/focus_checks.py, on Python 3.12
 # (it needs >= 3.12; the project's .venv may be 3.11). Idempotent: does nothing while the stamp is
 # newer than the requirements. Called by `make test`'s setup; FOCUS_VENV overrides the location,
 # PYTHON312 the interpreter (default: python3.12 on PATH, else pyenv's newest 3.12).

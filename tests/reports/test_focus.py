@@ -1,20 +1,11 @@
 """The FOCUS 1.2 export: the project's own schema check (which must catch what focus-validator is
-known to miss, docs/reports.md "FOCUS mapping"), and the FinOps Foundation's focus-validator itself.
-
-focus-validator 2.x needs Python >= 3.12 (the project runs on 3.11), so it lives in its own virtual
-environment, .venv-focus/ (FOCUS_VENV overrides), installed by tests/reports/focus-validator-venv.sh
-(`make test`'s setup). Where it is missing the test fails, naming the script; it never skips. The rules
-model it ships is FOCUS 1.2's (model 1.2.0.1; 1.3's is downloaded at run time, which the test forbids
-with --block-download), so it validates the 1.2 export; test_focus13.py checks the 1.3 export.
-"""
+known to miss, docs/reports.md "FOCUS mapping"), and the FinOps Foundation's focus-validator itself
+(tests/reports/focus_checks.py: its own Python 3.12 environment, offline, never skipped)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import os
-import subprocess
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -22,16 +13,7 @@ import pytest
 from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from gpumeter.reports.render import RenderOptions, render
-from tests.support import needs
-
-ROOT = Path(__file__).resolve().parents[2]
-FOCUS_VENV = Path(os.environ.get("FOCUS_VENV", ROOT / ".venv-focus"))
-# focus-validator 2.2.1 with model 1.2.0.1: InvoiceId-C-004-C ("MUST be null when the charge is not
-# associated either with an invoice or with a pre-generated provisional invoice") and -005-C ("MUST
-# NOT be null when the charge is associated with ...") both have an empty Condition, so each is
-# checked on every row and one of them always fails; the export's InvoiceId names the period's
-# invoice, which satisfies the spec's text and -005-C (docs/reports.md, "focus-validator").
-KNOWN_VALIDATOR_FAILURES = {"InvoiceId-C-004-C"}
+from tests.reports.focus_checks import KNOWN_VALIDATOR_FAILURES, validate_12
 
 
 def _focus_file(ledger, tmp_path) -> Path:
@@ -100,80 +82,11 @@ def test_own_check_passes_the_export_and_catches_what_the_validator_misses(worke
     ]
 
 
-def _validator() -> Path:
-    needs.require("focus_validator")
-    program = FOCUS_VENV / "bin" / "focus-validator"
-    if not program.exists():
-        pytest.fail(
-            f"{program} is missing; run `bash tests/reports/focus-validator-venv.sh` (make test does) "
-            "— never skipped",
-            pytrace=False,
-        )
-    return program
-
-
 @pytest.mark.focus_validator
 def test_focus_validator_passes_the_12_export(worked_ledger, tmp_path, record_property):
     path = _focus_file(worked_ledger, tmp_path)
     assert focus.check_file(path) == []  # our own check too
-    program = _validator()
-    package = subprocess.run(
-        [
-            str(program.parent / "python"),
-            "-c",
-            "import focus_validator, os; print(os.path.dirname(focus_validator.__file__))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    supported = subprocess.run(
-        [str(program), "--supported-versions", "--block-download"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert "1.2" in supported.stdout, supported.stdout + supported.stderr
-    # it loads currency codes from a path relative to the working directory (focus_validator/rules/
-    # currency_codes.csv): run it beside a link to the installed package; its bundled rules, offline
-    workdir = tmp_path / "validator"
-    workdir.mkdir()
-    (workdir / "focus_validator").symlink_to(package)
-    junit = workdir / "focus.xml"
-    proc = subprocess.run(
-        [
-            str(program),
-            "--data-file",
-            str(path),
-            "--validate-version",
-            "1.2",
-            "--block-download",
-            "--rule-set-path",
-            str(Path(package) / "rules"),
-            "--output-type",
-            "unittest",
-            "--output-destination",
-            str(junit),
-        ],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    # its exit code is 0 even when rules fail: read the JUnit XML
-    assert junit.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    root = ET.parse(junit).getroot()
-    assert int(root.get("tests", "0")) >= 500
-    failed, passed = set(), 0
-    for case in root.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.add(case.get("name", "").split(" :: ")[0])
-        elif case.find("skipped") is None:
-            passed += 1
-    record_property(
-        "focus_validator", f"{root.get('tests')} rules, {passed} passed, failed: {sorted(failed)}"
-    )
-    assert passed >= 100, passed
-    assert failed == KNOWN_VALIDATOR_FAILURES, sorted(failed)
+    outcome = validate_12(path, tmp_path / "validator")
+    record_property("focus_validator", str(outcome))
+    assert outcome.rules >= 500 and outcome.passed >= 100, outcome
+    assert outcome.failed == KNOWN_VALIDATOR_FAILURES, outcome

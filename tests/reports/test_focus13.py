@@ -1,12 +1,6 @@
 """The FOCUS 1.3 export, checked by the project's own schema test against the 1.3 column definitions
-as the spec's public text states them (tests/reports/data/focus-1.3-columns.json names the repository,
-ref and path of each), and the split cost allocation of docs/billing.md's worked examples (a) and (b)
-read back from it to the cent.
-
-focus-validator cannot check 1.3 here: the rules model it ships is 1.2's and 1.3's is downloaded at
-run time (test_focus.py). This test reads the definitions, not reports/focus.py's own tables, so a
-mistake copied into both would still be caught by one of them.
-"""
+as the spec's public text states them (tests/reports/focus_checks.py), and the split cost allocation of
+docs/billing.md's worked examples (a) and (b) read back from it to the cent."""
 
 from __future__ import annotations
 
@@ -14,8 +8,6 @@ import csv
 import dataclasses
 import io
 import json
-import re
-from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 
@@ -25,113 +17,15 @@ from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from gpumeter.reports.render import render
 from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour
+from tests.reports.focus_checks import COLUMNS, rows_of, schema_problems
 
-DEFINITIONS = json.loads((Path(__file__).parent / "data" / "focus-1.3-columns.json").read_text())
-COLUMNS = DEFINITIONS["columns"]
 NOVEMBER = month_period("2026-11")
 FIRST_HOUR = "2026-11-01T00:00:00Z"
-_DECIMAL = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
-_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 
 
 def _export(ledger, tmp_path, grain: str = "day") -> Path:
     render(build_report(ledger, NOVEMBER, "team", grain=grain), tmp_path, ("focus",))
     return tmp_path / "gpumeter-2026-11-focus-1.3.csv"
-
-
-def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    reader = csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8"), newline=""))
-    rows = list(reader)
-    return list(reader.fieldnames or []), rows
-
-
-def _details_problems(value: str, spec: dict) -> list[str]:
-    """The AllocatedMethodDetails object's rules as its definition states them."""
-    doc = json.loads(value)
-    shape = spec["object"]
-    if not isinstance(doc, dict) or not isinstance(doc.get("Elements"), list) or not doc["Elements"]:
-        return ["Elements must be a non-empty array"]
-    problems = [
-        f"root key {k}" for k in doc if k != "Elements" and not k.startswith(shape["custom_key_prefix"])
-    ]
-    for element in doc["Elements"]:
-        for key in shape["element_required"]:
-            if not isinstance(element.get(key), int | float):
-                problems.append(f"{key} must be numeric")
-        if shape["usage_unit_required_with"] in element and not isinstance(element.get("UsageUnit"), str):
-            problems.append("UsageUnit must be given with UsageQuantity")
-        known = set(shape["element_required"]) | set(shape["element_optional"])
-        problems += [f"element key {k}" for k in element if k not in known and not k.startswith("x_")]
-    return problems
-
-
-def schema_problems(path: Path) -> list[str]:
-    """Every departure of a 1.3 export from the definitions: columns, types, nulls, allowed values,
-    the allocation columns' rules, and AllocatedRatio summing to 1 per origin charge."""
-    header, rows = _rows(path)
-    problems = [f"header: {c} missing" for c in COLUMNS if c not in header]
-    problems += [
-        f"header: {c} is no FOCUS 1.3 column" for c in header if not c.startswith("x_") and c not in COLUMNS
-    ]
-    ratios: dict[tuple, float] = defaultdict(float)
-    for number, row in enumerate(rows, start=2):
-
-        def bad(column: str, what: str, row=row, number=number) -> None:
-            problems.append(f"row {number}: {column}: {what} (value {row.get(column)!r})")
-
-        for name, spec in COLUMNS.items():
-            value = row.get(name, "")
-            if value == "":
-                if not spec["allows_nulls"]:
-                    bad(name, "null")
-                continue
-            kind = spec["data_type"]
-            if kind == "Decimal" and not _DECIMAL.fullmatch(value):
-                bad(name, "not a decimal")
-            elif kind == "Date/Time" and not _DATETIME.fullmatch(value):
-                bad(name, "not a UTC date-time")
-            elif kind == "JSON" and not isinstance(json.loads(value), dict):
-                bad(name, "not a JSON object")
-            allowed = spec.get("allowed_values")
-            if isinstance(allowed, dict):
-                allowed = allowed.get(row.get("ServiceCategory", ""), [])
-            if allowed is not None and value not in allowed:
-                bad(name, "not an allowed value")
-        split = row["AllocatedMethodId"] != ""
-        if (row["AllocatedMethodDetails"] != "") != split:
-            bad("AllocatedMethodDetails", "null exactly when AllocatedMethodId is")
-        if (row["AllocatedResourceName"] != "") != (row["AllocatedResourceId"] != ""):
-            bad("AllocatedResourceName", "null exactly when AllocatedResourceId is")
-        if not split and (row["AllocatedResourceId"] or row["AllocatedTags"]):
-            bad("AllocatedResourceId", "set on a charge not related to a split")
-        if (
-            split
-            and row["x_LineKind"] in ("unallocated", "stranded", "sharing_shortfall")
-            and row["AllocatedResourceId"]
-        ):
-            bad("AllocatedResourceId", "must be null on the unallocated portion")
-        if row["ContractApplied"]:
-            bad("ContractApplied", "must be null: no ContractID")
-        if row["AllocatedTags"] and set(json.loads(row["AllocatedTags"])) & set(
-            json.loads(row["Tags"] or "{}")
-        ):
-            bad("AllocatedTags", "repeats a tag of Tags")
-        if split:
-            found = _details_problems(row["AllocatedMethodDetails"], COLUMNS["AllocatedMethodDetails"])
-            for problem in found:
-                bad("AllocatedMethodDetails", problem)
-            details = json.loads(row["AllocatedMethodDetails"])
-            origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
-            if not found and origin:
-                ratios[(origin["ResourceId"], origin["ChargePeriodStart"])] += sum(
-                    e["AllocatedRatio"] for e in details["Elements"]
-                )
-    problems += [
-        f"origin {key}: AllocatedRatio sums to {total!r}"
-        for key, total in ratios.items()
-        if abs(total - 1) > 1e-9
-    ]
-    return problems
 
 
 def test_the_definitions_are_the_spec_text_named():
@@ -160,7 +54,7 @@ def test_the_13_export_meets_the_13_definitions(worked_ledger, tmp_path):
         assert schema_problems(path) == [], grain
         assert focus.check_file(path) == [], grain  # the project's own check agrees
     # and the schema test fails on what breaks the definitions
-    header, rows = _rows(path)
+    header, rows = rows_of(path)
     split = next(i for i, r in enumerate(rows) if r["AllocatedMethodId"])
     for column, value, expected in (
         ("AllocatedMethodDetails", '{"Elements": []}', "AllocatedMethodDetails: Elements must be"),
@@ -181,7 +75,7 @@ def test_the_13_export_meets_the_13_definitions(worked_ledger, tmp_path):
 
 
 def _first_hour(ledger, tmp_path, uuid: str) -> list[dict[str, str]]:
-    _header, rows = _rows(_export(ledger, tmp_path, "hour"))
+    _header, rows = rows_of(_export(ledger, tmp_path, "hour"))
     return [r for r in rows if r["x_GpuUuid"] == uuid and r["ChargePeriodStart"] == FIRST_HOUR]
 
 
@@ -189,7 +83,7 @@ def _details(row: dict[str, str]) -> dict:
     return json.loads(row["AllocatedMethodDetails"])
 
 
-def test_worked_example_a_mig_slices_as_allocated_rows(worked_ledger, tmp_path):
+def test_worked_example_a_mig_slices_as_allocatedrows_of(worked_ledger, tmp_path):
     # (a) A100-40GB at $3.00, compute weights: team-a 3g 1.28, team-b 2g 0.86 + 1g 0.43, one 1g unheld 0.43
     rows = {(r["x_LineKind"], r["x_Pod"]): r for r in _first_hour(worked_ledger, tmp_path, "GPU-a")}
     assert {k: r["BilledCost"] for k, r in rows.items()} == {
@@ -230,7 +124,7 @@ def test_worked_example_a_mig_slices_as_allocated_rows(worked_ledger, tmp_path):
     assert abs(sum(ratios) - 1) < 1e-9
 
 
-def test_worked_example_b_time_sliced_replicas_as_allocated_rows(worked_ledger, tmp_path):
+def test_worked_example_b_time_sliced_replicas_as_allocatedrows_of(worked_ledger, tmp_path):
     # (b) H100 at $6.88, time_slicing efficiency 0.75, 4 replicas: p1-p3 1.29 each, p4 (half the
     # hour) 0.65, shortfall 1.50, unallocated 0.86
     rows = {(r["x_LineKind"], r["x_Pod"]): r for r in _first_hour(worked_ledger, tmp_path, "GPU-h")}
@@ -262,7 +156,7 @@ def test_worked_example_b_time_sliced_replicas_as_allocated_rows(worked_ledger, 
 
 def test_a_gpu_held_whole_is_no_split(worked_ledger, tmp_path):
     # (c) the H100 research holds whole, then nobody: no allocation columns, team and namespace in Tags
-    _header, rows = _rows(_export(worked_ledger, tmp_path))
+    _header, rows = rows_of(_export(worked_ledger, tmp_path))
     research = [r for r in rows if r["x_GpuUuid"] == "GPU-c"]
     assert research and all(r["AllocatedMethodId"] == r["AllocatedMethodDetails"] == "" for r in research)
     tenant = next(r for r in research if r["x_LineKind"] == "tenant")
@@ -326,7 +220,7 @@ def test_every_sharing_mode_has_its_method(ledger, tmp_path):
     _shared_modes_ledger(ledger, tmp_path)
     path = _export(ledger, tmp_path / "out", "hour")
     assert schema_problems(path) == [] and focus.check_file(path) == []
-    _header, rows = _rows(path)
+    _header, rows = rows_of(path)
 
     def gpu(uuid):
         return {r["x_Pod"] or r["x_LineKind"]: r for r in rows if r["x_GpuUuid"] == uuid}
