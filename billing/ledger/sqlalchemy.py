@@ -29,6 +29,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Float,
+    Table,
     bindparam,
     case,
     cast,
@@ -39,7 +40,6 @@ from sqlalchemy import (
     literal_column,
     make_url,
     select,
-    Table,
     text,
     update,
 )
