@@ -35,9 +35,10 @@ MATURITY = ((0.9, 5), (0.8, 4), (0.5, 3), (0.3, 2))
 UTILIZATION_GOAL = 0.8  # seed 000: from 40-50 % to about 80 %
 
 # XID classes as the alerts class them (alerts/gpumeter-alerts.yaml, group gpumeter-xid), from NVIDIA's
-# Xid catalog (docs/nvml.md §13): critical = needs a GPU reset or node reboot; application = the
-# application's fault, the GPU stays healthy; every other code is a hardware or driver XID.
-CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143})
+# Xid catalog (docs/nvml.md §13): critical = needs a GPU reset or node reboot (the contract's list, which
+# GpuXidCritical and `doctor --check` share); application = the application's fault, the GPU stays
+# healthy; every other code is a hardware or driver XID.
+CRITICAL_XIDS = contract.CRITICAL_XIDS
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 69})
 XID_CLASSES = ("critical", "hardware", "application")
 FALLEN_OFF_THE_BUS = 79
