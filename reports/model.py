@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from gpumeter import contract
 from gpumeter.billing.config import Budget
-from gpumeter.billing.ledger.base import Ledger, LineTotal, PriceVersionRecord, SharedUse
+from gpumeter.billing.ledger.base import AuditRecord, Ledger, LineTotal, PriceVersionRecord, SharedUse
 from gpumeter.billing.models import (
     PLATFORM_KINDS,
     PLATFORM_NAMES,
@@ -318,6 +318,56 @@ class IngestSummary:
         }
 
 
+@dataclass(frozen=True)
+class BilledChange:
+    """One command's changes to hours of the period that were billed before it ran: a re-price or a
+    re-ingest, from the ledger's audit (docs/billing.md §6.6). A report read after it differs from one
+    read before, and says so: who, when, why, how many hours, the total before and after."""
+
+    at: datetime  # when its first change was written
+    command: str
+    operator: str
+    reason: str
+    hours: int
+    old_total: Decimal
+    new_total: Decimal
+    currency: str
+
+    def as_dict(self) -> dict:
+        # the totals of rounded hourly lines (docs/billing.md §5): exact in the currency's minor unit
+        unit = Decimal(1).scaleb(-minor_unit(self.currency))
+        return {
+            "at": _iso(self.at),
+            "command": self.command,
+            "operator": self.operator,
+            "reason": self.reason,
+            "hours": self.hours,
+            "old_total": str(self.old_total.quantize(unit)),
+            "new_total": str(self.new_total.quantize(unit)),
+            "currency": self.currency,
+        }
+
+
+def billed_changes(records: list[AuditRecord]) -> list[BilledChange]:
+    """The audit records of a period, one row per run that wrote them (per currency), oldest first."""
+    runs: dict[tuple[str, str], list[AuditRecord]] = {}
+    for record in sorted(records, key=lambda r: r.id):
+        runs.setdefault((record.run, record.currency), []).append(record)
+    return [
+        BilledChange(
+            at=group[0].at if group[0].at.tzinfo else group[0].at.replace(tzinfo=UTC),
+            command=group[0].command,
+            operator=group[0].operator,
+            reason=group[0].reason,
+            hours=len({r.hour for r in group}),
+            old_total=sum((r.old_total for r in group), ZERO),
+            new_total=sum((r.new_total for r in group), ZERO),
+            currency=currency,
+        )
+        for (_run, currency), group in runs.items()
+    ]
+
+
 @dataclass
 class BudgetRow:
     """A team's monthly budget against what its lines of the month cost (docs/billing.md §4.4):
@@ -440,6 +490,8 @@ class Report:
     budgets: list[BudgetRow] = field(default_factory=list)
     # per charge bucket, the holdings of the GPU-hours whose cost was split (read_splits); None: not read
     splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None = None
+    # changes to the period's billed hours after they were first billed (re-prices, re-ingests)
+    billed_changes: list[BilledChange] = field(default_factory=list)
 
     @property
     def exponent(self) -> int:
@@ -726,6 +778,7 @@ def build_report(
             for (namespace, claim), (modes, holders) in sorted(by_claim.items())
         ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
+        billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
         splits=read_splits(ledger, period, grain) if splits else None,
     )
 

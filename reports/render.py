@@ -401,6 +401,8 @@ def json_text(report: Report) -> str:
     doc = report_dict(report)
     if report.budgets:  # only with budgets: a report without keeps its bytes
         doc["budgets"] = [_budget(report, row) for row in report.budgets]
+    if report.billed_changes:  # likewise only for a period changed after billing
+        doc["provenance"]["billed_hours_changed"] = [c.as_dict() for c in report.billed_changes]
     return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 

@@ -10,6 +10,7 @@ A re-price started while an ingest runs waits for it, and the hours end as the r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -153,6 +154,22 @@ def test_a_re_price_is_audited_and_listed_with_old_and_new_totals(prometheus, db
         and "-> 14.82 USD ('contract renegotiated')" in rows[4]
     )
 
+    # the month's report says its hours were re-priced after billing: who, why, the totals (issue 42)
+    assert _report_changes(db, tmp_path / "after-price") == [
+        {
+            "at": records[0].at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "price",
+            "operator": records[0].operator,
+            "reason": "contract renegotiated",
+            "hours": 3,
+            "old_total": "29.64",
+            "new_total": "14.82",
+            "currency": "USD",
+        }
+    ]
+    page = (tmp_path / "after-price" / "gpumeter-2026-11-by-team.html").read_text()
+    assert "<strong>Changed after billing:</strong>" in page and "29.64 → 14.82 USD" in page
+
     again = _billing("price", *_db_args(db), "--prices", str(book_b), *_span())
     assert again.returncode == 0 and "changed" not in again.stderr
     assert len(_audit(db)) == 3  # the same totals: nothing changed, nothing recorded
@@ -163,6 +180,22 @@ def test_a_re_price_is_audited_and_listed_with_old_and_new_totals(prometheus, db
     assert [(r.command, r.old_total, r.new_total, r.reason) for r in _audit(db)[3:]] == [
         ("ingest", D("4.94"), D("9.88"), "undo")
     ] * 3
+    changes = _report_changes(db, tmp_path / "after-undo")
+    assert [(c["command"], c["hours"], c["old_total"], c["new_total"], c["reason"]) for c in changes] == [
+        ("price", 3, "29.64", "14.82", "contract renegotiated"),
+        ("ingest", 3, "14.82", "29.64", "undo"),
+    ]
+
+
+def _report_changes(db, out) -> list[dict]:
+    """What `gpumeter report` (JSON and HTML) says of the month's hours changed after billing."""
+    url, schema = db
+    argv = [sys.executable, "-m", "gpumeter", "report", "--db", url, "--period", "2026-11"]
+    argv += [*(["--db-schema", schema] if schema else []), "--format", "json,html", "--out", str(out)]
+    done = subprocess.run([*argv, "--no-record"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((out / "gpumeter-2026-11-by-team.json").read_text())
+    return doc["provenance"].get("billed_hours_changed", [])
 
 
 def test_a_book_in_another_currency_is_refused_on_a_ledgers_months(prometheus, db, tmp_path):
