@@ -91,8 +91,24 @@ def register(subparsers) -> None:
         action="store_true",
         help="write CSV and FOCUS text cells exactly, those starting with = + - @ too (default: prefixed with ')",
     )
+    parser.add_argument(
+        "--spare-policy",
+        type=_share,
+        default=None,
+        help="health report: the share of each pool's GPUs to keep spare, 0..1 (default 0.10, seed 002)",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not record the run in report_runs")
     parser.set_defaults(func=cmd_report)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1 (value {text!r})")
+    return value
 
 
 def missing_sqlite_file(url: str) -> str | None:
@@ -216,7 +232,14 @@ def _health(args, ledger, period, now: datetime) -> int:
     try:
         with open_client(args.prometheus) as client:
             report, files, _ = health_render.generate(
-                client, ledger, period, args.formats, args.out, now=now, record=not args.no_record
+                client,
+                ledger,
+                period,
+                args.formats,
+                args.out,
+                now=now,
+                record=not args.no_record,
+                spare_policy=args.spare_policy,
             )
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -56,6 +56,7 @@ RECENT = timedelta(days=7)
 # A tenant line is waste when its hour's mean utilization is below the threshold GpuAllocatedButIdle
 # uses (alerts/gpumeter-alerts.yaml, group gpumeter-waste).
 IDLE_BELOW = 0.05
+SPARE_POLICY = 0.10  # seed 002: keep 10 % of each pool as hot spare (cluster:gpumeter_spare_policy:ratio)
 THERMAL_REASONS = ("sw_thermal", "hw_thermal")
 MIG_SLICES = {"A30": 4}  # compute slices of a GPU in MIG mode: 4 on an A30, 7 on the others
 RANGE_STEP_S = 300  # range queries: every 5 minutes, Prometheus' default lookback, so no sample is skipped
@@ -241,6 +242,38 @@ class Incidents:
 
 
 @dataclass
+class PoolCapacity:
+    """A pool's capacity over the period, from the ledger's hourly lines (docs/reports.md, "Pool
+    capacity"): every GPU-hour billing priced is a GPU in service that hour; its tenant lines' GPU-hours
+    (whole-GPU equivalents: a 3g slice of a 7-slice GPU is 3/7) are what was held. A GPU is spare in an
+    hour when nothing on it was held: a GPU holding one MIG instance is not, so fragmented MIG capacity
+    never counts as spare; its free slices count in the headroom."""
+
+    policy: float  # the spare share the pool should keep
+    gpu_hours: int = 0  # GPU-hours billed
+    held: Decimal = Decimal(0)  # GPU-hours held by tenants
+    hours: int = 0  # hours with any of the pool's GPUs billed
+    spare_gpu_hours: int = 0  # over those hours, GPUs nothing was held on
+    min_spare: int | None = None  # the fewest spare GPUs in any of those hours
+    hours_below_policy: int = 0  # hours whose spare GPUs were under policy x the GPUs billed
+
+    def add_hour(self, billed: int, spare: int) -> None:
+        self.hours += 1
+        self.spare_gpu_hours += spare
+        self.min_spare = spare if self.min_spare is None else min(self.min_spare, spare)
+        self.hours_below_policy += spare < self.policy * billed
+
+    @property
+    def headroom(self) -> float | None:
+        """The share of the billed GPU-hours not held (fragmented MIG slices included)."""
+        return 1 - float(self.held) / self.gpu_hours if self.gpu_hours else None
+
+    @property
+    def mean_spare(self) -> float | None:
+        return self.spare_gpu_hours / self.hours if self.hours else None
+
+
+@dataclass
 class TeamHealth:
     team: str
     currency: str
@@ -272,6 +305,8 @@ class HealthReport:
     gpus: list[GpuHealth]
     teams: list[TeamHealth]
     node_outages: list[NodeOutages] = field(default_factory=list)
+    capacity: dict[str, PoolCapacity] = field(default_factory=dict)  # pool -> its capacity (the ledger's)
+    spare_policy: float = SPARE_POLICY
 
     def by(self, key) -> list[tuple[str, Incidents]]:
         groups: dict[str, Incidents] = defaultdict(Incidents)
@@ -552,44 +587,74 @@ def read_devices(client: PrometheusClient | ReplicaSetClient, period: Period) ->
 # --- reading the ledger -------------------------------------------------------------------------------
 
 
-def read_teams(ledger: Ledger, period: Period) -> tuple[str, list[TeamHealth]]:
-    """Per team, from the ledger's hourly tenant lines: GPU-hours and cost held, utilization where it
-    is known, and the waste: GPU-hours of lines whose hour's utilization was below IDLE_BELOW, and
-    what they cost."""
+def read_ledger(
+    ledger: Ledger, period: Period, pool_of: dict[str, str] | None = None, policy: float = SPARE_POLICY
+) -> tuple[str, list[TeamHealth], dict[str, PoolCapacity]]:
+    """One pass over the period's hourly lines. Per team, from its tenant lines: GPU-hours and cost
+    held, utilization where it is known, and the waste: GPU-hours of lines whose hour's utilization was
+    below IDLE_BELOW, and what they cost. Per pool (``pool_of``: GPU UUID -> pool, for the GPUs
+    Prometheus saw; a GPU it did not see pools by the price book's model name its lines carry), its
+    capacity (PoolCapacity)."""
+    pool_of = pool_of or {}
     teams: dict[str, TeamHealth] = {}
+    capacity: dict[str, PoolCapacity] = {}
     currencies: set[str] = set()
-    for line in _tenant_lines(ledger, period):
-        currencies.add(line.currency)
-        team = teams.setdefault(line.team or NO_TEAM, TeamHealth(line.team or NO_TEAM, ""))
-        team.gpu_hours += line.quantity
-        team.cost += line.amount or Decimal(0)
-        if line.utilization_quantity:
-            team.measured_hours += line.utilization_quantity
-            team.utilization_weighted += line.utilization_weighted
-            if line.utilization_weighted / float(line.utilization_quantity) < IDLE_BELOW:
-                team.idle_hours += line.quantity
-                team.idle_cost += line.amount or Decimal(0)
+    for day in _days(ledger, period):
+        held: dict[tuple[datetime, str], Decimal] = {}  # (hour, uuid) -> GPU-hours held; billed if here
+        pools: dict[str, str] = {}  # uuid -> pool
+        for line in day:
+            key = (line.bucket, line.uuid)
+            held.setdefault(key, Decimal(0))
+            pools.setdefault(line.uuid, pool_of.get(line.uuid) or line.model)
+            if line.kind != LineKind.TENANT or line.amount is None:
+                continue
+            held[key] += line.quantity
+            currencies.add(line.currency)
+            team = teams.setdefault(line.team or NO_TEAM, TeamHealth(line.team or NO_TEAM, ""))
+            team.gpu_hours += line.quantity
+            team.cost += line.amount
+            if line.utilization_quantity:
+                team.measured_hours += line.utilization_quantity
+                team.utilization_weighted += line.utilization_weighted
+                if line.utilization_weighted / float(line.utilization_quantity) < IDLE_BELOW:
+                    team.idle_hours += line.quantity
+                    team.idle_cost += line.amount
+        by_hour: dict[tuple[datetime, str], list[int]] = defaultdict(lambda: [0, 0])  # billed, spare
+        for (hour, uuid), quantity in held.items():
+            pool = pools[uuid]
+            pool_capacity = capacity.setdefault(pool, PoolCapacity(policy))
+            pool_capacity.gpu_hours += 1
+            pool_capacity.held += quantity
+            counts = by_hour[(hour, pool)]
+            counts[0] += 1
+            counts[1] += quantity == 0
+        for (_hour, pool), (billed, spare) in sorted(by_hour.items()):
+            capacity[pool].add_hour(billed, spare)
     if len(currencies) > 1:
         raise ReportError(f"ledger: lines in several currencies in one period (value {sorted(currencies)!r})")
     currency = currencies.pop() if currencies else "USD"
     for team in teams.values():
         team.currency = currency
-    return currency, sorted(teams.values(), key=lambda t: (-t.idle_cost, t.team))
+    return currency, sorted(teams.values(), key=lambda t: (-t.idle_cost, t.team)), capacity
 
 
-def _tenant_lines(ledger: Ledger, period: Period) -> Iterator[LineTotal]:
-    """The period's hourly tenant lines, read a day at a time: a month of a large fleet is millions of
-    lines, and only their sums are kept."""
+def _days(ledger: Ledger, period: Period) -> Iterator[list[LineTotal]]:
+    """The period's hourly lines, a day at a time: a month of a large fleet is millions of lines, and
+    only their sums are kept."""
     day = period.start
     while day < period.end:
         until = min(day + timedelta(days=1), period.end)
-        for line in ledger.line_totals(day, until, "hour"):
-            if line.kind == LineKind.TENANT and line.amount is not None:
-                yield line
+        yield ledger.line_totals(day, until, "hour")
         day = until
 
 
-def build_health(client: PrometheusClient | ReplicaSetClient, ledger: Ledger, period: Period) -> HealthReport:
-    currency, teams = read_teams(ledger, period)
+def build_health(
+    client: PrometheusClient | ReplicaSetClient,
+    ledger: Ledger,
+    period: Period,
+    spare_policy: float = SPARE_POLICY,
+) -> HealthReport:
     devices, outages = read_devices(client, period), read_node_outages(client, period)
-    return HealthReport(period, client.base_url, currency, devices, teams, outages)
+    pool_of = {g.uuid: g.pool or g.model for g in devices}
+    currency, teams, capacity = read_ledger(ledger, period, pool_of, spare_policy)
+    return HealthReport(period, client.base_url, currency, devices, teams, outages, capacity, spare_policy)

@@ -13,10 +13,12 @@ from pathlib import Path
 from gpumeter.reports.health import (
     IDLE_BELOW,
     MATURITY,
+    SPARE_POLICY,
     UTILIZATION_GOAL,
     XID_CLASSES,
     HealthReport,
     Incidents,
+    PoolCapacity,
 )
 from gpumeter.reports.render import (
     PALETTE,
@@ -75,6 +77,23 @@ def _incidents(i: Incidents) -> dict:
     }
 
 
+def _capacity(c: PoolCapacity) -> dict:
+    return {
+        "spare_policy": c.policy,
+        "gpu_hours_billed": c.gpu_hours,
+        "gpu_hours_held": str(c.held),
+        "headroom": _round(c.headroom),
+        "hours": c.hours,
+        "mean_spare_gpus": _round(c.mean_spare),
+        "min_spare_gpus": c.min_spare,
+        "hours_below_spare_policy": c.hours_below_policy,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
 def report_dict(report: HealthReport) -> dict:
     idle_hours, idle_cost = report.waste
     return {
@@ -88,6 +107,7 @@ def report_dict(report: HealthReport) -> dict:
         "currency": report.currency,
         "fleet": _incidents(report.fleet),
         "pools": [{"pool": name, **_incidents(i)} for name, i in report.pools],
+        "pool_capacity": [{"pool": name, **_capacity(c)} for name, c in sorted(report.capacity.items())],
         "nodes": [{"node": name, **_incidents(i)} for name, i in report.nodes],
         "teams": [
             {
@@ -163,12 +183,21 @@ POOL_HEADER = [
     "failures",
     "mtbf_hours",
     "annualized_failure_rate",
+    # a pool's capacity, from the ledger (pool rows only: the spare policy is kept per pool)
+    "gpu_hours_billed",
+    "gpu_hours_held",
+    "headroom",
+    "mean_spare_gpus",
+    "min_spare_gpus",
+    "hours_below_spare_policy",
+    "spare_policy",
 ]
 
 
 def pools_csv(report: HealthReport) -> str:
     head = [_ts(report.period.start), _ts(report.period.end)]
     rows = [("pool", n, i) for n, i in report.pools] + [("node", n, i) for n, i in report.nodes]
+    capacity = {("pool", name): c for name, c in report.capacity.items()}
     return csv_text(
         POOL_HEADER,
         (
@@ -192,10 +221,25 @@ def pools_csv(report: HealthReport) -> str:
                 i.failures,
                 _num(i.mtbf_hours),
                 _num(i.annualized_failure_rate),
+                *_capacity_cells(capacity.get((level, name))),
             ]
             for level, name, i in [*rows, ("fleet", "__fleet__", report.fleet)]
         ),
     )
+
+
+def _capacity_cells(c: PoolCapacity | None) -> list:
+    if c is None:
+        return [""] * 7
+    return [
+        c.gpu_hours,
+        c.held,
+        _num(c.headroom),
+        _num(c.mean_spare),
+        "" if c.min_spare is None else c.min_spare,
+        c.hours_below_policy,
+        c.policy,
+    ]
 
 
 def gpus_csv(report: HealthReport) -> str:
@@ -393,6 +437,7 @@ def generate(
     trigger: str = "cli",
     now: datetime | None = None,
     record: bool = True,
+    spare_policy: float | None = None,  # None: SPARE_POLICY (seed 002's 10 %)
 ):
     """Build the health report, write its files and ``manifest-health.json`` (beside a chargeback
     report's ``manifest.json`` in the same directory), and record the run in ``report_runs`` with
@@ -408,7 +453,7 @@ def generate(
     if unknown:
         raise ReportError(f"format: the health report has {', '.join(FORMATS)} (value {','.join(unknown)!r})")
     out = output_directory(out_dir)
-    report = build_health(client, ledger, period)
+    report = build_health(client, ledger, period, SPARE_POLICY if spare_policy is None else spare_policy)
     files = render(report, out, formats, now)
     manifest = {
         "report": "health",
