@@ -102,13 +102,12 @@ def register(subparsers) -> None:
 
 
 def _share(text: str) -> float:
+    from gpumeter.reports.health import spare_policy
+
     try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value <= 1:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1 (value {text!r})")
-    return value
+        return spare_policy(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def missing_sqlite_file(url: str) -> str | None:

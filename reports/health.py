@@ -64,6 +64,18 @@ MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per serie
 RESET_POINTS = 2_000_000  # points fetched at most to follow counters through resets
 
 
+def spare_policy(text: str) -> float:
+    """A spare policy as written (`--spare-policy`, GPUMETER_REPORT_SPARE_POLICY): a share of a pool's
+    GPUs, 0 to 1. ValueError otherwise, NaN and infinities included."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:
+        raise ValueError(f"expected a share from 0 to 1 (value {text!r})")
+    return value
+
+
 def maturity_level(utilization: float | None) -> int | None:
     if utilization is None:
         return None

@@ -11,6 +11,7 @@ store; these travel with the job the same way):
 | `GPUMETER_REPORT_FORMATS` | `html,csv,json,focus` | formats |
 | `GPUMETER_REPORT_LABELS` | (none) | namespace labels YAML for label:KEY |
 | `GPUMETER_REPORT_KINDS` | `chargeback,health` | which reports: the chargeback, the fleet-health report (reads the service's Prometheus) |
+| `GPUMETER_REPORT_SPARE_POLICY` | `0.10` | the fleet-health report's spare policy: the share of each pool's GPUs to keep spare |
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ReportSchedule:
     formats: str = "html,csv,json,focus"
     labels: str = ""
     kinds: str = "chargeback,health"
+    spare_policy: str = ""  # empty: the health report's default (seed 002's 10 %)
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> ReportSchedule:
@@ -48,6 +50,7 @@ class ReportSchedule:
             formats=env.get("GPUMETER_REPORT_FORMATS", cls.formats),
             labels=env.get("GPUMETER_REPORT_LABELS", cls.labels),
             kinds=env.get("GPUMETER_REPORT_KINDS", cls.kinds),
+            spare_policy=env.get("GPUMETER_REPORT_SPARE_POLICY", cls.spare_policy),
         )
 
     def as_dict(self) -> dict:
@@ -56,7 +59,7 @@ class ReportSchedule:
     def check(self) -> None:
         """Refuse a setting the monthly job would fail on, at the service's start rather than on the
         1st of next month. Raises ReportError naming the variable and its value."""
-        from gpumeter.reports import health_render, render
+        from gpumeter.reports import health, health_render, render
         from gpumeter.reports.model import GROUPINGS_EXPECTED, Grouping, ReportError
         from gpumeter.reports.run import load_labels
 
@@ -82,6 +85,11 @@ class ReportSchedule:
                 Grouping.parse(part)
             except ReportError:
                 refuse("GPUMETER_REPORT_BY", f"{part!r}: {GROUPINGS_EXPECTED}", self.by)
+        if self.spare_policy:
+            try:
+                health.spare_policy(self.spare_policy)
+            except ValueError as exc:
+                raise ReportError(f"GPUMETER_REPORT_SPARE_POLICY: {exc}") from None
         if self.labels:
             try:
                 load_labels(self.labels)
@@ -177,7 +185,7 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
                 failed["chargeback_report"] = f"{type(exc).__name__}: {exc}"
         if "health" in kinds:
             try:
-                written += _health(settings, ledger, period, formats, out_dir, now)
+                written += _health(settings, ledger, period, formats, out_dir, now, cfg.spare_policy)
                 succeeded.append("health_report")
             except Exception as exc:
                 log.exception("monthly health report for %s failed", period.label)
@@ -190,14 +198,23 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     return MonthlyOutcome(message, tuple(succeeded), failed)
 
 
-def _health(settings: dict, ledger, period, formats: tuple[str, ...], out_dir: Path, now: datetime) -> int:
+def _health(
+    settings: dict, ledger, period, formats: tuple[str, ...], out_dir: Path, now: datetime, policy: str
+) -> int:
     """The fleet-health report beside the chargeback (it reads the service's Prometheus)."""
     from gpumeter.billing.prom import open_client
-    from gpumeter.reports import health_render
+    from gpumeter.reports import health, health_render
 
     kept = tuple(f for f in formats if f in health_render.FORMATS) or health_render.FORMATS
     with open_client(settings["prometheus"]) as client:
         _, files, _ = health_render.generate(
-            client, ledger, period, kept, out_dir, trigger="schedule", now=now
+            client,
+            ledger,
+            period,
+            kept,
+            out_dir,
+            trigger="schedule",
+            now=now,
+            spare_policy=health.spare_policy(policy) if policy else None,
         )
     return len(files)

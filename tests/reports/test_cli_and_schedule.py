@@ -150,6 +150,11 @@ def test_report_runs_table_comes_from_the_migration(sql_ledger):
             "invoice",
             "GPUMETER_REPORT_KINDS: expected some of chargeback, health (value 'invoice')",
         ),
+        (
+            "GPUMETER_REPORT_SPARE_POLICY",
+            "10%",
+            "GPUMETER_REPORT_SPARE_POLICY: expected a share from 0 to 1 (value '10%')",
+        ),
     ],
 )
 def test_serve_refuses_a_report_setting_the_monthly_job_would_fail_on(
@@ -181,4 +186,6 @@ def test_serve_refuses_a_labels_file_it_cannot_read(tmp_path, capsys, monkeypatc
 
 def test_the_default_report_settings_pass_the_check():
     ReportSchedule().check()
-    ReportSchedule(by="label:cost-center,team", formats="focus", kinds="health", cron="30 2 1 * *").check()
+    ReportSchedule(
+        by="label:cost-center,team", formats="focus", kinds="health", cron="30 2 1 * *", spare_policy="0.2"
+    ).check()

@@ -403,7 +403,7 @@ def test_monthly_job_renders_health_beside_the_chargeback(prom, ledger, tmp_path
     from gpumeter.service import monthly_report
 
     url = ledger.engine.url.render_as_string(hide_password=False)
-    schedule = ReportSchedule(out_dir=str(tmp_path), formats="html,csv,focus").as_dict()
+    schedule = ReportSchedule(out_dir=str(tmp_path), formats="html,csv,focus", spare_policy="0.5").as_dict()
     assert schedule["kinds"] == "chargeback,health"  # both by default
     now = datetime(2026, 11, 1, 1, 0, tzinfo=UTC)
     message = monthly_report(Settings(db=url, prometheus=prom.url).as_dict(), schedule, now=now)
@@ -413,6 +413,16 @@ def test_monthly_job_renders_health_beside_the_chargeback(prom, ledger, tmp_path
     assert (month / "gpumeter-health-2026-10.html").exists() and (
         month / "gpumeter-health-2026-10-gpus.csv"
     ).exists()
+    pools = list(csv.DictReader(io.StringIO((month / "gpumeter-health-2026-10-pools.csv").read_text())))
+    # GPUMETER_REPORT_SPARE_POLICY reached the report: the A100 pool's 20 GPU-hours (a0 and a1 for 10
+    # hours; GPU-x, which Prometheus never saw, pools apart by its lines' model), all held, never spare,
+    # under the policy in each of its 10 hours
+    a100 = next(r for r in pools if r["level"] == "pool" and r["name"] == A100)
+    assert (a100["spare_policy"], a100["gpu_hours_billed"], a100["hours_below_spare_policy"]) == (
+        "0.5",
+        "20",
+        "10",
+    )
     doc = json.loads((month / "manifest-health.json").read_text())
     assert doc["trigger"] == "schedule" and doc["period"]["label"] == "2026-10"
     assert [r.grouping for r in ledger.report_runs() if r.trigger == "schedule"] == ["team", "health"]
