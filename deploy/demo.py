@@ -26,12 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import yaml
 
+from gpumeter.exporter.simulator.metrics_server import StandInServer
 from gpumeter.process import stop_on_signals, wait_until_set
 
 __all__ = ["register"]
@@ -150,7 +151,7 @@ class WebhookLog:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = StandInServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:

@@ -228,3 +228,38 @@ def _run_or_fail(script: str, hung: str) -> subprocess.CompletedProcess:
         )
     except subprocess.TimeoutExpired:
         pytest.fail(hung)
+
+
+def test_a_stand_in_servers_handler_error_is_one_log_line_not_a_traceback_on_stderr(caplog, capfd):
+    """socketserver prints a failing handler's traceback to stderr: from a stand-in in a test's process
+    it landed in the next test's captured stderr (a one-line error check failed on it in CI)."""
+    import logging
+    from http.server import BaseHTTPRequestHandler
+
+    import httpx
+
+    from gpumeter.exporter.simulator.metrics_server import StandInServer
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self):
+            raise ConnectionResetError("peer went away")
+
+        def log_message(self, *args):
+            pass
+
+    server = StandInServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.WARNING), pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{server.server_port}/", timeout=5)
+        deadline = time.monotonic() + 5
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "error answering 127.0.0.1: ConnectionResetError: peer went away"
+    ]
+    assert "Traceback" not in capfd.readouterr().err

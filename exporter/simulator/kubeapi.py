@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -46,7 +46,7 @@ from gpumeter.process import stop_on_signals, wait_until_set
 
 from .dra import claim_object, resource_slice
 from .fleet import Fleet, FleetError, NodeSpec, PodSpec, load_fleet, scaled_clock
-from .metrics_server import listen_address
+from .metrics_server import StandInServer, listen_address
 from .processes import container_id, pod_uid, runtime_scheme
 
 __all__ = ["FAULTS", "StandInKubeApi", "add_parser", "pod_object", "run"]
@@ -179,7 +179,7 @@ class StandInKubeApi:
         self.fault: str | None = None
         self.delay_s = 0.0  # a slow API server: each answer waits this long (the exporter must not)
         self.requests = 0
-        self._server: ThreadingHTTPServer | None = None
+        self._server: StandInServer | None = None
         self._thread: threading.Thread | None = None
 
     def set_fault(self, fault: str | None) -> None:
@@ -282,8 +282,7 @@ class StandInKubeApi:
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(self.listen, Handler)
-        self._server.daemon_threads = True
+        self._server = StandInServer(self.listen, Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="stand-in-kube-api", daemon=True
         )

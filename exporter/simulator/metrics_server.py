@@ -4,6 +4,7 @@ every scrape, so a stand-in's state can change between scrapes as the real one's
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -11,7 +12,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpumeter.process import stop_on_signals, wait_until_set
 
-__all__ = ["CONTENT_TYPE", "ExpositionServer", "label_text", "listen_address", "serve_until_signalled"]
+__all__ = [
+    "CONTENT_TYPE",
+    "ExpositionServer",
+    "StandInServer",
+    "label_text",
+    "listen_address",
+    "serve_until_signalled",
+]
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # client_golang's text format
 
@@ -23,6 +32,18 @@ def label_text(**labels: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
     return ",".join(f'{name}="{escape(value)}"' for name, value in labels.items())
+
+
+class StandInServer(ThreadingHTTPServer):
+    """The stand-ins' HTTP server: a thread per request that dies with the process, and a handler's
+    error logged in one line. socketserver prints the traceback to stderr instead, where a client
+    hanging up mid-answer (a scraper stopped, a test's timeout) lands in whatever else writes there."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        log.warning("error answering %s: %s: %s", client_address[0], type(error).__name__, error)
 
 
 class ExpositionServer:
@@ -48,7 +69,7 @@ class ExpositionServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(listen, Handler)
+        self._server = StandInServer(listen, Handler)
         self._thread: threading.Thread | None = None
 
     @property

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -23,6 +23,7 @@ import yaml
 
 from gpumeter.alerts import RULE_FILES
 from gpumeter.deploy.demo import local_alertmanager_config
+from gpumeter.exporter.simulator.metrics_server import StandInServer
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow
@@ -72,12 +73,8 @@ EXPOSITION = "\n".join(
 )
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
 @pytest.fixture
-def http_server() -> Iterator[tuple[_Server, list[dict]]]:
+def http_server() -> Iterator[tuple[StandInServer, list[dict]]]:
     """A loopback HTTP server: GET returns EXPOSITION, POST bodies (JSON) are collected."""
     posts: list[dict] = []
 
@@ -99,7 +96,7 @@ def http_server() -> Iterator[tuple[_Server, list[dict]]]:
         def log_message(self, *args):
             pass
 
-    server = _Server(("127.0.0.1", 0), Handler)
+    server = StandInServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -15,13 +15,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from gpumeter.exporter.simulator.metrics_server import StandInServer
 from tests.support import needs
 
 __all__ = [
@@ -367,10 +368,7 @@ class Webhook:
             def log_message(self, *args):
                 pass
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = StandInServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/webhook"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -442,8 +440,7 @@ class AnswerHandler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def answering(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """A real HTTP server on loopback answering with ``handler``, for as long as the block; its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
+    server = StandInServer(("127.0.0.1", 0), handler)  # a handler's error logged, not printed to stderr
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"
