@@ -238,7 +238,7 @@ def test_a_stand_in_servers_handler_error_is_one_log_line_not_a_traceback_on_std
 
     import httpx
 
-    from gpumeter.exporter.simulator.metrics_server import StandInServer
+    from tests.support.servers import answering  # a StandInServer on loopback
 
     class Failing(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -247,18 +247,12 @@ def test_a_stand_in_servers_handler_error_is_one_log_line_not_a_traceback_on_std
         def log_message(self, *args):
             pass
 
-    server = StandInServer(("127.0.0.1", 0), Failing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with answering(Failing) as url:
         with caplog.at_level(logging.WARNING), pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{server.server_port}/", timeout=5)
+            httpx.get(f"{url}/", timeout=5)
         deadline = time.monotonic() + 5
         while not caplog.records and time.monotonic() < deadline:
             time.sleep(0.01)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert [r.getMessage() for r in caplog.records] == [
         "error answering 127.0.0.1: ConnectionResetError: peer went away"
     ]
