@@ -171,11 +171,21 @@ def _job_rules(tmp_path: Path) -> Path:
 @pytest.mark.prometheus
 @pytest.mark.timeout(300)
 def test_a_report_job_that_fails_shows_in_its_series_and_fires_the_alert(tmp_path):
-    """`billing serve` with a report every minute renders last month's report; then its folder is
-    taken away, the next run fails, and a real Prometheus scraping the service sees the failure
-    counter rise and fires GpumeterBillingJobFailed for that task."""
+    """`billing serve` with a report every minute renders last month's chargeback report; in the same
+    run the health report cannot be written (a folder stands where its HTML file goes), and a real
+    Prometheus scraping the service sees that task's failure counter rise and fires
+    GpumeterBillingJobFailed for it alone. One scheduled run shows both, so the test waits for one
+    minute's tick, not two."""
     port = free_port()
     reports = tmp_path / "reports"
+    last = datetime.now(UTC).replace(day=1)
+    month = (
+        last.replace(year=last.year - 1, month=12) if last.month == 1 else last.replace(month=last.month - 1)
+    )
+    label = month.strftime("%Y-%m")
+    html = reports / label / f"gpumeter-{label}-by-team.html"
+    blocker = reports / label / f"gpumeter-health-{label}.html"
+    blocker.mkdir(parents=True)
     with PrometheusServer(
         tmp_path / "prom",
         scrape_targets={"gpumeter-billing": [f"127.0.0.1:{port}"]},
@@ -187,19 +197,11 @@ def test_a_report_job_that_fails_shows_in_its_series_and_fires_the_alert(tmp_pat
             prom.url,
             GPUMETER_REPORT_DIR=str(reports),
             GPUMETER_REPORT_CRON="* * * * *",
-            GPUMETER_REPORT_KINDS="chargeback",
+            GPUMETER_REPORT_KINDS="chargeback,health",
             GPUMETER_REPORT_FORMATS="html,csv",
         )
         try:
             wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=proc)
-            last = datetime.now(UTC).replace(day=1)
-            month = (
-                last.replace(year=last.year - 1, month=12)
-                if last.month == 1
-                else last.replace(month=last.month - 1)
-            )
-            label = month.strftime("%Y-%m")
-            html = reports / label / f"gpumeter-{label}-by-team.html"
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and not html.exists():
                 time.sleep(0.5)
@@ -209,22 +211,20 @@ def test_a_report_job_that_fails_shows_in_its_series_and_fires_the_alert(tmp_pat
                 'gpumeter_billing_job_last_success_timestamp_seconds{task="chargeback_report"} > 0',
                 timeout=30,
             )
-            # the folder goes away and a file stands in its place: the next run cannot write
-            for path in sorted(reports.rglob("*"), reverse=True):
-                path.unlink() if path.is_file() else path.rmdir()
-            reports.rmdir()
-            reports.write_text("")
-            prom.wait_for('gpumeter_billing_job_failures_total{task="chargeback_report"} >= 1', timeout=90)
+            prom.wait_for('gpumeter_billing_job_failures_total{task="health_report"} >= 1', timeout=30)
             firing = prom.wait_for(
                 'ALERTS{alertname="GpumeterBillingJobFailed", alertstate="firing"}', timeout=30
             )
-            assert [a["metric"]["task"] for a in firing] == ["chargeback_report"]
-            assert prom.query('gpumeter_billing_job_failures_total{task="ingest"}')[0]["value"][1] == "0"
+            assert [a["metric"]["task"] for a in firing] == ["health_report"]
+            for task in ("chargeback_report", "ingest"):
+                assert (
+                    prom.query(f'gpumeter_billing_job_failures_total{{task="{task}"}}')[0]["value"][1] == "0"
+                )
             assert proc.poll() is None  # the service is still up
         finally:
             proc.terminate()
             _, err = proc.communicate(timeout=30)
-        assert "monthly chargeback report for" in err and "failed" in err
+        assert "health report" in err and "failed" in err and str(blocker.name) in err, err[-2000:]
 
 
 def test_the_start_check_loads_every_template_the_package_ships():
