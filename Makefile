@@ -63,7 +63,7 @@ wheel-venv: wheel
 	$(WHEEL_VENV)/bin/pip install -q "$$(ls $(WHEEL_DIR)/gpumeter-*.whl)[dev]"
 
 # `make fast-tests-on PY=3.12`: the wheel in a fresh venv of pyenv's Python $(PY), and the tests that need
-# no server (CI runs it for 3.12 and 3.13 besides the full suite on the image's Python).
+# no server (CI runs it for 3.13 besides the full suite on the image's Python, .ci/run says why).
 fast-tests-on: wheel
 	@py=$$(ls -d $(PYENV_ROOT)/versions/$(PY).* 2>/dev/null | sort -V | tail -1)/bin/python$(PY); \
 	  [ -x "$$py" ] || { echo "fast-tests-on: no Python $(PY) under $(PYENV_ROOT) (pyenv install $(PY))"; exit 1; }; \
