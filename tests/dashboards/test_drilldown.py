@@ -18,10 +18,12 @@ H100 = "gpu-h100-mig-01"
 A100 = "gpu-a100-mixed-01"
 
 
-def run(prom, uid: str, title: str, ref: str = "A", **values: str) -> list[dict]:
+def run(prom, uid: str, title: str, ref: str = "A", at: float | None = None, **values: str) -> list[dict]:
+    """The panel's query, answered now or ``at`` a past moment."""
     panel = next(p for p in panels(MODELS[uid]) if p["title"] == title)
     expr = next(t["expr"] for t in panel["targets"] if t["refId"] == ref)
-    return [r["metric"] | {"value": float(r["value"][1])} for r in prom.query(substitute(expr, values))]
+    answer = prom.query(substitute(expr, values), time=at)
+    return [r["metric"] | {"value": float(r["value"][1])} for r in answer]
 
 
 def test_fleet_lists_the_throttled_gpu(prom):
@@ -32,7 +34,7 @@ def test_fleet_lists_the_throttled_gpu(prom):
     assert not any(r["reason"] in ("gpu_idle", "applications_clocks", "display_clocks") for r in rows)
 
 
-def test_fleet_lists_erroring_gpus_and_alerts(prom):
+def test_fleet_lists_erroring_gpus_and_alerts(prom, stack):
     problems = {(r["hostname"], r["gpu"], r["problem"]) for r in run(prom, "gpumeter-fleet", "Erroring GPUs")}
     assert {
         (H100, "1", "XID errors"),
@@ -43,7 +45,8 @@ def test_fleet_lists_erroring_gpus_and_alerts(prom):
         (A100, "4", "XID errors"),
     } <= problems
     alerts = {
-        (r["alertname"], r.get("gpu")) for r in run(prom, "gpumeter-fleet", "Alerts firing and pending")
+        (r["alertname"], r.get("gpu"))
+        for r in run(prom, "gpumeter-fleet", "Alerts firing and pending", at=stack.ready_at)
     }
     assert ("GpuHardwareSlowdown", "3") in alerts and ("GpuXidCritical", "1") in alerts
 
