@@ -28,9 +28,11 @@ def run(prom, uid: str, title: str, ref: str = "A", at: float | None = None, **v
 
 def test_fleet_lists_the_throttled_gpu(prom):
     rows = run(prom, "gpumeter-fleet", "Throttled GPUs (clock event reasons active now)")
-    assert {"hostname": H100, "gpu": "3", "reason": "hw_slowdown"}.items() <= next(
-        r for r in rows if r["reason"] == "hw_slowdown"
-    ).items()
+    # the throttled GPU among the rows, in whatever order Prometheus gives them (the overheated GPU 2
+    # may be slowing down too by the time this runs)
+    assert any({"hostname": H100, "gpu": "3", "reason": "hw_slowdown"}.items() <= r.items() for r in rows), (
+        rows
+    )
     assert not any(r["reason"] in ("gpu_idle", "applications_clocks", "display_clocks") for r in rows)
 
 
