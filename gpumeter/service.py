@@ -242,10 +242,9 @@ def build_app(
     return app
 
 
-def job_triggers(report_schedule: ReportSchedule) -> dict[str, BaseTrigger]:
+def job_triggers(report_schedule: ReportSchedule, report_trigger: BaseTrigger) -> dict[str, BaseTrigger]:
     """The schedule of each task in contract.BILLING_JOBS that runs: the hourly ingest at :05, and a
-    report task per kind the report schedule lists."""
-    report_trigger = report_schedule.trigger()
+    report task per kind the report schedule lists, on ``report_trigger`` (the monthly job's own)."""
     kinds = _listed_kinds(report_schedule.as_dict())
     return {"ingest": CronTrigger(minute=5, timezone=UTC)} | {
         f"{kind}_report": report_trigger for kind in kinds
@@ -263,9 +262,10 @@ def build_scheduler(
         timezone=UTC,
     )
     report_schedule = ReportSchedule.from_env()  # GPUMETER_REPORT_{DIR,CRON,BY,FORMATS,LABELS}
-    triggers = job_triggers(report_schedule)
+    report_trigger = report_schedule.trigger()
+    triggers = job_triggers(report_schedule, report_trigger)
     JOBS.start(datetime.now(UTC), triggers, due_at_start=("ingest",) if catch_up_now else ())
-    ingest_trigger, report_trigger = triggers["ingest"], report_schedule.trigger()
+    ingest_trigger = triggers["ingest"]
     kwargs = {"settings": settings.as_dict()}
     # The catch-up at start is the hourly job's first run, not a one-off job: APScheduler removes a
     # one-off job after submitting it, and a stop landing then (a pod deleted as it starts) killed

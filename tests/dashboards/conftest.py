@@ -233,7 +233,8 @@ def stack() -> Iterator[Stack]:
         ledger = _billing_ledger(workdir)
         # the job status a `billing serve` starts with (its ingest and report triggers), not whatever
         # an earlier test in this worker left in the process-wide JOBS
-        JOBS.start(datetime.now(UTC), job_triggers(ReportSchedule()), due_at_start=("ingest",))
+        schedule = ReportSchedule()
+        JOBS.start(datetime.now(UTC), job_triggers(schedule, schedule.trigger()), due_at_start=("ingest",))
         server = make_server("127.0.0.1", 0, build_app(ledger, budgets=BUDGETS), handler_class=_Quiet)
         threading.Thread(target=server.serve_forever, name="billing-metrics", daemon=True).start()
         # VictoriaMetrics answers only up to now - 30 s by default (-search.latencyOffset, for samples
