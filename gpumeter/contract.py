@@ -21,6 +21,7 @@ __all__ = [
     "BILLING_INPUTS",
     "BILLING_QUERIES",
     "BILLING_SERIES",
+    "CLUSTER_LABEL",
     "CONTRACT",
     "CRITICAL_XIDS",
     "DCGM_EXPORTER_SERIES",
@@ -76,6 +77,12 @@ class Series:
 
 
 # --- label names ----------------------------------------------------------------------------------
+# The cluster a series came from, in a global store (VictoriaMetrics, Thanos, Mimir) holding several
+# clusters' series. Never set by the exporter: each cluster's Prometheus adds it (its
+# `external_labels`, sent with remote-write, or the Thanos sidecar's), so one cluster's own Prometheus
+# has none and a global store has it on every series. The name is a setting (billing's
+# `--cluster-label`, the mixins' `clusterLabel`); this is the kube-prometheus-stack mixins' default.
+CLUSTER_LABEL = "cluster"
 GPU = "gpu"  # the device index on its node
 UUID = "uuid"  # the physical GPU's UUID (a MIG instance's series carry its parent's)
 MODEL = "model"
