@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import operator
@@ -35,7 +36,7 @@ from gpumeter.billing.models import (
     line_readings,
     with_fields,
 )
-from gpumeter.billing.pricing.aliases import canonical_model, slice_totals
+from gpumeter.billing.pricing.aliases import canonical_model, slice_totals, unknown_profile
 from gpumeter.billing.pricing.base import SHARING_MODES, PriceBook, PriceVersion
 from gpumeter.billing.pricing.currency import minor_unit
 from gpumeter.billing.rounding import TieBreak, apportion, rotate, round_total, to_fraction, units_to_decimal
@@ -349,11 +350,25 @@ def _price_gpu_hour(
         price_version=priced_by,
         cluster=dev.cluster,
     )
-    if version is None or price is None:  # a price comes only with the version that holds it
+    # a MIG profile the model does not offer: priced as a new profile it would take slices from
+    # the real ones (`--by mig_profile`), so the GPU-hour is unpriced until its data is explained
+    strange = (
+        unknown_profile(
+            model_key,
+            itertools.chain(
+                (i.mig_profile for i in gpu_hour.instances), (a.mig_profile for a in gpu_hour.allocations)
+            ),
+        )
+        if price is not None
+        else None
+    )
+    if version is None or price is None or strange is not None:  # a price comes only with its version
         reason = (
             "no price-book version covers the hour"
             if version is None
             else "model missing from the price book"
+            if price is None
+            else f"MIG profile {strange!r} is not one {model_key} offers"
         )
         message = f"unpriced GPU model {dev.model!r} (uuid {dev.uuid}, hour {hour.isoformat()}): {reason}"
         log.warning(message)

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.ledger import DEFAULT_URL
+from gpumeter.billing.models import is_reserved_name
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.billing.pricing.static import DEFAULT_BOOK, load_price_book
@@ -208,6 +209,12 @@ def load_team_file(path: str | Path) -> TeamFile:
         for name, team in entries.items():
             if not isinstance(name, str) or not isinstance(team, str) or not team:
                 raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+            for what, value in (("namespace", name), ("team", team)):
+                if is_reserved_name(value):
+                    raise ConfigError(
+                        f"{path}: {section}.{name}: {value} is a name the reports use for their own "
+                        f"rows, not a {what} name (value {value!r})"
+                    )
     for name in namespaces:
         # `ml-training` names the namespace in every cluster, `east/ml-training` in cluster east alone
         cluster, slash, namespace = name.rpartition("/")
@@ -239,7 +246,7 @@ def load_team_file(path: str | Path) -> TeamFile:
 
 def _budget(path: Path, team: Any, spec: Any) -> Budget:
     where = f"budgets.{team}"
-    if not isinstance(team, str) or not team:
+    if not isinstance(team, str) or not team or is_reserved_name(team):
         raise ConfigError(f"{path}: {where}: expected a team name (value {team!r})")
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: {where}: expected {{amount, currency}} (value {spec!r})")

@@ -40,6 +40,7 @@ from gpumeter.billing.models import (
     SteadyGpuHour,
     hour_floor,
     hours_between,
+    is_reserved_name,
     teams_in_cluster,
     with_fields,
 )
@@ -661,6 +662,9 @@ class RunAnswers:
         self._templates: dict[str, GpuHour] = {}
         for labels, values in _in_order(col["teams"]):
             namespace, team = labels.get(contract.NAMESPACE), labels.get(contract.LABEL_TEAM)
+            if team and is_reserved_name(team):  # it would merge with the reports' own rows
+                log.warning("namespace %r: team label %r is a reserved name; ignored", namespace, team)
+                continue
             if namespace and team:
                 for i, value in enumerate(values):
                     if value is not None:

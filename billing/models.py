@@ -88,6 +88,17 @@ PLATFORM_NAMES: dict[str, str] = {
 }
 PLATFORM_KINDS = tuple(PLATFORM_NAMES)
 
+# Names the ledger and the reports write rows under themselves: the platform's lines, the unpriced
+# ones, the reports' total row and FOCUS's platform account. A team or namespace of one of these
+# names (or any `__x__` name, kept for the reports' own) would merge with those rows: refused.
+TOTAL, PLATFORM = "__total__", "__platform__"
+RESERVED_NAMES = frozenset({*PLATFORM_NAMES.values(), UNPRICED, TOTAL, PLATFORM})
+
+
+def is_reserved_name(name: str) -> bool:
+    """A team or namespace name the reports use for their own rows (`RESERVED_NAMES`, any ``__x__``)."""
+    return name in RESERVED_NAMES or (len(name) > 4 and name.startswith("__") and name.endswith("__"))
+
 
 class QuantityUnit(enum.StrEnum):
     """What a line's ``held`` counts: slices of a MIG GPU, or whole GPUs."""
