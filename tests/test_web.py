@@ -1,4 +1,4 @@
-"""gpumeter/web.py serving: basic auth that cannot be timed or crashed, client-certificate modes as
+"""gpumeter/web/ serving: basic auth that cannot be timed or crashed, client-certificate modes as
 exporter-toolkit means them, headers and rate limit, the bounds on one connection, and the listen
 address. Real sockets, real TLS (pyOpenSSL on the server, Python's ssl as the client)."""
 
