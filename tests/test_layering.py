@@ -1,6 +1,6 @@
 """The layers, checked on the imports of every module (docs/architecture.md, "Layout").
 
-gpumeter.contract, gpumeter.web and gpumeter.process are leaves every part may use; the parts (exporter, billing,
+gpumeter.contract, gpumeter.third_party, gpumeter.web and gpumeter.process are leaves every part may use; the parts (exporter, billing,
 reports, dashboards, alerts, deploy) sit above them; billing sits below reports; the command
 (gpumeter.cli) and the composition root (gpumeter.service) sit on top, and nothing imports them.
 The concrete SQL ledger is reached through the ledger package's factory, except by the root.
@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("exporter", "billing", "reports", "dashboards", "alerts", "deploy")
 SQL_LEDGER = "gpumeter.billing.ledger.sqlalchemy"
-LEAVES = ("gpumeter.contract", "gpumeter.web", "gpumeter.process")
+LEAVES = ("gpumeter.contract", "gpumeter.third_party", "gpumeter.web", "gpumeter.process")
 # gpumeter.web's modules, lowest first (exporter-toolkit's web/ is the model): the errors and addresses,
 # TLS settings and context, the web config that names them, access control over a config, one
 # connection's HTTP, the event loop that hands connections to it, the server over all of them. A module
