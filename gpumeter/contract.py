@@ -117,6 +117,19 @@ VM_ID_TYPE = "vm_id_type"  # how vm_id is formed: uuid | domain_id (nvmlVgpuVmId
 VGPU_TYPE = "vgpu_type"  # nvmlVgpuTypeGetName, e.g. "NVIDIA H100XM-20C"
 LICENSE_STATE = "license_state"  # nvmlVgpuLicenseInfo_t.currentState, NVML_GRID_LICENSE_STATE_* lowercased
 ENGINE = "engine"
+# The NVLink fabric (nvmlDeviceGetGpuFabricInfoV, docs/nvml.md §17). Not `cluster`: that is the global
+# store's external label for the Kubernetes cluster a Prometheus scrapes, and an NVLink domain is a rack
+# (NVL72) or a baseboard (HGX), one of many in a Kubernetes cluster.
+NVLINK_DOMAIN = "nvlink_domain"  # the domain's cluster UUID as NVML answers it
+CLIQUE_ID = "clique_id"
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")  # NVML_GPU_FABRIC_STATE_*
+FABRIC_CONDITIONS = (  # the health mask's conditions, nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*
+    "degraded_bw",
+    "route_recovery",
+    "route_unhealthy",
+    "access_timeout_recovery",
+    "incorrect_configuration",
+)
 
 MIG_MODE_ENABLED = "enabled"  # the values of `mig_mode`
 MIG_MODE_DISABLED = "disabled"
@@ -216,6 +229,13 @@ POWER = _device(
 )
 POWER_LIMIT = _device(
     "nvidia_gpu_power_limit_watts", G, "watts", "Enforced power limit, after every limiter."
+)
+POWER_MANAGEMENT_LIMIT = _device(
+    "nvidia_gpu_power_management_limit_watts",
+    G,
+    "watts",
+    "The limit the power manager works to (set by the administrator, else the default); the enforced limit "
+    "can be lower.",
 )
 ENERGY = _device(
     "nvidia_gpu_energy_joules_total",
@@ -372,6 +392,48 @@ NVLINK_UP = _device(
 )
 NVLINK_ERRORS = _device(
     "nvidia_gpu_nvlink_errors_total", C, "", "NVLink data-link errors per link.", "link", "error_type"
+)
+# --- the NVLink fabric (docs/nvml.md §17) -------------------------------------------------------------
+FABRIC_INFO = _device(
+    "nvidia_gpu_fabric_info",
+    G,
+    "",
+    "The GPU's place in the NVLink fabric; value 1. nvlink_domain is the cluster UUID every GPU of one NVLink "
+    "domain (an NVL72 rack, an HGX baseboard) shares; state is its registration (not_started, in_progress, "
+    "completed) and status the NVML return code of a completed one (success, or the error).",
+    NVLINK_DOMAIN,
+    CLIQUE_ID,
+    "state",
+    STATUS,
+)
+FABRIC_REGISTERED = _device(
+    "nvidia_gpu_fabric_registered",
+    G,
+    "",
+    "1 when the GPU's registration in the NVLink fabric completed with success; 0 while not started, in "
+    "progress, or failed. Absent where the GPU has no fabric.",
+)
+FABRIC_HEALTH = _device(
+    "nvidia_gpu_fabric_health_condition",
+    G,
+    "",
+    "1 when the fabric reports the condition on this GPU (degraded_bw, route_recovery, route_unhealthy, "
+    "access_timeout_recovery, incorrect_configuration), 0 when it reports it clear. Blackwell and newer.",
+    "condition",
+)
+FABRIC_HEALTH_SUMMARY = _device(
+    "nvidia_gpu_fabric_health_overall",
+    G,
+    "",
+    "The fabric's summary of the GPU's health, as NVML numbers it: 1 healthy, 2 unhealthy, 3 limited "
+    "capacity. Blackwell and newer, driver 570 and later.",
+)
+FABRIC_HEALTH_MASK = _device(
+    "nvidia_gpu_fabric_health_mask",
+    G,
+    "",
+    "NVML's fabric health mask as the driver answers it (two-bit fields, nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*); "
+    "nvidia_gpu_fabric_health_condition decodes it.",
 )
 # --- MIG ----------------------------------------------------------------------------------------------
 MIG_INFO = _mig(
@@ -718,6 +780,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     TEMPERATURE_MARGIN,
     POWER,
     POWER_LIMIT,
+    POWER_MANAGEMENT_LIMIT,
     ENERGY,
     UTILIZATION,
     MEMORY_UTILIZATION,
@@ -751,6 +814,11 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     XID_LAST_TIMESTAMP,
     NVLINK_UP,
     NVLINK_ERRORS,
+    FABRIC_INFO,
+    FABRIC_REGISTERED,
+    FABRIC_HEALTH,
+    FABRIC_HEALTH_SUMMARY,
+    FABRIC_HEALTH_MASK,
     MIG_INFO,
     MIG_MEMORY_TOTAL,
     MIG_MEMORY_USED,

@@ -503,6 +503,21 @@ def _pools(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     }
     for gpu in gpus.values():
         gpu.pool = by_node.get(gpu.hostname, "")
+    # Before the label: a GPU of an NVLink domain that spans nodes (an NVL72 rack) pools with its domain,
+    # "nvlink-<cluster UUID>", as uuid:gpumeter_pool:info does (docs/capacity.md, "Pools").
+    domain_of = {
+        labels["uuid"]: labels[contract.NVLINK_DOMAIN]
+        for labels, _ in window.query(
+            f"group by (uuid, {contract.NVLINK_DOMAIN}) (last_over_time({contract.FABRIC_INFO.name}[W]))"
+        )
+        if labels.get(contract.NVLINK_DOMAIN) and labels.get("uuid") in gpus
+    }
+    hosts: dict[str, set[str]] = {}
+    for uuid, domain in domain_of.items():
+        hosts.setdefault(domain, set()).add(gpus[uuid].hostname)
+    for uuid, domain in domain_of.items():
+        if len(hosts[domain]) > 1:
+            gpus[uuid].pool = f"nvlink-{domain}"
 
 
 def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:

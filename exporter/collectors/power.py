@@ -1,4 +1,4 @@
-"""Power draw, the enforced limit and the energy counter."""
+"""Power draw, the enforced and the power-management limits, and the energy counter."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ class PowerCollector:
         limit = device.call("power_limit", N.nvmlDeviceGetEnforcedPowerLimit, device.handle)
         if limit is not None:
             out.add(contract.POWER_LIMIT, labels, limit / 1000)
+        managed = device.call("power_management_limit", N.nvmlDeviceGetPowerManagementLimit, device.handle)
+        if managed is not None:
+            out.add(contract.POWER_MANAGEMENT_LIMIT, labels, managed / 1000)
         millijoules = device.field(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
         if millijoules is None:  # field unsupported: the dedicated call, remembered if that fails too
             millijoules = device.call("energy", N.nvmlDeviceGetTotalEnergyConsumption, device.handle)
