@@ -94,7 +94,6 @@ def _export(ledger, tmp_path, grain: str, version: str):
 @pytest.mark.parametrize("book", BOOKS)
 @pytest.mark.parametrize("grain", ["hour", "day"])
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.xfail(strict=True, reason="the export does not yet follow the rules between rows")
 def test_every_origin_charge_can_be_rebuilt_from_its_rows(demo_ledgers, tmp_path, book, grain, version):
     ledger = demo_ledgers[book]
     origins = origins_from_ledger(ledger, START, END, grain)
