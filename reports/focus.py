@@ -35,7 +35,6 @@ from gpumeter.reports.model import HOUR, Holding, Report, version_label
 
 VERSIONS = ("1.3", "1.4", "1.2")  # the first is the default (docs/reports.md, "FOCUS 1.4")
 FOCUS_VERSION = VERSIONS[0]
-PLATFORM_ACCOUNT = ("__platform__", "GPU platform", "Platform")
 
 # (column, nullable, type) in output order. Types: decimal, datetime, string, json, or an allowed-value set.
 CHARGE_CATEGORIES = {"Usage", "Purchase", "Tax", "Credit", "Adjustment"}
