@@ -92,9 +92,10 @@ def register(subparsers) -> None:
     parser.add_argument("--service-name", default="Kubernetes GPU", help="FOCUS ServiceName")
     parser.add_argument(
         "--focus-version",
-        choices=["1.3", "1.2"],
+        choices=["1.3", "1.4", "1.2"],
         default="1.3",
-        help="FOCUS version of the focus file: 1.3 (default: split cost allocation) or 1.2",
+        help="FOCUS version of the focus file: 1.3 (default: split cost allocation), 1.4 (1.3 less "
+        "ProviderName and PublisherName) or 1.2",
     )
     parser.add_argument(
         "--keep-formulas",

@@ -15,24 +15,26 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
 from gpumeter import contract
+from gpumeter.billing.ledger.base import LineTotal
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.reports import csvfile
-from gpumeter.reports.model import HOUR, WHOLE_GPU, Holding, Report, version_label
+from gpumeter.reports.model import HOUR, Holding, Report, version_label
 
-VERSIONS = ("1.3", "1.2")  # the first is the default
+VERSIONS = ("1.3", "1.4", "1.2")  # the first is the default (docs/reports.md, "FOCUS 1.4")
 FOCUS_VERSION = VERSIONS[0]
-PLATFORM_ACCOUNT = ("__platform__", "GPU platform", "Platform")
 
 # (column, nullable, type) in output order. Types: decimal, datetime, string, json, or an allowed-value set.
 CHARGE_CATEGORIES = {"Usage", "Purchase", "Tax", "Credit", "Adjustment"}
@@ -143,26 +145,26 @@ MANDATORY = {
     "ServiceCategory",
     "ServiceName",
 }
-CUSTOM: list[tuple[str, bool, object]] = [
-    ("x_GpuModel", True, "string"),
-    ("x_MigProfile", True, "string"),
-    ("x_GpuUuid", False, "string"),
-    ("x_GpuInstanceId", True, "string"),
-    (
-        "x_LineKind",
-        False,
-        {kind.value for kind in LineKind},
-    ),
-    ("x_Team", True, "string"),
-    ("x_Namespace", False, "string"),
-    ("x_Pod", True, "string"),
-    ("x_Container", True, "string"),
-    ("x_SliceHours", True, "decimal"),
-    ("x_GpuUtilizationAvg", True, "decimal"),
-    ("x_UtilizationEfficiency", True, "decimal"),
-    ("x_PriceBookVersion", True, "string"),
-    ("x_Unpriced", False, {"true", "false"}),
-]
+CUSTOM: list[tuple[str, bool, object]] = sorted(  # alphabetical (docs/reports.md, "Custom columns")
+    [
+        ("x_Cluster", True, "string"),  # the ledger line's cluster, where it names one
+        ("x_Container", True, "string"),
+        ("x_GpuHours", False, "decimal"),  # the weighted GPU-hours the ledger line states
+        ("x_GpuInstanceId", True, "string"),
+        ("x_GpuModel", True, "string"),
+        ("x_GpuUtilizationAvg", True, "decimal"),
+        ("x_GpuUuid", False, "string"),
+        ("x_LineKind", False, {kind.value for kind in LineKind}),
+        ("x_MigProfile", True, "string"),
+        ("x_Namespace", False, "string"),
+        ("x_Pod", True, "string"),
+        ("x_PriceBookVersion", True, "string"),
+        ("x_SliceHours", True, "decimal"),
+        ("x_Team", True, "string"),
+        ("x_Unpriced", False, {"true", "false"}),
+        ("x_UtilizationEfficiency", True, "decimal"),
+    ]
+)
 # FOCUS 1.3: the 1.2 columns (ProviderName and PublisherName deprecated, still mandatory) and these
 # (tests/reports/data/focus-1.3-columns.json names the spec text of each).
 ADDED_IN_13: list[tuple[str, bool, object]] = [
@@ -177,8 +179,17 @@ ADDED_IN_13: list[tuple[str, bool, object]] = [
 ]
 COLUMNS_13 = sorted(COLUMNS + ADDED_IN_13)
 MANDATORY_13 = MANDATORY | {"HostProviderName", "ServiceProviderName"}
+# FOCUS 1.4's cost-and-usage dataset: 1.3's columns less ProviderName and PublisherName, which 1.4
+# removes (docs/reports.md, "FOCUS 1.4"); its new columns are conditional on features gpumeter has not
+REMOVED_IN_14 = {"ProviderName", "PublisherName"}
+COLUMNS_14 = [c for c in COLUMNS_13 if c[0] not in REMOVED_IN_14]
+MANDATORY_14 = MANDATORY_13 - REMOVED_IN_14
 HEADER = [c[0] for c in COLUMNS] + [c[0] for c in CUSTOM]  # 1.2
-HEADERS = {"1.2": HEADER, "1.3": [c[0] for c in COLUMNS_13] + [c[0] for c in CUSTOM]}
+HEADERS = {
+    "1.2": HEADER,
+    "1.3": [c[0] for c in COLUMNS_13] + [c[0] for c in CUSTOM],
+    "1.4": [c[0] for c in COLUMNS_14] + [c[0] for c in CUSTOM],
+}
 _SPEC = {name: (nullable, kind) for name, nullable, kind in COLUMNS_13 + CUSTOM}
 
 
@@ -216,7 +227,10 @@ METHODS: dict[str, Method] = {
     LineKind.IDLE_SHARE: Method(
         "gpumeter.idle-spread", "GPU-Hours", "idle", "idle capacity spread by tenant amounts"
     ),
+    # a whole GPU held by one holder for part of its hours, or by holders one after another
+    "whole": Method("gpumeter.whole-gpu-time", "GPU-Hours", "", "whole GPU by the hours each holder held it"),
 }
+WHOLE_GPU_METHOD = "whole"
 _PRECEDENCE = list(METHODS)  # a platform line takes the first method among its GPU-hour's holders
 
 _DECIMAL = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
@@ -285,14 +299,81 @@ def _method(holding: Holding, body: dict) -> str:
     return holding.mode
 
 
+class _Origin:
+    """An origin charge (docs/reports.md, "FOCUS origin charges"): one GPU's charge for one bucket (an
+    hour, or a UTC day at day grain) under one price-book version. Its rows are the GPU's ledger lines
+    of the bucket; they share every FOCUS dimension, and their summable metrics add up to it."""
+
+    def __init__(self, report: Report, charges: list[LineTotal], present: Decimal | None):
+        first = charges[0]
+        self.charges = charges
+        self.unpriced = first.amount is None
+        self.rate = None if self.unpriced else report.rate(first)
+        self.billed = sum((c.amount or ZERO for c in charges), ZERO)
+        capacity = [c.quantity if c.kind not in _OVERLAPPING else ZERO for c in charges]
+        # the GPU-hours present: from the facts where known, else what the capacity lines state
+        self.quantity = present if present is not None else sum(capacity, ZERO)
+        weights = [c.amount or ZERO for c in charges] if self.billed else capacity
+        self.quantities = _largest_remainder(self.quantity, weights, QUANTITY_QUANTUM)
+
+    def list_cost(self, quantity: Decimal) -> Decimal:
+        return ZERO if self.rate is None else self.rate * quantity
+
+
+QUANTITY_QUANTUM = Decimal("0.000001")
+ZERO = Decimal(0)
+# lines whose quantity repeats GPU-hours a tenant line already states (the part of them a discount or
+# a tier took off): they weigh nothing when an origin's quantity is split by quantity
+_OVERLAPPING = {LineKind.SHARING_SHORTFALL, LineKind.UTILIZATION_SHORTFALL}
+
+
+def _largest_remainder(total: Decimal, weights: list[Decimal], quantum: Decimal) -> list[Decimal]:
+    """``total`` split in proportion to ``weights`` into multiples of ``quantum`` that sum to it
+    exactly: each part floored, the rest handed out a quantum at a time by largest remainder (first
+    listed first on ties). Equal parts where every weight is 0."""
+    units = int((total / quantum).to_integral_value())
+    if not weights:
+        return []
+    given = [Fraction(w) for w in weights]
+    whole = sum(given, Fraction(0))
+    if whole == 0:
+        given, whole = [Fraction(1)] * len(weights), Fraction(len(weights))
+    exact = [units * w / whole for w in given]
+    parts = [math.floor(e) for e in exact]
+    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - parts[i]), i))
+    for i in order[: units - sum(parts)]:
+        parts[i] += 1
+    return [Decimal(p) * quantum for p in parts]
+
+
+def origins(report: Report) -> dict[int, tuple[_Origin, int]]:
+    """id(charge) → (its origin charge, its place among the origin's rows)."""
+    grouped: dict[tuple, list[LineTotal]] = defaultdict(list)
+    for c in report.charges:
+        grouped[(c.bucket, c.uuid, c.price_version_id, c.currency)].append(c)
+    versions: dict[tuple[datetime, str], int] = defaultdict(int)
+    for bucket, uuid, _, _ in grouped:
+        versions[(bucket, uuid)] += 1
+    out: dict[int, tuple[_Origin, int]] = {}
+    for (bucket, uuid, _, _), charges in grouped.items():
+        gpu = (report.gpus or {}).get((bucket, uuid))
+        # a bucket two price versions share: each origin's quantity is what its own lines state
+        present = gpu.present if gpu is not None and versions[(bucket, uuid)] == 1 else None
+        origin = _Origin(report, charges, present)
+        out.update({id(c): (origin, i) for i, c in enumerate(charges)})
+    return out
+
+
 class _Allocations:
     """The FOCUS 1.3 split cost allocation columns of a report's rows (docs/reports.md, "FOCUS 1.3
-    split cost allocation"). The origin charge of a row is its GPU's split lines of the row's bucket
-    (an hour or a UTC day): every such line is an allocated charge of it, AllocatedRatio its share of
-    that cost, and the ratios of one origin charge sum to 1."""
+    split cost allocation"). Every row of an origin charge of more than one row is an allocated
+    charge of it: AllocatedRatio its share of the origin's billed cost, the ratios of one origin
+    summing to 1; a holder's row names the holder (AllocatedResourceId), a platform line is the
+    unallocated portion (no AllocatedResourceId)."""
 
-    def __init__(self, report: Report):
+    def __init__(self, report: Report, origin_of: dict[int, tuple[_Origin, int]]):
         self.report = report
+        self.origin_of = origin_of
         self.splits = report.splits
         if self.splits is None:
             raise ValueError("FOCUS 1.3 needs the report built with splits=True (reports.model.read_splits)")
@@ -302,14 +383,6 @@ class _Allocations:
         for bucket, held in self.splits.items():
             for key, holdings in held.items():
                 self.by_gpu[(bucket, key[0])] |= holdings
-        # the origin charge of a split row: its GPU's split rows of the same bucket
-        self.holdings = {id(c): self._holdings(c) for c in report.charges}
-        self.origin: dict[tuple, Decimal] = defaultdict(Decimal)
-        self.origin_quantity: dict[tuple, Decimal] = defaultdict(Decimal)
-        for c in report.charges:
-            if self.holdings[id(c)]:
-                self.origin[(c.bucket, c.uuid)] += c.amount or 0
-                self.origin_quantity[(c.bucket, c.uuid)] += c.quantity
 
     def _holdings(self, c) -> set[Holding]:
         """The holdings of the split GPU-hours of a charge's bucket: its holder's, for a tenant line;
@@ -319,23 +392,24 @@ class _Allocations:
             return self.splits.get(c.bucket, {}).get(key, set())
         return self.by_gpu.get((c.bucket, c.uuid), set())
 
-    def columns(self, c) -> dict[str, str]:
+    def columns(self, c, period_start: str) -> dict[str, str]:
         """AllocatedMethodId, -Details, -ResourceId, -ResourceName and -Tags of charge ``c`` (all null
-        where its GPU-hours were not split)."""
+        where its origin charge is its only row: nothing was split)."""
+        origin, _ = self.origin_of[id(c)]
+        if len(origin.charges) == 1:
+            return dict.fromkeys(ALLOCATION_COLUMNS, "")
         tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
         body = self.bodies.get(c.price_version_id, {})
-        holdings = self.holdings[id(c)]
-        if not holdings:
-            return dict.fromkeys(ALLOCATION_COLUMNS, "")
-        methods = sorted({_method(h, body) for h in holdings}, key=_PRECEDENCE.index)
+        holdings = self._holdings(c)
+        methods = sorted({_method(h, body) for h in holdings} or {WHOLE_GPU_METHOD}, key=_PRECEDENCE.index)
         if c.kind == LineKind.IDLE_SHARE:
             methods = [LineKind.IDLE_SHARE.value]
         method = METHODS[methods[0]]
-        origin = self.origin[(c.bucket, c.uuid)]
-        if origin:
-            ratio = (c.amount or Decimal(0)) / origin
-        else:  # nothing priced (a rate of 0): by quantity
-            ratio = c.quantity / self.origin_quantity[(c.bucket, c.uuid)]
+        if origin.billed:
+            ratio = (c.amount or ZERO) / origin.billed
+        else:  # nothing priced (a rate of 0, or unpriced): by the quantity the row was given
+            part = origin.quantities[self.origin_of[id(c)][1]]
+            ratio = part / origin.quantity if origin.quantity else Decimal(1) / len(origin.charges)
         element: dict[str, object] = {
             "AllocatedRatio": float(round(ratio, 12)),
             "UsageUnit": method.usage_unit if tenant else "GPU-Hours",
@@ -345,18 +419,20 @@ class _Allocations:
             "Elements": [element],
             "x_OriginCharge": {
                 "ResourceId": c.uuid,
-                "ChargePeriodStart": _ts(c.bucket),
-                "BilledCost": self.report.money(origin),
+                "ChargePeriodStart": period_start,
+                "BilledCost": self.report.money(origin.billed),
+                "SkuPriceId": _sku_price_id(c, self.labels),
             },
             "x_LineKind": c.kind,
-            "x_Policy": body.get(method.policy, "equal" if method.policy == "sharing_split" else ""),
             "x_PriceBookVersion": self.labels.get(c.price_version_id, ""),
         }
+        if method.policy:
+            details["x_Policy"] = body.get(method.policy, "equal" if method.policy == "sharing_split" else "")
         if len(methods) > 1:
             details["x_Methods"] = [METHODS[m].id for m in methods]
-        if c.kind == LineKind.TENANT:
+        if c.kind == LineKind.TENANT and holdings:
             details.update(self._figures(c, holdings, body))
-        if not tenant:  # the platform's part of the origin charge: allocated to no resource
+        if not tenant:  # the platform's part of the origin charge: the unallocated portion
             return {
                 "AllocatedMethodDetails": _json(details),
                 "AllocatedMethodId": method.id,
@@ -405,7 +481,7 @@ class _Allocations:
         return {key: value for key, value in figures.items() if value is not None}
 
 
-TAG_PREFIX = "gpumeter/"  # AllocatedTags' data generator-defined tag scheme
+TAG_PREFIX = "gpumeter/"  # the data generator-defined tag scheme of Tags and AllocatedTags
 ALLOCATION_COLUMNS = (
     "AllocatedMethodDetails",
     "AllocatedMethodId",
@@ -413,6 +489,30 @@ ALLOCATION_COLUMNS = (
     "AllocatedResourceName",
     "AllocatedTags",
 )
+POOL_ACCOUNT_TYPE, CLUSTER_ACCOUNT_TYPE = "GPU Pool", "Cluster"
+
+
+def _sku_price_id(c: LineTotal, labels: dict[int, str]) -> str:
+    # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
+    label = "unpriced" if c.amount is None else labels.get(c.price_version_id, "unpriced")  # type: ignore[arg-type]
+    return f"{c.model.lower()}:{label}"
+
+
+def sub_account(c: LineTotal) -> tuple[str, str, str]:
+    """SubAccountId, -Name and -Type of a charge: a grouping the whole GPU-hour shares on the
+    provider's side (docs/reports.md, "FOCUS origin charges"). The cluster where the ledger line
+    names one; else the GPU pool, which is the GPU model here: the ledger keeps no node pool label,
+    and docs/capacity.md pools a GPU without one by its model."""
+    cluster = getattr(c, "cluster", None)
+    if cluster:
+        return cluster, cluster, CLUSTER_ACCOUNT_TYPE
+    return f"pool/{c.model}", c.model, POOL_ACCOUNT_TYPE
+
+
+def _charge_period(report: Report, c: LineTotal) -> tuple[datetime, datetime]:
+    """The origin charge's period: its bucket (an hour, or a UTC day), within the report's period."""
+    length = HOUR if report.grain == "hour" else timedelta(days=1)
+    return max(c.bucket, report.period.start), min(c.bucket + length, report.period.end)
 
 
 def rows(
@@ -422,22 +522,26 @@ def rows(
     service: str = "Kubernetes GPU",
     version: str = FOCUS_VERSION,
 ) -> list[dict]:
-    """The FOCUS rows of a report, in the report's charge order (deterministic)."""
+    """The FOCUS rows of a report, in the report's charge order (deterministic): every row of one
+    origin charge carries the origin's dimensions; who or what a row charges is in the Allocated*
+    (1.3, 1.4) and x_ columns only."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
     out = []
     period = report.period
     labels = {v.id: version_label(v) for v in report.price_versions}
-    allocations = _Allocations(report) if version == "1.3" else None
+    origin_of = origins(report)
+    allocations = _Allocations(report, origin_of) if version != "1.2" else None
+    gpus = report.gpus or {}
     for c in report.charges:
+        origin, place = origin_of[id(c)]
         mig = bool(c.gpu_instance_id)
         tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
-        unpriced = c.amount is None
-        rate = None if unpriced else report.rate(c)
-        slices = report.slices(c)
-        amount = Decimal(0) if unpriced else c.amount
-        list_cost = (rate * c.quantity) if rate is not None else Decimal(0)
+        unpriced = origin.unpriced
+        quantity = origin.quantities[place]
+        list_cost = origin.list_cost(quantity)
         profile = c.mig_profile if mig else ""
+        slices = report.slices(c)
         if unpriced and c.price_version_id is None:
             description = (
                 f"Unpriced GPU model {c.model}: no price-book version in effect for the hour; "
@@ -448,15 +552,12 @@ def rows(
                 f"Unpriced GPU model {c.model}: price-book version {labels.get(c.price_version_id, '')} "
                 "has no rate for it; quantity only, not billed"
             )
-        elif c.kind == LineKind.TENANT:
-            what = f"MIG {c.mig_profile} instance" if mig else "whole GPU"
-            description = f"GPU usage: {what} on {c.model}"
         else:
-            description = DESCRIPTIONS.get(c.kind, c.kind)
-        sub = (c.namespace, c.namespace, "Namespace") if tenant else PLATFORM_ACCOUNT
-        consumed, consumed_unit = (
-            (slices, "Slice-Hours") if (mig and tenant and slices) else (c.quantity, "GPU-Hours")
-        )
+            description = f"GPU time on {c.model}, split among its holders and the platform (x_LineKind)"
+        start, end = _charge_period(report, c)
+        sub = sub_account(c)
+        gpu = gpus.get((c.bucket, c.uuid))
+        cluster = getattr(c, "cluster", None) or ""
         utilization = (
             Decimal(repr(round(c.utilization_weighted / float(c.utilization_quantity), 6)))
             if c.utilization_quantity
@@ -467,13 +568,12 @@ def rows(
             if c.efficiency_quantity
             else None
         )
-        tags = {"gpu_model": c.model, "kind": c.kind, "mig_profile": profile or WHOLE_GPU}
-        allocated = allocations.columns(c) if allocations else {}
-        if tenant and not allocated.get("AllocatedTags"):  # else the holder's tags are AllocatedTags
-            tags["team"] = c.team
-            tags["namespace"] = c.namespace
+        # the origin's own tags: every row of it carries them; the holder's are AllocatedTags (1.3)
+        tags = {"gpu_model": c.model, "pool": c.model}
+        if cluster:
+            tags["cluster"] = cluster
         row = {
-            "BilledCost": _num(amount),
+            "BilledCost": _num(c.amount or ZERO),
             "BillingAccountId": account,
             "BillingAccountName": account,
             "BillingCurrency": c.currency,
@@ -483,53 +583,54 @@ def rows(
             "ChargeClass": "",
             "ChargeDescription": description,
             "ChargeFrequency": "Usage-Based",
-            "ChargePeriodEnd": _ts(c.last_hour + HOUR),
-            "ChargePeriodStart": _ts(c.first_hour),
-            "ConsumedQuantity": _num(consumed),
-            "ConsumedUnit": consumed_unit,
+            "ChargePeriodEnd": _ts(end),
+            "ChargePeriodStart": _ts(start),
+            "ConsumedQuantity": _num(quantity),
+            "ConsumedUnit": "GPU-Hours",
             "ContractedCost": _num(list_cost),
-            "ContractedUnitPrice": _num(rate),
-            "EffectiveCost": _num(amount),
+            "ContractedUnitPrice": _num(origin.rate),
+            "EffectiveCost": _num(c.amount or ZERO),
             "InvoiceId": f"{account}-{period.label}",
             "InvoiceIssuerName": account,
             "ListCost": _num(list_cost),
-            "ListUnitPrice": _num(rate),
+            "ListUnitPrice": _num(origin.rate),
             "PricingCategory": "Other" if unpriced else "Standard",
-            "PricingQuantity": _num(c.quantity),
+            "PricingQuantity": _num(quantity),
             "PricingUnit": "GPU-Hours",
             "ProviderName": account,
             "PublisherName": account,
-            "ResourceId": f"{c.uuid}/{c.gpu_instance_id}" if mig else c.uuid,
-            "ResourceName": f"{c.namespace}/{c.pod}" if (tenant and c.pod) else c.uuid,
-            "ResourceType": "MIG Instance" if mig else "GPU",
+            "ResourceId": c.uuid,
+            # a name a person reads: the node and the GPU's index on it, and the model; null unknown
+            "ResourceName": f"{gpu.hostname} GPU {gpu.index} ({c.model})" if gpu and gpu.hostname else "",
+            "ResourceType": "GPU",
             "ServiceCategory": "Compute",
             "ServiceName": service,
             "ServiceSubcategory": "Containers",
-            "SkuId": f"mig-{c.mig_profile}" if mig else f"gpu-{c.model.lower()}",
-            # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
-            "SkuPriceId": f"{c.model.lower()}:{profile or 'whole'}:"
-            + ("unpriced" if unpriced else labels.get(c.price_version_id, "unpriced")),
+            "SkuId": f"gpu-{c.model.lower()}",
+            "SkuPriceId": _sku_price_id(c, labels),
             "SubAccountId": sub[0],
             "SubAccountName": sub[1],
             "SubAccountType": sub[2],
-            "Tags": _json(tags),
-            "x_GpuModel": c.model,
-            "x_MigProfile": profile,
-            "x_GpuUuid": c.uuid,
+            "Tags": _json({f"{TAG_PREFIX}{k}": v for k, v in tags.items()}),
+            "x_Cluster": cluster,
+            "x_Container": c.container,
+            "x_GpuHours": _num(c.quantity),
             "x_GpuInstanceId": c.gpu_instance_id,
+            "x_GpuModel": c.model,
+            "x_GpuUtilizationAvg": _num(utilization),
+            "x_GpuUuid": c.uuid,
             "x_LineKind": LineKind.UNPRICED.value if unpriced else c.kind,
-            "x_Team": c.team,
+            "x_MigProfile": profile,
             "x_Namespace": c.namespace,
             "x_Pod": c.pod,
-            "x_Container": c.container,
+            "x_PriceBookVersion": labels.get(c.price_version_id, ""),  # type: ignore[arg-type]
             "x_SliceHours": _num(slices) if mig and tenant else "",
-            "x_GpuUtilizationAvg": _num(utilization),
-            "x_UtilizationEfficiency": _num(efficiency),
-            "x_PriceBookVersion": labels.get(c.price_version_id, ""),
+            "x_Team": c.team,
             "x_Unpriced": "true" if unpriced else "false",
+            "x_UtilizationEfficiency": _num(efficiency),
         }
         if allocations:
-            row.update(allocated)
+            row.update(allocations.columns(c, _ts(start)))
             row.update(ContractApplied="", HostProviderName=account, ServiceProviderName=account)
         out.append(row)
     return out
@@ -559,13 +660,20 @@ def write_csv(
 
 
 def header_version(header: list[str]) -> str:
-    """The FOCUS version of a header: 1.3 names ServiceProviderName, 1.2 does not."""
-    return "1.3" if "ServiceProviderName" in header else "1.2"
+    """The FOCUS version of a header: 1.3 and 1.4 name ServiceProviderName, 1.2 does not; 1.4 has no
+    ProviderName."""
+    if "ServiceProviderName" not in header:
+        return "1.2"
+    return "1.3" if "ProviderName" in header else "1.4"
 
 
 def check_header(header: list[str]) -> list[str]:
-    problems = []
-    mandatory = MANDATORY_13 if header_version(header) == "1.3" else MANDATORY
+    problems: list[str] = []
+    version = header_version(header)
+    mandatory = {"1.2": MANDATORY, "1.3": MANDATORY_13, "1.4": MANDATORY_14}[version]
+    custom = [name for name in header if name.startswith("x_")]
+    if custom != sorted(custom):
+        problems.append("header: custom columns not in alphabetical order")
     missing = [c for c in mandatory if c not in header]
     if missing:
         problems.append(f"header: missing mandatory FOCUS columns {sorted(missing)}")
@@ -740,18 +848,22 @@ RATIO_TOLERANCE = 1e-9  # the ratios are rounded to 12 places: their sum is 1 to
 def check_ratios(focus_rows: list[dict]) -> list[str]:
     """The AllocatedRatio of the rows of one origin charge (a GPU's split lines of one bucket, named
     by each row's ``x_OriginCharge``) sum to 1 (FOCUS 1.3 AllocatedMethodDetails)."""
-    sums: dict[tuple[str, str], float] = defaultdict(float)
+    sums: dict[tuple[str, str, str], float] = defaultdict(float)
     for row in focus_rows:
         if row.get("AllocatedMethodId"):
             details = json.loads(row["AllocatedMethodDetails"])
             origin = details.get("x_OriginCharge") or {}
-            key = (str(origin.get("ResourceId")), str(origin.get("ChargePeriodStart")))
+            key = (
+                str(origin.get("ResourceId")),
+                str(origin.get("ChargePeriodStart")),
+                str(origin.get("SkuPriceId")),
+            )
             sums[key] += sum(
                 e.get("AllocatedRatio", 0) for e in json.loads(row["AllocatedMethodDetails"])["Elements"]
             )
     return [
         f"origin charge {uuid} at {start}: AllocatedRatio sums to {total!r}, not 1"
-        for (uuid, start), total in sorted(sums.items())
+        for (uuid, start, _), total in sorted(sums.items())
         if abs(total - 1) > RATIO_TOLERANCE
     ]
 

@@ -415,6 +415,18 @@ class Holding:
 
 
 HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
+PRESENCE_QUANTUM = Decimal("0.000001")  # pricing's quantity quantum (billing.allocate.QUANTITY_QUANTUM)
+
+
+@dataclass
+class GpuBucket:
+    """One GPU over one grain bucket, from the stored facts: the node and index that name it, and the
+    GPU-hours it was present (each hour's present seconds / 3600 to pricing's quantum, summed): the
+    quantity of the FOCUS origin charge (reports.focus)."""
+
+    hostname: str = ""
+    index: str = ""
+    present: Decimal = ZERO
 
 
 def _replica_mode(a: Allocation) -> str:
@@ -427,17 +439,28 @@ def _replica_mode(a: Allocation) -> str:
 
 
 def read_splits(
-    ledger: Ledger, period: Period, grain: str = "day"
+    ledger: Ledger,
+    period: Period,
+    grain: str = "day",
+    gpus: dict[tuple[datetime, str], GpuBucket] | None = None,
 ) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
     """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
     of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
     vGPUs); a GPU held whole by one holder is no split. Read from the stored facts hour by hour; kept
-    per bucket, as the report's charges are, so a month by day holds a day's worth of holders."""
+    per bucket, as the report's charges are, so a month by day holds a day's worth of holders. With
+    ``gpus``, fills in each GPU's `GpuBucket` from the same pass over the facts."""
     out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
     hour = period.start
     while hour < period.end:
-        bucket = out.setdefault(hour if grain == "hour" else hour.replace(hour=0), {})
+        start = hour if grain == "hour" else hour.replace(hour=0)
+        bucket = out.setdefault(start, {})
         for gpu_hour in ledger.facts(hour):
+            if gpus is not None:
+                device = gpu_hour.device
+                gpu = gpus.setdefault((start, device.uuid), GpuBucket())
+                gpu.hostname, gpu.index = device.hostname or gpu.hostname, device.gpu or gpu.index
+                seconds = max(0, min(device.present_seconds, 3600))
+                gpu.present += (Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM)
             slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
             used: dict[str, bool] = defaultdict(
                 bool
@@ -502,6 +525,8 @@ class Report:
     splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None = None
     # changes to the period's billed hours after they were first billed (re-prices, re-ingests)
     billed_changes: list[BilledChange] = field(default_factory=list)
+    # per (charge bucket, GPU uuid), the GPU's node, index and presence (read with splits); None: not read
+    gpus: dict[tuple[datetime, str], GpuBucket] | None = None
     # per cluster, what its lines cost (tenants and platform): empty where the store has no cluster
     # label, and then no report shows a cluster anywhere (their bytes are as before clusters)
     clusters: list[tuple[str, Usage]] = field(default_factory=list)
@@ -632,6 +657,7 @@ def build_report(
     charges = sorted(
         of_clusters(ledger.line_totals(period.start, period.end, grain), clusters), key=_sort_key
     )
+    gpu_buckets: dict[tuple[datetime, str], GpuBucket] = {}
     previous_period = period.previous()
     previous = (
         of_clusters(ledger.line_totals(previous_period.start, previous_period.end, "range"), clusters)
@@ -812,7 +838,8 @@ def build_report(
         ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
         billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
-        splits=read_splits(ledger, period, grain) if splits else None,
+        splits=read_splits(ledger, period, grain, gpu_buckets) if splits else None,
+        gpus=gpu_buckets if splits else None,
         clusters=sorted(by_cluster.items(), key=lambda kv: (-kv[1].cost, kv[0])),
         only_clusters=tuple(clusters),
     )

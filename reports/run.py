@@ -77,8 +77,9 @@ def generate(
         grain=grain,
         top=options.top,
         budgets=budgets,
-        # how shared GPU-hours were split: read from the facts, only for FOCUS 1.3's allocation columns
-        splits="focus" in formats and options.focus_version == "1.3",
+        # how shared GPU-hours were split and each GPU's node and presence: read from the facts for
+        # FOCUS (origin charges, ResourceName, and 1.3's allocation columns)
+        splits="focus" in formats,
         clusters=clusters,
     )
     files = render(report, out, formats, options)

@@ -142,13 +142,17 @@ def _details_problems(value: str, spec: dict) -> list[str]:
     return problems
 
 
-def schema_problems(path: Path) -> list[str]:
-    """Every departure of a 1.3 export from the definitions: columns, types, nulls, allowed values,
-    the allocation columns' rules, and AllocatedRatio summing to 1 per origin charge."""
+def schema_problems(path: Path, version: str = "1.3") -> list[str]:
+    """Every departure of a 1.3 (or 1.4: less the columns the definitions say 1.4 removed) export from
+    the definitions: columns, types, nulls, allowed values, the allocation columns' rules, and
+    AllocatedRatio summing to 1 per origin charge."""
     header, rows = rows_of(path)
-    problems = [f"header: {c} missing" for c in COLUMNS if c not in header]
+    columns = {n: s for n, s in COLUMNS.items() if not (version == "1.4" and s.get("removed") == "1.4")}
+    problems = [f"header: {c} missing" for c in columns if c not in header]
     problems += [
-        f"header: {c} is no FOCUS 1.3 column" for c in header if not c.startswith("x_") and c not in COLUMNS
+        f"header: {c} is no FOCUS {version} column"
+        for c in header
+        if not c.startswith("x_") and c not in columns
     ]
     ratios: dict[tuple, float] = defaultdict(float)
     for number, row in enumerate(rows, start=2):
@@ -156,7 +160,7 @@ def schema_problems(path: Path) -> list[str]:
         def bad(column: str, what: str, row=row, number=number) -> None:
             problems.append(f"row {number}: {column}: {what} (value {row.get(column)!r})")
 
-        for name, spec in COLUMNS.items():
+        for name, spec in columns.items():
             value = row.get(name, "")
             if value == "":
                 if not spec["allows_nulls"]:
@@ -183,7 +187,7 @@ def schema_problems(path: Path) -> list[str]:
             bad("AllocatedResourceId", "set on a charge not related to a split")
         if (
             split
-            and row["x_LineKind"] in ("unallocated", "stranded", "sharing_shortfall")
+            and row["x_LineKind"] in ("unallocated", "stranded", "sharing_shortfall", "utilization_shortfall")
             and row["AllocatedResourceId"]
         ):
             bad("AllocatedResourceId", "must be null on the unallocated portion")
@@ -200,7 +204,7 @@ def schema_problems(path: Path) -> list[str]:
             details = json.loads(row["AllocatedMethodDetails"])
             origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
             if not found and origin:
-                ratios[(origin["ResourceId"], origin["ChargePeriodStart"])] += sum(
+                ratios[(origin["ResourceId"], origin["ChargePeriodStart"], origin.get("SkuPriceId"))] += sum(
                     e["AllocatedRatio"] for e in details["Elements"]
                 )
     problems += [

@@ -109,6 +109,7 @@ def test_worked_example_a_mig_slices_as_allocatedrows_of(worked_ledger, tmp_path
         "BilledCost": "3.00",
         "ChargePeriodStart": FIRST_HOUR,
         "ResourceId": "GPU-a",
+        "SkuPriceId": team_a["SkuPriceId"],
     }
     assert details["x_PriceBookVersion"] == team_a["x_PriceBookVersion"] != ""
     assert (team_a["AllocatedResourceId"], team_a["AllocatedResourceName"]) == (
@@ -155,12 +156,14 @@ def test_worked_example_b_time_sliced_replicas_as_allocatedrows_of(worked_ledger
 
 
 def test_a_gpu_held_whole_is_no_split(worked_ledger, tmp_path):
-    # (c) the H100 research holds whole, then nobody: no allocation columns, team and namespace in Tags
+    # (c) the H100 research holds whole for 20 days, then nobody: each GPU-day is one row, its own
+    # origin charge, so no allocation columns; the holder is in the x_ columns, Tags are the GPU's
     _header, rows = rows_of(_export(worked_ledger, tmp_path))
     research = [r for r in rows if r["x_GpuUuid"] == "GPU-c"]
     assert research and all(r["AllocatedMethodId"] == r["AllocatedMethodDetails"] == "" for r in research)
     tenant = next(r for r in research if r["x_LineKind"] == "tenant")
-    assert json.loads(tenant["Tags"])["team"] == "gamma"
+    assert (tenant["x_Team"], tenant["x_Namespace"]) == ("gamma", "research")
+    assert json.loads(tenant["Tags"]) == {"gpumeter/gpu_model": "H100-80GB", "gpumeter/pool": "H100-80GB"}
     assert all(r["ServiceProviderName"] == r["HostProviderName"] == "gpumeter" for r in rows)
 
 
