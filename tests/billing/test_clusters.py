@@ -339,3 +339,90 @@ def test_a_re_ingest_changes_nothing_of_any_cluster(billed, prices):
     finally:
         ledger.close()
     assert after == before and audited == 0
+
+
+def test_the_cluster_label_is_a_setting(prices, tmp_path, capsys):
+    """A store whose series name their cluster ``k8s_cluster``: `billing ingest --cluster-label
+    k8s_cluster` bills east and west apart (a day: east 12 x 3.00 = 36.00 + 36.00 idle, west 24 x
+    6.88 = 165.12); read with the default label, the two clusters' one UUID is one GPU, as before
+    clusters, which is why the label must be named."""
+    text = _one_store([_history(c, "k8s_cluster", hours=24) for c in ("east", "west")])
+    server = _serve("prometheus", text, tmp_path / "store")
+    argv = ["billing", "ingest", "--prometheus", server.url, "--prices", str(prices.path)]
+    argv += ["--from", "2026-11-01T00:00:00Z", "--to", "2026-11-02T00:00:00Z"]
+    try:
+        for label in ("k8s_cluster", "cluster"):
+            db = tmp_path / f"{label}.db"
+            assert gpumeter.main([*argv, "--db", f"sqlite:///{db}", "--cluster-label", label]) == 0
+            ledger = open_ledger(f"sqlite:///{db}")
+            try:
+                lines, facts = ledger.lines(START, START + timedelta(days=1)), ledger.facts(START)
+            finally:
+                ledger.close()
+            money: dict[str, Decimal] = defaultdict(D)
+            for x in lines:
+                money[x.cluster] += x.amount
+            if label == "k8s_cluster":
+                assert dict(money) == {"east": D("72.00"), "west": D("165.12")}
+                assert sorted(f.device.cluster for f in facts) == ["east", "west"]
+            else:
+                assert set(money) == {""} and len(facts) == 1
+    finally:
+        server.stop()
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal: exit status 2, the value named
+        gpumeter.main([*argv, "--db", f"sqlite:///{tmp_path / 'x.db'}", "--cluster-label", "k8s-cluster"])
+    assert refused.value.code == 2
+    assert (
+        "--cluster-label: expected a Prometheus label name (value 'k8s-cluster')" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        ("east/west/ml", "ambiguous: expected namespace or cluster/namespace"),
+        ("/ml", "ambiguous: expected namespace or cluster/namespace"),
+        ("east/", "not a Kubernetes namespace name"),
+        ("east/ML", "not a Kubernetes namespace name"),
+    ],
+)
+def test_a_team_map_key_that_is_not_namespace_or_cluster_namespace_is_refused(tmp_path, capsys, key, problem):
+    from gpumeter.billing.config import ConfigError, load_team_map
+
+    teams = tmp_path / "teams.yaml"
+    teams.write_text(f"namespaces:\n  {key!r}: vision\n")
+    with pytest.raises(ConfigError) as refused:
+        load_team_map(teams)
+    assert str(refused.value).startswith(f"{teams}: namespaces.{key}: {problem}")
+    assert str(refused.value).endswith(f"(value {key!r})")
+    db = tmp_path / "ledger.db"
+    argv = [
+        "billing",
+        "ingest",
+        "--db",
+        f"sqlite:///{db}",
+        "--teams",
+        str(teams),
+        "--prometheus",
+        "http://127.0.0.1:1",
+    ]
+    assert gpumeter.main(argv) == 2
+    assert f"namespaces.{key}: {problem}" in capsys.readouterr().err
+    assert not db.exists()
+
+
+def test_a_namespace_named_in_one_cluster_wins_there_over_the_same_name_in_every_cluster(tmp_path):
+    from gpumeter.billing.config import load_team_map
+    from gpumeter.billing.models import teams_in_cluster
+
+    teams = tmp_path / "teams.yaml"
+    teams.write_text(
+        "namespaces:\n  ml-training: platform\n  east/ml-training: vision\n  research: science\n"
+    )
+    mapped = load_team_map(teams)
+    assert teams_in_cluster(mapped, "east") == {"ml-training": "vision", "research": "science"}
+    assert teams_in_cluster(mapped, "west") == {"ml-training": "platform", "research": "science"}
+    assert teams_in_cluster(mapped, "") == {"ml-training": "platform", "research": "science"}
+    plain = {"ml-training": "platform"}
+    assert teams_in_cluster(plain, "east") is plain  # no key names a cluster: the map itself
