@@ -980,6 +980,7 @@ BILLING_COST = _billing(
     MIG_PROFILE,
     KIND,
     CURRENCY,
+    CLUSTER_LABEL,  # its lines' cluster; left out while no line has one (a single cluster's store)
 )
 BILLING_GPU_HOURS = _billing(
     "gpumeter_billing_gpu_hours_total",
@@ -990,6 +991,7 @@ BILLING_GPU_HOURS = _billing(
     TEAM,
     MODEL,
     MIG_PROFILE,
+    CLUSTER_LABEL,
 )
 BILLING_UNPRICED_GPU_HOURS = _billing(
     "gpumeter_billing_unpriced_gpu_hours_total",
@@ -997,6 +999,7 @@ BILLING_UNPRICED_GPU_HOURS = _billing(
     "hours",
     "GPU-hours of models missing from the price book (billed nowhere until priced).",
     MODEL,
+    CLUSTER_LABEL,
 )
 BILLING_UNALLOCATED_COST = _billing(
     "gpumeter_billing_unallocated_cost_total",
@@ -1005,6 +1008,7 @@ BILLING_UNALLOCATED_COST = _billing(
     "Cost left with the platform: unallocated, stranded, sharing-efficiency and utilization-tier shortfall.",
     KIND,
     CURRENCY,
+    CLUSTER_LABEL,
 )
 BILLING_INGEST_RUNS = _billing("gpumeter_billing_ingest_runs_total", C, "", "Ingest runs by status.", STATUS)
 BILLING_LAST_SUCCESS = _billing(

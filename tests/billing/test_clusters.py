@@ -41,7 +41,7 @@ from gpumeter.exporter.simulator.history import write_history
 from gpumeter.reports.model import month_period
 from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
-from tests.reports.helpers import read_csv
+from tests.reports.helpers import html_tables, read_csv
 from tests.support.servers import VictoriaMetricsServer
 
 pytestmark = [pytest.mark.prometheus]
@@ -150,7 +150,7 @@ def _serve(backend: str, text: str, root: Path):
     root.mkdir(parents=True, exist_ok=True)
     if backend == "victoriametrics":
         # its response cache aligns a range query's steps to the step: each run's last hour would come
-        # back empty (docs/billing.md §2.4 says to run a global VictoriaMetrics so for billing)
+        # back empty (docs/billing.md §2.3 says to run a global VictoriaMetrics so for billing)
         server = VictoriaMetricsServer(root / "vm", extra_args=["-search.disableCache"]).start()
         try:
             server.import_openmetrics(text.splitlines(keepends=True))
@@ -287,6 +287,25 @@ def test_reports_by_cluster_namespace_team_and_one_cluster(billed, tmp_path, cap
     rows = read_csv(tmp_path / "cluster" / "gpumeter-2026-11-lines.csv")
     assert {r["cluster"] for r in rows} == set(FLEETS)
     assert sum(D(r["cost"]) for r in rows if r["cluster"] == "lab") == BY_CLUSTER["lab"]
+
+    # the chargeback HTML's cost per cluster
+    out = tmp_path / "html"
+    argv = [
+        "report",
+        "--db",
+        url,
+        "--period",
+        "2026-11",
+        "--by",
+        "cluster",
+        "--format",
+        "html",
+        "--out",
+        str(out),
+    ]
+    assert gpumeter.main([*argv, "--no-record"]) == 0
+    table = html_tables((out / "gpumeter-2026-11-by-cluster.html").read_text())["clusters"]
+    assert {row[0]: D(row[1].replace(",", "")) for row in table[1:]} == BY_CLUSTER
 
     doc = report(tmp_path / "namespace", "--by", "namespace")
     assert {g["group"]: D(g["cost"]) for g in doc["groups"]} == {
@@ -426,3 +445,26 @@ def test_a_namespace_named_in_one_cluster_wins_there_over_the_same_name_in_every
     assert teams_in_cluster(mapped, "") == {"ml-training": "platform", "research": "science"}
     plain = {"ml-training": "platform"}
     assert teams_in_cluster(plain, "east") is plain  # no key names a cluster: the map itself
+
+
+def test_billings_own_series_carry_the_cluster_under_the_stores_label(billed):
+    """/metrics of the clustered ledger: each cost series names its cluster, under the label name the
+    store uses; the clusters' costs are the month's, by hand."""
+    from gpumeter.service import build_app
+    from tests.billing.test_service import _metrics
+
+    db, _, _ = billed
+    ledger = open_ledger(f"sqlite:///{db}")
+    try:
+        for label in ("cluster", "k8s_cluster"):
+            families = _metrics(build_app(ledger, clock=lambda: END, cluster_label=label))
+            cost: dict[str, Decimal] = defaultdict(D)
+            for s in families["gpumeter_billing_cost"]:
+                cost[s.labels[label]] += D(str(s.value))
+            assert dict(cost) == BY_CLUSTER
+            idle = {s.labels[label]: s.value for s in families["gpumeter_billing_unallocated_cost"]}
+            assert idle == {"east": 1080.0, "lab": 1260.0}
+            hours = {s.labels[label]: s.value for s in families["gpumeter_billing_gpu_hours"]}
+            assert hours == {"east": 360.0, "west": 720.0, "lab": 300.0}
+    finally:
+        ledger.close()
