@@ -468,3 +468,41 @@ def test_billings_own_series_carry_the_cluster_under_the_stores_label(billed):
             assert hours == {"east": 360.0, "west": 720.0, "lab": 300.0}
     finally:
         ledger.close()
+
+
+def test_the_fleet_health_report_keeps_each_clusters_gpus_apart(prices, tmp_path):
+    """A day of east and west (one UUID, two GPUs) in one store, read by the fleet-health report: two
+    GPUs, each with its cluster's model and its 24 hours in service (merged, the UUID would be one
+    GPU of one model), the incidents grouped by cluster first, a cluster column on each GPU row."""
+    from gpumeter.reports import health_render
+    from gpumeter.reports.model import range_period
+
+    text = _one_store([_history(c, hours=24) for c in ("east", "west")])
+    server = _serve("prometheus", text, tmp_path / "store")
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with PrometheusClient(server.url) as client:
+            assert ingest_hours(client, ledger, prices, HOURS[:24], IngestConfig()).failed == []
+            report, _, _ = health_render.generate(
+                client,
+                ledger,
+                range_period(START, START + timedelta(days=1)),
+                ("json", "csv"),
+                tmp_path / "out",
+            )
+    finally:
+        ledger.close()
+        server.stop()
+    assert [(g.cluster, g.model, g.hours_up) for g in report.gpus] == [
+        ("east", "NVIDIA A100-SXM4-40GB", 24),
+        ("west", "NVIDIA H100 80GB HBM3", 24),
+    ]
+    assert len({g.uuid for g in report.gpus}) == 1
+    assert [(name, i.gpus, i.hours_up) for name, i in report.clusters] == [("east", 1, 24), ("west", 1, 24)]
+    doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert [c["cluster"] for c in doc["clusters"]] == ["east", "west"]
+    rows = read_csv(next((tmp_path / "out").glob("*-gpus.csv")))
+    assert [(r["cluster"], r["model"]) for r in rows] == [
+        ("east", "NVIDIA A100-SXM4-40GB"),
+        ("west", "NVIDIA H100 80GB HBM3"),
+    ]
