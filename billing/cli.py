@@ -185,7 +185,7 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
             default=defaults.cluster_label,
             help="the label a global store (VictoriaMetrics, Thanos, Mimir) names each series' cluster by; "
             "series without it are one cluster, billed as before (default: cluster, env "
-            "GPUMETER_CLUSTER_LABEL; docs/billing.md §2.4)",
+            "GPUMETER_CLUSTER_LABEL; docs/billing.md §2.3)",
         )
         parser.add_argument(
             "--gap-grace-intervals",

@@ -41,7 +41,7 @@ class Settings:
     utilization_tiers: str = "report"
     prometheus_timeout: float = REQUEST_TIMEOUT  # seconds for one request's whole answer
     deadline: float = IngestConfig.deadline  # seconds for a whole ingest run (0: none)
-    # the label naming each series' cluster in a global store (docs/billing.md §2.4)
+    # the label naming each series' cluster in a global store (docs/billing.md §2.3)
     cluster_label: str = os.environ.get("GPUMETER_CLUSTER_LABEL", IngestConfig.cluster_label)
     # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
     # secrets themselves, so neither the job store nor a log line ever holds one

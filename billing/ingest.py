@@ -133,7 +133,7 @@ class IngestConfig:
     # seconds an ingest of a range of hours may take in all (0: no deadline). Past it no query is
     # sent: the hour in flight is recorded failed, and later hours are left to the next run
     deadline: float = 3600.0
-    # the label a global store's series name their cluster by (docs/billing.md §2.4); a store whose
+    # the label a global store's series name their cluster by (docs/billing.md §2.3); a store whose
     # series carry none is one cluster, billed as before
     cluster_label: str = contract.CLUSTER_LABEL
 

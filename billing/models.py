@@ -31,7 +31,7 @@ def cluster_namespace(cluster: str, namespace: str) -> str:
 
 def teams_in_cluster(teams: dict[str, str], cluster: str) -> dict[str, str]:
     """The namespace→team map of one cluster's namespaces from a map whose keys name a namespace in
-    every cluster (``ml-training``) or in one (``east/ml-training``, docs/billing.md §2.4): the
+    every cluster (``ml-training``) or in one (``east/ml-training``, docs/billing.md §2.3): the
     latter win for their cluster. The map itself where no key names a cluster (one cluster's own
     Prometheus: nothing to work out per GPU-hour)."""
     if not any("/" in key for key in teams):

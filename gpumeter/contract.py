@@ -887,6 +887,7 @@ BILLING_COST = _billing(
     MIG_PROFILE,
     KIND,
     CURRENCY,
+    CLUSTER_LABEL,  # its lines' cluster; left out while no line has one (a single cluster's store)
 )
 BILLING_GPU_HOURS = _billing(
     "gpumeter_billing_gpu_hours_total",
@@ -897,6 +898,7 @@ BILLING_GPU_HOURS = _billing(
     TEAM,
     MODEL,
     MIG_PROFILE,
+    CLUSTER_LABEL,
 )
 BILLING_UNPRICED_GPU_HOURS = _billing(
     "gpumeter_billing_unpriced_gpu_hours_total",
@@ -904,6 +906,7 @@ BILLING_UNPRICED_GPU_HOURS = _billing(
     "hours",
     "GPU-hours of models missing from the price book (billed nowhere until priced).",
     MODEL,
+    CLUSTER_LABEL,
 )
 BILLING_UNALLOCATED_COST = _billing(
     "gpumeter_billing_unallocated_cost_total",
@@ -912,6 +915,7 @@ BILLING_UNALLOCATED_COST = _billing(
     "Cost left with the platform: unallocated, stranded, sharing-efficiency and utilization-tier shortfall.",
     KIND,
     CURRENCY,
+    CLUSTER_LABEL,
 )
 BILLING_INGEST_RUNS = _billing("gpumeter_billing_ingest_runs_total", C, "", "Ingest runs by status.", STATUS)
 BILLING_LAST_SUCCESS = _billing(

@@ -108,8 +108,21 @@ def register(subparsers) -> None:
         default=None,
         help="health report: the share of each pool's GPUs to keep spare, 0..1 (default 0.10, seed 002)",
     )
+    parser.add_argument(
+        "--cluster-label",
+        type=_label_name,
+        default=os.environ.get("GPUMETER_CLUSTER_LABEL", "cluster"),
+        help="health report: the label a global store names each series' cluster by (default cluster, "
+        "env GPUMETER_CLUSTER_LABEL); its GPUs are then (cluster, uuid), grouped by cluster",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not record the run in report_runs")
     parser.set_defaults(func=cmd_report)
+
+
+def _label_name(text: str) -> str:
+    from gpumeter.billing.cli import _label_name as label_name
+
+    return label_name(text)
 
 
 def _share(text: str) -> float:
@@ -251,6 +264,7 @@ def _health(args, ledger, period, now: datetime) -> int:
                 now=now,
                 record=not args.no_record,
                 spare_policy=args.spare_policy,
+                cluster_label=args.cluster_label,
             )
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)

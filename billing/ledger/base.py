@@ -145,29 +145,30 @@ class LedgerSummary:
 
 
 def summarise(
-    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None]],
+    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None, str | None]],
     last_hour: datetime | None,
     runs: dict[str, int],
 ) -> LedgerSummary:
     """The /metrics aggregates from (namespace, team, model, mig_profile, kind, currency, quantity,
-    amount) per line, the newest successful hour and the run counts: every ledger sums the same way,
-    in Python over Decimals (SQLite stores exact decimals as text)."""
+    amount, cluster) per line, the newest successful hour and the run counts: every ledger sums the
+    same way, in Python over Decimals (SQLite stores exact decimals as text)."""
     cost: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
     hours: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
-    unpriced: dict[str, Decimal] = defaultdict(Decimal)
-    for ns, team, model, profile, kind, currency, quantity, amount in lines:
+    unpriced: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for ns, team, model, profile, kind, currency, quantity, amount, cluster in lines:
+        cluster = cluster or ""  # NULL: a line of a store without a cluster label
         if amount is None:
-            unpriced[model] += quantity
+            unpriced[(model, cluster)] += quantity
             continue
-        cost[(ns, team, model, profile, kind, currency)] += amount
+        cost[(ns, team, model, profile, kind, currency, cluster)] += amount
         if kind == LineKind.TENANT:
-            hours[(ns, team, model, profile)] += quantity
-    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
-    hour_keys = ("namespace", "team", "model", "mig_profile")
+            hours[(ns, team, model, profile, cluster)] += quantity
+    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency", "cluster")
+    hour_keys = ("namespace", "team", "model", "mig_profile", "cluster")
     return LedgerSummary(
         cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
         gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
-        unpriced=[({"model": m}, v) for m, v in sorted(unpriced.items())],
+        unpriced=[({"model": m, "cluster": c}, v) for (m, c), v in sorted(unpriced.items())],
         last_success=None if last_hour is None else last_hour + HOUR,
         runs=dict(runs),
     )

@@ -215,7 +215,17 @@ class MemoryLedger(Ledger):
             for run in self._runs:
                 runs[run.status] += 1
         rows = [
-            (x.namespace, x.team, x.model, x.mig_profile, x.kind.value, x.currency, x.quantity, x.amount)
+            (
+                x.namespace,
+                x.team,
+                x.model,
+                x.mig_profile,
+                x.kind.value,
+                x.currency,
+                x.quantity,
+                x.amount,
+                x.cluster,
+            )
             for x in every
         ]
         return summarise(rows, max(ok) if ok else None, runs)

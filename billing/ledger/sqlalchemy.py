@@ -1022,6 +1022,7 @@ class SqlLedger(Ledger):
                 COST_LINES.c.currency,
                 COST_LINES.c.quantity,
                 COST_LINES.c.amount,
+                COST_LINES.c.cluster,
             )
             lines = [tuple(row) for row in session.execute(query)]
             last = session.scalar(

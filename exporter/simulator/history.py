@@ -487,7 +487,7 @@ def write_history(
     without it: billing then splits shared GPUs equally under either sharing_split). ``cluster``
     labels every series ``<cluster_label>="<cluster>"``, as the cluster's Prometheus adds its
     external label when it remote-writes to a global store: several clusters' histories then
-    backfill one store (docs/billing.md §2.4)."""
+    backfill one store (docs/billing.md §2.3)."""
     check_incidents(fleets, incidents)
     nodes = [_Series(fleet, node, incidents, start) for fleet in fleets for node in fleet.nodes]
     times = [start + i * step for i in range(int((end - start) // step))]

@@ -1,5 +1,5 @@
 """A GPU is (cluster, uuid): `gpu_hours.cluster` joins its key and `cost_line_terms.cluster` names
-each line's cluster, for stores holding many clusters' series (docs/billing.md §2.4).
+each line's cluster, for stores holding many clusters' series (docs/billing.md §2.3).
 
 A global metrics store (VictoriaMetrics, Thanos, Mimir) labels every cluster's series with its
 cluster (Prometheus `external_labels`), and two clusters may hold GPUs of one UUID, which the key
