@@ -1,7 +1,7 @@
 """Generate the Kubernetes PrometheusRule object from the plain Prometheus rule files.
 
 The rule files are the only source: the object's ``spec.groups`` are their groups, unchanged, recording
-rules first. ``deploy/kubernetes/base/prometheusrule.yaml`` is this module's output and a test fails when
+rules first (with ``--cluster-label`` only the cluster label's name changes: ``alerts.clusters``). ``deploy/kubernetes/base/prometheusrule.yaml`` is this module's output and a test fails when
 the committed copy is stale; regenerate it with::
 
     gpumeter alerts prometheusrule --out deploy/kubernetes/base/prometheusrule.yaml
