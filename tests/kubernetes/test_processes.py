@@ -1,4 +1,4 @@
-"""Per-process GPU usage mapped to pods (issue 15 point 5), on shared-modes' nodes.
+"""Per-process GPU usage mapped to pods, on shared-modes' nodes.
 
 The stand-in NVML lists each running pod's process per device it holds (and the fleet's host
 processes), the simulator writes their ``/proc/<pid>/cgroup`` under a temporary ``--proc-root``
