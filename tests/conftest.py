@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _pytest.faulthandler import fault_handler_stderr_fd_key
 
-from tests.support import hypothesis_profiles, needs
+from tests.support import hypothesis_profiles, needs, tiers
 
 
 def pytest_addoption(parser):
@@ -33,6 +33,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "quiet: a wall-clock bound that needs the machine to itself; run last, one at a time"
     )
+    config.addinivalue_line(
+        "markers", "spawns: starts a child process, needing nothing outside the venv (tests/support/tiers.py)"
+    )
+    tiers.install()
     # A fatal signal in a worker (a crash inside a C extension) is dumped for the crashing thread only:
     # CI keeps the end of the output, where a dump of every thread puts the main thread, not the culprit.
     if fault_handler_stderr_fd_key in config.stash:
@@ -104,6 +108,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     needs.set_running_test(item)  # before its fixtures start, so require() knows whose need it is
+    tiers.set_running_test(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    tiers.check(item)  # in the call phase, so an undeclared spawn fails the test itself
+    return result
 
 
 def pytest_runtest_teardown(item, nextitem):

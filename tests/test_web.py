@@ -438,7 +438,7 @@ def connect_from(source: str, url: str) -> socket.socket:
 @pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 @pytest.mark.parametrize("answers_from_memory", [False, True], ids=["thread-per-connection", "event-loop"])
 def test_one_client_holding_every_connection_leaves_room_for_the_scrapers(answers_from_memory):
-    """Issue 42, point 10: 512 idle sockets from one address filled every slot, and no scraper was
+    """512 idle sockets from one address filled every slot, and no scraper was
     served until they timed out. One client now gets its share; the others are closed at accept."""
     limits = Limits(read_timeout=30)  # the idle sockets are not dropped by a deadline during the test
     server = serve(hello, "127.0.0.1:0", limits=limits, answers_from_memory=answers_from_memory)

@@ -1,7 +1,7 @@
 """The event loop that serves plain-HTTP scrapers of an app answering from memory (the exporter's
 /metrics; gpumeter/web/event_loop.py ``_EventLoop``): it must keep every promise the threaded path keeps —
 deadlines for idle and stalled clients, http.server's refusals, bodies, HTTP/1.0 — and hold no
-thread per connection, which is what it is for (issue 13, point 12)."""
+thread per connection, which is what it is for (docs/security.md)."""
 
 from __future__ import annotations
 

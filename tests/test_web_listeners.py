@@ -1,5 +1,5 @@
 """Every gpumeter listener stays available while idle, slow and hostile clients hold connections
-(issue 13, points 9, 10 and 12): the exporter's /metrics in plain HTTP and in TLS with basic auth,
+(docs/security.md): the exporter's /metrics in plain HTTP and in TLS with basic auth,
 the simulator's fault-injection port, and billing's /metrics. Each is started as its command starts
 it, and each faces the same clients:
 

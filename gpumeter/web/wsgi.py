@@ -24,7 +24,7 @@ class Limits:
     backlog: int = 1024
     max_connections: int = 512
     # One client (an IPv4 address, an IPv6 /64) holding every connection would shut every scraper out
-    # (issue 42). A quarter of them: far more than a Prometheus pair or a 50-client benchmark opens from
+    # (512 idle sockets from one address once did). A quarter of them: far more than a Prometheus pair or a 50-client benchmark opens from
     # one address, and three quarters are left to everyone else.
     max_connections_per_client: int = 128
     handshake_timeout: float = 5.0

@@ -1,4 +1,4 @@
-"""Simulator and exporter inputs refused with one line (issue 42, point 10): a fleet's GPUs per node
+"""Simulator and exporter inputs refused with one line, before they grow: a fleet's GPUs per node
 and workload ranges, the exporter's numeric flags, the fault port's cross-site requests, and control
 characters in log lines."""
 

@@ -34,7 +34,7 @@ FOCUS_VENV = Path(os.environ.get("FOCUS_VENV", ROOT / ".venv-focus"))
 # associated either with an invoice or with a pre-generated provisional invoice") and -005-C ("MUST
 # NOT be null when the charge is associated with ...") both have an empty Condition, so each is
 # checked on every row and one of them always fails; the export's InvoiceId names the period's
-# invoice, which satisfies the spec's text and -005-C (docs/reports.md, "focus-validator").
+# invoice, which satisfies the spec's text and -005-C (docs/reports.md, "Checks").
 KNOWN_VALIDATOR_FAILURES = {"InvoiceId-C-004-C"}
 
 DEFINITIONS = json.loads((Path(__file__).parent / "data" / "focus-1.3-columns.json").read_text())
