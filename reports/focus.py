@@ -350,12 +350,15 @@ def origins(report: Report) -> dict[int, tuple[_Origin, int]]:
     """id(charge) → (its origin charge, its place among the origin's rows)."""
     grouped: dict[tuple, list[LineTotal]] = defaultdict(list)
     for c in report.charges:
-        grouped[(c.bucket, c.uuid, c.price_version_id, c.currency)].append(c)
+        # the cluster where lines name one: the same UUID in two clusters is two GPUs
+        grouped[(c.bucket, c.uuid, getattr(c, "cluster", None) or "", c.price_version_id, c.currency)].append(
+            c
+        )
     versions: dict[tuple[datetime, str], int] = defaultdict(int)
-    for bucket, uuid, _, _ in grouped:
+    for bucket, uuid, *_ in grouped:
         versions[(bucket, uuid)] += 1
     out: dict[int, tuple[_Origin, int]] = {}
-    for (bucket, uuid, _, _), charges in grouped.items():
+    for (bucket, uuid, *_), charges in grouped.items():
         gpu = (report.gpus or {}).get((bucket, uuid))
         # a bucket two price versions share: each origin's quantity is what its own lines state
         present = gpu.present if gpu is not None and versions[(bucket, uuid)] == 1 else None

@@ -12,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from gpumeter.billing.allocate import price_gpu_hour
-from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.ledger.base import HourRecord, LineTotal
 from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from gpumeter.reports.render import render
@@ -258,3 +258,35 @@ def test_every_sharing_mode_has_its_method(ledger, tmp_path):
         1.0,
     )
     assert _details(gpu("GPU-v")["vm-1"])["x_SharingEfficiency"] == 0.85
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClusteredLine(LineTotal):
+    """A ledger line total naming its cluster, as lines do once the ledger stores one (``cluster``,
+    "" where none)."""
+
+    cluster: str = ""
+
+
+def test_a_cluster_is_the_sub_account_of_every_row_of_its_origins(worked_ledger):
+    report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
+    east = {"GPU-a", "GPU-h"}
+    report.charges = [
+        _ClusteredLine(**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}, cluster="east")
+        if c.uuid in east
+        else c
+        for c in report.charges
+    ]
+    for version in focus.VERSIONS:
+        rows = focus.rows(report, version=version)
+        first_hour = [r for r in rows if r["ChargePeriodStart"] == FIRST_HOUR]
+        clustered = [r for r in first_hour if r["x_GpuUuid"] in east]
+        assert len(clustered) == 10  # example (a)'s four rows and (b)'s six
+        assert {(r["SubAccountId"], r["SubAccountName"], r["SubAccountType"]) for r in clustered} == {
+            ("east", "east", "Cluster")
+        }
+        assert {r["x_Cluster"] for r in clustered} == {"east"}
+        assert {json.loads(r["Tags"])["gpumeter/cluster"] for r in clustered} == {"east"}
+        # a line without a cluster keeps its GPU pool
+        others = [r for r in first_hour if r["x_GpuUuid"] == "GPU-d"]
+        assert others and {(r["SubAccountId"], r["x_Cluster"]) for r in others} == {("pool/A100-40GB", "")}
