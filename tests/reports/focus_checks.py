@@ -8,7 +8,7 @@ environment, .venv-focus/ (FOCUS_VENV overrides), installed by tests/reports/foc
 (`make test`'s setup). Where it is missing the test fails, naming the script; it never skips. The rules
 model it ships is FOCUS 1.2's (model 1.2.0.1; 1.3's is downloaded at run time, which --block-download
 forbids), so it validates 1.2 exports; `schema_problems` checks 1.3 ones. The schema test reads the
-definitions, not reports/focus.py's own tables, so a mistake copied into both is still caught.
+definitions, not reports/focus_columns.py's own tables, so a mistake copied into both is still caught.
 """
 
 from __future__ import annotations
