@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from gpumeter.web import is_loopback, load_web_config, serve
+from gpumeter.web import is_loopback, load_web_config, parse_listen, serve
 
 from . import collectors as collector_registry
 from .config import ConfigError, ExporterConfig
@@ -62,7 +62,8 @@ class Exporter:
             if self.node is not None and self.config.admin_listen:
                 from .simulator.admin import make_admin_app
 
-                admin = serve(make_admin_app(self.node), self.config.admin_listen, name="faults")
+                listen_host = parse_listen(self.config.admin_listen)[0]
+                admin = serve(make_admin_app(self.node, listen_host), self.config.admin_listen, name="faults")
                 self.servers.append(admin)
                 if not is_loopback(admin.server_address[0]):
                     log.warning(

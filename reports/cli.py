@@ -61,7 +61,17 @@ def register(subparsers) -> None:
     parser.add_argument("--from", dest="start", help="start (ISO 8601, UTC), instead of --period")
     parser.add_argument("--to", dest="end", help="end, exclusive (ISO 8601, UTC)")
     parser.add_argument(
-        "--by", default="team", help="team, namespace, model, mig_profile or label:KEY (default team)"
+        "--by",
+        default="team",
+        help="team, namespace, model, mig_profile, cluster or label:KEY (default team)",
+    )
+    parser.add_argument(
+        "--cluster",
+        dest="clusters",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only the lines of cluster NAME (repeatable), where the ledger's lines name their cluster",
     )
     parser.add_argument("--labels", help="namespace labels YAML for --by label:KEY: namespaces: {ns: {k: v}}")
     parser.add_argument(
@@ -203,6 +213,7 @@ def cmd_report(args) -> int:
             now=now,
             record=not args.no_record,
             budgets=budgets,
+            clusters=tuple(dict.fromkeys(args.clusters)),
         )
     except ReportError as exc:
         where = f"{args.teams}: " if str(exc).startswith("budgets.") else ""  # name the budgets' file

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from gpumeter import contract
+from gpumeter import contract, third_party
 from gpumeter.billing.ledger.base import Ledger, LineTotal
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing.currency import minor_unit
@@ -469,7 +469,7 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
         )
         for labels, _ in window.query(f"last_over_time({contract.MIG_INFO.name}[W])")
     }
-    dcgm = contract.DCGM_UTILIZATION.name
+    dcgm = third_party.DCGM_UTILIZATION.name
     for source, promql in (
         ("gpm", f"max by (uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))"),
         # dcgm-exporter's UUID and GPU_I_ID are gpumeter's uuid and gpu_instance_id
@@ -493,14 +493,31 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
 def _pools(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     """Each GPU's pool: the pool node label its node last had in the period, as kube-state-metrics
     exports it (kube_node_labels, the label uuid:gpumeter_pool:info reads)."""
-    label = contract.KUBE_NODE_LABELS.labels[1]
+    label = third_party.KUBE_NODE_LABELS.labels[1]
     by_node = {
         labels.get("node", ""): labels[label]
-        for labels, _ in window.query(f'last_over_time({contract.KUBE_NODE_LABELS.name}{{{label}!=""}}[W])')
+        for labels, _ in window.query(
+            f'last_over_time({third_party.KUBE_NODE_LABELS.name}{{{label}!=""}}[W])'
+        )
         if labels.get(label)
     }
     for gpu in gpus.values():
         gpu.pool = by_node.get(gpu.hostname, "")
+    # Before the label: a GPU of an NVLink domain that spans nodes (an NVL72 rack) pools with its domain,
+    # "nvlink-<cluster UUID>", as uuid:gpumeter_pool:info does (docs/capacity.md, "Pools").
+    domain_of = {
+        labels["uuid"]: labels[contract.NVLINK_DOMAIN]
+        for labels, _ in window.query(
+            f"group by (uuid, {contract.NVLINK_DOMAIN}) (last_over_time({contract.FABRIC_INFO.name}[W]))"
+        )
+        if labels.get(contract.NVLINK_DOMAIN) and labels.get("uuid") in gpus
+    }
+    hosts: dict[str, set[str]] = {}
+    for uuid, domain in domain_of.items():
+        hosts.setdefault(domain, set()).add(gpus[uuid].hostname)
+    for uuid, domain in domain_of.items():
+        if len(hosts[domain]) > 1:
+            gpus[uuid].pool = f"nvlink-{domain}"
 
 
 def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
@@ -24,17 +24,18 @@ from gpumeter.billing.models import (
     Allocation,
     LineKind,
     QuantityUnit,
+    cluster_namespace,
 )
 from gpumeter.billing.pricing.currency import minor_unit
 
 CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
 
 HOUR = timedelta(hours=1)
-DIMENSIONS = ("team", "namespace", "model", "mig_profile")
+DIMENSIONS = ("team", "namespace", "model", "mig_profile", "cluster")
 GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
 TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
 
-NO_TEAM, WHOLE_GPU, NO_LABEL = "(no team)", "(whole GPU)", "(none)"
+NO_TEAM, WHOLE_GPU, NO_LABEL, NO_CLUSTER = "(no team)", "(whole GPU)", "(none)", "(no cluster)"
 ZERO = Decimal(0)
 
 
@@ -132,7 +133,7 @@ def _utc_hour(moment: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Grouping:
-    """A report dimension: team, namespace, model (GPU model), mig_profile, or label:KEY."""
+    """A report dimension: team, namespace, model (GPU model), mig_profile, cluster, or label:KEY."""
 
     name: str
     labels: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)  # namespace -> labels
@@ -154,9 +155,13 @@ class Grouping:
     def title(self) -> str:
         if self.name.startswith("label:"):
             return f"label {self.name[6:]}"
-        return {"team": "team", "namespace": "namespace", "model": "GPU model", "mig_profile": "MIG profile"}[
-            self.name
-        ]
+        return {
+            "team": "team",
+            "namespace": "namespace",
+            "model": "GPU model",
+            "mig_profile": "MIG profile",
+            "cluster": "cluster",
+        }[self.name]
 
     def key(self, line: LineTotal) -> str:
         if self.name == "team":
@@ -167,8 +172,13 @@ class Grouping:
             return line.model
         if self.name == "mig_profile":
             return line.mig_profile or WHOLE_GPU
+        if self.name == "cluster":
+            return line.cluster or NO_CLUSTER
         label = self.name[6:]
-        value = self.labels.get(line.namespace, {}).get(label)
+        labels = self.labels.get(line.namespace)
+        if labels is None and line.cluster:  # `cluster/namespace` (one cluster's), else the name's
+            labels = self.labels.get(line.namespace.removeprefix(f"{line.cluster}/"))
+        value = (labels or {}).get(label)
         if value is None and label == "team":
             value = line.team
         return value or NO_LABEL
@@ -517,6 +527,14 @@ class Report:
     billed_changes: list[BilledChange] = field(default_factory=list)
     # per (charge bucket, GPU uuid), the GPU's node, index and presence (read with splits); None: not read
     gpus: dict[tuple[datetime, str], GpuBucket] | None = None
+    # per cluster, what its lines cost (tenants and platform): empty where the store has no cluster
+    # label, and then no report shows a cluster anywhere (their bytes are as before clusters)
+    clusters: list[tuple[str, Usage]] = field(default_factory=list)
+    only_clusters: tuple[str, ...] = ()  # --cluster: the clusters the report was limited to
+
+    @property
+    def has_clusters(self) -> bool:
+        return bool(self.clusters)
 
     @property
     def exponent(self) -> int:
@@ -576,6 +594,7 @@ def _sort_key(line: LineTotal) -> tuple:
         line.team,
         line.currency,
         line.price_version_id or 0,
+        line.cluster,
     )
 
 
@@ -625,18 +644,26 @@ def build_report(
     compare: bool = True,
     budgets: Mapping[str, Budget] | None = None,
     splits: bool = True,
+    clusters: tuple[str, ...] = (),
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
     with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
-    ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it)."""
+    ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it); with
+    ``clusters``, the lines of those clusters alone."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    charges = sorted(ledger.line_totals(period.start, period.end, grain), key=_sort_key)
+    charges = sorted(
+        of_clusters(ledger.line_totals(period.start, period.end, grain), clusters), key=_sort_key
+    )
     gpu_buckets: dict[tuple[datetime, str], GpuBucket] = {}
     previous_period = period.previous()
-    previous = ledger.line_totals(previous_period.start, previous_period.end, "range") if compare else []
+    previous = (
+        of_clusters(ledger.line_totals(previous_period.start, previous_period.end, "range"), clusters)
+        if compare
+        else []
+    )
 
     version_ids = {c.price_version_id for c in charges + previous if c.price_version_id is not None}
     versions = ledger.price_versions(version_ids)
@@ -654,6 +681,7 @@ def build_report(
     }
 
     total, tenants = Usage(), Usage()
+    by_cluster: dict[str, Usage] = defaultdict(Usage)
     groups: dict[str, Usage] = defaultdict(Usage)
     group_ns: dict[str, dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
     group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(lambda: defaultdict(Usage))
@@ -673,6 +701,8 @@ def build_report(
             unpriced[c.model] = (hours + c.quantity, gpus)
             continue
         total.add(c, sh)
+        if c.cluster:
+            by_cluster[c.cluster].add(c, sh)
         if c.kind in TENANT_KINDS:
             key = grouping.key(c)
             tenants.add(c, sh)
@@ -709,6 +739,9 @@ def build_report(
 
     shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
     holdings = ledger.holdings(period.start, period.end)
+    if clusters:  # the named clusters' holders (the ledger names them `cluster/namespace`)
+        prefixes = tuple(f"{c}/" for c in clusters)
+        holdings = [h for h in holdings if h.namespace.startswith(prefixes)]
     held_as: dict[tuple[str, str], set[str]] = defaultdict(set)
     held_through: dict[tuple[str, str], set[str]] = defaultdict(set)
     by_mode: dict[str, set[tuple[str, str]]] = defaultdict(set)
@@ -807,7 +840,24 @@ def build_report(
         billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
         splits=read_splits(ledger, period, grain, gpu_buckets) if splits else None,
         gpus=gpu_buckets if splits else None,
+        clusters=sorted(by_cluster.items(), key=lambda kv: (-kv[1].cost, kv[0])),
+        only_clusters=tuple(clusters),
     )
+
+
+def of_clusters(totals: list[LineTotal], clusters: tuple[str, ...]) -> list[LineTotal]:
+    """The totals of ``clusters`` (all: none named), each tenant line's namespace named with its
+    cluster (`cluster_namespace`: the same name in two clusters is two namespaces, in every group,
+    table and file). Platform lines keep their kind's name: the cluster column says whose they are."""
+    if clusters:
+        wanted = set(clusters)
+        totals = [t for t in totals if t.cluster in wanted]
+    return [
+        replace(t, namespace=cluster_namespace(t.cluster, t.namespace))
+        if t.cluster and t.kind in TENANT_KINDS
+        else t
+        for t in totals
+    ]
 
 
 def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currency: str) -> list[BudgetRow]:

@@ -1,4 +1,4 @@
-"""The exporter-toolkit web config, read strictly (gpumeter/web.py, docs/security.md).
+"""The exporter-toolkit web config, read strictly (gpumeter/web/, docs/security.md).
 
 exporter-toolkit's own test configs and its documented sample (tests/data/exporter-toolkit, with
 their source named there) are accepted and refused as exporter-toolkit does; where gpumeter

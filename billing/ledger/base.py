@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, line_key
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, cluster_namespace, line_key
 from gpumeter.billing.pricing.base import PriceBook
 
 # The kinds of line a team pays: what counts against its budget (docs/billing.md §4.4), as in reports.
@@ -206,6 +206,7 @@ class LineTotal:
     efficiency_quantity: Decimal = Decimal(0)
     held: Decimal = Decimal(0)  # sum of the lines' held quantity, in held_unit (a grouping key)
     held_unit: str = "gpu_hour"
+    cluster: str = ""  # the lines' cluster ("": a store without a cluster label; a grouping key)
 
 
 @dataclass(frozen=True)
@@ -423,7 +424,8 @@ class Ledger(abc.ABC):
             for gpu_hour in self.facts(hour):
                 for a in gpu_hour.allocations:
                     if a.sharing in SHARED_MODES and a.process_memory is not None:
-                        rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
+                        namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
+                        rows.append((namespace, a.pod, hour, a.process_memory, a.process_sm))
             hour += HOUR
         return shared_use_of(rows)
 
@@ -434,8 +436,10 @@ class Ledger(abc.ABC):
         hour = start
         while hour < end:
             for gpu_hour in self.facts(hour):
+                cluster = gpu_hour.device.cluster
                 found.update(
-                    PodHolding(a.namespace, a.pod, a.sharing, a.resource) for a in gpu_hour.allocations
+                    PodHolding(cluster_namespace(cluster, a.namespace), a.pod, a.sharing, a.resource)
+                    for a in gpu_hour.allocations
                 )
             hour += HOUR
         return sorted(found)

@@ -139,6 +139,7 @@ def test_tls_from_the_web_config(exporter, tmp_path, pki):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_tls_exporter_with_10_idle_connections_still_serves_metrics(exporter, tmp_path, pki):
     """Issue 13, point 9: the handshake ran in the accept loop with no timeout, so one idle TCP
     connection froze every scrape and the liveness probe (each scrape here hit its 3 s timeout). Now

@@ -194,6 +194,7 @@ def test_the_stand_in_refuses_process_utilization_on_mig_and_answers_not_found_w
         N.nvmlShutdown()
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_slow_kube_api_never_stalls_a_sampling_cycle():
     """The pod list is fetched on its own thread: with the API answering in 6 s, no cycle waits for it
     (a stalled cycle would take 6 s; the bounds leave room for a loaded 2-core machine) and the
