@@ -142,18 +142,16 @@ def origins(report: Report) -> dict[int, tuple[_Origin, int]]:
     """id(charge) → (its origin charge, its place among the origin's rows)."""
     grouped: dict[tuple, list[LineTotal]] = defaultdict(list)
     for c in report.charges:
-        # the cluster where lines name one: the same UUID in two clusters is two GPUs
-        grouped[(c.bucket, c.uuid, getattr(c, "cluster", None) or "", c.price_version_id, c.currency)].append(
-            c
-        )
-    versions: dict[tuple[datetime, str], int] = defaultdict(int)
-    for bucket, uuid, *_ in grouped:
-        versions[(bucket, uuid)] += 1
+        # a GPU is (cluster, uuid): the same UUID in two clusters is two GPUs
+        grouped[(c.bucket, _cluster(c), c.uuid, c.price_version_id, c.currency)].append(c)
+    versions: dict[tuple[datetime, str, str], int] = defaultdict(int)
+    for bucket, cluster, uuid, *_ in grouped:
+        versions[(bucket, cluster, uuid)] += 1
     out: dict[int, tuple[_Origin, int]] = {}
-    for (bucket, uuid, *_), charges in grouped.items():
-        gpu = (report.gpus or {}).get((bucket, uuid))
+    for (bucket, cluster, uuid, *_), charges in grouped.items():
+        gpu = (report.gpus or {}).get((bucket, cluster, uuid))
         # a bucket two price versions share: each origin's quantity is what its own lines state
-        present = gpu.present if gpu is not None and versions[(bucket, uuid)] == 1 else None
+        present = gpu.present if gpu is not None and versions[(bucket, cluster, uuid)] == 1 else None
         origin = _Origin(report, charges, present)
         out.update({id(c): (origin, i) for i, c in enumerate(charges)})
     return out
@@ -237,12 +235,13 @@ class _Allocations:
                 "AllocatedResourceName": "",
                 "AllocatedTags": "",
             }
-        holder = {"namespace": c.namespace, "pod": c.pod, "container": c.container, "team": c.team}
+        namespace = _namespace(c)
+        holder = {"namespace": namespace, "pod": c.pod, "container": c.container, "team": c.team}
         return {
             "AllocatedMethodDetails": _json(details),
             "AllocatedMethodId": method.id,
-            "AllocatedResourceId": "/".join(v for v in (c.namespace, c.pod, c.container) if v),
-            "AllocatedResourceName": "/".join(v for v in (c.namespace, c.pod) if v),
+            "AllocatedResourceId": "/".join(v for v in (namespace, c.pod, c.container) if v),
+            "AllocatedResourceName": "/".join(v for v in (namespace, c.pod) if v),
             "AllocatedTags": _json({f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}),
         }
 
@@ -287,12 +286,24 @@ def _sku_price_id(c: LineTotal, labels: dict[int, str]) -> str:
     return f"{c.model.lower()}:{label}"
 
 
+def _cluster(c: LineTotal) -> str:
+    """The cluster a ledger line names; "" where the store had no cluster label (or lines predate it)."""
+    return getattr(c, "cluster", "") or ""
+
+
+def _namespace(c: LineTotal) -> str:
+    """The namespace as Kubernetes names it: a report names a named cluster's `cluster/namespace`
+    (`billing.models.cluster_namespace`); the FOCUS rows carry the cluster in its own columns."""
+    cluster = _cluster(c)
+    return c.namespace.removeprefix(f"{cluster}/") if cluster else c.namespace
+
+
 def sub_account(c: LineTotal) -> tuple[str, str, str]:
     """SubAccountId, -Name and -Type of a charge: a grouping the whole GPU-hour shares on the
     provider's side (docs/reports.md, "FOCUS origin charges"). The cluster where the ledger line
     names one; else the GPU pool, which is the GPU model here: the ledger keeps no node pool label,
     and docs/capacity.md pools a GPU without one by its model."""
-    cluster = getattr(c, "cluster", None)
+    cluster = _cluster(c)
     if cluster:
         return cluster, cluster, CLUSTER_ACCOUNT_TYPE
     return f"pool/{c.model}", c.model, POOL_ACCOUNT_TYPE
@@ -345,8 +356,8 @@ def rows(
             description = f"GPU time on {c.model}, split among its holders and the platform (x_LineKind)"
         start, end = _charge_period(report, c)
         sub = sub_account(c)
-        gpu = gpus.get((c.bucket, c.uuid))
-        cluster = getattr(c, "cluster", None) or ""
+        cluster = _cluster(c)
+        gpu = gpus.get((c.bucket, cluster, c.uuid))
         utilization = (
             Decimal(repr(round(c.utilization_weighted / float(c.utilization_quantity), 6)))
             if c.utilization_quantity
@@ -410,7 +421,7 @@ def rows(
             "x_GpuUuid": c.uuid,
             "x_LineKind": LineKind.UNPRICED.value if unpriced else c.kind,
             "x_MigProfile": profile,
-            "x_Namespace": c.namespace,
+            "x_Namespace": _namespace(c),
             "x_Pod": c.pod,
             "x_PriceBookVersion": labels.get(c.price_version_id, ""),  # type: ignore[arg-type]
             "x_SliceHours": _num(slices) if mig and tenant else "",

@@ -12,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from gpumeter.billing.allocate import price_gpu_hour
-from gpumeter.billing.ledger.base import HourRecord, LineTotal
+from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from gpumeter.reports.render import render
@@ -260,19 +260,17 @@ def test_every_sharing_mode_has_its_method(ledger, tmp_path):
     assert _details(gpu("GPU-v")["vm-1"])["x_SharingEfficiency"] == 0.85
 
 
-@dataclasses.dataclass(frozen=True)
-class _ClusteredLine(LineTotal):
-    """A ledger line total naming its cluster, as lines do once the ledger stores one (``cluster``,
-    "" where none)."""
-
-    cluster: str = ""
-
-
 def test_a_cluster_is_the_sub_account_of_every_row_of_its_origins(worked_ledger):
     report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
     east = {"GPU-a", "GPU-h"}
+    # the lines of two GPUs as a store labelling them cluster "east" gives them: the cluster on the
+    # line, a tenant's namespace named `east/<namespace>` by the report (reports.model.of_clusters)
     report.charges = [
-        _ClusteredLine(**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}, cluster="east")
+        dataclasses.replace(
+            c,
+            cluster="east",
+            namespace=f"east/{c.namespace}" if c.kind in ("tenant", "idle_share") else c.namespace,
+        )
         if c.uuid in east
         else c
         for c in report.charges
@@ -287,6 +285,12 @@ def test_a_cluster_is_the_sub_account_of_every_row_of_its_origins(worked_ledger)
         }
         assert {r["x_Cluster"] for r in clustered} == {"east"}
         assert {json.loads(r["Tags"])["gpumeter/cluster"] for r in clustered} == {"east"}
+        # the namespace as Kubernetes names it, the cluster in its own columns
+        assert {r["x_Namespace"] for r in clustered if r["x_LineKind"] == "tenant"} == {
+            "team-a",
+            "team-b",
+            "inference",
+        }
         # a line without a cluster keeps its GPU pool
         others = [r for r in first_hour if r["x_GpuUuid"] == "GPU-d"]
         assert others and {(r["SubAccountId"], r["x_Cluster"]) for r in others} == {("pool/A100-40GB", "")}
