@@ -217,6 +217,7 @@ class _Allocations:
                 "ChargePeriodStart": period_start,
                 "BilledCost": self.report.money(origin.billed),
                 "SkuPriceId": _sku_price_id(c, self.labels),
+                "SubAccountId": sub_account(c)[0],
             },
             "x_LineKind": c.kind,
             "x_PriceBookVersion": self.labels.get(c.price_version_id, ""),

@@ -218,7 +218,7 @@ RATIO_TOLERANCE = 1e-9  # the ratios are rounded to 12 places: their sum is 1 to
 def check_ratios(focus_rows: list[dict]) -> list[str]:
     """The AllocatedRatio of the rows of one origin charge (a GPU's split lines of one bucket, named
     by each row's ``x_OriginCharge``) sum to 1 (FOCUS 1.3 AllocatedMethodDetails)."""
-    sums: dict[tuple[str, str, str], float] = defaultdict(float)
+    sums: dict[tuple[str, str, str, str], float] = defaultdict(float)
     for row in focus_rows:
         if row.get("AllocatedMethodId"):
             details = json.loads(row["AllocatedMethodDetails"])
@@ -227,13 +227,14 @@ def check_ratios(focus_rows: list[dict]) -> list[str]:
                 str(origin.get("ResourceId")),
                 str(origin.get("ChargePeriodStart")),
                 str(origin.get("SkuPriceId")),
+                str(origin.get("SubAccountId")),
             )
             sums[key] += sum(
                 e.get("AllocatedRatio", 0) for e in json.loads(row["AllocatedMethodDetails"])["Elements"]
             )
     return [
         f"origin charge {uuid} at {start}: AllocatedRatio sums to {total!r}, not 1"
-        for (uuid, start, _), total in sorted(sums.items())
+        for (uuid, start, *_), total in sorted(sums.items())
         if abs(total - 1) > RATIO_TOLERANCE
     ]
 

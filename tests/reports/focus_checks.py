@@ -204,9 +204,14 @@ def schema_problems(path: Path, version: str = "1.3") -> list[str]:
             details = json.loads(row["AllocatedMethodDetails"])
             origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
             if not found and origin:
-                ratios[(origin["ResourceId"], origin["ChargePeriodStart"], origin.get("SkuPriceId"))] += sum(
-                    e["AllocatedRatio"] for e in details["Elements"]
-                )
+                ratios[
+                    (
+                        origin["ResourceId"],
+                        origin["ChargePeriodStart"],
+                        origin.get("SkuPriceId"),
+                        origin.get("SubAccountId"),
+                    )
+                ] += sum(e["AllocatedRatio"] for e in details["Elements"])
     problems += [
         f"origin {key}: AllocatedRatio sums to {total!r}"
         for key, total in ratios.items()

@@ -110,6 +110,7 @@ def test_worked_example_a_mig_slices_as_allocatedrows_of(worked_ledger, tmp_path
         "ChargePeriodStart": FIRST_HOUR,
         "ResourceId": "GPU-a",
         "SkuPriceId": team_a["SkuPriceId"],
+        "SubAccountId": "pool/A100-40GB",
     }
     assert details["x_PriceBookVersion"] == team_a["x_PriceBookVersion"] != ""
     assert (team_a["AllocatedResourceId"], team_a["AllocatedResourceName"]) == (
