@@ -442,13 +442,14 @@ def read_splits(
     ledger: Ledger,
     period: Period,
     grain: str = "day",
-    gpus: dict[tuple[datetime, str], GpuBucket] | None = None,
+    gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None,
 ) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
     """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
     of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
     vGPUs); a GPU held whole by one holder is no split. Read from the stored facts hour by hour; kept
     per bucket, as the report's charges are, so a month by day holds a day's worth of holders. With
-    ``gpus``, fills in each GPU's `GpuBucket` from the same pass over the facts."""
+    ``gpus``, fills in each GPU's `GpuBucket` (by bucket, cluster and UUID) from the same pass over the
+    facts. A holder of a named cluster is keyed `cluster/namespace`, as the report's charges name it."""
     out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
     hour = period.start
     while hour < period.end:
@@ -457,7 +458,7 @@ def read_splits(
         for gpu_hour in ledger.facts(hour):
             if gpus is not None:
                 device = gpu_hour.device
-                gpu = gpus.setdefault((start, device.uuid), GpuBucket())
+                gpu = gpus.setdefault((start, device.cluster, device.uuid), GpuBucket())
                 gpu.hostname, gpu.index = device.hostname or gpu.hostname, device.gpu or gpu.index
                 seconds = max(0, min(device.present_seconds, 3600))
                 gpu.present += (Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM)
@@ -478,7 +479,8 @@ def read_splits(
                     mode, replica = replica, ""
                 else:
                     continue  # a whole GPU held alone
-                key = (a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container)
+                namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
+                key = (a.uuid, a.gpu_instance_id, namespace, a.pod, a.container)
                 bucket.setdefault(key, set()).add(
                     Holding(
                         mode,
@@ -525,8 +527,9 @@ class Report:
     splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None = None
     # changes to the period's billed hours after they were first billed (re-prices, re-ingests)
     billed_changes: list[BilledChange] = field(default_factory=list)
-    # per (charge bucket, GPU uuid), the GPU's node, index and presence (read with splits); None: not read
-    gpus: dict[tuple[datetime, str], GpuBucket] | None = None
+    # per (charge bucket, cluster, GPU uuid), the GPU's node, index and presence (read with splits);
+    # None: not read
+    gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None
     # per cluster, what its lines cost (tenants and platform): empty where the store has no cluster
     # label, and then no report shows a cluster anywhere (their bytes are as before clusters)
     clusters: list[tuple[str, Usage]] = field(default_factory=list)
@@ -657,7 +660,7 @@ def build_report(
     charges = sorted(
         of_clusters(ledger.line_totals(period.start, period.end, grain), clusters), key=_sort_key
     )
-    gpu_buckets: dict[tuple[datetime, str], GpuBucket] = {}
+    gpu_buckets: dict[tuple[datetime, str, str], GpuBucket] = {}
     previous_period = period.previous()
     previous = (
         of_clusters(ledger.line_totals(previous_period.start, previous_period.end, "range"), clusters)

@@ -8,7 +8,7 @@ environment, .venv-focus/ (FOCUS_VENV overrides), installed by tests/reports/foc
 (`make test`'s setup). Where it is missing the test fails, naming the script; it never skips. The rules
 model it ships is FOCUS 1.2's (model 1.2.0.1; 1.3's is downloaded at run time, which --block-download
 forbids), so it validates 1.2 exports; `schema_problems` checks 1.3 ones. The schema test reads the
-definitions, not reports/focus.py's own tables, so a mistake copied into both is still caught.
+definitions, not reports/focus_columns.py's own tables, so a mistake copied into both is still caught.
 """
 
 from __future__ import annotations
@@ -204,9 +204,14 @@ def schema_problems(path: Path, version: str = "1.3") -> list[str]:
             details = json.loads(row["AllocatedMethodDetails"])
             origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
             if not found and origin:
-                ratios[(origin["ResourceId"], origin["ChargePeriodStart"], origin.get("SkuPriceId"))] += sum(
-                    e["AllocatedRatio"] for e in details["Elements"]
-                )
+                ratios[
+                    (
+                        origin["ResourceId"],
+                        origin["ChargePeriodStart"],
+                        origin.get("SkuPriceId"),
+                        origin.get("SubAccountId"),
+                    )
+                ] += sum(e["AllocatedRatio"] for e in details["Elements"])
     problems += [
         f"origin {key}: AllocatedRatio sums to {total!r}"
         for key, total in ratios.items()

@@ -71,27 +71,32 @@ def bucket_of(moment: datetime, grain: str) -> datetime:
     return moment if grain == "hour" else moment.replace(hour=0)
 
 
-def origins_from_ledger(ledger, start: datetime, end: datetime, grain: str) -> dict[tuple[str, str], Origin]:
-    """(GPU uuid, bucket start ``YYYY-MM-DDTHH:MM:SSZ``) → its origin charge: the sum of the ledger's
-    line amounts, and the hours the GPU was present (each hour's present seconds / 3600)."""
-    out: dict[tuple[str, str], Origin] = defaultdict(Origin)
+OriginKey = tuple[str, str, str]  # (cluster, GPU uuid, bucket start); cluster "" where none is named
+
+
+def origins_from_ledger(ledger, start: datetime, end: datetime, grain: str) -> dict[OriginKey, Origin]:
+    """(cluster, GPU uuid, bucket start ``YYYY-MM-DDTHH:MM:SSZ``) → its origin charge: the sum of the
+    ledger's line amounts, and the hours the GPU was present (each hour's present seconds / 3600).
+    A GPU is its cluster and UUID: two clusters may hold GPUs of one UUID."""
+    out: dict[OriginKey, Origin] = defaultdict(Origin)
     hour = start
     while hour < end:
         key_time = bucket_of(hour, grain).strftime("%Y-%m-%dT%H:%M:%SZ")
         for gpu_hour in ledger.facts(hour):
-            seconds = max(0, min(gpu_hour.device.present_seconds, 3600))
+            device = gpu_hour.device
+            seconds = max(0, min(device.present_seconds, 3600))
             present = (Decimal(seconds) / 3600).quantize(QUANTUM)
-            out[(gpu_hour.device.uuid, key_time)].quantity += present
+            out[(device.cluster, device.uuid, key_time)].quantity += present
         hour += timedelta(hours=1)
     for line in ledger.lines(start, end):
         key_time = bucket_of(line.hour.astimezone(UTC), grain).strftime("%Y-%m-%dT%H:%M:%SZ")
-        out[(line.uuid, key_time)].billed += line.amount or 0
+        out[(line.cluster, line.uuid, key_time)].billed += line.amount or 0
     return dict(out)
 
 
-def _bucket_key(row: dict[str, str], grain: str) -> tuple[str, str]:
+def _bucket_key(row: dict[str, str], grain: str) -> OriginKey:
     start = datetime.strptime(row["ChargePeriodStart"], "%Y-%m-%dT%H:%M:%SZ")
-    return row["x_GpuUuid"], bucket_of(start, grain).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return row.get("x_Cluster", ""), row["x_GpuUuid"], bucket_of(start, grain).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _dec(text: str) -> Decimal:
@@ -99,7 +104,7 @@ def _dec(text: str) -> Decimal:
 
 
 def rule_problems(
-    header: list[str], rows: list[dict[str, str]], grain: str, origins: dict[tuple[str, str], Origin]
+    header: list[str], rows: list[dict[str, str]], grain: str, origins: dict[OriginKey, Origin]
 ) -> dict[str, list[str]]:
     """Every departure from the rules above, by rule; each rule's list is empty when it holds."""
     found: dict[str, list[str]] = {
@@ -118,7 +123,7 @@ def rule_problems(
     if custom != sorted(custom) or header[len(header) - len(custom) :] != custom:
         found["custom-order"].append(f"x_ columns {custom} not after the FOCUS columns in alphabetical order")
 
-    by_origin: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
+    by_origin: dict[OriginKey, list[dict[str, str]]] = defaultdict(list)
     for row in rows:
         by_origin[_bucket_key(row, grain)].append(row)
     missing = set(origins) - set(by_origin)

@@ -28,6 +28,7 @@ from gpumeter.reports.render import RenderOptions, render
 from tests.billing.conftest import serve_history
 from tests.reports.focus_checks import KNOWN_VALIDATOR_FAILURES, rows_of, schema_problems, validate_12
 from tests.reports.focus_rules import origins_from_ledger, rule_problems
+from tests.support.servers import VictoriaMetricsServer
 
 START = datetime(2026, 11, 2, tzinfo=UTC)
 END = START + timedelta(days=2)
@@ -162,3 +163,67 @@ def test_the_focus_file_reconciles_with_the_chargeback_per_namespace_and_pool(
         picked += bool(got)
     # not vacuous: several pools, each with several namespaces
     assert len({model for model, _ in by_pool_ns}) >= 2 and picked > 10
+
+
+@pytest.fixture(scope="module")
+def clustered_ledger(tmp_path_factory):
+    """A day of two clusters in one VictoriaMetrics, as a global store holds them: `east` runs the
+    h100-mig fleet, `west` the same fleet (the same GPU UUIDs: a cloned image) and shared-modes."""
+    root = tmp_path_factory.mktemp("focus-clusters")
+    end = START + timedelta(days=1)
+    server = VictoriaMetricsServer(root / "vm").start()
+    try:
+        for cluster, names in (("east", ("h100-mig",)), ("west", ("h100-mig", "shared-modes"))):
+            source = root / f"{cluster}.om"
+            with source.open("w") as out:
+                fleets = [load_fleet(name) for name in names]
+                write_history(fleets, START.timestamp(), end.timestamp(), STEP, out, cluster=cluster)
+            with source.open() as lines:
+                server.import_openmetrics(lines)
+            source.unlink()
+        ledger = open_ledger(f"sqlite:///{root / 'clusters.sqlite'}")
+        with PrometheusClient(server.url) as client:
+            result = ingest_hours(
+                client,
+                ledger,
+                _book(root, "efficiencies-and-tiers"),
+                hours_between(START, end),
+                IngestConfig(scrape_interval=STEP, workers=1),
+            )
+        assert result.failed == [] and result.unpriced_gpu_hours == 0
+    finally:
+        server.stop()
+    yield ledger, Period(START, end, "2026-11-02")
+    ledger.close()
+
+
+@pytest.mark.victoriametrics
+@pytest.mark.slow
+@pytest.mark.parametrize("grain", ["hour", "day"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_two_clusters_are_two_sub_accounts_and_keep_the_rules(clustered_ledger, tmp_path, grain, version):
+    ledger, period = clustered_ledger
+    report = build_report(ledger, period, "namespace", grain=grain, compare=False)
+    render(report, tmp_path, ("focus",), RenderOptions(focus_version=version))
+    path = tmp_path / f"gpumeter-{period.label}-focus-{version}.csv"
+    assert focus.check_file(path) == []
+    header, rows = rows_of(path)
+    origins = origins_from_ledger(ledger, period.start, period.end, grain)
+    # not vacuous: h100-mig's GPUs once in east and again in west, and west's shared-modes GPUs
+    east = {uuid for cluster, uuid, _ in origins if cluster == "east"}
+    west = {uuid for cluster, uuid, _ in origins if cluster == "west"}
+    assert east and east < west
+    found = rule_problems(header, rows, grain, origins)
+    assert {rule: p[:2] for rule, p in found.items() if p} == {}
+    assert {(r["SubAccountId"], r["SubAccountType"], r["x_Cluster"]) for r in rows} == {
+        ("east", "Cluster", "east"),
+        ("west", "Cluster", "west"),
+    }
+    # the chargeback names a cluster's namespace `cluster/namespace`; the file the cluster and the
+    # namespace apart: filtering one cluster and one namespace gives that chargeback group, to the cent
+    per_pair: dict[str, Decimal] = defaultdict(Decimal)
+    for row in rows:
+        per_pair[f"{row['x_Cluster']}/{row['x_Namespace']}"] += Decimal(row["BilledCost"])
+    groups = {g.key: g.usage.cost for g in report.groups if "/" in g.key}
+    assert len(groups) > 4 and {key: per_pair[key] for key in groups} == groups
+    assert sum(per_pair.values()) == report.total.cost
