@@ -122,6 +122,7 @@ def test_add_parser_wires_simulate_kubelet():
     assert args.socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_runs_until_signalled(sock, sig):
     proc = subprocess.Popen(

@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.processes import container_id, pod_uid
@@ -37,6 +38,7 @@ def _pods(base: str, node: str) -> list[dict]:
             time.sleep(0.2)
 
 
+@pytest.mark.spawns
 def test_serves_one_nodes_pods_with_uids_container_ids_and_grants(tmp_path):
     port = free_port()
     proc = _command(
@@ -75,6 +77,7 @@ def test_serves_one_nodes_pods_with_uids_container_ids_and_grants(tmp_path):
     assert list(tmp_path.iterdir()) == []  # it wrote nothing where it ran
 
 
+@pytest.mark.spawns
 def test_an_unknown_node_or_a_bad_listen_address_is_one_line_and_exit_2(tmp_path):
     for args, says in (
         (("--fleet", "shared-modes", "--node", "nope"), "no node 'nope' in"),
