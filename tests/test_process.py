@@ -51,13 +51,12 @@ def signal_on_another_thread():
         signal.signal(signal.SIGUSR1, previous)
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
+@pytest.mark.timeout(60)  # the failure is a hang (an unbounded wait never runs the handler), not slowness
 def test_wait_until_set_returns_within_a_slice(signal_on_another_thread):
     stop = signal_on_another_thread
     os.kill(os.getpid(), signal.SIGUSR1)
-    started = time.monotonic()
     wait_until_set(stop, slice_seconds=0.05)
-    assert time.monotonic() - started < 0.5
+    assert stop.is_set()
 
 
 def _unlucky(*argv: str) -> subprocess.Popen:
