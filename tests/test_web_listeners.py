@@ -30,6 +30,7 @@ import pytest
 
 from tests.support.certs import client_context, make_pki
 from tests.support.servers import free_port
+from tests.support.sockets import still_open
 
 
 @dataclass
@@ -138,23 +139,10 @@ def test_ten_idle_connections_do_not_delay_a_scrape(listener):
     idle = [socket.create_connection(listener.address) for _ in range(10)]
     try:
         scrape_seconds(listener, timeout=30)
-        assert all(_still_open(sock) for sock in idle), "the idle connections were dropped before the scrape"
+        assert all(still_open(sock) for sock in idle), "the idle connections were dropped before the scrape"
     finally:
         for sock in idle:
             sock.close()
-
-
-def _still_open(sock: socket.socket) -> bool:
-    """Whether the server has not closed ``sock`` (nothing to read, no end of stream)."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(1, socket.MSG_PEEK) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.setblocking(True)
 
 
 @pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
