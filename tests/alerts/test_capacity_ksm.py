@@ -131,6 +131,7 @@ def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
         ksm.stop()
 
 
+@pytest.mark.spawns
 def test_the_command_serves_the_pending_pods_and_quotas_it_is_given():
     """`gpumeter simulate kube-state-metrics`, as `gpumeter demo` starts it: a process serving /metrics
     until SIGTERM; bad arguments are one line naming the option and value, exit 2."""
@@ -202,6 +203,7 @@ def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
         volcano.stop()
 
 
+@pytest.mark.spawns
 def test_the_volcano_command_serves_the_queues_it_is_given():
     """`gpumeter simulate volcano`, as `gpumeter demo` starts it: milli-units on /metrics until SIGTERM;
     a bad --queue is one line naming the option and value, exit 2."""

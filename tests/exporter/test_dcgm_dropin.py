@@ -182,6 +182,7 @@ def test_hostname_label_spelled_as_asked(simulate):
     assert 'hostname="' in text and 'Hostname="' not in text
 
 
+@pytest.mark.spawns
 def test_gpumeter_exporter_f_dcp_metrics_included_a_9400_starts_and_exports_exactly_those(tmp_path):
     """The process, as a DaemonSet would start it: ``-f dcp-metrics-included.csv -a <port>``."""
     port = free_port()

@@ -196,6 +196,7 @@ def test_a_real_prometheus_scrapes_the_exporter(tmp_path):
         exporter.stop()
 
 
+@pytest.mark.spawns
 def test_the_exporter_process_serves_until_sigterm(tmp_path):
     """The console command end to end: serves, answers /healthz, stops cleanly on SIGTERM."""
     import httpx

@@ -32,6 +32,8 @@ from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 from tests.support.servers import PrometheusServer, free_port, stop_processes, wait_http_ok
 
+pytestmark = pytest.mark.spawns  # its exporter and stand-ins run as processes
+
 NODE = "gpu-dra-01"
 FLEET = load_fleet("dra")
 GPUS = FLEET.node(NODE).gpus

@@ -43,6 +43,7 @@ def ledger_url(tmp_path):
     return url
 
 
+@pytest.mark.spawns
 def test_a_missing_sqlite_ledger_is_refused_not_created(tmp_path):
     typo = tmp_path / "typo.db"
     run = _report("--db", f"sqlite:///{typo}", "--period", "2026-10", "--out", str(tmp_path / "out"))
@@ -51,6 +52,7 @@ def test_a_missing_sqlite_ledger_is_refused_not_created(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("period", "shown"),
     [
@@ -67,6 +69,7 @@ def test_years_the_ledger_cannot_hold_are_one_line(ledger_url, tmp_path, period,
     _one_line_error(_report("--db", ledger_url, *period, "--out", str(tmp_path / "out")), "period", shown)
 
 
+@pytest.mark.spawns
 def test_out_naming_a_file_is_one_line_and_the_file_is_kept(ledger_url, tmp_path):
     target = tmp_path / "report.html"
     target.write_text("keep me")
