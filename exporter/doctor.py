@@ -92,6 +92,7 @@ class GpuReport:
     mig: list[dict[str, Any]] = field(default_factory=list)
     xid_events: str = ""
     gpm: str = ""
+    fabric: str = ""  # the NVLink fabric: domain, clique, registration, health (docs/nvml.md §17.2)
     not_exported: list[str] = field(default_factory=list)
 
 
@@ -589,6 +590,7 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
                 if report.privileged
                 else "; MIG instances' XIDs are withheld (not root, no CAP_SYS_ADMIN): only whole-GPU XIDs"
             )
+    gpu.fabric = _fabric(device)
     gpm = next(a for a in gpu.calls if a.what == "nvmlGpmQueryDeviceSupport")
     support = raw["nvmlGpmQueryDeviceSupport"]
     if support is not None and support.isSupportedDevice:
@@ -603,6 +605,42 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
             "DCGM's profiling module is the only source on older GPUs"
         )
     return gpu
+
+
+def _fabric(device) -> str:
+    """Whether the GPU answers nvmlDeviceGetGpuFabricInfoV (or the v1 call), and what: its NVLink domain,
+    clique, registration and, from Blackwell on, its health."""
+    from .collectors.fabric import HEALTH_FIELDS, condition_reported, read_fabric, status_name
+
+    info = read_fabric(device, in_cycle=False)
+    if info is None:
+        return (
+            "not available (NOT_SUPPORTED, or the driver lacks the call): no NVLink fabric series for this "
+            "GPU (PCIe boards, GPUs before Hopper and a GPU alone in a VM have no fabric)"
+        )
+    import uuid as uuidlib
+
+    states = ("not supported", "not started", "in progress", "completed")
+    state = int(info.state)
+    text = (
+        f"{device.static.get('fabric_version', '?').replace('fabric_', '')}: NVLink domain "
+        f"{uuidlib.UUID(bytes=bytes(info.clusterUuid))}, clique {int(info.cliqueId)}, registration "
+        f"{states[state] if state < len(states) else state}"
+    )
+    if state == N.NVML_GPU_FABRIC_STATE_COMPLETED:
+        text += f" ({status_name(int(info.status))})"
+    mask = getattr(info, "healthMask", None)
+    if mask is not None:
+        reported = [c for c in HEALTH_FIELDS if condition_reported(c, int(mask))]
+        known = [c for c in HEALTH_FIELDS if condition_reported(c, int(mask)) is not None]
+        if not known:
+            text += "; health not reported (before Blackwell)"
+        else:
+            text += "; health: " + (", ".join(reported) if reported else "no condition reported")
+    summary = getattr(info, "healthSummary", 0)
+    if summary:
+        text += f" ({ {1: 'healthy', 2: 'unhealthy', 3: 'limited capacity'}.get(int(summary), summary) })"
+    return text
 
 
 def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock):
@@ -672,6 +710,7 @@ def render_text(report: Report) -> str:
             out.append("  MIG: not enabled")
         out.append(f"  XID events: {gpu.xid_events}")
         out.append(f"  GPM: {gpu.gpm}")
+        out.append(f"  NVLink fabric: {gpu.fabric}")
         if gpu.not_exported:
             out.append("  the exporter will not export (series, and where it would come from):")
             out += [f"    {line}" for line in gpu.not_exported]

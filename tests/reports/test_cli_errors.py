@@ -18,7 +18,7 @@ from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from tests.billing.factories import H100, alloc, gpu_hour, write_book
 
-B200 = "NVIDIA B200"
+VR200 = "NVIDIA VR200"
 
 
 def _report(*argv: str) -> subprocess.CompletedProcess:
@@ -79,7 +79,7 @@ def test_out_naming_a_file_is_one_line_and_the_file_is_kept(ledger_url, tmp_path
 def test_focus_says_why_an_hour_is_unpriced(tmp_path):
     """October 20 is before the book's only version (from November 1): no version is in effect, so
     it says that, not that the model has no rate. On November 2 the version is in effect but has no
-    B200 rate: it says that, naming the version."""
+    VR200 rate: it says that, naming the version."""
     doc = {"currency": "USD", "versions": [{"effective_from": "2026-11-01", "gpus": {"H100-80GB": "6.88"}}]}
     from gpumeter.billing.pricing import load_price_book
 
@@ -88,7 +88,7 @@ def test_focus_says_why_an_hour_is_unpriced(tmp_path):
     try:
         for hour, model in (
             (datetime(2026, 10, 20, tzinfo=UTC), H100),
-            (datetime(2026, 11, 2, tzinfo=UTC), B200),
+            (datetime(2026, 11, 2, tzinfo=UTC), VR200),
         ):
             gh = gpu_hour("GPU-u", model, allocations=[alloc("GPU-u", "ns", "p")], hour=hour)
             ledger.write_hour(HourRecord(hour, [gh], price_gpu_hour(gh, book).lines, book))
@@ -103,11 +103,11 @@ def test_focus_says_why_an_hour_is_unpriced(tmp_path):
     assert "no rate" not in before
     assert [r["SkuPriceId"] for r in october + november] == [
         "h100-80gb:whole:unpriced",
-        "nvidia b200:whole:unpriced",
+        "nvidia vr200:whole:unpriced",
     ]
     (missing,) = [r["ChargeDescription"] for r in november]
     assert (
-        missing.startswith(f"Unpriced GPU model {B200}: price-book version ")
+        missing.startswith(f"Unpriced GPU model {VR200}: price-book version ")
         and "@2026-11-01T00:00:00Z" in missing
     )
     assert missing.endswith("has no rate for it; quantity only, not billed")
