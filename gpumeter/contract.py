@@ -414,7 +414,7 @@ FABRIC_HEALTH = _device(
     "access_timeout_recovery, incorrect_configuration), 0 when it reports it clear. Blackwell and newer.",
     "condition",
 )
-FABRIC_HEALTH_SUMMARY = _device(
+FABRIC_HEALTH_OVERALL = _device(
     "nvidia_gpu_fabric_health_overall",
     G,
     "",
@@ -810,7 +810,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     FABRIC_INFO,
     FABRIC_REGISTERED,
     FABRIC_HEALTH,
-    FABRIC_HEALTH_SUMMARY,
+    FABRIC_HEALTH_OVERALL,
     FABRIC_HEALTH_MASK,
     MIG_INFO,
     MIG_MEMORY_TOTAL,
