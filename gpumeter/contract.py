@@ -635,7 +635,9 @@ DRA_ALLOCATION_INFO = _exporter(
     "",
     "A pod's container holds this GPU or MIG device through a Dynamic Resource Allocation claim; value 1. "
     "The labels before claim_namespace are nvidia_gpu_allocation's; driver, pool and device name the "
-    "device as the kubelet and the node's ResourceSlice do (e.g. gpu.nvidia.com, the node, gpu-1-mig-3g40gb-9-0).",
+    "device as the kubelet and the node's ResourceSlice do (e.g. gpu.nvidia.com, the node, gpu-1-mig-3g40gb-9-0); "
+    "compute_domain the ComputeDomain (UID) the pod's container joined through a compute-domain.nvidia.com "
+    "channel claim (an NVLink domain shared by a multi-node job), empty when none.",
     HOSTNAME,
     NAMESPACE,
     POD,
@@ -648,6 +650,7 @@ DRA_ALLOCATION_INFO = _exporter(
     "driver",
     "pool",
     "device",
+    "compute_domain",
 )
 # Per process, mapped to its pod through /proc/<pid>/cgroup and the node's pod list (the `processes`
 # collector, docs/pod-attribution.md §Processes). Summed per (GPU instance, container): a container's
