@@ -102,6 +102,7 @@ NVLINK_INACTIVE = "nvlink_inactive"
 ROW_REMAP_PENDING = "row_remap_pending"
 PAGE_RETIREMENT_PENDING = "page_retirement_pending"
 TEMPERATURE_AT_SLOWDOWN = "temperature_at_slowdown"
+FABRIC_UNREGISTERED = "fabric_unregistered"
 CRITICAL_XID = "critical_xid"
 NVML_UNREACHABLE = "nvml_unreachable"
 KUBELET_UNREACHABLE = "kubelet_unreachable"
@@ -111,6 +112,7 @@ FINDING_KINDS = (
     ROW_REMAP_PENDING,
     PAGE_RETIREMENT_PENDING,
     TEMPERATURE_AT_SLOWDOWN,
+    FABRIC_UNREGISTERED,
     CRITICAL_XID,
     NVML_UNREACHABLE,
     KUBELET_UNREACHABLE,
@@ -501,6 +503,14 @@ def _gpu_findings(report: Report, snapshot) -> None:
         if pending:
             message = "a page retirement waits for the next GPU reset or driver reload"
             report.findings.append(Finding(PAGE_RETIREMENT_PENDING, message, *where(labels)))
+    # NVLink fabric: a GPU not registered can take no part in multi-node NVLink (GpuFabricRegistrationIncomplete)
+    fabric = {labels[:2]: labels for labels, _ in snapshot.samples(contract.FABRIC_INFO.name)}
+    for labels, registered in snapshot.samples(contract.FABRIC_REGISTERED.name):
+        if not registered:
+            info = fabric.get(labels[:2])
+            state = f"{info[4]}{', ' + info[5] if info and info[5] else ''}" if info else "unknown"
+            message = f"not registered in its NVLink fabric ({state}): no multi-node NVLink for its jobs"
+            report.findings.append(Finding(FABRIC_UNREGISTERED, message, *where(labels)))
     slowdown = {
         labels[:2]: value
         for labels, value in snapshot.samples(contract.TEMPERATURE_THRESHOLD.name)
