@@ -95,20 +95,20 @@ class FabricCollector:
         state_name = contract.FABRIC_STATES[state] if state < len(contract.FABRIC_STATES) else str(state)
         # "status ... Must be checked only if state returns complete" (nvml.h): empty before that
         status = status_name(int(info.status)) if state == _STATE_COMPLETED else ""
-        out.add("nvidia_gpu_fabric_info", (*labels, domain, str(int(info.cliqueId)), state_name, status), 1)
+        out.add(contract.FABRIC_INFO, (*labels, domain, str(int(info.cliqueId)), state_name, status), 1)
         out.add(
-            "nvidia_gpu_fabric_registered",
+            contract.FABRIC_REGISTERED,
             labels,
             1 if state == _STATE_COMPLETED and int(info.status) == N.NVML_SUCCESS else 0,
         )
         mask = getattr(info, "healthMask", None)
         if mask is None:
             return
-        out.add("nvidia_gpu_fabric_health_mask", labels, int(mask))
+        out.add(contract.FABRIC_HEALTH_MASK, labels, int(mask))
         for condition in HEALTH_FIELDS:
             reported = condition_reported(condition, int(mask))
             if reported is not None:
-                out.add("nvidia_gpu_fabric_health_condition", (*labels, condition), reported)
+                out.add(contract.FABRIC_HEALTH, (*labels, condition), reported)
         summary = getattr(info, "healthSummary", None)
         if summary:  # 0: NOT_SUPPORTED
-            out.add("nvidia_gpu_fabric_health_overall", labels, int(summary))
+            out.add(contract.FABRIC_HEALTH_OVERALL, labels, int(summary))
