@@ -103,7 +103,7 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
                 limits["nvidia.com/gpu"] = str(int(limits.get("nvidia.com/gpu", "0")) + 1)
         hami_entries.append("".join(hami_devices))
         resources: dict[str, Any] = {"limits": limits, "requests": dict(limits)}
-        claims = sorted({d.claim for d in spec.devices if d.claim is not None})
+        claims = sorted({d.claim for d in spec.devices if d.claim is not None} | set(spec.channels))
         if claims:  # a DRA claim is named by the container (core/v1 ResourceRequirements.claims)
             resources["claims"] = [{"name": c} for c in claims]
             pod_claims.update(claims)

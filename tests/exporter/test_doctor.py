@@ -144,6 +144,13 @@ def _check(node, clock, **options):
         ("h200", "row_remap", {"kind": "failure"}, "row_remap_pending", "a row remap failed"),
         ("v100-t4", "page_retire", {"cause": "dbe"}, "page_retirement_pending", "page retirement waits"),
         (
+            "b200",
+            "fabric_registration",
+            {"state": "failed"},
+            "fabric_unregistered",
+            "not registered in its NVLink fabric (completed, unknown)",
+        ),
+        (
             "h100-mig",
             "overheat",
             {"celsius": 80},

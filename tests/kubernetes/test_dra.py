@@ -25,6 +25,7 @@ from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.kubernetes import dra
 from gpumeter.exporter.simulator.device import SimulatedNode
+from gpumeter.exporter.simulator.dra import compute_domain_uid
 from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
@@ -148,6 +149,13 @@ def test_dra_pods_are_attributed_exclusive_mig_and_shared_with_shares_at_most_on
     assert ("detector", "detector-mig", "gpu-1-mig-3g40gb-9-0") in info  # 3g: profile id 9, placement 0
     assert ("embedder", "embedder-mig", "gpu-1-mig-1g10gb-19-0") in info
     assert ("ranker-1", "shared-ts", "gpu-2") in info and len(info) == len(EXPECTED)
+    # pretrain joined a ComputeDomain through its channel claim: its GPU holding carries the domain's UID
+    # (the channel claim's ComputeDomainChannelConfig domainID); the channel itself is no GPU holding
+    domains = {
+        s.labels["pod"]: s.labels["compute_domain"] for s in samples[contract.DRA_ALLOCATION_INFO.name]
+    }
+    assert domains.pop("pretrain") == compute_domain_uid("pretrain-domain")
+    assert set(domains.values()) == {""}
     assert [s.value for s in samples[contract.DRA_API_UP.name]] == [1.0]
     assert [s.value for s in samples[contract.DRA_DEVICES_UNRESOLVED.name]] == [0.0]
 
