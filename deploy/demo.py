@@ -36,8 +36,8 @@ import httpx
 import yaml
 
 from gpumeter.deploy import demo_clusters
-from gpumeter.exporter.simulator.metrics_server import StandInServer
 from gpumeter.process import stop_on_signals, wait_until_set
+from gpumeter.simulator.metrics_server import StandInServer
 
 __all__ = ["register"]
 

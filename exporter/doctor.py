@@ -15,7 +15,7 @@ unreachable) and exit status 1 when there is any, 0 when there is none (docs/doc
 
 ``--simulate FLEET`` runs it against the stand-in (with the driver's per-call latency and a stand-in
 kubelet), which is how it is tested on every example fleet. On a real node it is the evidence for the
-stand-in's capability tables (exporter/simulator/models.py) and latency table (simulator/latency.py).
+stand-in's capability tables (gpumeter/simulator/models.py) and latency table (simulator/latency.py).
 """
 
 from __future__ import annotations
@@ -843,12 +843,12 @@ def render_check(report: Report) -> str:
 def _simulated(
     fleet_name: str, node_name: str | None, socket_path: str | None, kube_api: str | None = None, **options
 ) -> Report:
-    from .simulator.device import SimulatedNode
-    from .simulator.fleet import FleetError, load_fleet
-    from .simulator.kubeapi import StandInKubeApi
-    from .simulator.kubelet import StandInKubelet
-    from .simulator.latency import CALL_LATENCY_S
-    from .simulator.nvml import SimulatedNvml
+    from gpumeter.simulator.device import SimulatedNode
+    from gpumeter.simulator.fleet import FleetError, load_fleet
+    from gpumeter.simulator.kubeapi import StandInKubeApi
+    from gpumeter.simulator.kubelet import StandInKubelet
+    from gpumeter.simulator.latency import CALL_LATENCY_S
+    from gpumeter.simulator.nvml import SimulatedNvml
 
     try:
         fleet = load_fleet(fleet_name)

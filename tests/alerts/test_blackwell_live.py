@@ -21,7 +21,7 @@ import pytest
 
 from gpumeter import contract
 from gpumeter.dashboards.build import GENERATED
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.fleet import load_fleet
 from tests.alerts.test_fault_injection_e2e import JOB, scaled_rule_files
 from tests.dashboards.promql import queries, substitute
 from tests.support.exporter_process import ExporterProcess

@@ -1,6 +1,6 @@
 """GPU demand and quota from kube-state-metrics, through a real Prometheus.
 
-The stand-in kube-state-metrics (exporter/simulator/kube_state_metrics.py, a real HTTP server) serves the
+The stand-in kube-state-metrics (gpumeter/simulator/kube_state_metrics.py, a real HTTP server) serves the
 a100-mixed fleet's running pods, two pending GPU pods and a GPU ResourceQuota in kube-state-metrics'
 exposition format; a real Prometheus scrapes it under the job `kube-state-metrics` with both rule files
 loaded. The capacity rules must compute, from the real scrape, the figures worked out here by hand.
@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from gpumeter.alerts import RULE_FILES
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kube_state_metrics import (
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kube_state_metrics import (
     PendingPod,
     Quota,
     StandInKubeStateMetrics,
     sanitize,
 )
-from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
+from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.support.servers import PrometheusServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,12 +33,12 @@ import pytest
 import yaml
 
 from gpumeter.billing.config import Budget
-from gpumeter.exporter.simulator.fleet import FLEETS_DIR, load_fleet
-from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.reports.schedule import ReportSchedule
 from gpumeter.service import JOBS, build_app, job_triggers
+from gpumeter.simulator.fleet import FLEETS_DIR, load_fleet
+from gpumeter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.alerts.test_fault_injection_e2e import fast_alertmanager_config, scaled_rule_files
 from tests.dashboards import conftest as one
 from tests.support.exporter_process import ExporterProcess

@@ -27,12 +27,12 @@ from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.reports.schedule import ReportSchedule
 from gpumeter.service import JOBS, build_app, job_triggers
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.billing.factories import book
 from tests.support.exporter_process import ExporterProcess
 from tests.support.servers import PrometheusServer, VictoriaMetricsServer

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.dashboards.build import GENERATED
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.fleet import load_fleet
 from tests.dashboards.promql import queries, substitute
 from tests.installed.layout import free_offset as layout_free_offset
 from tests.reports.focus_checks import KNOWN_VALIDATOR_FAILURES, rows_of, schema_problems, validate_12

@@ -9,7 +9,7 @@ import uuid as uuidlib
 
 import pytest
 
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.fleet import load_fleet
 
 FABRIC = "nvidia_gpu_fabric_"
 
@@ -241,8 +241,8 @@ def test_a_collectors_file_may_ask_for_the_throttle_reasons_under_their_older_na
 # --- gpumeter doctor ------------------------------------------------------------------------------------
 def test_doctor_says_whether_each_gpu_has_a_fabric_and_its_state(clock):
     from gpumeter.exporter import doctor
-    from gpumeter.exporter.simulator.device import SimulatedNode
-    from gpumeter.exporter.simulator.nvml import SimulatedNvml
+    from gpumeter.simulator.device import SimulatedNode
+    from gpumeter.simulator.nvml import SimulatedNvml
 
     node = SimulatedNode(load_fleet("gb200-nvl72"), "gb200-nvl72-03", clock=clock)
     node.inject("fabric_health", 1)

@@ -16,9 +16,9 @@ import pytest
 
 import gpumeter
 from gpumeter.cli import EscapingFormatter
-from gpumeter.exporter.simulator.admin import make_admin_app
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.simulator.admin import make_admin_app
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
 
 
 def _fleet(group: dict, pod: dict | None = None) -> dict:

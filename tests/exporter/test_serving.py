@@ -18,7 +18,7 @@ import pytest
 
 from gpumeter.cli import main as gpumeter_main
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
-from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
 from gpumeter.web import WebConfigError
 from tests.support.certs import client_context, make_pki
 from tests.support.sockets import still_open
@@ -425,7 +425,7 @@ WEIRD = 'team "a"\\b\nc'  # a double quote, a backslash and a newline
 def weird_history() -> str:
     import io
 
-    from gpumeter.exporter.simulator.history import write_history
+    from gpumeter.simulator.history import write_history
 
     fleet = parse_fleet(
         {

@@ -17,8 +17,8 @@ from gpumeter.exporter.kubelet.client import (
     PodResources,
     PodResourcesClient,
 )
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 
 
 @pytest.fixture

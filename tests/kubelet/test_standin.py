@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpumeter.exporter.kubelet.client import KubeletError, PodResourcesClient
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet, add_parser, device_id, resource_name
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet, add_parser, device_id, resource_name
 
 from .helpers import HOUR, with_kubelet
 

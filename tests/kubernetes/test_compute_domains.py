@@ -17,7 +17,7 @@ from gpumeter.exporter.kubelet.client import (
 )
 from gpumeter.exporter.kubernetes import dra
 from gpumeter.exporter.kubernetes.dra_cache import DraView
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.fleet import load_fleet
 from tests.kubelet.helpers import inventory
 
 NODE = "gb200-nvl72-03"

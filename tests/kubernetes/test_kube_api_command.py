@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 import gpumeter
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.processes import container_id, pod_uid
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.processes import container_id, pod_uid
 from tests.support.servers import free_port
 
 

@@ -21,10 +21,10 @@ import pytest
 from gpumeter import contract
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 from tests.support.simulated import XID_WAIT_MS
 
@@ -265,7 +265,7 @@ def test_fleet_process_fields_are_checked():
 def test_the_history_leaves_the_process_series_out_when_asked():
     import io
 
-    from gpumeter.exporter.simulator.history import write_history
+    from gpumeter.simulator.history import write_history
 
     fleet = load_fleet("shared-modes")
     with_processes, without = io.StringIO(), io.StringIO()

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 

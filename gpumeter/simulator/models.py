@@ -518,7 +518,7 @@ def model_named(key: str) -> GpuModel:
 
 def render_capabilities_markdown() -> str:
     """The capability table of docs/simulator.md (``gpumeter docs models``): capabilities by model, then
-    each model's evidence. Rules per generation are cited in exporter/simulator/models.py."""
+    each model's evidence. Rules per generation are cited in gpumeter/simulator/models.py."""
     models = list(MODELS.values())
     rows = [dict(capabilities(m)) for m in models]
     names = [name for name, _ in capabilities(models[0]) if name != "evidence"]

@@ -5,7 +5,7 @@ on that node that are running at the simulated time, with what the exporter read
 and their resource limits, and the annotations HAMi's scheduler and gpushare's scheduler extender
 write on a pod they placed on a fractional GPU (formats and sources: exporter/kubernetes/fractional.py,
 docs/pod-attribution.md §Fractional). Pods of one (namespace, name) are one pod with one container
-each. For Dynamic Resource Allocation (exporter/simulator/dra.py, docs/pod-attribution.md §8a):
+each. For Dynamic Resource Allocation (gpumeter/simulator/dra.py, docs/pod-attribution.md §8a):
 ``GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>`` answers the node's
 ResourceSlice of ``gpu.nvidia.com`` devices, and ``GET /apis/resource.k8s.io/v1/namespaces/<ns>/
 resourceclaims/<name>`` an allocated ResourceClaim with its sharing config. Other paths answer 404;

@@ -95,7 +95,7 @@ __all__ = [
     "parse_fleet",
 ]
 
-FLEETS_DIR = Path(str(files("gpumeter.exporter.simulator") / "fleets"))  # package data
+FLEETS_DIR = Path(str(files("gpumeter.simulator") / "fleets"))  # package data
 WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
