@@ -1,4 +1,5 @@
-"""Two clusters behind one global store, real parts only (docs/kubernetes.md, "Many clusters").
+"""Two clusters behind one global store, real parts only (docs/kubernetes.md, "Many clusters behind
+one global store").
 
 Each cluster, east and west, is what tests/dashboards/conftest.py runs for one: the simulated fleets'
 exporters (with stand-in kubelets and faults), stand-in kube-state-metrics, Volcano and Kubernetes API,
