@@ -12,6 +12,7 @@ from typing import Any
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.ledger import DEFAULT_URL
+from gpumeter.billing.models import is_reserved_name
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.billing.pricing.static import DEFAULT_BOOK, load_price_book
@@ -40,6 +41,8 @@ class Settings:
     utilization_tiers: str = "report"
     prometheus_timeout: float = REQUEST_TIMEOUT  # seconds for one request's whole answer
     deadline: float = IngestConfig.deadline  # seconds for a whole ingest run (0: none)
+    # the label naming each series' cluster in a global store (docs/billing.md §2.3)
+    cluster_label: str = os.environ.get("GPUMETER_CLUSTER_LABEL", IngestConfig.cluster_label)
     # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
     # secrets themselves, so neither the job store nor a log line ever holds one
     prometheus_bearer_token_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_BEARER_TOKEN_FILE")
@@ -66,6 +69,7 @@ class Settings:
             workers=self.workers,
             deadline=self.deadline,
             teams=load_team_map(self.teams_file) if self.teams_file else {},
+            cluster_label=self.cluster_label,
         )
 
     def auth(self) -> Auth:
@@ -140,6 +144,9 @@ def load_http_config(path: str | Path) -> dict[str, str]:
 MAX_BUDGET = Decimal(10) ** 15
 TEAM_FILE_KEYS = ("namespaces", "vms", "budgets")
 # a namespace's name: an RFC 1123 DNS label (kubernetes.io/docs/concepts/overview/working-with-objects/names)
+# a cluster's name as a team map writes it before a namespace (`east/ml-training`): no '/', so the
+# namespace is never ambiguous
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -202,8 +209,21 @@ def load_team_file(path: str | Path) -> TeamFile:
         for name, team in entries.items():
             if not isinstance(name, str) or not isinstance(team, str) or not team:
                 raise ConfigError(f"{path}: {section}.{name}: expected a team name (value {team!r})")
+            for what, value in (("namespace", name), ("team", team)):
+                if is_reserved_name(value):
+                    raise ConfigError(
+                        f"{path}: {section}.{name}: {value} is a name the reports use for their own "
+                        f"rows, not a {what} name (value {value!r})"
+                    )
     for name in namespaces:
-        if not NAMESPACE_NAME.fullmatch(name):
+        # `ml-training` names the namespace in every cluster, `east/ml-training` in cluster east alone
+        cluster, slash, namespace = name.rpartition("/")
+        if slash and not CLUSTER_NAME.fullmatch(cluster):
+            raise ConfigError(
+                f"{path}: namespaces.{ascii(name)[1:-1]}: ambiguous: expected namespace or cluster/namespace, "
+                f"the cluster of letters, digits and _.:- (value {name!r})"
+            )
+        if not NAMESPACE_NAME.fullmatch(namespace):
             raise ConfigError(
                 f"{path}: namespaces.{ascii(name)[1:-1]}: not a Kubernetes namespace name (lower-case "
                 f"letters, digits and '-', at most 63, RFC 1123) (value {name!r})"
@@ -226,7 +246,7 @@ def load_team_file(path: str | Path) -> TeamFile:
 
 def _budget(path: Path, team: Any, spec: Any) -> Budget:
     where = f"budgets.{team}"
-    if not isinstance(team, str) or not team:
+    if not isinstance(team, str) or not team or is_reserved_name(team):
         raise ConfigError(f"{path}: {where}: expected a team name (value {team!r})")
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: {where}: expected {{amount, currency}} (value {spec!r})")

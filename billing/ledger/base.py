@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, line_key
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, cluster_namespace, line_key
 from gpumeter.billing.pricing.base import PriceBook
 
 # The kinds of line a team pays: what counts against its budget (docs/billing.md §4.4), as in reports.
@@ -145,29 +145,30 @@ class LedgerSummary:
 
 
 def summarise(
-    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None]],
+    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None, str | None]],
     last_hour: datetime | None,
     runs: dict[str, int],
 ) -> LedgerSummary:
     """The /metrics aggregates from (namespace, team, model, mig_profile, kind, currency, quantity,
-    amount) per line, the newest successful hour and the run counts: every ledger sums the same way,
-    in Python over Decimals (SQLite stores exact decimals as text)."""
+    amount, cluster) per line, the newest successful hour and the run counts: every ledger sums the
+    same way, in Python over Decimals (SQLite stores exact decimals as text)."""
     cost: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
     hours: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
-    unpriced: dict[str, Decimal] = defaultdict(Decimal)
-    for ns, team, model, profile, kind, currency, quantity, amount in lines:
+    unpriced: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for ns, team, model, profile, kind, currency, quantity, amount, cluster in lines:
+        cluster = cluster or ""  # NULL: a line of a store without a cluster label
         if amount is None:
-            unpriced[model] += quantity
+            unpriced[(model, cluster)] += quantity
             continue
-        cost[(ns, team, model, profile, kind, currency)] += amount
+        cost[(ns, team, model, profile, kind, currency, cluster)] += amount
         if kind == LineKind.TENANT:
-            hours[(ns, team, model, profile)] += quantity
-    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
-    hour_keys = ("namespace", "team", "model", "mig_profile")
+            hours[(ns, team, model, profile, cluster)] += quantity
+    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency", "cluster")
+    hour_keys = ("namespace", "team", "model", "mig_profile", "cluster")
     return LedgerSummary(
         cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
         gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
-        unpriced=[({"model": m}, v) for m, v in sorted(unpriced.items())],
+        unpriced=[({"model": m, "cluster": c}, v) for (m, c), v in sorted(unpriced.items())],
         last_success=None if last_hour is None else last_hour + HOUR,
         runs=dict(runs),
     )
@@ -206,6 +207,7 @@ class LineTotal:
     efficiency_quantity: Decimal = Decimal(0)
     held: Decimal = Decimal(0)  # sum of the lines' held quantity, in held_unit (a grouping key)
     held_unit: str = "gpu_hour"
+    cluster: str = ""  # the lines' cluster ("": a store without a cluster label; a grouping key)
 
 
 @dataclass(frozen=True)
@@ -423,7 +425,8 @@ class Ledger(abc.ABC):
             for gpu_hour in self.facts(hour):
                 for a in gpu_hour.allocations:
                     if a.sharing in SHARED_MODES and a.process_memory is not None:
-                        rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
+                        namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
+                        rows.append((namespace, a.pod, hour, a.process_memory, a.process_sm))
             hour += HOUR
         return shared_use_of(rows)
 
@@ -434,8 +437,10 @@ class Ledger(abc.ABC):
         hour = start
         while hour < end:
             for gpu_hour in self.facts(hour):
+                cluster = gpu_hour.device.cluster
                 found.update(
-                    PodHolding(a.namespace, a.pod, a.sharing, a.resource) for a in gpu_hour.allocations
+                    PodHolding(cluster_namespace(cluster, a.namespace), a.pod, a.sharing, a.resource)
+                    for a in gpu_hour.allocations
                 )
             hour += HOUR
         return sorted(found)

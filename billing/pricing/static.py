@@ -13,6 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from gpumeter.billing.pricing.aliases import NVML_ALIASES
 from gpumeter.billing.pricing.base import (
     IDLE_POLICIES,
     SHARING_MODES,
@@ -140,7 +141,7 @@ def _dec(
         raise PriceBookError(path, name, value, "not a number") from None
     if not number.is_finite():
         raise PriceBookError(path, name, value, "not a finite number")
-    if number < 0:
+    if number < 0 or number.is_signed():  # -0.0 too: a sign on a price is a typo, never meant
         raise PriceBookError(path, name, value, "negative")
     if positive and number == 0:
         raise PriceBookError(path, name, value, "must be greater than 0")
@@ -154,8 +155,8 @@ def _dec(
     return number
 
 
-def _rate(path, name: str, value: Any) -> Decimal:
-    return _dec(path, name, value, maximum=MAX_RATE, places=RATE_PLACES)
+def _rate(path, name: str, value: Any, *, positive: bool = False) -> Decimal:
+    return _dec(path, name, value, positive=positive, maximum=MAX_RATE, places=RATE_PLACES)
 
 
 def _when(path, name: str, value: Any) -> datetime:
@@ -286,7 +287,7 @@ def _native_gpu(path, where: str, model: str, spec: Any) -> GpuPrice:
     if "overhead_per_hour" in spec:
         _rate(path, f"{where}.overhead_per_hour", spec["overhead_per_hour"])
     if spec.get("hourly_rate") is not None:
-        return GpuPrice(model, _rate(path, f"{where}.hourly_rate", spec["hourly_rate"]))
+        return GpuPrice(model, _rate(path, f"{where}.hourly_rate", spec["hourly_rate"], positive=True))
     derived = _derive_rate(path, where, spec, _NATIVE_NAMES)
     if derived is None:
         raise PriceBookError(
@@ -362,6 +363,7 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
                 f"duplicate alias (also written {seen_aliases[alias.upper()]!r})",
             )
         seen_aliases[alias.upper()] = alias
+        _refuse_repointed_builtin(path, alias, model)
     raw_versions = doc.get("versions")
     if not isinstance(raw_versions, list) or not raw_versions:
         raise PriceBookError(path, "versions", raw_versions, "expected a non-empty list of versions")
@@ -376,7 +378,10 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
             raise PriceBookError(
                 path, f"{where}.gpus", gpus_raw, "expected a non-empty mapping of GPU model to price"
             )
-        gpus = {str(m): _native_gpu(path, f"{where}.gpus.{m}", str(m), s) for m, s in gpus_raw.items()}
+        for model in gpus_raw:  # YAML makes `~` None and `100` a number: neither names a model
+            if not isinstance(model, str) or not model.strip():
+                raise PriceBookError(path, f"{where}.gpus.{model}", model, "expected a GPU model name")
+        gpus = {m: _native_gpu(path, f"{where}.gpus.{m}", m, s) for m, s in gpus_raw.items()}
         _refuse_case_duplicates(path, f"{where}.gpus", gpus)
         versions.append(
             PriceVersion(
@@ -407,6 +412,17 @@ def _parse_native(path: Path, doc: dict, digest: str) -> PriceBook:
         if model.upper() not in models:
             raise PriceBookError(path, f"aliases.{alias}", model, "no version of this book prices that model")
     return PriceBook(currency, _check_overlaps(path, versions), dict(aliases), str(path), digest)
+
+
+def _refuse_repointed_builtin(path, alias: str, model: str) -> None:
+    """A built-in NVML name (billing/pricing/aliases.py) names one model whatever the book: a book
+    re-pointing it prices one GPU as another (an H100 at a T4's rate). A book may name it to the
+    same model, and add aliases of its own."""
+    builtin = {name.upper(): target for name, target in NVML_ALIASES.items()}.get(alias.upper())
+    if builtin is not None and builtin.upper() != model.upper():
+        raise PriceBookError(
+            path, f"aliases.{alias}", model, f"a built-in alias of {builtin}; it cannot be re-pointed"
+        )
 
 
 def _refuse_case_duplicates(path, where: str, gpus: dict[str, GpuPrice]) -> None:
@@ -455,7 +471,9 @@ def _parse_seed(path: Path, doc: dict, digest: str) -> PriceBook:
                 maximum=MAX_DEPRECIATION_MONTHS,
             )
         if spec.get("hourlyCost") is not None:
-            gpus[model] = GpuPrice(model, _rate(path, f"{where}.hourlyCost", spec["hourlyCost"]))
+            gpus[model] = GpuPrice(
+                model, _rate(path, f"{where}.hourlyCost", spec["hourlyCost"], positive=True)
+            )
             continue
         electricity = doc.get("electricityPrice")
         derived = _derive_rate(path, where, spec, names, electricity)

@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from .fabric import FabricState, cluster_uuid
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
 from .vgpu import simulated_vgpus
 
@@ -52,7 +53,34 @@ FAULTS = (
     "nvlink_sleep",
     "page_retire",
     "pcie_downtrain",
+    "fabric_health",
+    "fabric_registration",
 )
+
+
+# What an injected value may be: what hardware can show, so a fault cannot make a reading wrap or
+# overflow (`celsius: 1e308` read back as 0.0 degrees C). The counts bound one injection, not the counter.
+MAX_OVERHEAT_C = 150.0  # above ambient: past any GPU's shutdown temperature
+MAX_RATE_PER_S = 1e9  # NVLink CRC errors per second
+MAX_COUNT = 1_000_000_000
+MAX_XID = 1024  # Xid codes are below 200 today
+MAX_NVML_CODE = 1 << 16
+
+
+def _bounded(params: dict, key: str, default: float, low: float, high: float, whole: bool = False) -> float:
+    """``params[key]`` (``default`` when absent) as a number in [low, high]; ValueError naming the
+    parameter and the value otherwise (a bool, text, NaN, infinite, out of range)."""
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key} must be a number (got {value!r})")
+    if not low <= value <= high or (whole and value != int(value)):  # NaN fails the range
+        kind = "a whole number" if whole else "a number"
+        raise ValueError(f"{key} must be {kind} in [{low:g}, {high:g}] (got {value!r})")
+    return float(value)
+
+
+def _count(params: dict, default: int = 1) -> int:
+    return int(_bounded(params, "count", default, 0, MAX_COUNT, whole=True))
 
 
 def pci_bus(index: int) -> int:
@@ -159,6 +187,7 @@ class SimulatedGpu:
     nvml_errors: dict[str, int] = field(default_factory=dict)
     # An injected PCIe link below its maximum: (generation, width, only while not in use); None: full link
     pcie_downtrained: tuple[int, int, bool] | None = None
+    fabric: FabricState = field(default_factory=lambda: FabricState(supported=False, blackwell=False))
 
     def pcie_link(self) -> tuple[int, int]:
         """The link's current (generation, width). The driver's power saving lowers it only while the GPU
@@ -308,6 +337,11 @@ class SimulatedNode:
         self.gpus = [
             SimulatedGpu(spec=g, rng=random.Random(fleet.seed * 1009 + g.index)) for g in self.spec.gpus
         ]
+        domain = cluster_uuid(fleet.seed, self.spec.fabric_domain)
+        for gpu in self.gpus:
+            gpu.fabric = FabricState.for_gpu(
+                gpu.model.arch, gpu.model.has_fabric, domain, self.spec.nvlink_clique
+            )
         self.pods = fleet.pods_on(self.spec.name)
         self.vgpus = simulated_vgpus(self.gpus)  # nvmlVgpuInstance_t -> the vGPUs running on this host
         self.pod_driven = bool(self.pods)
@@ -415,7 +449,7 @@ class SimulatedNode:
                 return f"NVML {'unavailable' if not self.nvml_available else 'available'}"
             target = self._gpu(gpu)
             if fault == "overheat":
-                target.overheat_c = float(params.get("celsius", 30.0))
+                target.overheat_c = _bounded(params, "celsius", 30.0, 0.0, MAX_OVERHEAT_C)
             elif fault == "throttle":
                 reason = params.get("reason", "hw_slowdown")
                 if reason not in THROTTLE_BITS:
@@ -424,9 +458,9 @@ class SimulatedNode:
             elif fault == "nvlink_crc":
                 link = self._link(target, params.get("link", 0))
                 if "rate" in params:
-                    target.crc_rate[link] = float(params["rate"])
+                    target.crc_rate[link] = _bounded(params, "rate", 0.0, 0.0, MAX_RATE_PER_S)
                 else:
-                    count = int(params.get("count", 1000))
+                    count = _count(params, 1000)
                     target.nvlink_errors[link]["crc_flit"] += count * 0.7
                     target.nvlink_errors[link]["crc_data"] += count * 0.3
             elif fault == "nvlink_down":
@@ -434,11 +468,9 @@ class SimulatedNode:
             elif fault == "nvlink_sleep":
                 target.nvlink_state[self._link(target, params.get("link", 0))] = NVLINK_SLEEP
             elif fault == "nvlink_replay":
-                target.nvlink_errors[self._link(target, params.get("link", 0))]["replay"] += int(
-                    params.get("count", 1)
-                )
+                target.nvlink_errors[self._link(target, params.get("link", 0))]["replay"] += _count(params)
             elif fault == "xid":
-                code = int(params.get("code", 79))
+                code = int(_bounded(params, "code", 79, 1, MAX_XID, whole=True))
                 gi, ci = params.get("gpu_instance_id"), params.get("compute_instance_id")
                 if gi is not None and not target.gpu_instance(int(gi)):
                     raise ValueError(f"GPU {target.spec.index} has no GPU instance {gi}")
@@ -460,7 +492,7 @@ class SimulatedNode:
                     target.fall_off_the_bus()
             elif fault == "ecc":
                 kind = params.get("error_type", "uncorrected")
-                target.ecc[kind] += int(params.get("count", 1))
+                target.ecc[kind] += _count(params)
                 if kind == "uncorrected":
                     self._event(target.spec.index, 0x2, 0, NO_INSTANCE, NO_INSTANCE)
             elif fault == "row_remap":
@@ -470,7 +502,7 @@ class SimulatedNode:
                 elif kind == "failure":
                     target.remap_failure = True
                 else:
-                    target.remapped[kind] += int(params.get("count", 1))
+                    target.remapped[kind] += _count(params)
             elif fault == "page_retire":
                 if not target.model.has_retired_pages:
                     raise ValueError(
@@ -479,9 +511,7 @@ class SimulatedNode:
                 cause = params.get("cause", "dbe")
                 if cause not in ("sbe", "dbe"):
                     raise ValueError(f"cause must be sbe or dbe (got {cause!r})")
-                target.retired["corrected" if cause == "sbe" else "uncorrected"] += int(
-                    params.get("count", 1)
-                )
+                target.retired["corrected" if cause == "sbe" else "uncorrected"] += _count(params)
                 target.retire_pending = True
             elif fault == "gpu_lost":
                 target.fall_off_the_bus()
@@ -489,7 +519,7 @@ class SimulatedNode:
                 target.unsupported.add(params["function"])
             elif fault == "nvml_error":
                 code = params.get("code", 999)  # 999: NVML_ERROR_UNKNOWN
-                if isinstance(code, bool) or not isinstance(code, int) or code <= 0:
+                if isinstance(code, bool) or not isinstance(code, int) or not 0 < code <= MAX_NVML_CODE:
                     raise ValueError(f"code must be an NVML return code, a positive integer (got {code!r})")
                 target.nvml_errors[str(params.get("function", "*"))] = code
             elif fault == "pcie_downtrain":
@@ -506,6 +536,16 @@ class SimulatedNode:
                         f"{model.pcie_width} on a {model.key} (got gen {generation}, width {width})"
                     )
                 target.pcie_downtrained = (generation, width, bool(params.get("power_saving", False)))
+            elif fault in ("fabric_health", "fabric_registration"):
+                if not target.fabric.supported:
+                    raise ValueError(
+                        f"a {target.model.key} answers no NVLink fabric (NOT_SUPPORTED: PCIe, pre-Hopper or "
+                        "without NVLinks)"
+                    )
+                if fault == "fabric_health":
+                    target.fabric.degrade(str(params.get("condition", "degraded_bw")))
+                else:
+                    target.fabric.register(str(params.get("state", "failed")), params.get("status", 999))
             elif fault == "mig_reconfigure":
                 from .fleet import _layout, _Reader
 
@@ -530,6 +570,7 @@ class SimulatedNode:
                 target.unsupported.clear()
                 target.nvml_errors.clear()
                 target.pcie_downtrained = None
+                target.fabric.reset()
         return "cleared"
 
     def _gpu(self, index: int | None) -> SimulatedGpu:

@@ -332,14 +332,14 @@ def test_the_demo_stack_end_to_end(tmp_path):
 
 
 def _check_the_demo_months_focus_exports(workdir: Path, out: Path) -> None:
-    """Issue 40 on the demo's month, every sharing mode in it: the 1.3 file the demo wrote meets the 1.3
+    """FOCUS 1.3 split cost allocation on the demo's month, every sharing mode in it: the 1.3 file the demo wrote meets the 1.3
     definitions, and the month's 1.2 export, rendered from the demo's ledger as a consumer that has not
     moved would ask for it, passes the FinOps Foundation's validator but for the documented rule."""
     (focus13,) = (workdir / "reports").glob("gpumeter-*-focus-1.3.csv")
     assert schema_problems(focus13) == []
     _header, rows = rows_of(focus13)
     methods = {row["AllocatedMethodId"] for row in rows}
-    # the splits of the demo's sharing modes each named (docs/reports.md, "FOCUS 1.3 mapping")
+    # the splits of the demo's sharing modes each named (docs/reports.md, "FOCUS 1.3 split cost allocation")
     kinds = ("mig-slice-weight", "time-slicing-share", "mps-share", "fractional-grant", "vgpu-share")
     assert {f"gpumeter.{kind}" for kind in kinds} <= methods, methods
     period = focus13.name.removeprefix("gpumeter-").removesuffix("-focus-1.3.csv")
