@@ -10,6 +10,8 @@ the rules and the alerts are seen across clusters.
 * vmalert evaluates the same rule files against VictoriaMetrics, writes the results back to it and
   sends every alert, named with its cluster, to the demo's Alertmanager.
 * The dashboards are built with the cluster variable shown (``--multi-cluster``) into the work folder.
+* Billing reads VictoriaMetrics: both clusters' histories are imported there (:func:`import_history`,
+  the cluster added as the external label would), so its lines and reports name their cluster.
 """
 
 from __future__ import annotations
