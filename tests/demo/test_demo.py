@@ -216,6 +216,15 @@ def test_the_demo_stack_end_to_end(tmp_path):
             assert "data-eng/etl-1" in modes["time_slicing"][2] and "inference/server-0" in modes["mps"][2]
             assert "genai/llm-serve" in modes["fractional"][2] and modes["vgpu"][1] == "3"
 
+            # billing read the global store: last month's cost per cluster, east's six nodes and west's H200
+            # node, each tenant cost positive and together no more than the month's total
+            (by_cluster,) = (workdir / "reports").rglob("gpumeter-*-by-cluster.csv")
+            rows = list(csv.DictReader(by_cluster.read_text().splitlines()))
+            tenants = {r["group"]: float(r["cost"]) for r in rows if r["line"] == "tenant"}
+            assert set(tenants) == {"east", "west"} and min(tenants.values()) > 0, rows
+            (total,) = [float(r["cost"]) for r in rows if r["group"] == "__total__"]
+            assert sum(tenants.values()) <= total + 0.01, rows
+
             # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
             (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")
             over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.read_text().splitlines())}
