@@ -187,6 +187,14 @@ def _lines(ledger) -> list[tuple]:
     )
 
 
+def _with_clusters(ledger) -> list[tuple]:
+    """Each line as billed, its cluster and team too."""
+    return sorted(
+        (x.cluster, x.team, x.hour, x.uuid, x.kind, x.namespace, x.pod, x.container, x.amount, x.quantity)
+        for x in ledger.lines(START, END)
+    )
+
+
 @pytest.fixture(scope="module")
 def alone(prices, tmp_path_factory):
     """Each cluster billed alone from its own Prometheus (its history without a cluster label)."""
@@ -337,27 +345,29 @@ def test_reports_by_cluster_namespace_team_and_one_cluster(billed, tmp_path, cap
 
 
 def test_a_re_ingest_changes_nothing_of_any_cluster(billed, prices):
-    """A day re-ingested from the same store: every cluster's lines as they were, nothing audited
-    (docs/billing.md §6.6: an audit row is a changed amount)."""
+    """A day re-ingested from the same store, then re-priced from the stored facts: every cluster's
+    lines (and teams) as they were, nothing audited (docs/billing.md §6.6: an audit row is a changed
+    amount)."""
     from gpumeter.billing.config import load_team_map
 
     db, teams, server = billed
     day = HOURS[:24]
     ledger = open_ledger(f"sqlite:///{db}")
     try:
-        before = sorted(
-            (x.cluster, x.team, *t) for x, t in zip(ledger.lines(START, END), _lines(ledger), strict=True)
-        )
+        before = _with_clusters(ledger)
         with PrometheusClient(server.url) as client:
             result = ingest_hours(client, ledger, prices, day, IngestConfig(teams=load_team_map(teams)))
         assert result.ingested == day
-        after = sorted(
-            (x.cluster, x.team, *t) for x, t in zip(ledger.lines(START, END), _lines(ledger), strict=True)
-        )
+        after = _with_clusters(ledger)
+        # re-priced from the stored facts with the same book and map: each cluster's lines, teams too
+        from gpumeter.billing.ingest import reprice
+
+        assert reprice(ledger, prices, day[0], day[-1] + timedelta(hours=1), load_team_map(teams)) == 24
+        repriced = _with_clusters(ledger)
         audited = ledger.counts()["billing_audit"]
     finally:
         ledger.close()
-    assert after == before and audited == 0
+    assert after == before == repriced and audited == 0
 
 
 def test_the_cluster_label_is_a_setting(prices, tmp_path, capsys):
@@ -506,3 +516,39 @@ def test_the_fleet_health_report_keeps_each_clusters_gpus_apart(prices, tmp_path
         ("east", "NVIDIA A100-SXM4-40GB"),
         ("west", "NVIDIA H100 80GB HBM3"),
     ]
+
+
+def test_simulate_history_labels_every_series_with_its_cluster(tmp_path, capsys):
+    """`gpumeter simulate history --cluster east` (and `--cluster-label k8s_cluster`): every sample
+    names the cluster, as a remote-writing Prometheus's external label would; a name billing could not
+    tell from a team map's `cluster/namespace`, or a label that is no label name, is refused."""
+    base = [
+        "simulate",
+        "history",
+        "--fleet",
+        "workstation",
+        "--from",
+        "2026-11-01",
+        "--to",
+        "2026-11-01T00:10",
+    ]
+    base += ["--step", "300"]
+    for args, label in (
+        (["--cluster", "east"], "cluster"),
+        (["--cluster", "east", "--cluster-label", "k8s_cluster"], "k8s_cluster"),
+    ):
+        out = tmp_path / f"{label}.om"
+        assert gpumeter.main([*base, "--out", str(out), *args]) == 0
+        samples = [line for line in out.read_text().splitlines() if not line.startswith("#")]
+        assert samples and all(f'{label}="east"}}' in line for line in samples)
+    for args, message in (
+        (["--cluster", "east/west"], "--cluster: letters, digits and _.:- only (value 'east/west')"),
+        (
+            ["--cluster", "east", "--cluster-label", "k8s-cluster"],
+            "--cluster-label: not a Prometheus label name",
+        ),
+    ):
+        out = tmp_path / "refused.om"
+        assert gpumeter.main([*base, "--out", str(out), *args]) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists()
