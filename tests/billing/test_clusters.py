@@ -42,7 +42,6 @@ from gpumeter.reports.model import month_period
 from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
 from tests.reports.helpers import html_tables, read_csv
-from tests.support.servers import VictoriaMetricsServer
 
 pytestmark = [pytest.mark.prometheus]
 
@@ -148,16 +147,6 @@ def _global_text(label: str = "cluster", hours: int = 720, clusters=("east", "we
 
 def _serve(backend: str, text: str, root: Path):
     root.mkdir(parents=True, exist_ok=True)
-    if backend == "victoriametrics":
-        # its response cache aligns a range query's steps to the step: each run's last hour would come
-        # back empty (docs/billing.md §2.3 says to run a global VictoriaMetrics so for billing)
-        server = VictoriaMetricsServer(root / "vm", extra_args=["-search.disableCache"]).start()
-        try:
-            server.import_openmetrics(text.splitlines(keepends=True))
-        except Exception:
-            server.stop()
-            raise
-        return server
     source = root / "history.om"
     source.write_text(text)
     server = serve_history(backend, source, root)
