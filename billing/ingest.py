@@ -40,6 +40,7 @@ from gpumeter.billing.models import (
     SteadyGpuHour,
     hour_floor,
     hours_between,
+    team_map_over,
     teams_in_cluster,
     with_fields,
 )
@@ -1164,7 +1165,7 @@ def _price_hour(
             raise IntervalMismatch(f"samples disagree with the scrape interval given: {shown}")
         log.warning("hour %s is suspect: %s", hour.isoformat(), shown)
         problems = [shown]
-    teams = {**known_teams, **kube_teams, **config.teams}
+    teams = team_map_over({**known_teams, **kube_teams}, config.teams)
     record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems))
     return record, kube_teams, unpriced
 
@@ -1578,7 +1579,7 @@ def catch_up(
 def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, teams: dict[str, str]) -> int:
     """Re-price stored facts (e.g. after a price-book change); returns the number of hours re-priced."""
     count = 0
-    merged = {**ledger.namespace_teams(), **teams}
+    merged = team_map_over(ledger.namespace_teams(), teams)
     pricer = Pricer(book)
     with _no_collections():
         for hour in hours_between(start, end):

@@ -541,3 +541,61 @@ def test_simulate_history_labels_every_series_with_its_cluster(tmp_path, capsys)
         assert gpumeter.main([*base, "--out", str(out), *args]) == 2
         assert message in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_kube_namespace_teams_are_read_per_cluster_and_the_team_map_wins(prices):
+    """One hour's answers from a global store: ml-training's `team` namespace label is vision in east
+    and speech in west (kube-state-metrics of each cluster). Read per cluster, kept as
+    `cluster/namespace`. The team map wins over them (docs/billing.md §4.3): `ml-training` in every
+    cluster over both labels, `west/ml-training` over the map's every-cluster name for west alone,
+    `east/ml-training` over east's label and not west's."""
+    from gpumeter import contract
+    from gpumeter.billing.allocate import Pricer
+    from gpumeter.billing.ingest import build_hour, priced_record
+    from gpumeter.billing.models import team_map_over
+    from gpumeter.billing.prom import Sample
+
+    results: dict[str, list[Sample]] = {name: [] for name in contract.BILLING_QUERIES}
+    for cluster, team in (("east", "vision"), ("west", "speech")):
+        device = {
+            "uuid": "GPU-1",
+            "gpu": "0",
+            "model": "NVIDIA A100-SXM4-40GB",
+            "hostname": "n1",
+            "cluster": cluster,
+        }
+        results["gpu_count"].append(Sample({**device, "mig_mode": "disabled"}, 120.0))
+        held = {
+            **device,
+            "namespace": "ml-training",
+            "pod": "p",
+            "container": "main",
+            "resource": "nvidia.com/gpu",
+        }
+        held |= {"gpu_instance_id": "", "mig_profile": "", "sharing": "exclusive"}
+        del held["model"]
+        results["alloc_count"].append(Sample(held, 120.0))
+        results["teams"].append(
+            Sample({"namespace": "ml-training", "label_team": team, "cluster": cluster}, 1.0)
+        )
+    gpu_hours, kube = build_hour(results, START, IngestConfig(scrape_interval=30.0))
+    assert kube == {"east/ml-training": "vision", "west/ml-training": "speech"}
+    assert [(gh.device.cluster, gh.device.uuid) for gh in gpu_hours] == [("east", "GPU-1"), ("west", "GPU-1")]
+
+    def teams(mapped: dict[str, str]) -> list[tuple[str, str, Decimal]]:
+        record, _ = priced_record(Pricer(prices), START, gpu_hours, team_map_over(kube, mapped))
+        return [(x.cluster, x.team, x.amount) for x in record.lines]
+
+    assert teams({}) == [("east", "vision", D("3.00")), ("west", "speech", D("3.00"))]
+    assert teams({"ml-training": "platform"}) == [
+        ("east", "platform", D("3.00")),
+        ("west", "platform", D("3.00")),
+    ]
+    assert teams({"ml-training": "platform", "west/ml-training": "inference"}) == [
+        ("east", "platform", D("3.00")),
+        ("west", "inference", D("3.00")),
+    ]
+    assert teams({"east/ml-training": "research"}) == [
+        ("east", "research", D("3.00")),
+        ("west", "speech", D("3.00")),
+    ]
