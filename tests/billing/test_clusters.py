@@ -38,7 +38,7 @@ from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.exporter.simulator.fleet import parse_fleet
 from gpumeter.exporter.simulator.history import write_history
-from gpumeter.reports.model import month_period
+from gpumeter.reports.model import build_report, month_period
 from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
 from tests.reports.helpers import html_tables, read_csv
@@ -599,3 +599,33 @@ def test_kube_namespace_teams_are_read_per_cluster_and_the_team_map_wins(prices)
         ("east", "research", D("3.00")),
         ("west", "speech", D("3.00")),
     ]
+
+
+def test_a_teams_budget_counts_its_namespaces_in_every_cluster(billed, prices, tmp_path):
+    """One team owning ml-training in east and west (the map re-priced over a copy of the month):
+    its budget against actual is both clusters' lines, 1,080.00 + 4,953.60 = 6,033.60, over a
+    6,000.00 budget by 33.60; research's team, in lab alone, 900.00 of 1,000.00."""
+    import shutil
+
+    from gpumeter.billing.config import load_budgets, load_team_map
+    from gpumeter.billing.ingest import reprice
+
+    db, _, _ = billed
+    copy = tmp_path / "ledger.db"
+    shutil.copyfile(db, copy)
+    teams = tmp_path / "teams.yaml"
+    teams.write_text(
+        "namespaces:\n  east/ml-training: ml\n  west/ml-training: ml\n  research: science\n"
+        "budgets:\n  ml: {amount: '6000', currency: USD}\n  science: {amount: '1000', currency: USD}\n"
+    )
+    ledger = open_ledger(f"sqlite:///{copy}")
+    try:
+        assert reprice(ledger, prices, START, END, load_team_map(teams)) == len(HOURS)
+        report = build_report(ledger, NOVEMBER, "team", budgets=load_budgets(teams), splits=False)
+    finally:
+        ledger.close()
+    assert [(b.team, b.budget, b.actual, b.remaining) for b in report.budgets] == [
+        ("ml", D("6000"), D("6033.60"), D("-33.60")),
+        ("science", D("1000"), D("900.00"), D("100.00")),
+    ]
+    assert {name: usage.cost for name, usage in report.clusters} == BY_CLUSTER
