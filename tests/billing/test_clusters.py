@@ -320,6 +320,16 @@ def test_reports_by_cluster_namespace_team_and_one_cluster(billed, tmp_path, cap
     assert doc["only_clusters"] == ["east", "lab"]
     assert D(doc["totals"]["all"]["cost"]) == BY_CLUSTER["east"] + BY_CLUSTER["lab"] == D("4320.00")
     assert {g["group"] for g in doc["groups"]} == {"east/ml-training", "lab/research"}
+    # a cluster the month's lines do not have is refused, naming the ones they have; nothing written
+    out = tmp_path / "typo"
+    argv = ["report", "--db", url, "--period", "2026-11", "--cluster", "esat", "--out", str(out)]
+    assert gpumeter.main(argv) == 2
+    assert (
+        "cluster: no line of 2026-11 is in cluster 'esat'; the period's clusters: east, lab, west (value 'esat')"
+        in (capsys.readouterr().err)
+    )
+    assert not any(out.glob("*"))
+
     # the allocations report: grouped by cluster, each holder's cluster first
     out = tmp_path / "allocations"
     argv = ["report", "--kind", "allocations", "--db", url, "--period", "2026-11", "--out", str(out)]
