@@ -89,7 +89,9 @@ PLATFORM = {("east", UNALLOCATED): D("1080.00"), ("lab", UNALLOCATED): D("1260.0
 TOTAL = D("9273.60")
 
 
-def _history(cluster: str, label: str = "cluster", labelled: bool = True, hours: int = 720) -> str:
+def _history(
+    cluster: str, label: str = "cluster", labelled: bool = True, hours: int = 720, step: int = STEP
+) -> str:
     from io import StringIO
 
     out = StringIO()
@@ -99,7 +101,7 @@ def _history(cluster: str, label: str = "cluster", labelled: bool = True, hours:
         [fleet],
         start,
         start + hours * 3600,
-        STEP,
+        step,
         out,
         processes=False,
         cluster=cluster if labelled else "",
@@ -639,3 +641,23 @@ def test_a_teams_budget_counts_its_namespaces_in_every_cluster(billed, prices, t
         ("science", D("1000"), D("900.00"), D("100.00")),
     ]
     assert {name: usage.cost for name, usage in report.clusters} == BY_CLUSTER
+
+
+def test_each_clusters_scrape_interval_is_its_own_even_on_nodes_of_one_name(prices, tmp_path):
+    """east's node gpu-01 is scraped every 10 minutes, west's node of the same name every 20: each
+    cluster's seconds per sample are its own (6 samples an hour are 3,600 s in east, 3 in west), so a
+    day bills east 12 h x 3.00 + 12 h idle x 3.00 = 72.00 and west 24 h x 6.88 = 165.12, as each alone."""
+    text = _one_store([_history("east", hours=24, step=600), _history("west", hours=24, step=1200)])
+    server = _serve("prometheus", text, tmp_path / "store")
+    try:
+        for hours in (HOURS[:24], HOURS[:1]):  # a run of range queries, and one hour's instant queries
+            ledger = open_ledger(MEMORY_URL)
+            with PrometheusClient(server.url) as client:
+                result = ingest_hours(client, ledger, prices, hours, IngestConfig())
+            assert result.ingested == hours and result.suspect == []
+            money: dict[str, Decimal] = defaultdict(D)
+            for x in ledger.lines(START, END):
+                money[x.cluster] += x.amount
+            assert dict(money) == {"east": D("3.00") * len(hours), "west": D("6.88") * len(hours)}
+    finally:
+        server.stop()
