@@ -41,6 +41,7 @@ from gpumeter.billing.models import (
     hour_floor,
     hours_between,
     is_reserved_name,
+    team_map_over,
     teams_in_cluster,
     with_fields,
 )
@@ -114,6 +115,7 @@ INTERVAL_TOLERANCE = 0.10  # observed vs assumed interval: a larger difference r
 # sample counts of each exporter's densest nvidia_gpu_info series, per hour (interval detection)
 # (aggregated by the engine: ~1,000 series x 73 steps a run against ~125 x 73, for no time saved)
 HOST_COUNTS = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).aggregated()
+_HOST_SAMPLES = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).promql()
 
 
 @dataclass
@@ -163,6 +165,20 @@ class HourIntervals:
 
     def of(self, host: str) -> float:
         return self.by_host.get(host, self.fleet)
+
+    def of_cluster(self, cluster: str) -> HourIntervals:
+        """One cluster's intervals, from a store's counted per cluster (`query_intervals`, hosts named
+        ``cluster/host``): two clusters' nodes of one name are two exporters. Counted per hostname
+        alone, the same for every cluster."""
+        if not any("/" in host for host in self.by_host):
+            return self
+        prefix = f"{cluster}/"
+        own = {
+            host.removeprefix(prefix): seconds
+            for host, seconds in self.by_host.items()
+            if (host.startswith(prefix) if cluster else "/" not in host)
+        }
+        return HourIntervals(own, self.fleet, self.problems)
 
 
 def seconds_from_count(count: float, config: IngestConfig, interval: float | None = None) -> int:
@@ -257,28 +273,32 @@ def detect_intervals(
 
 
 def query_intervals(
-    client: QueryClient, hours: list[datetime], config: IngestConfig
+    client: QueryClient, hours: list[datetime], config: IngestConfig, clustered: bool = False
 ) -> dict[datetime, HourIntervals]:
     """The intervals of ``hours`` (consecutive) from one range query of every exporter's sample
-    counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side."""
+    counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side.
+    ``clustered``: counted per (cluster, hostname), for a store whose answers name clusters
+    (`HourIntervals.of_cluster`)."""
     margin = timedelta(hours=STEADY_SEARCH_HOURS + 1)
     counts: dict[str, dict[datetime, float]] = defaultdict(dict)
-    answer = client.query_range(HOST_COUNTS, _at(hours[0] - margin), _at(hours[-1] + margin), 3600)
+    label = config.cluster_label
+    promql = f"max by ({label}, {contract.HOSTNAME}) ({_HOST_SAMPLES})" if clustered else HOST_COUNTS
+    answer = client.query_range(promql, _at(hours[0] - margin), _at(hours[-1] + margin), 3600)
     try:
         for labels, points in answer:
             host = labels.get(contract.HOSTNAME, "")
+            if clustered and labels.get(label):
+                host = f"{labels[label]}/{host}"
             for t, value in points:
                 count = float(value)
                 if not 0 <= count <= MAX_SAMPLES_AN_HOUR:
                     raise BadAnswer(
-                        f"sample counts ({HOST_COUNTS!r}): {host!r}: value {value!r} is not a count "
+                        f"sample counts ({promql!r}): {host!r}: value {value!r} is not a count "
                         f"in [0, {MAX_SAMPLES_AN_HOUR:g}]"
                     )
                 counts[host][hour_floor(datetime.fromtimestamp(float(t), UTC))] = count
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
-        raise BadAnswer(
-            f"sample counts ({HOST_COUNTS!r}): an answer of the wrong shape: {_why(exc)}"
-        ) from None
+        raise BadAnswer(f"sample counts ({promql!r}): an answer of the wrong shape: {_why(exc)}") from None
     return detect_intervals(counts, hours, config)
 
 
@@ -923,7 +943,8 @@ class ClusterAnswers:
         built: list[GpuHour] = []
         teams: dict[str, str] = {}
         for cluster, part in self.parts.items():
-            gpu_hours, kube_teams = part.build(index, config, intervals, problems)
+            own = None if intervals is None else intervals.of_cluster(cluster)
+            gpu_hours, kube_teams = part.build(index, config, own, problems)
             built += gpu_hours
             teams.update((f"{cluster}/{ns}" if cluster else ns, team) for ns, team in kube_teams.items())
         return built, teams
@@ -1053,8 +1074,9 @@ def collect_hour(
     client: QueryClient, hour: datetime, config: IngestConfig, problems: list[str] | None = None
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """Query Prometheus for one hour; returns the GPU-hours and the kube namespace→team labels."""
-    intervals = query_intervals(client, [hour], config)[hour]
-    return query_run(client, [hour], config.cluster_label).build(0, config, intervals, problems)
+    answers = query_run(client, [hour], config.cluster_label)
+    intervals = query_intervals(client, [hour], config, isinstance(answers, ClusterAnswers))[hour]
+    return answers.build(0, config, intervals, problems)
 
 
 def build_hour(
@@ -1118,7 +1140,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
     started = datetime.now(UTC)
     try:
         answers = query_run(client, [hour], config.cluster_label)
-        intervals = query_intervals(client, [hour], config)[hour]
+        intervals = query_intervals(client, [hour], config, isinstance(answers, ClusterAnswers))[hour]
     except PrometheusError as exc:
         failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
         ledger.record_failure(hour, str(exc), source=client.base_url, started_at=started)
@@ -1168,7 +1190,7 @@ def _price_hour(
             raise IntervalMismatch(f"samples disagree with the scrape interval given: {shown}")
         log.warning("hour %s is suspect: %s", hour.isoformat(), shown)
         problems = [shown]
-    teams = {**known_teams, **kube_teams, **config.teams}
+    teams = team_map_over({**known_teams, **kube_teams}, config.teams)
     record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems))
     return record, kube_teams, unpriced
 
@@ -1392,6 +1414,8 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                 try:
                     fetched, intervals = future.result()
                     answers = fetched.answers()
+                    if isinstance(answers, ClusterAnswers):  # each cluster's exporters apart
+                        intervals = query_intervals(client, run, config, clustered=True)
                     answers.layouts = layouts  # each GPU's layout key, carried from run to run
                     series = answers.series
                 except PrometheusError as exc:
@@ -1582,7 +1606,7 @@ def catch_up(
 def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, teams: dict[str, str]) -> int:
     """Re-price stored facts (e.g. after a price-book change); returns the number of hours re-priced."""
     count = 0
-    merged = {**ledger.namespace_teams(), **teams}
+    merged = team_map_over(ledger.namespace_teams(), teams)
     pricer = Pricer(book)
     with _no_collections():
         for hour in hours_between(start, end):

@@ -166,6 +166,10 @@ class PrometheusClient:
             "start": f"{start.timestamp():.3f}",
             "end": f"{end.timestamp():.3f}",
             "step": str(step_seconds),
+            # VictoriaMetrics' response cache moves the steps to multiples of the step (the hour's start,
+            # not its last millisecond), and a run's last hour then comes back empty; `nocache` keeps
+            # them where billing asks. Prometheus, Thanos and Mimir ignore it (docs/billing.md §2.3).
+            "nocache": "1",
         }
         return functools.partial(
             self._range_result, promql, *self._fetch("/api/v1/query_range", promql, params)
