@@ -52,6 +52,7 @@ from gpumeter.billing.prom import (
     Sample,
     open_client,
 )
+from gpumeter.billing.refusals import Refused, refusal_text, screen_values
 
 log = logging.getLogger(__name__)
 _Fact = TypeVar("_Fact", Device, MigInstance, Allocation)
@@ -142,6 +143,9 @@ class IngestResult:
     suspect: list[tuple[datetime, str]] = field(default_factory=list)  # written, but doubtful
     empty: list[datetime] = field(default_factory=list)  # nothing in Prometheus: not written, retried
     stopped: bool = False  # asked to stop (`stopping`): the hours after the last one written are left
+    # hours written without some GPU-hours, or kept as billed before, for a refused reading: (hour, why)
+    refused: list[tuple[datetime, str]] = field(default_factory=list)
+    halted: bool = False  # Prometheus unreachable or the ledger lost: the hours after `failed` were left
 
 
 class IntervalMismatch(ValueError):
@@ -494,37 +498,21 @@ def _columns(
     return list(out.values())
 
 
-def _query_columns(name: str, answer, first: float, count: int) -> list[tuple[SeriesLabels, Values]]:
+def _query_columns(
+    name: str, answer, first: float, count: int, refused: Refused
+) -> list[tuple[SeriesLabels, Values]]:
     """`_columns` of the answer to ``QUERIES[name]``: reduced by its kept labels, its values
-    converted once per text where they repeat, and checked (`_check_values`). BadAnswer, naming
-    the query, for an answer of the wrong shape or values out of their range."""
+    converted once per text where they repeat, and screened (`screen_values`: a value out of its
+    range is dropped and its GPU-hour refused in ``refused``). BadAnswer, naming the query, for an
+    answer of the wrong shape."""
     try:
         series = _columns(answer, first, count, KEEP[name], name in REPEATED)
     except BadAnswer as exc:
         raise BadAnswer(f"{name} ({QUERIES[name]!r}): {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise BadAnswer(f"{name} ({QUERIES[name]!r}): an answer of the wrong shape: {_why(exc)}") from None
-    _check_values(name, series)
+    screen_values(name, QUERIES[name], series, VALUE_BOUNDS[name], refused)
     return series
-
-
-def _check_values(name: str, series: list[tuple[SeriesLabels, Values]]) -> None:
-    """BadAnswer unless every value of the answer to ``QUERIES[name]`` is a finite number within
-    `VALUE_BOUNDS`. In C-speed passes (a sum is NaN when any value is; then the least and largest):
-    ~5 million values a run."""
-    low, high = VALUE_BOUNDS[name]
-    for labels, values in series:
-        present: list[float] = [v for v in values if v is not None] if None in values else values  # type: ignore[assignment]
-        if not present:
-            continue
-        total = sum(present)
-        if total == total and low <= min(present) and max(present) <= high:
-            continue
-        bad = next((v for v in present if not low <= v <= high), total)
-        raise BadAnswer(
-            f"{name} ({QUERIES[name]!r}): {dict(labels)!r:.300}: value {bad!r} is not a number in "
-            f"[{max(low, 0.0):g}, {high:g}]"
-        )
 
 
 def _larger(a: float | None, b: float | None) -> float | None:
@@ -563,13 +551,19 @@ class RunAnswers:
     def of(cls, answers: dict[str, list[tuple[dict[str, str], list]]], hours: list[datetime]) -> RunAnswers:
         """From the answers as Prometheus gives them: (labels, [[unix seconds, value], ...]) per series."""
         first = _at(hours[0]).timestamp()
-        return cls(
-            {name: _query_columns(name, answers.get(name, ()), first, len(hours)) for name in QUERIES}, hours
-        )
+        refused: Refused = [{} for _ in hours]
+        columns = {
+            name: _query_columns(name, answers.get(name, ()), first, len(hours), refused) for name in QUERIES
+        }
+        return cls(columns, hours, refused)
 
-    def __init__(self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime]):
-        """``col``: per query name, its series with their values per hour (`_columns`)."""
+    def __init__(
+        self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime], refused: Refused | None = None
+    ):
+        """``col``: per query name, its series with their values per hour (`_columns`); ``refused``:
+        per hour, the GPU-hours a refused reading leaves out (`screen_values`)."""
         self.hours = hours
+        self.refused: Refused = refused if refused is not None else [{} for _ in hours]
         self.series = sum(map(len, col.values()))  # what sizes the next run (`_run_hours`)
         self.devices = [
             (_derived(labels, _device_labels), values) for labels, values in _in_order(col["gpu_count"])
@@ -832,7 +826,8 @@ class RunAnswers:
             fields["process_sm"] = own_sm
             fields["process_memory"] = own_memory
             owner.allocations.append(allocation)
-        built = [hours[u] for u in sorted(hours)]
+        refused = self.refused[i]
+        built = [hours[u] for u in sorted(hours) if u not in refused]
         carried = {}  # each GPU's template for the next hour: this hour, or the one it was steady on
         for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
             uuid = gpu_hour.device.uuid
@@ -951,10 +946,11 @@ class FetchedRun:
         if self._answers is None:
             at, count = _at(self.hours[0]).timestamp(), len(self.hours)
             columns = {}
+            refused: Refused = [{} for _ in self.hours]
             with _no_collections():
                 for name in QUERIES:
-                    columns[name] = _query_columns(name, self._fetched.pop(name)(), at, count)
-            self._answers = RunAnswers(columns, self.hours)
+                    columns[name] = _query_columns(name, self._fetched.pop(name)(), at, count, refused)
+            self._answers = RunAnswers(columns, self.hours, refused)
         return self._answers
 
 
@@ -1040,11 +1036,9 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
         _record_empty(ledger, hour, client.base_url, started, result)
         return
     try:
-        _write_hour(ledger, record, kube_teams, client.base_url, started)
+        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result)
     except LedgerError as exc:
         _write_failed(ledger, hour, exc, client.base_url, started, result)
-        return
-    _count_written(record, unpriced, result)
 
 
 def _price_hour(
@@ -1065,7 +1059,8 @@ def _price_hour(
     problems: list[str] = []
     hour = answers.hours[index]
     gpu_hours, kube_teams = answers.build(index, config, intervals, problems)
-    if not gpu_hours:
+    refused = tuple(sorted(answers.refused[index].items()))
+    if not gpu_hours and not refused:
         return None, kube_teams, 0
     if problems:
         problems = list(dict.fromkeys(problems))  # in order, once each
@@ -1075,12 +1070,12 @@ def _price_hour(
         log.warning("hour %s is suspect: %s", hour.isoformat(), shown)
         problems = [shown]
     teams = {**known_teams, **kube_teams, **config.teams}
-    record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems))
+    record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems), refused)
     return record, kube_teams, unpriced
 
 
 def priced_record(
-    pricer: Pricer, hour: datetime, gpu_hours: list[GpuHour], teams: dict[str, str], warnings=()
+    pricer: Pricer, hour: datetime, gpu_hours: list[GpuHour], teams: dict[str, str], warnings=(), refused=()
 ) -> tuple[HourRecord, int]:
     """(the hour's record, its unpriced GPU-hours): the GPU-hours priced, with what fixes each one's
     lines' terms (`HourRecord.line_groups`) for the ledger."""
@@ -1089,7 +1084,7 @@ def priced_record(
     # one zip of maps, no loop in Python: ~1,000 GPU-hours an hour on the 1,000-GPU bench. The lines
     # are made when read (`PricedLines`): the SQL ledger reads their priced hours instead
     groups = tuple(zip(map(_UUID, gpu_hours), map(_TERMS, priced), map(_SIZE, priced), strict=True))
-    return HourRecord(hour, gpu_hours, PricedLines(priced), pricer.book, warnings, groups), unpriced
+    return HourRecord(hour, gpu_hours, PricedLines(priced), pricer.book, warnings, groups, refused), unpriced
 
 
 _UUID, _TERMS, _SIZE = (
@@ -1104,7 +1099,26 @@ def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, sta
     ledger.set_namespace_teams(kube_teams, "kube", started)
 
 
+def _write_priced(
+    ledger: Ledger, record: HourRecord, kube_teams, source: str, started: datetime, unpriced: int, result
+) -> None:
+    """Write the hour, unless a reading of it was refused and the ledger holds it billed already: a
+    refused reading never takes away what an earlier ingest billed (the attempt is recorded failed)."""
+    if record.refused and ledger.ingested_hours(record.hour, record.hour + HOUR):
+        reason = refusal_text(record.refused) + "; the hour as billed before is kept"
+        failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
+        ledger.record_failure(record.hour, reason, source=source, started_at=started)
+        result.refused.append((record.hour, reason))
+        return
+    _write_hour(ledger, record, kube_teams, source, started)
+    _count_written(record, unpriced, result)
+
+
 def _count_written(record: HourRecord, unpriced: int, result: IngestResult) -> None:
+    if record.refused:
+        reason = refusal_text(record.refused) + "; the rest of the hour is billed and catch-up retries it"
+        failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
+        result.refused.append((record.hour, reason))
     result.ingested.append(record.hour)
     result.unpriced_gpu_hours += unpriced
     if record.warnings:
@@ -1130,6 +1144,7 @@ def _write_failed(
     except LedgerError as again:
         log.error("the failed run of %s could not be recorded either: %s", hour.isoformat(), again)
     result.failed.append((hour, str(exc)))
+    result.halted = True
 
 
 def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: datetime, result) -> None:
@@ -1186,8 +1201,8 @@ def ingest_hours(
     stopping: Callable[[], bool] | None = None,
     pricer: Pricer | None = None,
 ) -> IngestResult:
-    """Ingest hours in order; stops at the first Prometheus error or refused hour (later hours would
-    fail too), or at the next hour boundary once ``stopping()`` is true (`billing serve` on SIGTERM:
+    """Ingest hours in order; stops at the first hour Prometheus cannot answer or the ledger cannot
+    store (later hours would fail too: ``halted``), or at the next hour boundary once ``stopping()`` is true (`billing serve` on SIGTERM:
     the hour being written is finished, nothing after it is started).
 
     ``pricer`` prices every hour (default: a new `Pricer` of ``book``); given one, the hours are
@@ -1301,10 +1316,13 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     if answers is None or intervals is None:  # hour by hour, instant queries
                         try:
                             _ingest_one(client, ledger, pricer, hour, config, result)
-                        except PrometheusError as exc:
+                        except BadAnswer as exc:  # this hour's answer: the next hour's may be sound
                             result.failed.append((hour, str(exc)))
+                        except PrometheusError as exc:  # unreachable: later hours would fail too
+                            result.failed.append((hour, str(exc)))
+                            result.halted = True
                             return result
-                        if result.failed:
+                        if result.halted:
                             return result
                         tick()
                         continue
@@ -1313,20 +1331,20 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                         record, kube_teams, unpriced = _price_hour(
                             pricer, answers, index, intervals[hour], config, known_teams
                         )
-                    except IntervalMismatch as exc:
+                    except IntervalMismatch as exc:  # this hour refused; catch-up retries it
                         _refuse(ledger, hour, str(exc), client.base_url, started, result)
-                        return result
+                        tick()
+                        continue
                     if record is None:
                         _record_empty(ledger, hour, client.base_url, started, result)
                         tick()
                         continue
                     known_teams.update(kube_teams)
                     try:
-                        _write_hour(ledger, record, kube_teams, client.base_url, started)
+                        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result)
                     except LedgerError as exc:  # recorded as failed: the range stops here
                         _write_failed(ledger, hour, exc, client.base_url, started, result)
                         return result
-                    _count_written(record, unpriced, result)
                     tick()
         finally:
             if pending is not None:
@@ -1404,6 +1422,8 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
             result.failed.extend(part.failed)
             result.suspect.extend(part.suspect)
             result.empty.extend(part.empty)
+            result.refused.extend(part.refused)
+            result.halted |= part.halted
             result.unpriced_gpu_hours += part.unpriced_gpu_hours
             for _ in [*part.ingested, *part.empty] if ticks is not None else ():
                 next(ticks, None)
@@ -1417,7 +1437,7 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
                 if future.cancelled():
                     continue
                 merge(future.result())
-                if result.failed:
+                if result.halted:
                     for later in futures[i + 1 :]:
                         later.cancel()
                     for later in futures[i + 1 :]:  # already running: they write anyway

@@ -49,6 +49,9 @@ class BillingCollector:
         for labels, value in summary.unpriced:
             unpriced.add_metric([labels[k] for k in contract.BILLING_UNPRICED_GPU_HOURS.labels], float(value))
         yield unpriced
+        refused = family(contract.BILLING_REFUSED_GPU_HOURS)
+        refused.add_metric([], float(len(self.ledger.refused_gpu_hours())))
+        yield refused
         idle = family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
         for (kind, currency), amount in sorted(platform.items()):
             idle.add_metric([kind, currency], amount)

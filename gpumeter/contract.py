@@ -117,6 +117,8 @@ INGEST_OK = "ok"  # the values of gpumeter_billing_ingest_runs_total's `status` 
 INGEST_FAILED = "failed"
 INGEST_SUSPECT = "suspect"  # ingested, but the samples disagreed with the scrape interval assumed
 INGEST_EMPTY = "empty"  # Prometheus had no series for the hour (yet): nothing written, retried
+# written without the GPU-hours whose readings were refused (billing/refusals.py); catch-up retries it
+INGEST_PARTIAL = "partial"
 INGEST_DONE = (INGEST_OK, INGEST_SUSPECT)  # statuses of an hour that catch-up need not ingest again
 
 # The values of `sharing` on nvidia_gpu_allocation (docs/pod-attribution.md): how the thing a container
@@ -999,6 +1001,13 @@ BILLING_UNALLOCATED_COST = _billing(
     KIND,
     CURRENCY,
 )
+BILLING_REFUSED_GPU_HOURS = _billing(
+    "gpumeter_billing_refused_gpu_hours",
+    G,
+    "hours",
+    "GPU-hours whose readings ingest refused (NaN, negative, out of range): not billed until a retry "
+    "reads them clean (`gpumeter billing status` lists them).",
+)
 BILLING_INGEST_RUNS = _billing("gpumeter_billing_ingest_runs_total", C, "", "Ingest runs by status.", STATUS)
 BILLING_LAST_SUCCESS = _billing(
     "gpumeter_billing_last_success_timestamp_seconds",
@@ -1071,6 +1080,7 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_GPU_HOURS,
     BILLING_UNPRICED_GPU_HOURS,
     BILLING_UNALLOCATED_COST,
+    BILLING_REFUSED_GPU_HOURS,
     BILLING_INGEST_RUNS,
     BILLING_LAST_SUCCESS,
     BILLING_INGEST_LAG,

@@ -178,6 +178,13 @@ def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
         return f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
     if result.stopped:
         return f"stopped after {len(result.ingested)} hour(s): the service is stopping"
+    if result.refused:  # billed but for those GPU-hours (alerted from /metrics); retried next time
+        log.warning(
+            "hourly ingest: %d hour(s) with refused GPU-hours, from %s: %s",
+            len(result.refused),
+            result.refused[0][0].isoformat(),
+            result.refused[0][1],
+        )
     return f"ingested {len(result.ingested)}"
 
 
