@@ -4,12 +4,12 @@ no clock or locale in CSV/JSON, sorted rows, LF line ends."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
+from gpumeter.reports.files import write_files
 from gpumeter.reports.health import (
     IDLE_BELOW,
     MATURITY,
@@ -416,12 +416,7 @@ def render(
                 texts[name] = text
         elif fmt == "json":
             texts[names["json"][0]] = json_text(report)
-    checksums = {}
-    for name, text in texts.items():
-        data = text.encode("utf-8")
-        (out / name).write_bytes(data)
-        checksums[name] = hashlib.sha256(data).hexdigest()
-    return dict(sorted(checksums.items()))
+    return write_files(out, texts)
 
 
 MANIFEST = "manifest-health.json"
