@@ -103,6 +103,7 @@ STATUS = "status"
 # A scheduled job of `billing serve` (BILLING_JOBS). Not `job`: Prometheus gives that name to the scrape
 # job, and a target's own `job` label would be renamed exported_job.
 TASK = "task"
+FILE = "file"  # a report file's name (its folder is the job's setting)
 # vGPU (a hypervisor host's GPU shared by virtual machines, docs/pod-attribution.md §vGPU)
 VGPU_UUID = "vgpu_uuid"  # nvmlVgpuInstanceGetUUID
 VM_ID = "vm_id"  # nvmlVgpuInstanceGetVmID: the VM's UUID (KVM) or domain ID (Xen), as the host names it
@@ -566,6 +567,16 @@ ALLOCATION_COMPUTE = _exporter(
     'memory fraction unless a core limit is given). Only for sharing="fractional".',
     *ALLOCATION.labels,
 )
+RESERVATION = _exporter(
+    "nvidia_gpu_reservation",
+    G,
+    "",
+    "Share of a GPU's compute a fractional grant reserves for a pod's container that its device plugin has "
+    "not applied yet (HAMi bind-phase not success, gpushare ALIYUN_COM_GPU_MEM_ASSIGNED not true, and the "
+    "container not in the kubelet's list): held by no one, never billed; the capacity rules count it as "
+    "taken. The labels are nvidia_gpu_allocation's.",
+    *ALLOCATION.labels,
+)
 # A holding through a DRA ResourceClaim (docs/pod-attribution.md §8a): its allocation's resource is
 # "resourceclaim/<claim name>"; this info series adds the claim's namespace and the device as the
 # kubelet names it (driver, pool, device), for joins on the allocation's labels and dcgm naming's dra_*.
@@ -771,6 +782,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     ALLOCATION,
     ALLOCATION_MEMORY,
     ALLOCATION_COMPUTE,
+    RESERVATION,
     DRA_ALLOCATION_INFO,
     PROCESS_MEMORY_USED,
     PROCESS_SM_UTILIZATION,
@@ -1075,6 +1087,15 @@ BILLING_JOB_FAILURES = _billing(
     TASK,
 )
 
+BILLING_REPORT_UNWRITTEN_FILES = _billing(
+    "gpumeter_billing_report_unwritten_files",
+    G,
+    "",
+    "Files the scheduled report job's last run could not write (1 each; none once a run wrote them all).",
+    TASK,
+    FILE,
+)
+
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
     BILLING_GPU_HOURS,
@@ -1090,6 +1111,7 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_JOB_LAST_SUCCESS,
     BILLING_JOB_LAST_DUE,
     BILLING_JOB_FAILURES,
+    BILLING_REPORT_UNWRITTEN_FILES,
 )
 
 
