@@ -136,6 +136,13 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
             default=defaults.deadline,
             help=f"seconds for the whole ingest; later hours are left to the next run (default {defaults.deadline:g}; 0: none)",
         )
+        parser.add_argument(
+            "--max-answer-mib",
+            type=_count(1),
+            default=defaults.max_answer_mib,
+            help="MiB one Prometheus answer may hold; a larger one is refused as it streams in "
+            f"(default {defaults.max_answer_mib})",
+        )
         for flag, what in (
             (
                 "--prometheus-bearer-token-file",
@@ -205,6 +212,7 @@ def settings_from(args):
     return Settings(
         prometheus_timeout=getattr(args, "prometheus_timeout", defaults.prometheus_timeout),
         deadline=getattr(args, "deadline", defaults.deadline),
+        max_answer_mib=getattr(args, "max_answer_mib", defaults.max_answer_mib),
         **auth,
         db=args.db,
         schema=args.db_schema,

@@ -47,6 +47,7 @@ from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import (
     BadAnswer,
     PrometheusError,
+    PrometheusUnreachable,
     QueryClient,
     RangeAnswer,
     Sample,
@@ -131,8 +132,9 @@ class IngestConfig:
     run_points: int = 5_000_000
     workers: int = 1  # processes ingesting runs of hours side by side (docs/billing.md §6)
     # seconds an ingest of a range of hours may take in all (0: no deadline). Past it no query is
-    # sent: the hour in flight is recorded failed, and later hours are left to the next run
-    deadline: float = 3600.0
+    # sent: the hour in flight is recorded failed, and later hours are left to the next run. Well
+    # inside the hour: the hourly job starts at :05 and is done by :25 whatever Prometheus does
+    deadline: float = 1200.0
 
 
 @dataclass
@@ -1219,6 +1221,8 @@ def ingest_hours(
     if config.deadline > 0 and getattr(client, "deadline", False) is None:
         client.deadline = time.monotonic() + config.deadline
         try:
+            if hours and (down := _unreachable(client)) is not None:  # before any worker is started
+                return _halted(ledger, hours[0], down, client.base_url)
             return ingest_hours(client, ledger, book, hours, config, progress, stopping, pricer)
         finally:
             client.deadline = None
@@ -1232,6 +1236,26 @@ def ingest_hours(
         return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
     with _no_collections():
         return _ingest_serially(client, ledger, pricer or Pricer(book), hours, config, progress, stopping)
+
+
+def _unreachable(client) -> str | None:
+    """Why Prometheus cannot be reached, or None: one cheap query, so that a stopped or hung
+    Prometheus ends an ingest after one request's wait, before worker processes are started (each
+    of which would wait on it again: a stopped Prometheus took 8.4 s to report, a hung one 12 min).
+    Any answer, even an error, means it is there: the hour's own queries then say what is wrong."""
+    try:
+        client.query("vector(1)", datetime.now(UTC))
+    except PrometheusUnreachable as exc:
+        return str(exc)
+    except PrometheusError:
+        pass
+    return None
+
+
+def _halted(ledger: Ledger, hour: datetime, reason: str, source: str) -> IngestResult:
+    failures.error("ingest of %s failed: %s", hour.isoformat(), reason)
+    ledger.record_failure(hour, reason, source=source, started_at=datetime.now(UTC))
+    return IngestResult(failed=[(hour, reason)], halted=True)
 
 
 @contextlib.contextmanager
@@ -1305,6 +1329,14 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     answers = fetched.answers()
                     answers.layouts = layouts  # each GPU's layout key, carried from run to run
                     series = answers.series
+                except PrometheusUnreachable as exc:  # stopped or hung: hour by hour would wait again
+                    result.failed.append((run[0], str(exc)))
+                    result.halted = True
+                    failures.error("ingest of %s failed: %s", run[0].isoformat(), exc)
+                    ledger.record_failure(
+                        run[0], str(exc), source=client.base_url, started_at=datetime.now(UTC)
+                    )
+                    return result
                 except PrometheusError as exc:
                     failures.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
