@@ -32,7 +32,7 @@ from gpumeter.billing.models import (
     Line,
     LineKind,
     QuantityUnit,
-    line_key,
+    key_within_cluster,
     line_readings,
     with_fields,
 )
@@ -113,6 +113,7 @@ class _ReusedHour(PricedHour):
         efficiencies: list[Decimal | None],
         utilizations: list[Decimal | None],
         chosen: frozenset[int] | None,
+        cluster: str = "",
     ):
         template = kept.priced
         self.device_cost, self.model, self.price_version = (
@@ -121,8 +122,10 @@ class _ReusedHour(PricedHour):
             template.price_version,
         )
         self.warnings = []
-        self.terms = (kept, tuple(teams), chosen)
+        # the cluster too: the ledger carries terms per GPU uuid, which two clusters may share
+        self.terms = (kept, tuple(teams), chosen, cluster) if cluster else (kept, tuple(teams), chosen)
         self._kept, self._hour, self._uuid, self._teams = kept, hour, uuid, teams
+        self._cluster = cluster
         self.size = len(kept.sources)
         self.uuid = uuid if kept.sources else None
         self.version_id = kept.version_id
@@ -149,6 +152,7 @@ class _ReusedHour(PricedHour):
             fields = line.__dict__.copy()
             fields["hour"] = hour
             fields["uuid"] = uuid
+            fields["cluster"] = self._cluster  # the kept lines may be another cluster's GPU's
             if source is not None:
                 fields["team"] = next(teams)
                 fields["utilization"] = utilizations[at]
@@ -258,6 +262,7 @@ class _Common(TypedDict):
     model: str
     currency: str
     price_version: str | None
+    cluster: str
 
 
 @dataclass
@@ -288,7 +293,7 @@ def _tie_groups(lines: Mapping[int, Line] | list[Line], tied: list[int]) -> list
     """The tied positions grouped by kind (in kind order), each group ordered by `line_key`."""
     ranks = {i: lines[i].kind.rank for i in tied}
     return [
-        sorted((i for i in tied if ranks[i] == rank), key=lambda i: line_key(lines[i]))
+        sorted((i for i in tied if ranks[i] == rank), key=lambda i: key_within_cluster(lines[i]))
         for rank in sorted(set(ranks.values()))
     ]
 
@@ -338,7 +343,12 @@ def _price_gpu_hour(
     # the version in effect: it priced the hour, or (an unpriced line) it has no rate for the model
     priced_by = version.id if version is not None else None
     common = _Common(
-        hour=hour, uuid=dev.uuid, model=model_key, currency=book.currency, price_version=priced_by
+        hour=hour,
+        uuid=dev.uuid,
+        model=model_key,
+        currency=book.currency,
+        price_version=priced_by,
+        cluster=dev.cluster,
     )
     # a MIG profile the model does not offer: priced as a new profile it would take slices from
     # the real ones (`--by mig_profile`), so the GPU-hour is unpriced until its data is explained
@@ -710,7 +720,7 @@ class Pricer:
                 tied = {at: _evolve(memo.priced.lines[at], uuid=uuid) for at in tie.positions}
                 groups = memo.tie_groups[uuid] = _tie_groups(tied, list(tie.positions))
             chosen = frozenset(_in_turn(groups, tie.extra, int(hour.timestamp()) // 3600))
-        return _ReusedHour(memo, hour, uuid, line_teams, efficiencies, utilizations, chosen)
+        return _ReusedHour(memo, hour, uuid, line_teams, efficiencies, utilizations, chosen, dev.cluster)
 
 
 def _tiers_held(gpu_hour: GpuHour, version: PriceVersion) -> tuple[Decimal | None, ...]:

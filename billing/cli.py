@@ -72,6 +72,14 @@ def _seconds(minimum: float, maximum: float, *, zero: bool = False):
 MIN_SCRAPE_INTERVAL, MAX_SCRAPE_INTERVAL = 1.0, 3600.0
 
 
+def _label_name(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text):
+        raise argparse.ArgumentTypeError(f"expected a Prometheus label name (value {text!r})")
+    return text
+
+
 def _interval(text: str) -> float:
     if text == "auto":
         return 0.0
@@ -110,7 +118,11 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
     parser.add_argument(
         "--prices", default=defaults.prices, help="price book YAML (default: the shipped book)"
     )
-    parser.add_argument("--teams", default=None, help="team map YAML: namespaces: {namespace: team}")
+    parser.add_argument(
+        "--teams",
+        default=None,
+        help="team map YAML: namespaces: {namespace: team}, or {cluster/namespace: team} for one cluster's",
+    )
     parser.add_argument(
         "--utilization-tiers",
         choices=UTILIZATION_TIERS_USES,
@@ -175,6 +187,14 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
             "(default: auto, derived per exporter and hour from the samples, docs/billing.md §2.1)",
         )
         parser.add_argument(
+            "--cluster-label",
+            type=_label_name,
+            default=defaults.cluster_label,
+            help="the label a global store (VictoriaMetrics, Thanos, Mimir) names each series' cluster by; "
+            "series without it are one cluster, billed as before (default: cluster, env "
+            "GPUMETER_CLUSTER_LABEL; docs/billing.md §2.3)",
+        )
+        parser.add_argument(
             "--gap-grace-intervals",
             type=_count(0),
             default=IngestConfig.gap_grace_intervals,
@@ -224,6 +244,7 @@ def settings_from(args):
         catchup_hours=getattr(args, "catchup_hours", IngestConfig.catchup_hours),
         workers=getattr(args, "workers", IngestConfig.workers),
         utilization_tiers=getattr(args, "utilization_tiers", "report"),
+        cluster_label=getattr(args, "cluster_label", defaults.cluster_label),
     )
 
 
@@ -523,7 +544,8 @@ def _print_refused(refused) -> None:
         return
     print("refused\thour\tuuid\treason")
     for r in refused:
-        print(f"{r.refused_at.isoformat(timespec='seconds')}\t{r.hour.isoformat()}\t{r.uuid}\t{r.reason}")
+        gpu = f"{r.cluster}/{r.uuid}" if r.cluster else r.uuid
+        print(f"{r.refused_at.isoformat(timespec='seconds')}\t{r.hour.isoformat()}\t{gpu}\t{r.reason}")
     print(
         f"{len(refused)} GPU-hour(s) refused and not billed; catch-up retries their hours "
         "(docs/billing.md §6.5)"

@@ -42,6 +42,8 @@ class Settings:
     prometheus_timeout: float = REQUEST_TIMEOUT  # seconds for one request's whole answer
     deadline: float = IngestConfig.deadline  # seconds for a whole ingest run (0: none)
     max_answer_mib: int = MAX_ANSWER_BYTES >> 20  # MiB one answer may hold; a larger one is refused
+    # the label naming each series' cluster in a global store (docs/billing.md §2.3)
+    cluster_label: str = os.environ.get("GPUMETER_CLUSTER_LABEL", IngestConfig.cluster_label)
     # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
     # secrets themselves, so neither the job store nor a log line ever holds one
     prometheus_bearer_token_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_BEARER_TOKEN_FILE")
@@ -68,6 +70,7 @@ class Settings:
             workers=self.workers,
             deadline=self.deadline,
             teams=load_team_map(self.teams_file) if self.teams_file else {},
+            cluster_label=self.cluster_label,
         )
 
     def auth(self) -> Auth:
@@ -146,6 +149,9 @@ def load_http_config(path: str | Path) -> dict[str, str]:
 MAX_BUDGET = Decimal(10) ** 15
 TEAM_FILE_KEYS = ("namespaces", "vms", "budgets")
 # a namespace's name: an RFC 1123 DNS label (kubernetes.io/docs/concepts/overview/working-with-objects/names)
+# a cluster's name as a team map writes it before a namespace (`east/ml-training`): no '/', so the
+# namespace is never ambiguous
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -215,7 +221,14 @@ def load_team_file(path: str | Path) -> TeamFile:
                         f"rows, not a {what} name (value {value!r})"
                     )
     for name in namespaces:
-        if not NAMESPACE_NAME.fullmatch(name):
+        # `ml-training` names the namespace in every cluster, `east/ml-training` in cluster east alone
+        cluster, slash, namespace = name.rpartition("/")
+        if slash and not CLUSTER_NAME.fullmatch(cluster):
+            raise ConfigError(
+                f"{path}: namespaces.{ascii(name)[1:-1]}: ambiguous: expected namespace or cluster/namespace, "
+                f"the cluster of letters, digits and _.:- (value {name!r})"
+            )
+        if not NAMESPACE_NAME.fullmatch(namespace):
             raise ConfigError(
                 f"{path}: namespaces.{ascii(name)[1:-1]}: not a Kubernetes namespace name (lower-case "
                 f"letters, digits and '-', at most 63, RFC 1123) (value {name!r})"

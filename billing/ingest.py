@@ -41,6 +41,7 @@ from gpumeter.billing.models import (
     hour_floor,
     hours_between,
     is_reserved_name,
+    teams_in_cluster,
     with_fields,
 )
 from gpumeter.billing.pricing.base import PriceBook
@@ -135,6 +136,9 @@ class IngestConfig:
     # sent: the hour in flight is recorded failed, and later hours are left to the next run. Well
     # inside the hour: the hourly job starts at :05 and is done by :25 whatever Prometheus does
     deadline: float = 1200.0
+    # the label a global store's series name their cluster by (docs/billing.md §2.3); a store whose
+    # series carry none is one cluster, billed as before
+    cluster_label: str = contract.CLUSTER_LABEL
 
 
 @dataclass
@@ -501,19 +505,20 @@ def _columns(
 
 
 def _query_columns(
-    name: str, answer, first: float, count: int, refused: Refused
+    name: str, answer, first: float, count: int, refused: Refused, cluster_label: str = contract.CLUSTER_LABEL
 ) -> list[tuple[SeriesLabels, Values]]:
     """`_columns` of the answer to ``QUERIES[name]``: reduced by its kept labels, its values
     converted once per text where they repeat, and screened (`screen_values`: a value out of its
     range is dropped and its GPU-hour refused in ``refused``). BadAnswer, naming the query, for an
     answer of the wrong shape."""
     try:
-        series = _columns(answer, first, count, KEEP[name], name in REPEATED)
+        # the cluster kept too: HA replicas of one cluster merge, two clusters' series never do
+        series = _columns(answer, first, count, (*KEEP[name], cluster_label), name in REPEATED)
     except BadAnswer as exc:
         raise BadAnswer(f"{name} ({QUERIES[name]!r}): {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise BadAnswer(f"{name} ({QUERIES[name]!r}): an answer of the wrong shape: {_why(exc)}") from None
-    screen_values(name, QUERIES[name], series, VALUE_BOUNDS[name], refused)
+    screen_values(name, QUERIES[name], series, VALUE_BOUNDS[name], refused, cluster_label)
     return series
 
 
@@ -550,22 +555,34 @@ class RunAnswers:
     at that hour: the same facts as an instant query per hour would give (tests check it)."""
 
     @classmethod
-    def of(cls, answers: dict[str, list[tuple[dict[str, str], list]]], hours: list[datetime]) -> RunAnswers:
+    def of(
+        cls,
+        answers: dict[str, list[tuple[dict[str, str], list]]],
+        hours: list[datetime],
+        cluster_label: str = contract.CLUSTER_LABEL,
+    ) -> RunAnswers | ClusterAnswers:
         """From the answers as Prometheus gives them: (labels, [[unix seconds, value], ...]) per series."""
         first = _at(hours[0]).timestamp()
         refused: Refused = [{} for _ in hours]
         columns = {
-            name: _query_columns(name, answers.get(name, ()), first, len(hours), refused) for name in QUERIES
+            name: _query_columns(name, answers.get(name, ()), first, len(hours), refused, cluster_label)
+            for name in QUERIES
         }
-        return cls(columns, hours, refused)
+        return by_cluster(columns, hours, cluster_label, refused)
 
     def __init__(
-        self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime], refused: Refused | None = None
+        self,
+        col: dict[str, list[tuple[dict, Values]]],
+        hours: list[datetime],
+        cluster: str = "",
+        refused: list[dict[str, str]] | None = None,
     ):
-        """``col``: per query name, its series with their values per hour (`_columns`); ``refused``:
-        per hour, the GPU-hours a refused reading leaves out (`screen_values`)."""
+        """``col``: per query name, its series with their values per hour (`_columns`), all of
+        ``cluster`` (`by_cluster`); ``refused``: per hour, the uuids of the GPU-hours a refused
+        reading leaves out, with why (`screen_values`)."""
         self.hours = hours
-        self.refused: Refused = refused if refused is not None else [{} for _ in hours]
+        self.cluster = cluster
+        self.refused: list[dict[str, str]] = refused if refused is not None else [{} for _ in hours]
         self.series = sum(map(len, col.values()))  # what sizes the next run (`_run_hours`)
         self.devices = [
             (_derived(labels, _device_labels), values) for labels, values in _in_order(col["gpu_count"])
@@ -649,6 +666,10 @@ class RunAnswers:
                 for i, value in enumerate(values):
                     if value is not None:
                         self.teams[i][namespace] = team
+
+    def refused_at(self, index: int) -> list[tuple[str, str, str]]:
+        """The run's ``index``-th hour's refused GPU-hours: (their cluster, uuid, why)."""
+        return [(self.cluster, uuid, why) for uuid, why in self.refused[index].items()]
 
     def build(
         self,
@@ -748,6 +769,7 @@ class RunAnswers:
                 gpu=gpu,
                 mig_mode=mig_mode,
                 utilization=_at_hour(gpu_util.get(uuid), i),
+                cluster=self.cluster,
             )
             hours[uuid] = GpuHour(hour, device)
 
@@ -814,7 +836,9 @@ class RunAnswers:
             host = hostname or (owner.device.hostname if owner is not None else "")
             held = seconds(value, host, uuid, "%s/%s", namespace, pod)
             if owner is None:  # allocated but the device was never seen: priced as an unknown model
-                owner = hours[uuid] = GpuHour(hour, Device(uuid, "", held, hostname, gpu))
+                owner = hours[uuid] = GpuHour(
+                    hour, Device(uuid, "", held, hostname, gpu, cluster=self.cluster)
+                )
             share = None if shares is None else shares[i]
             memory = None if memory_shares is None else memory_shares[i]
             compute = None if compute_shares is None else compute_shares[i]
@@ -851,6 +875,77 @@ class RunAnswers:
         return built, dict(self.teams[i])
 
 
+def by_cluster(
+    columns: dict[str, list[tuple[SeriesLabels, Values]]],
+    hours: list[datetime],
+    cluster_label: str,
+    refused: Refused | None = None,
+) -> RunAnswers | ClusterAnswers:
+    """The run's answers of each cluster apart (`ClusterAnswers`), where the store labels series
+    with their cluster; else (one cluster's own Prometheus) the answers as one `RunAnswers`, as before
+    clusters. A series without the label in a store with it is the cluster "" (its own)."""
+    refused = refused if refused is not None else [{} for _ in hours]
+    if not any(cluster_label in labels for series in columns.values() for labels, _ in series):
+        return RunAnswers(columns, hours, "", _of_cluster(refused, ""))
+    parts: dict[str, dict[str, list]] = {}
+    for name, series in columns.items():
+        for labels, values in series:
+            cluster = labels.get(cluster_label, "")
+            kept = SeriesLabels({k: v for k, v in labels.items() if k != cluster_label})
+            parts.setdefault(cluster, {n: [] for n in columns})[name].append((kept, values))
+    return ClusterAnswers(
+        {c: RunAnswers(parts[c], hours, c, _of_cluster(refused, c)) for c in sorted(parts)}, hours
+    )
+
+
+def _of_cluster(refused: Refused, cluster: str) -> list[dict[str, str]]:
+    """Per hour, the refused GPU-hours of one cluster: uuid -> why."""
+    return [{uuid: why for (c, uuid), why in hour.items() if c == cluster} for hour in refused]
+
+
+class ClusterAnswers:
+    """A run's answers from a store holding several clusters' series: one `RunAnswers` per cluster,
+    each built as that cluster's own Prometheus would be (so a cluster bills to the cent as it would
+    alone), the GPU-hours of all of them together in (cluster, uuid) order."""
+
+    def __init__(self, parts: dict[str, RunAnswers], hours: list[datetime]):
+        self.parts, self.hours = parts, hours
+        self.series = sum(part.series for part in parts.values())
+        self._layouts = CarriedLayouts()
+
+    @property
+    def layouts(self) -> CarriedLayouts:
+        return self._layouts
+
+    @layouts.setter
+    def layouts(self, layouts: CarriedLayouts) -> None:
+        """Each cluster's layout keys carried apart (a UUID may be in two clusters)."""
+        self._layouts = layouts
+        for cluster, part in self.parts.items():
+            part.layouts = layouts.of_cluster(cluster)
+
+    def build(
+        self,
+        index: int,
+        config: IngestConfig,
+        intervals: HourIntervals | None = None,
+        problems: list[str] | None = None,
+    ) -> tuple[list[GpuHour], dict[str, str]]:
+        """`RunAnswers.build` of each cluster; the kube namespace→team labels named with their
+        cluster (``cluster/namespace``, as a team map names them)."""
+        built: list[GpuHour] = []
+        teams: dict[str, str] = {}
+        for cluster, part in self.parts.items():
+            gpu_hours, kube_teams = part.build(index, config, intervals, problems)
+            built += gpu_hours
+            teams.update((f"{cluster}/{ns}" if cluster else ns, team) for ns, team in kube_teams.items())
+        return built, teams
+
+    def refused_at(self, index: int) -> list[tuple[str, str, str]]:
+        """The run's ``index``-th hour's refused GPU-hours of every cluster: (cluster, uuid, why)."""
+        return [r for part in self.parts.values() for r in part.refused_at(index)]
+
+
 class CarriedLayouts:
     """What `RunAnswers.build` carries from hour to hour and run to run of an ingest: each GPU's
     layout key of the last hour built (``last``), and one key object per layout seen (``one``).
@@ -861,11 +956,21 @@ class CarriedLayouts:
     by each run's answers: ~5 µs a look-up). In the first 72 hours of the 1,000-GPU bench, 42,352 of
     66,600 GPU-hours with a layout had such an equal key made anew."""
 
-    __slots__ = ("last", "one")
+    __slots__ = ("clusters", "last", "one")
 
     def __init__(self) -> None:
         self.last: dict[str, LayoutKey | None] = {}
         self.one: dict[LayoutKey, LayoutKey] = {}
+        self.clusters: dict[str, CarriedLayouts] = {}
+
+    def of_cluster(self, cluster: str) -> CarriedLayouts:
+        """The keys carried for one cluster's GPUs (its own: a UUID may be in two clusters)."""
+        if not cluster:
+            return self
+        kept = self.clusters.get(cluster)
+        if kept is None:
+            kept = self.clusters[cluster] = CarriedLayouts()
+        return kept
 
 
 LAYOUTS_KEPT = 50_000  # layout key objects kept (~1,400 layouts a month on 1,000 GPUs)
@@ -906,14 +1011,16 @@ def _at_hour(values: Values | None, index: int) -> Decimal | None:
     return None if value is None else _ratio(value)
 
 
-def query_run(client: QueryClient, hours: list[datetime]) -> RunAnswers:
+def query_run(
+    client: QueryClient, hours: list[datetime], cluster_label: str = contract.CLUSTER_LABEL
+) -> RunAnswers | ClusterAnswers:
     """Every query of §6 for consecutive ``hours``.
 
     One hour: instant queries at its end. Several: one range query per query name with a 1 h step,
     whose steps are the same instants (each step's ``[1h]`` window is that hour), so the answers
     are identical to the hour-by-hour instant queries, in 7 requests instead of 7 per hour.
     """
-    return FetchedRun(client, hours).answers()
+    return FetchedRun(client, hours, cluster_label).answers()
 
 
 class FetchedRun:
@@ -925,16 +1032,18 @@ class FetchedRun:
     written in a third, the same work took 11-20 % more CPU on the 1,000-GPU bench, and two runs'
     decoded answers were held at once (docs/performance.md, issue 17, thirteenth session)."""
 
-    def __init__(self, client: QueryClient, hours: list[datetime]):
+    def __init__(
+        self, client: QueryClient, hours: list[datetime], cluster_label: str = contract.CLUSTER_LABEL
+    ):
         if any(b - a != HOUR for a, b in itertools.pairwise(hours)):
             raise ValueError("query_run needs consecutive hours")
-        self.hours = hours
-        self._answers: RunAnswers | None = None
+        self.hours, self.cluster_label = hours, cluster_label
+        self._answers: RunAnswers | ClusterAnswers | None = None
         self._fetched: dict[str, RangeAnswer] = {}
         if len(hours) == 1:  # instant queries: one hour's answers are small, decoded here
             at = _at(hours[0])
             self._answers = _one_hour(
-                {name: client.query(promql, at) for name, promql in QUERIES.items()}, hours[0]
+                {name: client.query(promql, at) for name, promql in QUERIES.items()}, hours[0], cluster_label
             )
             return
         first, last = _at(hours[0]), _at(hours[-1])
@@ -942,7 +1051,7 @@ class FetchedRun:
             name: client.fetch_range(promql, first, last, 3600) for name, promql in QUERIES.items()
         }
 
-    def answers(self) -> RunAnswers:
+    def answers(self) -> RunAnswers | ClusterAnswers:
         """The run's answers, decoded once. Each raw answer is let go as it is made columns: only one
         is held decoded at a time (at 10,000 GPUs one is ~40,000 series x 24 steps of JSON lists)."""
         if self._answers is None:
@@ -951,8 +1060,10 @@ class FetchedRun:
             refused: Refused = [{} for _ in self.hours]
             with _no_collections():
                 for name in QUERIES:
-                    columns[name] = _query_columns(name, self._fetched.pop(name)(), at, count, refused)
-            self._answers = RunAnswers(columns, self.hours, refused)
+                    columns[name] = _query_columns(
+                        name, self._fetched.pop(name)(), at, count, refused, self.cluster_label
+                    )
+            self._answers = by_cluster(columns, self.hours, self.cluster_label, refused)
         return self._answers
 
 
@@ -961,7 +1072,7 @@ def collect_hour(
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """Query Prometheus for one hour; returns the GPU-hours and the kube namespace→team labels."""
     intervals = query_intervals(client, [hour], config)[hour]
-    return query_run(client, [hour]).build(0, config, intervals, problems)
+    return query_run(client, [hour], config.cluster_label).build(0, config, intervals, problems)
 
 
 def build_hour(
@@ -972,15 +1083,18 @@ def build_hour(
     problems: list[str] | None = None,
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """The GPU-hours of one hour from its query answers, as samples (docs/billing.md §2)."""
-    return _one_hour(results, hour).build(0, config, intervals, problems)
+    return _one_hour(results, hour, config.cluster_label).build(0, config, intervals, problems)
 
 
-def _one_hour(results: dict[str, list[Sample]], hour: datetime) -> RunAnswers:
+def _one_hour(
+    results: dict[str, list[Sample]], hour: datetime, cluster_label: str = contract.CLUSTER_LABEL
+) -> RunAnswers | ClusterAnswers:
     """One hour's instant answers as a run of that one hour (each sample a series with one point)."""
     at = _at(hour).timestamp()
     return RunAnswers.of(
         {name: [(labels, [(at, value)]) for labels, value in samples] for name, samples in results.items()},
         [hour],
+        cluster_label,
     )
 
 
@@ -1021,7 +1135,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
     PrometheusError after recording it (later hours would fail too)."""
     started = datetime.now(UTC)
     try:
-        answers = query_run(client, [hour])
+        answers = query_run(client, [hour], config.cluster_label)
         intervals = query_intervals(client, [hour], config)[hour]
     except PrometheusError as exc:
         failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
@@ -1061,7 +1175,7 @@ def _price_hour(
     problems: list[str] = []
     hour = answers.hours[index]
     gpu_hours, kube_teams = answers.build(index, config, intervals, problems)
-    refused = tuple(sorted(answers.refused[index].items()))
+    refused = tuple(sorted(answers.refused_at(index)))
     if not gpu_hours and not refused:
         return None, kube_teams, 0
     if problems:
@@ -1081,7 +1195,17 @@ def priced_record(
 ) -> tuple[HourRecord, int]:
     """(the hour's record, its unpriced GPU-hours): the GPU-hours priced, with what fixes each one's
     lines' terms (`HourRecord.line_groups`) for the ledger."""
-    priced = [pricer.price(gh, teams) for gh in gpu_hours]
+    if any("/" in key for key in teams):  # teams named per cluster: each GPU's cluster's map
+        of_cluster: dict[str, dict[str, str]] = {}
+        priced = []
+        for gh in gpu_hours:
+            cluster = gh.device.cluster
+            mapped = of_cluster.get(cluster)
+            if mapped is None:
+                mapped = of_cluster[cluster] = teams_in_cluster(teams, cluster)
+            priced.append(pricer.price(gh, mapped))
+    else:
+        priced = [pricer.price(gh, teams) for gh in gpu_hours]
     unpriced = sum(1 for p in priced if p.device_cost is None)
     # one zip of maps, no loop in Python: ~1,000 GPU-hours an hour on the 1,000-GPU bench. The lines
     # are made when read (`PricedLines`): the SQL ledger reads their priced hours instead
@@ -1283,7 +1407,7 @@ def _no_collections():
 
 def _fetch_run(client, hours: list[datetime], config) -> tuple[FetchedRun, dict[datetime, HourIntervals]]:
     """The requests of a run of consecutive hours (its answers still to decode) and its scrape intervals."""
-    return FetchedRun(client, hours), query_intervals(client, hours, config)
+    return FetchedRun(client, hours, config.cluster_label), query_intervals(client, hours, config)
 
 
 def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, stopping=None) -> IngestResult:
@@ -1536,7 +1660,11 @@ def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, tea
         for hour in hours_between(start, end):
             facts = ledger.facts(hour)
             if facts:
-                lines = [line for gh in facts for line in pricer.price(gh, merged).lines]
+                lines = [
+                    line
+                    for gh in facts
+                    for line in pricer.price(gh, teams_in_cluster(merged, gh.device.cluster)).lines
+                ]
                 ledger.replace_lines(hour, lines, book)
                 count += 1
     return count

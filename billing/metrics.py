@@ -6,6 +6,7 @@ dashboard and the GpumeterBillingIngestStale alert read too.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 
@@ -28,33 +29,46 @@ class BillingCollector:
         ledger: Ledger,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         budgets: Mapping[str, Budget] | None = None,
+        cluster_label: str = contract.CLUSTER_LABEL,
     ):
         self.ledger, self.clock, self.budgets = ledger, clock, dict(budgets or {})
+        # the cost series name their lines' cluster by the store's own label (docs/billing.md §2.3),
+        # so a dashboard's cluster variable selects billing's series as it does the exporter's
+        self.cluster_label = cluster_label
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         summary = self.ledger.summary()
-        cost = family(contract.BILLING_COST)
-        platform: dict[tuple[str, str], float] = {}
+        # the cluster label only where some line has a cluster: one cluster's series are as before
+        self._clustered = any(
+            labels["cluster"] for rows in (summary.cost, summary.unpriced) for labels, _ in rows
+        )
+        cost = self._family(contract.BILLING_COST)
+        platform: dict[tuple[str, str, str], float] = {}
         for labels, value in summary.cost:
-            cost.add_metric([labels[k] for k in contract.BILLING_COST.labels], float(value))
+            cost.add_metric(self._values(contract.BILLING_COST, labels), float(value))
             if labels[contract.KIND] in PLATFORM_KINDS:
-                key = (labels[contract.KIND], labels[contract.CURRENCY])
+                key = (labels[contract.KIND], labels[contract.CURRENCY], labels["cluster"])
                 platform[key] = platform.get(key, 0.0) + float(value)
         yield cost
-        hours = family(contract.BILLING_GPU_HOURS)
+        hours = self._family(contract.BILLING_GPU_HOURS)
         for labels, value in summary.gpu_hours:
-            hours.add_metric([labels[k] for k in contract.BILLING_GPU_HOURS.labels], float(value))
+            hours.add_metric(self._values(contract.BILLING_GPU_HOURS, labels), float(value))
         yield hours
-        unpriced = family(contract.BILLING_UNPRICED_GPU_HOURS)
+        unpriced = self._family(contract.BILLING_UNPRICED_GPU_HOURS)
         for labels, value in summary.unpriced:
-            unpriced.add_metric([labels[k] for k in contract.BILLING_UNPRICED_GPU_HOURS.labels], float(value))
+            unpriced.add_metric(self._values(contract.BILLING_UNPRICED_GPU_HOURS, labels), float(value))
         yield unpriced
-        refused = family(contract.BILLING_REFUSED_GPU_HOURS)
-        refused.add_metric([], float(len(self.ledger.refused_gpu_hours())))
+        refused = self._family(contract.BILLING_REFUSED_GPU_HOURS)
+        by_cluster: dict[str, int] = {}
+        for r in self.ledger.refused_gpu_hours():
+            cluster = (r.cluster or "") if self._clustered else ""
+            by_cluster[cluster] = by_cluster.get(cluster, 0) + 1
+        for cluster, count in sorted(by_cluster.items()) or [("", 0)]:
+            refused.add_metric([cluster] if self._clustered else [], float(count))
         yield refused
-        idle = family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency
-        for (kind, currency), amount in sorted(platform.items()):
-            idle.add_metric([kind, currency], amount)
+        idle = self._family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency, cluster
+        for (kind, currency, cluster), amount in sorted(platform.items()):
+            idle.add_metric([kind, currency, cluster] if self._clustered else [kind, currency], amount)
         yield idle
         runs = family(contract.BILLING_INGEST_RUNS)
         for status, count in sorted(summary.runs.items()):
@@ -86,8 +100,28 @@ class BillingCollector:
         yield forecast
         yield budget
 
+    _clustered = False
 
-def family(series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
-    """An empty family for one of billing's series, named, typed and labelled by the contract."""
+    def _family(self, series: contract.Series) -> CounterMetricFamily | GaugeMetricFamily:
+        if not self._clustered:
+            series = _without_cluster(series)
+        return family(series, {contract.CLUSTER_LABEL: self.cluster_label})
+
+    def _values(self, series: contract.Series, labels: Mapping[str, str]) -> list[str]:
+        """A summary row's label values in the series' order (its cluster under "cluster")."""
+        names = series.labels if self._clustered else _without_cluster(series).labels
+        return [labels["cluster" if k == contract.CLUSTER_LABEL else k] for k in names]
+
+
+def _without_cluster(series: contract.Series) -> contract.Series:
+    return dataclasses.replace(series, labels=tuple(k for k in series.labels if k != contract.CLUSTER_LABEL))
+
+
+def family(
+    series: contract.Series, renamed: Mapping[str, str] | None = None
+) -> CounterMetricFamily | GaugeMetricFamily:
+    """An empty family for one of billing's series, named, typed and labelled by the contract
+    (``renamed``: a label under the name a setting gives it)."""
     cls = CounterMetricFamily if series.type is contract.MetricType.COUNTER else GaugeMetricFamily
-    return cls(series.family_name, series.help, labels=list(series.labels))
+    labels = [(renamed or {}).get(k, k) for k in series.labels]
+    return cls(series.family_name, series.help, labels=labels)

@@ -23,6 +23,26 @@ TIER_SHORTFALL = "__utilization_shortfall__"
 UNPRICED = "__unpriced__"
 
 
+def cluster_namespace(cluster: str, namespace: str) -> str:
+    """How reports name a namespace: ``cluster/namespace`` for one of a named cluster (the same name in
+    two clusters is two namespaces), the name alone where the store has no cluster label."""
+    return f"{cluster}/{namespace}" if cluster else namespace
+
+
+def teams_in_cluster(teams: dict[str, str], cluster: str) -> dict[str, str]:
+    """The namespace→team map of one cluster's namespaces from a map whose keys name a namespace in
+    every cluster (``ml-training``) or in one (``east/ml-training``, docs/billing.md §2.3): the
+    latter win for their cluster. The map itself where no key names a cluster (one cluster's own
+    Prometheus: nothing to work out per GPU-hour)."""
+    if not any("/" in key for key in teams):
+        return teams
+    prefix = f"{cluster}/"
+    every = {key: team for key, team in teams.items() if "/" not in key}
+    if cluster:
+        every.update((key[len(prefix) :], team) for key, team in teams.items() if key.startswith(prefix))
+    return every
+
+
 def hour_floor(moment: datetime) -> datetime:
     """The start of the UTC hour containing ``moment`` (naive datetimes are taken as UTC)."""
     if moment.tzinfo is None:
@@ -98,6 +118,10 @@ class Device:
     gpu: str = ""
     mig_mode: bool = False
     utilization: Decimal | None = None
+    # the cluster whose metrics store labelled the GPU's series (contract.CLUSTER_LABEL); "" where the
+    # store has no cluster label (one cluster's own Prometheus). A GPU is (cluster, uuid): two
+    # clusters may hold GPUs of one UUID (a cloned image, a simulated fleet) and are billed apart.
+    cluster: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,6 +194,7 @@ class Line:
     # PriceVersion.id of the version in effect for the hour: the one that priced the line, or, on an
     # UNPRICED line, the one without a rate for its model; None: no version was in effect
     price_version: str | None = None
+    cluster: str = ""  # its GPU's cluster (`Device.cluster`); "" where the store has none
 
     @property
     def sort_key(self) -> tuple:
@@ -312,7 +337,7 @@ def line_key_of(uuid: str, kind: str, namespace: str, pod: str, container: str, 
 
 
 _KEYED = operator.attrgetter(
-    "uuid", "kind", "namespace", "pod", "container", "gpu_instance_id", "mig_profile"
+    "uuid", "kind", "namespace", "pod", "container", "gpu_instance_id", "mig_profile", "cluster"
 )
 # line keys already computed: a GPU's lines repeat hour after hour (~3,700 an hour on the 1,000-GPU
 # bench, each computed for the tie break and again by the ledger); cleared when full
@@ -320,11 +345,26 @@ _KEYS: dict[tuple[str, ...], str] = {}
 
 
 def line_key(line: Line) -> str:
+    """The line's natural key within its hour: `line_key_of` its GPU and holder, and, for a line of
+    a named cluster, that cluster too (so one UUID in two clusters makes two lines). A line without
+    a cluster keeps the key it always had: ledgers written before clusters stay as they are."""
     fields = _KEYED(line)
     key = _KEYS.get(fields)
     if key is None:
         if len(_KEYS) >= 200_000:
             _KEYS.clear()
-        uuid, kind, *rest = fields
-        key = _KEYS[fields] = line_key_of(uuid, kind.value, *rest)
+        uuid, kind, *rest, cluster = fields
+        key = line_key_of(uuid, kind.value, *rest)
+        if cluster:
+            key = hashlib.sha256(f"{cluster}\x1f{key}".encode("utf-8", "surrogatepass")).hexdigest()
+        _KEYS[fields] = key
     return key
+
+
+def key_within_cluster(line: Line) -> str:
+    """`line_key` without the cluster: what orders tied lines of one GPU (billing.allocate), so a
+    cluster's lines in a global store round to the cent as its own Prometheus's would."""
+    if not line.cluster:
+        return line_key(line)
+    uuid, kind, *rest, _ = _KEYED(line)
+    return line_key_of(uuid, kind.value, *rest)

@@ -22,7 +22,8 @@ from gpumeter.billing.models import is_reserved_name
 
 log = logging.getLogger(__name__)
 
-Refused = list[dict[str, str]]  # per hour of a run: uuid -> why its GPU-hour is refused
+# per hour of a run: (cluster, uuid) -> why that GPU-hour is refused ("" where the store has no cluster)
+Refused = list[dict[tuple[str, str], str]]
 
 
 def screen_values(
@@ -31,6 +32,7 @@ def screen_values(
     series: Sequence[tuple[dict[str, str], list[float | None]]],
     bounds: tuple[float, float],
     refused: Refused,
+    cluster_label: str = contract.CLUSTER_LABEL,
 ) -> None:
     """Drop every value of the answer to ``query`` that is not a finite number within ``bounds``
     (in place, as None), refusing its GPU-hour in ``refused``. In C-speed passes where a series is
@@ -39,7 +41,8 @@ def screen_values(
     for labels, values in series:
         namespace = labels.get(contract.NAMESPACE)
         if namespace and is_reserved_name(namespace):
-            _refuse(labels, values, refused, f"{name}: namespace {namespace!r} is a name the reports use")
+            why = f"{name}: namespace {namespace!r} is a name the reports use"
+            _refuse(labels, values, refused, why, cluster_label)
             continue
         present: list[float] = [v for v in values if v is not None] if None in values else values  # type: ignore[assignment]
         if not present:
@@ -51,26 +54,34 @@ def screen_values(
             if value is not None and not low <= value <= high:  # NaN fails both
                 values[i] = None
                 why = f"{name} ({query!r}): value {value!r} is not a number in [{max(low, 0.0):g}, {high:g}]"
-                _refuse_at(labels, i, refused, why)
+                _refuse_at(labels, i, refused, why, cluster_label)
 
 
-def _refuse(labels: dict[str, str], values: list[float | None], refused: Refused, why: str) -> None:
+def _refuse(
+    labels: dict[str, str], values: list[float | None], refused: Refused, why: str, cluster_label: str
+) -> None:
     for i, value in enumerate(values):
         if value is not None:
             values[i] = None
-            _refuse_at(labels, i, refused, why)
+            _refuse_at(labels, i, refused, why, cluster_label)
 
 
-def _refuse_at(labels: dict[str, str], index: int, refused: Refused, why: str) -> None:
+def _refuse_at(labels: dict[str, str], index: int, refused: Refused, why: str, cluster_label: str) -> None:
     uuid = labels.get(contract.UUID)
-    if uuid:
-        refused[index].setdefault(uuid, why)  # the first reason found is the one given
+    if uuid:  # the first reason found is the one given
+        refused[index].setdefault((labels.get(cluster_label, ""), uuid), why)
     else:
         log.warning("%s: %.300r: reading dropped", why, dict(labels))
 
 
-def refusal_text(refused: Sequence[tuple[str, str]], shown: int = 3) -> str:
-    """One line for an hour's refused GPU-hours: how many, and the first few with their reasons."""
-    listed = "; ".join(f"{uuid}: {why}" for uuid, why in refused[:shown])
+def refusal_text(refused: Sequence[tuple[str, str, str]], shown: int = 3) -> str:
+    """One line for an hour's refused GPU-hours, (cluster, uuid, why): how many, and the first few
+    with their reasons."""
+    listed = "; ".join(f"{gpu_name(cluster, uuid)}: {why}" for cluster, uuid, why in refused[:shown])
     more = f"; and {len(refused) - shown} more" if len(refused) > shown else ""
     return f"{len(refused)} GPU-hour(s) refused, not billed: {listed}{more}"
+
+
+def gpu_name(cluster: str | None, uuid: str) -> str:
+    """A GPU as messages name it: ``cluster/uuid`` in a store with clusters, else the UUID."""
+    return f"{cluster}/{uuid}" if cluster else uuid

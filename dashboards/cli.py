@@ -27,6 +27,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 when a file under the folders is stale"
     )
+    build.add_argument(
+        "--cluster-label",
+        default="cluster",
+        metavar="LABEL",
+        help="the label a global store tells clusters apart by (default: %(default)s)",
+    )
+    build.add_argument(
+        "--multi-cluster",
+        action="store_true",
+        help="show the cluster variable (for a store of many clusters); hidden otherwise",
+    )
     build.set_defaults(func=run_build)
 
 
@@ -34,14 +45,14 @@ def run_build(args: argparse.Namespace) -> int:
     from .build import stale, write
 
     if args.check:
-        paths = stale(args.out, args.configmaps)
+        paths = stale(args.out, args.configmaps, args.cluster_label, args.multi_cluster)
         for path in paths:
             print(f"stale: {path}", file=sys.stderr)
         if paths:
             print("run: gpumeter dashboards build with the same folders", file=sys.stderr)
         return 1 if paths else 0
     try:
-        written = write(args.out, args.configmaps)
+        written = write(args.out, args.configmaps, args.cluster_label, args.multi_cluster)
     except OSError as error:
         print(f"gpumeter dashboards build: cannot write {error.filename}: {error.strerror}", file=sys.stderr)
         return 1

@@ -5,6 +5,8 @@ factories over grafana-foundation-sdk's builders.
 Conventions every dashboard follows:
 
 * every query selects template variables through regex matchers (``=~"$var"``); "All" is ``.*``;
+* every selector is filtered by the ``cluster`` variable (``with_cluster``, applied to the built models
+  by ``build.for_clusters``), so the same dashboards serve a cluster's own Prometheus and a global store;
 * device series are joined ``* on(instance, uuid) group_left(hostname, model) nvidia_gpu_info{...}``
   (docs/architecture.md, "The contract": descriptive metadata sits on ``_info`` series), which is also how a panel is filtered
   by host and GPU;
@@ -15,6 +17,7 @@ Conventions every dashboard follows:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -85,6 +88,134 @@ def in_range(metric: str, by: str) -> str:
     )
 
 
+# --- clusters -------------------------------------------------------------------------------------
+# A global store (VictoriaMetrics, Thanos, Mimir) holds many clusters' series, told apart by the label
+# their Prometheus servers add (external_labels). Every query is filtered by the `cluster` variable:
+# with_cluster() puts the matcher into each selector, so no panel mixes clusters (docs/dashboards.md).
+
+CLUSTER_VARIABLE = "cluster"
+_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+     "offset", "inf", "nan", "atan2"}
+)  # fmt: skip
+_LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+# Aggregations may put their label list first: `sum by (x) (…)`.
+_AGGREGATIONS = frozenset(
+    {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
+     "quantile", "limitk", "limit_ratio"}
+)  # fmt: skip
+_NAME_START = re.compile(r"[A-Za-z_:]")
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_NUMBER = re.compile(r"(?:0x[0-9a-fA-F]+|[0-9][0-9a-zA-Z_.]*)")  # numbers and durations (5m, 1e9, 1h30m)
+_VARIABLE = re.compile(r"\$(\{[^}]*\}|\w+)")
+_LIST_FIRST = re.compile(r"(by|without)\s*\(")
+
+
+def _skip_string(expr: str, start: int) -> int:
+    quote, i = expr[start], start + 1
+    while i < len(expr) and expr[i] != quote:
+        i += 2 if expr[i] == "\\" else 1
+    return i + 1
+
+
+def _skip_group(expr: str, start: int, open_: str, close: str) -> int:
+    """Index past the bracket that closes the one at ``start`` (strings inside skipped)."""
+    depth, i = 0, start
+    while i < len(expr):
+        char = expr[i]
+        if char in "\"'`":
+            i = _skip_string(expr, i)
+            continue
+        if char == open_:
+            depth += 1
+        elif char == close:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError(f"unbalanced {open_!r} in PromQL: {expr!r}")
+
+
+def with_cluster(expr: str, label: str = "cluster", variable: str = CLUSTER_VARIABLE) -> str:
+    """``expr`` with ``label=~"$variable"`` in every series selector.
+
+    A regex matcher, as every variable here is used (an empty value, a store without clusters, matches
+    the series that have no such label). Function names, keywords, label lists (by, on, …), strings,
+    numbers, durations, ranges and ``$variables`` are left as they are."""
+    matcher = f'{label}=~"${variable}"'
+    out: list[str] = []
+    i = 0
+    while i < len(expr):
+        char = expr[i]
+        end = i + 1
+        if char in "\"'`":
+            end = _skip_string(expr, i)
+        elif char == "[":  # range or subquery: durations and $__rate_interval only
+            end = _skip_group(expr, i, "[", "]")
+        elif char == "$":
+            match = _VARIABLE.match(expr, i)
+            end = match.end() if match else end
+        elif char == "{":  # a selector without a metric name
+            end = _skip_group(expr, i, "{", "}")
+            out.append(_add_matcher(expr[i:end], matcher))
+            i = end
+            continue
+        elif char.isdigit() or (char == "." and expr[i + 1 : i + 2].isdigit()):
+            match = _NUMBER.match(expr, i)
+            end = match.end() if match else end
+        elif _NAME_START.match(char):
+            i = _name(expr, i, matcher, out)
+            continue
+        out.append(expr[i:end])
+        i = end
+    return "".join(out)
+
+
+def _name(expr: str, i: int, matcher: str, out: list[str]) -> int:
+    """Copy the name at ``i`` (and what belongs to it) to ``out``; the index after it."""
+    match = _NAME.match(expr, i)
+    assert match is not None
+    name, end = match.group(0), match.end()
+    rest = expr[end:].lstrip()
+    gap = expr[end : len(expr) - len(rest)]
+    if name.lower() in _LABEL_LISTS and rest.startswith("("):
+        close = _skip_group(expr, end + len(gap), "(", ")")
+        out.append(expr[i:close])
+        return close
+    if (
+        name.lower() in _KEYWORDS
+        or rest.startswith("(")
+        or (name in _AGGREGATIONS and _LIST_FIRST.match(rest))
+    ):
+        out.append(name)  # a keyword, a function or an aggregation
+        return end
+    if rest.startswith("{"):
+        close = _skip_group(expr, end + len(gap), "{", "}")
+        out.append(name + gap + _add_matcher(expr[end + len(gap) : close], matcher))
+        return close
+    out.append(name + "{" + matcher + "}")
+    return end
+
+
+def _add_matcher(braces: str, matcher: str) -> str:
+    inner = braces[1:-1].strip()
+    return "{" + matcher + (", " + inner if inner else "") + "}"
+
+
+def cluster_var(label: str = "cluster", *, hide: bool = False) -> d.QueryVariable:
+    """The cluster variable: one cluster at a time (no "All", which would add clusters up), the first
+    by default. In a store without the label it has no value, and ``label=~""`` matches every series."""
+    var = query_var(
+        CLUSTER_VARIABLE,
+        "Cluster",
+        f"label_values(nvidia_gpu_info, {label})",
+        multi=False,
+        include_all=False,
+        description=f"The cluster (label `{label}`, which each cluster's Prometheus adds as an external label).",
+    )
+    return var.hide(dm.VariableHide.HIDE_VARIABLE) if hide else var
+
+
 # --- template variables ---------------------------------------------------------------------------
 
 
@@ -151,7 +282,7 @@ def namespace_var() -> d.QueryVariable:
 
 # --- links ----------------------------------------------------------------------------------------
 
-_CARRY = "${datasource:queryparam}&${__url_time_range}"
+_CARRY = "${datasource:queryparam}&${cluster:queryparam}&${__url_time_range}"
 
 
 def url(uid: str, **variables: str) -> str:

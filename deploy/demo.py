@@ -8,7 +8,10 @@ collect per-process use (``--enable-collectors processes`` on the simulator's /p
 pods from a stand-in Kubernetes API (``gpumeter simulate kube-api``), which carries the fractional
 grants and names each process's pod. A stand-in volcano-scheduler (two GPU queues); a real Prometheus with the alerting and recording rules, holding a month of
 backfilled history; a real Alertmanager routing to a local webhook log; the billing service on SQLite
-caught up on that month; last month's chargeback and fleet-health reports; the dashboards' JSON. Every process it starts is
+caught up on that month; last month's chargeback and fleet-health reports; the dashboards' JSON. That is
+cluster "east"; a second cluster, "west" (one H200 node, its own Prometheus), and the global store both
+write into (VictoriaMetrics, with vmalert evaluating the rules there and alerting for both) come from
+deploy/demo_clusters.py. Every process it starts is
 stopped on Ctrl-C (or SIGTERM), and running it again starts from a clean slate. Every child runs in the
 demo's work directory, never inside the installed package.
 """
@@ -32,6 +35,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from gpumeter.deploy import demo_clusters
 from gpumeter.exporter.simulator.metrics_server import StandInServer
 from gpumeter.process import stop_on_signals, wait_until_set
 
@@ -67,6 +71,7 @@ PORTS = {
     **{f"kube-state-metrics-{j}": 9850 + j for j in range(len(FLEETS))},  # 9850..9852
     "volcano-scheduler": 9853,
     "kube-api": 9854,
+    **demo_clusters.PORTS,  # west's Prometheus 9091, VictoriaMetrics 8428, vmalert 8880, ...
 }
 # GPU demand the fleets' running pods do not show, and a GPU quota, given to the stand-in
 # kube-state-metrics of each node's fleet (as tests/dashboards/conftest.py does), so that the capacity
@@ -125,7 +130,8 @@ def _binary(name: str) -> str:
     path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if path is None:
         raise DemoError(
-            f"{name} is not installed: run `make tools` (Debian packages prometheus, prometheus-alertmanager)"
+            f"{name} is not installed: run `make tools` "
+            "(Debian packages prometheus, prometheus-alertmanager, victoria-metrics)"
         )
     return path
 
@@ -218,6 +224,9 @@ def _check_ports(ports: dict[str, int]) -> None:
                 )
 
 
+RULE_FILES = [str(ROOT / "alerts" / "gpumeter-rules.yaml"), str(ROOT / "alerts" / "gpumeter-alerts.yaml")]
+
+
 def _prometheus_config(stack: Stack) -> dict:
     exporters = [
         {"targets": [f"127.0.0.1:{stack.ports[f'exporter-{i}']}"], "labels": {"instance": f"{node}:9835"}}
@@ -225,10 +234,7 @@ def _prometheus_config(stack: Stack) -> dict:
     ]
     return {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
-        "rule_files": [
-            str(ROOT / "alerts" / "gpumeter-rules.yaml"),
-            str(ROOT / "alerts" / "gpumeter-alerts.yaml"),
-        ],
+        "rule_files": RULE_FILES,
         "alerting": {
             "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{stack.ports['alertmanager']}"]}]}]
         },
@@ -464,8 +470,13 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             "--cluster.listen-address=",
         ],
     )
+    _progress("starting the global store: VictoriaMetrics, and vmalert evaluating the rules there")
+    demo_clusters.start_global_store(stack, _binary, RULE_FILES)
     prom_config = stack.workdir / "prometheus.yml"
-    prom_config.write_text(yaml.safe_dump(_prometheus_config(stack)))
+    east = demo_clusters.for_global_store(
+        _prometheus_config(stack), demo_clusters.EAST, stack.url("victoria-metrics")
+    )
+    prom_config.write_text(yaml.safe_dump(east))
     stack.spawn(
         "prometheus",
         [
@@ -484,6 +495,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
     stack.wait_http("volcano-scheduler", f"{stack.url('volcano-scheduler')}/metrics")
     stack.wait_http("alertmanager", f"{stack.url('alertmanager')}/-/ready")
     stack.wait_http("prometheus", f"{stack.url('prometheus')}/-/ready")
+    _progress(f"starting cluster {demo_clusters.WEST}: {demo_clusters.WEST_NODE} and its own Prometheus")
+    demo_clusters.start_west(stack, _binary, _gpumeter, RULE_FILES)
 
     database = f"sqlite:///{stack.workdir / 'billing.sqlite'}"
     teams = str(ROOT / "deploy" / "demo-teams.yaml")
@@ -571,7 +584,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
 
     if stopping.is_set():
         return
-    dashboards = ROOT / "dashboards" / "generated"
+    dashboards = demo_clusters.write_dashboards(stack.workdir / "dashboards")
     gpumeter = _command_name()
     exporters = "\n                  ".join(
         f"{stack.url(f'exporter-{i}')}/metrics  ({n.node})" for i, n in enumerate(NODES)
@@ -580,7 +593,10 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
         f"""
 gpumeter demo: stack ready
 
-  Prometheus      {stack.url("prometheus")}   (alerts: {stack.url("prometheus")}/alerts)
+  Prometheus      {stack.url("prometheus")}   (cluster east; its rules: {stack.url("prometheus")}/alerts)
+  Prometheus      {stack.url("prometheus-west")}   (cluster west: {demo_clusters.WEST_NODE})
+  VictoriaMetrics {stack.url("victoria-metrics")}   (both clusters, label `cluster`; Grafana's datasource)
+  vmalert         {stack.url("vmalert")}   (the rules over both clusters; it alerts, the Prometheus servers do not)
   Alertmanager    {stack.url("alertmanager")}   (notifications logged to {stack.workdir / "alerts.jsonl"})
   Exporters       {exporters}
   Billing         {stack.url("billing")}/metrics   (ledger {stack.workdir / "billing.sqlite"})
@@ -588,7 +604,7 @@ gpumeter demo: stack ready
   kube-state-metrics (stand-in)  {"  ".join(f"{stack.url(f'kube-state-metrics-{j}')}/metrics" for j in range(len(FLEETS)))}
   Kubernetes API (stand-in)      {stack.url("kube-api")}/api/v1/pods?fieldSelector=spec.nodeName=gpu-shared-frac-01
   volcano-scheduler (stand-in)   {stack.url("volcano-scheduler")}/metrics
-  Dashboards      {dashboards}  (import into Grafana, or use deploy/grafana/ provisioning)
+  Dashboards      {dashboards}  (cluster variable shown: point Grafana's Prometheus datasource at VictoriaMetrics)
   Logs            {stack.workdir / "logs"}
 
   Try a fault and watch the alert arrive (about a minute):

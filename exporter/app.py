@@ -19,6 +19,7 @@ from .nvml import NvmlSession, process_is_privileged
 from .render import ExpositionCache, SnapshotCollector
 from .sampler import Sampler
 from .server import make_app
+from .xid import WAIT_MS as XID_WAIT_MS
 from .xid import XidWatcher
 
 __all__ = ["Exporter", "build_exporter"]
@@ -101,8 +102,10 @@ def build_exporter(
     node=None,
     kubelet_client=None,
     privileged: bool | None = None,
+    xid_wait_ms: int = XID_WAIT_MS,
 ) -> Exporter:
-    """Wire an exporter. Tests inject ``library``/``node``/``clock``/``kubelet_client`` directly."""
+    """Wire an exporter. Tests inject ``library``/``node``/``clock``/``kubelet_client`` directly, and a
+    shorter ``xid_wait_ms`` (the XID thread's wait slice, which stopping the exporter waits out)."""
     hostname = config.hostname or socket.gethostname()
     if config.simulate and library is None:
         from .simulator.device import SimulatedNode
@@ -120,7 +123,7 @@ def build_exporter(
         node = SimulatedNode(fleet, config.simulate_node, clock=clock)
         library = SimulatedNvml(node, latency=CALL_LATENCY_S)  # each call takes the driver's time
         hostname = config.hostname or node.spec.name
-    watcher = XidWatcher(clock=clock)
+    watcher = XidWatcher(clock=clock, wait_ms=xid_wait_ms)
     if privileged is None:  # a simulated node says what its driver grants; a real one asks the kernel
         privileged = node.privileged if node is not None else process_is_privileged()
     pod_list = _pod_list(config, hostname)

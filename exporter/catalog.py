@@ -47,7 +47,9 @@ SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
 
 
 # dcgm_fields.h: the DCGM_FI_DEV_* fields we map that are DCGM_FT_DOUBLE; the rest are DCGM_FT_INT64
-DCGM_DOUBLE_FIELDS = frozenset({"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT"})
+DCGM_DOUBLE_FIELDS = frozenset(
+    {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,10 @@ class DcgmField:
     help: str = ""
     latest_label: str = ""
     total: bool = False  # the sum of the matched series per device (a per-link counter's _TOTAL)
+    # A bitmask from 0/1 series: with ``total``, each series counts as the bit its ``bits_label`` value
+    # names (DCGM_FI_DEV_CLOCKS_EVENT_REASONS from the per-reason series); a value not listed counts 0.
+    bits_label: str = ""
+    bits: tuple[tuple[str, int], ...] = ()
 
     @property
     def integer(self) -> bool:
@@ -154,6 +160,22 @@ def _nvlink_error_fields() -> tuple[DcgmField, ...]:
     return tuple(fields)
 
 
+# nvmlClocksEventReason* bits by the `reason` label of nvidia_gpu_clocks_event_active (nvml.h; docs/nvml.md
+# §5.2), which DCGM's DCGM_CLOCKS_EVENT_REASON_* repeat
+_CLOCKS_EVENT_BITS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+    ("display_clocks", 0x100),
+)
+# dcgm-exporter names a collectors file may still list; served only when one does
+DEPRECATED_DCGM_FIELDS = frozenset({"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"})
+
 D, M, A, X = Scope.DEVICE, Scope.MIG, Scope.ALLOCATION, Scope.EXPORTER
 MIB = 1 / (1024 * 1024)
 
@@ -228,6 +250,12 @@ CATALOG: tuple[MetricSpec, ...] = (
         D,
         "nvmlDeviceGetEnforcedPowerLimit (mW)",
         dcgm=(DcgmField("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", help="Enforced power limit (in W)."),),
+    ),
+    MetricSpec(
+        contract.POWER_MANAGEMENT_LIMIT,
+        D,
+        "nvmlDeviceGetPowerManagementLimit (mW)",
+        dcgm=(DcgmField("DCGM_FI_DEV_POWER_MGMT_LIMIT", help="Power management limit (in W)."),),
     ),
     MetricSpec(
         contract.ENERGY,
@@ -306,6 +334,20 @@ CATALOG: tuple[MetricSpec, ...] = (
         contract.CLOCKS_EVENT_ACTIVE,
         D,
         "nvmlDeviceGetCurrentClocksEventReasons, masked by nvmlDeviceGetSupportedClocksEventReasons",
+        # DCGM's field 112 is NVML's bitmask itself (dcgm_fields.h: "Current clock event reasons (bitmask of
+        # DCGM_CLOCKS_EVENT_REASON_*)", the same bits); OpenCost tests it bit by bit, floor(x / bit) % 2.
+        # The deprecated name only where a collectors file asks for it (DEPRECATED_DCGM_FIELDS).
+        dcgm=tuple(
+            DcgmField(
+                name,
+                match=(),
+                total=True,
+                bits_label="reason",
+                bits=_CLOCKS_EVENT_BITS,
+                help="Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+            )
+            for name in ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+        ),
     ),
     MetricSpec(
         contract.CLOCKS_EVENT_SECONDS,
@@ -472,6 +514,37 @@ CATALOG: tuple[MetricSpec, ...] = (
         D,
         "fields 32-37/96-101 (crc_flit), 39-44/102-107 (crc_data), 161 (replay), 162 (recovery), batched",
         dcgm=_nvlink_error_fields(),
+    ),
+    # --- the NVLink fabric -------------------------------------------------------------------------
+    MetricSpec(
+        contract.FABRIC_INFO,
+        D,
+        "nvmlDeviceGetGpuFabricInfoV (v3, v2) or nvmlDeviceGetGpuFabricInfo: clusterUuid, cliqueId, state, status",
+    ),
+    MetricSpec(
+        contract.FABRIC_REGISTERED, D, "nvmlDeviceGetGpuFabricInfoV: state COMPLETED and status SUCCESS"
+    ),
+    MetricSpec(contract.FABRIC_HEALTH, D, "nvmlDeviceGetGpuFabricInfoV (v2+): healthMask, decoded"),
+    MetricSpec(
+        contract.FABRIC_HEALTH_SUMMARY,
+        D,
+        "nvmlDeviceGetGpuFabricInfoV (v3): healthSummary",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY",
+                help="Fabric health summary (1 healthy, 2 unhealthy, 3 limited capacity).",
+            ),
+        ),
+    ),
+    MetricSpec(
+        contract.FABRIC_HEALTH_MASK,
+        D,
+        "nvmlDeviceGetGpuFabricInfoV (v2+): healthMask",
+        dcgm=(
+            DcgmField(
+                "DCGM_FI_DEV_FABRIC_HEALTH_MASK", help="Fabric health mask (NVML_GPU_FABRIC_HEALTH_MASK_*)."
+            ),
+        ),
     ),
     MetricSpec(
         contract.NVLINK_TX_BYTES,

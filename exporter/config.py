@@ -209,7 +209,7 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     return config
 
 
-# The numeric options' bounds past the checks above (issue 42: --kubelet-keep-cycles -3 was taken):
+# The numeric options' bounds past the checks above (--kubelet-keep-cycles -3 was once taken):
 # a kubelet answers in milliseconds and the sampler waits on it; a cycle is one sample
 RANGES: dict[str, tuple[float, float]] = {
     "kubelet_timeout": (0.01, 60.0),

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .catalog import CATALOG, DcgmField, MetricSpec, MetricType, Scope, by_name
+from .catalog import CATALOG, DEPRECATED_DCGM_FIELDS, DcgmField, MetricSpec, MetricType, Scope, by_name
 from .snapshot import DeviceIdentity, Snapshot
 from .xid_messages import message as xid_message
 
@@ -206,7 +206,9 @@ FIELDS: dict[str, DcgmMetric] = _build_fields()
 # Without -f: every field except the per-link NVLink ones (_L0 ... _L17), which dcgm-exporter's own CSVs
 # leave out too; on a MIG node they would be 4 x 18 links x every GPU instance (4,032 series on 8xH100
 # 1g.10gb). A collectors file that lists them gets them (seed 003's lists _L0); the _TOTALs are in.
-DEFAULT_FIELDS = frozenset(name for name in FIELDS if not re.fullmatch(r".+_L\d+", name))
+DEFAULT_FIELDS = frozenset(
+    name for name in FIELDS if not re.fullmatch(r".+_L\d+", name) and name not in DEPRECATED_DCGM_FIELDS
+)
 _NATIVE = tuple(spec for spec in CATALOG if spec.scope is Scope.EXPORTER)
 
 
@@ -413,7 +415,11 @@ def _render(metric: DcgmMetric, view: _View) -> Metric:
             _render_latest(family, source, samples, view)
         elif source.field.total:
             totals: dict[str, float] = {}
+            bits = dict(source.field.bits)
+            bit_at = source.spec.label_names.index(source.field.bits_label) if bits else -1
             for labels, value in samples:
+                if bits:  # a bitmask: each 0/1 series counts as its bit
+                    value = value * bits.get(labels[bit_at], 0)
                 totals[labels[1]] = totals.get(labels[1], 0.0) + value
             for uuid, total in totals.items():
                 device = view.device(uuid)

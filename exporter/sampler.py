@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pynvml as N
 
 from gpumeter import __version__ as VERSION
+from gpumeter import contract
 
 from .collectors import Collector
 from .nvml import LIBRARY_DOWN, DeviceContext, DeviceLostError, NvmlSession
@@ -146,20 +147,20 @@ class Sampler:
                     "enabled" if device.mig_enabled else "disabled",
                     self.hostname,
                 )
-                out.add("nvidia_gpu_info", (*device.labels, *info), 1)
-                out.add("nvidia_gpu_up", device.labels, 1 if device.up and self.session.up else 0)
+                out.add(contract.GPU_INFO, (*device.labels, *info), 1)
+                out.add(contract.GPU_UP, device.labels, 1 if device.up and self.session.up else 0)
             if self.attribution is not None:
                 self.attribution.sample(devices, out)  # a lost GPU is still held by its pod
             elapsed = time.perf_counter() - started
             for collector in self.collectors:
                 name = collector.name
-                out.add("gpumeter_exporter_collector_success", (name,), 0 if name in failures else 1)
-                out.add("gpumeter_exporter_collector_duration_seconds", (name,), durations[name])
-            out.add("gpumeter_exporter_nvml_up", (), 1 if self.session.up else 0)
-            out.add("gpumeter_exporter_last_sample_timestamp_seconds", (), now)
-            out.add("gpumeter_exporter_sample_duration_seconds", (), elapsed)
-            out.add("gpumeter_exporter_nvml_calls", (), self.session.calls)
-            out.add("gpumeter_exporter_build_info", (VERSION,), 1)
+                out.add(contract.COLLECTOR_SUCCESS, (name,), 0 if name in failures else 1)
+                out.add(contract.COLLECTOR_DURATION, (name,), durations[name])
+            out.add(contract.NVML_UP, (), 1 if self.session.up else 0)
+            out.add(contract.LAST_SAMPLE_TIMESTAMP, (), now)
+            out.add(contract.SAMPLE_DURATION, (), elapsed)
+            out.add(contract.NVML_CALLS, (), self.session.calls)
+            out.add(contract.BUILD_INFO, (VERSION,), 1)
             self._snapshot = out.freeze(
                 timestamp=now,
                 collectors=tuple(

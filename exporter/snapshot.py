@@ -7,13 +7,44 @@ pod attribution needs to resolve kubelet device IDs without calling NVML again.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["CollectorStatus", "DeviceIdentity", "MigIdentity", "Sample", "Snapshot", "SnapshotBuilder"]
+from gpumeter.contract import Series
+
+from .catalog import CATALOG
+
+__all__ = [
+    "CollectorStatus",
+    "DeviceIdentity",
+    "MigIdentity",
+    "Sample",
+    "Snapshot",
+    "SnapshotBuilder",
+    "UnknownSeries",
+]
 
 LabelValues = tuple[str, ...]
+
+
+class UnknownSeries(KeyError):
+    """A collector wrote a series the exporter's catalog (exporter/catalog.py) does not declare."""
+
+    def __init__(self, series: object):
+        name = series.name if isinstance(series, Series) else series
+        if not isinstance(series, Series):
+            why = f"{name!r} is a {type(series).__name__}, not a Series of gpumeter.contract"
+        else:
+            why = f"{name} is not a series of the exporter's catalog (exporter/catalog.py)"
+        close = difflib.get_close_matches(str(name), [series.name for series in _KNOWN], n=1)
+        super().__init__(why + (f"; did you mean {close[0]}?" if close else ""))
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 Sample = tuple[LabelValues, float]
 
 
@@ -94,8 +125,17 @@ class SnapshotBuilder:
 
     series: dict[str, list[Sample]] = field(default_factory=dict)
 
-    def add(self, name: str, labels: LabelValues, value: float) -> None:
-        self.series.setdefault(name, []).append((labels, float(value)))
+    def add(self, series: Series, labels: LabelValues, value: float) -> None:
+        """One sample of ``series``, a declaration of the catalog (``contract.POWER``, never the string
+        "nvidia_gpu_power_watts"): a series the catalog lacks, or labels of the wrong count, are refused
+        here, where the collector writes them, instead of being silently left out of every scrape."""
+        if _KNOWN.get(series) is not True:
+            raise UnknownSeries(series)
+        if len(labels) != len(series.labels):
+            raise ValueError(
+                f"{series.name}: {len(labels)} label values {labels!r} for the labels {series.labels!r}"
+            )
+        self.series.setdefault(series.name, []).append((labels, float(value)))
 
     def extend(self, other: SnapshotBuilder) -> None:
         for name, samples in other.series.items():
@@ -104,3 +144,8 @@ class SnapshotBuilder:
     def freeze(self, **fields) -> Snapshot:
         frozen = MappingProxyType({name: tuple(samples) for name, samples in self.series.items()})
         return Snapshot(series=frozen, **fields)
+
+
+# The declarations a collector may write: the catalog's, compared whole (an ad-hoc Series of a known name
+# but other labels is refused too). A dict for a hashed lookup per sample, not a scan.
+_KNOWN: dict[Series, bool] = {spec.series: True for spec in CATALOG}

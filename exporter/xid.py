@@ -26,8 +26,11 @@ NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t: the event is not attributable to a 
 
 
 class XidWatcher:
-    def __init__(self, clock: Callable[[], float] = time.time):
+    def __init__(self, clock: Callable[[], float] = time.time, wait_ms: int = WAIT_MS):
         self._clock = clock
+        # stop() waits out the slice in progress: a test starting and stopping hundreds of exporters
+        # passes a shorter one (the driver's calls are the same, only more of them)
+        self._wait_ms = wait_ms
         self._lock = threading.Lock()
         self._counts: dict[str, dict[int, tuple[int, float]]] = {}  # uuid -> xid -> (count, last seen)
         # (uuid, GPU instance, compute instance or None) -> xid -> (count, last seen)
@@ -70,7 +73,7 @@ class XidWatcher:
         thread, eventset = self._thread, self._eventset
         self._stop.set()
         if thread is not None:
-            thread.join(timeout=WAIT_MS / 1000 + 2)
+            thread.join(timeout=self._wait_ms / 1000 + 2)
             if thread.is_alive():
                 # Still inside nvmlEventSetWait: freeing the set now would pull it from under the driver.
                 log.warning("XID thread did not stop; leaving its event set allocated")
@@ -85,7 +88,7 @@ class XidWatcher:
     def _run(self, eventset) -> None:
         while not self._stop.is_set():
             try:
-                event = N.nvmlEventSetWait_v2(eventset, WAIT_MS)
+                event = N.nvmlEventSetWait_v2(eventset, self._wait_ms)
             except N.NVMLError as exc:
                 if exc.value == N.NVML_ERROR_TIMEOUT:
                     continue

@@ -52,7 +52,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def escaped(text: str) -> str:
     """``text`` with every control and invisible character (a newline, an ESC that would drive the
     terminal, a zero-width space) written as its Python escape: one log line stays one line and
-    shows what came (label values and Prometheus' error text are anyone's, issue 42)."""
+    shows what came (label values and Prometheus' error text are anyone's: a terminal must not obey them)."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)

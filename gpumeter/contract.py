@@ -10,6 +10,9 @@ Producers and consumers import from here: ``exporter/catalog.py`` (which adds th
 dcgm-exporter mapping), the history generator, billing's ingest and ``/metrics``, and the alert and
 dashboard lint tests. ``tests/test_contract_parity.py`` checks that the live exporter and the history
 generator agree on the series billing consumes. This module imports nothing from the parts.
+
+The series of exporters gpumeter does not own (kube-state-metrics' demand and node labels, Volcano's
+queues, dcgm-exporter's fields) are declared beside it, in ``gpumeter/third_party.py``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,10 @@ __all__ = [
     "BILLING_INPUTS",
     "BILLING_QUERIES",
     "BILLING_SERIES",
+    "CLUSTER_LABEL",
     "CONTRACT",
     "CRITICAL_XIDS",
-    "DCGM_EXPORTER_SERIES",
     "EXPORTER_SERIES",
-    "KUBE_DEMAND_SERIES",
-    "VOLCANO_QUEUE_SERIES",
     "HourQuery",
     "MetricType",
     "Producer",
@@ -76,6 +77,12 @@ class Series:
 
 
 # --- label names ----------------------------------------------------------------------------------
+# The cluster a series came from, in a global store (VictoriaMetrics, Thanos, Mimir) holding several
+# clusters' series. Never set by the exporter: each cluster's Prometheus adds it (its
+# `external_labels`, sent with remote-write, or the Thanos sidecar's), so one cluster's own Prometheus
+# has none and a global store has it on every series. The name is a setting (billing's
+# `--cluster-label`, the mixins' `clusterLabel`); this is the kube-prometheus-stack mixins' default.
+CLUSTER_LABEL = "cluster"
 GPU = "gpu"  # the device index on its node
 UUID = "uuid"  # the physical GPU's UUID (a MIG instance's series carry its parent's)
 MODEL = "model"
@@ -111,6 +118,19 @@ VM_ID_TYPE = "vm_id_type"  # how vm_id is formed: uuid | domain_id (nvmlVgpuVmId
 VGPU_TYPE = "vgpu_type"  # nvmlVgpuTypeGetName, e.g. "NVIDIA H100XM-20C"
 LICENSE_STATE = "license_state"  # nvmlVgpuLicenseInfo_t.currentState, NVML_GRID_LICENSE_STATE_* lowercased
 ENGINE = "engine"
+# The NVLink fabric (nvmlDeviceGetGpuFabricInfoV, docs/nvml.md §17). Not `cluster`: that is the global
+# store's external label for the Kubernetes cluster a Prometheus scrapes, and an NVLink domain is a rack
+# (NVL72) or a baseboard (HGX), one of many in a Kubernetes cluster.
+NVLINK_DOMAIN = "nvlink_domain"  # the domain's cluster UUID as NVML answers it
+CLIQUE_ID = "clique_id"
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")  # NVML_GPU_FABRIC_STATE_*
+FABRIC_CONDITIONS = (  # the health mask's conditions, nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*
+    "degraded_bw",
+    "route_recovery",
+    "route_unhealthy",
+    "access_timeout_recovery",
+    "incorrect_configuration",
+)
 
 MIG_MODE_ENABLED = "enabled"  # the values of `mig_mode`
 MIG_MODE_DISABLED = "disabled"
@@ -212,6 +232,13 @@ POWER = _device(
 )
 POWER_LIMIT = _device(
     "nvidia_gpu_power_limit_watts", G, "watts", "Enforced power limit, after every limiter."
+)
+POWER_MANAGEMENT_LIMIT = _device(
+    "nvidia_gpu_power_management_limit_watts",
+    G,
+    "watts",
+    "The limit the power manager works to (set by the administrator, else the default); the enforced limit "
+    "can be lower.",
 )
 ENERGY = _device(
     "nvidia_gpu_energy_joules_total",
@@ -368,6 +395,48 @@ NVLINK_UP = _device(
 )
 NVLINK_ERRORS = _device(
     "nvidia_gpu_nvlink_errors_total", C, "", "NVLink data-link errors per link.", "link", "error_type"
+)
+# --- the NVLink fabric (docs/nvml.md §17) -------------------------------------------------------------
+FABRIC_INFO = _device(
+    "nvidia_gpu_fabric_info",
+    G,
+    "",
+    "The GPU's place in the NVLink fabric; value 1. nvlink_domain is the cluster UUID every GPU of one NVLink "
+    "domain (an NVL72 rack, an HGX baseboard) shares; state is its registration (not_started, in_progress, "
+    "completed) and status the NVML return code of a completed one (success, or the error).",
+    NVLINK_DOMAIN,
+    CLIQUE_ID,
+    "state",
+    STATUS,
+)
+FABRIC_REGISTERED = _device(
+    "nvidia_gpu_fabric_registered",
+    G,
+    "",
+    "1 when the GPU's registration in the NVLink fabric completed with success; 0 while not started, in "
+    "progress, or failed. Absent where the GPU has no fabric.",
+)
+FABRIC_HEALTH = _device(
+    "nvidia_gpu_fabric_health_condition",
+    G,
+    "",
+    "1 when the fabric reports the condition on this GPU (degraded_bw, route_recovery, route_unhealthy, "
+    "access_timeout_recovery, incorrect_configuration), 0 when it reports it clear. Blackwell and newer.",
+    "condition",
+)
+FABRIC_HEALTH_SUMMARY = _device(
+    "nvidia_gpu_fabric_health_overall",
+    G,
+    "",
+    "The fabric's summary of the GPU's health, as NVML numbers it: 1 healthy, 2 unhealthy, 3 limited "
+    "capacity. Blackwell and newer, driver 570 and later.",
+)
+FABRIC_HEALTH_MASK = _device(
+    "nvidia_gpu_fabric_health_mask",
+    G,
+    "",
+    "NVML's fabric health mask as the driver answers it (two-bit fields, nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*); "
+    "nvidia_gpu_fabric_health_condition decodes it.",
 )
 # --- MIG ----------------------------------------------------------------------------------------------
 MIG_INFO = _mig(
@@ -724,6 +793,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     TEMPERATURE_MARGIN,
     POWER,
     POWER_LIMIT,
+    POWER_MANAGEMENT_LIMIT,
     ENERGY,
     UTILIZATION,
     MEMORY_UTILIZATION,
@@ -757,6 +827,11 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     XID_LAST_TIMESTAMP,
     NVLINK_UP,
     NVLINK_ERRORS,
+    FABRIC_INFO,
+    FABRIC_REGISTERED,
+    FABRIC_HEALTH,
+    FABRIC_HEALTH_SUMMARY,
+    FABRIC_HEALTH_MASK,
     MIG_INFO,
     MIG_MEMORY_TOTAL,
     MIG_MEMORY_USED,
@@ -803,70 +878,8 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     MIG_XIDS_VISIBLE,
 )
 
-# --- dcgm-exporter beside gpumeter: DCGM's profiling module where NVML has none (docs/dcgm-mode.md, "DCGM
-# beside gpumeter") ---------------------------------------------------------------------------------------
-# NVML has no per-instance activity before Hopper (GPM); DCGM's profiling module measures it per GPU
-# instance, and the GPU Operator deploys dcgm-exporter by default. Labels as dcgm-exporter's
-# internal/pkg/rendermetrics/render_metrics.go renders a GPU entity (NVIDIA/dcgm-exporter d5e5f51): gpu,
-# UUID (the physical GPU's), pci_bus_id, device, modelName, then on a MIG series GPU_I_PROFILE and
-# GPU_I_ID, the hostname (`Hostname` up to 4.8.2), then the CSV's label rows (DCGM_FI_DRIVER_VERSION) and
-# the pod's container, namespace and pod, in key order. The recording rules join them onto gpumeter's
-# identity by (UUID, GPU_I_ID) -> (uuid, gpu_instance_id) only: both are unique across a fleet.
-DCGM_GPU_LABELS = (
-    "gpu",
-    "UUID",
-    "pci_bus_id",
-    "device",
-    "modelName",
-    "GPU_I_PROFILE",
-    "GPU_I_ID",
-    "Hostname",
-    "DCGM_FI_DRIVER_VERSION",
-    CONTAINER,
-    NAMESPACE,
-    POD,
-)
-
-
-def _dcgm(name: str, unit: str, help_: str) -> Series:
-    return Series(name, G, DCGM_GPU_LABELS, unit, help_, Producer.DCGM_EXPORTER)
-
-
-# Help texts are the rows of dcgm-exporter's etc/default-counters.csv (SM_ACTIVE and SM_OCCUPANCY are
-# commented out there: a collectors file enables them).
-DCGM_GR_ENGINE_ACTIVE = _dcgm(
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", "Ratio of time the graphics engine is active."
-)
-DCGM_SM_ACTIVE = _dcgm(
-    "DCGM_FI_PROF_SM_ACTIVE", "ratio", "The ratio of cycles an SM has at least 1 warp assigned."
-)
-DCGM_SM_OCCUPANCY = _dcgm(
-    "DCGM_FI_PROF_SM_OCCUPANCY", "ratio", "The ratio of number of warps resident on an SM."
-)
-DCGM_PIPE_TENSOR_ACTIVE = _dcgm(
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ratio", "Ratio of cycles the tensor (HMMA) pipe is active."
-)
-DCGM_DRAM_ACTIVE = _dcgm(
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-    "ratio",
-    "Ratio of cycles the device memory interface is active sending or receiving data.",
-)
-DCGM_FB_USED = _dcgm("DCGM_FI_DEV_FB_USED", "MiB", "Framebuffer memory used (in MiB).")
-DCGM_FB_FREE = _dcgm("DCGM_FI_DEV_FB_FREE", "MiB", "Framebuffer memory free (in MiB).")
-DCGM_EXPORTER_SERIES: tuple[Series, ...] = (
-    DCGM_GR_ENGINE_ACTIVE,
-    DCGM_SM_ACTIVE,
-    DCGM_SM_OCCUPANCY,
-    DCGM_PIPE_TENSOR_ACTIVE,
-    DCGM_DRAM_ACTIVE,
-    DCGM_FB_USED,
-    DCGM_FB_FREE,
-)
-# The one gpumeter reads as a GPU instance's utilization where NVML has none: NVIDIA's answer for
-# utilization under MIG (dcgm-exporter #216, #430), and on in default-counters.csv.
-DCGM_UTILIZATION = DCGM_GR_ENGINE_ACTIVE
-
-# --- kube-state-metrics: the namespace → team mapping billing reads -----------------------------------
+# --- kube-state-metrics: the namespace → team mapping billing reads (here, not in gpumeter/third_party.py
+# with kube-state-metrics' other series: billing's HourQuery below reads it) ------------------------------
 KUBE_NAMESPACE_LABELS = Series(
     "kube_namespace_labels",
     G,
@@ -874,105 +887,6 @@ KUBE_NAMESPACE_LABELS = Series(
     "",
     "Kubernetes labels of a namespace as label_<name> (kube-state-metrics, --metric-labels-allowlist).",
     Producer.KUBE_STATE_METRICS,
-)
-
-# --- kube-state-metrics: the node label GPU pools are defined by (docs/capacity.md, "Pools") -----------
-# GPU feature discovery's nvidia.com/gpu.product, with --metric-labels-allowlist=nodes=[nvidia.com/gpu.product].
-KUBE_NODE_LABELS = Series(
-    "kube_node_labels",
-    G,
-    ("node", "label_nvidia_com_gpu_product"),  # the labels the pool rules read; one per allowed label
-    "",
-    "Kubernetes labels of a node as label_<name> (kube-state-metrics, --metric-labels-allowlist).",
-    Producer.KUBE_STATE_METRICS,
-)
-
-# --- kube-state-metrics: GPU demand and quota (docs/capacity.md) ---------------------------------------
-# kube-state-metrics v2 names and labels (internal/store/pod.go, resourcequota.go). An extended resource's
-# name is sanitised into a label value: nvidia.com/gpu -> nvidia_com_gpu, nvidia.com/mig-1g.10gb ->
-# nvidia_com_mig_1g_10gb, with unit="integer". ResourceQuota resources keep their Kubernetes spelling
-# (requests.nvidia.com/gpu), type is "hard" or "used".
-KUBE_POD_STATUS_PHASE = Series(
-    "kube_pod_status_phase",
-    G,
-    (NAMESPACE, POD, "uid", "phase"),
-    "",
-    "1 for the pod's current phase (Pending, Running, Succeeded, Failed, Unknown), 0 for the others.",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_POD_CREATED = Series(
-    "kube_pod_created",
-    G,
-    (NAMESPACE, POD, "uid"),
-    "seconds",
-    "Unix creation timestamp of the pod.",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_POD_CONTAINER_RESOURCE_REQUESTS = Series(
-    "kube_pod_container_resource_requests",
-    G,
-    (NAMESPACE, POD, "uid", CONTAINER, "node", RESOURCE, "unit"),
-    "",
-    "Resources a container requests; extended resources sanitised (nvidia_com_gpu), unit integer.",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_RESOURCEQUOTA = Series(
-    "kube_resourcequota",
-    G,
-    (NAMESPACE, "resourcequota", RESOURCE, "type"),
-    "",
-    "A ResourceQuota's hard limit and current use per resource (type hard or used).",
-    Producer.KUBE_STATE_METRICS,
-)
-KUBE_DEMAND_SERIES: tuple[Series, ...] = (
-    KUBE_POD_STATUS_PHASE,
-    KUBE_POD_CREATED,
-    KUBE_POD_CONTAINER_RESOURCE_REQUESTS,
-    KUBE_RESOURCEQUOTA,
-)
-
-# --- volcano-scheduler: GPU queues, where Volcano schedules (docs/capacity.md §Volcano queues) ----------
-# volcano-scheduler's names and labels (pkg/scheduler/metrics/queue.go). Scalar resources keep their
-# Kubernetes spelling in ``resource`` (nvidia.com/gpu) and are in milli-units: Volcano stores every scalar
-# resource as Quantity.MilliValue() (pkg/scheduler/api/resource_info.go NewResource), so 4 GPUs read 4000.
-QUEUE_NAME = "queue_name"
-
-
-def _volcano(name: str, labels: tuple[str, ...], help_: str) -> Series:
-    return Series(name, G, labels, "", help_, Producer.VOLCANO)
-
-
-VOLCANO_QUEUE_ALLOCATED = _volcano(
-    "volcano_queue_allocated_scalar_resources",
-    (QUEUE_NAME, RESOURCE),
-    "Scalar resources allocated to a queue's running tasks, in milli-units (4 GPUs: 4000).",
-)
-VOLCANO_QUEUE_REQUEST = _volcano(
-    "volcano_queue_request_scalar_resources",
-    (QUEUE_NAME, RESOURCE),
-    "Scalar resources a queue's jobs request in all, allocated and waiting, in milli-units.",
-)
-VOLCANO_QUEUE_DESERVED = _volcano(
-    "volcano_queue_deserved_scalar_resources",
-    (QUEUE_NAME, RESOURCE),
-    "A queue's deserved share of the cluster's scalar resources, in milli-units.",
-)
-VOLCANO_QUEUE_PODGROUPS_PENDING = _volcano(
-    "volcano_queue_pod_group_pending_count", (QUEUE_NAME,), "PodGroups of a queue in phase Pending."
-)
-VOLCANO_QUEUE_PODGROUPS_INQUEUE = _volcano(
-    "volcano_queue_pod_group_inqueue_count", (QUEUE_NAME,), "PodGroups of a queue admitted, not yet running."
-)
-VOLCANO_QUEUE_PODGROUPS_RUNNING = _volcano(
-    "volcano_queue_pod_group_running_count", (QUEUE_NAME,), "PodGroups of a queue running."
-)
-VOLCANO_QUEUE_SERIES: tuple[Series, ...] = (
-    VOLCANO_QUEUE_ALLOCATED,
-    VOLCANO_QUEUE_REQUEST,
-    VOLCANO_QUEUE_DESERVED,
-    VOLCANO_QUEUE_PODGROUPS_PENDING,
-    VOLCANO_QUEUE_PODGROUPS_INQUEUE,
-    VOLCANO_QUEUE_PODGROUPS_RUNNING,
 )
 
 # --- billing's own /metrics (gpumeter billing serve), rendered from the ledger at scrape time ----------
@@ -987,6 +901,7 @@ BILLING_COST = _billing(
     MIG_PROFILE,
     KIND,
     CURRENCY,
+    CLUSTER_LABEL,  # its lines' cluster; left out while no line has one (a single cluster's store)
 )
 BILLING_GPU_HOURS = _billing(
     "gpumeter_billing_gpu_hours_total",
@@ -997,6 +912,7 @@ BILLING_GPU_HOURS = _billing(
     TEAM,
     MODEL,
     MIG_PROFILE,
+    CLUSTER_LABEL,
 )
 BILLING_UNPRICED_GPU_HOURS = _billing(
     "gpumeter_billing_unpriced_gpu_hours_total",
@@ -1004,6 +920,7 @@ BILLING_UNPRICED_GPU_HOURS = _billing(
     "hours",
     "GPU-hours of models missing from the price book (billed nowhere until priced).",
     MODEL,
+    CLUSTER_LABEL,
 )
 BILLING_UNALLOCATED_COST = _billing(
     "gpumeter_billing_unallocated_cost_total",
@@ -1012,6 +929,7 @@ BILLING_UNALLOCATED_COST = _billing(
     "Cost left with the platform: unallocated, stranded, sharing-efficiency and utilization-tier shortfall.",
     KIND,
     CURRENCY,
+    CLUSTER_LABEL,
 )
 BILLING_REFUSED_GPU_HOURS = _billing(
     "gpumeter_billing_refused_gpu_hours",
@@ -1019,6 +937,7 @@ BILLING_REFUSED_GPU_HOURS = _billing(
     "hours",
     "GPU-hours whose readings ingest refused (NaN, negative, out of range): not billed until a retry "
     "reads them clean (`gpumeter billing status` lists them).",
+    CLUSTER_LABEL,
 )
 BILLING_INGEST_RUNS = _billing("gpumeter_billing_ingest_runs_total", C, "", "Ingest runs by status.", STATUS)
 BILLING_LAST_SUCCESS = _billing(
@@ -1172,13 +1091,11 @@ BILLING_QUERIES: dict[str, HourQuery] = {
 # The series billing consumes, in the order of its queries.
 BILLING_INPUTS: tuple[Series, ...] = tuple(dict.fromkeys(q.series for q in BILLING_QUERIES.values()))
 
+# gpumeter's own series and what billing reads; the other exporters' series are gpumeter/third_party.py's
+# (its EVERY_SERIES is both).
 CONTRACT: tuple[Series, ...] = (
     *EXPORTER_SERIES,
     KUBE_NAMESPACE_LABELS,
-    KUBE_NODE_LABELS,
-    *KUBE_DEMAND_SERIES,
-    *VOLCANO_QUEUE_SERIES,
-    *DCGM_EXPORTER_SERIES,
     *BILLING_SERIES,
 )
 _BY_NAME = {s.name: s for s in CONTRACT}

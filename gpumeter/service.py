@@ -229,13 +229,14 @@ def build_app(
     clock: Callable[[], datetime] | None = None,
     budgets: Mapping[str, Budget] | None = None,
     ready: threading.Event | None = None,
+    cluster_label: str = contract.CLUSTER_LABEL,
 ):
     """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database
     answers. ``ready``: until it is set, /healthz answers 503 "starting" (serve sets it once the
     scheduler holds its jobs, so a probe that passes means the schedule is there)."""
     registry = CollectorRegistry(auto_describe=False)
     clock = clock or (lambda: datetime.now(UTC))
-    registry.register(BillingCollector(ledger, clock, budgets))
+    registry.register(BillingCollector(ledger, clock, budgets, cluster_label))
     registry.register(JobCollector(JOBS, ledger, clock))
     metrics = make_wsgi_app(registry)
 
@@ -330,7 +331,12 @@ def serve(
     ledger = open_sql_ledger(settings.db, schema=settings.schema)  # the job store shares its database
     ready = threading.Event()
     try:
-        server = web.serve(build_app(ledger, clock, budgets, ready), listen, web_settings, name="billing")
+        server = web.serve(
+            build_app(ledger, clock, budgets, ready, settings.cluster_label),
+            listen,
+            web_settings,
+            name="billing",
+        )
     except web.ListenError:
         ledger.close()
         raise

@@ -69,6 +69,7 @@ class Holding:
     uuid: str
     gpu_instance_id: str
     mig_profile: str
+    cluster: str = ""  # its GPU's cluster; "" where the store has no cluster label
     node: str = ""
     gpu: str = ""
     model: str = ""
@@ -88,7 +89,15 @@ class Holding:
 
     @property
     def key(self) -> tuple[str, ...]:
-        return (self.namespace, self.pod, self.container, self.uuid, self.gpu_instance_id, self.mig_profile)
+        return (
+            self.namespace,
+            self.pod,
+            self.container,
+            self.uuid,
+            self.gpu_instance_id,
+            self.mig_profile,
+            self.cluster,
+        )
 
     def place(self, period: Period) -> None:
         """Its start and end from the seconds of its first and last hours (the module's rule)."""
@@ -136,6 +145,7 @@ def build_allocations(ledger: Ledger, period: Period) -> AllocationReport:
                     device.uuid,
                     allocation.gpu_instance_id,
                     allocation.mig_profile,
+                    device.cluster,
                 )
                 holding = open_runs.get(key)
                 if holding is not None and key in seen:  # twice in one GPU-hour (two resources): one
@@ -166,7 +176,10 @@ def build_allocations(ledger: Ledger, period: Period) -> AllocationReport:
     for holding in done:
         holding.place(period)
         holding.team = teams.get(holding.key, "")
-    done.sort(key=lambda h: (h.start, h.node, h.gpu, h.gpu_instance_id, h.namespace, h.pod, h.container))
+    # grouped by cluster (one group, "", where the store has no cluster label)
+    done.sort(
+        key=lambda h: (h.cluster, h.start, h.node, h.gpu, h.gpu_instance_id, h.namespace, h.pod, h.container)
+    )
     return AllocationReport(period, done, hours_read)
 
 
@@ -183,15 +196,27 @@ def _teams(ledger: Ledger, period: Period) -> dict[tuple[str, ...], str]:
                 line.uuid,
                 line.gpu_instance_id,
                 line.mig_profile,
+                line.cluster,
             )
             teams[key] = line.team
     return teams
 
 
+def clustered(report: AllocationReport) -> bool:
+    """Whether any holding names a cluster: then every row does, in a first column (`header`)."""
+    return any(h.cluster for h in report.holdings)
+
+
+def header(report: AllocationReport) -> list[str]:
+    return ["cluster", *HEADER] if clustered(report) else HEADER
+
+
 def rows(report: AllocationReport) -> Iterable[list[str]]:
-    """The holdings as text, in HEADER's order."""
+    """The holdings as text, in `header`'s order."""
+    first = [lambda h: h.cluster] if clustered(report) else []
     for h in report.holdings:
         yield [
+            *(f(h) for f in first),
             h.namespace,
             h.pod,
             h.container,
@@ -221,7 +246,7 @@ def html_text(report: AllocationReport, generated_at: datetime | None = None) ->
     template = _environment().get_template("allocations.html.j2")
     return template.render(
         r=report,
-        header=HEADER,
+        header=header(report),
         rows=list(rows(report)),
         ts=_ts,
         generated_at=generated_at and _ts(generated_at),
@@ -236,7 +261,7 @@ def render(
     out.mkdir(parents=True, exist_ok=True)
     texts = {
         # csv_text defuses formula-leading cells itself (reports.csvfile)
-        name: csv_text(HEADER, rows(report)) if fmt == "csv" else html_text(report, generated_at)
+        name: csv_text(header(report), rows(report)) if fmt == "csv" else html_text(report, generated_at)
         for fmt, name in file_names(report, formats).items()
     }
     return write_files(out, texts)

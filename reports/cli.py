@@ -63,7 +63,17 @@ def register(subparsers) -> None:
     parser.add_argument("--from", dest="start", help="start (ISO 8601, UTC), instead of --period")
     parser.add_argument("--to", dest="end", help="end, exclusive (ISO 8601, UTC)")
     parser.add_argument(
-        "--by", default="team", help="team, namespace, model, mig_profile or label:KEY (default team)"
+        "--by",
+        default="team",
+        help="team, namespace, model, mig_profile, cluster or label:KEY (default team)",
+    )
+    parser.add_argument(
+        "--cluster",
+        dest="clusters",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only the lines of cluster NAME (repeatable), where the ledger's lines name their cluster",
     )
     parser.add_argument("--labels", help="namespace labels YAML for --by label:KEY: namespaces: {ns: {k: v}}")
     parser.add_argument(
@@ -84,9 +94,10 @@ def register(subparsers) -> None:
     parser.add_argument("--service-name", default="Kubernetes GPU", help="FOCUS ServiceName")
     parser.add_argument(
         "--focus-version",
-        choices=["1.3", "1.2"],
+        choices=["1.3", "1.4", "1.2"],
         default="1.3",
-        help="FOCUS version of the focus file: 1.3 (default: split cost allocation) or 1.2",
+        help="FOCUS version of the focus file: 1.3 (default: split cost allocation), 1.4 (1.3 less "
+        "ProviderName and PublisherName) or 1.2",
     )
     parser.add_argument(
         "--keep-formulas",
@@ -99,8 +110,21 @@ def register(subparsers) -> None:
         default=None,
         help="health report: the share of each pool's GPUs to keep spare, 0..1 (default 0.10, seed 002)",
     )
+    parser.add_argument(
+        "--cluster-label",
+        type=_label_name,
+        default=os.environ.get("GPUMETER_CLUSTER_LABEL", "cluster"),
+        help="health report: the label a global store names each series' cluster by (default cluster, "
+        "env GPUMETER_CLUSTER_LABEL); its GPUs are then (cluster, uuid), grouped by cluster",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not record the run in report_runs")
     parser.set_defaults(func=cmd_report)
+
+
+def _label_name(text: str) -> str:
+    from gpumeter.billing.cli import _label_name as label_name
+
+    return label_name(text)
 
 
 def _share(text: str) -> float:
@@ -204,6 +228,7 @@ def cmd_report(args) -> int:
             now=now,
             record=not args.no_record,
             budgets=budgets,
+            clusters=tuple(dict.fromkeys(args.clusters)),
         )
     except ReportError as exc:
         where = f"{args.teams}: " if str(exc).startswith("budgets.") else ""  # name the budgets' file
@@ -241,6 +266,7 @@ def _health(args, ledger, period, now: datetime) -> int:
                 now=now,
                 record=not args.no_record,
                 spare_policy=args.spare_policy,
+                cluster_label=args.cluster_label,
             )
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)

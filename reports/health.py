@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from gpumeter import contract
+from gpumeter import contract, third_party
 from gpumeter.billing.ledger.base import Ledger, LineTotal
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing.currency import minor_unit
@@ -116,6 +116,13 @@ class GpuHealth:
     retired_uncorrected_recent: int = 0  # DBE pages retired in the last 7 days of the period
     retired_pending: bool = False
     thermal_seconds: float = 0.0  # SW + HW thermal slowdown
+    cluster: str = ""  # the store's cluster label on its series; "" where the store has none
+
+    @property
+    def key(self) -> str:
+        """What names the GPU in the report: its UUID, with its cluster where there is one (a UUID
+        may be in two clusters)."""
+        return gpu_key(self.cluster, self.uuid)
 
     def xid_events(self, cls: str) -> int:
         return sum(n for code, n in self.xids.items() if xid_class(code) == cls)
@@ -174,6 +181,7 @@ class NodeOutages:
     hostname: str
     outages: int
     down_hours: float
+    cluster: str = ""
 
 
 @dataclass
@@ -325,7 +333,8 @@ class HealthReport:
         for gpu in self.gpus:
             groups[key(gpu)].add(gpu)
         for node in self.node_outages:  # once in each group the node's GPUs are in
-            for name in sorted({key(gpu) for gpu in self.gpus if gpu.hostname == node.hostname}):
+            on_node = (g for g in self.gpus if (g.cluster, g.hostname) == (node.cluster, node.hostname))
+            for name in sorted({key(gpu) for gpu in on_node}):
                 groups[name].add_node(node)
         return sorted(groups.items())
 
@@ -338,7 +347,12 @@ class HealthReport:
 
     @property
     def nodes(self) -> list[tuple[str, Incidents]]:
-        return self.by(lambda g: g.hostname)
+        return self.by(lambda g: gpu_key(g.cluster, g.hostname))
+
+    @property
+    def clusters(self) -> list[tuple[str, Incidents]]:
+        """Per cluster, where the store labels clusters; none otherwise (the report then has no cluster)."""
+        return self.by(lambda g: g.cluster) if any(g.cluster for g in self.gpus) else []
 
     @property
     def fleet(self) -> Incidents:
@@ -369,8 +383,15 @@ class HealthReport:
 class _Window:
     """Instant queries over exactly the period, evaluated at its last millisecond."""
 
-    def __init__(self, client: PrometheusClient | ReplicaSetClient, start: datetime, end: datetime):
+    def __init__(
+        self,
+        client: PrometheusClient | ReplicaSetClient,
+        start: datetime,
+        end: datetime,
+        cluster_label: str = contract.CLUSTER_LABEL,
+    ):
         self.client, self.start, self.end = client, start, end
+        self.cluster = cluster_label  # kept in every aggregation: two clusters' GPUs never merge
         self.at = end - timedelta(milliseconds=1)
         self.seconds = int((end - start).total_seconds())
         self.range = f"[{self.seconds}s]"
@@ -420,7 +441,7 @@ class _Window:
             if n > 0
         ]
         if reset:
-            uuids = "|".join(sorted({key[0] for key in reset}))
+            uuids = "|".join(sorted({key[by.index("uuid")] for key in reset}))
             narrowed = f'{metric}{{{matchers}{"," if matchers else ""}uuid=~"{uuids}"}}'
             # an exporter restart resets every counter of its node: on a large fleet keep the answer
             # under RESET_POINTS points by a coarser step (a rise within one step before a reset is lost)
@@ -439,12 +460,27 @@ class _Window:
         return out
 
 
+def gpu_key(cluster: str, name: str) -> str:
+    """A GPU's (or node's) name in the report: ``cluster/name`` for one of a named cluster."""
+    return f"{cluster}/{name}" if cluster else name
+
+
+def _key(window: _Window, labels: dict[str, str], uuid: str = "uuid") -> str:
+    return gpu_key(labels.get(window.cluster, ""), labels.get(uuid, ""))
+
+
 def _gpus(window: _Window) -> dict[str, GpuHealth]:
+    """The period's GPUs by `GpuHealth.key`."""
     gpus: dict[str, GpuHealth] = {}
     for labels, _ in window.query(f"last_over_time({contract.GPU_INFO.name}[W])"):
-        uuid = labels.get(contract.UUID, "")
-        if uuid and uuid not in gpus:
-            gpus[uuid] = GpuHealth(uuid, labels.get(contract.MODEL, ""), labels.get(contract.HOSTNAME, ""))
+        uuid, key = labels.get(contract.UUID, ""), _key(window, labels)
+        if uuid and key not in gpus:
+            gpus[key] = GpuHealth(
+                uuid,
+                labels.get(contract.MODEL, ""),
+                labels.get(contract.HOSTNAME, ""),
+                cluster=labels.get(window.cluster, ""),
+            )
     return gpus
 
 
@@ -459,26 +495,31 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     from their instances' SM utilization (GPM, Hopper and later), else from dcgm-exporter's
     DCGM_FI_PROF_GR_ENGINE_ACTIVE of their instances where it was scraped, weighted by compute slices over
     the GPU's (slices no instance covers count as idle). With neither: not measured."""
-    for labels, value in window.query(f"max by (uuid) (avg_over_time({contract.UTILIZATION.name}[W]))"):
-        if labels.get("uuid") in gpus:
-            gpus[labels["uuid"]].utilization = value
-            gpus[labels["uuid"]].utilization_source = "nvml"
+    c = window.cluster
+    for labels, value in window.query(f"max by ({c}, uuid) (avg_over_time({contract.UTILIZATION.name}[W]))"):
+        gpu = gpus.get(_key(window, labels))
+        if gpu is not None:
+            gpu.utilization = value
+            gpu.utilization_source = "nvml"
     slices = {
-        (labels.get("uuid", ""), labels.get("gpu_instance_id", "")): int(
+        (_key(window, labels), labels.get("gpu_instance_id", "")): int(
             labels.get(contract.COMPUTE_SLICES, "0") or 0
         )
         for labels, _ in window.query(f"last_over_time({contract.MIG_INFO.name}[W])")
     }
-    dcgm = contract.DCGM_UTILIZATION.name
+    dcgm = third_party.DCGM_UTILIZATION.name
     for source, promql in (
-        ("gpm", f"max by (uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))"),
+        (
+            "gpm",
+            f"max by ({c}, uuid, gpu_instance_id) (avg_over_time({contract.MIG_SM_UTILIZATION.name}[W]))",
+        ),
         # dcgm-exporter's UUID and GPU_I_ID are gpumeter's uuid and gpu_instance_id
-        ("dcgm", f'max by (UUID, GPU_I_ID) (avg_over_time({dcgm}{{GPU_I_ID!=""}}[W]))'),
+        ("dcgm", f'max by ({c}, UUID, GPU_I_ID) (avg_over_time({dcgm}{{GPU_I_ID!=""}}[W]))'),
     ):
         mig: dict[str, float] = defaultdict(float)
         for labels, value in window.query(promql):
             key = (
-                labels.get("uuid", labels.get("UUID", "")),
+                _key(window, labels, "uuid" if "uuid" in labels else "UUID"),
                 labels.get("gpu_instance_id", labels.get("GPU_I_ID", "")),
             )
             mig[key[0]] += value * slices.get(key, 0)
@@ -493,20 +534,39 @@ def _utilization(window: _Window, gpus: dict[str, GpuHealth]) -> None:
 def _pools(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     """Each GPU's pool: the pool node label its node last had in the period, as kube-state-metrics
     exports it (kube_node_labels, the label uuid:gpumeter_pool:info reads)."""
-    label = contract.KUBE_NODE_LABELS.labels[1]
+    label = third_party.KUBE_NODE_LABELS.labels[1]
     by_node = {
-        labels.get("node", ""): labels[label]
-        for labels, _ in window.query(f'last_over_time({contract.KUBE_NODE_LABELS.name}{{{label}!=""}}[W])')
+        (labels.get(window.cluster, ""), labels.get("node", "")): labels[label]
+        for labels, _ in window.query(
+            f'last_over_time({third_party.KUBE_NODE_LABELS.name}{{{label}!=""}}[W])'
+        )
         if labels.get(label)
     }
     for gpu in gpus.values():
-        gpu.pool = by_node.get(gpu.hostname, "")
+        gpu.pool = by_node.get((gpu.cluster, gpu.hostname), "")
+    # Before the label: a GPU of an NVLink domain that spans nodes (an NVL72 rack) pools with its domain,
+    # "nvlink-<cluster UUID>", as uuid:gpumeter_pool:info does (docs/capacity.md, "Pools"). A domain is
+    # one cluster's: the same domain UUID in two clusters is two pools.
+    c = window.cluster
+    domain_of = {
+        _key(window, labels): (labels.get(c, ""), labels[contract.NVLINK_DOMAIN])
+        for labels, _ in window.query(
+            f"group by ({c}, uuid, {contract.NVLINK_DOMAIN}) (last_over_time({contract.FABRIC_INFO.name}[W]))"
+        )
+        if labels.get(contract.NVLINK_DOMAIN) and _key(window, labels) in gpus
+    }
+    hosts: dict[tuple[str, str], set[str]] = {}
+    for key, domain in domain_of.items():
+        hosts.setdefault(domain, set()).add(gpus[key].hostname)
+    for key, domain in domain_of.items():
+        if len(hosts[domain]) > 1:
+            gpus[key].pool = f"nvlink-{domain[1]}"
 
 
 def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:
     """Runs of 5-minute points at which nvidia_gpu_up was 0: one run, one incident."""
-    for labels, points in window.points(f"max by (uuid) ({contract.GPU_UP.name}) == 0"):
-        gpu = gpus.get(labels.get("uuid", ""))
+    for labels, points in window.points(f"max by ({window.cluster}, uuid) ({contract.GPU_UP.name}) == 0"):
+        gpu = gpus.get(_key(window, labels))
         if gpu is None or not points:
             continue
         runs = 1 + sum(1 for a, b in itertools.pairwise(points) if b[0] - a[0] > window.step)
@@ -514,14 +574,18 @@ def _lost(window: _Window, gpus: dict[str, GpuHealth]) -> None:
         gpu.lost_hours += len(points) * window.step / 3600
 
 
-def read_node_outages(client: PrometheusClient | ReplicaSetClient, period: Period) -> list[NodeOutages]:
+def read_node_outages(
+    client: PrometheusClient | ReplicaSetClient, period: Period, cluster_label: str = contract.CLUSTER_LABEL
+) -> list[NodeOutages]:
     """Each node's runs of 5-minute points without any of its GPUs' ``nvidia_gpu_info``, from its first
     point in the period to the period's last (a node that joined later was not down before it; one
     that stops answering and does not come back is down to the end). Lost hours = points x 5 min."""
-    window = _Window(client, period.start, period.end)
+    window = _Window(client, period.start, period.end, cluster_label)
     last = (window.start + timedelta(seconds=((window.seconds - 1) // window.step) * window.step)).timestamp()
     outages = []
-    for labels, points in window.points(f"count by ({contract.HOSTNAME}) ({contract.GPU_INFO.name})"):
+    for labels, points in window.points(
+        f"count by ({cluster_label}, {contract.HOSTNAME}) ({contract.GPU_INFO.name})"
+    ):
         hostname = labels.get(contract.HOSTNAME, "")
         if not hostname or not points:
             continue
@@ -529,71 +593,79 @@ def read_node_outages(client: PrometheusClient | ReplicaSetClient, period: Perio
         gaps = [round((b - a) / window.step) - 1 for a, b in itertools.pairwise([*times, last + window.step])]
         down = [n for n in gaps if n > 0]
         if down:
-            outages.append(NodeOutages(hostname, len(down), sum(down) * window.step / 3600))
-    return sorted(outages, key=lambda n: n.hostname)
+            cluster = labels.get(cluster_label, "")
+            outages.append(NodeOutages(hostname, len(down), sum(down) * window.step / 3600, cluster))
+    return sorted(outages, key=lambda n: (n.cluster, n.hostname))
 
 
 def _flags(window: _Window, metric: str) -> set[str]:
     return {
-        labels.get("uuid", "")
-        for labels, v in window.query(f"max by (uuid) (max_over_time({metric}[W]))")
+        _key(window, labels)
+        for labels, v in window.query(f"max by ({window.cluster}, uuid) (max_over_time({metric}[W]))")
         if v >= 1
     }
 
 
-def read_devices(client: PrometheusClient | ReplicaSetClient, period: Period) -> list[GpuHealth]:
-    window = _Window(client, period.start, period.end)
+def read_devices(
+    client: PrometheusClient | ReplicaSetClient, period: Period, cluster_label: str = contract.CLUSTER_LABEL
+) -> list[GpuHealth]:
+    """Every GPU of the period with its figures; in a store labelling clusters, a GPU per (cluster,
+    uuid): every aggregation keeps the cluster, so two clusters' GPUs never merge."""
+    window = _Window(client, period.start, period.end, cluster_label)
+    c = cluster_label
     gpus = _gpus(window)
+
+    def increases(metric: str, matchers: str, label: str, of: _Window = window):
+        """`_Window.increases` per (GPU key, ``label``)."""
+        for (cluster, uuid, value), n in of.increases(metric, matchers, (c, "uuid", label)).items():
+            gpu = gpus.get(gpu_key(cluster, uuid))
+            if gpu is not None:
+                yield gpu, value, n
+
     for labels, hours in window.query(
-        f"count_over_time((max by (uuid) ({contract.GPU_UP.name}) == 1)[W:1h])"
+        f"count_over_time((max by ({c}, uuid) ({contract.GPU_UP.name}) == 1)[W:1h])"
     ):
-        if labels.get("uuid") in gpus:
-            gpus[labels["uuid"]].hours_up = int(hours)
+        if (gpu := gpus.get(_key(window, labels))) is not None:
+            gpu.hours_up = int(hours)
     _utilization(window, gpus)
     _pools(window, gpus)
     _lost(window, gpus)
-    for (uuid, xid), n in window.increases(contract.XID_ERRORS.name, "", ("uuid", "xid")).items():
-        if uuid in gpus and n > 0:
-            gpus[uuid].xids[int(xid)] = gpus[uuid].xids.get(int(xid), 0) + round(n)
-    for (uuid, error_type), n in window.increases(
-        contract.REMAPPED_ROWS.name, "", ("uuid", "error_type")
-    ).items():
-        if uuid in gpus and n > 0:
-            gpus[uuid].remapped_rows[error_type] = round(n)
-    for (uuid, error_type), n in window.increases(
-        contract.RETIRED_PAGES.name, "", ("uuid", "error_type")
-    ).items():
-        if uuid in gpus and n > 0:
-            gpus[uuid].retired_pages[error_type] = round(n)
-    recent = _Window(client, max(period.start, period.end - RECENT), period.end)
-    for (uuid, _error_type), n in recent.increases(
-        contract.RETIRED_PAGES.name, 'error_type="uncorrected"', ("uuid", "error_type")
-    ).items():
-        if uuid in gpus:
-            gpus[uuid].retired_uncorrected_recent = round(n)
-    for labels, value in window.query(
-        f"max by (uuid, error_type) (last_over_time({contract.RETIRED_PAGES.name}[W]))"
+    for gpu, xid, n in increases(contract.XID_ERRORS.name, "", "xid"):
+        if n > 0:
+            gpu.xids[int(xid)] = gpu.xids.get(int(xid), 0) + round(n)
+    for gpu, error_type, n in increases(contract.REMAPPED_ROWS.name, "", "error_type"):
+        if n > 0:
+            gpu.remapped_rows[error_type] = round(n)
+    for gpu, error_type, n in increases(contract.RETIRED_PAGES.name, "", "error_type"):
+        if n > 0:
+            gpu.retired_pages[error_type] = round(n)
+    recent = _Window(client, max(period.start, period.end - RECENT), period.end, cluster_label)
+    for gpu, _error_type, n in increases(
+        contract.RETIRED_PAGES.name, 'error_type="uncorrected"', "error_type", recent
     ):
-        if labels.get("uuid") in gpus:
-            gpus[labels["uuid"]].retired_total[labels.get("error_type", "")] = value
+        gpu.retired_uncorrected_recent = round(n)
     for labels, value in window.query(
-        f'max by (uuid) (last_over_time({contract.REMAPPED_ROWS.name}{{error_type="uncorrected"}}[W]))'
+        f"max by ({c}, uuid, error_type) (last_over_time({contract.RETIRED_PAGES.name}[W]))"
     ):
-        if labels.get("uuid") in gpus:
-            gpus[labels["uuid"]].remapped_uncorrected_total = value
-    for uuid in _flags(window, contract.REMAPPED_ROWS_PENDING.name) & gpus.keys():
-        gpus[uuid].remap_pending = True
-    for uuid in _flags(window, contract.REMAPPED_ROWS_FAILURE.name) & gpus.keys():
-        gpus[uuid].remap_failure = True
-    for uuid in _flags(window, contract.RETIRED_PAGES_PENDING.name) & gpus.keys():
-        gpus[uuid].retired_pending = True
+        if (gpu := gpus.get(_key(window, labels))) is not None:
+            gpu.retired_total[labels.get("error_type", "")] = value
+    for labels, value in window.query(
+        f'max by ({c}, uuid) (last_over_time({contract.REMAPPED_ROWS.name}{{error_type="uncorrected"}}[W]))'
+    ):
+        if (gpu := gpus.get(_key(window, labels))) is not None:
+            gpu.remapped_uncorrected_total = value
+    for key in _flags(window, contract.REMAPPED_ROWS_PENDING.name) & gpus.keys():
+        gpus[key].remap_pending = True
+    for key in _flags(window, contract.REMAPPED_ROWS_FAILURE.name) & gpus.keys():
+        gpus[key].remap_failure = True
+    for key in _flags(window, contract.RETIRED_PAGES_PENDING.name) & gpus.keys():
+        gpus[key].retired_pending = True
     reasons = "|".join(THERMAL_REASONS)
-    for (uuid, _reason), seconds in window.increases(
-        contract.CLOCKS_EVENT_SECONDS.name, f'reason=~"{reasons}"', ("uuid", "reason")
-    ).items():
-        if uuid in gpus:
-            gpus[uuid].thermal_seconds += seconds
-    return sorted(gpus.values(), key=lambda g: (g.model, g.hostname, g.uuid))
+    for gpu, _reason, seconds in increases(
+        contract.CLOCKS_EVENT_SECONDS.name, f'reason=~"{reasons}"', "reason"
+    ):
+        gpu.thermal_seconds += seconds
+    return sorted(gpus.values(), key=lambda g: (g.cluster, g.model, g.hostname, g.uuid))
 
 
 # --- reading the ledger -------------------------------------------------------------------------------
@@ -606,18 +678,19 @@ def read_ledger(
     held, utilization where it is known, and the waste: GPU-hours of lines whose hour's utilization was
     below IDLE_BELOW, and what they cost. Per pool (``pool_of``: GPU UUID -> pool, for the GPUs
     Prometheus saw; a GPU it did not see pools by the price book's model name its lines carry), its
-    capacity (PoolCapacity)."""
+    capacity (PoolCapacity). A GPU is named by its `gpu_key` (its cluster too, where lines have one)."""
     pool_of = pool_of or {}
     teams: dict[str, TeamHealth] = {}
     capacity: dict[str, PoolCapacity] = {}
     currencies: set[str] = set()
     for day in _days(ledger, period):
-        held: dict[tuple[datetime, str], Decimal] = {}  # (hour, uuid) -> GPU-hours held; billed if here
-        pools: dict[str, str] = {}  # uuid -> pool
+        held: dict[tuple[datetime, str], Decimal] = {}  # (hour, GPU) -> GPU-hours held; billed if here
+        pools: dict[str, str] = {}  # GPU -> pool
         for line in day:
-            key = (line.bucket, line.uuid)
+            gpu = gpu_key(line.cluster, line.uuid)
+            key = (line.bucket, gpu)
             held.setdefault(key, Decimal(0))
-            pools.setdefault(line.uuid, pool_of.get(line.uuid) or line.model)
+            pools.setdefault(gpu, pool_of.get(gpu) or line.model)
             if line.kind != LineKind.TENANT or line.amount is None:
                 continue
             held[key] += line.quantity
@@ -632,8 +705,8 @@ def read_ledger(
                     team.idle_hours += line.quantity
                     team.idle_cost += line.amount
         by_hour: dict[tuple[datetime, str], list[int]] = defaultdict(lambda: [0, 0])  # billed, spare
-        for (hour, uuid), quantity in held.items():
-            pool = pools[uuid]
+        for (hour, gpu), quantity in held.items():
+            pool = pools[gpu]
             pool_capacity = capacity.setdefault(pool, PoolCapacity(policy))
             pool_capacity.gpu_hours += 1
             pool_capacity.held += quantity
@@ -665,8 +738,10 @@ def build_health(
     ledger: Ledger,
     period: Period,
     spare_policy: float = SPARE_POLICY,
+    cluster_label: str = contract.CLUSTER_LABEL,
 ) -> HealthReport:
-    devices, outages = read_devices(client, period), read_node_outages(client, period)
-    pool_of = {g.uuid: g.pool or g.model for g in devices}
+    devices = read_devices(client, period, cluster_label)
+    outages = read_node_outages(client, period, cluster_label)
+    pool_of = {g.key: g.pool or g.model for g in devices}
     currency, teams, capacity = read_ledger(ledger, period, pool_of, spare_policy)
     return HealthReport(period, client.base_url, currency, devices, teams, outages, capacity, spare_policy)

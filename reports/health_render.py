@@ -9,6 +9,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
+from gpumeter import contract
 from gpumeter.reports.files import write_files
 from gpumeter.reports.health import (
     IDLE_BELOW,
@@ -95,6 +96,15 @@ def _round(value: float | None) -> float | None:
 
 
 def report_dict(report: HealthReport) -> dict:
+    out = _report_dict(report)
+    if report.clusters:  # a store without a cluster label: the document as before clusters
+        out["clusters"] = [{"cluster": name, **_incidents(i)} for name, i in report.clusters]
+        for gpu, health in zip(out["gpus"], report.gpus, strict=True):
+            gpu["cluster"] = health.cluster
+    return out
+
+
+def _report_dict(report: HealthReport) -> dict:
     idle_hours, idle_cost = report.waste
     return {
         "schema": "gpumeter.health/1",
@@ -243,8 +253,10 @@ def _capacity_cells(c: PoolCapacity | None) -> list:
 
 
 def gpus_csv(report: HealthReport) -> str:
+    clustered = bool(report.clusters)  # a first cluster column only where the store labels clusters
     return csv_text(
         [
+            *(["cluster"] if clustered else []),
             "uuid",
             "model",
             "node",
@@ -262,6 +274,7 @@ def gpus_csv(report: HealthReport) -> str:
         ],
         (
             [
+                *([g.cluster] if clustered else []),
                 g.uuid,
                 g.model,
                 g.hostname,
@@ -378,6 +391,12 @@ def html_text(report: HealthReport, generated_at: datetime | None = None) -> str
         fleet=report.fleet,
         pools=report.pools,
         nodes=report.nodes,
+        # by cluster first, where the store labels clusters
+        incident_groups=[
+            *([("By cluster", report.clusters, "incidents-cluster")] if report.clusters else []),
+            ("By GPU model", report.pools, "incidents-model"),
+            ("By node", report.nodes, "incidents-node"),
+        ],
         rma=report.rma,
         waste=report.waste,
         classes=XID_CLASSES,
@@ -433,6 +452,7 @@ def generate(
     now: datetime | None = None,
     record: bool = True,
     spare_policy: float | None = None,  # None: SPARE_POLICY (seed 002's 10 %)
+    cluster_label: str = contract.CLUSTER_LABEL,
 ):
     """Build the health report, write its files and ``manifest-health.json`` (beside a chargeback
     report's ``manifest.json`` in the same directory), and record the run in ``report_runs`` with
@@ -448,7 +468,9 @@ def generate(
     if unknown:
         raise ReportError(f"format: the health report has {', '.join(FORMATS)} (value {','.join(unknown)!r})")
     out = output_directory(out_dir)
-    report = build_health(client, ledger, period, SPARE_POLICY if spare_policy is None else spare_policy)
+    report = build_health(
+        client, ledger, period, SPARE_POLICY if spare_policy is None else spare_policy, cluster_label
+    )
     files = render(report, out, formats, now)
     manifest = {
         "report": "health",

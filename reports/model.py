@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
@@ -24,17 +24,18 @@ from gpumeter.billing.models import (
     Allocation,
     LineKind,
     QuantityUnit,
+    cluster_namespace,
 )
 from gpumeter.billing.pricing.currency import minor_unit
 
 CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
 
 HOUR = timedelta(hours=1)
-DIMENSIONS = ("team", "namespace", "model", "mig_profile")
+DIMENSIONS = ("team", "namespace", "model", "mig_profile", "cluster")
 GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
 TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
 
-NO_TEAM, WHOLE_GPU, NO_LABEL = "(no team)", "(whole GPU)", "(none)"
+NO_TEAM, WHOLE_GPU, NO_LABEL, NO_CLUSTER = "(no team)", "(whole GPU)", "(none)", "(no cluster)"
 ZERO = Decimal(0)
 
 
@@ -132,7 +133,7 @@ def _utc_hour(moment: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Grouping:
-    """A report dimension: team, namespace, model (GPU model), mig_profile, or label:KEY."""
+    """A report dimension: team, namespace, model (GPU model), mig_profile, cluster, or label:KEY."""
 
     name: str
     labels: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)  # namespace -> labels
@@ -154,9 +155,13 @@ class Grouping:
     def title(self) -> str:
         if self.name.startswith("label:"):
             return f"label {self.name[6:]}"
-        return {"team": "team", "namespace": "namespace", "model": "GPU model", "mig_profile": "MIG profile"}[
-            self.name
-        ]
+        return {
+            "team": "team",
+            "namespace": "namespace",
+            "model": "GPU model",
+            "mig_profile": "MIG profile",
+            "cluster": "cluster",
+        }[self.name]
 
     def key(self, line: LineTotal) -> str:
         if self.name == "team":
@@ -167,8 +172,13 @@ class Grouping:
             return line.model
         if self.name == "mig_profile":
             return line.mig_profile or WHOLE_GPU
+        if self.name == "cluster":
+            return line.cluster or NO_CLUSTER
         label = self.name[6:]
-        value = self.labels.get(line.namespace, {}).get(label)
+        labels = self.labels.get(line.namespace)
+        if labels is None and line.cluster:  # `cluster/namespace` (one cluster's), else the name's
+            labels = self.labels.get(line.namespace.removeprefix(f"{line.cluster}/"))
+        value = (labels or {}).get(label)
         if value is None and label == "team":
             value = line.team
         return value or NO_LABEL
@@ -405,6 +415,18 @@ class Holding:
 
 
 HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
+PRESENCE_QUANTUM = Decimal("0.000001")  # pricing's quantity quantum (billing.allocate.QUANTITY_QUANTUM)
+
+
+@dataclass
+class GpuBucket:
+    """One GPU over one grain bucket, from the stored facts: the node and index that name it, and the
+    GPU-hours it was present (each hour's present seconds / 3600 to pricing's quantum, summed): the
+    quantity of the FOCUS origin charge (reports.focus)."""
+
+    hostname: str = ""
+    index: str = ""
+    present: Decimal = ZERO
 
 
 def _replica_mode(a: Allocation) -> str:
@@ -417,17 +439,29 @@ def _replica_mode(a: Allocation) -> str:
 
 
 def read_splits(
-    ledger: Ledger, period: Period, grain: str = "day"
+    ledger: Ledger,
+    period: Period,
+    grain: str = "day",
+    gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None,
 ) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
     """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
     of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
     vGPUs); a GPU held whole by one holder is no split. Read from the stored facts hour by hour; kept
-    per bucket, as the report's charges are, so a month by day holds a day's worth of holders."""
+    per bucket, as the report's charges are, so a month by day holds a day's worth of holders. With
+    ``gpus``, fills in each GPU's `GpuBucket` (by bucket, cluster and UUID) from the same pass over the
+    facts. A holder of a named cluster is keyed `cluster/namespace`, as the report's charges name it."""
     out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
     hour = period.start
     while hour < period.end:
-        bucket = out.setdefault(hour if grain == "hour" else hour.replace(hour=0), {})
+        start = hour if grain == "hour" else hour.replace(hour=0)
+        bucket = out.setdefault(start, {})
         for gpu_hour in ledger.facts(hour):
+            if gpus is not None:
+                device = gpu_hour.device
+                gpu = gpus.setdefault((start, device.cluster, device.uuid), GpuBucket())
+                gpu.hostname, gpu.index = device.hostname or gpu.hostname, device.gpu or gpu.index
+                seconds = max(0, min(device.present_seconds, 3600))
+                gpu.present += (Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM)
             slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
             used: dict[str, bool] = defaultdict(
                 bool
@@ -445,7 +479,8 @@ def read_splits(
                     mode, replica = replica, ""
                 else:
                     continue  # a whole GPU held alone
-                key = (a.uuid, a.gpu_instance_id, a.namespace, a.pod, a.container)
+                namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
+                key = (a.uuid, a.gpu_instance_id, namespace, a.pod, a.container)
                 bucket.setdefault(key, set()).add(
                     Holding(
                         mode,
@@ -492,6 +527,17 @@ class Report:
     splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None = None
     # changes to the period's billed hours after they were first billed (re-prices, re-ingests)
     billed_changes: list[BilledChange] = field(default_factory=list)
+    # per (charge bucket, cluster, GPU uuid), the GPU's node, index and presence (read with splits);
+    # None: not read
+    gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None
+    # per cluster, what its lines cost (tenants and platform): empty where the store has no cluster
+    # label, and then no report shows a cluster anywhere (their bytes are as before clusters)
+    clusters: list[tuple[str, Usage]] = field(default_factory=list)
+    only_clusters: tuple[str, ...] = ()  # --cluster: the clusters the report was limited to
+
+    @property
+    def has_clusters(self) -> bool:
+        return bool(self.clusters)
 
     @property
     def exponent(self) -> int:
@@ -551,6 +597,7 @@ def _sort_key(line: LineTotal) -> tuple:
         line.team,
         line.currency,
         line.price_version_id or 0,
+        line.cluster,
     )
 
 
@@ -600,17 +647,26 @@ def build_report(
     compare: bool = True,
     budgets: Mapping[str, Budget] | None = None,
     splits: bool = True,
+    clusters: tuple[str, ...] = (),
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
     with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
-    ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it)."""
+    ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it); with
+    ``clusters``, the lines of those clusters alone."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    charges = sorted(ledger.line_totals(period.start, period.end, grain), key=_sort_key)
+    charges = sorted(
+        of_clusters(ledger.line_totals(period.start, period.end, grain), clusters), key=_sort_key
+    )
+    gpu_buckets: dict[tuple[datetime, str, str], GpuBucket] = {}
     previous_period = period.previous()
-    previous = ledger.line_totals(previous_period.start, previous_period.end, "range") if compare else []
+    previous = (
+        of_clusters(ledger.line_totals(previous_period.start, previous_period.end, "range"), clusters)
+        if compare
+        else []
+    )
 
     version_ids = {c.price_version_id for c in charges + previous if c.price_version_id is not None}
     versions = ledger.price_versions(version_ids)
@@ -628,6 +684,7 @@ def build_report(
     }
 
     total, tenants = Usage(), Usage()
+    by_cluster: dict[str, Usage] = defaultdict(Usage)
     groups: dict[str, Usage] = defaultdict(Usage)
     group_ns: dict[str, dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
     group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(lambda: defaultdict(Usage))
@@ -647,6 +704,8 @@ def build_report(
             unpriced[c.model] = (hours + c.quantity, gpus)
             continue
         total.add(c, sh)
+        if c.cluster:
+            by_cluster[c.cluster].add(c, sh)
         if c.kind in TENANT_KINDS:
             key = grouping.key(c)
             tenants.add(c, sh)
@@ -683,6 +742,9 @@ def build_report(
 
     shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
     holdings = ledger.holdings(period.start, period.end)
+    if clusters:  # the named clusters' holders (the ledger names them `cluster/namespace`)
+        prefixes = tuple(f"{c}/" for c in clusters)
+        holdings = [h for h in holdings if h.namespace.startswith(prefixes)]
     held_as: dict[tuple[str, str], set[str]] = defaultdict(set)
     held_through: dict[tuple[str, str], set[str]] = defaultdict(set)
     by_mode: dict[str, set[tuple[str, str]]] = defaultdict(set)
@@ -779,8 +841,26 @@ def build_report(
         ],
         budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
         billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
-        splits=read_splits(ledger, period, grain) if splits else None,
+        splits=read_splits(ledger, period, grain, gpu_buckets) if splits else None,
+        gpus=gpu_buckets if splits else None,
+        clusters=sorted(by_cluster.items(), key=lambda kv: (-kv[1].cost, kv[0])),
+        only_clusters=tuple(clusters),
     )
+
+
+def of_clusters(totals: list[LineTotal], clusters: tuple[str, ...]) -> list[LineTotal]:
+    """The totals of ``clusters`` (all: none named), each tenant line's namespace named with its
+    cluster (`cluster_namespace`: the same name in two clusters is two namespaces, in every group,
+    table and file). Platform lines keep their kind's name: the cluster column says whose they are."""
+    if clusters:
+        wanted = set(clusters)
+        totals = [t for t in totals if t.cluster in wanted]
+    return [
+        replace(t, namespace=cluster_namespace(t.cluster, t.namespace))
+        if t.cluster and t.kind in TENANT_KINDS
+        else t
+        for t in totals
+    ]
 
 
 def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currency: str) -> list[BudgetRow]:

@@ -179,39 +179,40 @@ def summary_csv(report: Report, *, keep_formulas: bool = False) -> str:
 
 def lines_csv(report: Report, *, keep_formulas: bool = False) -> str:
     labels = {v.id: version_label(v) for v in report.price_versions}
-    return csv_text(
-        LINES_HEADER,
-        (
-            [
-                _ts(c.bucket),
-                _ts(c.first_hour),
-                _ts(c.last_hour + HOUR),
-                LineKind.UNPRICED.value if c.amount is None else c.kind,
-                c.team,
-                c.namespace,
-                c.pod,
-                c.container,
-                c.model,
-                c.mig_profile,
-                c.uuid,
-                c.gpu_instance_id,
-                _qty(c.quantity),
-                _qty(report.slices(c)),
-                report.money(c.amount),
-                c.currency,
-                _ratio(
-                    c.utilization_weighted / float(c.utilization_quantity) if c.utilization_quantity else None
-                ),
-                _ratio(
-                    c.efficiency_weighted / float(c.efficiency_quantity) if c.efficiency_quantity else None
-                ),
-                labels.get(c.price_version_id, ""),
-                c.lines,
-            ]
-            for c in report.charges
-        ),
-        keep_formulas=keep_formulas,
-    )
+    # the cluster column only where the store labels clusters: a single cluster's file is as before
+    clustered = report.has_clusters
+    header = [*LINES_HEADER[:4], "cluster", *LINES_HEADER[4:]] if clustered else LINES_HEADER
+
+    def row(c) -> list:
+        out = [
+            _ts(c.bucket),
+            _ts(c.first_hour),
+            _ts(c.last_hour + HOUR),
+            LineKind.UNPRICED.value if c.amount is None else c.kind,
+            c.team,
+            c.namespace,
+            c.pod,
+            c.container,
+            c.model,
+            c.mig_profile,
+            c.uuid,
+            c.gpu_instance_id,
+            _qty(c.quantity),
+            _qty(report.slices(c)),
+            report.money(c.amount),
+            c.currency,
+            _ratio(
+                c.utilization_weighted / float(c.utilization_quantity) if c.utilization_quantity else None
+            ),
+            _ratio(c.efficiency_weighted / float(c.efficiency_quantity) if c.efficiency_quantity else None),
+            labels.get(c.price_version_id, ""),
+            c.lines,
+        ]
+        if clustered:
+            out.insert(4, c.cluster)
+        return out
+
+    return csv_text(header, map(row, report.charges), keep_formulas=keep_formulas)
 
 
 BUDGETS_HEADER = [
@@ -321,6 +322,14 @@ def _shared(use) -> dict:
 
 
 def report_dict(report: Report) -> dict:
+    out = _report_dict(report)
+    if report.has_clusters:  # a store without a cluster label: the document as before clusters
+        out["clusters"] = [{"cluster": name, **_usage(report, usage)} for name, usage in report.clusters]
+        out["only_clusters"] = list(report.only_clusters)
+    return out
+
+
+def _report_dict(report: Report) -> dict:
     return {
         "schema": "gpumeter.report/1",
         "period": {

@@ -59,6 +59,7 @@ def generate(
     now: datetime | None = None,
     record: bool = True,
     budgets: Mapping[str, Budget] | None = None,
+    clusters: tuple[str, ...] = (),
 ) -> RunResult:
     """Build the report, write its files and a manifest, and record the run (period, price-book
     versions, ingest runs, checksums) in ``report_runs``."""
@@ -77,8 +78,10 @@ def generate(
         grain=grain,
         top=options.top,
         budgets=budgets,
-        # how shared GPU-hours were split: read from the facts, only for FOCUS 1.3's allocation columns
-        splits="focus" in formats and options.focus_version == "1.3",
+        # how shared GPU-hours were split and each GPU's node and presence: read from the facts for
+        # FOCUS (origin charges, ResourceName, and 1.3's allocation columns)
+        splits="focus" in formats,
+        clusters=clusters,
     )
     files = render(report, out, formats, options)
     versions = [
@@ -90,6 +93,7 @@ def generate(
         "group_by": grouping.name,
         "grain": grain,
         "generated_at": now.isoformat(),
+        **({"clusters": list(clusters)} if clusters else {}),
         "trigger": trigger,
         "price_book_versions": versions,
         "ingest_runs": report.ingest.as_dict(),

@@ -12,7 +12,7 @@ measured to ``.bench/exporter.json``. It asserts nothing: it is a measurement, n
 4. The same with the stand-in kubelet attributing the node's 56 pods.
 5. nvitop-exporter, in its own virtual env, over the same stand-in library and node, side by side.
 
-   Three runs, each printed as gpumeter / nvitop-exporter on every axis of the goal (issue 44): RSS
+   Three runs, each printed as gpumeter / nvitop-exporter on every axis of the goal: RSS
    after the scrapes, CPU per sampling cycle, scrape p99.
 
 Options: ``--scrapes N`` (default 10000), ``--cycles N`` (200), ``--skip-nvitop``, ``--only-nvitop``,
@@ -630,7 +630,7 @@ IMPORT_OPTIONAL = (
     ("basic_auth_users in --web.config.file (bcrypt)", ("import bcrypt",)),
     ("--naming dcgm", ("import gpumeter.exporter.dcgm", "import gpumeter.exporter.dcgm_csv")),
 )
-# Loaded by other commands, never by the exporter's process (issue 44).
+# Loaded by other commands, never by the exporter's process (its resident memory is the goal).
 NOT_IN_EXPORTER = (
     "grpc",
     "google",
@@ -748,7 +748,7 @@ def read_stats(path: Path) -> dict:
     return {}
 
 
-# The axes of issue 44's goal, each as gpumeter / nvitop-exporter in the same run, with its bound.
+# The axes of the goal against nvitop-exporter, each as gpumeter / nvitop-exporter in the same run, with its bound.
 NVITOP_AXES = (
     ("rss", "RSS after the scrapes", 1.0),  # below nvitop-exporter's
     ("cpu_per_cycle", "CPU per sampling cycle (idle, interval 1 s; gpumeter's whole process)", 0.5),
@@ -927,7 +927,7 @@ def nvitop_rows(n: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-# --- 50 concurrent scrapers (issue 13, point 12; docs/security.md) ------------------------------
+# --- 50 concurrent scrapers (docs/security.md) --------------------------------------------------
 CONCURRENT_CLIENTS = 50
 DEFAULT_INTERVAL = ExporterConfig().interval  # what a deployed exporter samples at unless told otherwise
 _WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}

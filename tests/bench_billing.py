@@ -15,7 +15,7 @@
 4. Times Prometheus and VictoriaMetrics answering the period's totals in ONE query over HTTP, for
    comparison.
 
-Prints a table against the targets (issue 17: a 1,000-GPU month in < 45 s in one process, < 1 GiB
+Prints a table against the targets (a 1,000-GPU month in < 45 s in one process, < 1 GiB
 peak; a 10,000-GPU month: time and memory recorded) and writes .bench/billing[-scale].json.
 """
 
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / ".bench"
 START = datetime(2026, 10, 1, tzinfo=UTC)
 DAYS = 30
-TARGET_SECONDS = 45.0  # the 1,000-GPU month, one process (issue 17)
+TARGET_SECONDS = 45.0  # the 1,000-GPU month, one process (docs/performance.md, "Status")
 TARGET_BYTES = 1 << 30
 TOTALS = "sum by (namespace) (count_over_time(nvidia_gpu_allocation[{days}d]))"
 
@@ -294,7 +294,7 @@ def _stored_rows(engine) -> dict[str, int]:
 
 
 # What `--without` switches off, to bound what a change to one stage could save (docs/performance.md,
-# issue 17's twelfth pass): the ingest's own code runs, with its ledger or pricer in part replaced.
+# what 45 s would take): the ingest's own code runs, with its ledger or pricer in part replaced.
 WITHOUT = ("line-rows", "pricing", "writes")
 
 
@@ -394,7 +394,7 @@ def _ingest_queries_seconds(url: str, days: int, aggregated: bool = False) -> fl
 def _python_loop_seconds() -> float:
     """This machine's speed at plain Python: a 10-million-step loop, min of 3. Billing's ingest is
     Python-bound, so figures from two machines compare through it (0.51 s on the 2-vCPU machine of
-    docs/performance.md's issue-17 sixth pass)."""
+    a slower machine looked like slower code)."""
     best = float("inf")
     for _ in range(3):
         started, total = time.process_time(), 0

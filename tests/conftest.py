@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _pytest.faulthandler import fault_handler_stderr_fd_key
 
-from tests.support import needs
+from tests.support import hypothesis_profiles, needs, tiers
 
 
 def pytest_addoption(parser):
@@ -33,6 +33,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "quiet: a wall-clock bound that needs the machine to itself; run last, one at a time"
     )
+    config.addinivalue_line(
+        "markers", "spawns: starts a child process, needing nothing outside the venv (tests/support/tiers.py)"
+    )
+    tiers.install()
     # A fatal signal in a worker (a crash inside a C extension) is dumped for the crashing thread only:
     # CI keeps the end of the output, where a dump of every thread puts the main thread, not the culprit.
     if fault_handler_stderr_fd_key in config.stash:
@@ -41,6 +45,7 @@ def pytest_configure(config):
     # still stop the servers they started; by default it killed pytest and left them running.
     signal.signal(signal.SIGTERM, _interrupted)
     _one_import_universe()
+    hypothesis_profiles.register()
 
 
 # The folders pyproject.toml maps into gpumeter.<part>. Installed, only gpumeter.* exists; a module
@@ -88,7 +93,9 @@ def _interrupted(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: other tests load the machine beside it
+        _leave_out_quiet(config, items)
     for item in items:
         names = needs.declared(item)
         for name in sorted(names):
@@ -101,8 +108,34 @@ def pytest_collection_modifyitems(items):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     needs.set_running_test(item)  # before its fixtures start, so require() knows whose need it is
+    tiers.set_running_test(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    tiers.check(item)  # in the call phase, so an undeclared spawn fails the test itself
+    return result
 
 
 def pytest_runtest_teardown(item, nextitem):
     if nextitem is None:
         needs.set_running_test(None)
+
+
+def _leave_out_quiet(config, items) -> None:
+    """A `quiet` test bounds wall-clock time, so it runs only alone (``-m quiet``, no ``-n``): beside
+    other workers its verdict would be the machine's load. Left out visibly (pytest counts them as
+    deselected, and the controller says why in its summary)."""
+    quiet = [item for item in items if item.get_closest_marker("quiet") is not None]
+    if quiet:
+        config.hook.pytest_deselected(items=quiet)
+        items[:] = [item for item in items if item.get_closest_marker("quiet") is None]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(
+            "quiet tests (a wall-clock bound) never run under -n: run them alone, `pytest -m quiet`",
+            yellow=True,
+        )

@@ -1,9 +1,10 @@
 """The layers, checked on the imports of every module (docs/architecture.md, "Layout").
 
-gpumeter.contract, gpumeter.web and gpumeter.process are leaves every part may use; the parts (exporter, billing,
+gpumeter.contract, gpumeter.third_party, gpumeter.web and gpumeter.process are leaves every part may use; the parts (exporter, billing,
 reports, dashboards, alerts, deploy) sit above them; billing sits below reports; the command
 (gpumeter.cli) and the composition root (gpumeter.service) sit on top, and nothing imports them.
 The concrete SQL ledger is reached through the ledger package's factory, except by the root.
+Inside gpumeter.web each module imports only the modules below it in WEB_LAYERS.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("exporter", "billing", "reports", "dashboards", "alerts", "deploy")
 SQL_LEDGER = "gpumeter.billing.ledger.sqlalchemy"
+LEAVES = ("gpumeter.contract", "gpumeter.third_party", "gpumeter.web", "gpumeter.process")
+# gpumeter.web's modules, lowest first (exporter-toolkit's web/ is the model): the errors and addresses,
+# TLS settings and context, the web config that names them, access control over a config, one
+# connection's HTTP, the event loop that hands connections to it, the server over all of them. A module
+# imports only those before it, type-only imports aside (the event loop names the Server it serves).
+WEB_LAYERS = ("errors", "listen", "tls", "config", "auth", "wsgi", "event_loop", "server")
 
 
 def _module_name(path: Path, folders: dict[str, str]) -> str:
@@ -26,11 +33,17 @@ def _module_name(path: Path, folders: dict[str, str]) -> str:
     return ".".join([package, *rest])
 
 
-def imports_of(source: str, module: str) -> set[str]:
-    """Every module ``source`` imports, absolute, function-local imports included."""
+def imports_of(source: str, module: str, *, type_only: bool = True) -> set[str]:
+    """Every module ``source`` imports, absolute, function-local imports included; without those under
+    ``if TYPE_CHECKING:`` when ``type_only`` is false."""
     found = set()
     package = module.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    if not type_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -56,9 +69,7 @@ def violations(module: str, imported: set[str]) -> list[str]:
             out.append(f"{module} imports {name}: a part never imports the command or the composition root")
         if part == "billing" and under(name, "gpumeter.reports"):
             out.append(f"{module} imports {name}: billing sits below reports")
-        if module in ("gpumeter.contract", "gpumeter.web", "gpumeter.process") and any(
-            under(name, f"gpumeter.{p}") for p in PARTS
-        ):
+        if any(under(module, leaf) for leaf in LEAVES) and any(under(name, f"gpumeter.{p}") for p in PARTS):
             out.append(f"{module} imports {name}: the contract, web and process modules are leaves")
         if under(name, SQL_LEDGER) and not (
             under(module, "gpumeter.billing.ledger") or module in ("gpumeter.service", "gpumeter.cli")
@@ -67,6 +78,36 @@ def violations(module: str, imported: set[str]) -> list[str]:
                 f"{module} imports {name}: use gpumeter.billing.ledger.open_ledger and the Ledger interface"
             )
     return out
+
+
+def web_violations(module: str, imported: set[str]) -> list[str]:
+    """Inside gpumeter.web: a module importing one at or above its own place in WEB_LAYERS."""
+    if not module.startswith("gpumeter.web.") or module.split(".")[2] not in WEB_LAYERS:
+        return []
+    place = WEB_LAYERS.index(module.split(".")[2])
+    return [
+        f"{module} imports {name}: in gpumeter.web, {WEB_LAYERS[place]} sits below {name.split('.')[2]}"
+        for name in sorted(imported)
+        if name.startswith("gpumeter.web.")
+        and name.split(".")[2] in WEB_LAYERS
+        and WEB_LAYERS.index(name.split(".")[2]) >= place
+        and name.split(".")[2] != WEB_LAYERS[place]
+    ]
+
+
+def test_the_web_package_is_layered_as_declared():
+    modules = installed_modules()
+    web = {name.split(".")[2] for name in modules if name.startswith("gpumeter.web.")}
+    assert web == set(WEB_LAYERS), "a module of gpumeter.web missing from WEB_LAYERS, or gone"
+    broken = [
+        problem
+        for name, path in sorted(modules.items())
+        for problem in web_violations(
+            name, imports_of(path.read_text(encoding="utf-8"), name, type_only=False)
+        )
+    ]
+    assert broken == []
+    assert web_violations("gpumeter.web.tls", imports_of("from .server import Server", "gpumeter.web.tls"))
 
 
 def installed_modules() -> dict[str, Path]:
@@ -98,6 +139,7 @@ def test_no_module_breaks_the_layers():
         ("gpumeter.reports.run", "from gpumeter.billing.ledger.sqlalchemy import SqlLedger", "open_ledger"),
         ("gpumeter.reports.run", "from ..billing.ledger import sqlalchemy", "open_ledger"),
         ("gpumeter.contract", "import gpumeter.exporter.catalog", "leaves"),
+        ("gpumeter.web.server", "from gpumeter.billing import metrics", "leaves"),
     ],
 )
 def test_the_check_catches_a_bad_import(module, source, rule):

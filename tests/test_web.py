@@ -1,4 +1,4 @@
-"""gpumeter/web.py serving: basic auth that cannot be timed or crashed, client-certificate modes as
+"""gpumeter/web/ serving: basic auth that cannot be timed or crashed, client-certificate modes as
 exporter-toolkit means them, headers and rate limit, the bounds on one connection, and the listen
 address. Real sockets, real TLS (pyOpenSSL on the server, Python's ssl as the client)."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
-import statistics
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import bcrypt
 import httpx
 import pytest
 
-from gpumeter.web import Limits, ListenError, is_loopback, load_web_config, parse_listen, serve
+from gpumeter.web import Limits, ListenError, guard, is_loopback, load_web_config, parse_listen, serve
 from tests.support.certs import client_context, make_pki
 
 TOOLKIT = Path(__file__).parent / "data" / "exporter-toolkit"
@@ -100,35 +99,38 @@ def test_a_72_byte_password_is_the_longest_that_works(tmp_path, served):
     assert httpx.get(url, auth=("prometheus", password + "x")).status_code == 401
 
 
-def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path, served):
-    """No user enumeration by timing. At bcrypt cost 10 a check takes tens of milliseconds; the old
-    code answered an unknown user at once (no bcrypt at all). Each refusal must cost at least half
-    of one bcrypt check, measured here as the fastest of ten (a lower bound holds on a busy
-    machine, where a ratio of two noisy medians does not; the fastest of three, all taken while
-    `make check`'s other workers held both CPUs, once came out above a quiet refusal's median)."""
-    url = served(users_config(tmp_path, rounds=10, prometheus="s3cret")) + "/metrics"
-    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10))
-    one_check = min(_seconds(lambda: bcrypt.checkpw(b"guess", hashed)) for _ in range(10))
-    assert one_check > 0.005, one_check  # cost 10 is real work
+def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path):
+    """No user enumeration by timing, shown without a clock: every refusal (a wrong password, an
+    unknown user, a password over bcrypt's 72 bytes) runs exactly one real bcrypt check against a
+    hash of the users' own cost, so each costs what a wrong password costs. Counted through the
+    injected checker, which still runs bcrypt: a machine's load cannot change the verdict (the old
+    test compared wall-clock medians and failed a clean clone's `make test` at load 15)."""
+    cost = 5  # not bcrypt's default 12, so a dummy hash of a fixed cost would show
+    web = users_config(tmp_path, rounds=cost, prometheus="s3cret")
+    checks: list[tuple[bytes, bytes]] = []
 
-    def median_seconds(user: str, password: str) -> float:
-        with httpx.Client() as client:
-            return statistics.median(
-                _seconds(lambda: _refused(client.get(url, auth=(user, password)))) for _ in range(5)
-            )
+    def counted(password: bytes, hashed: bytes) -> bool:
+        checks.append((password, hashed))
+        return bcrypt.checkpw(password, hashed)
+
+    app = guard(hello, web, password_check=counted)
+
+    def status(user: str, password: str) -> str:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        environ = {"PATH_INFO": "/metrics", "HTTP_AUTHORIZATION": f"Basic {token}", "wsgi.url_scheme": "http"}
+        answered: list[str] = []
+        app(environ, lambda status, headers, exc_info=None: answered.append(status))
+        return answered[0]
 
     for user, password in (("prometheus", "guess"), ("mallory", "guess"), ("prometheus", "g" * 100)):
-        assert median_seconds(user, password) > one_check / 2, (user, len(password), one_check)
-
-
-def _seconds(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
-def _refused(answer: httpx.Response) -> None:
-    assert answer.status_code == 401
+        checks.clear()
+        assert status(user, password).startswith("401"), (user, len(password))
+        assert len(checks) == 1, (user, len(password), checks)
+        ((_, hashed),) = checks
+        assert hashed.startswith(b"$2b$%02d$" % cost), (user, hashed)  # the users' cost, a real hash
+    checks.clear()
+    assert status("prometheus", "s3cret").startswith("200") and len(checks) == 1
+    assert status("prometheus", "s3cret").startswith("200") and len(checks) == 1  # remembered: no new check
 
 
 def test_healthz_answers_without_a_password_and_everything_else_asks(tmp_path, served):
@@ -332,6 +334,7 @@ def served_within(url: str, seconds: float) -> float:
 SHORT = Limits(handshake_timeout=0.5, read_timeout=1.0, write_timeout=1.0)
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_slowloris_is_dropped_at_the_read_deadline_and_others_are_served_meanwhile(served):
     url = served(limits=SHORT)
     with connect(url) as slow:
@@ -349,6 +352,7 @@ def test_a_slowloris_is_dropped_at_the_read_deadline_and_others_are_served_meanw
     assert took < 3.0, f"the slowloris held its connection {took:.1f} s (read_timeout is 1 s)"
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_kept_alive_connection_serves_several_scrapes_and_is_closed_when_idle(served):
     """HTTP/1.1 keep-alive: the second scrape reuses the connection (one accept for both), and an idle
     connection is closed read_timeout after its last answer; Connection: close is honoured."""
@@ -373,6 +377,7 @@ def test_a_kept_alive_connection_serves_several_scrapes_and_is_closed_when_idle(
         assert closed_by_server(sock, 3) < 0.5  # answered, then closed at once
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_tls_client_that_never_handshakes_is_dropped_at_the_handshake_deadline(tmp_path, pki, served):
     web = web_config(
         tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
@@ -388,6 +393,7 @@ def test_a_tls_client_that_never_handshakes_is_dropped_at_the_handshake_deadline
             sock.close()
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_client_that_never_reads_the_answer_is_dropped_at_the_write_deadline(served):
     """With one connection allowed, the next client is served only once the stuck one is dropped."""
     big = b"x" * (64 << 20)  # far more than the socket buffers hold
@@ -405,6 +411,7 @@ def test_a_client_that_never_reads_the_answer_is_dropped_at_the_write_deadline(s
     assert took < 3.0
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_connections_beyond_the_limit_are_closed_and_service_resumes(served):
     url = served(limits=Limits(max_connections=3, read_timeout=30))
     held = [connect(url) for _ in range(3)]
@@ -428,9 +435,10 @@ def connect_from(source: str, url: str) -> socket.socket:
     return sock
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 @pytest.mark.parametrize("answers_from_memory", [False, True], ids=["thread-per-connection", "event-loop"])
 def test_one_client_holding_every_connection_leaves_room_for_the_scrapers(answers_from_memory):
-    """Issue 42, point 10: 512 idle sockets from one address filled every slot, and no scraper was
+    """512 idle sockets from one address filled every slot, and no scraper was
     served until they timed out. One client now gets its share; the others are closed at accept."""
     limits = Limits(read_timeout=30)  # the idle sockets are not dropped by a deadline during the test
     server = serve(hello, "127.0.0.1:0", limits=limits, answers_from_memory=answers_from_memory)

@@ -1,4 +1,4 @@
-"""`gpumeter billing serve` as a listener (issue 13, point 10, and docs/security.md): loopback unless
+"""`gpumeter billing serve` as a listener (docs/security.md): loopback unless
 asked, the exporter's web config (TLS, basic auth), /healthz open for probes but saying nothing of
 the database's error, and bad input in one line (point 14). Threads and hostile clients are
 tests/test_web_listeners.py's."""

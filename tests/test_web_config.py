@@ -1,4 +1,4 @@
-"""The exporter-toolkit web config, read strictly (gpumeter/web.py, docs/security.md).
+"""The exporter-toolkit web config, read strictly (gpumeter/web/, docs/security.md).
 
 exporter-toolkit's own test configs and its documented sample (tests/data/exporter-toolkit, with
 their source named there) are accepted and refused as exporter-toolkit does; where gpumeter
@@ -101,7 +101,7 @@ HASH = bcrypt.hashpw(b"pw", b"$2b$04$rcqxf2hzhL87hM2QIUXFEe").decode()
 @pytest.mark.parametrize(
     ("text", "field", "value"),
     [
-        # the typo of issue 13: a protection that silently did not apply
+        # a typo: a protection that silently did not apply
         (f"basic_auth_userz:\n  prometheus: '{HASH}'\n", "basic_auth_userz", "<hidden>"),
         ("tls_server_config:\n  cert_filse: server.crt\n", "tls_server_config.cert_filse", "server.crt"),
         ("http_server_config:\n  header: {}\n", "http_server_config.header", "<a mapping>"),

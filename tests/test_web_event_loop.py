@@ -1,7 +1,7 @@
 """The event loop that serves plain-HTTP scrapers of an app answering from memory (the exporter's
-/metrics; gpumeter/web.py ``_EventLoop``): it must keep every promise the threaded path keeps —
+/metrics; gpumeter/web/event_loop.py ``_EventLoop``): it must keep every promise the threaded path keeps —
 deadlines for idle and stalled clients, http.server's refusals, bodies, HTTP/1.0 — and hold no
-thread per connection, which is what it is for (issue 13, point 12)."""
+thread per connection, which is what it is for (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ def url(server, path: str = "/metrics") -> str:
     return f"http://127.0.0.1:{server.server_address[1]}{path}"
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_hundred_idle_connections_hold_no_threads_and_are_closed_at_the_read_timeout(server):
     threads = threading.active_count()
     idle = [connect(server) for _ in range(100)]
@@ -168,6 +169,7 @@ def test_requests_the_loop_does_not_answer_itself_get_the_threaded_answer(
     assert httpx.get(url(server), timeout=5).status_code == 200
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_client_that_never_reads_holds_up_no_one_and_is_dropped_at_the_write_timeout(server):
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -184,6 +186,7 @@ def test_a_client_that_never_reads_holds_up_no_one_and_is_dropped_at_the_write_t
         stalled.close()
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_client_reading_slowly_is_dropped_at_the_write_timeout_of_the_answer(server):
     """The answer must leave within write_timeout of its first byte, as on the threaded path: a
     client that keeps taking a trickle does not get a new deadline with each trickle. (The client

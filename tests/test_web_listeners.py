@@ -1,5 +1,5 @@
 """Every gpumeter listener stays available while idle, slow and hostile clients hold connections
-(issue 13, points 9, 10 and 12): the exporter's /metrics in plain HTTP and in TLS with basic auth,
+(docs/security.md): the exporter's /metrics in plain HTTP and in TLS with basic auth,
 the simulator's fault-injection port, and billing's /metrics. Each is started as its command starts
 it, and each faces the same clients:
 
@@ -131,6 +131,7 @@ def scrape_seconds(listener: Listener, timeout: float = 3.0) -> float:
     return time.perf_counter() - start
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_ten_idle_connections_do_not_delay_a_scrape(listener):
     idle = [socket.create_connection(listener.address) for _ in range(10)]
     try:
@@ -141,6 +142,7 @@ def test_ten_idle_connections_do_not_delay_a_scrape(listener):
     assert min(times) < 0.5, times
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_slowloris_does_not_delay_others(listener):
     with socket.create_connection(listener.address) as raw:
         slow = (
@@ -165,6 +167,7 @@ def test_a_slowloris_does_not_delay_others(listener):
     ],
     ids=["garbage", "70-kB-header", "150-headers", "70-kB-request-line"],
 )
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_hostile_requests_are_refused_and_the_listener_carries_on(listener, hostile, answer):
     with socket.create_connection(listener.address, timeout=10) as sock:
         try:
@@ -206,6 +209,7 @@ def raw_scrape(listener: Listener) -> tuple[float, int]:
     return connected, int(reply.split(b" ", 2)[1])
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_fifty_concurrent_clients_get_every_answer_without_a_syn_retransmit(listener):
     """Rounds of 50 clients connecting at the same instant, 5 rounds: every scrape answered 200 and
     no connection waited for a SYN retransmit (the old backlog of 5 dropped them)."""

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, line_key
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, cluster_namespace, line_key
 from gpumeter.billing.pricing.base import PriceBook
 
 # The kinds of line a team pays: what counts against its budget (docs/billing.md §4.4), as in reports.
@@ -131,9 +131,9 @@ class HourRecord:
     # read what it stores of them from their priced hour without making them; empty: every line is
     # looked at
     line_groups: tuple[tuple[str, Hashable | None, int], ...] = field(default=(), compare=False, repr=False)
-    # GPU-hours left out because a reading of theirs was refused, (uuid, why): the run is recorded
+    # GPU-hours left out because a reading of theirs was refused, (cluster, uuid, why): the run is recorded
     # "partial", they are stored (`Ledger.refused_gpu_hours`), and catch-up retries the hour
-    refused: tuple[tuple[str, str], ...] = ()
+    refused: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,29 +148,30 @@ class LedgerSummary:
 
 
 def summarise(
-    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None]],
+    lines: Iterable[tuple[str, str, str, str, str, str, Decimal, Decimal | None, str | None]],
     last_hour: datetime | None,
     runs: dict[str, int],
 ) -> LedgerSummary:
     """The /metrics aggregates from (namespace, team, model, mig_profile, kind, currency, quantity,
-    amount) per line, the newest successful hour and the run counts: every ledger sums the same way,
-    in Python over Decimals (SQLite stores exact decimals as text)."""
+    amount, cluster) per line, the newest successful hour and the run counts: every ledger sums the
+    same way, in Python over Decimals (SQLite stores exact decimals as text)."""
     cost: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
     hours: dict[tuple[str, ...], Decimal] = defaultdict(Decimal)
-    unpriced: dict[str, Decimal] = defaultdict(Decimal)
-    for ns, team, model, profile, kind, currency, quantity, amount in lines:
+    unpriced: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for ns, team, model, profile, kind, currency, quantity, amount, cluster in lines:
+        cluster = cluster or ""  # NULL: a line of a store without a cluster label
         if amount is None:
-            unpriced[model] += quantity
+            unpriced[(model, cluster)] += quantity
             continue
-        cost[(ns, team, model, profile, kind, currency)] += amount
+        cost[(ns, team, model, profile, kind, currency, cluster)] += amount
         if kind == LineKind.TENANT:
-            hours[(ns, team, model, profile)] += quantity
-    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency")
-    hour_keys = ("namespace", "team", "model", "mig_profile")
+            hours[(ns, team, model, profile, cluster)] += quantity
+    cost_keys = ("namespace", "team", "model", "mig_profile", "kind", "currency", "cluster")
+    hour_keys = ("namespace", "team", "model", "mig_profile", "cluster")
     return LedgerSummary(
         cost=[(dict(zip(cost_keys, k, strict=True)), v) for k, v in sorted(cost.items())],
         gpu_hours=[(dict(zip(hour_keys, k, strict=True)), v) for k, v in sorted(hours.items())],
-        unpriced=[({"model": m}, v) for m, v in sorted(unpriced.items())],
+        unpriced=[({"model": m, "cluster": c}, v) for (m, c), v in sorted(unpriced.items())],
         last_success=None if last_hour is None else last_hour + HOUR,
         runs=dict(runs),
     )
@@ -209,6 +210,7 @@ class LineTotal:
     efficiency_quantity: Decimal = Decimal(0)
     held: Decimal = Decimal(0)  # sum of the lines' held quantity, in held_unit (a grouping key)
     held_unit: str = "gpu_hour"
+    cluster: str = ""  # the lines' cluster ("": a store without a cluster label; a grouping key)
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,7 @@ class RefusedGpuHour:
     """A GPU-hour ingest left unbilled because a reading of it was refused (docs/billing.md §6.5)."""
 
     hour: datetime
+    cluster: str | None  # None where the store has no cluster label
     uuid: str
     reason: str
     refused_at: datetime
@@ -299,7 +302,7 @@ class RefusedGpuHour:
 def run_status(record: HourRecord) -> tuple[str, str | None]:
     """The ingest run's status and error text for a written hour."""
     if record.refused:
-        shown = "; ".join(f"{uuid}: {why}" for uuid, why in record.refused)
+        shown = "; ".join(f"{f'{c}/' if c else ''}{uuid}: {why}" for c, uuid, why in record.refused)
         text = f"{len(record.refused)} GPU-hour(s) refused, not billed: {shown}"
         return contract.INGEST_PARTIAL, "; ".join((text, *record.warnings))[:4000]
     if record.warnings:
@@ -453,7 +456,8 @@ class Ledger(abc.ABC):
             for gpu_hour in self.facts(hour):
                 for a in gpu_hour.allocations:
                     if a.sharing in SHARED_MODES and a.process_memory is not None:
-                        rows.append((a.namespace, a.pod, hour, a.process_memory, a.process_sm))
+                        namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
+                        rows.append((namespace, a.pod, hour, a.process_memory, a.process_sm))
             hour += HOUR
         return shared_use_of(rows)
 
@@ -464,8 +468,10 @@ class Ledger(abc.ABC):
         hour = start
         while hour < end:
             for gpu_hour in self.facts(hour):
+                cluster = gpu_hour.device.cluster
                 found.update(
-                    PodHolding(a.namespace, a.pod, a.sharing, a.resource) for a in gpu_hour.allocations
+                    PodHolding(cluster_namespace(cluster, a.namespace), a.pod, a.sharing, a.resource)
+                    for a in gpu_hour.allocations
                 )
             hour += HOUR
         return sorted(found)

@@ -119,7 +119,7 @@ class MemoryLedger(Ledger):
             self._run(record.hour, status, source, started_at, error)
             now = datetime.now(UTC)
             self._refused[record.hour] = [
-                RefusedGpuHour(record.hour, u, why, now) for u, why in record.refused
+                RefusedGpuHour(record.hour, c or None, u, why, now) for c, u, why in record.refused
             ]
 
     def refused_gpu_hours(
@@ -130,7 +130,7 @@ class MemoryLedger(Ledger):
                 r
                 for hour in sorted(self._refused)
                 if (start is None or hour >= start) and (end is None or hour < end)
-                for r in sorted(self._refused[hour], key=lambda r: r.uuid)
+                for r in sorted(self._refused[hour], key=lambda r: (r.cluster or "", r.uuid))
             ]
 
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
@@ -179,7 +179,7 @@ class MemoryLedger(Ledger):
 
     def facts(self, hour: datetime) -> list[GpuHour]:
         with self._guard:
-            stored = sorted(self._facts.get(hour, []), key=lambda gh: gh.device.uuid)
+            stored = sorted(self._facts.get(hour, []), key=lambda gh: (gh.device.cluster, gh.device.uuid))
             out = copy.deepcopy(stored)
         for gh in out:  # the SQL ledger's read order
             gh.instances.sort(key=lambda m: (m.uuid, m.gpu_instance_id, m.mig_profile))
@@ -217,7 +217,9 @@ class MemoryLedger(Ledger):
                     {
                         tuple((terms.of_line(line), row) for line, row in run)
                         for lines in self._lines.values()
-                        for _, run in itertools.groupby(lines, key=lambda stored: stored[0].uuid)
+                        for _, run in itertools.groupby(
+                            lines, key=lambda stored: (stored[0].cluster, stored[0].uuid)
+                        )
                     }
                 ),
                 "namespace_teams": len(self._teams),
@@ -232,7 +234,17 @@ class MemoryLedger(Ledger):
             for run in self._runs:
                 runs[run.status] += 1
         rows = [
-            (x.namespace, x.team, x.model, x.mig_profile, x.kind.value, x.currency, x.quantity, x.amount)
+            (
+                x.namespace,
+                x.team,
+                x.model,
+                x.mig_profile,
+                x.kind.value,
+                x.currency,
+                x.quantity,
+                x.amount,
+                x.cluster,
+            )
             for x in every
         ]
         return summarise(rows, max(ok) if ok else None, runs)
@@ -264,6 +276,7 @@ class MemoryLedger(Ledger):
                 line.currency,
                 version_id,
                 line.held_unit.value,
+                line.cluster,
             )
             quantity = _scaled(line.quantity, _QUANTITY)
             amount = None if line.amount is None else _scaled(line.amount, _MONEY)
@@ -292,6 +305,7 @@ class MemoryLedger(Ledger):
                 efficiency_quantity=Decimal(0) if efficiency is None else quantity,
                 held=_scaled(line.held, _QUANTITY),
                 held_unit=line.held_unit.value,
+                cluster=line.cluster,
             )
             seen = groups.get(key)
             if seen is None:

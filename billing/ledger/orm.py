@@ -54,6 +54,9 @@ class GpuLayout(Base):
 class GpuHourRow(Base):
     __tablename__ = "gpu_hours"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    # a GPU is (cluster, uuid) (revision 0012): "" where the store has no cluster label; part of the
+    # key, so never NULL
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True, default="", server_default="")
     uuid: Mapped[str] = mapped_column(Text, primary_key=True)
     hostname: Mapped[str] = mapped_column(Text, default="")
     gpu: Mapped[str] = mapped_column(Text, default="")
@@ -101,6 +104,7 @@ class CostLineTerm(Base):
     price_version_id: Mapped[int | None] = mapped_column(ForeignKey("price_book_versions.id"))
     held: Mapped[Decimal] = mapped_column(Exact(18, 6))  # in held_unit (billing.models.QuantityUnit)
     held_unit: Mapped[str] = mapped_column(String(16))
+    cluster: Mapped[str | None] = mapped_column(Text)  # revision 0012; NULL: no cluster label
 
 
 class CostLineSet(Base):
@@ -184,10 +188,11 @@ class BillingAudit(Base):
 
 class RefusedGpuHourRow(Base):
     """A GPU-hour left unbilled by its hour's latest write: a reading of it was refused (migration
-    0012). Replaced with the hour's facts on every write, so what is here is still outstanding."""
+    0013). Replaced with the hour's facts on every write, so what is here is still outstanding."""
 
     __tablename__ = "refused_gpu_hours"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True, default="", server_default="")  # "": none
     uuid: Mapped[str] = mapped_column(Text, primary_key=True)
     reason: Mapped[str] = mapped_column(Text)
     refused_at: Mapped[datetime] = mapped_column(UtcDateTime)

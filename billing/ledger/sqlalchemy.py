@@ -93,6 +93,7 @@ from gpumeter.billing.models import (
     Line,
     LineKind,
     QuantityUnit,
+    cluster_namespace,
     line_key,
     line_readings,
 )
@@ -114,7 +115,8 @@ CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger
 CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
 
 
-_PRICE_VERSION, _UUID, _VERSION_ID = map(operator.attrgetter, ("price_version", "uuid", "version_id"))
+_PRICE_VERSION, _VERSION_ID = map(operator.attrgetter, ("price_version", "version_id"))
+_GPU = operator.attrgetter("cluster", "uuid")
 
 
 SQLITE_ROWS = 1024  # rows per multi-row INSERT at most (`SqlLedger._bulk_insert`)
@@ -495,6 +497,7 @@ class SqlLedger(Ledger):
     GROUP_COLUMNS = ("hour", "seq", "set_id", "readings")
     DEVICE_COLUMNS = (
         "hour",
+        "cluster",
         "uuid",
         "hostname",
         "gpu",
@@ -569,7 +572,7 @@ class SqlLedger(Ledger):
         spans: list[tuple[int, int, str | None, Hashable, object, Any]] = []
         if again is None:
             at = 0
-            for uuid, run in itertools.groupby(lines, key=_UUID):
+            for (_, uuid), run in itertools.groupby(lines, key=_GPU):  # a GPU is (cluster, uuid)
                 part = list(run)
                 spans.append((at, len(part), uuid, None, False, part))
                 at += len(part)
@@ -688,6 +691,7 @@ class SqlLedger(Ledger):
             del row["price_version"]
             row["price_version_id"] = version_row
             row["kind"], row["held_unit"] = row["kind"].value, row["held_unit"].value
+            row["cluster"] = row["cluster"] or None  # NULL: a store without a cluster label
             row["line_key"] = key
             row["digest"] = terms.digest(row)
             fields[term] = row
@@ -811,8 +815,10 @@ class SqlLedger(Ledger):
             )
             session.execute(delete(RefusedGpuHourRow).where(RefusedGpuHourRow.hour == record.hour))
             session.add_all(
-                RefusedGpuHourRow(hour=record.hour, uuid=uuid, reason=why[:4000], refused_at=now)
-                for uuid, why in record.refused
+                RefusedGpuHourRow(
+                    hour=record.hour, cluster=cluster, uuid=uuid, reason=why[:4000], refused_at=now
+                )
+                for cluster, uuid, why in record.refused
             )
         if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
             self._layout_ids.clear()
@@ -907,14 +913,14 @@ class SqlLedger(Ledger):
     def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
         g = GpuHourRow
         query = (
-            select(g.hour, g.layout_id, g.readings)
+            select(g.hour, g.cluster, g.layout_id, g.readings)
             .join(GpuLayout, GpuLayout.id == g.layout_id)
             .where(g.hour >= start, g.hour < end, GpuLayout.shared)
         )
         with Session(self.engine) as session:
             return shared_use_of(
-                (namespace, pod, hour, memory, sm)
-                for hour, layout_id, stored in session.execute(query)
+                (cluster_namespace(cluster, namespace), pod, hour, memory, sm)
+                for hour, cluster, layout_id, stored in session.execute(query)
                 for namespace, pod, memory, sm in layouts.shared_holders(
                     self._layout(session, layout_id), stored
                 )
@@ -923,16 +929,19 @@ class SqlLedger(Ledger):
     def holdings(self, start: datetime, end: datetime) -> list[PodHolding]:
         """The range's distinct layouts, each parsed once: a month of a GPU is a handful of them."""
         query = (
-            select(GpuHourRow.layout_id)
+            select(GpuHourRow.cluster, GpuHourRow.layout_id)
             .where(GpuHourRow.hour >= start, GpuHourRow.hour < end, GpuHourRow.layout_id.is_not(None))
             .distinct()
         )
         found: set[tuple[str, str, str, str]] = set()
         with Session(self.engine) as session:
-            for (layout_id,) in session.execute(query).all():
+            for cluster, layout_id in session.execute(query).all():
                 layout = self._layout(session, layout_id)
                 if layout is not None:
-                    found |= layouts.holdings_of(layout)
+                    held = layouts.holdings_of(layout)
+                    if cluster:  # as reports name the namespace (`cluster_namespace`)
+                        held = {(cluster_namespace(cluster, h[0]), *h[1:]) for h in held}
+                    found |= held
         return sorted(PodHolding(*h) for h in found)
 
     def _layout(self, session: Session, layout_id: int | None) -> dict | None:
@@ -953,9 +962,9 @@ class SqlLedger(Ledger):
         with Session(self.engine) as session:
             rows = session.execute(
                 select(g.uuid, g.model, g.present_seconds, g.hostname, g.gpu, g.mig_mode, g.utilization)
-                .add_columns(g.layout_id, g.readings)
+                .add_columns(g.cluster, g.layout_id, g.readings)
                 .where(g.hour == hour)
-                .order_by(g.uuid)
+                .order_by(g.cluster, g.uuid)
             ).all()
             return [
                 layouts.restore(hour, Device(*device), self._layout(session, layout_id), stored)
@@ -988,6 +997,7 @@ class SqlLedger(Ledger):
             out = []
             for r in rows:
                 fields = {name: getattr(r, name) for name in self.LINE_FIELDS if name != "price_version"}
+                fields["cluster"] = fields["cluster"] or ""
                 since = r.effective_from
                 fields.update({name: to(fields[name]) for name, to in read.items()})
                 out.append(Line(**fields, price_version=None if since is None else version_id(since)))
@@ -1024,6 +1034,7 @@ class SqlLedger(Ledger):
                 COST_LINES.c.currency,
                 COST_LINES.c.quantity,
                 COST_LINES.c.amount,
+                COST_LINES.c.cluster,
             )
             lines = [tuple(row) for row in session.execute(query)]
             last = session.scalar(
@@ -1093,6 +1104,7 @@ class SqlLedger(Ledger):
             c.currency,
             c.price_version_id,
             c.held_unit,
+            c.cluster,
         ]
         group = ([bucket] if bucket is not None else []) + keys
         query = (
@@ -1146,7 +1158,8 @@ class SqlLedger(Ledger):
                 if when.tzinfo is None:
                     when = when.replace(tzinfo=UTC)
             (kind, ns, team, pod, container, uuid, gi, profile, model, currency, version, unit) = rest[:12]
-            (first, last, n, qty, amount, priced, u_w, u_q, e_w, e_q, held) = rest[12:]
+            cluster = rest[12] or ""
+            (first, last, n, qty, amount, priced, u_w, u_q, e_w, e_q, held) = rest[13:]
             out.append(
                 LineTotal(
                     bucket=when,
@@ -1172,6 +1185,7 @@ class SqlLedger(Ledger):
                     efficiency_quantity=Decimal(int(e_q or 0)) * qty_unit,
                     held=Decimal(int(held or 0)) * qty_unit,
                     held_unit=unit,
+                    cluster=cluster,
                 )
             )
         return out
@@ -1196,13 +1210,13 @@ class SqlLedger(Ledger):
                 for r in rows
             }
 
-    @_stored("read ingest runs")
     @_stored("read refused GPU-hours")
     def refused_gpu_hours(
         self, start: datetime | None = None, end: datetime | None = None
     ) -> list[RefusedGpuHour]:
         query = select(
             RefusedGpuHourRow.hour,
+            RefusedGpuHourRow.cluster,
             RefusedGpuHourRow.uuid,
             RefusedGpuHourRow.reason,
             RefusedGpuHourRow.refused_at,
@@ -1212,9 +1226,14 @@ class SqlLedger(Ledger):
         if end is not None:
             query = query.where(RefusedGpuHourRow.hour < end)
         with Session(self.engine) as session:
-            rows = session.execute(query.order_by(RefusedGpuHourRow.hour, RefusedGpuHourRow.uuid))
-            return [RefusedGpuHour(*row) for row in rows]
+            rows = session.execute(
+                query.order_by(RefusedGpuHourRow.hour, RefusedGpuHourRow.cluster, RefusedGpuHourRow.uuid)
+            )
+            return [
+                RefusedGpuHour(hour, cluster or None, uuid, why, at) for hour, cluster, uuid, why, at in rows
+            ]
 
+    @_stored("read ingest runs")
     def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
         with Session(self.engine) as session:
             rows = session.execute(

@@ -36,7 +36,10 @@ COLUMNS = (
     "price_version_id",
     "held",
     "held_unit",
+    "cluster",  # revision 0012: NULL for a line of a store without a cluster label
 )
+# the columns up to revision 0011, before lines had a cluster (the migrations before 0012 use them)
+COLUMNS_0011 = COLUMNS[:-1]
 # a Line's fields that make its term (the price version: its id, whose row the ledger names)
 LINE_FIELDS = tuple("price_version" if name == "price_version_id" else name for name in COLUMNS[1:])
 of_line = operator.attrgetter(*LINE_FIELDS)
@@ -55,8 +58,12 @@ def _text(name: str, value: object) -> str:
 
 
 def digest(term: dict[str, object]) -> str:
-    """The term's content address: every column of COLUMNS (enums as their values)."""
-    text = "\x1f".join(_text(name, getattr(term[name], "value", term[name])) for name in COLUMNS)
+    """The term's content address: every column of COLUMNS (enums as their values). A term without
+    a cluster has the address it had before terms had one, so a ledger's terms stay the same terms."""
+    text = "\x1f".join(_text(name, getattr(term[name], "value", term[name])) for name in COLUMNS_0011)
+    cluster = term.get("cluster")
+    if cluster:
+        text += f"\x1f{cluster}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -78,8 +85,9 @@ def readings_text(efficiencies: list[Decimal | None], utilizations: list[Decimal
     return orjson.dumps(list(zip(efficiencies, utilizations, strict=True)), default=Decimal.__str__).decode()
 
 
-def view(dialect: str) -> str:
-    """The view `cost_lines` (billing/ledger/orm.py COST_LINES) at revision 0010: each line group's
+def view(dialect: str, columns: tuple[str, ...] = COLUMNS) -> str:
+    """The view `cost_lines` (billing/ledger/orm.py COST_LINES) since revision 0010 (``columns``: the
+    terms' columns at the revision creating it; COLUMNS_0011 before 0012 added the cluster): each line group's
     set of terms expanded, the Line record's fields per line and hour, as the table of that name was
     up to revision 0008. A line's place in its hour is its group's first place plus its own in the set;
     its readings are taken out of the group's JSON by that place (as exact decimals on PostgreSQL, as
@@ -90,7 +98,7 @@ def view(dialect: str) -> str:
         reading = "json_extract(g.readings, '$[' || m.pos || '][{}]')"
     return (
         "CREATE VIEW cost_lines AS SELECT g.hour, g.seq + m.pos AS seq, t.line_key, m.term_id, "
-        + ", ".join(f"t.{name}" for name in COLUMNS[1:])
+        + ", ".join(f"t.{name}" for name in columns[1:])
         + f", {reading.format(0)} AS efficiency, {reading.format(1)} AS utilization "
         "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
         "JOIN cost_line_terms AS t ON t.id = m.term_id"

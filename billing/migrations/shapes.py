@@ -24,7 +24,7 @@ def cost_line_hours_0009() -> list[sa.Column]:
 # the view `cost_lines` as revision 0009 created it (and 0010's downgrade restores it): the two tables joined
 VIEW_0009 = (
     "CREATE VIEW cost_lines AS SELECT h.hour, h.seq, h.line_key, h.term_id, "
-    + ", ".join(f"t.{name}" for name in terms.COLUMNS[1:])
+    + ", ".join(f"t.{name}" for name in terms.COLUMNS_0011[1:])
     + ", h.efficiency, h.utilization "
     "FROM cost_line_hours AS h JOIN cost_line_terms AS t ON t.id = h.term_id"
 )

@@ -24,10 +24,19 @@ NVML_ALIASES: dict[str, str] = {
     "Tesla V100-PCIE-16GB": "V100-16GB",
     "Tesla V100-SXM2-32GB": "V100-32GB",
     "Tesla V100-PCIE-32GB": "V100-32GB",
+    # Blackwell (names as exporter/simulator/models.py has them; docs/nvml.md §17 says which are assumed)
+    "NVIDIA B200": "B200-180GB",
+    "NVIDIA B300 SXM6 AC": "B300-288GB",
+    "NVIDIA B300": "B300-288GB",
+    "NVIDIA GB200": "GB200-186GB",
+    "NVIDIA GB300": "GB300-288GB",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "RTX-PRO-6000-96GB",
 }
 
 # Compute and memory slices of a whole GPU, per price-book model; 7 and 8 unless listed.
-SLICE_TOTALS: dict[str, tuple[int, int]] = {"A30-24GB": (4, 4)}
+# The RTX PRO 6000 Blackwell has four of each (1g.24gb x4, 2g.48gb x2, 4g.96gb: docs/nvml.md §17.1); B200,
+# B300, GB200 and GB300 have A100's and H100's seven and eight.
+SLICE_TOTALS: dict[str, tuple[int, int]] = {"A30-24GB": (4, 4), "RTX-PRO-6000-96GB": (4, 4)}
 
 
 # The MIG profiles each model offers (NVIDIA's MIG user guide, "Supported MIG Profiles"), by

@@ -72,6 +72,7 @@ from . import (  # noqa: E402
     clocks,  # noqa: F401
     clocks_event,  # noqa: F401
     ecc,  # noqa: F401
+    fabric,  # noqa: F401
     memory,  # noqa: F401
     mig,  # noqa: F401
     nvlink,  # noqa: F401

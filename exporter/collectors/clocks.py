@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 CLOCKS = (
@@ -30,12 +32,12 @@ class ClocksCollector:
         for label, kind in CLOCKS:
             value = device.call(f"clock_{label}", N.nvmlDeviceGetClockInfo, device.handle, kind)
             if value is not None:
-                out.add("nvidia_gpu_clock_hz", (*labels, label), value * MHZ)
+                out.add(contract.CLOCK, (*labels, label), value * MHZ)
         for label, value in device.static.get("max_clocks", {}).items():
-            out.add("nvidia_gpu_clock_max_hz", (*labels, label), value * MHZ)
+            out.add(contract.CLOCK_MAX, (*labels, label), value * MHZ)
         pstate = device.call("performance_state", N.nvmlDeviceGetPerformanceState, device.handle)
         if pstate is not None and pstate != N.NVML_PSTATE_UNKNOWN:
-            out.add("nvidia_gpu_performance_state", labels, pstate)
+            out.add(contract.PERFORMANCE_STATE, labels, pstate)
         fan = device.call("fan_speed", N.nvmlDeviceGetFanSpeed, device.handle)
         if fan is not None:
-            out.add("nvidia_gpu_fan_speed_ratio", labels, fan / 100)
+            out.add(contract.FAN_SPEED, labels, fan / 100)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 # reason label -> nvmlClocksEventReason* bit (docs/nvml.md §5.2)
@@ -53,10 +55,8 @@ class ClocksEventCollector:
             if current is not None:
                 for reason, bit in REASONS.items():
                     if supported & bit:
-                        out.add(
-                            "nvidia_gpu_clocks_event_active", (*labels, reason), 1 if current & bit else 0
-                        )
+                        out.add(contract.CLOCKS_EVENT_ACTIVE, (*labels, reason), 1 if current & bit else 0)
         for reason, field in VIOLATION_FIELDS.items():
             nanoseconds = device.field(field)
             if nanoseconds is not None:
-                out.add("nvidia_gpu_clocks_event_seconds_total", (*labels, reason), nanoseconds / 1e9)
+                out.add(contract.CLOCKS_EVENT_SECONDS, (*labels, reason), nanoseconds / 1e9)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 ECC = {"corrected": N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "uncorrected": N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL}
@@ -29,16 +31,16 @@ class EccCollector:
         labels = device.labels
         for error_type, field in ECC.items():
             if (value := device.field(field)) is not None:
-                out.add("nvidia_gpu_ecc_errors_total", (*labels, error_type), value)
+                out.add(contract.ECC_ERRORS, (*labels, error_type), value)
         for error_type, field in REMAPPED.items():
             if (value := device.field(field)) is not None:
-                out.add("nvidia_gpu_remapped_rows_total", (*labels, error_type), value)
+                out.add(contract.REMAPPED_ROWS, (*labels, error_type), value)
         if (pending := device.field(N.NVML_FI_DEV_REMAPPED_PENDING)) is not None:
-            out.add("nvidia_gpu_remapped_rows_pending", labels, 1 if pending else 0)
+            out.add(contract.REMAPPED_ROWS_PENDING, labels, 1 if pending else 0)
         if (failure := device.field(N.NVML_FI_DEV_REMAPPED_FAILURE)) is not None:
-            out.add("nvidia_gpu_remapped_rows_failure", labels, 1 if failure else 0)
+            out.add(contract.REMAPPED_ROWS_FAILURE, labels, 1 if failure else 0)
         for error_type, field in RETIRED.items():
             if (value := device.field(field)) is not None:
-                out.add("nvidia_gpu_retired_pages_total", (*labels, error_type), value)
+                out.add(contract.RETIRED_PAGES, (*labels, error_type), value)
         if (pending := device.field(N.NVML_FI_DEV_RETIRED_PENDING)) is not None:
-            out.add("nvidia_gpu_retired_pages_pending", labels, 1 if pending else 0)
+            out.add(contract.RETIRED_PAGES_PENDING, labels, 1 if pending else 0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 
@@ -26,8 +28,8 @@ class MemoryCollector:
             return
         total, used, free, reserved = memory
         labels = device.labels
-        out.add("nvidia_gpu_memory_total_bytes", labels, total)
-        out.add("nvidia_gpu_memory_used_bytes", labels, used)
-        out.add("nvidia_gpu_memory_free_bytes", labels, free)
+        out.add(contract.MEMORY_TOTAL, labels, total)
+        out.add(contract.MEMORY_USED, labels, used)
+        out.add(contract.MEMORY_FREE, labels, free)
         if reserved is not None:
-            out.add("nvidia_gpu_memory_reserved_bytes", labels, reserved)
+            out.add(contract.MEMORY_RESERVED, labels, reserved)

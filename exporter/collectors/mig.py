@@ -11,6 +11,8 @@ import re
 
 import pynvml as N
 
+from gpumeter import contract
+
 from ..nvml import MigDevice
 from ..snapshot import MigIdentity
 from . import register_collector
@@ -51,7 +53,7 @@ class MigCollector:
                 self._identities[uuid] = identity
             device.migs.append(MigDevice(handle, identity))
             out.add(
-                "nvidia_gpu_mig_info",
+                contract.MIG_INFO,
                 (*identity.labels, identity.uuid, str(identity.compute_slices), str(identity.memory_slices)),
                 1,
             )
@@ -61,9 +63,9 @@ class MigCollector:
             memory = read_memory(device, handle, "mig_memory")
             if memory is not None:
                 total, used, free, _reserved = memory
-                out.add("nvidia_gpu_mig_memory_total_bytes", identity.labels, total)
-                out.add("nvidia_gpu_mig_memory_used_bytes", identity.labels, used)
-                out.add("nvidia_gpu_mig_memory_free_bytes", identity.labels, free)
+                out.add(contract.MIG_MEMORY_TOTAL, identity.labels, total)
+                out.add(contract.MIG_MEMORY_USED, identity.labels, used)
+                out.add(contract.MIG_MEMORY_FREE, identity.labels, free)
 
     def _identify(self, device, handle, uuid: str) -> MigIdentity | None:
         gi = device.call("mig_gi", N.nvmlDeviceGetGpuInstanceId, handle)

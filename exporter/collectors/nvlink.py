@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 NUMBERED_LINKS = 12
@@ -78,7 +80,7 @@ class NvlinkCollector:
             name = str(link)
             state = device.field(N.NVML_FI_DEV_NVLINK_GET_STATE, link)
             if state is not None:
-                out.add("nvidia_gpu_nvlink_up", (*labels, name), 0 if state == NVLINK_STATE_INACTIVE else 1)
+                out.add(contract.NVLINK_UP, (*labels, name), 0 if state == NVLINK_STATE_INACTIVE else 1)
             counts = {
                 "replay": device.field(N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, link),
                 "recovery": device.field(N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, link),
@@ -101,7 +103,7 @@ class NvlinkCollector:
                 splits[link] = (combined, split)
             for error_type, value in counts.items():
                 if value is not None:
-                    out.add("nvidia_gpu_nvlink_errors_total", (*labels, name, error_type), value)
+                    out.add(contract.NVLINK_ERRORS, (*labels, name, error_type), value)
 
 
 def _needs_counter_api(device, link: int) -> bool:

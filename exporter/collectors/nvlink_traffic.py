@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 KIB = 1024
 DIRECTIONS = (
-    ("nvidia_gpu_nvlink_transmit_bytes_total", N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
-    ("nvidia_gpu_nvlink_receive_bytes_total", N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
+    (contract.NVLINK_TX_BYTES, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
+    (contract.NVLINK_RX_BYTES, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
 )
 
 

@@ -26,11 +26,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 log = logging.getLogger(__name__)
 
 COUNTER_FIELDS = {"tx": N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "rx": N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES}
+# each direction's series: bytes so far, and bytes per second
+TOTALS = {"tx": contract.PCIE_TX_BYTES, "rx": contract.PCIE_RX_BYTES}
+RATES = {"tx": contract.PCIE_TX, "rx": contract.PCIE_RX}
 THROUGHPUT_COUNTERS = {"tx": N.NVML_PCIE_UTIL_TX_BYTES, "rx": N.NVML_PCIE_UTIL_RX_BYTES}
 THROUGHPUT_WORKERS = 8  # one read in flight per GPU; a node has at most this many in common practice
 # A read started a whole interval ago is long done; this bound only matters when cycles come back to
@@ -78,16 +83,16 @@ class PcieCollector:
         generation = device.call("pcie_generation", N.nvmlDeviceGetCurrPcieLinkGeneration, device.handle)
         width = device.call("pcie_width", N.nvmlDeviceGetCurrPcieLinkWidth, device.handle)
         for name, value in (
-            ("nvidia_gpu_pcie_link_generation", generation),
-            ("nvidia_gpu_pcie_link_max_generation", max_generation),
-            ("nvidia_gpu_pcie_link_width", width),
-            ("nvidia_gpu_pcie_link_max_width", max_width),
+            (contract.PCIE_LINK_GENERATION, generation),
+            (contract.PCIE_LINK_MAX_GENERATION, max_generation),
+            (contract.PCIE_LINK_WIDTH, width),
+            (contract.PCIE_LINK_MAX_WIDTH, max_width),
         ):
             if value is not None:
                 out.add(name, labels, value)
         lane = LANE_BYTES_PER_SECOND.get(generation) if generation is not None else None
         if lane is not None and width:
-            out.add("nvidia_gpu_pcie_link_bandwidth_bytes_per_second", labels, lane * width)
+            out.add(contract.PCIE_LINK_BANDWIDTH, labels, lane * width)
 
     def update(self, device, out) -> None:
         labels = device.labels
@@ -98,12 +103,12 @@ class PcieCollector:
             self._from_throughput(device, out)
         replays = device.field(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER)
         if replays is not None:
-            out.add("nvidia_gpu_pcie_replay_total", labels, replays)
+            out.add(contract.PCIE_REPLAY, labels, replays)
         self._link(device, out)
 
     def _from_counters(self, device, counters: dict[str, float], out) -> None:
         for direction, total in counters.items():
-            out.add(f"nvidia_gpu_pcie_{direction}_bytes_total", device.labels, total)
+            out.add(TOTALS[direction], device.labels, total)
             at = device.field_time(COUNTER_FIELDS[direction])
             key = (device.uuid, direction)
             before = self._previous.get(key)
@@ -111,14 +116,14 @@ class PcieCollector:
             # No rate on the first reading, nor across a wrap or a reset ("Value can be wrapped", nvml.h).
             if before is not None and at is not None and at > before[1] and total >= before[0]:
                 rate = (total - before[0]) / (at - before[1])
-                out.add(f"nvidia_gpu_pcie_{direction}_bytes_per_second", device.labels, rate)
+                out.add(RATES[direction], device.labels, rate)
 
     def _from_throughput(self, device, out) -> None:
         read = self._reads.pop(device.uuid, None)
         if read is not None:
             try:
                 for direction, kilobytes in read.result(timeout=THROUGHPUT_WAIT_S).items():
-                    out.add(f"nvidia_gpu_pcie_{direction}_bytes_per_second", device.labels, kilobytes * 1000)
+                    out.add(RATES[direction], device.labels, kilobytes * 1000)
             except FutureTimeout:
                 self._reads[device.uuid] = read  # still sampling: publish it next cycle
                 return

@@ -33,8 +33,8 @@ from . import register_collector
 
 log = logging.getLogger(__name__)
 
-MEMORY = contract.PROCESS_MEMORY_USED.name
-SM = contract.PROCESS_SM_UTILIZATION.name
+MEMORY = contract.PROCESS_MEMORY_USED
+SM = contract.PROCESS_SM_UTILIZATION
 NO_INSTANCE = 0xFFFFFFFF  # nvmlProcessInfo_t's instance IDs when the GPU is not in MIG mode
 NOBODY = ("", "", "")  # namespace, pod, container of processes in no known pod
 
@@ -68,9 +68,9 @@ class ProcessCollector:
             self.pod_list.health_owner = self
         if self.pod_list.health_owner is self:
             answer = self.pod_list.snapshot()
-            out.add(contract.KUBE_API_UP.name, (), 1.0 if answer.up else 0.0)
+            out.add(contract.KUBE_API_UP, (), 1.0 if answer.up else 0.0)
             for reason, count in answer.errors.items():
-                out.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
+                out.add(contract.KUBE_API_ERRORS, (reason,), float(count))
 
     def update(self, device, out) -> None:
         index = self._pods()

@@ -21,6 +21,8 @@ import time
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 GPM_MIN_SPACING_S = 0.1  # nvml.h, nvmlGpmSampleGet / nvmlGpmMigSampleGet
@@ -28,24 +30,24 @@ MIB = 2**20
 
 # (series, extra label value or None, GPM metric): percentages, exported as 0-1 ratios
 UTILIZATION = (
-    ("nvidia_gpu_sm_active_ratio", None, N.NVML_GPM_METRIC_SM_UTIL),
-    ("nvidia_gpu_sm_occupancy_ratio", None, N.NVML_GPM_METRIC_SM_OCCUPANCY),
-    ("nvidia_gpu_tensor_active_ratio", "any", N.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
-    ("nvidia_gpu_tensor_active_ratio", "hmma", N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL),
-    ("nvidia_gpu_tensor_active_ratio", "imma", N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL),
-    ("nvidia_gpu_tensor_active_ratio", "dfma", N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL),
-    ("nvidia_gpu_dram_active_ratio", None, N.NVML_GPM_METRIC_DRAM_BW_UTIL),
-    ("nvidia_gpu_graphics_engine_active_ratio", None, N.NVML_GPM_METRIC_GRAPHICS_UTIL),
-    ("nvidia_gpu_fp_active_ratio", "fp64", N.NVML_GPM_METRIC_FP64_UTIL),
-    ("nvidia_gpu_fp_active_ratio", "fp32", N.NVML_GPM_METRIC_FP32_UTIL),
-    ("nvidia_gpu_fp_active_ratio", "fp16", N.NVML_GPM_METRIC_FP16_UTIL),
+    (contract.SM_ACTIVE, None, N.NVML_GPM_METRIC_SM_UTIL),
+    (contract.SM_OCCUPANCY, None, N.NVML_GPM_METRIC_SM_OCCUPANCY),
+    (contract.TENSOR_ACTIVE, "any", N.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+    (contract.TENSOR_ACTIVE, "hmma", N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL),
+    (contract.TENSOR_ACTIVE, "imma", N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL),
+    (contract.TENSOR_ACTIVE, "dfma", N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL),
+    (contract.DRAM_ACTIVE, None, N.NVML_GPM_METRIC_DRAM_BW_UTIL),
+    (contract.GRAPHICS_ENGINE_ACTIVE, None, N.NVML_GPM_METRIC_GRAPHICS_UTIL),
+    (contract.FP_ACTIVE, "fp64", N.NVML_GPM_METRIC_FP64_UTIL),
+    (contract.FP_ACTIVE, "fp32", N.NVML_GPM_METRIC_FP32_UTIL),
+    (contract.FP_ACTIVE, "fp16", N.NVML_GPM_METRIC_FP16_UTIL),
 )
 # Link traffic belongs to the physical GPU: asked on whole-GPU samples only (MiB/s in nvml.h)
 RATES = (
-    ("nvidia_gpu_nvlink_transmit_bytes_per_second", N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC),
-    ("nvidia_gpu_nvlink_receive_bytes_per_second", N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC),
+    (contract.NVLINK_TX_RATE, N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC),
+    (contract.NVLINK_RX_RATE, N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC),
 )
-MIG_SM_UTILIZATION = "nvidia_gpu_mig_sm_utilization_ratio"  # billing's per-instance series, same pair
+MIG_SM_UTILIZATION = contract.MIG_SM_UTILIZATION  # billing's per-instance series, same pair
 # Metrics a real driver is slow to compute: on an H200 (driver 580, docs/real-gpu.md) graphics-engine
 # activity took 1.2 ms of the 1.23 ms metrics call, every other metric 1.3 µs. With a counter_interval it
 # is asked on that cadence, over its own pair of samples that far apart (a mean over the longer window,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 # (threshold label, nvmlDeviceGetTemperatureThreshold type). Absolute °C from the threshold function, as
@@ -44,13 +46,13 @@ class ThermalCollector:
                 "temperature", N.nvmlDeviceGetTemperature, device.handle, N.NVML_TEMPERATURE_GPU
             )
         if temp is not None:
-            out.add("nvidia_gpu_temperature_celsius", labels, temp)
+            out.add(contract.TEMPERATURE, labels, temp)
         memory_temp = device.field(N.NVML_FI_DEV_MEMORY_TEMP)
         if memory_temp is not None:
-            out.add("nvidia_gpu_memory_temperature_celsius", labels, memory_temp)
+            out.add(contract.MEMORY_TEMPERATURE, labels, memory_temp)
         for label, value in device.static.get("thresholds", {}).items():
-            out.add("nvidia_gpu_temperature_threshold_celsius", (*labels, label), value)
+            out.add(contract.TEMPERATURE_THRESHOLD, (*labels, label), value)
         # The T.Limit margin, signed: how far below the nearest slowdown threshold the GPU runs (driver 570+).
         margin = device.call("temperature_margin", N.nvmlDeviceGetMarginTemperature, device.handle)
         if margin is not None:
-            out.add("nvidia_gpu_temperature_margin_celsius", labels, margin)
+            out.add(contract.TEMPERATURE_MARGIN, labels, margin)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 
@@ -14,5 +16,5 @@ class UtilizationCollector:
             return
         rates = device.call("utilization", N.nvmlDeviceGetUtilizationRates, device.handle)
         if rates is not None:
-            out.add("nvidia_gpu_utilization_ratio", device.labels, rates.gpu / 100)
-            out.add("nvidia_gpu_memory_utilization_ratio", device.labels, rates.memory / 100)
+            out.add(contract.UTILIZATION, device.labels, rates.gpu / 100)
+            out.add(contract.MEMORY_UTILIZATION, device.labels, rates.memory / 100)

@@ -85,16 +85,16 @@ class VgpuCollector:
             license_state = self._license(device, instance)
             labels = (*device.labels, _text(uuid), vm_id)
             out.add(
-                contract.VGPU_INFO.name,
+                contract.VGPU_INFO,
                 (*labels, vm_id_type, type_name, str(max_instances), license_state),
                 1,
             )
-            out.add(contract.VGPU_MEMORY_TOTAL.name, labels, framebuffer)
+            out.add(contract.VGPU_MEMORY_TOTAL, labels, framebuffer)
             used = device.call("vgpu_fb_usage", read_fb_usage, instance)
             if used is not None:
-                out.add(contract.VGPU_MEMORY_USED.name, labels, used)
+                out.add(contract.VGPU_MEMORY_USED, labels, used)
             for (engine, _field), value in zip(ENGINES, utilization.get(instance, ()), strict=False):
-                out.add(contract.VGPU_UTILIZATION.name, (*labels, engine), value)
+                out.add(contract.VGPU_UTILIZATION, (*labels, engine), value)
             if max_instances:
                 allocation = (
                     self.hostname,
@@ -108,7 +108,7 @@ class VgpuCollector:
                     "",  # mig_profile
                     contract.SHARING_VGPU,
                 )
-                out.add(contract.ALLOCATION.name, allocation, framebuffer / (framebuffer * max_instances))
+                out.add(contract.ALLOCATION, allocation, framebuffer / (framebuffer * max_instances))
 
     @staticmethod
     def _license(device, instance: int) -> str:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pynvml as N
 
+from gpumeter import contract
+
 from . import register_collector
 
 ENGINES = (
-    ("nvidia_gpu_encoder_utilization_ratio", "encoder_utilization", N.nvmlDeviceGetEncoderUtilization),
-    ("nvidia_gpu_decoder_utilization_ratio", "decoder_utilization", N.nvmlDeviceGetDecoderUtilization),
+    (contract.ENCODER_UTILIZATION, "encoder_utilization", N.nvmlDeviceGetEncoderUtilization),
+    (contract.DECODER_UTILIZATION, "decoder_utilization", N.nvmlDeviceGetDecoderUtilization),
 )
 
 

@@ -9,6 +9,8 @@ series joins its pod through ``nvidia_gpu_allocation`` on (uuid, gpu_instance_id
 
 from __future__ import annotations
 
+from gpumeter import contract
+
 from . import register_collector
 
 
@@ -27,13 +29,13 @@ class XidCollector:
         """Once per cycle, for every known GPU (``snapshot.DeviceIdentity``), lost or not."""
         if self._watcher is None:
             return
-        out.add("gpumeter_exporter_mig_xids_visible", (), 1 if self._privileged else 0)
+        out.add(contract.MIG_XIDS_VISIBLE, (), 1 if self._privileged else 0)
         for device in devices:
             for xid, (count, last_seen) in self._watcher.counts(device.uuid).items():
-                out.add("nvidia_gpu_xid_errors_total", (*device.labels, str(xid)), count)
-                out.add("nvidia_gpu_xid_last_timestamp_seconds", (*device.labels, str(xid)), last_seen)
+                out.add(contract.XID_ERRORS, (*device.labels, str(xid)), count)
+                out.add(contract.XID_LAST_TIMESTAMP, (*device.labels, str(xid)), last_seen)
             for (gi, ci), per_xid in self._watcher.instance_counts(device.uuid).items():
                 profile = next((m.profile for m in device.migs if m.gpu_instance_id == gi), "")
                 labels = (*device.labels, str(gi), "" if ci is None else str(ci), profile)
                 for xid, (count, _) in per_xid.items():
-                    out.add("nvidia_gpu_mig_xid_errors_total", (*labels, str(xid)), count)
+                    out.add(contract.MIG_XID_ERRORS, (*labels, str(xid)), count)

@@ -31,7 +31,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpumeter import contract
-from gpumeter.exporter.catalog import by_name
 from gpumeter.exporter.kubernetes import dra
 from gpumeter.exporter.snapshot import DeviceIdentity, SnapshotBuilder
 
@@ -42,9 +41,9 @@ __all__ = ["ALLOCATION", "KUBELET_ERRORS", "KUBELET_UP", "LABELS", "Allocation",
 
 log = logging.getLogger(__name__)
 
-ALLOCATION = by_name("nvidia_gpu_allocation").name
-KUBELET_UP = by_name("gpumeter_exporter_kubelet_up").name
-KUBELET_ERRORS = by_name("gpumeter_exporter_kubelet_errors_total").name
+ALLOCATION = contract.ALLOCATION
+KUBELET_UP = contract.KUBELET_UP
+KUBELET_ERRORS = contract.KUBELET_ERRORS
 LABELS = (
     "hostname",
     "namespace",
@@ -57,7 +56,7 @@ LABELS = (
     "mig_profile",
     "sharing",
 )
-assert by_name(ALLOCATION).label_names == LABELS, "catalog label order changed; update Allocation.labels"
+assert ALLOCATION.labels == LABELS, "catalog label order changed; update Allocation.labels"
 
 _MAX_REMEMBERED = 10_000  # bound on the "logged once" sets
 
@@ -180,15 +179,15 @@ class PodAttribution:
         for allocation in emitted:
             builder.add(ALLOCATION, allocation.labels(self.hostname), allocation.share)
             if allocation.dra is not None:
-                builder.add(contract.DRA_ALLOCATION_INFO.name, allocation.dra_labels(self.hostname), 1.0)
+                builder.add(contract.DRA_ALLOCATION_INFO, allocation.dra_labels(self.hostname), 1.0)
         builder.add(KUBELET_UP, (), 1.0 if self.up else 0.0)
         builder.add(KUBELET_ERRORS, (), float(self.errors))
-        builder.add(contract.DRA_DEVICES_UNRESOLVED.name, (), float(self.dra_unresolved))
+        builder.add(contract.DRA_DEVICES_UNRESOLVED, (), float(self.dra_unresolved))
         if self.dra is not None:
             view = self.dra.snapshot()
-            builder.add(contract.DRA_API_UP.name, (), 1.0 if view.up else 0.0)
+            builder.add(contract.DRA_API_UP, (), 1.0 if view.up else 0.0)
             for reason, count in view.errors.items():
-                builder.add(contract.DRA_API_ERRORS.name, (reason,), float(count))
+                builder.add(contract.DRA_API_ERRORS, (reason,), float(count))
 
     def _query(self, devices: tuple[DeviceIdentity, ...]) -> tuple[Allocation, ...]:
         pods = self.client.list()

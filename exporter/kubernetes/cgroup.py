@@ -1,4 +1,4 @@
-"""A process → its Kubernetes pod and container, from ``/proc/<pid>/cgroup`` (issue 15, point 5).
+"""A process → its Kubernetes pod and container, from ``/proc/<pid>/cgroup``.
 
 NVML names the processes on a GPU by PID only. The kubelet puts every container in a cgroup whose path
 carries the pod's UID and the container's runtime ID; the pod list (exporter/kubernetes/api.py) maps

@@ -259,9 +259,9 @@ class FractionalAttribution:
             self._memory_bytes[labels[1]] = value  # (gpu, uuid, …)
         self._refresh()
         if self.pods.health_owner is self:
-            builder.add(contract.KUBE_API_UP.name, (), 1.0 if self.up else 0.0)
+            builder.add(contract.KUBE_API_UP, (), 1.0 if self.up else 0.0)
             for reason, count in self.errors.items():
-                builder.add(contract.KUBE_API_ERRORS.name, (reason,), float(count))
+                builder.add(contract.KUBE_API_ERRORS, (reason,), float(count))
         if not self._grants:
             return allocations
         by_uuid = {d.uuid.lower(): d for d in devices}
@@ -313,8 +313,8 @@ class FractionalAttribution:
         for key, (memory, compute) in sorted(fractional.items()):
             allocation = Allocation(*key, compute)
             labels = allocation.labels(hostname)
-            builder.add(contract.ALLOCATION_MEMORY.name, labels, memory)
-            builder.add(contract.ALLOCATION_COMPUTE.name, labels, compute)
+            builder.add(contract.ALLOCATION_MEMORY, labels, memory)
+            builder.add(contract.ALLOCATION_COMPUTE, labels, compute)
             out.append(allocation)
         for key, compute in sorted(reserved.items()):
             builder.add(contract.RESERVATION.name, Allocation(*key, compute).labels(hostname), compute)

@@ -5,7 +5,7 @@ What it models is DCGM's profiling module, the one source of per-instance activi
 GPM is Hopper and later): ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ``SM_ACTIVE``, ``SM_OCCUPANCY``,
 ``PIPE_TENSOR_ACTIVE``, ``DRAM_ACTIVE`` and ``DCGM_FI_DEV_FB_USED``/``FB_FREE``, per GPU instance of a
 MIG-enabled GPU (dcgm-exporter's default flex mode monitors such a GPU only as its GPU instances) and per
-whole GPU otherwise. Series as gpumeter/contract.py declares them (``DCGM_EXPORTER_SERIES``).
+whole GPU otherwise. Series as gpumeter/third_party.py declares them (``DCGM_EXPORTER_SERIES``).
 
 The exposition is dcgm-exporter's own, not client_golang's: a Go text/template in
 internal/pkg/rendermetrics/render_metrics.go (NVIDIA/dcgm-exporter d5e5f510a1b6b393f39a43293ccd9dc985defc79)
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import pynvml as N
 
-from gpumeter import contract
+from gpumeter import contract, third_party
 
 from .device import SimulatedGpu, SimulatedNode, pci_bus
 from .fleet import Fleet, FleetError, load_fleet
@@ -45,13 +45,13 @@ MIB = 1024 * 1024
 # field -> its share of SM activity, the stand-in GPM's workload model for the same measure; None for the
 # framebuffer fields. The order is default-counters.csv's.
 FIELDS: tuple[tuple[contract.Series, float | None], ...] = (
-    (contract.DCGM_FB_FREE, None),
-    (contract.DCGM_FB_USED, None),
-    (contract.DCGM_GR_ENGINE_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_GRAPHICS_UTIL]),
-    (contract.DCGM_SM_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_SM_UTIL]),
-    (contract.DCGM_SM_OCCUPANCY, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_SM_OCCUPANCY]),
-    (contract.DCGM_PIPE_TENSOR_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_ANY_TENSOR_UTIL]),
-    (contract.DCGM_DRAM_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_DRAM_BW_UTIL]),
+    (third_party.DCGM_FB_FREE, None),
+    (third_party.DCGM_FB_USED, None),
+    (third_party.DCGM_GR_ENGINE_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_GRAPHICS_UTIL]),
+    (third_party.DCGM_SM_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_SM_UTIL]),
+    (third_party.DCGM_SM_OCCUPANCY, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_SM_OCCUPANCY]),
+    (third_party.DCGM_PIPE_TENSOR_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_ANY_TENSOR_UTIL]),
+    (third_party.DCGM_DRAM_ACTIVE, GPM_SHARE_OF_SM[N.NVML_GPM_METRIC_DRAM_BW_UTIL]),
 )
 HOSTNAME_LABEL = "Hostname"
 
@@ -111,7 +111,7 @@ def exposition(node: SimulatedNode, hostname: str | None = None) -> str:
         out += [f"# HELP {series.name} {series.help}", f"# TYPE {series.name} {series.type}"]
         for labels, pod, activity, used, free in entities:
             if share is None:
-                value = f"{used if series is contract.DCGM_FB_USED else free:d}"
+                value = f"{used if series is third_party.DCGM_FB_USED else free:d}"
             else:
                 value = f"{min(1.0, share * activity):f}"
             rest = {"DCGM_FI_DRIVER_VERSION": node.spec.driver_version, **pod}

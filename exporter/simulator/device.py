@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from .fabric import FabricState, cluster_uuid
 from .fleet import Fleet, GpuSpec, MigInstanceSpec, NodeSpec, Workload
 from .vgpu import simulated_vgpus
 
@@ -52,6 +53,8 @@ FAULTS = (
     "nvlink_sleep",
     "page_retire",
     "pcie_downtrain",
+    "fabric_health",
+    "fabric_registration",
 )
 
 
@@ -184,6 +187,7 @@ class SimulatedGpu:
     nvml_errors: dict[str, int] = field(default_factory=dict)
     # An injected PCIe link below its maximum: (generation, width, only while not in use); None: full link
     pcie_downtrained: tuple[int, int, bool] | None = None
+    fabric: FabricState = field(default_factory=lambda: FabricState(supported=False, blackwell=False))
 
     def pcie_link(self) -> tuple[int, int]:
         """The link's current (generation, width). The driver's power saving lowers it only while the GPU
@@ -333,6 +337,11 @@ class SimulatedNode:
         self.gpus = [
             SimulatedGpu(spec=g, rng=random.Random(fleet.seed * 1009 + g.index)) for g in self.spec.gpus
         ]
+        domain = cluster_uuid(fleet.seed, self.spec.fabric_domain)
+        for gpu in self.gpus:
+            gpu.fabric = FabricState.for_gpu(
+                gpu.model.arch, gpu.model.has_fabric, domain, self.spec.nvlink_clique
+            )
         self.pods = fleet.pods_on(self.spec.name)
         self.vgpus = simulated_vgpus(self.gpus)  # nvmlVgpuInstance_t -> the vGPUs running on this host
         self.pod_driven = bool(self.pods)
@@ -527,6 +536,16 @@ class SimulatedNode:
                         f"{model.pcie_width} on a {model.key} (got gen {generation}, width {width})"
                     )
                 target.pcie_downtrained = (generation, width, bool(params.get("power_saving", False)))
+            elif fault in ("fabric_health", "fabric_registration"):
+                if not target.fabric.supported:
+                    raise ValueError(
+                        f"a {target.model.key} answers no NVLink fabric (NOT_SUPPORTED: PCIe, pre-Hopper or "
+                        "without NVLinks)"
+                    )
+                if fault == "fabric_health":
+                    target.fabric.degrade(str(params.get("condition", "degraded_bw")))
+                else:
+                    target.fabric.register(str(params.get("state", "failed")), params.get("status", 999))
             elif fault == "mig_reconfigure":
                 from .fleet import _layout, _Reader
 
@@ -551,6 +570,7 @@ class SimulatedNode:
                 target.unsupported.clear()
                 target.nvml_errors.clear()
                 target.pcie_downtrained = None
+                target.fabric.reset()
         return "cleared"
 
     def _gpu(self, index: int | None) -> SimulatedGpu:

@@ -14,6 +14,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
           sharing_strategy: mps     # how the device plugin shares replicas: time-slicing (default) | mps
         cgroup: {version: v2, driver: systemd, runtime: containerd}   # how /proc/<pid>/cgroup names a
                                     # container (v1|v2, systemd|cgroupfs, containerd|crio|docker; these defaults)
+        nvlink_domain: nvl72-rack-a # the NVLink domain its GPUs register in (an NVL72 rack: 18 nodes name
+        nvlink_clique: 1            # one); default the node itself. clique: the partition (default 0)
         host_processes:             # GPU processes outside any pod (a host daemon, a job run over ssh)
           - {pid: 2101, gpu: 0, memory_mib: 512, utilization: 0.05, cgroup: /system.slice/render.service}
         gpus:
@@ -214,6 +216,15 @@ class NodeSpec:
     sharing_strategy: str = "time-slicing"
     cgroup: CgroupLayout = CgroupLayout()
     host_processes: tuple[HostProcess, ...] = ()
+    # The NVLink domain its GPUs register in (nvmlDeviceGetGpuFabricInfoV's clusterUuid derives from
+    # it): the rack of an NVL72 (its 18 compute trays name one domain), else the node itself (an HGX
+    # baseboard's NVSwitches reach its own GPUs only). The clique is the partition within the domain.
+    nvlink_domain: str = ""
+    nvlink_clique: int = 0
+
+    @property
+    def fabric_domain(self) -> str:
+        return self.nvlink_domain or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +298,13 @@ class Fleet:
             if (claim.namespace, claim.name) == (namespace, name):
                 return claim
         raise KeyError((namespace, name))
+
+
+def _clique(r: _Reader, raw: dict, path: str) -> int:
+    clique = r.get(raw, "nvlink_clique", path, int, 0)
+    if not 0 <= clique <= 0xFFFFFFFF:  # nvmlGpuFabricInfo cliqueId: unsigned int
+        raise r.fail(f"{path}.nvlink_clique", clique, "must be within 0..4294967295")
+    return clique
 
 
 def _uuid(prefix: str, key: str) -> str:
@@ -610,6 +628,8 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 sharing_strategy=sharing,
                 cgroup=_cgroup_layout(r, raw, path),
                 host_processes=_host_processes(r, raw, path, tuple(gpus)),
+                nvlink_domain=r.get(raw, "nvlink_domain", path, str, ""),
+                nvlink_clique=_clique(r, raw, path),
             )
         )
     claims = _claims(r, data, gpus_by_node)

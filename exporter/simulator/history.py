@@ -479,14 +479,20 @@ def write_history(
     progress=None,
     incidents: tuple[Incident, ...] = (),
     processes: bool = True,
+    cluster: str = "",
+    cluster_label: str = contract.CLUSTER_LABEL,
 ) -> int:
     """Write OpenMetrics for [start, end) every ``step`` seconds; returns the number of samples.
     ``processes=False`` leaves out the processes collector's series (a fleet whose exporters run
-    without it: billing then splits shared GPUs equally under either sharing_split)."""
+    without it: billing then splits shared GPUs equally under either sharing_split). ``cluster``
+    labels every series ``<cluster_label>="<cluster>"``, as the cluster's Prometheus adds its
+    external label when it remote-writes to a global store: several clusters' histories then
+    backfill one store (docs/billing.md §2.3)."""
     check_incidents(fleets, incidents)
     nodes = [_Series(fleet, node, incidents, start) for fleet in fleets for node in fleet.nodes]
     times = [start + i * step for i in range(int((end - start) // step))]
     written = 0
+    external = f',{cluster_label}="{cluster}"' if cluster else ""
     dynamic = {**DYNAMIC, **(INCIDENT_SERIES if incidents else {})}
     families = [f for f in (*STATIC, *dynamic) if processes or f not in PROCESS_SERIES]
     for family in families:
@@ -497,7 +503,7 @@ def write_history(
                 method = getattr(series, STATIC.get(family) or dynamic[family])
                 rows = method() if family in STATIC else method(t - start)
                 for labels, value in rows:
-                    out.write(f"{family.name}{{{labels}}} {value} {stamp}\n")
+                    out.write(f"{family.name}{{{labels}{external}}} {value} {stamp}\n")
                     written += 1
             if progress is not None:
                 progress.update(1)
@@ -535,6 +541,18 @@ def add_parser(subparsers) -> None:
         action="store_false",
         help="leave out the per-process series (exporters without --enable-collectors processes)",
     )
+    parser.add_argument(
+        "--cluster",
+        default="",
+        metavar="NAME",
+        help="label every series with the cluster NAME, as its Prometheus's external_labels would in a "
+        "global store (run once per cluster and backfill the files into one store)",
+    )
+    parser.add_argument(
+        "--cluster-label",
+        default=contract.CLUSTER_LABEL,
+        help=f"the label --cluster sets (default {contract.CLUSTER_LABEL})",
+    )
     parser.set_defaults(func=run)
 
 
@@ -548,6 +566,10 @@ def run(args: argparse.Namespace) -> int:
         start, end = _when(args.start), _when(args.end)
         incidents = tuple(parse_incident(text) for text in args.incident)
         check_incidents(fleets, incidents)
+        if args.cluster and not re.fullmatch(r"[A-Za-z0-9_.:-]+", args.cluster):
+            raise ValueError(f"--cluster: letters, digits and _.:- only (value {args.cluster!r})")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args.cluster_label):
+            raise ValueError(f"--cluster-label: not a Prometheus label name (value {args.cluster_label!r})")
     except (FleetError, ValueError) as exc:
         print(f"gpumeter simulate history: {exc}", file=sys.stderr)
         return 2
@@ -566,7 +588,18 @@ def run(args: argparse.Namespace) -> int:
         bar = stack.enter_context(
             tqdm(total=steps, desc="history", unit="step", disable=args.out == "-", leave=False)
         )
-        samples = write_history(fleets, start, end, args.step, out, bar, incidents, processes=args.processes)
+        samples = write_history(
+            fleets,
+            start,
+            end,
+            args.step,
+            out,
+            bar,
+            incidents,
+            processes=args.processes,
+            cluster=args.cluster,
+            cluster_label=args.cluster_label,
+        )
     print(f"wrote {samples} samples", file=sys.stderr)
     return 0
 

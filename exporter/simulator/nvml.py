@@ -431,6 +431,14 @@ def nvmlDeviceGetEnforcedPowerLimit(lib, gpu, mig, out):
 
 
 @device_call
+def nvmlDeviceGetPowerManagementLimit(lib, gpu, mig, out):
+    # The limit the power manager works to (nvml.h: "the power management algorithm"), which the other
+    # limiters may lower; the stand-in has no other limiter, so the enforced limit equals it.
+    _out(out).value = int(gpu.power_limit_w * 1000)
+    return OK
+
+
+@device_call
 def nvmlDeviceGetTotalEnergyConsumption(lib, gpu, mig, out):
     _out(out).value = int(gpu.energy_mj)
     return OK
@@ -1119,4 +1127,4 @@ def nvmlDeviceGetProcessUtilization(lib, gpu, mig, utilization, count, last_seen
 
 
 # The vGPU (host side) calls live in their own module; importing it registers them.
-from . import nvml_vgpu  # noqa: E402, F401
+from . import nvml_fabric, nvml_vgpu  # noqa: E402, F401

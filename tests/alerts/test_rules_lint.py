@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from gpumeter import contract
+from gpumeter import contract, third_party
 from gpumeter.alerts import ALERTS_FILE, RULES_FILE, RUNBOOK_FILE, RUNBOOK_URL
 from gpumeter.deploy.demo import ALERTMANAGER_CONFIG
 
@@ -21,7 +21,7 @@ RECORD_NAME = re.compile(r"^[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*$")
 METRIC = re.compile(r"\b(?:nvidia_gpu_\w+|gpumeter_\w+|kube_\w+)")
 RECORDING_REF = re.compile(r"\b[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*\b")
 SEVERITIES = {"critical", "warning", "info"}
-CONTRACT_NAMES = {series.name for series in contract.CONTRACT}
+CONTRACT_NAMES = {series.name for series in third_party.EVERY_SERIES}
 
 XID_CRITICAL = {"48", "62", "64", "74", "79", "95", "109", "119", "120", "136", "140", "143"}
 XID_APPLICATION = {"13", "31", "43", "45", "68", "69"}

@@ -1,5 +1,5 @@
 """The HTTP-layer evaluation of docs/security.md §5.1: one listener answering a 300 KB body from
-memory, served by gpumeter/web.py or by uvicorn (h11 or httptools), measured from outside.
+memory, served by gpumeter/web/ or by uvicorn (h11 or httptools), measured from outside.
 
     python -m tests.bench_support.http_layer gpumeter
     python -m tests.bench_support.http_layer h11 --python /tmp/libvenv/bin/python   # a venv with uvicorn

@@ -16,6 +16,7 @@ from gpumeter.billing.models import GpuHour
 from gpumeter.billing.pricing import PriceBook, PriceVersion
 from gpumeter.billing.pricing.base import GpuPrice
 from tests.billing.factories import A100, H100, HOUR0, alloc, gpu_hour, mig
+from tests.support.hypothesis_profiles import examples
 
 PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
 
@@ -60,7 +61,7 @@ def scenario(draw):
     return book, gpu_hour(uuid, H100, [], allocations, seconds=present)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario())
 def test_lines_sum_exactly_to_device_cost_and_are_never_negative(case):
     book, hour = case
@@ -80,7 +81,7 @@ def test_lines_sum_exactly_to_device_cost_and_are_never_negative(case):
 utilizations = st.one_of(st.none(), st.decimals(min_value=Decimal(0), max_value=Decimal(1), places=3))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario(), st.data())
 def test_the_memoised_pricer_gives_exactly_what_price_gpu_hour_gives(case, data):
     """`Pricer` re-uses a priced GPU-hour for another hour with the same inputs: same lines, with

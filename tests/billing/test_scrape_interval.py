@@ -33,6 +33,7 @@ from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.models import UNALLOCATED
 from tests.billing.conftest import QUERY_BACKENDS
 from tests.billing.factories import write_book
+from tests.support.hypothesis_profiles import examples
 from tests.support.servers import PrometheusServer, VictoriaMetricsServer, require_binary
 
 D = Decimal
@@ -264,7 +265,7 @@ _STRETCHES = st.lists(  # an exporter's history: stretches of hours at one count
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(st.sampled_from(["node-a", "node-b", "node-c"]), _STRETCHES), st.integers(-20, 80))
 def test_each_exporter_takes_the_interval_of_its_nearest_steady_hour(stretches_by_host, first):
     """docs/billing.md §2.1 as written: an exporter's interval in hour h is that of its steady hour

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -161,20 +161,36 @@ def _billing_hours(hour: datetime) -> list[GpuHour]:
     ]
 
 
-def _billing_ledger(workdir: Path):
+RATES = {"A100-40GB": "3.00", "H100-80GB": "6.88"}
+
+
+@dataclass(frozen=True)
+class LedgerSpec:
+    """What the billing ledger holds (tests/clusters gives its second cluster another one)."""
+
+    rates: dict[str, str] = field(default_factory=lambda: dict(RATES))
+    currency: str = "USD"
+    teams: dict[str, str] = field(default_factory=lambda: dict(TEAMS))
+    hours_back: tuple[int, ...] = (3, 2)
+    failed: bool = True
+
+
+def _billing_ledger(workdir: Path, spec: LedgerSpec = LedgerSpec()):
     prices = book(
         workdir,
-        {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}},
+        {model: {"hourly_rate": rate} for model, rate in spec.rates.items()},
         sharing_efficiency={"mig": 1, "time_slicing": "0.75", "vgpu": 1},
+        currency=spec.currency,
     )
     ledger = open_ledger(f"sqlite:///{workdir / 'ledger.db'}")
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    for back in (3, 2):
+    for back in spec.hours_back:
         hour = now - timedelta(hours=back)
         hours = _billing_hours(hour)
-        lines = [line for gh in hours for line in price_gpu_hour(gh, prices, TEAMS).lines]
+        lines = [line for gh in hours for line in price_gpu_hour(gh, prices, spec.teams).lines]
         ledger.write_hour(HourRecord(hour, hours, lines, prices))
-    ledger.record_failure(now - timedelta(hours=1), "Prometheus unreachable (test)")
+    if spec.failed:
+        ledger.record_failure(now - timedelta(hours=1), "Prometheus unreachable (test)")
     # an hour ingested two days ago with no GPU in it: the budget forecast's 7-day window holds an
     # ingested hour (so the forecast is exported), and no cost changes
     ledger.write_hour(HourRecord(now - timedelta(days=2), [], [], prices))

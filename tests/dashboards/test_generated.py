@@ -140,7 +140,7 @@ def test_template_variables():
                 assert var["allValue"] == ".*"
     every = set().union(*(_variables(m) for m in MODELS.values()))
     assert {"datasource", "hostname", "gpu", "namespace", "team"} <= every
-    assert not _variables(MODELS["gpumeter-node"]) - {"datasource", "hostname", "gpu"}
+    assert not _variables(MODELS["gpumeter-node"]) - {"datasource", "cluster", "hostname", "gpu"}
 
 
 def test_dashboards_link_to_each_other():

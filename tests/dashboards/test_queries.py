@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from gpumeter import contract
+from gpumeter import third_party
 from gpumeter.dashboards.build import GENERATED
 from tests.dashboards.conftest import RULE_FILES
 from tests.dashboards.promql import metric_names, queries, substitute, variables_outside_regex
@@ -34,7 +34,7 @@ def _recorded() -> set[str]:
     return names
 
 
-KNOWN = {series.name for series in contract.CONTRACT} | _recorded() | PROMETHEUS_SERIES
+KNOWN = {series.name for series in third_party.EVERY_SERIES} | _recorded() | PROMETHEUS_SERIES
 
 
 def test_there_are_queries_in_every_dashboard():

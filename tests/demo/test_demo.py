@@ -221,6 +221,34 @@ def test_the_demo_stack_end_to_end(tmp_path):
             over = {r["team"]: r["over_budget"] for r in csv.DictReader(budget_csv.read_text().splitlines())}
             assert over["data-platform"] == "true", over
 
+        # two clusters in one VictoriaMetrics (deploy/demo_clusters.py): east's six nodes and west's H200
+        # node, each written by its own Prometheus with its external label, and vmalert's rule results
+        # there one per cluster; the dashboards the demo built show the cluster variable
+        victoria_metrics = f"http://127.0.0.1:{8428 + offset}"
+
+        def clusters_of(promql: str) -> set[str]:
+            answer = httpx.get(
+                f"{victoria_metrics}/api/v1/query", params={"query": promql}, timeout=10
+            ).json()
+            return {r["metric"].get("cluster") for r in answer["data"]["result"]}
+
+        both = {"east", "west"}
+        poll(
+            lambda: clusters_of("count by (cluster) (nvidia_gpu_info)"),
+            both.__eq__,
+            90,
+            "both clusters' GPUs",
+        )
+        poll(
+            lambda: clusters_of("cluster:nvidia_gpu_info:count"),
+            both.__eq__,
+            90,
+            "vmalert's rules per cluster",
+        )
+        fleet = json.loads((workdir / "dashboards" / "gpumeter-fleet.json").read_text())
+        cluster_variable = fleet["templating"]["list"][1]
+        assert (cluster_variable["name"], cluster_variable["hide"]) == ("cluster", 0)
+
         # every query of the capacity dashboard returns data from the demo's Prometheus (pending demand,
         # waiting time and quota come from the stand-in kube-state-metrics; the rules need a few rounds)
         capacity = json.loads((GENERATED / "gpumeter-capacity.json").read_text())
@@ -280,6 +308,9 @@ def test_the_demo_stack_end_to_end(tmp_path):
         )
         critical = next(x for x in alerts if x["labels"]["alertname"] == "GpuXidCritical")
         assert critical["labels"]["gpu"] == "3" and critical["labels"]["xid"] == "79"
+        # vmalert alerts over both clusters, and names east's
+        assert critical["labels"]["cluster"] == "east"
+        assert critical["annotations"]["description"].startswith("Cluster east: XID 79 on GPU 3 ")
         assert critical["labels"]["severity"] == "critical"
         assert all(
             x["labels"].get("gpu") in (None, "3")
@@ -301,14 +332,14 @@ def test_the_demo_stack_end_to_end(tmp_path):
 
 
 def _check_the_demo_months_focus_exports(workdir: Path, out: Path) -> None:
-    """Issue 40 on the demo's month, every sharing mode in it: the 1.3 file the demo wrote meets the 1.3
+    """FOCUS 1.3 split cost allocation on the demo's month, every sharing mode in it: the 1.3 file the demo wrote meets the 1.3
     definitions, and the month's 1.2 export, rendered from the demo's ledger as a consumer that has not
     moved would ask for it, passes the FinOps Foundation's validator but for the documented rule."""
     (focus13,) = (workdir / "reports").glob("gpumeter-*-focus-1.3.csv")
     assert schema_problems(focus13) == []
     _header, rows = rows_of(focus13)
     methods = {row["AllocatedMethodId"] for row in rows}
-    # the splits of the demo's sharing modes each named (docs/reports.md, "FOCUS 1.3 mapping")
+    # the splits of the demo's sharing modes each named (docs/reports.md, "FOCUS 1.3 split cost allocation")
     kinds = ("mig-slice-weight", "time-slicing-share", "mps-share", "fractional-grant", "vgpu-share")
     assert {f"gpumeter.{kind}" for kind in kinds} <= methods, methods
     period = focus13.name.removeprefix("gpumeter-").removesuffix("-focus-1.3.csv")

@@ -1,4 +1,4 @@
-"""Issue 8 "Done when": every kustomize target renders with the real kubectl, the output validates
+"""Every kustomize target renders with the real kubectl, the output validates
 against the Kubernetes schemas (kubernetes-validate), and checkov reports no failed check that is not
 skipped in the manifest with a written reason."""
 

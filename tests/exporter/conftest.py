@@ -12,6 +12,7 @@ from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.simulator.device import SimulatedNode
 from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from tests.support.simulated import XID_WAIT_MS
 
 T0 = 1_790_000_000.0  # a fixed start time (2026-09-21), so golden files are stable
 
@@ -75,7 +76,8 @@ def simulate(clock):
             "counter_interval": 0.0,
         }
         settings = ExporterConfig(**{**defaults, **config})
-        sim = Simulated(build_exporter(settings, clock=clock, library=lib, node=node), node, lib, clock)
+        exporter = build_exporter(settings, clock=clock, library=lib, node=node, xid_wait_ms=XID_WAIT_MS)
+        sim = Simulated(exporter, node, lib, clock)
         started.append(sim)
         return sim
 

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from gpumeter import contract
 from gpumeter.exporter import dcgm
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
@@ -384,17 +385,17 @@ def _snapshot(pods: int, compute_instances: int = 1) -> Snapshot:
     )
     out = SnapshotBuilder()
     for d in devices:
-        out.add("nvidia_gpu_info", (*d.labels, d.model, d.pci_bus_id, "999.1", "13.0", "x", "h"), 1)
-        out.add("nvidia_gpu_temperature_celsius", d.labels, 50)
-        out.add("nvidia_gpu_memory_used_bytes", d.labels, 3 * MIB)
+        out.add(contract.GPU_INFO, (*d.labels, d.model, d.pci_bus_id, "999.1", "13.0", "x", "h"), 1)
+        out.add(contract.TEMPERATURE, d.labels, 50)
+        out.add(contract.MEMORY_USED, d.labels, 3 * MIB)
     for m in migs:
-        out.add("nvidia_gpu_mig_memory_used_bytes", m.labels, MIB)
+        out.add(contract.MIG_MEMORY_USED, m.labels, MIB)
     for p in range(pods):
-        labels = ("h", "ns", f"p{p:02d}", "c", "nvidia.com/gpu.shared", "GPU-a", "0", "", "")
-        out.add("nvidia_gpu_allocation", labels, 1 / pods)
+        labels = ("h", "ns", f"p{p:02d}", "c", "nvidia.com/gpu.shared", "GPU-a", "0", "", "", "time_slicing")
+        out.add(contract.ALLOCATION, labels, 1 / pods)
     out.add(
-        "nvidia_gpu_allocation",
-        ("h", "ns", "mig-pod", "c", "nvidia.com/mig-3g.40gb", "GPU-b", "1", "5", "3g.40gb"),
+        contract.ALLOCATION,
+        ("h", "ns", "mig-pod", "c", "nvidia.com/mig-3g.40gb", "GPU-b", "1", "5", "3g.40gb", "mig"),
         1,
     )
     return out.freeze(

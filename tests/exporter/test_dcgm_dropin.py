@@ -1,5 +1,5 @@
 """dcgm-exporter as a drop-in: its command line (``-f FILE``, ``-a :9400``, its environment variables,
-the hostname label spelling) and NVIDIA's own field lists and dashboard (issue 14).
+the hostname label spelling) and NVIDIA's own field lists and dashboard.
 
 NVIDIA's files are test data under ``tests/data/dcgm-exporter/`` (README there names the commit);
 nothing is fetched.

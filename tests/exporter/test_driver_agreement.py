@@ -1,4 +1,4 @@
-"""Where the exporter and the stand-in used to agree with each other but not with the driver (issue 12).
+"""Where the exporter and the stand-in used to agree with each other but not with the driver.
 
 Each test drives the exporter over a stand-in that now behaves as nvml.h, DCGM and the NVML change log
 say the driver does; each failed on the exporter as it was before its fix.

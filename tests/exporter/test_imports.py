@@ -1,4 +1,4 @@
-"""What the exporter's process loads is what its configuration uses (issue 44): gRPC and protobuf only
+"""What the exporter's process loads is what its configuration uses (its resident memory is the goal): gRPC and protobuf only
 with a kubelet socket, httpx only with --kube-api, YAML only with a file to read, never billing,
 reports or dashboards. Each case runs in a fresh interpreter outside the checkout, as the image runs.
 The resident cost of each is measured by ``python -m tests.bench`` (docs/performance.md)."""

@@ -1,4 +1,4 @@
-"""Simulator and exporter inputs refused with one line (issue 42, point 10): a fleet's GPUs per node
+"""Simulator and exporter inputs refused with one line, before they grow: a fleet's GPUs per node
 and workload ranges, the exporter's numeric flags, the fault port's cross-site requests, and control
 characters in log lines."""
 
@@ -53,6 +53,7 @@ def _fleet(group: dict, pod: dict | None = None) -> dict:
         (_fleet({"count": 1}, {"utilization": 1.5}), "pods[0].utilization: must be within 0..1 (got 1.5)"),
     ],
 )
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_fleet_out_of_bounds_is_refused_in_one_line(fleet, refusal):
     started = time.monotonic()
     with pytest.raises(FleetError) as refused:

@@ -1,5 +1,5 @@
-"""Profiling metrics through NVML GPM, NVLink traffic counters and video-engine utilization (issue 14,
-points 1 and 2), over the stand-in NVML: present per GPU on Hopper, per GPU instance on MIG GPUs,
+"""Profiling metrics through NVML GPM, NVLink traffic counters and video-engine utilization, over the
+stand-in NVML: present per GPU on Hopper, per GPU instance on MIG GPUs,
 absent before Hopper; one GPM sample per entity per cycle, spaced as nvml.h requires."""
 
 from __future__ import annotations

@@ -125,6 +125,7 @@ class BlockingFamilies(Families):
         return super().collect()
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_scrape_during_a_render_gets_the_previous_answer_at_once():
     """While the sampler renders a new snapshot, a scrape of a format rendered before answers with the
     previous snapshot's bytes instead of waiting (50 scrapers used to queue behind each render); once

@@ -1,4 +1,4 @@
-"""vGPU on a hypervisor host (issue 15 point 4): the stand-in NVML answers the vGPU calls as nvml.h
+"""vGPU on a hypervisor host: the stand-in NVML answers the vGPU calls as nvml.h
 says a driver does (NOT_SUPPORTED on a GPU not in host vGPU mode, the two-call list APIs, the
 lastSeenTimeStamp rule), and the vgpu collector turns them into nvidia_vgpu_* series and
 nvidia_gpu_allocation{sharing="vgpu"} held by each VM."""

@@ -60,17 +60,17 @@ def with_kubelet(fleet: Fleet, **options) -> Fleet:
 
 
 def allocations(builder: SnapshotBuilder) -> dict[tuple[str, ...], float]:
-    return dict(builder.series.get(ALLOCATION, []))
+    return dict(builder.series.get(ALLOCATION.name, []))
 
 
 def kubelet_up(builder: SnapshotBuilder) -> float:
-    [(labels, value)] = builder.series[KUBELET_UP]
+    [(labels, value)] = builder.series[KUBELET_UP.name]
     assert labels == ()
     return value
 
 
 def kubelet_errors(builder: SnapshotBuilder) -> float:
-    [(labels, value)] = builder.series[KUBELET_ERRORS]
+    [(labels, value)] = builder.series[KUBELET_ERRORS.name]
     assert labels == ()
     return value
 

@@ -7,7 +7,6 @@ import logging
 import grpc
 import pytest
 
-from gpumeter.exporter.catalog import by_name
 from gpumeter.exporter.kubelet.attribution import ALLOCATION, LABELS, PodAttribution
 from gpumeter.exporter.kubelet.client import KubeletError
 from gpumeter.exporter.simulator.fleet import Fleet, load_fleet, parse_fleet
@@ -39,7 +38,7 @@ def by_pod(builder: SnapshotBuilder) -> dict[tuple[str, str], list[tuple[tuple[s
 
 
 def test_label_order_is_the_catalogs():
-    assert by_name(ALLOCATION).label_names == LABELS
+    assert ALLOCATION.labels == LABELS
 
 
 def test_pod_on_a_whole_gpu(harness):
@@ -347,7 +346,7 @@ def test_never_raises():
     attribution.sample((), builder)
     assert builder.series["gpumeter_exporter_kubelet_up"] == [((), 0.0), ((), 0.0)]
     assert builder.series["gpumeter_exporter_kubelet_errors_total"] == [((), 1.0), ((), 2.0)]
-    assert ALLOCATION not in builder.series
+    assert ALLOCATION.name not in builder.series
 
 
 def test_nvml_down_attributes_nothing_and_logs_nothing(harness, caplog):

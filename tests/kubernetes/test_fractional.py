@@ -26,6 +26,7 @@ from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
+from tests.support.simulated import XID_WAIT_MS
 
 NODE = "gpu-shared-frac-01"
 TOKEN = "stand-in-service-account-token"
@@ -76,7 +77,9 @@ class Running:
             kube_api_refresh=0.0,  # list every cycle: the faults show at once
         )
         node = SimulatedNode(self.fleet, clock=self.clock, start=0.0)
-        self.exporter = build_exporter(config, clock=self.clock, library=SimulatedNvml(node), node=node)
+        self.exporter = build_exporter(
+            config, clock=self.clock, library=SimulatedNvml(node), node=node, xid_wait_ms=XID_WAIT_MS
+        )
 
     def sample(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         self.clock.t += 5.0

@@ -1,4 +1,4 @@
-"""Per-process GPU usage mapped to pods (issue 15 point 5), on shared-modes' nodes.
+"""Per-process GPU usage mapped to pods, on shared-modes' nodes.
 
 The stand-in NVML lists each running pod's process per device it holds (and the fleet's host
 processes), the simulator writes their ``/proc/<pid>/cgroup`` under a temporary ``--proc-root``
@@ -25,6 +25,7 @@ from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_flee
 from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
 from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
+from tests.support.simulated import XID_WAIT_MS
 
 TS, MPS = "gpu-shared-ts-01", "gpu-shared-mps-01"
 GIB = 1024**3
@@ -48,7 +49,9 @@ class Running:
             kube_api=self.api.base_url if self.api else None,
             enable_collectors=("processes",),
         )
-        self.exporter = build_exporter(config, clock=self.clock, library=self.library, node=self.node)
+        self.exporter = build_exporter(
+            config, clock=self.clock, library=self.library, node=self.node, xid_wait_ms=XID_WAIT_MS
+        )
 
     def sample(self, cycles: int = 2):
         for _ in range(cycles):
@@ -194,6 +197,7 @@ def test_the_stand_in_refuses_process_utilization_on_mig_and_answers_not_found_w
         N.nvmlShutdown()
 
 
+@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_slow_kube_api_never_stalls_a_sampling_cycle():
     """The pod list is fetched on its own thread: with the API answering in 6 s, no cycle waits for it
     (a stalled cycle would take 6 s; the bounds leave room for a loaded 2-core machine) and the

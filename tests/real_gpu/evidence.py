@@ -69,4 +69,9 @@ NEWER_THAN_RECORDING = {
     "nvidia_gpu_pcie_link_width": "pcie_cur_width",
     "nvidia_gpu_pcie_link_max_width": "pcie_max_width",
     "nvidia_gpu_pcie_link_bandwidth_bytes_per_second": "pcie_cur_width",
+    "nvidia_gpu_power_management_limit_watts": "power_limit",  # nvmlDeviceGetPowerManagementLimit
 }
+# Series the exporter gained after the boards' doctor reports were recorded that those boards do not
+# answer: nvidia-smi -q there prints the Fabric State "N/A" (one GPU in a VM, no NVSwitch), so
+# nvmlDeviceGetGpuFabricInfoV answers NOT_SUPPORTED and doctor now lists them as not exported.
+FABRIC_SERIES_PREFIX = "nvidia_gpu_fabric_"

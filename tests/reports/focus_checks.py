@@ -8,7 +8,7 @@ environment, .venv-focus/ (FOCUS_VENV overrides), installed by tests/reports/foc
 (`make test`'s setup). Where it is missing the test fails, naming the script; it never skips. The rules
 model it ships is FOCUS 1.2's (model 1.2.0.1; 1.3's is downloaded at run time, which --block-download
 forbids), so it validates 1.2 exports; `schema_problems` checks 1.3 ones. The schema test reads the
-definitions, not reports/focus.py's own tables, so a mistake copied into both is still caught.
+definitions, not reports/focus_columns.py's own tables, so a mistake copied into both is still caught.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ FOCUS_VENV = Path(os.environ.get("FOCUS_VENV", ROOT / ".venv-focus"))
 # associated either with an invoice or with a pre-generated provisional invoice") and -005-C ("MUST
 # NOT be null when the charge is associated with ...") both have an empty Condition, so each is
 # checked on every row and one of them always fails; the export's InvoiceId names the period's
-# invoice, which satisfies the spec's text and -005-C (docs/reports.md, "focus-validator").
+# invoice, which satisfies the spec's text and -005-C (docs/reports.md, "Checks").
 KNOWN_VALIDATOR_FAILURES = {"InvoiceId-C-004-C"}
 
 DEFINITIONS = json.loads((Path(__file__).parent / "data" / "focus-1.3-columns.json").read_text())
@@ -142,13 +142,17 @@ def _details_problems(value: str, spec: dict) -> list[str]:
     return problems
 
 
-def schema_problems(path: Path) -> list[str]:
-    """Every departure of a 1.3 export from the definitions: columns, types, nulls, allowed values,
-    the allocation columns' rules, and AllocatedRatio summing to 1 per origin charge."""
+def schema_problems(path: Path, version: str = "1.3") -> list[str]:
+    """Every departure of a 1.3 (or 1.4: less the columns the definitions say 1.4 removed) export from
+    the definitions: columns, types, nulls, allowed values, the allocation columns' rules, and
+    AllocatedRatio summing to 1 per origin charge."""
     header, rows = rows_of(path)
-    problems = [f"header: {c} missing" for c in COLUMNS if c not in header]
+    columns = {n: s for n, s in COLUMNS.items() if not (version == "1.4" and s.get("removed") == "1.4")}
+    problems = [f"header: {c} missing" for c in columns if c not in header]
     problems += [
-        f"header: {c} is no FOCUS 1.3 column" for c in header if not c.startswith("x_") and c not in COLUMNS
+        f"header: {c} is no FOCUS {version} column"
+        for c in header
+        if not c.startswith("x_") and c not in columns
     ]
     ratios: dict[tuple, float] = defaultdict(float)
     for number, row in enumerate(rows, start=2):
@@ -156,7 +160,7 @@ def schema_problems(path: Path) -> list[str]:
         def bad(column: str, what: str, row=row, number=number) -> None:
             problems.append(f"row {number}: {column}: {what} (value {row.get(column)!r})")
 
-        for name, spec in COLUMNS.items():
+        for name, spec in columns.items():
             value = row.get(name, "")
             if value == "":
                 if not spec["allows_nulls"]:
@@ -183,7 +187,7 @@ def schema_problems(path: Path) -> list[str]:
             bad("AllocatedResourceId", "set on a charge not related to a split")
         if (
             split
-            and row["x_LineKind"] in ("unallocated", "stranded", "sharing_shortfall")
+            and row["x_LineKind"] in ("unallocated", "stranded", "sharing_shortfall", "utilization_shortfall")
             and row["AllocatedResourceId"]
         ):
             bad("AllocatedResourceId", "must be null on the unallocated portion")
@@ -200,9 +204,14 @@ def schema_problems(path: Path) -> list[str]:
             details = json.loads(row["AllocatedMethodDetails"])
             origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
             if not found and origin:
-                ratios[(origin["ResourceId"], origin["ChargePeriodStart"])] += sum(
-                    e["AllocatedRatio"] for e in details["Elements"]
-                )
+                ratios[
+                    (
+                        origin["ResourceId"],
+                        origin["ChargePeriodStart"],
+                        origin.get("SkuPriceId"),
+                        origin.get("SubAccountId"),
+                    )
+                ] += sum(e["AllocatedRatio"] for e in details["Elements"])
     problems += [
         f"origin {key}: AllocatedRatio sums to {total!r}"
         for key, total in ratios.items()

@@ -102,8 +102,8 @@ def test_focus_says_why_an_hour_is_unpriced(tmp_path):
     )
     assert "no rate" not in before
     assert [r["SkuPriceId"] for r in october + november] == [
-        "h100-80gb:whole:unpriced",
-        "nvidia b200:whole:unpriced",
+        "h100-80gb:unpriced",
+        "nvidia b200:unpriced",
     ]
     (missing,) = [r["ChargeDescription"] for r in november]
     assert (

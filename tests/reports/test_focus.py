@@ -50,7 +50,7 @@ def test_own_check_passes_the_export_and_catches_what_the_validator_misses(worke
         return edit
 
     cases = {
-        # focus-validator passes all three of these (docs/reports.md, "FOCUS 1.2 mapping")
+        # focus-validator passes all three of these (docs/reports.md, "FOCUS mapping")
         "ListCost": one_row("ListCost", "99"),
         "ChargeCategory": one_row("ChargeCategory", "GPU"),
         "ChargePeriodStart": one_row("ChargePeriodStart", "2026-11-01 00:00:00"),

@@ -109,6 +109,8 @@ def test_worked_example_a_mig_slices_as_allocatedrows_of(worked_ledger, tmp_path
         "BilledCost": "3.00",
         "ChargePeriodStart": FIRST_HOUR,
         "ResourceId": "GPU-a",
+        "SkuPriceId": team_a["SkuPriceId"],
+        "SubAccountId": "pool/A100-40GB",
     }
     assert details["x_PriceBookVersion"] == team_a["x_PriceBookVersion"] != ""
     assert (team_a["AllocatedResourceId"], team_a["AllocatedResourceName"]) == (
@@ -155,12 +157,14 @@ def test_worked_example_b_time_sliced_replicas_as_allocatedrows_of(worked_ledger
 
 
 def test_a_gpu_held_whole_is_no_split(worked_ledger, tmp_path):
-    # (c) the H100 research holds whole, then nobody: no allocation columns, team and namespace in Tags
+    # (c) the H100 research holds whole for 20 days, then nobody: each GPU-day is one row, its own
+    # origin charge, so no allocation columns; the holder is in the x_ columns, Tags are the GPU's
     _header, rows = rows_of(_export(worked_ledger, tmp_path))
     research = [r for r in rows if r["x_GpuUuid"] == "GPU-c"]
     assert research and all(r["AllocatedMethodId"] == r["AllocatedMethodDetails"] == "" for r in research)
     tenant = next(r for r in research if r["x_LineKind"] == "tenant")
-    assert json.loads(tenant["Tags"])["team"] == "gamma"
+    assert (tenant["x_Team"], tenant["x_Namespace"]) == ("gamma", "research")
+    assert json.loads(tenant["Tags"]) == {"gpumeter/gpu_model": "H100-80GB", "gpumeter/pool": "H100-80GB"}
     assert all(r["ServiceProviderName"] == r["HostProviderName"] == "gpumeter" for r in rows)
 
 
@@ -255,3 +259,39 @@ def test_every_sharing_mode_has_its_method(ledger, tmp_path):
         1.0,
     )
     assert _details(gpu("GPU-v")["vm-1"])["x_SharingEfficiency"] == 0.85
+
+
+def test_a_cluster_is_the_sub_account_of_every_row_of_its_origins(worked_ledger):
+    report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
+    east = {"GPU-a", "GPU-h"}
+    # the lines of two GPUs as a store labelling them cluster "east" gives them: the cluster on the
+    # line, a tenant's namespace named `east/<namespace>` by the report (reports.model.of_clusters)
+    report.charges = [
+        dataclasses.replace(
+            c,
+            cluster="east",
+            namespace=f"east/{c.namespace}" if c.kind in ("tenant", "idle_share") else c.namespace,
+        )
+        if c.uuid in east
+        else c
+        for c in report.charges
+    ]
+    for version in focus.VERSIONS:
+        rows = focus.rows(report, version=version)
+        first_hour = [r for r in rows if r["ChargePeriodStart"] == FIRST_HOUR]
+        clustered = [r for r in first_hour if r["x_GpuUuid"] in east]
+        assert len(clustered) == 10  # example (a)'s four rows and (b)'s six
+        assert {(r["SubAccountId"], r["SubAccountName"], r["SubAccountType"]) for r in clustered} == {
+            ("east", "east", "Cluster")
+        }
+        assert {r["x_Cluster"] for r in clustered} == {"east"}
+        assert {json.loads(r["Tags"])["gpumeter/cluster"] for r in clustered} == {"east"}
+        # the namespace as Kubernetes names it, the cluster in its own columns
+        assert {r["x_Namespace"] for r in clustered if r["x_LineKind"] == "tenant"} == {
+            "team-a",
+            "team-b",
+            "inference",
+        }
+        # a line without a cluster keeps its GPU pool
+        others = [r for r in first_hour if r["x_GpuUuid"] == "GPU-d"]
+        assert others and {(r["SubAccountId"], r["x_Cluster"]) for r in others} == {("pool/A100-40GB", "")}

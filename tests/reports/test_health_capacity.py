@@ -1,4 +1,4 @@
-"""The fleet-health report's pool capacity (docs/reports.md, "Pool capacity"): headroom and the spare
+"""The fleet-health report's pool capacity (docs/reports.md, "Fleet health"; docs/capacity.md, "Pools"): headroom and the spare
 policy per pool over the month, from the ledger's hourly lines, against figures worked out by hand.
 
 Three hours (h0..h2) of four GPUs; "a100" pools three of them by a node label, the H100's node has

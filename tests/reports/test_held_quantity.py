@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -83,9 +84,14 @@ def test_report_and_focus_show_the_slice_hours_held(ledger, tmp_path):
     assert group.usage.slice_hours == Decimal(HOURS * 3) == 72
 
     rows = list(csv.DictReader(io.StringIO(_focus_csv(report))))
-    mine = [r for r in rows if r["SubAccountId"] == "ml" and r["x_LineKind"] == "tenant"]
-    assert {r["ConsumedUnit"] for r in mine} == {"Slice-Hours"}
-    assert sum(Decimal(r["ConsumedQuantity"]) for r in mine) == 72
+    mine = [r for r in rows if r["x_Namespace"] == "ml" and r["x_LineKind"] == "tenant"]
+    # the slice-hours held are the holder's own figure (x_SliceHours, and AllocatedMethodDetails'
+    # UsageQuantity); ConsumedUnit is the origin charge's, the GPU's: GPU-Hours on every row
+    assert sum(Decimal(r["x_SliceHours"]) for r in mine) == 72
+    assert {r["ConsumedUnit"] for r in rows} == {"GPU-Hours"}
+    assert {json.loads(r["AllocatedMethodDetails"])["Elements"][0]["UsageUnit"] for r in mine} == {
+        "Slice-Hours"
+    }
 
 
 def test_each_stored_line_names_the_version_that_priced_it(ledger, tmp_path):

@@ -171,25 +171,37 @@ def test_focus_to_the_cent_and_schema_check(rendered):
     assert dict(per_ns) == NAMESPACES
     assert sum(D(r["BilledCost"]) for r in rows) == TOTAL
     team_a = next(r for r in rows if r["x_Namespace"] == "team-a")
-    # 3g.20gb on A100 at 3.00: PricingQuantity 3/7 = 0.428571, ListCost 3 x 0.428571 = 1.285713
+    # 3g.20gb on A100 at 3.00, billed 1.28 of the GPU-hour's 3.00 (example (a): 1.28, 0.86, 0.43 and
+    # 0.43 unallocated): the GPU-hour split by billed cost in millionths, 426,666.67 + 286,666.67 +
+    # 143,333.33 + 143,333.33 floored leave 2 for the two largest remainders, team-a's and b-0's:
+    # PricingQuantity 0.426667, ListCost 3 x 0.426667 = 1.280001; the four sum to 1 GPU-hour, 3.00
     assert (team_a["PricingQuantity"], team_a["ListUnitPrice"], team_a["ListCost"]) == (
-        "0.428571",
+        "0.426667",
         "3",
-        "1.285713",
+        "1.280001",
     )
-    assert (team_a["ConsumedQuantity"], team_a["ConsumedUnit"]) == ("3", "Slice-Hours")
-    assert (team_a["x_MigProfile"], team_a["x_GpuUuid"], team_a["ResourceType"]) == (
+    gpu_a = [
+        r for r in rows if r["x_GpuUuid"] == "GPU-a" and r["ChargePeriodStart"] == team_a["ChargePeriodStart"]
+    ]
+    assert sorted(r["PricingQuantity"] for r in gpu_a) == ["0.143333", "0.143333", "0.286667", "0.426667"]
+    assert sum(D(r["ListCost"]) for r in gpu_a) == D("3.00")
+    # the holder's own figure, 3 slice-hours, is an x_ column; the origin's unit is the GPU's
+    assert (team_a["ConsumedQuantity"], team_a["ConsumedUnit"], team_a["x_SliceHours"]) == (
+        "0.426667",
+        "GPU-Hours",
+        "3",
+    )
+    assert (team_a["x_MigProfile"], team_a["x_GpuUuid"], team_a["ResourceType"], team_a["ResourceId"]) == (
         "3g.20gb",
         "GPU-a",
-        "MIG Instance",
+        "GPU",
+        "GPU-a",
     )
-    assert team_a["SkuId"] == "mig-3g.20gb" and team_a["SkuPriceId"].startswith("a100-40gb:3g.20gb:")
+    # the origin charge's SKU is the GPU's, priced by the version in effect; the profile is x_MigProfile
+    assert team_a["SkuId"] == "gpu-a100-40gb" and team_a["SkuPriceId"].startswith("a100-40gb:")
     # FOCUS 1.3: the GPU's tags in Tags, the holder's in AllocatedTags (which must not repeat Tags)
-    assert json.loads(team_a["Tags"]) == {
-        "gpu_model": "A100-40GB",
-        "kind": "tenant",
-        "mig_profile": "3g.20gb",
-    }
+    assert json.loads(team_a["Tags"]) == {"gpumeter/gpu_model": "A100-40GB", "gpumeter/pool": "A100-40GB"}
+    assert (team_a["SubAccountId"], team_a["SubAccountType"]) == ("pool/A100-40GB", "GPU Pool")
     assert json.loads(team_a["AllocatedTags"]) == {
         "gpumeter/container": "main",
         "gpumeter/namespace": "team-a",
@@ -202,8 +214,9 @@ def test_focus_to_the_cent_and_schema_check(rendered):
     assert {(r["ListUnitPrice"], r["BilledCost"]) for r in research} == {("6.88", "165.12"), ("4.9", "117.6")}
     assert research[0]["ChargePeriodStart"] == "2026-11-01T00:00:00Z"
     assert research[0]["ChargePeriodEnd"] == "2026-11-02T00:00:00Z"
+    # the platform's lines are told apart by x_LineKind alone: their sub-account is the GPU's pool
     unallocated = [r for r in rows if r["x_LineKind"] == "unallocated"]
-    assert all(r["SubAccountId"] == "__platform__" for r in unallocated)
+    assert unallocated and all(r["SubAccountId"].startswith("pool/") for r in unallocated)
     unpriced = [r for r in rows if r["x_Unpriced"] == "true"]
     assert [(r["BilledCost"], r["ListUnitPrice"], r["PricingQuantity"]) for r in unpriced] == [("0", "", "1")]
 

@@ -34,7 +34,8 @@ NEEDS: dict[str, Need] = {
         "Alertmanager (Debian package prometheus-alertmanager)", ("prometheus-alertmanager", "amtool")
     ),
     "victoriametrics": Need(
-        "VictoriaMetrics single-node (Debian package victoria-metrics)", ("victoria-metrics",)
+        "VictoriaMetrics single-node and vmalert (Debian package victoria-metrics)",
+        ("victoria-metrics", "vmalert"),
     ),
     "chromium": Need("headless Chromium (Debian package chromium)", ("chromium",)),
     "kubectl": Need("kubectl (Debian package kubectl)", ("kubectl",)),
@@ -67,6 +68,7 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.billing.test_ha_pairs.pair": ("prometheus",),
     "tests.alerts.test_fault_injection_e2e.stack": ("prometheus", "alertmanager"),
     "tests.dashboards.conftest.stack": ("prometheus", "victoriametrics"),
+    "tests.clusters.conftest.stack": ("prometheus", "victoriametrics", "alertmanager"),
     "tests.deploy.conftest.rendered": ("kubectl",),
     "tests.deploy.conftest.built_image": ("buildah",),
     "tests.reports.test_browser._chromium_installed": ("chromium",),

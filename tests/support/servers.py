@@ -174,7 +174,7 @@ class PrometheusServer(_QueryApi):
         data_dir: Path | None = None,
         extra_args: list[str] = (),
         external_labels: dict[str, str] | None = None,
-        remote_write: list[str] = (),
+        remote_write: list[str | dict] = (),
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,8 @@ class PrometheusServer(_QueryApi):
             ],
         }
         if remote_write:
-            config["remote_write"] = [{"url": url} for url in remote_write]
+            # a URL, or a whole remote_write entry (write_relabel_configs and all)
+            config["remote_write"] = [{"url": w} if isinstance(w, str) else w for w in remote_write]
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         self.config_path = self.workdir / "prometheus.yml"
@@ -344,6 +345,50 @@ class VictoriaMetricsServer(_QueryApi):
 
     def flush(self) -> None:
         httpx.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
+
+
+class VmalertServer:
+    """A real vmalert (Debian's victoria-metrics package): ``rule_files`` evaluated against the
+    VictoriaMetrics at ``datasource``, results and ALERTS written back to it, alerts sent to
+    ``alertmanager`` (a URL)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        datasource: str,
+        rule_files: Iterable[Path],
+        alertmanager: str,
+        evaluation_interval: str = "1s",
+    ):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._argv = [
+            require_binary("vmalert"),
+            *[f"-rule={path}" for path in rule_files],
+            f"-datasource.url={datasource}",
+            f"-remoteWrite.url={datasource}",
+            f"-notifier.url={alertmanager}",
+            f"-evaluationInterval={evaluation_interval}",
+            f"-httpListenAddr=127.0.0.1:{self.port}",
+        ]
+        self._process: _Process | None = None
+
+    def start(self) -> VmalertServer:
+        self._process = _Process(self._argv, self.workdir / "vmalert.log")
+        try:
+            wait_http_ok(f"{self.url}/health", proc=self._process.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError((self.workdir / "vmalert.log").read_text()[-4000:]) from None
+        return self
+
+    def stop(self) -> None:
+        if self._process:
+            self._process.stop()
+            self._process = None
 
 
 class Webhook:

@@ -89,7 +89,7 @@ def upgrade() -> None:
     for _, rows in itertools.groupby(stored, key=lambda row: row.hour):
         named, new = [], {}
         for seq, row in enumerate(rows):
-            term = {name: getattr(row, name) for name in terms.COLUMNS}
+            term = {name: getattr(row, name) for name in terms.COLUMNS_0011}
             digest = terms.digest(term)
             if digest not in term_ids and digest not in new:
                 new[digest] = {**term, "digest": digest}

@@ -94,7 +94,7 @@ def upgrade() -> None:
         connection.execute(sa.insert(groups), named)
     op.execute("DROP VIEW cost_lines")
     op.drop_table("cost_line_hours")
-    op.execute(terms.view(connection.dialect.name))
+    op.execute(terms.view(connection.dialect.name, terms.COLUMNS_0011))
 
 
 def downgrade() -> None:
