@@ -317,7 +317,7 @@ class FractionalAttribution:
             builder.add(contract.ALLOCATION_COMPUTE, labels, compute)
             out.append(allocation)
         for key, compute in sorted(reserved.items()):
-            builder.add(contract.RESERVATION.name, Allocation(*key, compute).labels(hostname), compute)
+            builder.add(contract.RESERVATION, Allocation(*key, compute).labels(hostname), compute)
         return (*kept, *out)
 
     def _log_once(self, key: str, message: str, *args) -> None:
