@@ -284,3 +284,40 @@ def test_billing_serve_bills_the_rest_and_counts_the_refused_gpu_hours(real_prom
     assert lines == []  # the history's two GPUs both hold allocations: nothing else to bill
     assert counts["refused_gpu_hours"] == 6
     assert [(run.status, run.source) for run in runs] == [(contract.INGEST_PARTIAL, proxy)] * 3
+
+
+def _label(name: str, value: str) -> Tamper:
+    def tamper(answer: dict) -> None:
+        for item in answer["data"]["result"]:
+            item["metric"][name] = value
+
+    return tamper
+
+
+def test_a_namespace_named_as_a_reports_row_refuses_its_gpu_hours(real_prometheus, billed, book):
+    """An allocation whose namespace is `__total__` (no Kubernetes namespace can be: a forged label)
+    would merge with the reports' total row: its GPU-hours are refused, the billing before kept."""
+    before_lines, _, _ = _ledger_state(billed)
+    with answering(
+        _proxy(real_prometheus.url, QUERIES["alloc_count"], _label("namespace", "__total__"))
+    ) as proxy:
+        done = _ingest_cli(billed, proxy, book)
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.splitlines()) == len(HOURS)
+    assert "namespace '__total__' is a name the reports use" in done.stderr
+    assert _ledger_state(billed)[0] == before_lines
+
+
+def test_a_kube_team_label_named_as_a_reports_row_is_ignored(real_prometheus, billed, book):
+    """kube-state-metrics' label_team `__total__` for a namespace: not taken as its team."""
+    with answering(
+        _proxy(real_prometheus.url, QUERIES["teams"], _label(contract.LABEL_TEAM, "__total__"))
+    ) as proxy:
+        done = _ingest_cli(billed, proxy, book)
+    assert done.returncode == 0, done.stderr
+    ledger = open_ledger(billed)
+    try:
+        assert "__total__" not in ledger.namespace_teams().values()
+        assert "__total__" not in {line.team for line in ledger.lines(H0, END)}
+    finally:
+        ledger.close()
