@@ -33,6 +33,7 @@ from .core import (
     unit_override,
     url,
 )
+from .fabric import nvlink_domain_row
 
 TO_NAMESPACE = link(
     "MIG & pods of namespace ${__field.labels.namespace}",
@@ -443,4 +444,5 @@ def build() -> d.Dashboard:
         ),
         threshold_lines=True,
     )
+    nvlink_domain_row(layout)
     return layout.builder

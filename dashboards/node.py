@@ -196,6 +196,7 @@ def build() -> d.Dashboard:
             [
                 Query(g("nvidia_gpu_power_watts"), f"{GPU_LEGEND} draw"),
                 Query(g("nvidia_gpu_power_limit_watts"), f"{GPU_LEGEND} limit"),
+                Query(g("nvidia_gpu_power_management_limit_watts"), f"{GPU_LEGEND} power-management limit"),
             ],
             unit="watt",
             overrides=[dashed("/.* limit$/")],
@@ -451,6 +452,40 @@ def build() -> d.Dashboard:
             "on whole Hopper GPUs NVML GPM's rate over the sampling interval: the two should agree.",
             unit="Bps",
             w=24,
+        ),
+    )
+
+    layout.panel(
+        table_panel,
+        PanelSpec(
+            "NVLink fabric: domain, registration and health per GPU",
+            [
+                Query(g("nvidia_gpu_fabric_info"), table=True),
+                Query(g("nvidia_gpu_fabric_registered"), table=True),
+                Query(g("nvidia_gpu_fabric_health_overall"), table=True),
+                Query(g("nvidia_gpu_fabric_health_mask"), table=True),
+                Query(
+                    g("count by (instance, uuid, gpu) (nvidia_gpu_fabric_health_condition == 1)"), table=True
+                ),
+            ],
+            description="nvmlDeviceGetGpuFabricInfoV: the GPU's NVLink domain (cluster UUID) and clique, its "
+            "registration (1 when completed with success), the fabric's health summary (1 healthy, 2 unhealthy, "
+            "3 limited capacity; Blackwell), the raw health mask and how many health conditions it reports. "
+            "Empty on GPUs without a fabric (PCIe, before Hopper, a GPU alone in a VM).",
+            transformations=[
+                MERGE,
+                organize(
+                    exclude=["uuid", "Value #A"],
+                    rename={
+                        "Value #B": "registered",
+                        "Value #C": "health",
+                        "Value #D": "health mask",
+                        "Value #E": "conditions",
+                    },
+                ),
+            ],
+            w=24,
+            h=6,
         ),
     )
 

@@ -40,10 +40,12 @@ def register(subparsers) -> None:
     import os
 
     from gpumeter.billing.ledger import DEFAULT_URL
+    from gpumeter.reports.focus_columns import FOCUS_VERSION, VERSIONS
 
     parser = subparsers.add_parser(
         "report",
-        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.3 or 1.2), or the fleet-health report",
+        help="render chargeback reports from the ledger (HTML, CSV, JSON, FOCUS 1.3, 1.4 or 1.2), or the "
+        "fleet-health report",
     )
     parser.add_argument(
         "--kind",
@@ -94,8 +96,8 @@ def register(subparsers) -> None:
     parser.add_argument("--service-name", default="Kubernetes GPU", help="FOCUS ServiceName")
     parser.add_argument(
         "--focus-version",
-        choices=["1.3", "1.4", "1.2"],
-        default="1.3",
+        choices=list(VERSIONS),
+        default=FOCUS_VERSION,
         help="FOCUS version of the focus file: 1.3 (default: split cost allocation), 1.4 (1.3 less "
         "ProviderName and PublisherName) or 1.2",
     )

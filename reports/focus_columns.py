@@ -122,7 +122,7 @@ MANDATORY = {
     "ServiceCategory",
     "ServiceName",
 }
-CUSTOM: list[tuple[str, bool, object]] = sorted(  # alphabetical (docs/reports.md, "Custom columns")
+CUSTOM: list[tuple[str, bool, object]] = sorted(  # alphabetical (docs/reports.md, "FOCUS mapping")
     [
         ("x_Cluster", True, "string"),  # the ledger line's cluster, where it names one
         ("x_Container", True, "string"),

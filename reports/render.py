@@ -36,7 +36,7 @@ class RenderOptions:
     top: int = 10
     # write text cells of the CSVs and FOCUS exactly, formula-leading ones too (--keep-formulas)
     keep_formulas: bool = False
-    focus_version: str = focus.FOCUS_VERSION  # 1.3, or 1.2 (--focus-version)
+    focus_version: str = focus.FOCUS_VERSION  # 1.3, 1.4 or 1.2 (--focus-version)
 
 
 def file_stem(report: Report) -> str:

@@ -35,8 +35,8 @@ from gpumeter.alerts import ALERTS_FILE
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ingest import QUERIES
 from gpumeter.billing.ledger import open_ledger
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.history import write_history
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.history import write_history
 from gpumeter.service import JOBS, build_app, hourly_ingest
 from tests.billing import factories
 from tests.billing.conftest import serve_history

@@ -70,7 +70,7 @@ def test_metrics_render_costs_from_the_ledger(ledger, tmp_path):
         "currency": "USD",
     }
     assert [(s.labels, s.value) for s in families["gpumeter_billing_unpriced_gpu_hours"]] == [
-        ({"model": "NVIDIA B200"}, 1.0)
+        ({"model": "B200-180GB"}, 1.0)
     ]
     hours = families["gpumeter_billing_gpu_hours"]
     assert [(s.labels["namespace"], round(s.value, 6)) for s in hours] == [("ns-a", 0.428571)]

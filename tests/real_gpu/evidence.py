@@ -71,6 +71,9 @@ NEWER_THAN_RECORDING = {
     "nvidia_gpu_pcie_link_bandwidth_bytes_per_second": "pcie_cur_width",
     "nvidia_gpu_power_management_limit_watts": "power_limit",  # nvmlDeviceGetPowerManagementLimit
 }
+# Collectors the exporter gained after the boards' expositions were recorded: each runs on every board now,
+# so its own success and duration series (gpumeter_exporter_collector_*{collector=...}) are new beside them.
+NEWER_COLLECTORS = {"fabric"}
 # Series the exporter gained after the boards' doctor reports were recorded that those boards do not
 # answer: nvidia-smi -q there prints the Fabric State "N/A" (one GPU in a VM, no NVSwitch), so
 # nvmlDeviceGetGpuFabricInfoV answers NOT_SUPPORTED and doctor now lists them as not exported.
