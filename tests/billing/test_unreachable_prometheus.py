@@ -26,6 +26,8 @@ from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.ledger import open_ledger
 from tests.support.servers import AnswerHandler, PrometheusServer, answering
 
+pytestmark = pytest.mark.spawns  # `gpumeter billing ingest` and the memory bench run as processes
+
 WEEK = ("--from", "2026-11-02T00:00Z", "--to", "2026-11-09T00:00Z")
 
 

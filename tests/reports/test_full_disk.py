@@ -27,6 +27,8 @@ from gpumeter.reports.schedule import ReportSchedule
 from gpumeter.service import JOBS, build_app, monthly_report
 from tests.reports.conftest import fill
 
+pytestmark = pytest.mark.spawns  # `gpumeter report` runs as a process; mount and umount too
+
 NOW = datetime(2026, 12, 1, 1, 0, tzinfo=UTC)
 NAMES = ["gpumeter-2026-11-by-team.csv", "gpumeter-2026-11-by-team.html", "gpumeter-2026-11-lines.csv"]
 
