@@ -27,6 +27,7 @@ from decimal import Decimal
 from typing import TypeVar
 
 from gpumeter import contract
+from gpumeter.billing import queries
 from gpumeter.billing.allocate import PricedLines, Pricer
 from gpumeter.billing.ledger.base import SHARED_MODES, HourRecord, Ledger, LedgerError
 from gpumeter.billing.ledger.layouts import LayoutKey, layout_key
@@ -66,16 +67,16 @@ failures = logging.getLogger(FAILURES_LOGGER)
 
 # The PromQL of docs/billing.md §6, built from the metric contract's declarations of the series: each
 # sent per series, and reduced to `max by (KEEP[name])` here (`_columns`, §2.2).
-QUERIES = {name: query.promql() for name, query in contract.BILLING_QUERIES.items()}
-KEEP = {name: query.by for name, query in contract.BILLING_QUERIES.items()}
+QUERIES = {name: query.promql() for name, query in queries.BILLING_QUERIES.items()}
+KEEP = {name: query.by for name, query in queries.BILLING_QUERIES.items()}
 # the answers whose values repeat hour after hour and series after series (`_columns`)
 REPEATED = {
     name
-    for name, query in contract.BILLING_QUERIES.items()
+    for name, query in queries.BILLING_QUERIES.items()
     if query.function == "count_over_time"
     or query.series in (contract.ALLOCATION, contract.ALLOCATION_MEMORY, contract.ALLOCATION_COMPUTE)
 }
-_ALLOC_KEYS = contract.BILLING_QUERIES["alloc_count"].by
+_ALLOC_KEYS = queries.BILLING_QUERIES["alloc_count"].by
 ALLOC_LABELS = ",".join(_ALLOC_KEYS)
 _MIG_ON = {"enabled", "enable", "1", "true", "yes", "on"}
 _RATIO = Decimal("0.000000001")
@@ -92,7 +93,7 @@ MAX_BYTES_READING = float(1 << 50)
 _RATIO_SLACK = 5e-10
 
 
-def _value_bounds(query: contract.HourQuery) -> tuple[float, float]:
+def _value_bounds(query: queries.HourQuery) -> tuple[float, float]:
     """The range of ``query``'s values: from its function and its series' unit."""
     if query.function == "count_over_time":
         return (0.0, MAX_SAMPLES_AN_HOUR)
@@ -103,7 +104,7 @@ def _value_bounds(query: contract.HourQuery) -> tuple[float, float]:
     return (-sys.float_info.max, sys.float_info.max)  # any finite number (the teams' info value)
 
 
-VALUE_BOUNDS = {name: _value_bounds(query) for name, query in contract.BILLING_QUERIES.items()}
+VALUE_BOUNDS = {name: _value_bounds(query) for name, query in queries.BILLING_QUERIES.items()}
 # Label values longer than this are refused: Kubernetes names are at most 253 characters, and an
 # answer of megabyte labels took ingest to gigabytes of memory and the ledger with it (issue 42).
 MAX_LABEL_LENGTH = 1024
@@ -116,8 +117,8 @@ STEADY_SEARCH_HOURS = 24  # how far from an hour its exporter's interval is look
 INTERVAL_TOLERANCE = 0.10  # observed vs assumed interval: a larger difference refuses or flags the hour
 # sample counts of each exporter's densest nvidia_gpu_info series, per hour (interval detection)
 # (aggregated by the engine: ~1,000 series x 73 steps a run against ~125 x 73, for no time saved)
-HOST_COUNTS = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).aggregated()
-_HOST_SAMPLES = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).promql()
+HOST_COUNTS = queries.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).aggregated()
+_HOST_SAMPLES = queries.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).promql()
 
 
 @dataclass
@@ -1120,7 +1121,7 @@ def _one_hour(
     )
 
 
-_PROCESS_KEY = contract.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container
+_PROCESS_KEY = queries.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container
 
 
 def _process_key(labels: dict[str, str]) -> tuple:

@@ -369,13 +369,13 @@ def _ingest_queries_seconds(url: str, days: int, aggregated: bool = False) -> fl
     Times the number of days, a floor under the month's wall time that no billing code lowers.
     ``aggregated``: the same queries with their ``max by`` in the engine (`HourQuery.aggregated`),
     as billing sent them before it applied the max itself (docs/billing.md §2.2)."""
-    from gpumeter import contract
+    from gpumeter.billing import queries
     from gpumeter.billing.ingest import QUERIES, _at
 
     day = 1 if days > 1 else 0
     first, last = _at(START + timedelta(days=day)), _at(START + timedelta(days=day + 1, hours=-1))
     best = []
-    sent = {name: q.aggregated() for name, q in contract.BILLING_QUERIES.items()} if aggregated else QUERIES
+    sent = {name: q.aggregated() for name, q in queries.BILLING_QUERIES.items()} if aggregated else QUERIES
     with httpx.Client(timeout=600) as client:  # made once, outside the clock (`_promql_seconds`)
         for promql in sent.values():
             times = []

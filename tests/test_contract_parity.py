@@ -23,6 +23,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from gpumeter import contract, third_party
+from gpumeter.billing import queries
 from gpumeter.billing.ingest import KEEP, QUERIES
 from gpumeter.exporter import catalog, render
 from gpumeter.exporter.app import build_exporter
@@ -55,7 +56,7 @@ START = 1_790_208_000.0  # the period's start; the fleets' pod schedules count f
 OFFSET = 10 * 3600.0  # 10:00 of day 0: every scheduled pod of both fleets is running
 STEP = 600.0  # the history's step; OFFSET is one of its instants
 SCRAPE_LABELS = {"job", "instance"}  # added by the scrape, not by either producer
-EXPORTED_INPUTS = tuple(s for s in contract.BILLING_INPUTS if s.producer is contract.Producer.EXPORTER)
+EXPORTED_INPUTS = tuple(s for s in queries.BILLING_INPUTS if s.producer is contract.Producer.EXPORTER)
 # Utilization is simulated load plus noise, drawn per 5 s step by the live simulator (±0.05 per pod)
 # and per sample by the history (±0.03): both follow the pod schedule, neither repeats the other's
 # draws. Every other series billing reads (identity, MIG layout, allocations) must match exactly.
@@ -228,7 +229,7 @@ def _consumed_labels() -> list[tuple[str, str]]:
     """(series, label) for every label billing's PromQL keeps from an exporter series."""
     pairs = {
         (query.series.name, label)
-        for query in contract.BILLING_QUERIES.values()
+        for query in queries.BILLING_QUERIES.values()
         if query.series.producer is contract.Producer.EXPORTER
         for label in query.by
     }
@@ -308,7 +309,7 @@ def test_billing_promql_reads_only_contract_series_and_their_labels(query):
         missing = set(KEEP[query]) - set(contract.series(name).labels)
         assert not missing, f"{query}: {name} has no label {sorted(missing)}"
     assert not _groupings(expr), f"{query}: sent aggregated; billing reduces by KEEP itself"
-    aggregated = promql_parser.parse(contract.BILLING_QUERIES[query].aggregated())
+    aggregated = promql_parser.parse(queries.BILLING_QUERIES[query].aggregated())
     assert _groupings(aggregated) == [(list(KEEP[query]), names)]
 
 
@@ -316,8 +317,8 @@ def test_the_contract_declares_each_series_once_and_billing_reads_only_declared_
     names = [s.name for s in third_party.EVERY_SERIES]
     assert len(names) == len(set(names))
     assert {s.name for s in contract.EXPORTER_SERIES} == {spec.name for spec in catalog.CATALOG}
-    assert set(contract.BILLING_INPUTS) <= set(contract.CONTRACT)
-    assert {s.producer for s in contract.BILLING_INPUTS} == {
+    assert set(queries.BILLING_INPUTS) <= set(contract.CONTRACT)
+    assert {s.producer for s in queries.BILLING_INPUTS} == {
         contract.Producer.EXPORTER,
         contract.Producer.KUBE_STATE_METRICS,
     }

@@ -14,6 +14,7 @@ from decimal import Decimal
 import pytest
 
 from gpumeter import contract
+from gpumeter.billing import queries
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ingest import IngestConfig, build_hour, reprice
 from gpumeter.billing.ledger.base import HourRecord
@@ -88,7 +89,7 @@ def test_ingest_reads_both_fractions_and_the_ledger_keeps_them_for_a_reprice(led
         contract.MIG_PROFILE: "",
         contract.SHARING: contract.SHARING_FRACTIONAL,
     }
-    results: dict[str, list[Sample]] = {name: [] for name in contract.BILLING_QUERIES}
+    results: dict[str, list[Sample]] = {name: [] for name in queries.BILLING_QUERIES}
     device = {
         contract.UUID: "GPU-fractional",
         contract.GPU: "0",

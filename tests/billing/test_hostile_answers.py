@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import text
 
 from gpumeter import contract
+from gpumeter.billing import queries
 from gpumeter.billing.ingest import IngestConfig, ingest_hours
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.pricing import load_price_book
@@ -35,7 +36,7 @@ H0, EXPECTED_TOTAL, _by_namespace = history.H0, history.EXPECTED_TOTAL, history.
 tsdb, book = history.tsdb, history.book  # its backfilled TSDB and its price book: the same fixtures
 HOURS = [H0 + timedelta(hours=n) for n in range(3)]
 END = H0 + timedelta(hours=3)
-QUERIES = {name: query.promql() for name, query in contract.BILLING_QUERIES.items()}
+QUERIES = {name: query.promql() for name, query in queries.BILLING_QUERIES.items()}
 
 Tamper = Callable[[dict], None]  # changes a decoded answer in place
 

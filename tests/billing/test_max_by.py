@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpumeter import contract
+from gpumeter.billing import queries
 from gpumeter.billing.ingest import KEEP, QUERIES, IngestConfig, _at, _columns, _in_order, ingest_hours
 from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from gpumeter.billing.prom import PrometheusClient
@@ -86,7 +86,7 @@ def test_billings_max_by_is_the_engines(engine, name):
     first, last = _at(HOURS[0]), _at(HOURS[-1])
     with PrometheusClient(engine) as client:
         raw = client.query_range(QUERIES[name], first, last, 3600)
-        theirs = client.query_range(contract.BILLING_QUERIES[name].aggregated(), first, last, 3600)
+        theirs = client.query_range(queries.BILLING_QUERIES[name].aggregated(), first, last, 3600)
     ours = _in_order(_columns(raw, first.timestamp(), 3, KEEP[name]))
     theirs_columns = _columns(theirs, first.timestamp(), 3, KEEP[name])  # the engine's order kept
     assert [dict(labels) for labels, _ in ours] == [dict(labels) for labels, _ in theirs_columns]

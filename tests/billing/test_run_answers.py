@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumeter import contract
+from gpumeter.billing import queries
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
 from gpumeter.billing.ingest import (
     MAX_RUN_HOURS,
@@ -57,7 +58,7 @@ def _series() -> dict[str, list[dict[str, str]]]:
     with process data, and two namespaces' team labels: one label set per query name."""
     mig, whole = "GPU-mig", "GPU-whole"
     device = {contract.GPU: "0", contract.MODEL: H100, contract.HOSTNAME: "node-1"}
-    out: dict[str, list[dict[str, str]]] = {name: [] for name in contract.BILLING_QUERIES}
+    out: dict[str, list[dict[str, str]]] = {name: [] for name in queries.BILLING_QUERIES}
     out["gpu_count"] = [
         {**device, contract.UUID: mig, contract.MIG_MODE: "enabled"},
         {**device, contract.UUID: whole, contract.GPU: "1", contract.MIG_MODE: "disabled"},
@@ -107,7 +108,7 @@ def _series() -> dict[str, list[dict[str, str]]]:
         if sharing == contract.SHARING_FRACTIONAL:
             out["alloc_memory"].append(labels)
             out["alloc_compute"].append(labels)
-        process = {key: labels[key] for key in contract.BILLING_QUERIES["proc_sm"].by}
+        process = {key: labels[key] for key in queries.BILLING_QUERIES["proc_sm"].by}
         out["proc_sm"].append(process)
         out["proc_memory"].append(process)
     out["teams"] = [
