@@ -339,7 +339,9 @@ class Query:
     table: bool = False
 
 
-def _targets(queries: Sequence[Query]) -> list[prometheus.Dataquery]:
+def _targets(queries: Query | Sequence[Query]) -> list[prometheus.Dataquery]:
+    if isinstance(queries, Query):
+        queries = [queries]
     out = []
     for index, q in enumerate(queries):
         target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + index)).datasource(DS)
@@ -387,7 +389,7 @@ class PanelSpec:
     mappings: list = field(default_factory=list)
 
 
-def _common(builder, spec: PanelSpec):
+def _common(builder, spec: PanelSpec | Panel):
     builder = (
         builder.title(spec.title)
         .datasource(DS)
@@ -416,7 +418,7 @@ def _common(builder, spec: PanelSpec):
     return builder
 
 
-def ts(spec: PanelSpec, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
+def ts(spec: PanelSpec | Panel, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
     panel = _common(timeseries.Panel(), spec)
     panel = (
         panel.legend(
@@ -437,7 +439,7 @@ def ts(spec: PanelSpec, *, stack: bool = False, threshold_lines: bool = False) -
     return panel
 
 
-def stat_panel(spec: PanelSpec) -> stat.Panel:
+def stat_panel(spec: PanelSpec | Panel) -> stat.Panel:
     return (
         _common(stat.Panel(), spec)
         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
@@ -465,7 +467,7 @@ def organize(exclude: Iterable[str] = (), rename: dict[str, str] | None = None) 
 MERGE = dm.DataTransformerConfig(id_val="merge", options={})
 
 
-def table_panel(spec: PanelSpec, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
+def table_panel(spec: PanelSpec | Panel, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
     panel = _common(table.Panel(), spec).show_header(True).cell_height(cm.TableCellHeight.SM)
     if sort_by:
         panel = panel.sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(desc)])
@@ -510,7 +512,7 @@ def value_map(mapping: dict[str, tuple[str, str]]) -> list[dm.ValueMap]:
     ]
 
 
-def timeline(spec: PanelSpec) -> statetimeline.Panel:
+def timeline(spec: PanelSpec | Panel) -> statetimeline.Panel:
     return (
         _common(statetimeline.Panel(), spec)
         .show_value(cm.VisibilityMode.NEVER)
@@ -525,6 +527,81 @@ def timeline(spec: PanelSpec) -> statetimeline.Panel:
 
 def text_row(title: str) -> d.Row:
     return d.Row(title)
+
+
+# --- dashboards as tables -------------------------------------------------------------------------
+# A dashboard is a table: Section rows start a row of the grid, Panel rows are panels, so adding a
+# panel is adding one row. What a panel shows (title, queries, unit, thresholds) comes first; how it
+# is drawn (kind, size, overrides) after.
+
+TIMESERIES = "timeseries"
+STAT = "stat"
+TABLE = "table"
+TIMELINE = "timeline"
+
+
+@dataclass(frozen=True)
+class Section:
+    """Starts a row of the dashboard's grid, titled."""
+
+    title: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a dashboard's table: a time series unless ``kind`` says otherwise."""
+
+    title: str
+    queries: Query | Sequence[Query]
+    unit: str = "short"
+    thresholds: d.ThresholdsConfig = NEUTRAL
+    kind: str = TIMESERIES
+    description: str = ""
+    links: Iterable[d.DashboardLink] = ()
+    w: int = 12
+    h: int = 8
+    decimals: float | None = None
+    min: float | None = None
+    max: float | None = None
+    overrides: Sequence = ()
+    transformations: Sequence = ()
+    mappings: Sequence = ()
+    stack: bool = False  # time series: stacked, filled
+    threshold_lines: bool = False  # time series: the thresholds drawn as lines
+    sort_by: str | None = None  # table: the column sorted by, descending unless ``ascending``
+    ascending: bool = False
+
+
+def build_panel(row: Panel):
+    """The grafana-foundation-sdk builder for one row of a table."""
+    if row.kind == TIMESERIES:
+        return ts(row, stack=row.stack, threshold_lines=row.threshold_lines)
+    if row.kind == STAT:
+        return stat_panel(row)
+    if row.kind == TABLE:
+        return table_panel(row, sort_by=row.sort_by, desc=not row.ascending)
+    if row.kind == TIMELINE:
+        return timeline(row)
+    raise ValueError(f"dashboards: panel {row.title!r} has unknown kind {row.kind!r}")
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    variables: list,
+    table: Iterable[Section | Panel],
+    *,
+    since: str = "now-6h",
+) -> d.Dashboard:
+    """A dashboard laid out from its table of sections and panels, left to right, top to bottom."""
+    layout = Layout(new_dashboard(uid, title, description, variables, since=since))
+    for row in table:
+        if isinstance(row, Section):
+            layout.row(row.title)
+        else:
+            layout.add(build_panel(row), row.w, row.h)
+    return layout.builder
 
 
 class Layout:
@@ -562,7 +639,7 @@ class Layout:
         self.row_h = max(self.row_h, h)
         return self
 
-    def panel(self, factory, spec: PanelSpec, **kwargs) -> Layout:
+    def panel(self, factory, spec: PanelSpec | Panel, **kwargs) -> Layout:
         return self.add(factory(spec, **kwargs), spec.w, spec.h)
 
 
