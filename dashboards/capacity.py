@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
     STAT,
     TABLE,
@@ -22,7 +24,7 @@ from .core import (
 # Seed 000's goal: cluster GPU utilization from 40-50 % to about 80 %.
 GOAL = steps((None, "red"), (0.5, "orange"), (0.8, "green"))
 # Whole-GPU utilization averaged over the pool for the last day (GPUs in MIG mode have no such series).
-UTILIZATION_1D = "avg(avg_over_time(nvidia_gpu_utilization_ratio[1d]))"
+UTILIZATION_1D = f"avg(avg_over_time({contract.UTILIZATION.name}[1d]))"
 # Seed 003's maturity model by utilization: level 1 < 30 %, 2 30-50 %, 3 50-80 %, 4 > 80 %, 5 > 90 %.
 MATURITY = (
     f"1 + ({UTILIZATION_1D} >= bool 0.3) + ({UTILIZATION_1D} >= bool 0.5)"
@@ -136,12 +138,13 @@ PANELS: tuple[Section | Panel, ...] = (
         "MIG layout per node",
         [
             Query(
-                "count by (hostname, mig_profile) (nvidia_gpu_mig_info * on(instance, uuid) "
-                "group_left(hostname) nvidia_gpu_info)",
+                f"count by (hostname, mig_profile) ({contract.MIG_INFO.name} * on(instance, uuid) "
+                f"group_left(hostname) {contract.GPU_INFO.name})",
                 table=True,
             ),
             Query(
-                'count by (hostname, mig_profile) (nvidia_gpu_allocation{gpu_instance_id!=""})', table=True
+                f'count by (hostname, mig_profile) ({contract.ALLOCATION.name}{{gpu_instance_id!=""}})',
+                table=True,
             ),
         ],
         kind=TABLE,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
     MERGE,
     STAT,
@@ -31,11 +33,11 @@ from .core import (
 SEL = 'team=~"$team", namespace=~"$namespace", currency=~"$currency"'
 COST = f"gpumeter_billing_cost_total{{{SEL}}}"
 TENANT = f'gpumeter_billing_cost_total{{{SEL}, kind=~"tenant|idle_share"}}'
-ALL_COST = 'gpumeter_billing_cost_total{currency=~"$currency"}'
-ALL_TENANT = 'gpumeter_billing_cost_total{currency=~"$currency", kind=~"tenant|idle_share"}'
-PLATFORM = 'gpumeter_billing_unallocated_cost_total{currency=~"$currency"}'
-HOURS = 'gpumeter_billing_gpu_hours_total{team=~"$team", namespace=~"$namespace"}'
-UNPRICED = "gpumeter_billing_unpriced_gpu_hours_total"
+ALL_COST = f'{contract.BILLING_COST.name}{{currency=~"$currency"}}'
+ALL_TENANT = f'{contract.BILLING_COST.name}{{currency=~"$currency", kind=~"tenant|idle_share"}}'
+PLATFORM = f'{contract.BILLING_UNALLOCATED_COST.name}{{currency=~"$currency"}}'
+HOURS = f'{contract.BILLING_GPU_HOURS.name}{{team=~"$team", namespace=~"$namespace"}}'
+UNPRICED = contract.BILLING_UNPRICED_GPU_HOURS.name
 TEAM_SEL = 'team=~"$team", currency=~"$currency"'
 MONTH_TO_DATE = f"gpumeter_billing_team_month_to_date_cost{{{TEAM_SEL}}}"
 MONEY = "none"  # the price book's currency is a label (currency variable), not a fixed Grafana unit
@@ -221,7 +223,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Platform cost by GPU model and profile",
         Query(
             in_range(
-                'gpumeter_billing_cost_total{currency=~"$currency", kind=~"unallocated|stranded|sharing_shortfall|utilization_shortfall"}',
+                f'{contract.BILLING_COST.name}{{currency=~"$currency", kind=~"unallocated|stranded|sharing_shortfall|utilization_shortfall"}}',
                 "kind, model, mig_profile, currency",
             ),
             table=True,
@@ -285,7 +287,7 @@ def build() -> d.Dashboard:
             query_var(
                 "currency",
                 "Currency",
-                "label_values(gpumeter_billing_cost_total, currency)",
+                f"label_values({contract.BILLING_COST.name}, currency)",
                 multi=False,
                 include_all=False,
                 description="The price book's currency (ISO 4217).",
@@ -293,13 +295,13 @@ def build() -> d.Dashboard:
             query_var(
                 "team",
                 "Team",
-                "label_values(gpumeter_billing_cost_total, team)",
+                f"label_values({contract.BILLING_COST.name}, team)",
                 description="Team of the namespace (team map file or kube-state-metrics label_team).",
             ),
             query_var(
                 "namespace",
                 "Namespace",
-                'label_values(gpumeter_billing_cost_total{team=~"$team"}, namespace)',
+                f'label_values({contract.BILLING_COST.name}{{team=~"$team"}}, namespace)',
                 description="Namespaces billed, including the platform lines (__unallocated__, ...).",
             ),
         ],

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
     BENIGN_REASONS,
     GPU_DETAIL_ROW,
@@ -39,17 +41,17 @@ TO_NAMESPACE = link(
 )
 
 HEADROOM_EXPR = on_gpu(
-    'nvidia_gpu_temperature_threshold_celsius{threshold="slowdown"}'
-    " - ignoring(threshold) nvidia_gpu_temperature_celsius"
+    f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="slowdown"}}'
+    f" - ignoring(threshold) {contract.TEMPERATURE.name}"
 )
-POWER_FRACTION_EXPR = on_gpu("nvidia_gpu_power_watts / nvidia_gpu_power_limit_watts")
+POWER_FRACTION_EXPR = on_gpu(f"{contract.POWER.name} / {contract.POWER_LIMIT.name}")
 # Whole-GPU equivalents held: a whole GPU its share, a MIG instance its share x compute_slices / 7.
 ALLOCATED_EQUIVALENTS = (
-    'sum(nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id=""}'
-    ' or nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""}'
+    f'sum({contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id=""}}'
+    f' or {contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""}}'
     " * on(uuid, gpu_instance_id) group_left() uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio)"
 )
-MIG_INFO = on_gpu("nvidia_gpu_mig_info", labels="hostname")
+MIG_INFO = on_gpu(contract.MIG_INFO.name, labels="hostname")
 
 
 PANELS: tuple[Section | Panel, ...] = (
@@ -64,7 +66,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "GPUs lost",
-        Query(f"count({on_gpu('nvidia_gpu_up == 0')}) or vector(0)"),
+        Query(f"count({on_gpu(f'{contract.GPU_UP.name} == 0')}) or vector(0)"),
         thresholds=steps((None, "green"), (1, "red")),
         kind=STAT,
         description="GPUs NVML no longer answers for (nvidia_gpu_up == 0). Any is critical (GpuLost).",
@@ -89,7 +91,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "MIG instances held by pods",
         Query(
-            'count(nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""})'
+            f'count({contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""}})'
             " or vector(0)"
         ),
         kind=STAT,
@@ -171,8 +173,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Allocated GPU equivalents by sharing mode",
         Query(
-            'sum by (sharing) (nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", '
-            'gpu_instance_id=""} or nvidia_gpu_allocation{hostname=~"$hostname", namespace=~"$namespace", '
+            f'sum by (sharing) ({contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", '
+            f'gpu_instance_id=""}} or {contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", '
             'gpu_instance_id!=""} * on(uuid, gpu_instance_id) group_left() '
             "uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio)",
             "{{sharing}}",
@@ -228,7 +230,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Power draw / enforced limit",
-        Query(f"sum({on_gpu('nvidia_gpu_power_watts')}) / sum({on_gpu('nvidia_gpu_power_limit_watts')})"),
+        Query(f"sum({on_gpu(contract.POWER.name)}) / sum({on_gpu(contract.POWER_LIMIT.name)})"),
         unit="percentunit",
         thresholds=POWER_FRACTION,
         kind=STAT,
@@ -262,7 +264,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Hottest GPUs: headroom to their own slowdown temperature",
         [
             Query(f"bottomk(10, {HEADROOM_EXPR})", table=True),
-            Query(f"bottomk(10, {on_gpu('nvidia_gpu_temperature_celsius')})", table=True),
+            Query(f"bottomk(10, {on_gpu(contract.TEMPERATURE.name)})", table=True),
         ],
         unit="celsius",
         kind=TABLE,
@@ -294,12 +296,12 @@ PANELS: tuple[Section | Panel, ...] = (
         "Erroring GPUs",
         Query(
             on_gpu(
-                'label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_xid_errors_total), "problem", "XID errors", "", "")'
-                ' or label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_ecc_errors_total{error_type="uncorrected"}) > 0, "problem", "uncorrected ECC errors", "", "")'
-                ' or label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_remapped_rows_pending) > 0, "problem", "row remap pending (reset needed)", "", "")'
-                ' or label_replace(sum by (instance, uuid, gpu) (nvidia_gpu_remapped_rows_failure) > 0, "problem", "row remap failed", "", "")'
-                ' or label_replace(sum by (instance, uuid, gpu) (increase(nvidia_gpu_nvlink_errors_total[$__range])) > 0, "problem", "NVLink errors in range", "", "")'
-                ' or label_replace(count by (instance, uuid, gpu) (nvidia_gpu_nvlink_up == 0), "problem", "NVLinks down", "", "")'
+                f'label_replace(sum by (instance, uuid, gpu) ({contract.XID_ERRORS.name}), "problem", "XID errors", "", "")'
+                f' or label_replace(sum by (instance, uuid, gpu) ({contract.ECC_ERRORS.name}{{error_type="uncorrected"}}) > 0, "problem", "uncorrected ECC errors", "", "")'
+                f' or label_replace(sum by (instance, uuid, gpu) ({contract.REMAPPED_ROWS_PENDING.name}) > 0, "problem", "row remap pending (reset needed)", "", "")'
+                f' or label_replace(sum by (instance, uuid, gpu) ({contract.REMAPPED_ROWS_FAILURE.name}) > 0, "problem", "row remap failed", "", "")'
+                f' or label_replace(sum by (instance, uuid, gpu) (increase({contract.NVLINK_ERRORS.name}[$__range])) > 0, "problem", "NVLink errors in range", "", "")'
+                f' or label_replace(count by (instance, uuid, gpu) ({contract.NVLINK_UP.name} == 0), "problem", "NVLinks down", "", "")'
             ),
             table=True,
         ),

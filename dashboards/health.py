@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
     BILLING_JOB,
     EXPORTER_JOB,
@@ -53,7 +55,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "NVML down",
-        Query(f"count({on_exporter('gpumeter_exporter_nvml_up == 0')}) or vector(0)"),
+        Query(f"count({on_exporter(f'{contract.NVML_UP.name} == 0')}) or vector(0)"),
         thresholds=steps((None, "green"), (1, "red")),
         kind=STAT,
         w=6,
@@ -61,7 +63,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Kubelet attribution down",
-        Query(f"count({on_exporter('gpumeter_exporter_kubelet_up == 0')}) or vector(0)"),
+        Query(f"count({on_exporter(f'{contract.KUBELET_UP.name} == 0')}) or vector(0)"),
         thresholds=steps((None, "green"), (1, "red")),
         kind=STAT,
         description="Exporters whose kubelet PodResources query fails: allocations (and billing) are "
@@ -71,7 +73,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Oldest sample served",
-        Query(f"max({on_exporter('time() - gpumeter_exporter_last_sample_timestamp_seconds')})"),
+        Query(f"max({on_exporter(f'time() - {contract.LAST_SAMPLE_TIMESTAMP.name}')})"),
         unit="s",
         thresholds=AGE_STEPS,
         kind=STAT,
@@ -83,12 +85,12 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Exporters",
         [
-            Query(on_exporter("gpumeter_exporter_build_info"), table=True),
-            Query(on_exporter("gpumeter_exporter_nvml_up"), table=True),
-            Query(on_exporter("gpumeter_exporter_kubelet_up"), table=True),
-            Query(on_exporter("time() - gpumeter_exporter_last_sample_timestamp_seconds"), table=True),
-            Query(on_exporter("gpumeter_exporter_sample_duration_seconds"), table=True),
-            Query(on_exporter("gpumeter_exporter_nvml_calls"), table=True),
+            Query(on_exporter(contract.BUILD_INFO.name), table=True),
+            Query(on_exporter(contract.NVML_UP.name), table=True),
+            Query(on_exporter(contract.KUBELET_UP.name), table=True),
+            Query(on_exporter(f"time() - {contract.LAST_SAMPLE_TIMESTAMP.name}"), table=True),
+            Query(on_exporter(contract.SAMPLE_DURATION.name), table=True),
+            Query(on_exporter(contract.NVML_CALLS.name), table=True),
         ],
         kind=TABLE,
         description="One row per exporter: version, NVML and kubelet up, sample age, the last sampling "
@@ -119,10 +121,10 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "NVML and kubelet up",
         [
-            Query(on_exporter("gpumeter_exporter_nvml_up"), "{{hostname}} NVML"),
-            Query(on_exporter("gpumeter_exporter_kubelet_up"), "{{hostname}} kubelet"),
-            Query(on_exporter("gpumeter_exporter_kube_api_up"), "{{hostname}} Kubernetes API"),
-            Query(on_exporter("gpumeter_exporter_dra_api_up"), "{{hostname}} DRA ResourceSlices/Claims"),
+            Query(on_exporter(contract.NVML_UP.name), "{{hostname}} NVML"),
+            Query(on_exporter(contract.KUBELET_UP.name), "{{hostname}} kubelet"),
+            Query(on_exporter(contract.KUBE_API_UP.name), "{{hostname}} Kubernetes API"),
+            Query(on_exporter(contract.DRA_API_UP.name), "{{hostname}} DRA ResourceSlices/Claims"),
         ],
         thresholds=UP_STEPS,
         kind=TIMELINE,
@@ -131,7 +133,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Collector success",
-        Query(on_exporter("gpumeter_exporter_collector_success"), "{{hostname}} {{collector}}"),
+        Query(on_exporter(contract.COLLECTOR_SUCCESS.name), "{{hostname}} {{collector}}"),
         thresholds=UP_STEPS,
         kind=TIMELINE,
         description="1 when the collector read every device it should in the last sampling cycle.",
@@ -140,15 +142,15 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Collector duration",
-        Query(on_exporter("gpumeter_exporter_collector_duration_seconds"), "{{hostname}} {{collector}}"),
+        Query(on_exporter(contract.COLLECTOR_DURATION.name), "{{hostname}} {{collector}}"),
         unit="s",
     ),
     Panel(
         "Sampling cycle duration and sample age",
         [
-            Query(on_exporter("gpumeter_exporter_sample_duration_seconds"), "{{hostname}} cycle"),
+            Query(on_exporter(contract.SAMPLE_DURATION.name), "{{hostname}} cycle"),
             Query(
-                on_exporter("time() - gpumeter_exporter_last_sample_timestamp_seconds"),
+                on_exporter(f"time() - {contract.LAST_SAMPLE_TIMESTAMP.name}"),
                 "{{hostname}} sample age",
             ),
         ],
@@ -156,27 +158,25 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "NVML calls per sampling cycle",
-        Query(on_exporter("gpumeter_exporter_nvml_calls"), "{{hostname}}"),
+        Query(on_exporter(contract.NVML_CALLS.name), "{{hostname}}"),
         unit="short",
     ),
     Panel(
         "Kubelet and Kubernetes API errors",
         [
             Query(
-                on_exporter("rate(gpumeter_exporter_kubelet_errors_total[$__rate_interval])"),
+                on_exporter(f"rate({contract.KUBELET_ERRORS.name}[$__rate_interval])"),
                 "{{hostname}} kubelet",
             ),
             Query(
-                on_exporter("rate(gpumeter_exporter_kube_api_errors_total[$__rate_interval])"),
+                on_exporter(f"rate({contract.KUBE_API_ERRORS.name}[$__rate_interval])"),
                 "{{hostname}} Kubernetes API {{reason}}",
             ),
             Query(
-                on_exporter("rate(gpumeter_exporter_dra_api_errors_total[$__rate_interval])"),
+                on_exporter(f"rate({contract.DRA_API_ERRORS.name}[$__rate_interval])"),
                 "{{hostname}} DRA API {{reason}}",
             ),
-            Query(
-                on_exporter("gpumeter_exporter_dra_devices_unresolved"), "{{hostname}} DRA devices unresolved"
-            ),
+            Query(on_exporter(contract.DRA_DEVICES_UNRESOLVED.name), "{{hostname}} DRA devices unresolved"),
         ],
         unit="reqps",
         description="Failed PodResources queries, and failed pod lists from the Kubernetes API (where "
@@ -185,7 +185,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Exporters blind to MIG XIDs",
-        Query(f"count({on_exporter('gpumeter_exporter_mig_xids_visible == 0')}) or vector(0)"),
+        Query(f"count({on_exporter(f'{contract.MIG_XIDS_VISIBLE.name} == 0')}) or vector(0)"),
         thresholds=steps((None, "green"), (1, "orange")),
         kind=STAT,
         description="Exporters without the privilege (root or CAP_SYS_ADMIN) NVML needs to name the MIG "
@@ -204,7 +204,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Ingest lag",
-        Query("max(gpumeter_billing_ingest_lag_seconds)"),
+        Query(f"max({contract.BILLING_INGEST_LAG.name})"),
         unit="s",
         thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
         kind=STAT,
@@ -215,7 +215,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Newest hour billed (end)",
-        Query("max(gpumeter_billing_last_success_timestamp_seconds) * 1000"),
+        Query(f"max({contract.BILLING_LAST_SUCCESS.name}) * 1000"),
         unit="dateTimeFromNow",
         kind=STAT,
         w=6,
@@ -223,7 +223,9 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Failed ingest runs in the range",
-        Query('sum(increase(gpumeter_billing_ingest_runs_total{status="failed"}[$__range])) or vector(0)'),
+        Query(
+            f'sum(increase({contract.BILLING_INGEST_RUNS.name}{{status="failed"}}[$__range])) or vector(0)'
+        ),
         thresholds=steps((None, "green"), (1, "orange")),
         kind=STAT,
         decimals=0,
@@ -232,20 +234,20 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Ingest lag",
-        Query("gpumeter_billing_ingest_lag_seconds", "{{instance}}"),
+        Query(contract.BILLING_INGEST_LAG.name, "{{instance}}"),
         unit="s",
         thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
         threshold_lines=True,
     ),
     Panel(
         "Ingest runs by status",
-        Query("sum by (status) (gpumeter_billing_ingest_runs_total)", "{{status}}"),
+        Query(f"sum by (status) ({contract.BILLING_INGEST_RUNS.name})", "{{status}}"),
         unit="short",
         description="Cumulative runs recorded in the ledger (ok / failed).",
     ),
     Panel(
         "Scheduled job failures in the range",
-        Query("sum by (task) (increase(gpumeter_billing_job_failures_total[$__range]))", "{{task}}"),
+        Query(f"sum by (task) (increase({contract.BILLING_JOB_FAILURES.name}[$__range]))", "{{task}}"),
         thresholds=steps((None, "green"), (1, "red")),
         kind=STAT,
         description="Runs of the hourly ingest and of the monthly chargeback and health reports that "
@@ -256,7 +258,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Scheduled jobs: last success",
-        Query("max by (task) (gpumeter_billing_job_last_success_timestamp_seconds) * 1000", "{{task}}"),
+        Query(f"max by (task) ({contract.BILLING_JOB_LAST_SUCCESS.name}) * 1000", "{{task}}"),
         unit="dateTimeFromNow",
         kind=STAT,
         description="When each job last succeeded (a report: also a run recorded in the ledger).",
@@ -265,7 +267,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Scheduled jobs: last due",
-        Query("max by (task) (gpumeter_billing_job_last_due_timestamp_seconds) * 1000", "{{task}}"),
+        Query(f"max by (task) ({contract.BILLING_JOB_LAST_DUE.name}) * 1000", "{{task}}"),
         unit="dateTimeFromNow",
         kind=STAT,
         description="When the schedule last called for each job while the service was up; a due time "

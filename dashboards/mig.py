@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
     GPU_DETAIL_ROW,
     MERGE,
@@ -27,13 +29,13 @@ from .core import (
     unit_override,
 )
 
-ALLOC = 'nvidia_gpu_allocation{hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"'
+ALLOC = f'{contract.ALLOCATION.name}{{hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"'
 MIG_ALLOC = ALLOC + ', gpu_instance_id!=""}'
 ALL_ALLOC = ALLOC + "}"
 KEY = "hostname, namespace, pod, container, gpu, gpu_instance_id, mig_profile"
 # One MIG info series per GPU instance (several compute instances of one GI would otherwise make
 # the join many-to-many).
-ONE_PER_GI = "topk by (instance, uuid, gpu_instance_id) (1, nvidia_gpu_mig_info)"
+ONE_PER_GI = f"topk by (instance, uuid, gpu_instance_id) (1, {contract.MIG_INFO.name})"
 GI_LEGEND = "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}}"
 IDLE = steps((None, "red"), (0.05, "orange"), (0.25, "green"))
 
@@ -44,7 +46,7 @@ def mig(expr: str) -> str:
 
 PANELS: tuple[Section | Panel, ...] = (
     Section("Layout"),
-    Panel("MIG instances", Query(f"count({mig('nvidia_gpu_mig_info')})"), kind=STAT, w=6, h=4),
+    Panel("MIG instances", Query(f"count({mig(contract.MIG_INFO.name)})"), kind=STAT, w=6, h=4),
     Panel("Held by pods", Query(f"count({MIG_ALLOC}) or vector(0)"), kind=STAT, w=6, h=4),
     Panel(
         "Not held by any pod",
@@ -74,8 +76,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "MIG layout per GPU",
         [
-            Query(mig("nvidia_gpu_mig_info"), table=True),
-            Query(mig("nvidia_gpu_mig_memory_total_bytes"), table=True),
+            Query(mig(contract.MIG_INFO.name), table=True),
+            Query(mig(contract.MIG_MEMORY_TOTAL.name), table=True),
         ],
         kind=TABLE,
         description="Every GPU instance: profile, compute slices of 7 (4 on A30), memory slices of 8 "
@@ -176,7 +178,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "SM utilization per MIG instance",
         Query(
-            mig("nvidia_gpu_mig_sm_utilization_ratio"),
+            mig(contract.MIG_SM_UTILIZATION.name),
             "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
         ),
         unit="percentunit",
@@ -187,12 +189,13 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Real work per MIG instance: occupancy, tensor, DRAM (Hopper and later)",
         [
-            Query(mig('nvidia_gpu_sm_occupancy_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} occupancy"),
+            Query(mig(f'{contract.SM_OCCUPANCY.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} occupancy"),
             Query(
-                mig('nvidia_gpu_tensor_active_ratio{gpu_instance_id!="", pipe="any"}'), f"{GI_LEGEND} tensor"
+                mig(f'{contract.TENSOR_ACTIVE.name}{{gpu_instance_id!="", pipe="any"}}'),
+                f"{GI_LEGEND} tensor",
             ),
-            Query(mig('nvidia_gpu_dram_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} DRAM"),
-            Query(mig('nvidia_gpu_sm_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} SM active"),
+            Query(mig(f'{contract.DRAM_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} DRAM"),
+            Query(mig(f'{contract.SM_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} SM active"),
         ],
         unit="percentunit",
         description="NVML GPM per GPU instance, beside SM utilization (= SM active): occupancy is how many "
@@ -205,8 +208,10 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Pipes per MIG instance: graphics engine and FP64/32/16 (Hopper and later)",
         [
-            Query(mig('nvidia_gpu_graphics_engine_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} engine"),
-            Query(mig('nvidia_gpu_fp_active_ratio{gpu_instance_id!=""}'), f"{GI_LEGEND} {{{{precision}}}}"),
+            Query(
+                mig(f'{contract.GRAPHICS_ENGINE_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} engine"
+            ),
+            Query(mig(f'{contract.FP_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} {{{{precision}}}}"),
         ],
         unit="percentunit",
         description="NVML GPM per GPU instance: the share of time the graphics/compute engine had work "
@@ -231,7 +236,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Memory used per MIG instance",
         Query(
-            mig("nvidia_gpu_mig_memory_used_bytes / nvidia_gpu_mig_memory_total_bytes"),
+            mig(f"{contract.MIG_MEMORY_USED.name} / {contract.MIG_MEMORY_TOTAL.name}"),
             "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
         ),
         unit="percentunit",
@@ -243,8 +248,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Memory used and free per MIG instance",
         [
-            Query(mig("nvidia_gpu_mig_memory_used_bytes"), "GPU {{gpu}} GI {{gpu_instance_id}} used"),
-            Query(mig("nvidia_gpu_mig_memory_free_bytes"), "GPU {{gpu}} GI {{gpu_instance_id}} free"),
+            Query(mig(contract.MIG_MEMORY_USED.name), "GPU {{gpu}} GI {{gpu_instance_id}} used"),
+            Query(mig(contract.MIG_MEMORY_FREE.name), "GPU {{gpu}} GI {{gpu_instance_id}} free"),
         ],
         unit="bytes",
     ),
@@ -261,7 +266,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "XID errors per MIG instance",
-        Query(mig("nvidia_gpu_mig_xid_errors_total"), table=True),
+        Query(mig(contract.MIG_XID_ERRORS.name), table=True),
         kind=TABLE,
         description="XIDs the driver attributes to a GPU or compute instance, so to the pod that holds it "
         "(they are also counted per GPU on the node dashboard). Empty while "

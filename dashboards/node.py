@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
     BENIGN_REASONS,
     HEADROOM,
@@ -60,8 +62,8 @@ PANELS: tuple[Section | Panel, ...] = (
         "GPUs",
         [
             Query(info(True, True), table=True),
-            Query(g("nvidia_gpu_up"), table=True),
-            Query(g("nvidia_gpu_performance_state"), table=True),
+            Query(g(contract.GPU_UP.name), table=True),
+            Query(g(contract.PERFORMANCE_STATE.name), table=True),
         ],
         kind=TABLE,
         description="nvidia_gpu_info with up (1 = answering NVML) and the P-state (0 = maximum performance).",
@@ -75,7 +77,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Pods holding these GPUs or their MIG instances",
-        Query('nvidia_gpu_allocation{hostname=~"$hostname", gpu=~"$gpu"}', table=True),
+        Query(f'{contract.ALLOCATION.name}{{hostname=~"$hostname", gpu=~"$gpu"}}', table=True),
         kind=TABLE,
         description="From the kubelet's PodResources API (nvidia_gpu_allocation). share: 1 for a whole GPU "
         "or MIG instance, 1/replicas when time-sliced. Click a row for the pod's MIG instance or its cost.",
@@ -88,9 +90,9 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "GPU temperature and its slowdown thresholds",
         [
-            Query(g("nvidia_gpu_temperature_celsius"), f"{GPU_LEGEND} temperature"),
+            Query(g(contract.TEMPERATURE.name), f"{GPU_LEGEND} temperature"),
             Query(
-                g('nvidia_gpu_temperature_threshold_celsius{threshold=~"slowdown|gpu_max"}'),
+                g(f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold=~"slowdown|gpu_max"}}'),
                 GPU_LEGEND + " {{threshold}}",
             ),
         ],
@@ -104,12 +106,12 @@ PANELS: tuple[Section | Panel, ...] = (
         [
             Query(
                 g(
-                    'nvidia_gpu_temperature_threshold_celsius{threshold="slowdown"}'
-                    " - ignoring(threshold) nvidia_gpu_temperature_celsius"
+                    f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="slowdown"}}'
+                    f" - ignoring(threshold) {contract.TEMPERATURE.name}"
                 ),
                 GPU_LEGEND,
             ),
-            Query(g("nvidia_gpu_temperature_margin_celsius"), f"{GPU_LEGEND} T.Limit margin"),
+            Query(g(contract.TEMPERATURE_MARGIN.name), f"{GPU_LEGEND} T.Limit margin"),
         ],
         unit="celsius",
         thresholds=HEADROOM,
@@ -121,9 +123,9 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Memory (HBM) temperature and its maximum",
         [
-            Query(g("nvidia_gpu_memory_temperature_celsius"), f"{GPU_LEGEND} HBM"),
+            Query(g(contract.MEMORY_TEMPERATURE.name), f"{GPU_LEGEND} HBM"),
             Query(
-                g('nvidia_gpu_temperature_threshold_celsius{threshold="memory_max"}'),
+                g(f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="memory_max"}}'),
                 GPU_LEGEND + " {{threshold}}",
             ),
         ],
@@ -132,7 +134,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Fan speed",
-        Query(g("nvidia_gpu_fan_speed_ratio"), GPU_LEGEND),
+        Query(g(contract.FAN_SPEED.name), GPU_LEGEND),
         unit="percentunit",
         description="Absent on passively cooled boards (SXM, most data-centre PCIe cards).",
         min=0,
@@ -141,7 +143,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Section("Power and clocks"),
     Panel(
         "Power draw / enforced limit",
-        Query(g("nvidia_gpu_power_watts / nvidia_gpu_power_limit_watts"), GPU_LEGEND),
+        Query(g(f"{contract.POWER.name} / {contract.POWER_LIMIT.name}"), GPU_LEGEND),
         unit="percentunit",
         thresholds=POWER_FRACTION,
         min=0,
@@ -150,8 +152,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Power draw and enforced limit",
         [
-            Query(g("nvidia_gpu_power_watts"), f"{GPU_LEGEND} draw"),
-            Query(g("nvidia_gpu_power_limit_watts"), f"{GPU_LEGEND} limit"),
+            Query(g(contract.POWER.name), f"{GPU_LEGEND} draw"),
+            Query(g(contract.POWER_LIMIT.name), f"{GPU_LEGEND} limit"),
         ],
         unit="watt",
         overrides=[dashed("/.* limit$/")],
@@ -159,20 +161,20 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "SM and memory clocks against their maximum",
         [
-            Query(g('nvidia_gpu_clock_hz{clock=~"sm|memory"}'), GPU_LEGEND + " {{clock}}"),
-            Query(g('nvidia_gpu_clock_max_hz{clock=~"sm|memory"}'), GPU_LEGEND + " {{clock}} max"),
+            Query(g(f'{contract.CLOCK.name}{{clock=~"sm|memory"}}'), GPU_LEGEND + " {{clock}}"),
+            Query(g(f'{contract.CLOCK_MAX.name}{{clock=~"sm|memory"}}'), GPU_LEGEND + " {{clock}} max"),
         ],
         unit="hertz",
         overrides=[dashed("/.* max$/")],
     ),
     Panel(
         "Graphics and video clocks",
-        Query(g('nvidia_gpu_clock_hz{clock=~"graphics|video"}'), GPU_LEGEND + " {{clock}}"),
+        Query(g(f'{contract.CLOCK.name}{{clock=~"graphics|video"}}'), GPU_LEGEND + " {{clock}}"),
         unit="hertz",
     ),
     Panel(
         "Energy used in the time range",
-        Query(g("increase(nvidia_gpu_energy_joules_total[$__range])"), GPU_LEGEND),
+        Query(g(f"increase({contract.ENERGY.name}[$__range])"), GPU_LEGEND),
         unit="joule",
         kind=STAT,
         w=12,
@@ -180,7 +182,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Performance state",
-        Query(g("nvidia_gpu_performance_state"), GPU_LEGEND),
+        Query(g(contract.PERFORMANCE_STATE.name), GPU_LEGEND),
         unit="none",
         description="0 is maximum performance, 15 minimum.",
         decimals=0,
@@ -212,8 +214,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Utilization (whole GPU)",
         [
-            Query(g("nvidia_gpu_utilization_ratio"), f"{GPU_LEGEND} kernels"),
-            Query(g("nvidia_gpu_memory_utilization_ratio"), f"{GPU_LEGEND} memory bandwidth"),
+            Query(g(contract.UTILIZATION.name), f"{GPU_LEGEND} kernels"),
+            Query(g(contract.MEMORY_UTILIZATION.name), f"{GPU_LEGEND} memory bandwidth"),
         ],
         unit="percentunit",
         description="Coarse: NVML's share of time in which any kernel ran, so one busy warp reads 100 %. "
@@ -225,8 +227,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Video engines",
         [
-            Query(g("nvidia_gpu_encoder_utilization_ratio"), f"{GPU_LEGEND} encoder"),
-            Query(g("nvidia_gpu_decoder_utilization_ratio"), f"{GPU_LEGEND} decoder"),
+            Query(g(contract.ENCODER_UTILIZATION.name), f"{GPU_LEGEND} encoder"),
+            Query(g(contract.DECODER_UTILIZATION.name), f"{GPU_LEGEND} decoder"),
         ],
         unit="percentunit",
         description="Share of time NVENC / NVDEC were busy (whole GPUs; NVML has none under MIG).",
@@ -236,10 +238,10 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Real work: SM active, occupancy, tensor, DRAM (Hopper and later)",
         [
-            Query(g("nvidia_gpu_sm_active_ratio"), f"{PROFILED} SM active"),
-            Query(g("nvidia_gpu_sm_occupancy_ratio"), f"{PROFILED} SM occupancy"),
-            Query(g('nvidia_gpu_tensor_active_ratio{pipe="any"}'), f"{PROFILED} tensor"),
-            Query(g("nvidia_gpu_dram_active_ratio"), f"{PROFILED} DRAM"),
+            Query(g(contract.SM_ACTIVE.name), f"{PROFILED} SM active"),
+            Query(g(contract.SM_OCCUPANCY.name), f"{PROFILED} SM occupancy"),
+            Query(g(f'{contract.TENSOR_ACTIVE.name}{{pipe="any"}}'), f"{PROFILED} tensor"),
+            Query(g(contract.DRAM_ACTIVE.name), f"{PROFILED} DRAM"),
         ],
         unit="percentunit",
         description="Fine-grained, from NVML GPM over each sampling interval: SM active is the share of SM "
@@ -253,10 +255,10 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Device memory",
         [
-            Query(g("nvidia_gpu_memory_used_bytes"), f"{GPU_LEGEND} used"),
-            Query(g("nvidia_gpu_memory_reserved_bytes"), f"{GPU_LEGEND} reserved"),
-            Query(g("nvidia_gpu_memory_free_bytes"), f"{GPU_LEGEND} free"),
-            Query(g("nvidia_gpu_memory_total_bytes"), f"{GPU_LEGEND} total"),
+            Query(g(contract.MEMORY_USED.name), f"{GPU_LEGEND} used"),
+            Query(g(contract.MEMORY_RESERVED.name), f"{GPU_LEGEND} reserved"),
+            Query(g(contract.MEMORY_FREE.name), f"{GPU_LEGEND} free"),
+            Query(g(contract.MEMORY_TOTAL.name), f"{GPU_LEGEND} total"),
         ],
         unit="bytes",
         overrides=[dashed("/.* total$/")],
@@ -264,10 +266,10 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "PCIe throughput",
         [
-            Query(g("nvidia_gpu_pcie_tx_bytes_per_second"), f"{GPU_LEGEND} tx"),
-            Query(g("nvidia_gpu_pcie_rx_bytes_per_second"), f"{GPU_LEGEND} rx"),
-            Query(g("rate(nvidia_gpu_pcie_tx_bytes_total[$__rate_interval])"), f"{GPU_LEGEND} tx (counter)"),
-            Query(g("rate(nvidia_gpu_pcie_rx_bytes_total[$__rate_interval])"), f"{GPU_LEGEND} rx (counter)"),
+            Query(g(contract.PCIE_TX.name), f"{GPU_LEGEND} tx"),
+            Query(g(contract.PCIE_RX.name), f"{GPU_LEGEND} rx"),
+            Query(g(f"rate({contract.PCIE_TX_BYTES.name}[$__rate_interval])"), f"{GPU_LEGEND} tx (counter)"),
+            Query(g(f"rate({contract.PCIE_RX_BYTES.name}[$__rate_interval])"), f"{GPU_LEGEND} rx (counter)"),
         ],
         unit="Bps",
         description="tx/rx: NVML's 20 ms sample at each sampling cycle. Counter: the rate of the byte "
@@ -275,16 +277,16 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "PCIe replays",
-        Query(g("rate(nvidia_gpu_pcie_replay_total[$__rate_interval])"), GPU_LEGEND),
+        Query(g(f"rate({contract.PCIE_REPLAY.name}[$__rate_interval])"), GPU_LEGEND),
         unit="ops",
     ),
     Panel(
         "PCIe link: generation and width against the maximum",
         [
-            Query(g("nvidia_gpu_pcie_link_generation"), f"{GPU_LEGEND} gen"),
-            Query(g("nvidia_gpu_pcie_link_max_generation"), f"{GPU_LEGEND} max gen"),
-            Query(g("nvidia_gpu_pcie_link_width"), f"{GPU_LEGEND} width"),
-            Query(g("nvidia_gpu_pcie_link_max_width"), f"{GPU_LEGEND} max width"),
+            Query(g(contract.PCIE_LINK_GENERATION.name), f"{GPU_LEGEND} gen"),
+            Query(g(contract.PCIE_LINK_MAX_GENERATION.name), f"{GPU_LEGEND} max gen"),
+            Query(g(contract.PCIE_LINK_WIDTH.name), f"{GPU_LEGEND} width"),
+            Query(g(contract.PCIE_LINK_MAX_WIDTH.name), f"{GPU_LEGEND} max width"),
         ],
         unit="short",
         description="A link below its maximum while the GPU is busy has trained down (GpuPcieLinkDegraded); "
@@ -293,7 +295,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "PCIe link bandwidth per direction",
-        Query(g("nvidia_gpu_pcie_link_bandwidth_bytes_per_second"), GPU_LEGEND),
+        Query(g(contract.PCIE_LINK_BANDWIDTH.name), GPU_LEGEND),
         unit="Bps",
         description="What the link carries per direction at its current generation and width; the "
         "busier direction's share of it is uuid:nvidia_gpu_pcie_utilization:ratio.",
@@ -301,7 +303,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Section("NVLink"),
     Panel(
         "NVLink state per link",
-        Query(g("nvidia_gpu_nvlink_up"), GPU_LEGEND + " link {{link}}"),
+        Query(g(contract.NVLINK_UP.name), GPU_LEGEND + " link {{link}}"),
         thresholds=steps((None, "red"), (1, "green")),
         kind=TIMELINE,
         mappings=value_map({"0": ("down", "red"), "1": ("up", "green")}),
@@ -312,7 +314,7 @@ PANELS: tuple[Section | Panel, ...] = (
         Query(
             g(
                 "sum by (instance, uuid, gpu, link, error_type) "
-                "(rate(nvidia_gpu_nvlink_errors_total[$__rate_interval]))"
+                f"(rate({contract.NVLINK_ERRORS.name}[$__rate_interval]))"
             ),
             GPU_LEGEND + " link {{link}} {{error_type}}",
         ),
@@ -325,21 +327,15 @@ PANELS: tuple[Section | Panel, ...] = (
         "NVLink traffic per GPU",
         [
             Query(
-                g(
-                    "sum by (instance, uuid, gpu) "
-                    "(rate(nvidia_gpu_nvlink_transmit_bytes_total[$__rate_interval]))"
-                ),
+                g(f"sum by (instance, uuid, gpu) (rate({contract.NVLINK_TX_BYTES.name}[$__rate_interval]))"),
                 GPU_LEGEND + " sent",
             ),
             Query(
-                g(
-                    "sum by (instance, uuid, gpu) "
-                    "(rate(nvidia_gpu_nvlink_receive_bytes_total[$__rate_interval]))"
-                ),
+                g(f"sum by (instance, uuid, gpu) (rate({contract.NVLINK_RX_BYTES.name}[$__rate_interval]))"),
                 GPU_LEGEND + " received",
             ),
-            Query(g("nvidia_gpu_nvlink_transmit_bytes_per_second"), GPU_LEGEND + " sent (GPM)"),
-            Query(g("nvidia_gpu_nvlink_receive_bytes_per_second"), GPU_LEGEND + " received (GPM)"),
+            Query(g(contract.NVLINK_TX_RATE.name), GPU_LEGEND + " sent (GPM)"),
+            Query(g(contract.NVLINK_RX_RATE.name), GPU_LEGEND + " received (GPM)"),
         ],
         unit="Bps",
         description="Data bytes (payload) over all links, from NVML's per-link counters (fields 138/139), and "
@@ -349,21 +345,21 @@ PANELS: tuple[Section | Panel, ...] = (
     Section("Memory errors and XIDs"),
     Panel(
         "ECC errors (volatile, since the driver loaded)",
-        Query(g("nvidia_gpu_ecc_errors_total"), GPU_LEGEND + " {{error_type}}"),
+        Query(g(contract.ECC_ERRORS.name), GPU_LEGEND + " {{error_type}}"),
         unit="short",
         w=8,
     ),
     Panel(
         "Remapped rows",
-        Query(g("nvidia_gpu_remapped_rows_total"), GPU_LEGEND + " {{error_type}}"),
+        Query(g(contract.REMAPPED_ROWS.name), GPU_LEGEND + " {{error_type}}"),
         unit="short",
         w=8,
     ),
     Panel(
         "Row remap pending / failed",
         [
-            Query(g("nvidia_gpu_remapped_rows_pending"), f"{GPU_LEGEND} pending"),
-            Query(g("nvidia_gpu_remapped_rows_failure"), f"{GPU_LEGEND} failure"),
+            Query(g(contract.REMAPPED_ROWS_PENDING.name), f"{GPU_LEGEND} pending"),
+            Query(g(contract.REMAPPED_ROWS_FAILURE.name), f"{GPU_LEGEND} failure"),
         ],
         thresholds=steps((None, "transparent"), (1, "red")),
         kind=TIMELINE,
@@ -375,8 +371,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Retired pages (before Ampere)",
         [
-            Query(g("nvidia_gpu_retired_pages_total"), GPU_LEGEND + " {{error_type}}"),
-            Query(g("nvidia_gpu_retired_pages_pending"), f"{GPU_LEGEND} pending"),
+            Query(g(contract.RETIRED_PAGES.name), GPU_LEGEND + " {{error_type}}"),
+            Query(g(contract.RETIRED_PAGES_PENDING.name), f"{GPU_LEGEND} pending"),
         ],
         unit="short",
         description="Volta and Turing retire a bad memory page instead of remapping its row; a page "
@@ -388,8 +384,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "XID errors",
         [
-            Query(g("nvidia_gpu_xid_errors_total"), table=True),
-            Query(g("nvidia_gpu_xid_last_timestamp_seconds * 1000"), table=True),
+            Query(g(contract.XID_ERRORS.name), table=True),
+            Query(g(f"{contract.XID_LAST_TIMESTAMP.name} * 1000"), table=True),
         ],
         kind=TABLE,
         description="Every XID by code since the exporter started (NVML event API; 999 = unknown), "
@@ -406,9 +402,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Section("Processes: each pod's own use of a shared GPU"),
     Panel(
         "SM time per pod",
-        Query(
-            g("nvidia_gpu_process_sm_utilization_ratio"), GPU_LEGEND + " {{namespace}}/{{pod}} {{container}}"
-        ),
+        Query(g(contract.PROCESS_SM_UTILIZATION.name), GPU_LEGEND + " {{namespace}}/{{pod}} {{container}}"),
         unit="percentunit",
         description="Share of the GPU's SM time each container's processes used (NVML process "
         "utilization, per-process collector). On a time-sliced, MPS or fractional GPU this is each "
@@ -421,7 +415,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Framebuffer per pod",
         Query(
-            g("nvidia_gpu_process_memory_used_bytes"),
+            g(contract.PROCESS_MEMORY_USED.name),
             GPU_LEGEND + " {{gpu_instance_id}} {{namespace}}/{{pod}} {{container}}",
         ),
         unit="bytes",
@@ -431,9 +425,9 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "vGPU instances",
         [
-            Query(g("nvidia_vgpu_info"), table=True),
-            Query(g("nvidia_vgpu_memory_used_bytes"), table=True),
-            Query(g("nvidia_vgpu_memory_total_bytes"), table=True),
+            Query(g(contract.VGPU_INFO.name), table=True),
+            Query(g(contract.VGPU_MEMORY_USED.name), table=True),
+            Query(g(contract.VGPU_MEMORY_TOTAL.name), table=True),
         ],
         kind=TABLE,
         description="One row per vGPU a virtual machine holds on the selected GPUs (host side, NVIDIA "
@@ -448,7 +442,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "vGPU utilization by engine",
-        Query(g("nvidia_vgpu_utilization_ratio"), GPU_LEGEND + " {{vm_id}} {{engine}}"),
+        Query(g(contract.VGPU_UTILIZATION.name), GPU_LEGEND + " {{vm_id}} {{engine}}"),
         unit="percentunit",
         description="Share of time each VM's vGPU kept the engine busy (NVML vGPU utilization samples).",
         min=0,
