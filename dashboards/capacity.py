@@ -11,6 +11,7 @@ from grafana_foundation_sdk.builders import dashboard as d
 from gpumeter import contract
 
 from .core import (
+    SHARE,
     STAT,
     TABLE,
     UID_CAPACITY,
@@ -83,9 +84,7 @@ PANELS: tuple[Section | Panel, ...] = (
             Query("cluster:nvidia_gpu_headroom:ratio", "headroom"),
             Query("cluster:gpumeter_spare_policy:ratio", "spare policy"),
         ],
-        unit="percentunit",
-        min=0,
-        max=1,
+        unit=SHARE,
         w=12,
     ),
     Panel(

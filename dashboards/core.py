@@ -362,6 +362,18 @@ def steps(*pairs: tuple[float | None, str]) -> d.ThresholdsConfig:
     )
 
 
+@dataclass(frozen=True)
+class Axis:
+    """A unit with the bounds its axis always has (a panel's own min and max win)."""
+
+    unit: str
+    min: float | None = None
+    max: float | None = None
+
+
+# A share of time or of a capacity, 0 to 1, drawn as a percentage on a 0–100 % axis.
+SHARE = Axis("percentunit", 0, 1)
+
 NEUTRAL = steps((None, "green"))
 # Headroom to the GPU's own slowdown temperature, in °C: at or past it red, within 5 °C orange.
 HEADROOM = steps((None, "red"), (1, "orange"), (5, "green"))
@@ -390,11 +402,14 @@ class PanelSpec:
 
 
 def _common(builder, spec: PanelSpec | Panel):
+    axis = spec.unit if isinstance(spec.unit, Axis) else Axis(spec.unit)
+    minimum = axis.min if spec.min is None else spec.min
+    maximum = axis.max if spec.max is None else spec.max
     builder = (
         builder.title(spec.title)
         .datasource(DS)
         .targets(_targets(spec.queries))
-        .unit(spec.unit)
+        .unit(axis.unit)
         .thresholds(spec.thresholds)
         .span(spec.w)
         .height(spec.h)
@@ -405,10 +420,10 @@ def _common(builder, spec: PanelSpec | Panel):
         builder = builder.data_links(list(spec.links))
     if spec.decimals is not None:
         builder = builder.decimals(spec.decimals)
-    if spec.min is not None:
-        builder = builder.min(spec.min)
-    if spec.max is not None:
-        builder = builder.max(spec.max)
+    if minimum is not None:
+        builder = builder.min(minimum)
+    if maximum is not None:
+        builder = builder.max(maximum)
     if spec.mappings:
         builder = builder.mappings(spec.mappings)
     for name, properties in spec.overrides:
@@ -553,7 +568,7 @@ class Panel:
 
     title: str
     queries: Query | Sequence[Query]
-    unit: str = "short"
+    unit: str | Axis = "short"
     thresholds: d.ThresholdsConfig = NEUTRAL
     kind: str = TIMESERIES
     description: str = ""

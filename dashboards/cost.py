@@ -13,6 +13,7 @@ from gpumeter import contract
 
 from .core import (
     MERGE,
+    SHARE,
     STAT,
     TABLE,
     UID_COST,
@@ -257,12 +258,10 @@ PANELS: tuple[Section | Panel, ...] = (
             'avg by (namespace) (namespace_pod_container:nvidia_gpu_utilization_ratio:avg{namespace=~"$namespace"})',
             "{{namespace}}",
         ),
-        unit="percentunit",
+        unit=SHARE,
         thresholds=steps((None, "red"), (0.05, "orange"), (0.25, "green")),
         description="Mean utilization of the devices the namespace's pods hold (whole GPUs; MIG "
         "instances on Hopper and later). Low utilization on a high bill is waste.",
-        min=0,
-        max=1,
         threshold_lines=True,
     ),
     Panel(

@@ -13,6 +13,7 @@ from .core import (
     MERGE,
     NAMESPACE_COST_ROW,
     NAMESPACE_COST_SERIES,
+    SHARE,
     STAT,
     TABLE,
     UID_MIG,
@@ -169,11 +170,9 @@ PANELS: tuple[Section | Panel, ...] = (
             mig("uuid_gpu_instance_id:nvidia_gpu_mig_utilization:ratio"),
             "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}} ({{source}})",
         ),
-        unit="percentunit",
+        unit=SHARE,
         description="SM utilization from NVML GPM (Hopper and later), else dcgm-exporter's graphics-engine "
         "activity where it runs beside gpumeter (A100, A30; docs/dcgm-mode.md §6); the legend names the source.",
-        min=0,
-        max=1,
     ),
     Panel(
         "SM utilization per MIG instance",
@@ -181,10 +180,8 @@ PANELS: tuple[Section | Panel, ...] = (
             mig(contract.MIG_SM_UTILIZATION.name),
             "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
         ),
-        unit="percentunit",
+        unit=SHARE,
         description="NVML GPM: Hopper and later only (A100 MIG instances have no such series).",
-        min=0,
-        max=1,
     ),
     Panel(
         "Real work per MIG instance: occupancy, tensor, DRAM (Hopper and later)",
@@ -197,13 +194,11 @@ PANELS: tuple[Section | Panel, ...] = (
             Query(mig(f'{contract.DRAM_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} DRAM"),
             Query(mig(f'{contract.SM_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} SM active"),
         ],
-        unit="percentunit",
+        unit=SHARE,
         description="NVML GPM per GPU instance, beside SM utilization (= SM active): occupancy is how many "
         "warps of the maximum were resident, tensor the share of cycles any tensor pipe worked, DRAM the "
         "share of the instance's memory bandwidth used. NVML has no coarse utilization under MIG; these "
         "say whether a pod's instance does real work. Absent on A100 (no GPM).",
-        min=0,
-        max=1,
     ),
     Panel(
         "Pipes per MIG instance: graphics engine and FP64/32/16 (Hopper and later)",
@@ -213,12 +208,10 @@ PANELS: tuple[Section | Panel, ...] = (
             ),
             Query(mig(f'{contract.FP_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} {{{{precision}}}}"),
         ],
-        unit="percentunit",
+        unit=SHARE,
         description="NVML GPM per GPU instance: the share of time the graphics/compute engine had work "
         "(at least SM active), and of cycles each floating-point pipe worked. fp64 high with tensor low "
         "is HPC code; fp16 or tensor high is mixed-precision training.",
-        min=0,
-        max=1,
     ),
     Panel(
         "Utilization per pod",
@@ -227,11 +220,9 @@ PANELS: tuple[Section | Panel, ...] = (
             'namespace=~"$namespace"}',
             "{{namespace}}/{{pod}} GPU {{gpu}} {{mig_profile}}",
         ),
-        unit="percentunit",
+        unit=SHARE,
         description="Utilization of the device each pod holds (whole GPU, or its MIG instance).",
         links=[NAMESPACE_COST_SERIES],
-        min=0,
-        max=1,
     ),
     Panel(
         "Memory used per MIG instance",
@@ -239,10 +230,8 @@ PANELS: tuple[Section | Panel, ...] = (
             mig(f"{contract.MIG_MEMORY_USED.name} / {contract.MIG_MEMORY_TOTAL.name}"),
             "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
         ),
-        unit="percentunit",
+        unit=SHARE,
         thresholds=steps((None, "green"), (0.9, "orange"), (0.98, "red")),
-        min=0,
-        max=1,
         threshold_lines=True,
     ),
     Panel(

@@ -14,6 +14,7 @@ from .core import (
     MERGE,
     NAMESPACE_COST_ROW,
     POWER_FRACTION,
+    SHARE,
     STAT,
     TABLE,
     TIMELINE,
@@ -135,10 +136,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Fan speed",
         Query(g(contract.FAN_SPEED.name), GPU_LEGEND),
-        unit="percentunit",
+        unit=SHARE,
         description="Absent on passively cooled boards (SXM, most data-centre PCIe cards).",
-        min=0,
-        max=1,
     ),
     Section("Power and clocks"),
     Panel(
@@ -217,12 +216,10 @@ PANELS: tuple[Section | Panel, ...] = (
             Query(g(contract.UTILIZATION.name), f"{GPU_LEGEND} kernels"),
             Query(g(contract.MEMORY_UTILIZATION.name), f"{GPU_LEGEND} memory bandwidth"),
         ],
-        unit="percentunit",
+        unit=SHARE,
         description="Coarse: NVML's share of time in which any kernel ran, so one busy warp reads 100 %. "
         "Absent in MIG mode: see MIG & pods for per-instance activity. How much of the GPU that kernel "
         "used is in the next panel.",
-        min=0,
-        max=1,
     ),
     Panel(
         "Video engines",
@@ -230,10 +227,8 @@ PANELS: tuple[Section | Panel, ...] = (
             Query(g(contract.ENCODER_UTILIZATION.name), f"{GPU_LEGEND} encoder"),
             Query(g(contract.DECODER_UTILIZATION.name), f"{GPU_LEGEND} decoder"),
         ],
-        unit="percentunit",
+        unit=SHARE,
         description="Share of time NVENC / NVDEC were busy (whole GPUs; NVML has none under MIG).",
-        min=0,
-        max=1,
     ),
     Panel(
         "Real work: SM active, occupancy, tensor, DRAM (Hopper and later)",
@@ -243,14 +238,12 @@ PANELS: tuple[Section | Panel, ...] = (
             Query(g(f'{contract.TENSOR_ACTIVE.name}{{pipe="any"}}'), f"{PROFILED} tensor"),
             Query(g(contract.DRAM_ACTIVE.name), f"{PROFILED} DRAM"),
         ],
-        unit="percentunit",
+        unit=SHARE,
         description="Fine-grained, from NVML GPM over each sampling interval: SM active is the share of SM "
         "cycles with a warp resident, occupancy how many warps of the maximum were resident, tensor the "
         "share of cycles any tensor pipe worked, DRAM the share of memory bandwidth used. A GPU at 100 % "
         "utilization with low SM active or tensor is busy but not working hard. Absent before Hopper "
         "(V100, T4, A100: only DCGM's profiling module measures these). On a MIG GPU, one line per GPU instance.",
-        min=0,
-        max=1,
     ),
     Panel(
         "Device memory",
@@ -403,14 +396,12 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "SM time per pod",
         Query(g(contract.PROCESS_SM_UTILIZATION.name), GPU_LEGEND + " {{namespace}}/{{pod}} {{container}}"),
-        unit="percentunit",
+        unit=SHARE,
         description="Share of the GPU's SM time each container's processes used (NVML process "
         "utilization, per-process collector). On a time-sliced, MPS or fractional GPU this is each "
         "pod's own use, where the GPU-wide utilization is everybody's; pod=\"\" sums processes outside "
         "any pod. Absent on MIG GPUs (NVML has no per-process samples there) and where the collector "
         "is off.",
-        min=0,
-        max=1,
     ),
     Panel(
         "Framebuffer per pod",
@@ -443,10 +434,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "vGPU utilization by engine",
         Query(g(contract.VGPU_UTILIZATION.name), GPU_LEGEND + " {{vm_id}} {{engine}}"),
-        unit="percentunit",
+        unit=SHARE,
         description="Share of time each VM's vGPU kept the engine busy (NVML vGPU utilization samples).",
-        min=0,
-        max=1,
         w=10,
     ),
 )
