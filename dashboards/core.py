@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as d
@@ -380,28 +380,50 @@ HEADROOM = steps((None, "red"), (1, "orange"), (5, "green"))
 # Power as a fraction of the GPU's own enforced limit.
 POWER_FRACTION = steps((None, "green"), (0.9, "orange"), (0.98, "red"))
 
+# --- dashboards as tables -------------------------------------------------------------------------
+# A dashboard is a table: Section rows start a row of the grid, Panel rows are panels, so adding a
+# panel is adding one row. What a panel shows (title, queries, unit, thresholds) comes first; how it
+# is drawn (kind, size, overrides) after.
 
-@dataclass
-class PanelSpec:
-    """What every panel factory needs; the builders do the rest."""
+TIMESERIES = "timeseries"
+STAT = "stat"
+TABLE = "table"
+TIMELINE = "timeline"
+
+
+@dataclass(frozen=True)
+class Section:
+    """Starts a row of the dashboard's grid, titled."""
 
     title: str
-    queries: Sequence[Query]
-    description: str = ""
-    unit: str = "short"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a dashboard's table: a time series unless ``kind`` says otherwise."""
+
+    title: str
+    queries: Query | Sequence[Query]
+    unit: str | Axis = "short"
     thresholds: d.ThresholdsConfig = NEUTRAL
+    kind: str = TIMESERIES
+    description: str = ""
     links: Iterable[d.DashboardLink] = ()
     w: int = 12
     h: int = 8
     decimals: float | None = None
     min: float | None = None
     max: float | None = None
-    overrides: list = field(default_factory=list)
-    transformations: list = field(default_factory=list)
-    mappings: list = field(default_factory=list)
+    overrides: Sequence = ()
+    transformations: Sequence = ()
+    mappings: Sequence = ()
+    stack: bool = False  # time series: stacked, filled
+    threshold_lines: bool = False  # time series: the thresholds drawn as lines
+    sort_by: str | None = None  # table: the column sorted by, descending unless ``ascending``
+    ascending: bool = False
 
 
-def _common(builder, spec: PanelSpec | Panel):
+def _common(builder, spec: Panel):
     axis = spec.unit if isinstance(spec.unit, Axis) else Axis(spec.unit)
     minimum = axis.min if spec.min is None else spec.min
     maximum = axis.max if spec.max is None else spec.max
@@ -433,7 +455,7 @@ def _common(builder, spec: PanelSpec | Panel):
     return builder
 
 
-def ts(spec: PanelSpec | Panel, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
+def ts(spec: Panel, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
     panel = _common(timeseries.Panel(), spec)
     panel = (
         panel.legend(
@@ -454,7 +476,7 @@ def ts(spec: PanelSpec | Panel, *, stack: bool = False, threshold_lines: bool = 
     return panel
 
 
-def stat_panel(spec: PanelSpec | Panel) -> stat.Panel:
+def stat_panel(spec: Panel) -> stat.Panel:
     return (
         _common(stat.Panel(), spec)
         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
@@ -482,7 +504,7 @@ def organize(exclude: Iterable[str] = (), rename: dict[str, str] | None = None) 
 MERGE = dm.DataTransformerConfig(id_val="merge", options={})
 
 
-def table_panel(spec: PanelSpec | Panel, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
+def table_panel(spec: Panel, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
     panel = _common(table.Panel(), spec).show_header(True).cell_height(cm.TableCellHeight.SM)
     if sort_by:
         panel = panel.sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(desc)])
@@ -527,7 +549,7 @@ def value_map(mapping: dict[str, tuple[str, str]]) -> list[dm.ValueMap]:
     ]
 
 
-def timeline(spec: PanelSpec | Panel) -> statetimeline.Panel:
+def timeline(spec: Panel) -> statetimeline.Panel:
     return (
         _common(statetimeline.Panel(), spec)
         .show_value(cm.VisibilityMode.NEVER)
@@ -540,51 +562,7 @@ def timeline(spec: PanelSpec | Panel) -> statetimeline.Panel:
     )
 
 
-def text_row(title: str) -> d.Row:
-    return d.Row(title)
-
-
-# --- dashboards as tables -------------------------------------------------------------------------
-# A dashboard is a table: Section rows start a row of the grid, Panel rows are panels, so adding a
-# panel is adding one row. What a panel shows (title, queries, unit, thresholds) comes first; how it
-# is drawn (kind, size, overrides) after.
-
-TIMESERIES = "timeseries"
-STAT = "stat"
-TABLE = "table"
-TIMELINE = "timeline"
-
-
-@dataclass(frozen=True)
-class Section:
-    """Starts a row of the dashboard's grid, titled."""
-
-    title: str
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One panel of a dashboard's table: a time series unless ``kind`` says otherwise."""
-
-    title: str
-    queries: Query | Sequence[Query]
-    unit: str | Axis = "short"
-    thresholds: d.ThresholdsConfig = NEUTRAL
-    kind: str = TIMESERIES
-    description: str = ""
-    links: Iterable[d.DashboardLink] = ()
-    w: int = 12
-    h: int = 8
-    decimals: float | None = None
-    min: float | None = None
-    max: float | None = None
-    overrides: Sequence = ()
-    transformations: Sequence = ()
-    mappings: Sequence = ()
-    stack: bool = False  # time series: stacked, filled
-    threshold_lines: bool = False  # time series: the thresholds drawn as lines
-    sort_by: str | None = None  # table: the column sorted by, descending unless ``ascending``
-    ascending: bool = False
+# --- laying a table out --------------------------------------------------------------------------
 
 
 def build_panel(row: Panel):
@@ -653,9 +631,6 @@ class Layout:
         self.x += w
         self.row_h = max(self.row_h, h)
         return self
-
-    def panel(self, factory, spec: PanelSpec | Panel, **kwargs) -> Layout:
-        return self.add(factory(spec, **kwargs), spec.w, spec.h)
 
 
 def new_dashboard(
