@@ -31,6 +31,10 @@ MATURITY = (
     f"1 + ({UTILIZATION_1D} >= bool 0.3) + ({UTILIZATION_1D} >= bool 0.5)"
     f" + ({UTILIZATION_1D} >= bool 0.8) + ({UTILIZATION_1D} >= bool 0.9)"
 )
+# The share of the pool free beyond the spares the policy keeps, and the share the policy keeps
+# (recording rules), each drawn alone and against the other.
+CLUSTER_HEADROOM = "cluster:nvidia_gpu_headroom:ratio"
+SPARE_POLICY = "cluster:gpumeter_spare_policy:ratio"
 # Seed 001 keeps memory fragmentation under 15 %; the same bands for MIG fragmentation.
 FRAGMENTATION = steps((None, "green"), (0.15, "orange"), (0.5, "red"))
 
@@ -60,7 +64,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Headroom",
-        Query("cluster:nvidia_gpu_headroom:ratio"),
+        Query(CLUSTER_HEADROOM),
         unit="percentunit",
         thresholds=steps((None, "red"), (0.1, "green")),
         kind=STAT,
@@ -71,7 +75,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Spare policy",
-        Query("cluster:gpumeter_spare_policy:ratio"),
+        Query(SPARE_POLICY),
         unit="percentunit",
         kind=STAT,
         description="The share of the pool kept free as hot spare (seed 002), a recording rule.",
@@ -81,8 +85,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Headroom against the spare policy",
         [
-            Query("cluster:nvidia_gpu_headroom:ratio", "headroom"),
-            Query("cluster:gpumeter_spare_policy:ratio", "spare policy"),
+            Query(CLUSTER_HEADROOM, "headroom"),
+            Query(SPARE_POLICY, "spare policy"),
         ],
         unit=SHARE,
         w=12,

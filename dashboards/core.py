@@ -296,6 +296,10 @@ def link(title: str, target: str) -> d.DashboardLink:
     return d.DashboardLink(title).url(target)
 
 
+# Queries more than one dashboard draws: what each namespace holds now, in GPU equivalents (whole GPUs
+# their share, MIG instances compute slices / 7), which is what the next ingest bills.
+NAMESPACE_GPU_EQUIVALENTS = 'namespace:nvidia_gpu_allocated_gpu_equivalents:sum{namespace=~"$namespace"}'
+
 # Data links more than one dashboard uses. "Row" links read a table row's fields, "series" links a
 # time series' labels.
 GPU_DETAIL_ROW = link(

@@ -13,6 +13,7 @@ from gpumeter import contract
 
 from .core import (
     MERGE,
+    NAMESPACE_GPU_EQUIVALENTS,
     SHARE,
     STAT,
     TABLE,
@@ -266,7 +267,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "GPU equivalents held by namespace (now)",
-        Query('namespace:nvidia_gpu_allocated_gpu_equivalents:sum{namespace=~"$namespace"}', "{{namespace}}"),
+        Query(NAMESPACE_GPU_EQUIVALENTS, "{{namespace}}"),
         description="What each namespace holds at this moment and will be billed for at the next "
         "ingest: whole GPUs count their share, MIG instances compute slices / 7.",
         decimals=2,

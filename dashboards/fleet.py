@@ -13,6 +13,7 @@ from .core import (
     HEADROOM,
     MERGE,
     NAMESPACE_COST_SERIES,
+    NAMESPACE_GPU_EQUIVALENTS,
     NODE_DETAIL_SERIES,
     POWER_FRACTION,
     SHARE,
@@ -164,7 +165,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Allocated GPU equivalents by namespace",
-        Query('namespace:nvidia_gpu_allocated_gpu_equivalents:sum{namespace=~"$namespace"}', "{{namespace}}"),
+        Query(NAMESPACE_GPU_EQUIVALENTS, "{{namespace}}"),
         description="Cluster-wide (the recording rule has no node label). Click a series for the "
         "namespace's pods or its cost.",
         links=[TO_NAMESPACE, NAMESPACE_COST_SERIES],

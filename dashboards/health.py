@@ -36,6 +36,13 @@ UP_DOWN = value_map({"0": ("down", "red"), "1": ("up", "green")})
 UP_STEPS = steps((None, "red"), (1, "green"))
 # The alert GpumeterSamplesStale fires at 120 s; a healthy exporter samples every few seconds.
 AGE_STEPS = steps((None, "green"), (30, "orange"), (120, "red"))
+# Each exporter's own health, with its node's hostname: the Exporters table shows them now, the
+# panels below it over time.
+NVML_UP = on_exporter(contract.NVML_UP.name)
+KUBELET_UP = on_exporter(contract.KUBELET_UP.name)
+SAMPLE_AGE = on_exporter(f"time() - {contract.LAST_SAMPLE_TIMESTAMP.name}")
+SAMPLE_DURATION = on_exporter(contract.SAMPLE_DURATION.name)
+NVML_CALLS = on_exporter(contract.NVML_CALLS.name)
 TO_NODE = link(
     "Node & GPU detail: ${__data.fields.hostname}", url(UID_NODE, hostname="${__data.fields.hostname}")
 )
@@ -86,11 +93,11 @@ PANELS: tuple[Section | Panel, ...] = (
         "Exporters",
         [
             Query(on_exporter(contract.BUILD_INFO.name), table=True),
-            Query(on_exporter(contract.NVML_UP.name), table=True),
-            Query(on_exporter(contract.KUBELET_UP.name), table=True),
-            Query(on_exporter(f"time() - {contract.LAST_SAMPLE_TIMESTAMP.name}"), table=True),
-            Query(on_exporter(contract.SAMPLE_DURATION.name), table=True),
-            Query(on_exporter(contract.NVML_CALLS.name), table=True),
+            Query(NVML_UP, table=True),
+            Query(KUBELET_UP, table=True),
+            Query(SAMPLE_AGE, table=True),
+            Query(SAMPLE_DURATION, table=True),
+            Query(NVML_CALLS, table=True),
         ],
         kind=TABLE,
         description="One row per exporter: version, NVML and kubelet up, sample age, the last sampling "
@@ -121,8 +128,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "NVML and kubelet up",
         [
-            Query(on_exporter(contract.NVML_UP.name), "{{hostname}} NVML"),
-            Query(on_exporter(contract.KUBELET_UP.name), "{{hostname}} kubelet"),
+            Query(NVML_UP, "{{hostname}} NVML"),
+            Query(KUBELET_UP, "{{hostname}} kubelet"),
             Query(on_exporter(contract.KUBE_API_UP.name), "{{hostname}} Kubernetes API"),
             Query(on_exporter(contract.DRA_API_UP.name), "{{hostname}} DRA ResourceSlices/Claims"),
         ],
@@ -148,9 +155,9 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Sampling cycle duration and sample age",
         [
-            Query(on_exporter(contract.SAMPLE_DURATION.name), "{{hostname}} cycle"),
+            Query(SAMPLE_DURATION, "{{hostname}} cycle"),
             Query(
-                on_exporter(f"time() - {contract.LAST_SAMPLE_TIMESTAMP.name}"),
+                SAMPLE_AGE,
                 "{{hostname}} sample age",
             ),
         ],
@@ -158,7 +165,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "NVML calls per sampling cycle",
-        Query(on_exporter(contract.NVML_CALLS.name), "{{hostname}}"),
+        Query(NVML_CALLS, "{{hostname}}"),
         unit="short",
     ),
     Panel(

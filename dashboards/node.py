@@ -46,6 +46,7 @@ def g(expr: str, labels: str = "hostname") -> str:
 GPU_LEGEND = "GPU {{gpu}}"
 # Profiling series are per GPU, or per GPU instance on a MIG GPU (the MIG labels are empty on a whole GPU)
 PROFILED = "GPU {{gpu}} {{mig_profile}} {{gpu_instance_id}}"
+P_STATE = g(contract.PERFORMANCE_STATE.name)  # in the GPUs table and drawn over time
 TO_MIG = link(
     "MIG & pods: ${__data.fields.namespace}/${__data.fields.pod}",
     url(
@@ -64,7 +65,7 @@ PANELS: tuple[Section | Panel, ...] = (
         [
             Query(info(True, True), table=True),
             Query(g(contract.GPU_UP.name), table=True),
-            Query(g(contract.PERFORMANCE_STATE.name), table=True),
+            Query(P_STATE, table=True),
         ],
         kind=TABLE,
         description="nvidia_gpu_info with up (1 = answering NVML) and the P-state (0 = maximum performance).",
@@ -181,7 +182,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Performance state",
-        Query(g(contract.PERFORMANCE_STATE.name), GPU_LEGEND),
+        Query(P_STATE, GPU_LEGEND),
         unit="none",
         description="0 is maximum performance, 15 minimum.",
         decimals=0,
