@@ -28,6 +28,8 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from gpumeter import contract
+
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAG = "gpumeter"
 EXPORTER_JOB = "gpumeter-exporter"
@@ -43,6 +45,8 @@ UID_CAPACITY = "gpumeter-capacity"
 
 # Throttle reasons that are not a problem worth a glance (idle, clocks pinned by the admin, display).
 BENIGN_REASONS = "gpu_idle|applications_clocks|display_clocks"
+# The only device series with the node's hostname, which every other device series is joined to.
+GPU_INFO = contract.GPU_INFO.name
 
 # --- PromQL helpers -------------------------------------------------------------------------------
 
@@ -56,7 +60,7 @@ def info(hostname: bool = True, gpu: bool = False, extra: str = "") -> str:
         matchers.append('gpu=~"$gpu"')
     if extra:
         matchers.append(extra)
-    return "nvidia_gpu_info{" + ", ".join(matchers) + "}"
+    return GPU_INFO + "{" + ", ".join(matchers) + "}"
 
 
 def on_gpu(expr: str, *, gpu: bool = False, labels: str = "hostname, model", extra: str = "") -> str:
@@ -73,7 +77,8 @@ def on_exporter(expr: str) -> str:
     specific host selection."""
     return (
         f"({expr}) * on(instance) group_left(hostname) "
-        'topk by (instance) (1, group by (instance, hostname) (last_over_time(nvidia_gpu_info{hostname=~"$hostname"}[1h])))'
+        "topk by (instance) (1, group by (instance, hostname) "
+        f'(last_over_time({GPU_INFO}{{hostname=~"$hostname"}}[1h])))'
     )
 
 
@@ -208,7 +213,7 @@ def cluster_var(label: str = "cluster", *, hide: bool = False) -> d.QueryVariabl
     var = query_var(
         CLUSTER_VARIABLE,
         "Cluster",
-        f"label_values(nvidia_gpu_info, {label})",
+        f"label_values({GPU_INFO}, {label})",
         multi=False,
         include_all=False,
         description=f"The cluster (label `{label}`, which each cluster's Prometheus adds as an external label).",
@@ -254,7 +259,7 @@ def hostname_var(multi: bool = True) -> d.QueryVariable:
     return query_var(
         "hostname",
         "Node",
-        "label_values(nvidia_gpu_info, hostname)",
+        f"label_values({GPU_INFO}, hostname)",
         multi=multi,
         include_all=multi,
         description="Node name (the exporter's NODE_NAME), from nvidia_gpu_info.",
@@ -265,7 +270,7 @@ def gpu_var() -> d.QueryVariable:
     return query_var(
         "gpu",
         "GPU",
-        'label_values(nvidia_gpu_info{hostname=~"$hostname"}, gpu)',
+        f'label_values({GPU_INFO}{{hostname=~"$hostname"}}, gpu)',
         description="GPU index on the selected node(s).",
         sort=dm.VariableSort.NUMERICAL_ASC,
     )
@@ -275,7 +280,7 @@ def namespace_var() -> d.QueryVariable:
     return query_var(
         "namespace",
         "Namespace",
-        'label_values(nvidia_gpu_allocation{hostname=~"$hostname"}, namespace)',
+        f'label_values({contract.ALLOCATION.name}{{hostname=~"$hostname"}}, namespace)',
         description="Namespaces of the pods holding GPUs or MIG instances (nvidia_gpu_allocation).",
     )
 

@@ -33,15 +33,17 @@ from .core import (
 )
 
 SEL = 'team=~"$team", namespace=~"$namespace", currency=~"$currency"'
-COST = f"gpumeter_billing_cost_total{{{SEL}}}"
-TENANT = f'gpumeter_billing_cost_total{{{SEL}, kind=~"tenant|idle_share"}}'
+COST = f"{contract.BILLING_COST.name}{{{SEL}}}"
+TENANT = f'{contract.BILLING_COST.name}{{{SEL}, kind=~"tenant|idle_share"}}'
 ALL_COST = f'{contract.BILLING_COST.name}{{currency=~"$currency"}}'
 ALL_TENANT = f'{contract.BILLING_COST.name}{{currency=~"$currency", kind=~"tenant|idle_share"}}'
 PLATFORM = f'{contract.BILLING_UNALLOCATED_COST.name}{{currency=~"$currency"}}'
 HOURS = f'{contract.BILLING_GPU_HOURS.name}{{team=~"$team", namespace=~"$namespace"}}'
 UNPRICED = contract.BILLING_UNPRICED_GPU_HOURS.name
 TEAM_SEL = 'team=~"$team", currency=~"$currency"'
-MONTH_TO_DATE = f"gpumeter_billing_team_month_to_date_cost{{{TEAM_SEL}}}"
+MONTH_TO_DATE = f"{contract.BILLING_TEAM_MONTH_TO_DATE.name}{{{TEAM_SEL}}}"
+BUDGET = f"{contract.BILLING_TEAM_BUDGET.name}{{{TEAM_SEL}}}"
+FORECAST = f"{contract.BILLING_TEAM_FORECAST.name}{{{TEAM_SEL}}}"
 MONEY = "none"  # the price book's currency is a label (currency variable), not a fixed Grafana unit
 
 TO_MIG = link(
@@ -159,12 +161,11 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Budgets: this calendar month (UTC), by team",
         [
-            Query(f"max by (team, currency) (gpumeter_billing_team_budget{{{TEAM_SEL}}})", table=True),
+            Query(f"max by (team, currency) ({BUDGET})", table=True),
             Query(f"max by (team, currency) ({MONTH_TO_DATE})", table=True),
-            Query(f"max by (team, currency) (gpumeter_billing_team_forecast_cost{{{TEAM_SEL}}})", table=True),
+            Query(f"max by (team, currency) ({FORECAST})", table=True),
             Query(
-                f"max by (team, currency) ({MONTH_TO_DATE}) / max by (team, currency) "
-                f"(gpumeter_billing_team_budget{{{TEAM_SEL}}})",
+                f"max by (team, currency) ({MONTH_TO_DATE}) / max by (team, currency) ({BUDGET})",
                 table=True,
             ),
         ],

@@ -279,7 +279,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Throttled GPUs (clock event reasons active now)",
-        Query(on_gpu(f'nvidia_gpu_clocks_event_active{{reason!~"{BENIGN_REASONS}"}} == 1'), table=True),
+        Query(on_gpu(f'{contract.CLOCKS_EVENT_ACTIVE.name}{{reason!~"{BENIGN_REASONS}"}} == 1'), table=True),
         kind=TABLE,
         description="One row per GPU and active reason (idle, application clocks and display clocks "
         "left out). sw_power_cap is the power limit doing its job; hw_* and sw_thermal cut clocks hard.",

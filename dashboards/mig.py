@@ -53,7 +53,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Not held by any pod",
         Query(
             f"count({mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
-            'nvidia_gpu_allocation{gpu_instance_id!=""}) or vector(0)'
+            f'{contract.ALLOCATION.name}{{gpu_instance_id!=""}}) or vector(0)'
         ),
         thresholds=steps((None, "green"), (1, "orange")),
         kind=STAT,
@@ -107,8 +107,8 @@ PANELS: tuple[Section | Panel, ...] = (
             ),
             Query(
                 f"max by ({KEY}) ({MIG_ALLOC} * on(instance, uuid, gpu_instance_id) group_left() "
-                "max by (instance, uuid, gpu_instance_id) (nvidia_gpu_mig_memory_used_bytes "
-                "/ nvidia_gpu_mig_memory_total_bytes))",
+                f"max by (instance, uuid, gpu_instance_id) ({contract.MIG_MEMORY_USED.name} "
+                f"/ {contract.MIG_MEMORY_TOTAL.name}))",
                 table=True,
             ),
         ],
@@ -154,7 +154,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "MIG instances nobody holds",
         Query(
             f"{mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
-            'nvidia_gpu_allocation{gpu_instance_id!=""}',
+            f'{contract.ALLOCATION.name}{{gpu_instance_id!=""}}',
             table=True,
         ),
         kind=TABLE,

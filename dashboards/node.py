@@ -191,7 +191,10 @@ PANELS: tuple[Section | Panel, ...] = (
     Section("Throttling"),
     Panel(
         "Clock event (throttle) reasons",
-        Query(g(f'nvidia_gpu_clocks_event_active{{reason!~"{BENIGN_REASONS}"}}'), GPU_LEGEND + " {{reason}}"),
+        Query(
+            g(f'{contract.CLOCKS_EVENT_ACTIVE.name}{{reason!~"{BENIGN_REASONS}"}}'),
+            GPU_LEGEND + " {{reason}}",
+        ),
         thresholds=steps((None, "transparent"), (1, "red")),
         kind=TIMELINE,
         description="One lane per GPU and reason; red while the clocks are held down for it. Shows when "
