@@ -384,6 +384,10 @@ class Axis:
 SHARE = Axis("percentunit", 0, 1)
 
 NEUTRAL = steps((None, "green"))
+# Counts of what should be none: any at all is a fault (red), or worth a look (orange).
+ANY_FAULT = steps((None, "green"), (1, "red"))
+ANY_WARNING = steps((None, "green"), (1, "orange"))
+UP_STEPS = steps((None, "red"), (1, "green"))  # 1 up, 0 down
 # Headroom to the GPU's own slowdown temperature, in °C: at or past it red, within 5 °C orange.
 HEADROOM = steps((None, "red"), (1, "orange"), (5, "green"))
 # Power as a fraction of the GPU's own enforced limit.

@@ -7,6 +7,8 @@ range" is the growth of the total over the dashboard's range (core.in_range)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from grafana_foundation_sdk.builders import dashboard as d
 
 from gpumeter import contract
@@ -55,6 +57,21 @@ TO_NAMESPACE = link(
 TO_TEAM = link("Cost of team ${__data.fields.team}", url(UID_COST, team="${__data.fields.team}"))
 
 
+def chargeback(title: str, by: str, *, description: str = "", links: Sequence[d.DashboardLink] = ()) -> Panel:
+    """A table of the tenant cost and weighted GPU-hours in the time range, one line per ``by``."""
+    return Panel(
+        title,
+        [Query(in_range(TENANT, f"{by}, currency"), table=True), Query(in_range(HOURS, by), table=True)],
+        kind=TABLE,
+        description=description,
+        overrides=[unit_override("cost", MONEY), unit_override("GPU-hours", "h")],
+        transformations=[MERGE, organize(rename={"Value #A": "cost", "Value #B": "GPU-hours"})],
+        links=links,
+        decimals=2,
+        sort_by="cost",
+    )
+
+
 PANELS: tuple[Section | Panel, ...] = (
     Section("In the time range ($currency)"),
     Panel(
@@ -99,49 +116,18 @@ PANELS: tuple[Section | Panel, ...] = (
         h=5,
     ),
     Section("Chargeback"),
-    Panel(
+    chargeback(
         "Cost and GPU-hours by team",
-        [Query(in_range(TENANT, "team, currency"), table=True), Query(in_range(HOURS, "team"), table=True)],
-        kind=TABLE,
+        "team",
         description="Tenant lines (and spread idle, when the price book spreads idle). GPU-hours are "
         "weighted: hours × share × slice weight.",
-        overrides=[unit_override("cost", MONEY), unit_override("GPU-hours", "h")],
-        transformations=[MERGE, organize(rename={"Value #A": "cost", "Value #B": "GPU-hours"})],
         links=[TO_TEAM],
-        decimals=2,
-        w=12,
-        h=8,
-        sort_by="cost",
     ),
-    Panel(
-        "Cost and GPU-hours by namespace",
-        [
-            Query(in_range(TENANT, "team, namespace, currency"), table=True),
-            Query(in_range(HOURS, "team, namespace"), table=True),
-        ],
-        kind=TABLE,
-        overrides=[unit_override("cost", MONEY), unit_override("GPU-hours", "h")],
-        transformations=[MERGE, organize(rename={"Value #A": "cost", "Value #B": "GPU-hours"})],
-        links=[TO_NAMESPACE, TO_MIG],
-        decimals=2,
-        w=12,
-        h=8,
-        sort_by="cost",
-    ),
-    Panel(
+    chargeback("Cost and GPU-hours by namespace", "team, namespace", links=[TO_NAMESPACE, TO_MIG]),
+    chargeback(
         "Cost by GPU model and MIG profile",
-        [
-            Query(in_range(TENANT, "model, mig_profile, currency"), table=True),
-            Query(in_range(HOURS, "model, mig_profile"), table=True),
-        ],
-        kind=TABLE,
+        "model, mig_profile",
         description="Empty profile: whole (or time-sliced) GPUs.",
-        overrides=[unit_override("cost", MONEY), unit_override("GPU-hours", "h")],
-        transformations=[MERGE, organize(rename={"Value #A": "cost", "Value #B": "GPU-hours"})],
-        decimals=2,
-        w=12,
-        h=8,
-        sort_by="cost",
     ),
     Panel(
         "Effective rate: cost per weighted GPU-hour, by namespace and model",

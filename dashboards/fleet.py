@@ -8,6 +8,7 @@ from grafana_foundation_sdk.builders import dashboard as d
 from gpumeter import contract
 
 from .core import (
+    ANY_FAULT,
     BENIGN_REASONS,
     GPU_DETAIL_ROW,
     HEADROOM,
@@ -69,7 +70,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "GPUs lost",
         Query(f"count({on_gpu(f'{contract.GPU_UP.name} == 0')}) or vector(0)"),
-        thresholds=steps((None, "green"), (1, "red")),
+        thresholds=ANY_FAULT,
         kind=STAT,
         description="GPUs NVML no longer answers for (nvidia_gpu_up == 0). Any is critical (GpuLost).",
         w=4,
@@ -103,7 +104,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Alerts firing",
         Query('count(ALERTS{alertstate="firing"}) or vector(0)'),
-        thresholds=steps((None, "green"), (1, "red")),
+        thresholds=ANY_FAULT,
         kind=STAT,
         w=4,
         h=4,

@@ -9,6 +9,8 @@ from grafana_foundation_sdk.builders import dashboard as d
 from gpumeter import contract
 
 from .core import (
+    ANY_FAULT,
+    ANY_WARNING,
     BILLING_JOB,
     EXPORTER_JOB,
     MERGE,
@@ -18,6 +20,7 @@ from .core import (
     TIMELINE,
     UID_HEALTH,
     UID_NODE,
+    UP_STEPS,
     Panel,
     Query,
     Section,
@@ -33,7 +36,6 @@ from .core import (
 )
 
 UP_DOWN = value_map({"0": ("down", "red"), "1": ("up", "green")})
-UP_STEPS = steps((None, "red"), (1, "green"))
 # The alert GpumeterSamplesStale fires at 120 s; a healthy exporter samples every few seconds.
 AGE_STEPS = steps((None, "green"), (30, "orange"), (120, "red"))
 # Each exporter's own health, with its node's hostname: the Exporters table shows them now, the
@@ -54,7 +56,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Exporter targets up",
         Query(f'sum(up{{job="{EXPORTER_JOB}"}}) / count(up{{job="{EXPORTER_JOB}"}})'),
         unit="percentunit",
-        thresholds=steps((None, "red"), (1, "green")),
+        thresholds=UP_STEPS,
         kind=STAT,
         description=f'Prometheus\'s own scrape health of job "{EXPORTER_JOB}" (the job the alert rules use).',
         w=6,
@@ -63,7 +65,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "NVML down",
         Query(f"count({on_exporter(f'{contract.NVML_UP.name} == 0')}) or vector(0)"),
-        thresholds=steps((None, "green"), (1, "red")),
+        thresholds=ANY_FAULT,
         kind=STAT,
         w=6,
         h=5,
@@ -71,7 +73,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Kubelet attribution down",
         Query(f"count({on_exporter(f'{contract.KUBELET_UP.name} == 0')}) or vector(0)"),
-        thresholds=steps((None, "green"), (1, "red")),
+        thresholds=ANY_FAULT,
         kind=STAT,
         description="Exporters whose kubelet PodResources query fails: allocations (and billing) are "
         "blind on that node.",
@@ -193,7 +195,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Exporters blind to MIG XIDs",
         Query(f"count({on_exporter(f'{contract.MIG_XIDS_VISIBLE.name} == 0')}) or vector(0)"),
-        thresholds=steps((None, "green"), (1, "orange")),
+        thresholds=ANY_WARNING,
         kind=STAT,
         description="Exporters without the privilege (root or CAP_SYS_ADMIN) NVML needs to name the MIG "
         "instance of an XID: their XIDs count against the whole GPU (docs/security.md).",
@@ -233,7 +235,7 @@ PANELS: tuple[Section | Panel, ...] = (
         Query(
             f'sum(increase({contract.BILLING_INGEST_RUNS.name}{{status="failed"}}[$__range])) or vector(0)'
         ),
-        thresholds=steps((None, "green"), (1, "orange")),
+        thresholds=ANY_WARNING,
         kind=STAT,
         decimals=0,
         w=6,
@@ -255,7 +257,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Scheduled job failures in the range",
         Query(f"sum by (task) (increase({contract.BILLING_JOB_FAILURES.name}[$__range]))", "{{task}}"),
-        thresholds=steps((None, "green"), (1, "red")),
+        thresholds=ANY_FAULT,
         kind=STAT,
         description="Runs of the hourly ingest and of the monthly chargeback and health reports that "
         "raised or ended with a failed hour or report.",

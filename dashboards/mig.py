@@ -9,6 +9,7 @@ from grafana_foundation_sdk.builders import dashboard as d
 from gpumeter import contract
 
 from .core import (
+    ANY_WARNING,
     GPU_DETAIL_ROW,
     MERGE,
     NAMESPACE_COST_ROW,
@@ -55,7 +56,7 @@ PANELS: tuple[Section | Panel, ...] = (
             f"count({mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
             f'{contract.ALLOCATION.name}{{gpu_instance_id!=""}}) or vector(0)'
         ),
-        thresholds=steps((None, "green"), (1, "orange")),
+        thresholds=ANY_WARNING,
         kind=STAT,
         description="Instances that cost money (billed to __unallocated__) and nobody uses.",
         w=6,
@@ -67,7 +68,7 @@ PANELS: tuple[Section | Panel, ...] = (
             'count(max_over_time(allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", '
             'gpu=~"$gpu", namespace=~"$namespace"}[$__range]) < 0.05) or vector(0)'
         ),
-        thresholds=steps((None, "green"), (1, "orange")),
+        thresholds=ANY_WARNING,
         kind=STAT,
         description="Allocations whose device stayed under 5 % utilization for the whole range "
         "(GpuAllocatedButIdle fires after 3 h). MIG instances count only where NVML has GPM (Hopper+).",

@@ -20,6 +20,7 @@ from .core import (
     TIMELINE,
     UID_MIG,
     UID_NODE,
+    UP_STEPS,
     Panel,
     Query,
     Section,
@@ -69,7 +70,7 @@ PANELS: tuple[Section | Panel, ...] = (
         ],
         kind=TABLE,
         description="nvidia_gpu_info with up (1 = answering NVML) and the P-state (0 = maximum performance).",
-        overrides=[unit_override("up", "short", steps((None, "red"), (1, "green")))],
+        overrides=[unit_override("up", "short", UP_STEPS)],
         transformations=[
             MERGE,
             organize(exclude=["Value #A"], rename={"Value #B": "up", "Value #C": "P-state"}),
@@ -301,7 +302,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "NVLink state per link",
         Query(g(contract.NVLINK_UP.name), GPU_LEGEND + " link {{link}}"),
-        thresholds=steps((None, "red"), (1, "green")),
+        thresholds=UP_STEPS,
         kind=TIMELINE,
         mappings=value_map({"0": ("down", "red"), "1": ("up", "green")}),
         h=12,
