@@ -122,7 +122,7 @@ fast-tests: venv
 	GPUMETER_HYPOTHESIS=loop $(BIN)/pytest -q -m "not external and not quiet" -n 4 --durations=25
 
 quiet-tests: venv
-	$(BIN)/pytest -q -m "not external and quiet"
+	$(BIN)/pytest -q -m "not external and quiet" --durations=10
 
 # Everything, against the real servers and tools, over the installed wheel; a missing one fails its
 # tests, never skips them. In three runs, all of which always run (any failing fails the target): the

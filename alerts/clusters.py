@@ -17,10 +17,10 @@ import copy
 import re
 from typing import Any
 
-__all__ = ["CLUSTER_LABEL", "relabel_expr", "relabel_groups", "relabel_template"]
+# The label the rule files are written with: the contract's, which billing and the dashboards use too.
+from gpumeter.contract import CLUSTER_LABEL
 
-# The label the rule files are written with.
-CLUSTER_LABEL = "cluster"
+__all__ = ["CLUSTER_LABEL", "relabel_expr", "relabel_groups", "relabel_template"]
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # by (…), without (…), on(…), ignoring(…), group_left(…), group_right(…): label lists, no nested parentheses.

@@ -24,7 +24,7 @@ import yaml
 from grafana_foundation_sdk.builders import dashboard as d
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from gpumeter.alerts.clusters import CLUSTER_LABEL
+from gpumeter.contract import CLUSTER_LABEL
 
 from . import capacity, core, cost, fleet, health, mig, node
 

@@ -37,6 +37,7 @@ from .core import (
     unit_override,
     url,
 )
+from .fabric import NVLINK_DOMAINS
 
 TO_NAMESPACE = link(
     "MIG & pods of namespace ${__field.labels.namespace}",
@@ -335,6 +336,7 @@ PANELS: tuple[Section | Panel, ...] = (
         w=24,
         threshold_lines=True,
     ),
+    *NVLINK_DOMAINS,
 )
 
 

@@ -155,6 +155,7 @@ PANELS: tuple[Section | Panel, ...] = (
         [
             Query(g(contract.POWER.name), f"{GPU_LEGEND} draw"),
             Query(g(contract.POWER_LIMIT.name), f"{GPU_LEGEND} limit"),
+            Query(g(contract.POWER_MANAGEMENT_LIMIT.name), f"{GPU_LEGEND} power-management limit"),
         ],
         unit="watt",
         overrides=[dashed("/.* limit$/")],
@@ -339,6 +340,35 @@ PANELS: tuple[Section | Panel, ...] = (
         description="Data bytes (payload) over all links, from NVML's per-link counters (fields 138/139), and "
         "on whole Hopper GPUs NVML GPM's rate over the sampling interval: the two should agree.",
         w=24,
+    ),
+    Panel(
+        "NVLink fabric: domain, registration and health per GPU",
+        [
+            Query(g(contract.FABRIC_INFO.name), table=True),
+            Query(g(contract.FABRIC_REGISTERED.name), table=True),
+            Query(g(contract.FABRIC_HEALTH_OVERALL.name), table=True),
+            Query(g(contract.FABRIC_HEALTH_MASK.name), table=True),
+            Query(g(f"count by (instance, uuid, gpu) ({contract.FABRIC_HEALTH.name} == 1)"), table=True),
+        ],
+        kind=TABLE,
+        description="nvmlDeviceGetGpuFabricInfoV: the GPU's NVLink domain (cluster UUID) and clique, its "
+        "registration (1 when completed with success), the fabric's health summary (1 healthy, 2 unhealthy, "
+        "3 limited capacity; Blackwell), the raw health mask and how many health conditions it reports. "
+        "Empty on GPUs without a fabric (PCIe, before Hopper, a GPU alone in a VM).",
+        transformations=[
+            MERGE,
+            organize(
+                exclude=["uuid", "Value #A"],
+                rename={
+                    "Value #B": "registered",
+                    "Value #C": "health",
+                    "Value #D": "health mask",
+                    "Value #E": "conditions",
+                },
+            ),
+        ],
+        w=24,
+        h=6,
     ),
     Section("Memory errors and XIDs"),
     Panel(

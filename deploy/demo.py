@@ -36,8 +36,8 @@ import httpx
 import yaml
 
 from gpumeter.deploy import demo_clusters
-from gpumeter.exporter.simulator.metrics_server import StandInServer
 from gpumeter.process import stop_on_signals, wait_until_set
+from gpumeter.simulator.metrics_server import StandInServer
 
 __all__ = ["register"]
 
@@ -384,6 +384,22 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
         check=True,
         stdout=subprocess.DEVNULL,
     )
+    _progress("and into VictoriaMetrics, the global store, as cluster east; cluster west's month beside it")
+    demo_clusters.start_victoria_metrics(stack, _binary)
+    store = stack.url("victoria-metrics")
+    demo_clusters.import_history(store, history, demo_clusters.EAST)
+    subprocess.run(
+        _gpumeter(
+            "simulate",
+            "history",
+            *("--fleet", demo_clusters.WEST_FLEET, "--from", start.isoformat(), "--to", hour.isoformat()),
+            *("--step", "300", "--out", str(history)),
+        ),
+        check=True,
+        cwd=stack.workdir,
+        stdout=subprocess.DEVNULL,
+    )
+    demo_clusters.import_history(store, history, demo_clusters.WEST)
     history.unlink()
 
     _progress("starting stand-in kubelets, kube-state-metrics, volcano-scheduler and exporters")
@@ -470,8 +486,8 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             "--cluster.listen-address=",
         ],
     )
-    _progress("starting the global store: VictoriaMetrics, and vmalert evaluating the rules there")
-    demo_clusters.start_global_store(stack, _binary, RULE_FILES)
+    _progress("starting vmalert: the rules evaluated in the global store, for both clusters")
+    demo_clusters.start_vmalert(stack, _binary, RULE_FILES)
     prom_config = stack.workdir / "prometheus.yml"
     east = demo_clusters.for_global_store(
         _prometheus_config(stack), demo_clusters.EAST, stack.url("victoria-metrics")
@@ -508,7 +524,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             "--db",
             database,
             "--prometheus",
-            stack.url("prometheus"),
+            store,  # the global store: both clusters, each line named with its cluster
             "--scrape-interval",
             "auto",
             "--teams",
@@ -529,7 +545,7 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
             "--db",
             database,
             "--prometheus",
-            stack.url("prometheus"),
+            store,  # the global store: both clusters, each line named with its cluster
             "--scrape-interval",
             "auto",
             "--teams",
@@ -559,6 +575,16 @@ def _start(stack: Stack, args: argparse.Namespace, stopping: threading.Event) ->
                 "html,csv,focus",
                 "--out",
                 str(reports),
+            ),
+            check=True,
+            cwd=stack.workdir,
+        )
+        _progress(f"rendering the {period} cost per cluster (east and west, from the global store)")
+        subprocess.run(
+            _gpumeter(
+                "report",
+                *("--db", database, "--period", period, "--by", "cluster", "--teams", teams),
+                *("--format", "html,csv", "--out", str(reports)),
             ),
             check=True,
             cwd=stack.workdir,

@@ -10,6 +10,8 @@ the rules and the alerts are seen across clusters.
 * vmalert evaluates the same rule files against VictoriaMetrics, writes the results back to it and
   sends every alert, named with its cluster, to the demo's Alertmanager.
 * The dashboards are built with the cluster variable shown (``--multi-cluster``) into the work folder.
+* Billing reads VictoriaMetrics: both clusters' histories are imported there (:func:`import_history`,
+  the cluster added as the external label would), so its lines and reports name their cluster.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ __all__ = [
     "WEST",
     "WEST_NODE",
     "for_global_store",
-    "start_global_store",
+    "import_history",
+    "start_victoria_metrics",
+    "start_vmalert",
     "start_west",
     "west_prometheus_config",
 ]
@@ -85,8 +89,8 @@ def west_prometheus_config(url: Callable[[str], str], rule_files: list[str]) -> 
     }
 
 
-def start_global_store(stack, binary: Callable[[str], str], rule_files: list[str]) -> None:
-    """VictoriaMetrics, then vmalert over it sending to the stack's Alertmanager."""
+def start_victoria_metrics(stack, binary: Callable[[str], str]) -> None:
+    """VictoriaMetrics, keeping whatever history it is given (its default retention is one month)."""
     (stack.workdir / "victoria-metrics").mkdir(parents=True, exist_ok=True)
     stack.spawn(
         "victoria-metrics",
@@ -96,9 +100,45 @@ def start_global_store(stack, binary: Callable[[str], str], rule_files: list[str
             f"-httpListenAddr=127.0.0.1:{stack.ports['victoria-metrics']}",
             # answer up to 5 s ago, not the default 30 s: a live demo's alerts should not lag
             "-search.latencyOffset=5s",
+            "-retentionPeriod=100y",
         ],
     )
     stack.wait_http("victoria-metrics", f"{stack.url('victoria-metrics')}/health")
+
+
+def import_history(store: str, history: Path, cluster: str, batch_bytes: int = 16 << 20) -> None:
+    """A ``gpumeter simulate history`` file (OpenMetrics, timestamps in seconds) into VictoriaMetrics,
+    every series labelled with ``cluster`` as its Prometheus's external label would have done."""
+    import httpx
+
+    def post(lines: list[str]) -> None:
+        response = httpx.post(
+            f"{store}/api/v1/import/prometheus",
+            params={"extra_label": f"cluster={cluster}"},
+            content="".join(lines).encode(),
+            timeout=600,
+        )
+        response.raise_for_status()
+
+    batch: list[str] = []
+    size = 0
+    with history.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.startswith("#") or not line.strip():
+                continue
+            head, _, stamp = line.rstrip("\n").rpartition(" ")
+            batch.append(f"{head} {round(float(stamp) * 1000)}\n")  # VictoriaMetrics reads milliseconds
+            size += len(line)
+            if size >= batch_bytes:
+                post(batch)
+                batch, size = [], 0
+    if batch:
+        post(batch)
+    httpx.get(f"{store}/internal/force_flush", timeout=120).raise_for_status()
+
+
+def start_vmalert(stack, binary: Callable[[str], str], rule_files: list[str]) -> None:
+    """vmalert over VictoriaMetrics, sending to the stack's Alertmanager."""
     store = stack.url("victoria-metrics")
     stack.spawn(
         "vmalert",

@@ -61,7 +61,7 @@ class Exporter:
             app = make_app(self.exposition, self.health)
             self.servers.append(serve(app, self.config.listen, web, name="metrics", answers_from_memory=True))
             if self.node is not None and self.config.admin_listen:
-                from .simulator.admin import make_admin_app
+                from gpumeter.simulator.admin import make_admin_app
 
                 listen_host = parse_listen(self.config.admin_listen)[0]
                 admin = serve(make_admin_app(self.node, listen_host), self.config.admin_listen, name="faults")
@@ -108,10 +108,10 @@ def build_exporter(
     shorter ``xid_wait_ms`` (the XID thread's wait slice, which stopping the exporter waits out)."""
     hostname = config.hostname or socket.gethostname()
     if config.simulate and library is None:
-        from .simulator.device import SimulatedNode
-        from .simulator.fleet import load_fleet
-        from .simulator.latency import CALL_LATENCY_S
-        from .simulator.nvml import SimulatedNvml
+        from gpumeter.simulator.device import SimulatedNode
+        from gpumeter.simulator.fleet import load_fleet
+        from gpumeter.simulator.latency import CALL_LATENCY_S
+        from gpumeter.simulator.nvml import SimulatedNvml
 
         fleet = load_fleet(config.simulate)
         names = [n.name for n in fleet.nodes]

@@ -526,7 +526,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(contract.FABRIC_HEALTH, D, "nvmlDeviceGetGpuFabricInfoV (v2+): healthMask, decoded"),
     MetricSpec(
-        contract.FABRIC_HEALTH_SUMMARY,
+        contract.FABRIC_HEALTH_OVERALL,
         D,
         "nvmlDeviceGetGpuFabricInfoV (v3): healthSummary",
         dcgm=(

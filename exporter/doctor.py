@@ -15,7 +15,7 @@ unreachable) and exit status 1 when there is any, 0 when there is none (docs/doc
 
 ``--simulate FLEET`` runs it against the stand-in (with the driver's per-call latency and a stand-in
 kubelet), which is how it is tested on every example fleet. On a real node it is the evidence for the
-stand-in's capability tables (exporter/simulator/models.py) and latency table (simulator/latency.py).
+stand-in's capability tables (gpumeter/simulator/models.py) and latency table (simulator/latency.py).
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class GpuReport:
     mig: list[dict[str, Any]] = field(default_factory=list)
     xid_events: str = ""
     gpm: str = ""
+    fabric: str = ""  # the NVLink fabric: domain, clique, registration, health (docs/nvml.md §17.2)
     not_exported: list[str] = field(default_factory=list)
 
 
@@ -101,6 +102,7 @@ NVLINK_INACTIVE = "nvlink_inactive"
 ROW_REMAP_PENDING = "row_remap_pending"
 PAGE_RETIREMENT_PENDING = "page_retirement_pending"
 TEMPERATURE_AT_SLOWDOWN = "temperature_at_slowdown"
+FABRIC_UNREGISTERED = "fabric_unregistered"
 CRITICAL_XID = "critical_xid"
 NVML_UNREACHABLE = "nvml_unreachable"
 KUBELET_UNREACHABLE = "kubelet_unreachable"
@@ -110,6 +112,7 @@ FINDING_KINDS = (
     ROW_REMAP_PENDING,
     PAGE_RETIREMENT_PENDING,
     TEMPERATURE_AT_SLOWDOWN,
+    FABRIC_UNREGISTERED,
     CRITICAL_XID,
     NVML_UNREACHABLE,
     KUBELET_UNREACHABLE,
@@ -500,6 +503,14 @@ def _gpu_findings(report: Report, snapshot) -> None:
         if pending:
             message = "a page retirement waits for the next GPU reset or driver reload"
             report.findings.append(Finding(PAGE_RETIREMENT_PENDING, message, *where(labels)))
+    # NVLink fabric: a GPU not registered can take no part in multi-node NVLink (GpuFabricRegistrationIncomplete)
+    fabric = {labels[:2]: labels for labels, _ in snapshot.samples(contract.FABRIC_INFO.name)}
+    for labels, registered in snapshot.samples(contract.FABRIC_REGISTERED.name):
+        if not registered:
+            info = fabric.get(labels[:2])
+            state = f"{info[4]}{', ' + info[5] if info and info[5] else ''}" if info else "unknown"
+            message = f"not registered in its NVLink fabric ({state}): no multi-node NVLink for its jobs"
+            report.findings.append(Finding(FABRIC_UNREGISTERED, message, *where(labels)))
     slowdown = {
         labels[:2]: value
         for labels, value in snapshot.samples(contract.TEMPERATURE_THRESHOLD.name)
@@ -589,6 +600,7 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
                 if report.privileged
                 else "; MIG instances' XIDs are withheld (not root, no CAP_SYS_ADMIN): only whole-GPU XIDs"
             )
+    gpu.fabric = _fabric(device)
     gpm = next(a for a in gpu.calls if a.what == "nvmlGpmQueryDeviceSupport")
     support = raw["nvmlGpmQueryDeviceSupport"]
     if support is not None and support.isSupportedDevice:
@@ -603,6 +615,42 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
             "DCGM's profiling module is the only source on older GPUs"
         )
     return gpu
+
+
+def _fabric(device) -> str:
+    """Whether the GPU answers nvmlDeviceGetGpuFabricInfoV (or the v1 call), and what: its NVLink domain,
+    clique, registration and, from Blackwell on, its health."""
+    from .collectors.fabric import HEALTH_FIELDS, condition_reported, read_fabric, status_name
+
+    info = read_fabric(device, in_cycle=False)
+    if info is None:
+        return (
+            "not available (NOT_SUPPORTED, or the driver lacks the call): no NVLink fabric series for this "
+            "GPU (PCIe boards, GPUs before Hopper and a GPU alone in a VM have no fabric)"
+        )
+    import uuid as uuidlib
+
+    states = ("not supported", "not started", "in progress", "completed")
+    state = int(info.state)
+    text = (
+        f"{device.static.get('fabric_version', '?').replace('fabric_', '')}: NVLink domain "
+        f"{uuidlib.UUID(bytes=bytes(info.clusterUuid))}, clique {int(info.cliqueId)}, registration "
+        f"{states[state] if state < len(states) else state}"
+    )
+    if state == N.NVML_GPU_FABRIC_STATE_COMPLETED:
+        text += f" ({status_name(int(info.status))})"
+    mask = getattr(info, "healthMask", None)
+    if mask is not None:
+        reported = [c for c in HEALTH_FIELDS if condition_reported(c, int(mask))]
+        known = [c for c in HEALTH_FIELDS if condition_reported(c, int(mask)) is not None]
+        if not known:
+            text += "; health not reported (before Blackwell)"
+        else:
+            text += "; health: " + (", ".join(reported) if reported else "no condition reported")
+    summary = getattr(info, "healthSummary", 0)
+    if summary:
+        text += f" ({ {1: 'healthy', 2: 'unhealthy', 3: 'limited capacity'}.get(int(summary), summary) })"
+    return text
 
 
 def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock):
@@ -672,6 +720,7 @@ def render_text(report: Report) -> str:
             out.append("  MIG: not enabled")
         out.append(f"  XID events: {gpu.xid_events}")
         out.append(f"  GPM: {gpu.gpm}")
+        out.append(f"  NVLink fabric: {gpu.fabric}")
         if gpu.not_exported:
             out.append("  the exporter will not export (series, and where it would come from):")
             out += [f"    {line}" for line in gpu.not_exported]
@@ -794,12 +843,12 @@ def render_check(report: Report) -> str:
 def _simulated(
     fleet_name: str, node_name: str | None, socket_path: str | None, kube_api: str | None = None, **options
 ) -> Report:
-    from .simulator.device import SimulatedNode
-    from .simulator.fleet import FleetError, load_fleet
-    from .simulator.kubeapi import StandInKubeApi
-    from .simulator.kubelet import StandInKubelet
-    from .simulator.latency import CALL_LATENCY_S
-    from .simulator.nvml import SimulatedNvml
+    from gpumeter.simulator.device import SimulatedNode
+    from gpumeter.simulator.fleet import FleetError, load_fleet
+    from gpumeter.simulator.kubeapi import StandInKubeApi
+    from gpumeter.simulator.kubelet import StandInKubelet
+    from gpumeter.simulator.latency import CALL_LATENCY_S
+    from gpumeter.simulator.nvml import SimulatedNvml
 
     try:
         fleet = load_fleet(fleet_name)

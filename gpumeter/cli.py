@@ -18,7 +18,7 @@ from gpumeter import __version__
 # and Alembic, nor the simulator's and the doctor's gRPC, in its resident memory.
 PARTS = {
     "gpumeter.exporter.cli": ("exporter", "docs"),
-    "gpumeter.exporter.cli:register_simulate": ("simulate",),
+    "gpumeter.simulator.cli": ("simulate",),
     "gpumeter.exporter.cli:register_doctor": ("doctor",),
     "gpumeter.billing.cli": ("billing",),
     "gpumeter.reports.cli": ("report",),

@@ -421,7 +421,7 @@ FABRIC_HEALTH = _device(
     "access_timeout_recovery, incorrect_configuration), 0 when it reports it clear. Blackwell and newer.",
     "condition",
 )
-FABRIC_HEALTH_SUMMARY = _device(
+FABRIC_HEALTH_OVERALL = _device(
     "nvidia_gpu_fabric_health_overall",
     G,
     "",
@@ -642,7 +642,9 @@ DRA_ALLOCATION_INFO = _exporter(
     "",
     "A pod's container holds this GPU or MIG device through a Dynamic Resource Allocation claim; value 1. "
     "The labels before claim_namespace are nvidia_gpu_allocation's; driver, pool and device name the "
-    "device as the kubelet and the node's ResourceSlice do (e.g. gpu.nvidia.com, the node, gpu-1-mig-3g40gb-9-0).",
+    "device as the kubelet and the node's ResourceSlice do (e.g. gpu.nvidia.com, the node, gpu-1-mig-3g40gb-9-0); "
+    "compute_domain the ComputeDomain (UID) the pod's container joined through a compute-domain.nvidia.com "
+    "channel claim (an NVLink domain shared by a multi-node job), empty when none.",
     HOSTNAME,
     NAMESPACE,
     POD,
@@ -655,6 +657,7 @@ DRA_ALLOCATION_INFO = _exporter(
     "driver",
     "pool",
     "device",
+    "compute_domain",
 )
 # Per process, mapped to its pod through /proc/<pid>/cgroup and the node's pod list (the `processes`
 # collector, docs/pod-attribution.md §Processes). Summed per (GPU instance, container): a container's
@@ -817,7 +820,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     FABRIC_INFO,
     FABRIC_REGISTERED,
     FABRIC_HEALTH,
-    FABRIC_HEALTH_SUMMARY,
+    FABRIC_HEALTH_OVERALL,
     FABRIC_HEALTH_MASK,
     MIG_INFO,
     MIG_MEMORY_TOTAL,

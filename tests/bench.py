@@ -45,11 +45,11 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.latency import CALL_LATENCY_S
+from gpumeter.simulator.nvml import SimulatedNvml
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / ".bench"
@@ -476,8 +476,8 @@ def _terminate(proc: subprocess.Popen) -> None:
 
 KUBELET_SCRIPT = """
 import signal, sys, threading, time
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 fleet = load_fleet(sys.argv[1])
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -621,7 +621,7 @@ IMPORT_BASE = (
     ("import pynvml",),
     ("import gpumeter.web",),
     ("import gpumeter.cli", "gpumeter.cli.build_parser(['exporter'])", "import gpumeter.exporter.app"),
-    ("import gpumeter.exporter.simulator.nvml", "import gpumeter.exporter.simulator.fleet"),
+    ("import gpumeter.simulator.nvml", "import gpumeter.simulator.fleet"),
 )
 IMPORT_OPTIONAL = (
     ("--kubelet-socket (gRPC, protobuf)", ("import gpumeter.exporter.kubelet.attribution",)),

@@ -5,7 +5,7 @@
 
 1. Builds the bench fleet (125 nodes × 8 GPUs, × ``--scale``, see `bench_fleet`) as a temporary
    fleet YAML.
-2. Writes its history with the simulator (`exporter.simulator.history`, the code behind
+2. Writes its history with the simulator (`gpumeter.simulator.history`, the code behind
    `gpumeter simulate history`) at ``--step`` seconds, backfills it with
    `promtool tsdb create-blocks-from openmetrics --max-block-duration=768h`, and imports the same
    text into a VictoriaMetrics data directory. Both are kept under .bench/ keyed by the fleet, step
@@ -140,8 +140,8 @@ def _run(argv: list[str]) -> None:
 def build_tsdb(step: int, log=print, scale: int = 1, days: int = DAYS) -> tuple[Path, Path]:
     """The bench fleet's history, backfilled into a Prometheus TSDB and imported into a
     VictoriaMetrics data directory; both cached under .bench/ by fleet, step and days."""
-    from gpumeter.exporter.simulator.fleet import parse_fleet
-    from gpumeter.exporter.simulator.history import write_history
+    from gpumeter.simulator.fleet import parse_fleet
+    from gpumeter.simulator.history import write_history
     from tests.support.servers import require_binary
 
     doc = bench_fleet(scale)

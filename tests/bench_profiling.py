@@ -13,9 +13,9 @@ from prometheus_client import generate_latest
 
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests import bench as B
 
 NEW_COLLECTORS = ("profiling", "nvlink_traffic", "video")

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="ledger URL (default: a cached SQLite file in .bench/)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached ledger")
     args = parser.parse_args(argv)
-    logging.disable(logging.WARNING)  # the unpriced B200 warns once per hour
+    logging.disable(logging.WARNING)  # the unpriced VR200 warns once per hour
     BENCH.mkdir(exist_ok=True)
     period = month_period("2026-11")
     if args.days > 30:

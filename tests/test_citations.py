@@ -58,6 +58,7 @@ def files() -> list[Path]:
     return repository_files()
 
 
+@pytest.mark.spawns
 def test_nothing_outside_docs_cites_notes_that_are_not_in_the_repository(files):
     found = []
     for path in files:

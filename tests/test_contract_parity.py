@@ -28,12 +28,12 @@ from gpumeter.exporter import catalog, render
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.render import SnapshotCollector
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
-from gpumeter.exporter.simulator.history import write_history
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import Fleet, load_fleet
+from gpumeter.simulator.history import write_history
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 
 # (fleet, node): shared-modes' nodes share replicas two ways (time-slicing, MPS) and hand out

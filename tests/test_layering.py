@@ -1,8 +1,11 @@
 """The layers, checked on the imports of every module (docs/architecture.md, "Layout").
 
 gpumeter.contract, gpumeter.third_party, gpumeter.web and gpumeter.process are leaves every part may use; the parts (exporter, billing,
-reports, dashboards, alerts, deploy) sit above them; billing sits below reports; the command
-(gpumeter.cli) and the composition root (gpumeter.service) sit on top, and nothing imports them.
+reports, dashboards, alerts, deploy, and the simulator, gpumeter.simulator) sit above them; billing sits below
+reports; the command (gpumeter.cli) and the composition root (gpumeter.service) sit on top, and nothing
+imports them. The simulator stands in for NVML, the kubelet and the Kubernetes API below the exporter, so it
+may use the exporter's wire formats (the kubelet's proto, DRA's names); the exporter reaches it only where
+`--simulate` composes it (SIMULATOR_COMPOSITION), billing and reports never.
 The concrete SQL ledger is reached through the ledger package's factory, except by the root.
 Inside gpumeter.web each module imports only the modules below it in WEB_LAYERS.
 """
@@ -16,7 +19,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("exporter", "billing", "reports", "dashboards", "alerts", "deploy")
+PARTS = ("exporter", "billing", "reports", "dashboards", "alerts", "deploy", "simulator")
+# Where a simulated node is composed in place of a real one: the exporter's --simulate, the doctor's
+# --simulate, `gpumeter docs models` (the simulated models' tables), and the demo's clusters.
+SIMULATOR_COMPOSITION = (
+    "gpumeter.exporter.app",
+    "gpumeter.exporter.doctor",
+    "gpumeter.exporter.cli",
+    "gpumeter.deploy.demo",
+)
 SQL_LEDGER = "gpumeter.billing.ledger.sqlalchemy"
 LEAVES = ("gpumeter.contract", "gpumeter.third_party", "gpumeter.web", "gpumeter.process")
 # gpumeter.web's modules, lowest first (exporter-toolkit's web/ is the model): the errors and addresses,
@@ -67,6 +78,19 @@ def violations(module: str, imported: set[str]) -> list[str]:
     for name in sorted(imported):
         if part in PARTS and any(under(name, top) for top in ("gpumeter.cli", "gpumeter.service")):
             out.append(f"{module} imports {name}: a part never imports the command or the composition root")
+        if (
+            under(name, "gpumeter.simulator")
+            and part in PARTS
+            and part != "simulator"
+            and not any(under(module, root) for root in SIMULATOR_COMPOSITION)
+        ):
+            out.append(f"{module} imports {name}: the simulator is composed only by --simulate and the demo")
+        if part == "simulator" and any(
+            under(name, f"gpumeter.{p}") for p in ("billing", "reports", "dashboards", "alerts")
+        ):
+            out.append(
+                f"{module} imports {name}: the simulator stands in below the exporter and writes series, not bills"
+            )
         if part == "billing" and under(name, "gpumeter.reports"):
             out.append(f"{module} imports {name}: billing sits below reports")
         if any(under(module, leaf) for leaf in LEAVES) and any(under(name, f"gpumeter.{p}") for p in PARTS):
@@ -140,6 +164,9 @@ def test_no_module_breaks_the_layers():
         ("gpumeter.reports.run", "from ..billing.ledger import sqlalchemy", "open_ledger"),
         ("gpumeter.contract", "import gpumeter.exporter.catalog", "leaves"),
         ("gpumeter.web.server", "from gpumeter.billing import metrics", "leaves"),
+        ("gpumeter.exporter.sampler", "from gpumeter.simulator.nvml import SimulatedNvml", "composed only"),
+        ("gpumeter.billing.ingest", "from gpumeter.simulator import history", "composed only"),
+        ("gpumeter.simulator.history", "from gpumeter.billing.models import GpuHour", "writes series"),
     ],
 )
 def test_the_check_catches_a_bad_import(module, source, rule):

@@ -16,6 +16,8 @@ import pytest
 
 from tests.support.wheel import build_wheel, wheel_names
 
+pytestmark = pytest.mark.spawns  # the wheel is built and listed by child processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -51,13 +51,12 @@ def signal_on_another_thread():
         signal.signal(signal.SIGUSR1, previous)
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
+@pytest.mark.timeout(60)  # the failure is a hang (an unbounded wait never runs the handler), not slowness
 def test_wait_until_set_returns_within_a_slice(signal_on_another_thread):
     stop = signal_on_another_thread
     os.kill(os.getpid(), signal.SIGUSR1)
-    started = time.monotonic()
     wait_until_set(stop, slice_seconds=0.05)
-    assert time.monotonic() - started < 0.5
+    assert stop.is_set()
 
 
 def _unlucky(*argv: str) -> subprocess.Popen:
@@ -96,6 +95,7 @@ def _stops_on(sig: int, *argv: str, banner: str) -> None:
                 process.wait()
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_the_exporter_stops_when_another_thread_takes_the_signal(sig):
     port = free_port()
@@ -103,10 +103,12 @@ def test_the_exporter_stops_when_another_thread_takes_the_signal(sig):
     _stops_on(sig, *argv, "--kubelet-socket", "", banner="serving http://")
 
 
+@pytest.mark.spawns
 def test_a_stand_in_metrics_server_stops_likewise():
     _stops_on(signal.SIGINT, "simulate", "volcano", "--listen", f"127.0.0.1:{free_port()}", banner="http://")
 
 
+@pytest.mark.spawns
 def test_a_child_that_outstays_sigterm_is_named_with_its_threads_stacks_and_left_dead(tmp_path):
     """The tests' own stopper (`stop_processes`): one child that ignores SIGTERM costs the timeout,
     not a leaked process for the tests after it, and its log then holds every thread's stack."""
@@ -185,6 +187,7 @@ print("stopped", flush=True)
 )
 
 
+@pytest.mark.spawns
 def test_a_stop_signal_never_finds_the_main_thread_holding_the_events_lock():
     """`wait_until_set` sleeps between looks at the flag. When it waited on the event in slices,
     the handler's ``stop.set()`` could run while the main thread held the event's lock, and waited
@@ -213,6 +216,7 @@ print("stopped", stop._cond._lock.sent, flush=True)
 )
 
 
+@pytest.mark.spawns
 def test_a_second_stop_signal_inside_the_first_ones_handler_does_not_deadlock():
     """Ctrl-C pressed twice: the second handler ran inside the first one's ``stop.set()`` and, with
     every command's handler then (``lambda *_: stop.set()``), waited for the lock that ``set()``

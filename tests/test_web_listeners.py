@@ -30,6 +30,7 @@ import pytest
 
 from tests.support.certs import client_context, make_pki
 from tests.support.servers import free_port
+from tests.support.sockets import still_open
 
 
 @dataclass
@@ -131,15 +132,17 @@ def scrape_seconds(listener: Listener, timeout: float = 3.0) -> float:
     return time.perf_counter() - start
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_ten_idle_connections_do_not_delay_a_scrape(listener):
+    """Shown by order, not by a clock: the scrape is answered while the ten idle connections are still
+    open. A listener that served them one at a time would answer only once their read deadline had
+    dropped them."""
     idle = [socket.create_connection(listener.address) for _ in range(10)]
     try:
-        times = [scrape_seconds(listener) for _ in range(3)]
+        scrape_seconds(listener, timeout=30)
+        assert all(still_open(sock) for sock in idle), "the idle connections were dropped before the scrape"
     finally:
         for sock in idle:
             sock.close()
-    assert min(times) < 0.5, times
 
 
 @pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
@@ -167,7 +170,6 @@ def test_a_slowloris_does_not_delay_others(listener):
     ],
     ids=["garbage", "70-kB-header", "150-headers", "70-kB-request-line"],
 )
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_hostile_requests_are_refused_and_the_listener_carries_on(listener, hostile, answer):
     with socket.create_connection(listener.address, timeout=10) as sock:
         try:
@@ -179,7 +181,7 @@ def test_hostile_requests_are_refused_and_the_listener_carries_on(listener, host
         assert not reply.startswith(b"HTTP/")  # no handshake, no HTTP
     else:
         assert answer in reply.split(b"\r\n")[0] or b"Error code: " + answer in reply, reply
-    assert scrape_seconds(listener) < 2.0
+    scrape_seconds(listener, timeout=30)  # it carries on: answers 200 (30 s: a hang, not a slow machine)
 
 
 def raw_scrape(listener: Listener) -> tuple[float, int]:

@@ -24,7 +24,7 @@ NVML_ALIASES: dict[str, str] = {
     "Tesla V100-PCIE-16GB": "V100-16GB",
     "Tesla V100-SXM2-32GB": "V100-32GB",
     "Tesla V100-PCIE-32GB": "V100-32GB",
-    # Blackwell (names as exporter/simulator/models.py has them; docs/nvml.md §17 says which are assumed)
+    # Blackwell (names as gpumeter/simulator/models.py has them; docs/nvml.md §17 says which are assumed)
     "NVIDIA B200": "B200-180GB",
     "NVIDIA B300 SXM6 AC": "B300-288GB",
     "NVIDIA B300": "B300-288GB",

@@ -111,4 +111,4 @@ class FabricCollector:
                 out.add(contract.FABRIC_HEALTH, (*labels, condition), reported)
         summary = getattr(info, "healthSummary", None)
         if summary:  # 0: NOT_SUPPORTED
-            out.add(contract.FABRIC_HEALTH_SUMMARY, labels, int(summary))
+            out.add(contract.FABRIC_HEALTH_OVERALL, labels, int(summary))

@@ -70,6 +70,9 @@ class DraRef:
     driver: str
     pool: str
     device: str
+    # the ComputeDomain (UID) the container joined through a compute-domain.nvidia.com channel claim; "" when
+    # it joined none, or when the claim could not be read (without --kube-api)
+    compute_domain: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,7 @@ class Allocation:
         gi = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
         d = self.dra
         return (hostname, self.namespace, self.pod, self.container, self.uuid, str(self.gpu), gi,
-                d.claim_namespace, d.claim_name, d.driver, d.pool, d.device)  # fmt: skip
+                d.claim_namespace, d.claim_name, d.driver, d.pool, d.device, d.compute_domain)  # fmt: skip
 
     def labels(self, hostname: str) -> tuple[str, ...]:
         gi = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
@@ -327,6 +330,7 @@ class PodAttribution:
         out: dict[tuple, Allocation] = {}
         for pod, container, claim, resource, resolved in held:
             strategies = view.claims.get((claim.claim_namespace, claim.claim_name), {}) if view else {}
+            domain = _compute_domain(container, view)
             count = len(holders[resolved.key])
             allocation = Allocation(
                 pod.namespace,
@@ -342,7 +346,12 @@ class PodAttribution:
                 ),
                 1.0 / count,
                 DraRef(
-                    claim.claim_namespace, claim.claim_name, resource.driver, resource.pool, resource.device
+                    claim.claim_namespace,
+                    claim.claim_name,
+                    resource.driver,
+                    resource.pool,
+                    resource.device,
+                    domain,
                 ),
             )
             key = (pod.namespace, pod.name, container.name, resolved.key)
@@ -374,6 +383,19 @@ class PodAttribution:
     def allocations_kept(self) -> tuple[Allocation, ...]:
         """What the last sample emitted (the last good answer while it is still kept)."""
         return self._last
+
+
+def _compute_domain(container, view) -> str:
+    """The ComputeDomain a container joined: that of its first claim of a compute-domain channel whose
+    config the API gave (dra_cache.DraView.domains)."""
+    if view is None:
+        return ""
+    for claim in container.dynamic_resources:
+        if any(r.driver == dra.COMPUTE_DOMAIN_DRIVER for r in claim.claim_resources):
+            domain = view.domains.get((claim.claim_namespace, claim.claim_name), "")
+            if domain:
+                return domain
+    return ""
 
 
 def _sort_key(item: tuple[tuple, float]) -> tuple:

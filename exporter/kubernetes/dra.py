@@ -36,9 +36,11 @@ from gpumeter.exporter.kubelet.devices import Inventory, ResolvedDevice
 
 __all__ = [
     "CLAIM_RESOURCE_PREFIX",
+    "COMPUTE_DOMAIN_DRIVER",
     "DRIVER",
     "DeviceName",
     "SliceDevice",
+    "claim_compute_domain",
     "claim_resource",
     "claim_strategies",
     "mig_device_name",
@@ -50,6 +52,12 @@ __all__ = [
 ]
 
 DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver and its DeviceClass
+# The same driver's second kubelet plugin: ComputeDomains, the NVLink (IMEX) domain a multi-node job's pods
+# share on GB200/GB300 NVL72. A pod joins one through a claim of a "channel" device of this driver, whose
+# opaque ComputeDomainChannelConfig names the domain (api/nvidia.com/resource/v1beta1/computedomain.go:
+# ``domainID``, the ComputeDomain's UID). Its device is no GPU: it is never attributed as one.
+COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
+CHANNEL_CONFIG_KIND = "ComputeDomainChannelConfig"
 PARAMETERS_API = "resource.nvidia.com/v1beta1"  # the opaque config's apiVersion
 CONFIG_KINDS = ("GpuConfig", "MigDeviceConfig")
 CLAIM_RESOURCE_PREFIX = contract.CLAIM_RESOURCE_PREFIX  # the `resource` of a DRA allocation
@@ -201,6 +209,21 @@ def claim_strategies(claim: Mapping[str, Any]) -> dict[tuple[str, str], str]:
                 strategy = found
         out[(str(result.get("pool", "")), str(result.get("device", "")))] = strategy
     return out
+
+
+def claim_compute_domain(claim: Mapping[str, Any]) -> str:
+    """The ComputeDomain a ResourceClaim's channel joins: the ``domainID`` of its
+    ``ComputeDomainChannelConfig`` (allocation config, else the claim's own); "" for any other claim."""
+    allocation = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    configs = allocation.get("config")
+    if configs is None:
+        configs = ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
+    for config in configs:
+        opaque = config.get("opaque") or {}
+        parameters = opaque.get("parameters") or {}
+        if opaque.get("driver") == COMPUTE_DOMAIN_DRIVER and parameters.get("kind") == CHANNEL_CONFIG_KIND:
+            return str(parameters.get("domainID") or "")
+    return ""
 
 
 # --- resolution -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .api import MALFORMED, REASONS, KubeApiError, PodLister
-from .dra import SliceDevice, claim_strategies, slice_devices
+from .dra import SliceDevice, claim_compute_domain, claim_strategies, slice_devices
 
 __all__ = ["DraCache", "DraView"]
 
@@ -38,6 +38,8 @@ class DraView:
     up: bool = False
     listed: bool = False  # a ResourceSlice list has succeeded at least once
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    # the ComputeDomain (its UID) of each known claim of a compute-domain channel (dra.claim_compute_domain)
+    domains: dict[ClaimKey, str] = field(default_factory=dict)
 
 
 class DraCache:
@@ -94,13 +96,19 @@ class DraCache:
             except Exception as exc:  # KubeApiError, or a bug: never stops the thread or the sampler
                 ok = self._failed(exc)
             claims: dict[ClaimKey, dict[tuple[str, str], str]] = {}
+            domains: dict[ClaimKey, str] = {}
             for key in sorted(self._wanted):
                 try:
-                    claims[key] = claim_strategies(self.lister.get_resource_claim(*key))
+                    claim = self.lister.get_resource_claim(*key)
+                    claims[key] = claim_strategies(claim)
+                    if domain := claim_compute_domain(claim):
+                        domains[key] = domain
                 except Exception as exc:
                     ok = self._failed(exc)
                     if key in previous.claims:  # a claim's allocation does not change: keep it
                         claims[key] = previous.claims[key]
+                        if key in previous.domains:
+                            domains[key] = previous.domains[key]
             if ok and not previous.up:
                 log.info(
                     "the Kubernetes API answers for DRA on %s: %d devices, %d claims",
@@ -109,7 +117,7 @@ class DraCache:
                     len(claims),
                 )
                 self._failing_logged = False
-            self._current = DraView(devices, claims, ok, listed, dict(self._errors))
+            self._current = DraView(devices, claims, ok, listed, dict(self._errors), domains)
             return self._current
 
     def _failed(self, exc: Exception) -> bool:

@@ -1,6 +1,6 @@
 """GPU demand and quota from kube-state-metrics, through a real Prometheus.
 
-The stand-in kube-state-metrics (exporter/simulator/kube_state_metrics.py, a real HTTP server) serves the
+The stand-in kube-state-metrics (gpumeter/simulator/kube_state_metrics.py, a real HTTP server) serves the
 a100-mixed fleet's running pods, two pending GPU pods and a GPU ResourceQuota in kube-state-metrics'
 exposition format; a real Prometheus scrapes it under the job `kube-state-metrics` with both rule files
 loaded. The capacity rules must compute, from the real scrape, the figures worked out here by hand.
@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from gpumeter.alerts import RULE_FILES
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kube_state_metrics import (
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kube_state_metrics import (
     PendingPod,
     Quota,
     StandInKubeStateMetrics,
     sanitize,
 )
-from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
+from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.support.servers import PrometheusServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,6 +131,7 @@ def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
         ksm.stop()
 
 
+@pytest.mark.spawns
 def test_the_command_serves_the_pending_pods_and_quotas_it_is_given():
     """`gpumeter simulate kube-state-metrics`, as `gpumeter demo` starts it: a process serving /metrics
     until SIGTERM; bad arguments are one line naming the option and value, exit 2."""
@@ -202,6 +203,7 @@ def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
         volcano.stop()
 
 
+@pytest.mark.spawns
 def test_the_volcano_command_serves_the_queues_it_is_given():
     """`gpumeter simulate volcano`, as `gpumeter demo` starts it: milli-units on /metrics until SIGTERM;
     a bad --queue is one line naming the option and value, exit 2."""

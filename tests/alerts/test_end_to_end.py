@@ -23,7 +23,7 @@ import yaml
 
 from gpumeter.alerts import RULE_FILES
 from gpumeter.deploy.demo import local_alertmanager_config
-from gpumeter.exporter.simulator.metrics_server import StandInServer
+from gpumeter.simulator.metrics_server import StandInServer
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import tempfile
 
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.kubelet import StandInKubelet
 
 
 class ManualClock:

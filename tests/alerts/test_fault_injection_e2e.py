@@ -73,7 +73,7 @@ from gpumeter.alerts import RULE_FILES
 from gpumeter.deploy.demo import local_alertmanager_config
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.kubelet import StandInKubelet
 from tests.support.servers import AlertmanagerServer, PrometheusServer, Webhook
 
 pytestmark = pytest.mark.slow

@@ -39,10 +39,10 @@ import yaml
 from gpumeter.alerts import RULE_FILES
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.support.servers import require_binary
 
 FLEET = "h100-mig"

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.kubelet import StandInKubelet
 from tests.support.servers import free_port, wait_http_ok
 
 OFFSET_S = 8.5 * 3600  # as tests/bench.py: every scheduled pod of h100-mig runs

@@ -11,7 +11,7 @@ Runs INSIDE nvitop-exporter's own virtual env (``.bench/nvitop-venv``), never gp
 interpreter it measures gpumeter with: the stand-in is the installed package's, never the checkout's
 (whose root has no ``gpumeter.exporter``: the parts install under ``gpumeter`` from their own
 folders). It is added *after* nvitop's own site-packages, so nvitop-exporter keeps its own
-prometheus-client and nvidia-ml-py. Only ``gpumeter.exporter.simulator`` is imported from it (the
+prometheus-client and nvidia-ml-py. Only ``gpumeter.simulator`` is imported from it (the
 fleet file, the simulated node and the stand-in library). The launcher then points pynvml's library
 object at the stand-in *before* nvitop initialises NVML, and runs nvitop-exporter's own ``main()``
 with the arguments after ``--``. Nothing of nvitop-exporter is changed except that its collection loop is
@@ -54,11 +54,11 @@ def main() -> int:
     site.addsitedir(os.path.abspath(args.gpumeter_site))  # appended, and its .pth files run
     import pynvml
 
-    import gpumeter.exporter.simulator
-    from gpumeter.exporter.simulator.device import SimulatedNode
-    from gpumeter.exporter.simulator.fleet import load_fleet
-    from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
-    from gpumeter.exporter.simulator.nvml import SimulatedNvml
+    import gpumeter.simulator
+    from gpumeter.simulator.device import SimulatedNode
+    from gpumeter.simulator.fleet import load_fleet
+    from gpumeter.simulator.latency import CALL_LATENCY_S
+    from gpumeter.simulator.nvml import SimulatedNvml
 
     missing: Counter[str] = Counter()
 
@@ -103,7 +103,7 @@ def main() -> int:
         with lock:
             data = {
                 "pid": os.getpid(),
-                "simulator": gpumeter.exporter.simulator.__file__,
+                "simulator": gpumeter.simulator.__file__,
                 "calls": dict(lib.calls),
                 "missing": dict(missing),
                 "cycle_cpu_seconds": list(cycles),

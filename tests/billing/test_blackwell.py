@@ -15,8 +15,8 @@ from gpumeter.billing.models import UNALLOCATED, UNPRICED, LineKind
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.aliases import resolve_model
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.models import MODELS
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.models import MODELS
 from tests.billing.factories import alloc, book, gpu_hour, mig
 
 D = Decimal

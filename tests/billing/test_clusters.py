@@ -36,9 +36,9 @@ from gpumeter.billing.ingest import IngestConfig, ingest_hours
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.prom import PrometheusClient
-from gpumeter.exporter.simulator.fleet import parse_fleet
-from gpumeter.exporter.simulator.history import write_history
 from gpumeter.reports.model import month_period
+from gpumeter.simulator.fleet import parse_fleet
+from gpumeter.simulator.history import write_history
 from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
 from tests.reports.helpers import html_tables, read_csv

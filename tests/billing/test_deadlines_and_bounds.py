@@ -115,6 +115,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("command", "span", "refusal"),
     [
@@ -149,6 +150,7 @@ def test_hours_outside_the_ledgers_plausible_span_are_refused_with_one_line(tmp_
     assert not (tmp_path / "ledger.db").exists()  # refused before the ledger was opened
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("flag", "value"), [("--prometheus-timeout", "0"), ("--prometheus-timeout", "nan"), ("--deadline", "-3")]
 )

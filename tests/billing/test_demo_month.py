@@ -30,8 +30,8 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.deploy.demo import INCIDENTS, NODES
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.history import parse_incident, write_history
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.history import parse_incident, write_history
 from tests.billing.conftest import serve_history
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)

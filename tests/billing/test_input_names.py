@@ -67,6 +67,7 @@ NAMES = [
 ]
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(("model", "problem"), NAMES)
 def test_a_model_name_confusable_with_another_is_refused(tmp_path, model, problem):
     path = _book(tmp_path, model=f'"{model}"')
@@ -85,6 +86,7 @@ def test_a_twin_key_beside_the_real_one_is_refused(tmp_path):
         load_price_book(path)
 
 
+@pytest.mark.spawns
 def test_a_nul_byte_is_refused(tmp_path):
     raw = BOOK.format(model="H100-80GB", rate='"6.88\x00"')
     path = _book(tmp_path, raw=raw)
@@ -96,6 +98,7 @@ def test_a_nul_byte_is_refused(tmp_path):
     )
 
 
+@pytest.mark.spawns
 def test_deep_nesting_is_refused(tmp_path):
     path = _book(tmp_path, raw="currency: USD\nversions: " + "[" * 5000 + "]" * 5000 + "\n")
     done = _check(path)

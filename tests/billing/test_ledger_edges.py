@@ -19,6 +19,7 @@ from tests.billing.conftest import PG_URL
 HOUR = datetime(2026, 11, 20, tzinfo=UTC)
 
 
+@pytest.mark.spawns
 def test_two_processes_opening_a_fresh_sqlite_ledger_both_get_the_schema(tmp_path):
     """Both create the schema at once: before, one failed with "table ingest_runs already exists"
     (4 of 4 rounds); now the second waits for the first's write lock and finds the schema at head."""
@@ -94,6 +95,7 @@ def test_a_read_only_postgresql_session_fails_at_once_not_after_retries(pg_schem
         ledger.close()
 
 
+@pytest.mark.spawns
 def test_serve_on_a_read_only_ledger_fails_with_one_line(tmp_path):
     path = tmp_path / "ledger.db"
     open_ledger(f"sqlite:///{path}").close()
@@ -113,6 +115,7 @@ def test_serve_on_a_read_only_ledger_fails_with_one_line(tmp_path):
     ]
 
 
+@pytest.mark.spawns
 def test_two_billing_serves_starting_on_a_fresh_sqlite_ledger_both_serve(tmp_path):
     """Before, the second crashed at start on the schema both were creating."""
     from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes, wait_http_ok

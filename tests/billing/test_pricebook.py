@@ -67,7 +67,7 @@ def test_default_book_has_the_reference_rates():
 @pytest.mark.parametrize(
     ("nvml_name", "rate"),
     [
-        # seed 003's older boards as the v100-t4 fleet's NVML names them (exporter/simulator/models.py)
+        # seed 003's older boards as the v100-t4 fleet's NVML names them (gpumeter/simulator/models.py)
         ("Tesla V100-PCIE-32GB", "2.00"),
         ("Tesla V100-SXM2-32GB", "2.00"),
         ("Tesla T4", "0.45"),

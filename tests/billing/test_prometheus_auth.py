@@ -189,6 +189,7 @@ def test_the_same_from_the_environment(secured, pki, password_file, book, tmp_pa
     assert _billed(db) == EXPECTED_TOTAL
 
 
+@pytest.mark.spawns
 def test_an_inline_password_in_an_http_config_file_is_refused(book, tmp_path):
     config = tmp_path / "http_config.yml"
     config.write_text(yaml.safe_dump({"basic_auth": {"username": "billing", "password": PASSWORD}}))
@@ -217,6 +218,7 @@ def test_a_password_in_the_url_is_used_and_never_shown_or_stored(secured, pki, b
     assert PASSWORD not in wrong.stderr + wrong.stdout + cells + done.stderr + done.stdout
 
 
+@pytest.mark.spawns
 def test_a_password_in_the_database_url_is_never_printed(book, tmp_path):
     url = f"postgresql+psycopg://billing:{PASSWORD}@127.0.0.1:1/ledger?password={PASSWORD}&connect_timeout=1"
     done = _ingest(url, "http://127.0.0.1:1", book)
@@ -225,6 +227,7 @@ def test_a_password_in_the_database_url_is_never_printed(book, tmp_path):
     assert "billing:xxxxx@127.0.0.1:1/ledger?connect_timeout=1&password=xxxxx" in done.stderr
 
 
+@pytest.mark.spawns
 def test_a_bearer_token_from_a_file(book, tmp_path):
     token = tmp_path / "token"
     token.write_text("tok-123\n")

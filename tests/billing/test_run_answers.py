@@ -232,6 +232,7 @@ def test_a_run_reads_each_hour_at_its_own_step():
     ]
 
 
+@pytest.mark.spawns
 def test_a_layout_key_keeps_its_hash_in_this_process_only():
     """`LayoutKey` works its hash out once; copied or pickled (to an ingest worker, say) it must not
     carry it, since a string's hash differs from process to process (PYTHONHASHSEED)."""

@@ -22,8 +22,8 @@ from gpumeter.billing.ingest import IngestConfig, ingest_hours
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.history import write_history
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.history import write_history
 from tests.billing.factories import write_book
 from tests.support.servers import PrometheusServer, require_binary
 

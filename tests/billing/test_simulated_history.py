@@ -2,7 +2,7 @@
 Prometheus and, the same suite again, a real VictoriaMetrics, ingested by billing, gives exactly the GPU-hours the fleet file says were allocated.
 
 Three days of `h100-mig` (8×H100, 56 MIG 1g.10gb instances on schedules) and `a100-mixed` (MIG, whole
-and time-sliced A100s) at a 60 s step are written by `exporter.simulator.history`, backfilled with
+and time-sliced A100s) at a 60 s step are written by `gpumeter.simulator.history`, backfilled with
 `promtool tsdb create-blocks-from openmetrics`, and ingested hour by hour. The expected figures are
 computed here from the fleet's own `PodSpec.running(offset)` schedule and time-slicing replicas,
 never from billing's code: per pod and per hour, the seconds observed (one step per sample,
@@ -24,8 +24,8 @@ from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ingest import QUERIES, IngestConfig, ingest_hour, ingest_hours
 from gpumeter.billing.models import LineKind
 from gpumeter.billing.prom import PrometheusClient
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.history import write_history
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.history import write_history
 from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
 

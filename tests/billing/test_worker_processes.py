@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 PARENT = """
 import os, sys, time
 from gpumeter.billing.ingest import worker_pool
@@ -34,6 +36,7 @@ def _alive(pid: int) -> bool:
         return stat.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.spawns
 def test_a_killed_ingest_takes_its_busy_workers_with_it():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     worker = 0

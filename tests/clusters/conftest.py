@@ -1,4 +1,5 @@
-"""Two clusters behind one global store, real parts only (docs/kubernetes.md, "Many clusters").
+"""Two clusters behind one global store, real parts only (docs/kubernetes.md, "Many clusters behind
+one global store").
 
 Each cluster, east and west, is what tests/dashboards/conftest.py runs for one: the simulated fleets'
 exporters (with stand-in kubelets and faults), stand-in kube-state-metrics, Volcano and Kubernetes API,
@@ -33,12 +34,12 @@ import pytest
 import yaml
 
 from gpumeter.billing.config import Budget
-from gpumeter.exporter.simulator.fleet import FLEETS_DIR, load_fleet
-from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.reports.schedule import ReportSchedule
 from gpumeter.service import JOBS, build_app, job_triggers
+from gpumeter.simulator.fleet import FLEETS_DIR, load_fleet
+from gpumeter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.alerts.test_fault_injection_e2e import fast_alertmanager_config, scaled_rule_files
 from tests.dashboards import conftest as one
 from tests.support.exporter_process import ExporterProcess
@@ -48,7 +49,6 @@ from tests.support.servers import (
     VictoriaMetricsServer,
     VmalertServer,
     Webhook,
-    free_port,
 )
 
 # Recorded series (level:metric:operation) and the alerts' own series stay in the cluster's Prometheus.
@@ -216,8 +216,10 @@ def _start_cluster(
     server = make_server("127.0.0.1", 0, build_app(ledger, budgets=spec.budgets), handler_class=one._Quiet)
     threading.Thread(target=server.serve_forever, name=f"billing-{spec.name}", daemon=True).start()
     parts.stops.append(lambda: (server.shutdown(), server.server_close()))
+    # ports below 1024 that nothing here listens on (a free port picked now could be taken later)
+    closed = iter(range(1, 1 + len(spec.dead_targets)))
     dead = {
-        job: [f"127.0.0.1:{free_port()}" for _ in range(spec.dead_targets.count(job))]
+        job: [f"127.0.0.1:{next(closed)}" for _ in range(spec.dead_targets.count(job))]
         for job in (one.EXPORTER_JOB, one.BILLING_JOB)
     }
     prometheus = PrometheusServer(

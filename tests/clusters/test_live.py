@@ -56,7 +56,7 @@ def test_each_clusters_alerts_fire_with_the_cluster_named(stack):
 def test_no_recording_rule_mixes_clusters(stack):
     """Every rule vmalert recorded in VictoriaMetrics, for each cluster, has exactly the label sets the
     cluster's own Prometheus recorded, and values within what that Prometheus recorded over the last
-    30 s (the two rulers evaluate at different moments, and loads move between scrapes; rates: label
+    minute (the two rulers evaluate at different moments, and loads move between scrapes; rates: label
     sets only, see RATES)."""
     compared = 0
     problems = []
@@ -72,8 +72,8 @@ def test_no_recording_rule_mixes_clusters(stack):
                 continue
             if record in RATES:
                 continue
-            low = dict(_answer(cluster.prometheus.query(f"min_over_time({record}[30s])"), drop="__name__"))
-            high = dict(_answer(cluster.prometheus.query(f"max_over_time({record}[30s])"), drop="__name__"))
+            low = dict(_answer(cluster.prometheus.query(f"min_over_time({record}[1m])"), drop="__name__"))
+            high = dict(_answer(cluster.prometheus.query(f"max_over_time({record}[1m])"), drop="__name__"))
             for labels, value in global_:
                 key = tuple(item for item in labels if item[0] != "__name__")
                 if not float(low[key]) - 1e-9 <= float(value) <= float(high[key]) + 1e-9:

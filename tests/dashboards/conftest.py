@@ -27,12 +27,12 @@ from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.volcano import StandInVolcano, VolcanoQueue
 from gpumeter.reports.schedule import ReportSchedule
 from gpumeter.service import JOBS, build_app, job_triggers
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kube_state_metrics import PendingPod, Quota, StandInKubeStateMetrics
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
 from tests.billing.factories import book
 from tests.support.exporter_process import ExporterProcess
 from tests.support.servers import PrometheusServer, VictoriaMetricsServer
@@ -65,6 +65,8 @@ FLEETS = (
     # shared GPUs: HAMi/gpushare grants read from the stand-in Kubernetes API, and a vGPU host of VMs
     ("shared-modes", "gpu-shared-frac-01", True),
     ("shared-modes", "gpu-shared-vgpu-01", False),
+    # Blackwell on an NVSwitch baseboard: the NVLink fabric (no kubelet: its pods would change the others' rows)
+    ("b200", "gpu-b200-01", False),
 )
 KUBE_API_NODES = {"gpu-shared-frac-01"}  # exporters that list their node's pods from the Kubernetes API
 # Monthly budgets (docs/billing.md §4.4): search's is crossed by its two hours, research's is not
@@ -154,9 +156,9 @@ def _billing_hours(hour: datetime) -> list[GpuHour]:
         ),
         GpuHour(
             hour,
-            Device("GPU-b200-0", "NVIDIA B200", 3600, "gpu-b200-01", "0"),
+            Device("GPU-vr200-0", "NVIDIA VR200", 3600, "gpu-vr200-01", "0"),
             [],
-            [Allocation("GPU-b200-0", "analytics", "notebook-0", "jupyter", 3600)],
+            [Allocation("GPU-vr200-0", "analytics", "notebook-0", "jupyter", 3600)],
         ),
     ]
 
@@ -199,7 +201,8 @@ def _billing_ledger(workdir: Path, spec: LedgerSpec = LedgerSpec()):
 
 # Faults per node, so that the panels that are empty on a healthy fleet have something to show: a GPU
 # throttled by a hardware slowdown and by SW thermal, one overheating, XIDs (one on a MIG instance),
-# uncorrected ECC errors, a pending row remap (A100 outside MIG mode), an NVLink CRC burst and a link down.
+# uncorrected ECC errors, a pending row remap (A100 outside MIG mode), an NVLink CRC burst and a link down,
+# a degraded fabric and a failed fabric registration.
 FAULTS = {
     "gpu-h100-mig-01": [
         {"fault": "throttle", "gpu": 3, "reason": "hw_slowdown"},
@@ -221,6 +224,11 @@ FAULTS = {
     "gpu-v100-01": [],
     "gpu-shared-frac-01": [],
     "gpu-shared-vgpu-01": [],
+    # the fabric row's faults: degraded bandwidth on one GPU, a registration that failed on another
+    "gpu-b200-01": [
+        {"fault": "fabric_health", "gpu": 1, "condition": "degraded_bw"},
+        {"fault": "fabric_registration", "gpu": 2, "state": "failed"},
+    ],
 }
 
 

@@ -115,4 +115,4 @@ def test_cost_of_the_pods_namespace_and_team(prom):
     platform = {r["kind"]: r["value"] for r in run(prom, "gpumeter-cost", "Cost left with the platform")}
     assert set(platform) == {"unallocated", "stranded", "sharing_shortfall"}
     unpriced = run(prom, "gpumeter-cost", "Unpriced GPU-hours by model")
-    assert [(r["model"], r["value"]) for r in unpriced] == [("NVIDIA B200", 2.0)]
+    assert [(r["model"], r["value"]) for r in unpriced] == [("NVIDIA VR200", 2.0)]

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumeter.dashboards.build import GENERATED
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.fleet import load_fleet
 from tests.dashboards.promql import queries, substitute
 from tests.installed.layout import free_offset as layout_free_offset
 from tests.reports.focus_checks import KNOWN_VALIDATOR_FAILURES, rows_of, schema_problems, validate_12
@@ -215,6 +215,15 @@ def test_the_demo_stack_end_to_end(tmp_path):
             assert set(modes) == six, modes
             assert "data-eng/etl-1" in modes["time_slicing"][2] and "inference/server-0" in modes["mps"][2]
             assert "genai/llm-serve" in modes["fractional"][2] and modes["vgpu"][1] == "3"
+
+            # billing read the global store: last month's cost per cluster, east's six nodes and west's H200
+            # node, each tenant cost positive and together no more than the month's total
+            (by_cluster,) = (workdir / "reports").rglob("gpumeter-*-by-cluster.csv")
+            rows = list(csv.DictReader(by_cluster.read_text().splitlines()))
+            tenants = {r["group"]: float(r["cost"]) for r in rows if r["line"] == "tenant"}
+            assert set(tenants) == {"east", "west"} and min(tenants.values()) > 0, rows
+            (total,) = [float(r["cost"]) for r in rows if r["group"] == "__total__"]
+            assert sum(tenants.values()) <= total + 0.01, rows
 
             # last month, backfilled whole: data-platform's time-sliced A100 alone costs far over its 100
             (budget_csv,) = (workdir / "reports").rglob("*-budgets.csv")

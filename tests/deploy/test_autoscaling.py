@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from gpumeter.alerts import RULES_FILE
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 from tests.support.servers import PrometheusServer, _Process, free_port, wait_http_ok
 
 from .conftest import KUSTOMIZE

@@ -77,6 +77,7 @@ def test_dockerignore_keeps_the_context_to_the_package():
     assert not needed & ignored, needed & ignored
 
 
+@pytest.mark.spawns
 def test_build_context_holds_the_wheels_package(wheel_files):
     """What .dockerignore lets into the build context under the folders pyproject maps into the
     package is exactly what the wheel installs: the image's `pip install .` builds the same package

@@ -9,9 +9,9 @@ from prometheus_client import generate_latest
 
 from gpumeter.exporter.app import Exporter, build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import Fleet, load_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.support.simulated import XID_WAIT_MS
 
 T0 = 1_790_000_000.0  # a fixed start time (2026-09-21), so golden files are stable

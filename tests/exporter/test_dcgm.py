@@ -26,11 +26,11 @@ from gpumeter.exporter import dcgm
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.render import SnapshotCollector
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
 from gpumeter.exporter.snapshot import CollectorStatus, DeviceIdentity, MigIdentity, Snapshot, SnapshotBuilder
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.support.servers import PrometheusServer, require_binary
 
 FLEETS = ("h100-mig", "a100-mixed", "h200", "workstation")

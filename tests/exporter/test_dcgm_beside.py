@@ -20,13 +20,13 @@ import pytest
 from gpumeter.alerts import RULES_FILE
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.cli import main
-from gpumeter.exporter.simulator.dcgm_exporter import StandInDcgmExporter, exposition
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
 from gpumeter.reports.health import HealthReport, read_devices
 from gpumeter.reports.health_render import html_text
 from gpumeter.reports.model import Period
+from gpumeter.simulator.dcgm_exporter import StandInDcgmExporter, exposition
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 from tests.support.servers import PrometheusServer, _Process, free_port, wait_http_ok
 
 FLEET = "a100-mixed"

@@ -182,6 +182,7 @@ def test_hostname_label_spelled_as_asked(simulate):
     assert 'hostname="' in text and 'Hostname="' not in text
 
 
+@pytest.mark.spawns
 def test_gpumeter_exporter_f_dcp_metrics_included_a_9400_starts_and_exports_exactly_those(tmp_path):
     """The process, as a DaemonSet would start it: ``-f dcp-metrics-included.csv -a <port>``."""
     port = free_port()
@@ -253,8 +254,8 @@ def dcgm_stack(tmp_path_factory):
     binding is per process) and scraped by a real Prometheus every second; and a third, Hopper node run
     as seed 003's DaemonSet runs dcgm-exporter (`-f` its ConfigMap's CSV), whose GPU 0 takes 100 NVLink
     CRC errors per second on link 0, injected through the simulator's fault endpoint."""
-    from gpumeter.exporter.simulator.fleet import load_fleet
-    from gpumeter.exporter.simulator.kubelet import StandInKubelet
+    from gpumeter.simulator.fleet import load_fleet
+    from gpumeter.simulator.kubelet import StandInKubelet
     from tests.support.servers import PrometheusServer
 
     workdir = tmp_path_factory.mktemp("dcgm-stack")

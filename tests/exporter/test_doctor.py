@@ -8,9 +8,9 @@ import pytest
 
 from gpumeter.cli import main
 from gpumeter.exporter.doctor import diagnose, render_text
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import FLEETS_DIR, load_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import FLEETS_DIR, load_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 
 EXAMPLES = [
     (path.stem, node.name) for path in sorted(FLEETS_DIR.glob("*.yaml")) for node in load_fleet(path).nodes
@@ -107,7 +107,7 @@ def test_doctor_says_whether_the_kubelet_reports_dra_devices_and_slices_can_be_r
 
 
 def test_forbidden_resource_slices_are_named_but_do_not_block(clock):
-    from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
+    from gpumeter.simulator.kubeapi import StandInKubeApi
 
     fleet = load_fleet("dra")
     node = SimulatedNode(fleet, "gpu-dra-01", clock=clock)
@@ -143,6 +143,13 @@ def _check(node, clock, **options):
         ("h200", "row_remap", {"kind": "pending"}, "row_remap_pending", "waits for the next GPU reset"),
         ("h200", "row_remap", {"kind": "failure"}, "row_remap_pending", "a row remap failed"),
         ("v100-t4", "page_retire", {"cause": "dbe"}, "page_retirement_pending", "page retirement waits"),
+        (
+            "b200",
+            "fabric_registration",
+            {"state": "failed"},
+            "fabric_unregistered",
+            "not registered in its NVLink fabric (completed, unknown)",
+        ),
         (
             "h100-mig",
             "overheat",

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
-from gpumeter.exporter.simulator.fleet import FLEETS_DIR, parse_fleet
-from gpumeter.exporter.simulator.latency import CALL_LATENCY_S
+from gpumeter.simulator.fleet import FLEETS_DIR, parse_fleet
+from gpumeter.simulator.latency import CALL_LATENCY_S
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):

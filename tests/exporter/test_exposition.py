@@ -14,8 +14,8 @@ from gpumeter import contract
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.catalog import CATALOG, render_markdown
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.fleet import FLEETS_DIR, load_fleet
 from gpumeter.exporter.snapshot import SnapshotBuilder, UnknownSeries
+from gpumeter.simulator.fleet import FLEETS_DIR, load_fleet
 from tests.support.servers import PrometheusServer, require_binary
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -196,6 +196,7 @@ def test_a_real_prometheus_scrapes_the_exporter(tmp_path):
         exporter.stop()
 
 
+@pytest.mark.spawns
 def test_the_exporter_process_serves_until_sigterm(tmp_path):
     """The console command end to end: serves, answers /healthz, stops cleanly on SIGTERM."""
     import httpx

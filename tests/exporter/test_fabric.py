@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import re
+import uuid as uuidlib
 
 import pytest
 
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.fleet import load_fleet
 
 FABRIC = "nvidia_gpu_fabric_"
 
@@ -235,3 +236,33 @@ def test_a_collectors_file_may_ask_for_the_throttle_reasons_under_their_older_na
     old = dcgm_values(sim, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
     assert old == dcgm_values(sim, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS") and len(old) == 8
     assert bit_set(float(old["4"]), BITS["hw_thermal"])
+
+
+# --- gpumeter doctor ------------------------------------------------------------------------------------
+def test_doctor_says_whether_each_gpu_has_a_fabric_and_its_state(clock):
+    from gpumeter.exporter import doctor
+    from gpumeter.simulator.device import SimulatedNode
+    from gpumeter.simulator.nvml import SimulatedNvml
+
+    node = SimulatedNode(load_fleet("gb200-nvl72"), "gb200-nvl72-03", clock=clock)
+    node.inject("fabric_health", 1)
+    node.inject("fabric_registration", 2)
+    report = doctor.diagnose(SimulatedNvml(node), privileged=True)
+    fabric = [gpu.fabric for gpu in report.gpus]
+    domain = str(uuidlib.UUID(bytes=node.gpus[0].fabric.cluster))
+    assert fabric[0] == (
+        f"v3: NVLink domain {domain}, clique 32766, registration completed (success); health: no condition "
+        "reported (healthy)"
+    )
+    assert fabric[1].endswith("registration completed (success); health: degraded_bw (limited capacity)")
+    assert "registration completed (unknown)" in fabric[2]
+    assert f"  NVLink fabric: {fabric[0]}" in doctor.render_text(report)
+
+    vm = SimulatedNode(load_fleet("h200-vm"), None, clock=clock)
+    (gpu,) = doctor.diagnose(SimulatedNvml(vm), privileged=True).gpus
+    assert gpu.fabric.startswith("not available (NOT_SUPPORTED")
+    hopper = SimulatedNode(load_fleet("h100-mig"), None, clock=clock)
+    first = doctor.diagnose(SimulatedNvml(hopper), privileged=True).gpus[0]
+    assert first.fabric.startswith("v2: NVLink domain ") and first.fabric.endswith(
+        "registration completed (success); health not reported (before Blackwell)"
+    )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ def parts(modules: set[str]) -> set[str]:
     return {m for m in modules if m in NEVER or any(m.startswith(n + ".") for n in NEVER)}
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("extra", "present", "absent"),
     [
@@ -63,6 +64,7 @@ def test_the_exporter_loads_only_what_its_configuration_uses(tmp_path, extra, pr
     assert not parts(modules), f"the exporter loaded {sorted(parts(modules))}"
 
 
+@pytest.mark.spawns
 def test_a_config_file_loads_yaml(tmp_path):
     config = tmp_path / "exporter.yaml"
     config.write_text("interval: 5\n")

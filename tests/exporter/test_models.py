@@ -1,6 +1,6 @@
 """Every collector on every simulated model and driver: series present where the driver answers, absent
 (never NaN, never 0) where it refuses. What each model answers is its capability table
-(exporter/simulator/models.py, with the evidence for each rule); these tests hold the exporter to it."""
+(gpumeter/simulator/models.py, with the evidence for each rule); these tests hold the exporter to it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumeter.exporter.simulator.fleet import parse_fleet
-from gpumeter.exporter.simulator.models import (
+from gpumeter.simulator.fleet import parse_fleet
+from gpumeter.simulator.models import (
     MODELS,
     capabilities,
     driver_branch,

@@ -12,9 +12,9 @@ from gpumeter.exporter import collectors
 from gpumeter.exporter.collectors.pcie import LANE_BYTES_PER_SECOND
 from gpumeter.exporter.nvml import NvmlSession
 from gpumeter.exporter.sampler import Sampler
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 
 
 def _link(node, clock) -> dict[str, dict[str, float]]:

@@ -10,8 +10,8 @@ import pynvml as N
 import pytest
 
 from gpumeter.exporter.doctor import diagnose, render_text
-from gpumeter.exporter.simulator.device import NVLINK_DATA_RATE
-from gpumeter.exporter.simulator.nvml import GPM_SHARE_OF_SM
+from gpumeter.simulator.device import NVLINK_DATA_RATE
+from gpumeter.simulator.nvml import GPM_SHARE_OF_SM
 
 PROFILING = (
     "nvidia_gpu_sm_active_ratio",

@@ -22,9 +22,9 @@ from gpumeter.exporter import doctor
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.nvml import NvmlSession
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.real_gpu.evidence import (
     BOARDS,
     FABRIC_SERIES_PREFIX,

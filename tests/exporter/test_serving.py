@@ -10,7 +10,6 @@ import base64
 import logging
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import bcrypt
@@ -19,9 +18,10 @@ import pytest
 
 from gpumeter.cli import main as gpumeter_main
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
-from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
 from gpumeter.web import WebConfigError
 from tests.support.certs import client_context, make_pki
+from tests.support.sockets import still_open
 
 
 def start(sim, web_config: Path | None = None):
@@ -139,31 +139,26 @@ def test_tls_from_the_web_config(exporter, tmp_path, pki):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_tls_exporter_with_10_idle_connections_still_serves_metrics(exporter, tmp_path, pki):
-    """The handshake once ran in the accept loop with no timeout, so one idle TCP
-    connection froze every scrape and the liveness probe (each scrape here hit its 3 s timeout). Now
-    each connection handshakes in its own thread. Best of five scrapes (a new TLS connection each, as
-    Prometheus without keep-alive); the bound is loose on purpose, since this is a test and not a
-    benchmark: the measured figure (about 6-8 ms) is in docs/performance.md."""
+    """The handshake once ran in the accept loop with no timeout, so one idle TCP connection froze
+    every scrape and the liveness probe. Now each connection handshakes in its own thread: shown by
+    order, not by a clock, as a scrape answered (a new TLS connection, as Prometheus without
+    keep-alive) while the ten idle connections are still open. The measured time of a scrape is in
+    docs/performance.md."""
     _, port = exporter(
         "h100-mig", write_web_config(tmp_path / "web.yml", "pw", tls=(pki.server_cert, pki.server_key))
     )
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
     try:
-        times = []
-        for _ in range(5):
-            start_at = time.perf_counter()
-            answer = httpx.get(
-                f"https://127.0.0.1:{port}/metrics",
-                verify=client_context(pki),
-                auth=("prometheus", "pw"),
-                headers={"Accept-Encoding": "gzip"},
-                timeout=3,
-            )
-            times.append(time.perf_counter() - start_at)
-            assert answer.status_code == 200 and "nvidia_gpu_mig_info" in answer.text
-        assert min(times) < 0.5, [f"{t * 1000:.1f} ms" for t in times]
+        answer = httpx.get(
+            f"https://127.0.0.1:{port}/metrics",
+            verify=client_context(pki),
+            auth=("prometheus", "pw"),
+            headers={"Accept-Encoding": "gzip"},
+            timeout=30,
+        )
+        assert answer.status_code == 200 and "nvidia_gpu_mig_info" in answer.text
+        assert all(still_open(sock) for sock in idle), "the idle connections were dropped before the scrapes"
         health = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=client_context(pki), timeout=3)
         assert health.status_code == 200  # the liveness probe too
     finally:
@@ -430,7 +425,7 @@ WEIRD = 'team "a"\\b\nc'  # a double quote, a backslash and a newline
 def weird_history() -> str:
     import io
 
-    from gpumeter.exporter.simulator.history import write_history
+    from gpumeter.simulator.history import write_history
 
     fleet = parse_fleet(
         {

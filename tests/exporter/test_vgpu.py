@@ -8,9 +8,9 @@ from __future__ import annotations
 import pynvml as N
 import pytest
 
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 
 from .conftest import ManualClock
 

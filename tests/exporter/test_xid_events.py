@@ -10,9 +10,9 @@ import pytest
 
 from gpumeter.exporter import xid
 from gpumeter.exporter.nvml import NvmlSession
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.nvml import SimulatedNvml
 
 
 @pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it

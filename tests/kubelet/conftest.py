@@ -9,8 +9,8 @@ import pytest
 
 from gpumeter.exporter.kubelet.attribution import PodAttribution
 from gpumeter.exporter.kubelet.client import PodResourcesClient
-from gpumeter.exporter.simulator.fleet import Fleet, load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import Fleet, load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 
 from .helpers import Clock
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from gpumeter.exporter.kubelet.attribution import ALLOCATION, KUBELET_ERRORS, KUBELET_UP
-from gpumeter.exporter.simulator.fleet import Fleet, GpuSpec, NodeSpec
 from gpumeter.exporter.snapshot import DeviceIdentity, MigIdentity, SnapshotBuilder
+from gpumeter.simulator.fleet import Fleet, GpuSpec, NodeSpec
 
 HOUR = 3600.0
 

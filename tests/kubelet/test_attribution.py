@@ -9,8 +9,8 @@ import pytest
 
 from gpumeter.exporter.kubelet.attribution import ALLOCATION, LABELS, PodAttribution
 from gpumeter.exporter.kubelet.client import KubeletError
-from gpumeter.exporter.simulator.fleet import Fleet, load_fleet, parse_fleet
 from gpumeter.exporter.snapshot import SnapshotBuilder
+from gpumeter.simulator.fleet import Fleet, load_fleet, parse_fleet
 
 from .helpers import (
     HOUR,
@@ -273,7 +273,7 @@ def test_sharing_says_how_each_holding_is_shared(harness, strategy, replicas):
 
 
 def test_an_unknown_sharing_strategy_names_the_field():
-    from gpumeter.exporter.simulator.fleet import FleetError
+    from gpumeter.simulator.fleet import FleetError
 
     with pytest.raises(FleetError, match=r"nodes\[0\]\.kubelet\.sharing_strategy.*'timeslicing'"):
         parse_fleet({"nodes": [{"name": "n", "kubelet": {"sharing_strategy": "timeslicing"},

@@ -17,8 +17,8 @@ from gpumeter.exporter.kubelet.client import (
     PodResources,
     PodResourcesClient,
 )
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 
 
 @pytest.fixture
@@ -42,15 +42,14 @@ def test_list_and_allocatable_answer_plain_dataclasses(kubelet, sock):
     assert all(type(i) is str for i in allocatable.device_ids())
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_socket_missing(sock):
-    client = PodResourcesClient(sock, timeout=0.5)
-    started = time.monotonic()
+    """Refused at once, not at the deadline: the error is the missing file's (with a minute's deadline,
+    waiting it out would end in DEADLINE_EXCEEDED instead), so no clock is needed to tell."""
+    client = PodResourcesClient(sock, timeout=60)
     with pytest.raises(KubeletError, match="No such file"):
         client.list()
-    with pytest.raises(KubeletError):
+    with pytest.raises(KubeletError, match="No such file"):
         client.allocatable()
-    assert time.monotonic() - started < 0.5
 
 
 def test_not_a_socket(sock):
@@ -68,15 +67,14 @@ def test_nothing_listening_on_the_socket(sock):
     assert info.value.code == "UNAVAILABLE"
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_timeout(kubelet, sock):
-    kubelet.set_fault(delay_s=2.0)
+    """The stand-in holds its answer for an hour (stopping it wakes the call): DEADLINE_EXCEEDED can only
+    be the client's own deadline firing, so no wall-clock bound is needed to show it."""
+    kubelet.set_fault(delay_s=3600)
     client = PodResourcesClient(sock, timeout=0.2)
-    started = time.monotonic()
     with pytest.raises(KubeletError) as info:
         client.list()
     assert info.value.code == "DEADLINE_EXCEEDED"
-    assert time.monotonic() - started < 1.0
 
 
 def test_each_call_has_its_own_deadline(kubelet, sock):

@@ -17,8 +17,8 @@ from gpumeter.exporter.kubelet.devices import (
     resolve,
     share,
 )
-from gpumeter.exporter.simulator.fleet import load_fleet
 from gpumeter.exporter.snapshot import DeviceIdentity
+from gpumeter.simulator.fleet import load_fleet
 
 from .helpers import identity, inventory
 

@@ -24,13 +24,16 @@ from gpumeter.alerts.files import RULE_FILES
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.kubernetes import dra
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.dra import compute_domain_uid
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 from tests.support.servers import PrometheusServer, free_port, stop_processes, wait_http_ok
+
+pytestmark = pytest.mark.spawns  # its exporter and stand-ins run as processes
 
 NODE = "gpu-dra-01"
 FLEET = load_fleet("dra")
@@ -146,6 +149,13 @@ def test_dra_pods_are_attributed_exclusive_mig_and_shared_with_shares_at_most_on
     assert ("detector", "detector-mig", "gpu-1-mig-3g40gb-9-0") in info  # 3g: profile id 9, placement 0
     assert ("embedder", "embedder-mig", "gpu-1-mig-1g10gb-19-0") in info
     assert ("ranker-1", "shared-ts", "gpu-2") in info and len(info) == len(EXPECTED)
+    # pretrain joined a ComputeDomain through its channel claim: its GPU holding carries the domain's UID
+    # (the channel claim's ComputeDomainChannelConfig domainID); the channel itself is no GPU holding
+    domains = {
+        s.labels["pod"]: s.labels["compute_domain"] for s in samples[contract.DRA_ALLOCATION_INFO.name]
+    }
+    assert domains.pop("pretrain") == compute_domain_uid("pretrain-domain")
+    assert set(domains.values()) == {""}
     assert [s.value for s in samples[contract.DRA_API_UP.name]] == [1.0]
     assert [s.value for s in samples[contract.DRA_DEVICES_UNRESOLVED.name]] == [0.0]
 
@@ -337,7 +347,7 @@ _NODE = {"name": "n", "gpus": [{"model": "H100-SXM5-80GB", "dra": True}, {"model
     ],
 )
 def test_bad_dra_entries_in_a_fleet_name_the_field_and_value(extra, message):
-    from gpumeter.exporter.simulator.fleet import FleetError, parse_fleet
+    from gpumeter.simulator.fleet import FleetError, parse_fleet
 
     with pytest.raises(FleetError, match=message):
         parse_fleet({"nodes": [_NODE], **extra}, source="fleet.yaml")
@@ -383,7 +393,7 @@ def _share_ids(fleet, node: str) -> dict[str, str | None]:
 def test_a_device_two_claims_consume_by_capacity_is_split_between_them():
     """Consumable capacity (Kubernetes 1.35+): two claims allocate shares of one GPU, the kubelet
     tells them apart by share_id; each holder gets half, the device's shares sum to 1."""
-    from gpumeter.exporter.simulator.fleet import parse_fleet
+    from gpumeter.simulator.fleet import parse_fleet
 
     fleet = parse_fleet(
         {

@@ -20,11 +20,11 @@ from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ConfigError, ExporterConfig
 from gpumeter.exporter.kubernetes.api import KubeApiError, PodLister
 from gpumeter.exporter.kubernetes.fractional import HAMI_ALLOCATED, grants_of
-from gpumeter.exporter.simulator.device import SimulatedNode
-from gpumeter.exporter.simulator.fleet import FleetError, load_fleet, parse_fleet
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
-from gpumeter.exporter.simulator.nvml import SimulatedNvml
+from gpumeter.simulator.device import SimulatedNode
+from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
 from tests.support.simulated import XID_WAIT_MS
 

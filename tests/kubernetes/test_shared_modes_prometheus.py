@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from gpumeter import contract
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubeapi import StandInKubeApi
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubeapi import StandInKubeApi
+from gpumeter.simulator.kubelet import StandInKubelet
 from tests.support.servers import PrometheusServer, _Process, free_port, wait_http_ok
 
 FLEET = "shared-modes"

@@ -1,7 +1,7 @@
 """What each NVML call of a steady sampling cycle costs on a real GPU, wall and CPU, each asked REPEAT
 times in a row the way the exporter asks it: the batched field read through the exporter's own prepared
 request, and each of its fields alone, to find a slow one. ``calls.py OUT [FLEET]`` (FLEET: the stand-in,
-with its latency table, for comparison). The evidence for exporter/simulator/latency.py."""
+with its latency table, for comparison). The evidence for gpumeter/simulator/latency.py."""
 
 from __future__ import annotations
 

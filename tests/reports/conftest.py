@@ -71,7 +71,7 @@ def _util(allocation: Allocation, value: str) -> Allocation:
 
 
 def example_hours(names: dict[str, str] | None = None) -> dict[datetime, list]:
-    """GPU-hours of examples (a), (b), (d) and an unpriced B200 at Nov 1 00:00, (c) all November,
+    """GPU-hours of examples (a), (b), (d) and an unpriced VR200 at Nov 1 00:00, (c) all November,
     and (a)'s layout held by team-a alone in October. ``names`` renames namespaces/pods."""
     n = names or {}
 
@@ -113,7 +113,7 @@ def example_hours(names: dict[str, str] | None = None) -> dict[datetime, list]:
             ],
             hour=NOV,
         ),
-        gpu_hour("GPU-u", "NVIDIA B200", allocations=[alloc("GPU-u", ns("inference"), "big")], hour=NOV),
+        gpu_hour("GPU-u", "NVIDIA VR200", allocations=[alloc("GPU-u", ns("inference"), "big")], hour=NOV),
     ]
     for i in range(720):
         hour = NOV + timedelta(hours=i)

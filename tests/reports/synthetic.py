@@ -2,7 +2,7 @@
 (`billing.allocate.price_gpu_hour` and `Ledger.write_hour`), for the screenshot and `make bench`.
 
 Fleet: 45 % A100-40GB in MIG mode (several layouts), 20 % H100 in MIG mode, 35 % whole H100s held by
-one pod or time-sliced by 2-4 pods, plus one unpriced B200. Tenants: teams of namespaces whose pods
+one pod or time-sliced by 2-4 pods, plus one unpriced VR200. Tenants: teams of namespaces whose pods
 change every day; each MIG instance or GPU is held on a given day with probability 0.85. Pods hold
 their device for the whole day, so each (GPU, day) is priced once and its lines re-stamped per hour
 (the hours of a day are identical GPU-hours).
@@ -22,7 +22,7 @@ from gpumeter.billing.pricing.base import PriceBook
 
 A100 = "NVIDIA A100-SXM4-40GB"
 H100 = "NVIDIA H100 80GB HBM3"
-B200 = "NVIDIA B200"
+VR200 = "NVIDIA VR200"
 A100_LAYOUTS = [
     [("3g.20gb", 3, 4), ("2g.10gb", 2, 2), ("1g.5gb", 1, 1), ("1g.5gb", 1, 1)],
     [("1g.5gb", 1, 1)] * 7,
@@ -92,7 +92,7 @@ def fleet(gpus: int, seed: int = 7) -> list[Gpu]:
             out.append(Gpu(uuid, H100, host, index, rng.choice(H100_LAYOUTS), 1))
         else:
             out.append(Gpu(uuid, H100, host, index, [], rng.choice([1, 1, 2, 3, 4])))
-    out.append(Gpu("GPU-b200-unpriced-0", B200, "gpu-node-b200", 0, [], 1))
+    out.append(Gpu("GPU-vr200-unpriced-0", VR200, "gpu-node-vr200", 0, [], 1))
     return out
 
 

@@ -18,7 +18,7 @@ from gpumeter.reports import focus
 from gpumeter.reports.model import build_report, month_period
 from tests.billing.factories import H100, alloc, gpu_hour, write_book
 
-B200 = "NVIDIA B200"
+VR200 = "NVIDIA VR200"
 
 
 def _report(*argv: str) -> subprocess.CompletedProcess:
@@ -43,6 +43,7 @@ def ledger_url(tmp_path):
     return url
 
 
+@pytest.mark.spawns
 def test_a_missing_sqlite_ledger_is_refused_not_created(tmp_path):
     typo = tmp_path / "typo.db"
     run = _report("--db", f"sqlite:///{typo}", "--period", "2026-10", "--out", str(tmp_path / "out"))
@@ -51,6 +52,7 @@ def test_a_missing_sqlite_ledger_is_refused_not_created(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("period", "shown"),
     [
@@ -67,6 +69,7 @@ def test_years_the_ledger_cannot_hold_are_one_line(ledger_url, tmp_path, period,
     _one_line_error(_report("--db", ledger_url, *period, "--out", str(tmp_path / "out")), "period", shown)
 
 
+@pytest.mark.spawns
 def test_out_naming_a_file_is_one_line_and_the_file_is_kept(ledger_url, tmp_path):
     target = tmp_path / "report.html"
     target.write_text("keep me")
@@ -79,7 +82,7 @@ def test_out_naming_a_file_is_one_line_and_the_file_is_kept(ledger_url, tmp_path
 def test_focus_says_why_an_hour_is_unpriced(tmp_path):
     """October 20 is before the book's only version (from November 1): no version is in effect, so
     it says that, not that the model has no rate. On November 2 the version is in effect but has no
-    B200 rate: it says that, naming the version."""
+    VR200 rate: it says that, naming the version."""
     doc = {"currency": "USD", "versions": [{"effective_from": "2026-11-01", "gpus": {"H100-80GB": "6.88"}}]}
     from gpumeter.billing.pricing import load_price_book
 
@@ -88,7 +91,7 @@ def test_focus_says_why_an_hour_is_unpriced(tmp_path):
     try:
         for hour, model in (
             (datetime(2026, 10, 20, tzinfo=UTC), H100),
-            (datetime(2026, 11, 2, tzinfo=UTC), B200),
+            (datetime(2026, 11, 2, tzinfo=UTC), VR200),
         ):
             gh = gpu_hour("GPU-u", model, allocations=[alloc("GPU-u", "ns", "p")], hour=hour)
             ledger.write_hour(HourRecord(hour, [gh], price_gpu_hour(gh, book).lines, book))

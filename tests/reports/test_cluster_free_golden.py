@@ -35,34 +35,34 @@ CHARGEBACK_RUNS = [
     ("mig_profile", ("csv", "json"), "day", "1.3", False),
 ]
 
-# The worked ledger's unpriced GPU is an "NVIDIA B200": since the Blackwell models are known its NVML
-# name reads as the canonical B200-180GB in every report, and the files naming it were re-pinned (only that
-# name moved, checked with a diff of the files). It stays unpriced: the worked book has no B200 row.
+# The worked ledger's unpriced GPU was an "NVIDIA B200"; since the Blackwell models are priced it is an
+# "NVIDIA VR200" (still a model no book knows), and the files naming it were re-pinned: only that name moved
+# (checked with a diff of the files).
 GOLDEN = {
     "by-team/gpumeter-2026-11-budgets.csv": "d637463b0aa2edb6050f377d85bb49cfa0c9623f0e543e83970923a9683416bb",
-    "by-team/gpumeter-2026-11-by-team.csv": "d862bfe9927cf650d4adf8da5bd75cf432dd772dbd378696014c6456127fb1a4",
-    "by-team/gpumeter-2026-11-by-team.html": "8960205f4d5bedd640f54e70ff4c3759aa052158480ce7eb497afa706c3e9b85",
-    "by-team/gpumeter-2026-11-by-team.json": "c2c85881e9a0aa8cdce85870e6adb3fcf1ce6fb71770cd32ea4352d3566b5d8d",
-    "by-team/gpumeter-2026-11-focus-1.3.csv": "320d5fa677745747838994ee1aadd2a8bd554d395361ad2c5e492a25f477b650",
-    "by-team/gpumeter-2026-11-lines.csv": "ef01b1329190bf3221aee267a3df6e6bd5861deeedede71a652d115b159f2cbe",
+    "by-team/gpumeter-2026-11-by-team.csv": "c0004b89860998217b304c212fcb02a19505ed953b5175d817d1061080091aaf",
+    "by-team/gpumeter-2026-11-by-team.html": "3f76ef45316cad6e570393b854c0abfb81c35b2e96ce030eeb182e1cbafa0b6b",
+    "by-team/gpumeter-2026-11-by-team.json": "17b52a7bbbcecc7e9c9cc2be81afc8689a705493ac83edd2246261ccefa7f8a5",
+    "by-team/gpumeter-2026-11-focus-1.3.csv": "cab8a6ab6cfa918f0832889bb9ee8db00d3d83373c7919be5af2cbbb50a2feca",
+    "by-team/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-team/manifest.json": "7a6260bb7ed30bbbcafc4d534ba5cc9a05af6d41d5215b0096fc21ee7d017b14",
-    "by-namespace/gpumeter-2026-11-by-namespace.csv": "3d893d16458ad91be275e7b1f83f48633d6e38b1aed093c1ad6a5c041806647f",
-    "by-namespace/gpumeter-2026-11-by-namespace.html": "d026e4c72afd23e46fc160e134c3b4e8be2d31e367629f47df13fdedfe2dbba9",
-    "by-namespace/gpumeter-2026-11-by-namespace.json": "192b73cd3cb86c0b0eee279568e303e0b677eb2b11f8c9e60f00351523dac69d",
-    "by-namespace/gpumeter-2026-11-focus-1.2.csv": "42cbe6a340ac75651fcbb78a789ea5a6b745d537084852594fa104684fd5a872",
-    "by-namespace/gpumeter-2026-11-lines.csv": "771aacdbc963954983c8ee7f147108efe23ef844ddc3444bf63c6e2a0ab34834",
+    "by-namespace/gpumeter-2026-11-by-namespace.csv": "37f42f217d565de87fa7dc98b13137c279c8de62271c65ccbc772e605c99ebca",
+    "by-namespace/gpumeter-2026-11-by-namespace.html": "634e29ab5999bc825586c544063b02f2e8a7acae9856c2bfcfe3ee4fe2051f07",
+    "by-namespace/gpumeter-2026-11-by-namespace.json": "f1c53a66cdb59ae0976d9b3a3dd7f40e71d6a5620ffbed6518e8836e3b7d3cba",
+    "by-namespace/gpumeter-2026-11-focus-1.2.csv": "9070a77b2a2bf8d9cd1b0b7d7cf06ce3f8725514534c1634882f94899d75b633",
+    "by-namespace/gpumeter-2026-11-lines.csv": "c35ebc2809ac4c6925228c5e18727c336d0031baa7810888f5e414677640445a",
     "by-namespace/manifest.json": "72d9b383ed8bfe1ee15510da6abcfd31c540551a9948e2870a8bc5d674f5a5d4",
-    "by-model/gpumeter-2026-11-by-model.csv": "120a3c3f9adf9c709a8802f1572a2b8b154c501ad2460895e7dfe0820d886652",
-    "by-model/gpumeter-2026-11-by-model.html": "66ed84ffb9664e91e791e42905ee923e84604e8368b3386bf2ac22656385e05d",
-    "by-model/gpumeter-2026-11-by-model.json": "be6df64c5061905a5480772b59acd79c43cd1abab71f8c4abcc63331c54abd01",
-    "by-model/gpumeter-2026-11-lines.csv": "ef01b1329190bf3221aee267a3df6e6bd5861deeedede71a652d115b159f2cbe",
+    "by-model/gpumeter-2026-11-by-model.csv": "ee824bc167827bf88b1645c7585726570e65d30b1926c01388e18b2906786aca",
+    "by-model/gpumeter-2026-11-by-model.html": "113087d7f4087b0feb7b2fb6cf5676b860ade176b095bb98c5ec7f2cc2d6782f",
+    "by-model/gpumeter-2026-11-by-model.json": "d568dfcbfd05e01d9b9181d99bdb66e1dca3f373ff9bd6ebf71aa34aa8796009",
+    "by-model/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-model/manifest.json": "0994b0bc2e4a67e102d2d41f7dfdf3b416b1b2c709ea5d4d00375f0c5fb9794a",
-    "by-mig_profile/gpumeter-2026-11-by-mig_profile.csv": "625d40261fe9d7cc555f428cf8d6bca8d5a05e4a4758558c5228f4bf07969c6d",
-    "by-mig_profile/gpumeter-2026-11-by-mig_profile.json": "f2c2bb40a74544fea3fef0f35cf37795f7edd308dbfcaf3ba86e199ec721c6eb",
-    "by-mig_profile/gpumeter-2026-11-lines.csv": "ef01b1329190bf3221aee267a3df6e6bd5861deeedede71a652d115b159f2cbe",
+    "by-mig_profile/gpumeter-2026-11-by-mig_profile.csv": "dfe9d5b1c0ad328564cc3ef4157e8c32c3e6954fd99e31d9fd7f4f75e337c6b5",
+    "by-mig_profile/gpumeter-2026-11-by-mig_profile.json": "847dc99e00c45864443b161cbff6dd582b7b200f1da0ef7506da2e722716d731",
+    "by-mig_profile/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-mig_profile/manifest.json": "4f722bf9cccda828a959af3e8cb89dd36dde5867589dd485bcae7476dd117ccf",
-    "allocations/gpumeter-allocations-2026-11.csv": "06233731de08a81b9886ac87e7f4465837dd93e37486af4eac15c61634bcb3ea",
-    "allocations/gpumeter-allocations-2026-11.html": "78f7c20b58adb331204bd68084ace1c8e5fe6329fb5e8cb439ff305740d73b17",
+    "allocations/gpumeter-allocations-2026-11.csv": "93f2a8dedd432c75f84cb14da5f49aee0742130f5eb33be6a3c4dc9ec80d74f0",
+    "allocations/gpumeter-allocations-2026-11.html": "04b6d3ec6326669435ee9547229565e5646b2a51f9223f7b1601788303c920c5",
 }
 
 HEALTH_GOLDEN = {

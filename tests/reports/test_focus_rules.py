@@ -20,11 +20,11 @@ from gpumeter.billing.models import hours_between
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import PrometheusClient
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.history import write_history
 from gpumeter.reports import focus
 from gpumeter.reports.model import Period, build_report
 from gpumeter.reports.render import RenderOptions, render
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.history import write_history
 from tests.billing.conftest import serve_history
 from tests.reports.focus_checks import KNOWN_VALIDATOR_FAILURES, rows_of, schema_problems, validate_12
 from tests.reports.focus_rules import origins_from_ledger, rule_problems

@@ -120,6 +120,7 @@ def test_the_capacity_is_in_every_format(ledger, tmp_path):
     assert 'id="pool-capacity"' in html and "1 of 3" in html and "34.9 %" in html
 
 
+@pytest.mark.spawns
 def test_a_spare_policy_outside_0_to_1_is_refused_in_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "gpumeter", "report", "--kind", "health", "--spare-policy", "1.5"],

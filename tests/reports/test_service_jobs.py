@@ -147,6 +147,7 @@ def _serve(tmp_path: Path, port: int, prometheus: str, **env: str) -> subprocess
     )
 
 
+@pytest.mark.spawns
 def test_serve_refuses_an_unwritable_report_folder_in_one_line(tmp_path):
     (tmp_path / "blocker").write_text("")
     proc = _serve(

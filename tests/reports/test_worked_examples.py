@@ -8,7 +8,7 @@ worked out by hand here, never computed by the code under test:
 (c) H100 all November, v1 6.88 then v2 4.90 from Nov 16: research 2,476.80 + 588.00 = 3,064.80,
     __unallocated__ 240 x 4.90 = 1,176.00.
 (d) A100 3g+3g at Nov 1 00:00: ns-a 1.29, ns-b 1.28, __stranded__ 0.43.
-Plus an unpriced B200 hour (1 GPU-hour, no amount) and, in October, (a)'s layout held by team-a only:
+Plus an unpriced VR200 hour (1 GPU-hour, no amount) and, in October, (a)'s layout held by team-a only:
 team-a 3/7 x 3 = 1.2857 -> 1.29 (largest remainder), __unallocated__ 4/7 x 3 = 1.7142 -> 1.71.
 
 Teams: alpha = team-a + ns-a = 1.28 + 1.29 = 2.57 (October 1.29, change +1.28);
@@ -69,7 +69,7 @@ def test_model_figures_to_the_cent(rendered):
     assert {p.kind: p.usage.cost for p in report.platform} == PLATFORM
     assert report.total.cost == TOTAL
     assert report.tenants.cost == D("2.57") + D("7.09") + D("3064.80")
-    assert [(u.model, u.gpu_hours, u.gpus) for u in report.unpriced] == [("B200-180GB", D("1"), 1)]
+    assert [(u.model, u.gpu_hours, u.gpus) for u in report.unpriced] == [("NVIDIA VR200", D("1"), 1)]
     alpha = next(g for g in report.groups if g.key == "alpha")
     assert (alpha.change.previous, alpha.change.delta) == (D("1.29"), D("1.28"))
     assert (report.total_change.previous, report.total_change.delta) == (D("3.00"), D("4250.68"))
@@ -132,8 +132,8 @@ def test_csv_summary_and_lines_to_the_cent(rendered):
     assert D(rows["__stranded__"]["cost"]) == D("0.43")
     assert D(rows["__sharing_shortfall__"]["cost"]) == D("1.50")
     assert (
-        rows["__unpriced__ B200-180GB"]["cost"] == ""
-        and rows["__unpriced__ B200-180GB"]["gpu_hours"] == "1.000000"
+        rows["__unpriced__ NVIDIA VR200"]["cost"] == ""
+        and rows["__unpriced__ NVIDIA VR200"]["gpu_hours"] == "1.000000"
     )
     assert rows["__total__"]["cost"] == "4253.68"
     assert (rows["alpha"]["previous_cost"], rows["alpha"]["change"]) == ("1.29", "1.28")
@@ -154,7 +154,7 @@ def test_json_to_the_cent(rendered):
     assert doc["totals"]["all"]["change"] == "4250.68"
     alpha = next(g for g in doc["groups"] if g["group"] == "alpha")
     assert (alpha["previous_cost"], alpha["change"]) == ("1.29", "1.28")
-    assert doc["unpriced"] == [{"gpu_model": "B200-180GB", "gpu_hours": "1.000000", "gpus": 1}]
+    assert doc["unpriced"] == [{"gpu_model": "NVIDIA VR200", "gpu_hours": "1.000000", "gpus": 1}]
     gamma = next(g for g in doc["groups"] if g["group"] == "gamma")
     assert gamma["daily"]["2026-11-15"] == "165.12" and gamma["daily"]["2026-11-16"] == "117.60"
 
@@ -242,7 +242,7 @@ def test_html_to_the_cent(rendered):
     assert D(groups["__sharing_shortfall__"][1]) == D("1.50")
     assert groups["total"][1] == "4253.68"
     assert (groups["alpha"][7], groups["alpha"][8]) == ("1.29", "1.28")
-    assert "__unpriced__ (B200-180GB)" in groups
+    assert "__unpriced__ (NVIDIA VR200)" in groups
     top = tables["top-pods"][1:]
     assert (top[0][0], top[0][1], top[0][5]) == ("research", "trainer", "3,064.80")
     assert 'id="kpi-total">4,253.68<' in text and 'id="kpi-unallocated">1,177.29<' in text

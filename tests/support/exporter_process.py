@@ -7,7 +7,9 @@ in a child process, `ExporterProcess`:
 
     python -m tests.support.exporter_process FLEET NODE SOCKET_OR_EMPTY FAULTS_JSON [KUBE_API_URL]
 
-It prints ``port <N>`` once the exporter serves, and runs until stdin closes.
+It prints ``port <N>`` once the exporter serves, and runs until stdin closes. Each line written to its
+stdin before then is one more fault (JSON, as in FAULTS_JSON's list), injected at once and answered with a
+line ``ok <description>`` or ``error <message>`` (`ExporterProcess.inject`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
-from gpumeter.exporter.simulator.fleet import load_fleet
-from gpumeter.exporter.simulator.kubelet import StandInKubelet
+from gpumeter.simulator.fleet import load_fleet
+from gpumeter.simulator.kubelet import StandInKubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +66,15 @@ class ExporterProcess:
             )
         self.port = int(line.split()[1])
 
+    def inject(self, fault: dict) -> str:
+        """Inject one more fault into the running node; its description. RuntimeError if refused."""
+        self.proc.stdin.write(json.dumps(fault) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().rstrip("\n")
+        if not answer.startswith("ok "):
+            raise RuntimeError(f"{self.node}: fault {fault} not injected: {answer}")
+        return answer[3:]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -96,7 +107,16 @@ def main(argv: list[str]) -> int:
         for fault in json.loads(faults):
             exporter.node.inject(fault.pop("fault"), fault.pop("gpu", None), **fault)
         print(f"port {exporter.port}", flush=True)
-        sys.stdin.read()  # until the parent closes our stdin
+        for line in sys.stdin:  # until the parent closes our stdin: one fault a line
+            if not line.strip():
+                continue
+            fault = json.loads(line)
+            try:
+                done = exporter.node.inject(fault.pop("fault"), fault.pop("gpu", None), **fault)
+            except ValueError as exc:
+                print(f"error {exc}", flush=True)
+            else:
+                print(f"ok {done}", flush=True)
     finally:
         exporter.stop()
         if kubelet is not None:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from gpumeter.exporter.simulator.metrics_server import StandInServer
+from gpumeter.simulator.metrics_server import StandInServer
 from tests.support import needs
 
 __all__ = [

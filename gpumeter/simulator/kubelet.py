@@ -208,6 +208,15 @@ class StandInKubelet:
                     entries.extend(fractional_entries(self.fleet, self.node, pod, d))
                 else:
                     entries.append(self._entry(d))
+            for channel in pod.channels:  # a ComputeDomain's channel: the other driver's device, no GPU
+                by_claim = claimed.setdefault((pod.namespace, pod.name, pod.container), {})
+                by_claim[channel] = [
+                    api_pb2.ClaimResource(
+                        driver_name=dra.COMPUTE_DOMAIN_DRIVER,
+                        pool_name=self.node.name,
+                        device_name=dra.CHANNEL_DEVICE,
+                    )
+                ]
         return api_pb2.ListPodResourcesResponse(
             pod_resources=[
                 api_pb2.PodResources(

@@ -19,12 +19,21 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Any
 
-from gpumeter.exporter.kubernetes.dra import DRIVER, PARAMETERS_API, mig_device_name
+from gpumeter.exporter.kubernetes.dra import COMPUTE_DOMAIN_DRIVER, DRIVER, PARAMETERS_API, mig_device_name
 
 from .fleet import ClaimSpec, Fleet, GpuSpec, NodeSpec, PodDevice
 from .processes import pod_uid
 
-__all__ = ["claim_object", "claim_uid", "consumers", "device_name", "resource_slice"]
+__all__ = [
+    "CHANNEL_DEVICE",
+    "COMPUTE_DOMAIN_DRIVER",
+    "claim_object",
+    "claim_uid",
+    "compute_domain_uid",
+    "consumers",
+    "device_name",
+    "resource_slice",
+]
 
 # (compute slices, memory slices) → NVML GPU instance profile id (nvidia-smi mig -lgip "ID")
 PROFILE_IDS = {(1, 1): 19, (1, 2): 15, (2, 2): 14, (3, 4): 9, (4, 4): 5, (7, 8): 0}
@@ -45,6 +54,14 @@ def device_name(gpu: GpuSpec, gpu_instance_id: int | None = None) -> str:
     return mig_device_name(
         gpu.index, profile.name, PROFILE_IDS[(profile.compute_slices, profile.memory_slices)], start
     )
+
+
+CHANNEL_DEVICE = "channel-0"  # the one channel a ComputeDomain's claim template asks for
+
+
+def compute_domain_uid(domain: str) -> str:
+    """The ComputeDomain object's metadata.uid the driver writes as a channel config's domainID."""
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"computedomain/{domain}"))
 
 
 def claim_uid(claim: ClaimSpec) -> str:
@@ -135,6 +152,31 @@ def claim_object(fleet: Fleet, claim: ClaimSpec, t: float) -> dict[str, Any]:
     copied into ``status.allocation`` as the scheduler does, and the running pods it is reserved for."""
     node = fleet.node(claim.node)
     requests, results, configs = [], [], []
+    if claim.compute_domain:  # a channel of a ComputeDomain (the driver's ResourceClaimTemplate for it)
+        requests.append(
+            {"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}
+        )
+        results.append(
+            {
+                "request": "channel",
+                "driver": COMPUTE_DOMAIN_DRIVER,
+                "pool": node.name,
+                "device": CHANNEL_DEVICE,
+            }
+        )
+        configs.append(
+            {
+                "requests": ["channel"],
+                "opaque": {
+                    "driver": COMPUTE_DOMAIN_DRIVER,
+                    "parameters": {
+                        "apiVersion": PARAMETERS_API,
+                        "kind": "ComputeDomainChannelConfig",
+                        "domainID": compute_domain_uid(claim.compute_domain),
+                    },
+                },
+            }
+        )
     for i, device in enumerate(claim.devices):
         request = "gpu" if len(claim.devices) == 1 else f"gpu-{i}"
         requests.append({"name": request, "exactly": {"deviceClassName": DRIVER, "count": 1}})
@@ -170,7 +212,7 @@ def claim_object(fleet: Fleet, claim: ClaimSpec, t: float) -> dict[str, Any]:
             for p in fleet.pods_on(claim.node)
             if p.namespace == claim.namespace
             and p.running(t)
-            and any(d.claim == claim.name for d in p.devices)
+            and (any(d.claim == claim.name for d in p.devices) or claim.name in p.channels)
         }
     )
     return {

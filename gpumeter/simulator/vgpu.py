@@ -9,7 +9,7 @@ virtual machine::
         vgpus:                      # [] : a vGPU host GPU with no VM running
           - {vm: finance-vm-01, type: H100XM-20C, utilization: 0.6, license: licensed}
 
-The stand-in NVML answers the vGPU calls for these (exporter/simulator/nvml_vgpu.py).
+The stand-in NVML answers the vGPU calls for these (gpumeter/simulator/nvml_vgpu.py).
 """
 
 from __future__ import annotations

@@ -427,7 +427,7 @@ class SimulatedNode:
     def _log_xid(self, gpu: SimulatedGpu, code: int) -> None:
         """The driver's kernel-log line for an XID, in the form a real H200 wrote it (alerts/runbook.md,
         "What dmesg shows"); the PCI address is the one nvmlDeviceGetPciInfo answers for this GPU."""
-        from ..xid_messages import message
+        from gpumeter.exporter.xid_messages import message
 
         usec = int((self._t - self.start) * 1e6)
         line = f"NVRM: Xid (PCI:0000:{pci_bus(gpu.spec.index):02x}:00): {code}, pid=4242, name=python3, {message(code)}"

@@ -12,7 +12,7 @@ type}`` with ``type`` ``hard`` or ``used`` and the resource's Kubernetes spellin
 
 A fleet pod is Running while ``PodSpec.running`` holds at the simulated time and absent otherwise (a
 finished pod is deleted by its controller); it requests one device of the resource the stand-in kubelet
-advertises for each device it holds (exporter/simulator/kubelet.py ``resource_name``), and was created
+advertises for each device it holds (gpumeter/simulator/kubelet.py ``resource_name``), and was created
 when its current run started. Pending pods are given as :class:`PendingPod` (they hold nothing, so the
 fleet file cannot say them); their node label is empty, as for an unscheduled pod.
 """

@@ -5,7 +5,7 @@ on that node that are running at the simulated time, with what the exporter read
 and their resource limits, and the annotations HAMi's scheduler and gpushare's scheduler extender
 write on a pod they placed on a fractional GPU (formats and sources: exporter/kubernetes/fractional.py,
 docs/pod-attribution.md §Fractional). Pods of one (namespace, name) are one pod with one container
-each. For Dynamic Resource Allocation (exporter/simulator/dra.py, docs/pod-attribution.md §8a):
+each. For Dynamic Resource Allocation (gpumeter/simulator/dra.py, docs/pod-attribution.md §8a):
 ``GET /apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName=<node>`` answers the node's
 ResourceSlice of ``gpu.nvidia.com`` devices, and ``GET /apis/resource.k8s.io/v1/namespaces/<ns>/
 resourceclaims/<name>`` an allocated ResourceClaim with its sharing config. Other paths answer 404;
@@ -14,7 +14,8 @@ any other field selector 400, as the API server's Status objects.
 Faults, set while it runs (``set_fault``): ``unauthorized`` (401, as for a missing or wrong bearer
 token), ``forbidden`` (403, as without RBAC on pods), ``forbidden-dra`` (403 on ``resource.k8s.io``
 only, as for a ClusterRole from before DRA), ``unreachable`` (the connection is closed without
-an answer); ``delay_s`` makes every answer that slow. With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
+an answer); ``hold()`` keeps every answer waiting until ``release()``, a server as slow as a test needs
+without sleeping a guessed number of seconds. With ``token`` given, a request without ``Authorization: Bearer <token>`` gets 401.
 
 ``gpumeter simulate kube-api --fleet F [--node N] --listen HOST:PORT`` serves it until SIGINT/SIGTERM
 (:func:`add_parser` adds the subcommand), for an exporter's ``--kube-api http://HOST:PORT``.
@@ -102,7 +103,7 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
                 limits["nvidia.com/gpu"] = str(int(limits.get("nvidia.com/gpu", "0")) + 1)
         hami_entries.append("".join(hami_devices))
         resources: dict[str, Any] = {"limits": limits, "requests": dict(limits)}
-        claims = sorted({d.claim for d in spec.devices if d.claim is not None})
+        claims = sorted({d.claim for d in spec.devices if d.claim is not None} | set(spec.channels))
         if claims:  # a DRA claim is named by the container (core/v1 ResourceRequirements.claims)
             resources["claims"] = [{"name": c} for c in claims]
             pod_claims.update(claims)
@@ -177,7 +178,8 @@ class StandInKubeApi:
         self.fleet, self.clock, self.token, self.listen = fleet, clock, token, listen
         self.start_time = clock() if start is None else float(start)
         self.fault: str | None = None
-        self.delay_s = 0.0  # a slow API server: each answer waits this long (the exporter must not)
+        self._answering = threading.Event()  # cleared by hold(): a slow API server, until release()
+        self._answering.set()
         self.requests = 0
         self._server: StandInServer | None = None
         self._thread: threading.Thread | None = None
@@ -201,8 +203,7 @@ class StandInKubeApi:
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> tuple[int, dict[str, Any]] | None:
         self.requests += 1
-        if self.delay_s > 0:
-            time.sleep(self.delay_s)
+        self._answering.wait()
         if self.fault == "unreachable":
             return None
         if self.fault == "unauthorized" or (
@@ -296,7 +297,15 @@ class StandInKubeApi:
         host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}"
 
+    def hold(self) -> None:
+        """Every answer from now on waits until release() (or stop()): the exporter must not."""
+        self._answering.clear()
+
+    def release(self) -> None:
+        self._answering.set()
+
     def stop(self) -> None:
+        self._answering.set()  # no handler left waiting
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -40,6 +40,8 @@ Format (YAML; documented with examples in docs/simulator.md, examples in ``fleet
                                     # for a device several claims consume by capacity (Kubernetes 1.35+)
         sharing: TimeSlicing        # the claim's opaque GpuConfig/MigDeviceConfig sharing strategy:
                                     # TimeSlicing | MPS; absent: none written (the driver time-slices)
+      - {namespace: ml-research, name: job-channel, node: gpu-h100-01, compute_domain: job-domain}
+                                    # a ComputeDomain's channel claim (compute-domain.nvidia.com): no devices
     pods:
       - namespace: ml-research
         name: trainer-{gpu}-{gi}    # a range ("0-7") in a device expands the entry into one pod per value;
@@ -93,7 +95,7 @@ __all__ = [
     "parse_fleet",
 ]
 
-FLEETS_DIR = Path(str(files("gpumeter.exporter.simulator") / "fleets"))  # package data
+FLEETS_DIR = Path(str(files("gpumeter.simulator") / "fleets"))  # package data
 WORKLOAD_PATTERNS = ("steady", "diurnal", "bursty", "idle")
 DEVICE_ID_FORMATS = ("uuid", "gke", "legacy-mig")
 MIG_STRATEGIES = ("mixed", "single")
@@ -247,6 +249,8 @@ class ClaimSpec:
     node: str
     devices: tuple[PodDevice, ...]  # gpu and gpu_instance_id only
     sharing: str = ""  # CLAIM_SHARING, or "" when the claim has no sharing config
+    # A ComputeDomain's channel claim (driver compute-domain.nvidia.com): the domain's name; it holds no GPU
+    compute_domain: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +266,7 @@ class PodSpec:
     every_s: float | None
     labels: tuple[tuple[str, str], ...] = ()
     pid: int | None = None  # its process's host PID; None: derived (simulator/processes.py)
+    channels: tuple[str, ...] = ()  # the ComputeDomain channel claims it holds (of its namespace)
 
     def running(self, t: float) -> bool:
         """Whether the pod holds its devices ``t`` seconds after the simulation started."""
@@ -641,10 +646,15 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
             raise r.fail(f"{path}.node", node, "no such node in this fleet")
         gpus = gpus_by_node[node]
         devices = []
+        channels: list[str] = []
         for d, dev in enumerate(r.get(raw, "devices", path, list)):
             dpath = f"{path}.devices[{d}]"
             if isinstance(dev, dict) and "claim" in dev:
-                devices.extend(_claimed(r, dev, dpath, claims, r.get(raw, "namespace", path, str), node))
+                namespace = r.get(raw, "namespace", path, str)
+                claimed = _claimed(r, dev, dpath, claims, namespace, node)
+                if claimed is None:  # a ComputeDomain's channel: no GPU
+                    channels.append(dev["claim"])
+                devices.extend(claimed or [])
                 continue
             gpu = r.get(dev, "gpu", dpath, int)
             if not 0 <= gpu < len(gpus):
@@ -709,6 +719,7 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
                 every_s=every,
                 labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
                 pid=_pid(r, raw, f"{path}.pid"),
+                channels=tuple(channels),
             )
         )
     _check_pids(r, nodes, pods)
@@ -728,7 +739,10 @@ def _claims(r: _Reader, data: dict, gpus_by_node: dict[str, tuple[GpuSpec, ...]]
             raise r.fail(f"{path}.node", node, "no such node in this fleet")
         gpus = gpus_by_node[node]
         devices = []
-        for d, dev in enumerate(r.get(raw, "devices", path, list)):
+        compute_domain = r.get(raw, "compute_domain", path, str, "")
+        if compute_domain and raw.get("devices"):
+            raise r.fail(f"{path}.devices", raw["devices"], "a ComputeDomain's channel claim holds no GPU")
+        for d, dev in enumerate([] if compute_domain else r.get(raw, "devices", path, list)):
             dpath = f"{path}.devices[{d}]"
             gpu = r.get(dev, "gpu", dpath, int)
             if not 0 <= gpu < len(gpus) or not gpus[gpu].dra:
@@ -745,7 +759,7 @@ def _claims(r: _Reader, data: dict, gpus_by_node: dict[str, tuple[GpuSpec, ...]]
         sharing = r.get(raw, "sharing", path, str, "")
         if sharing and sharing not in CLAIM_SHARING:
             raise r.fail(f"{path}.sharing", sharing, f"expected one of {', '.join(CLAIM_SHARING)}")
-        out.append(ClaimSpec(namespace, name, node, tuple(devices), sharing))
+        out.append(ClaimSpec(namespace, name, node, tuple(devices), sharing, compute_domain))
     taken: dict[tuple, str] = {}
     for claim in out:  # a device is allocated to one claim, or by capacity: a share_id per claim
         for dev in claim.devices:
@@ -765,12 +779,15 @@ def _claims(r: _Reader, data: dict, gpus_by_node: dict[str, tuple[GpuSpec, ...]]
 
 def _claimed(
     r: _Reader, dev: dict, path: str, claims: tuple[ClaimSpec, ...], namespace: str, node: str
-) -> list[PodDevice]:
-    """A pod's ``{claim: NAME}``: the claim's devices, held through it."""
+) -> list[PodDevice] | None:
+    """A pod's ``{claim: NAME}``: the claim's devices, held through it; None for a ComputeDomain's channel
+    claim, which holds no GPU."""
     name = r.get(dev, "claim", path, str)
     claim = next((c for c in claims if (c.namespace, c.name) == (namespace, name)), None)
     if claim is None or claim.node != node:
         raise r.fail(f"{path}.claim", name, f"no claim {name} of namespace {namespace} on node {node}")
+    if claim.compute_domain:
+        return None
     return [replace(d, claim=name) for d in claim.devices]
 
 
