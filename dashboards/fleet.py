@@ -49,12 +49,16 @@ HEADROOM_EXPR = on_gpu(
     f" - ignoring(threshold) {contract.TEMPERATURE.name}"
 )
 POWER_FRACTION_EXPR = on_gpu(f"{contract.POWER.name} / {contract.POWER_LIMIT.name}")
+HELD = f'{contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id'
+WHOLE_GPUS_HELD = HELD + '=""}'
+MIG_INSTANCES_HELD = HELD + '!=""}'
 # Whole-GPU equivalents held: a whole GPU its share, a MIG instance its share x compute_slices / 7.
-ALLOCATED_EQUIVALENTS = (
-    f'sum({contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id=""}}'
-    f' or {contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""}}'
-    " * on(uuid, gpu_instance_id) group_left() uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio)"
+EQUIVALENTS_HELD = (
+    f"{WHOLE_GPUS_HELD} or {MIG_INSTANCES_HELD}"
+    " * on(uuid, gpu_instance_id) group_left() uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio"
 )
+ALLOCATED_EQUIVALENTS = f"sum({EQUIVALENTS_HELD})"
+MIG_MODE_GPUS = info(extra=f'mig_mode="{contract.MIG_MODE_ENABLED}"')
 MIG_INFO = on_gpu(contract.MIG_INFO.name, labels="hostname")
 
 
@@ -79,7 +83,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "GPUs in MIG mode",
-        Query(f"count({info(extra='mig_mode=' + chr(34) + 'enabled' + chr(34))}) or vector(0)"),
+        Query(f"count({MIG_MODE_GPUS}) or vector(0)"),
         kind=STAT,
         w=4,
         h=4,
@@ -94,10 +98,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "MIG instances held by pods",
-        Query(
-            f'count({contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id!=""}})'
-            " or vector(0)"
-        ),
+        Query(f"count({MIG_INSTANCES_HELD}) or vector(0)"),
         kind=STAT,
         w=4,
         h=4,
@@ -176,13 +177,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Allocated GPU equivalents by sharing mode",
-        Query(
-            f'sum by (sharing) ({contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", '
-            f'gpu_instance_id=""}} or {contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", '
-            'gpu_instance_id!=""} * on(uuid, gpu_instance_id) group_left() '
-            "uuid_gpu_instance_id:nvidia_gpu_mig_compute_share:ratio)",
-            "{{sharing}}",
-        ),
+        Query(f"sum by (sharing) ({EQUIVALENTS_HELD})", "{{sharing}}"),
         description="How the held GPUs are shared: exclusive (a whole GPU per pod), mig, time_slicing and "
         "mps (1/replicas each), fractional (HAMi / gpushare grants) and vgpu (virtual machines). Each "
         "mode is priced with its own sharing efficiency (docs/billing.md).",
