@@ -34,6 +34,11 @@ from .core import (
 ALLOC = f'{contract.ALLOCATION.name}{{hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"'
 MIG_ALLOC = ALLOC + ', gpu_instance_id!=""}'
 ALL_ALLOC = ALLOC + "}"
+# Each allocation's device utilization (recording rule), for the selected nodes, GPUs and namespaces;
+# open, for more matchers.
+ALLOC_UTILIZATION = (
+    'allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"'
+)
 KEY = "hostname, namespace, pod, container, gpu, gpu_instance_id, mig_profile"
 # One MIG info series per GPU instance (several compute instances of one GI would otherwise make
 # the join many-to-many).
@@ -64,10 +69,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "Idle allocations (< 5 % over the range)",
-        Query(
-            'count(max_over_time(allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", '
-            'gpu=~"$gpu", namespace=~"$namespace"}[$__range]) < 0.05) or vector(0)'
-        ),
+        Query(f"count(max_over_time({ALLOC_UTILIZATION}}}[$__range]) < 0.05) or vector(0)"),
         thresholds=ANY_WARNING,
         kind=STAT,
         description="Allocations whose device stayed under 5 % utilization for the whole range "
@@ -102,8 +104,7 @@ PANELS: tuple[Section | Panel, ...] = (
                 table=True,
             ),
             Query(
-                f'max by ({KEY}) (allocation:nvidia_gpu_utilization_ratio:join{{hostname=~"$hostname", '
-                f'gpu=~"$gpu", namespace=~"$namespace", gpu_instance_id!=""}})',
+                f'max by ({KEY}) ({ALLOC_UTILIZATION}, gpu_instance_id!=""}})',
                 table=True,
             ),
             Query(
@@ -134,8 +135,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Least-used allocations over the time range (whole GPUs, time slices and MIG)",
         Query(
-            "bottomk(20, max_over_time(allocation:nvidia_gpu_utilization_ratio:join{"
-            'hostname=~"$hostname", gpu=~"$gpu", namespace=~"$namespace"}[$__range]))',
+            f"bottomk(20, max_over_time({ALLOC_UTILIZATION}}}[$__range]))",
             table=True,
         ),
         unit="percentunit",
@@ -217,8 +217,7 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Utilization per pod",
         Query(
-            'allocation:nvidia_gpu_utilization_ratio:join{hostname=~"$hostname", gpu=~"$gpu", '
-            'namespace=~"$namespace"}',
+            ALLOC_UTILIZATION + "}",
             "{{namespace}}/{{pod}} GPU {{gpu}} {{mig_profile}}",
         ),
         unit=SHARE,
