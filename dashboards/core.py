@@ -388,7 +388,9 @@ NEUTRAL = steps((None, "green"))
 ANY_FAULT = steps((None, "green"), (1, "red"))
 ANY_WARNING = steps((None, "green"), (1, "orange"))
 UP_STEPS = steps((None, "red"), (1, "green"))  # 1 up, 0 down
-# Headroom to the GPU's own slowdown temperature, in °C: at or past it red, within 5 °C orange.
+# Headroom to the GPU's own slowdown temperature, in °C (device-scoped: join it with on_gpu), and its
+# thresholds: at or past it red, within 5 °C orange.
+SLOWDOWN_HEADROOM = f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="slowdown"}} - ignoring(threshold) {contract.TEMPERATURE.name}'
 HEADROOM = steps((None, "red"), (1, "orange"), (5, "green"))
 # Power as a fraction of the GPU's own enforced limit.
 POWER_FRACTION = steps((None, "green"), (0.9, "orange"), (0.98, "red"))

@@ -18,6 +18,7 @@ from .core import (
     NODE_DETAIL_SERIES,
     POWER_FRACTION,
     SHARE,
+    SLOWDOWN_HEADROOM,
     STAT,
     TABLE,
     UID_FLEET,
@@ -44,10 +45,7 @@ TO_NAMESPACE = link(
     url(UID_MIG, namespace="${__field.labels.namespace}"),
 )
 
-HEADROOM_EXPR = on_gpu(
-    f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="slowdown"}}'
-    f" - ignoring(threshold) {contract.TEMPERATURE.name}"
-)
+HEADROOM_EXPR = on_gpu(SLOWDOWN_HEADROOM)
 POWER_FRACTION_EXPR = on_gpu(f"{contract.POWER.name} / {contract.POWER_LIMIT.name}")
 HELD = f'{contract.ALLOCATION.name}{{hostname=~"$hostname", namespace=~"$namespace", gpu_instance_id'
 WHOLE_GPUS_HELD = HELD + '=""}'

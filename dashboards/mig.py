@@ -51,16 +51,25 @@ def mig(expr: str) -> str:
     return on_gpu(expr, gpu=True, labels="hostname, model")
 
 
+def per_instance(series: contract.Series, matchers: str = "") -> str:
+    """``series`` of the GPU instances (not the whole GPUs) of the selected GPUs."""
+    return mig(f'{series.name}{{gpu_instance_id!=""{matchers}}}')
+
+
+# The MIG instances no pod holds (billed to __unallocated__): a stat counts them, a table lists them.
+NOBODY_HOLDS = (
+    f"{mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
+    f'{contract.ALLOCATION.name}{{gpu_instance_id!=""}}'
+)
+
+
 PANELS: tuple[Section | Panel, ...] = (
     Section("Layout"),
     Panel("MIG instances", Query(f"count({mig(contract.MIG_INFO.name)})"), kind=STAT, w=6, h=4),
     Panel("Held by pods", Query(f"count({MIG_ALLOC}) or vector(0)"), kind=STAT, w=6, h=4),
     Panel(
         "Not held by any pod",
-        Query(
-            f"count({mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
-            f'{contract.ALLOCATION.name}{{gpu_instance_id!=""}}) or vector(0)'
-        ),
+        Query(f"count({NOBODY_HOLDS}) or vector(0)"),
         thresholds=ANY_WARNING,
         kind=STAT,
         description="Instances that cost money (billed to __unallocated__) and nobody uses.",
@@ -153,11 +162,7 @@ PANELS: tuple[Section | Panel, ...] = (
     ),
     Panel(
         "MIG instances nobody holds",
-        Query(
-            f"{mig(ONE_PER_GI)} unless on(instance, uuid, gpu_instance_id) "
-            f'{contract.ALLOCATION.name}{{gpu_instance_id!=""}}',
-            table=True,
-        ),
+        Query(NOBODY_HOLDS, table=True),
         kind=TABLE,
         transformations=[organize(exclude=["uuid", "Value", "compute_instance_id"])],
         links=[GPU_DETAIL_ROW],
@@ -169,7 +174,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Utilization per MIG instance",
         Query(
             mig("uuid_gpu_instance_id:nvidia_gpu_mig_utilization:ratio"),
-            "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}} ({{source}})",
+            GI_LEGEND + " {{mig_profile}} ({{source}})",
         ),
         unit=SHARE,
         description="SM utilization from NVML GPM (Hopper and later), else dcgm-exporter's graphics-engine "
@@ -179,7 +184,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "SM utilization per MIG instance",
         Query(
             mig(contract.MIG_SM_UTILIZATION.name),
-            "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
+            GI_LEGEND + " {{mig_profile}}",
         ),
         unit=SHARE,
         description="NVML GPM: Hopper and later only (A100 MIG instances have no such series).",
@@ -187,13 +192,13 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Real work per MIG instance: occupancy, tensor, DRAM (Hopper and later)",
         [
-            Query(mig(f'{contract.SM_OCCUPANCY.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} occupancy"),
+            Query(per_instance(contract.SM_OCCUPANCY), f"{GI_LEGEND} occupancy"),
             Query(
-                mig(f'{contract.TENSOR_ACTIVE.name}{{gpu_instance_id!="", pipe="any"}}'),
+                per_instance(contract.TENSOR_ACTIVE, ', pipe="any"'),
                 f"{GI_LEGEND} tensor",
             ),
-            Query(mig(f'{contract.DRAM_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} DRAM"),
-            Query(mig(f'{contract.SM_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} SM active"),
+            Query(per_instance(contract.DRAM_ACTIVE), f"{GI_LEGEND} DRAM"),
+            Query(per_instance(contract.SM_ACTIVE), f"{GI_LEGEND} SM active"),
         ],
         unit=SHARE,
         description="NVML GPM per GPU instance, beside SM utilization (= SM active): occupancy is how many "
@@ -204,10 +209,8 @@ PANELS: tuple[Section | Panel, ...] = (
     Panel(
         "Pipes per MIG instance: graphics engine and FP64/32/16 (Hopper and later)",
         [
-            Query(
-                mig(f'{contract.GRAPHICS_ENGINE_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} engine"
-            ),
-            Query(mig(f'{contract.FP_ACTIVE.name}{{gpu_instance_id!=""}}'), f"{GI_LEGEND} {{{{precision}}}}"),
+            Query(per_instance(contract.GRAPHICS_ENGINE_ACTIVE), f"{GI_LEGEND} engine"),
+            Query(per_instance(contract.FP_ACTIVE), GI_LEGEND + " {{precision}}"),
         ],
         unit=SHARE,
         description="NVML GPM per GPU instance: the share of time the graphics/compute engine had work "
@@ -228,7 +231,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Memory used per MIG instance",
         Query(
             mig(f"{contract.MIG_MEMORY_USED.name} / {contract.MIG_MEMORY_TOTAL.name}"),
-            "{{hostname}} GPU {{gpu}} GI {{gpu_instance_id}} {{mig_profile}}",
+            GI_LEGEND + " {{mig_profile}}",
         ),
         unit=SHARE,
         thresholds=steps((None, "green"), (0.9, "orange"), (0.98, "red")),

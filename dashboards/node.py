@@ -15,6 +15,7 @@ from .core import (
     NAMESPACE_COST_ROW,
     POWER_FRACTION,
     SHARE,
+    SLOWDOWN_HEADROOM,
     STAT,
     TABLE,
     TIMELINE,
@@ -108,10 +109,7 @@ PANELS: tuple[Section | Panel, ...] = (
         "Headroom to slowdown",
         [
             Query(
-                g(
-                    f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="slowdown"}}'
-                    f" - ignoring(threshold) {contract.TEMPERATURE.name}"
-                ),
+                g(SLOWDOWN_HEADROOM),
                 GPU_LEGEND,
             ),
             Query(g(contract.TEMPERATURE_MARGIN.name), f"{GPU_LEGEND} T.Limit margin"),
