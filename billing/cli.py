@@ -148,6 +148,13 @@ def common_arguments(parser: argparse.ArgumentParser, *, prometheus: bool = True
             default=defaults.deadline,
             help=f"seconds for the whole ingest; later hours are left to the next run (default {defaults.deadline:g}; 0: none)",
         )
+        parser.add_argument(
+            "--max-answer-mib",
+            type=_count(1),
+            default=defaults.max_answer_mib,
+            help="MiB one Prometheus answer may hold; a larger one is refused as it streams in "
+            f"(default {defaults.max_answer_mib})",
+        )
         for flag, what in (
             (
                 "--prometheus-bearer-token-file",
@@ -225,6 +232,7 @@ def settings_from(args):
     return Settings(
         prometheus_timeout=getattr(args, "prometheus_timeout", defaults.prometheus_timeout),
         deadline=getattr(args, "deadline", defaults.deadline),
+        max_answer_mib=getattr(args, "max_answer_mib", defaults.max_answer_mib),
         **auth,
         db=args.db,
         schema=args.db_schema,
@@ -287,6 +295,15 @@ def register(subparsers):
     audit.add_argument("--from", dest="start", type=_when, help="first hour (ISO 8601, UTC)")
     audit.add_argument("--to", dest="end", type=_when, help="end, exclusive")
     audit.set_defaults(func=cmd_audit)
+
+    status = sub.add_parser(
+        "status", help="the ledger's ingest state: last hour billed, runs, refused GPU-hours"
+    )
+    status.add_argument("--db", default=None, help="SQLAlchemy URL of the ledger (env GPUMETER_BILLING_DB)")
+    status.add_argument("--db-schema", default=None, help="PostgreSQL schema (search_path) for the ledger")
+    status.add_argument("--from", dest="start", type=_when, help="first hour (ISO 8601, UTC)")
+    status.add_argument("--to", dest="end", type=_when, help="end, exclusive")
+    status.set_defaults(func=cmd_status)
     return sub
 
 
@@ -480,7 +497,9 @@ def cmd_ingest(args) -> int:
         print(f"note: {changed}", file=sys.stderr)
     for hour, error in result.failed:
         print(f"error: hour {hour.isoformat()} not ingested: {error}", file=sys.stderr)
-    return 1 if result.failed else 0
+    for hour, why in result.refused:  # the hour's other GPU-hours are billed; `billing status` lists these
+        print(f"error: hour {hour.isoformat()}: {why}", file=sys.stderr)
+    return 1 if result.failed or result.refused else 0
 
 
 def cmd_price(args) -> int:
@@ -519,6 +538,46 @@ def cmd_price(args) -> int:
     return 0
 
 
+def _print_refused(refused) -> None:
+    """The GPU-hours left unbilled for a refused reading, one line each, then a count (or nothing)."""
+    if not refused:
+        return
+    print("refused\thour\tuuid\treason")
+    for r in refused:
+        gpu = f"{r.cluster}/{r.uuid}" if r.cluster else r.uuid
+        print(f"{r.refused_at.isoformat(timespec='seconds')}\t{r.hour.isoformat()}\t{gpu}\t{r.reason}")
+    print(
+        f"{len(refused)} GPU-hour(s) refused and not billed; catch-up retries their hours "
+        "(docs/billing.md §6.5)"
+    )
+
+
+def cmd_status(args) -> int:
+    """The newest hour billed, the runs by status, and the refused GPU-hours still outstanding."""
+    from gpumeter.billing.config import Settings
+    from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.ledger.base import LedgerError
+
+    try:
+        ledger = open_ledger(args.db or Settings().db, schema=args.db_schema)
+        try:
+            summary = ledger.summary()
+            refused = ledger.refused_gpu_hours(args.start, args.end)
+        finally:
+            ledger.close()
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    last = summary.last_success
+    print(f"last hour billed: {last.isoformat() if last is not None else 'none'}")
+    print("ingest runs: " + (", ".join(f"{s} {n}" for s, n in sorted(summary.runs.items())) or "none"))
+    if refused:
+        _print_refused(refused)
+    else:
+        print("refused GPU-hours: none")
+    return 0
+
+
 def cmd_audit(args) -> int:
     """One line per changed hour, then one per run: when, which command, who, why, which book."""
     from gpumeter.billing.config import Settings
@@ -529,11 +588,13 @@ def cmd_audit(args) -> int:
         ledger = open_ledger(args.db or Settings().db, schema=args.db_schema)
         try:
             records = ledger.audit_records(args.start, args.end)
+            refused = ledger.refused_gpu_hours(args.start, args.end)
         finally:
             ledger.close()
     except LedgerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    _print_refused(refused)
     if not records:
         print("no billed hour was changed")
         return 0

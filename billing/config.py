@@ -17,7 +17,7 @@ from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.pricing.currency import MINOR_UNITS
 from gpumeter.billing.pricing.static import DEFAULT_BOOK, load_price_book
 from gpumeter.billing.pricing.yamlload import MAX_BYTES, YamlRefused, load_yaml
-from gpumeter.billing.prom import REQUEST_TIMEOUT, Auth
+from gpumeter.billing.prom import MAX_ANSWER_BYTES, REQUEST_TIMEOUT, Auth
 
 
 class ConfigError(ValueError):
@@ -41,6 +41,7 @@ class Settings:
     utilization_tiers: str = "report"
     prometheus_timeout: float = REQUEST_TIMEOUT  # seconds for one request's whole answer
     deadline: float = IngestConfig.deadline  # seconds for a whole ingest run (0: none)
+    max_answer_mib: int = MAX_ANSWER_BYTES >> 20  # MiB one answer may hold; a larger one is refused
     # the label naming each series' cluster in a global store (docs/billing.md §2.3)
     cluster_label: str = os.environ.get("GPUMETER_CLUSTER_LABEL", IngestConfig.cluster_label)
     # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
@@ -84,7 +85,11 @@ class Settings:
 
     def client_options(self) -> dict:
         """`open_client`'s keywords for these settings."""
-        return {"timeout": self.prometheus_timeout, "auth": self.auth()}
+        return {
+            "timeout": self.prometheus_timeout,
+            "auth": self.auth(),
+            "max_answer_bytes": self.max_answer_mib << 20,
+        }
 
 
 # `--prometheus-config`: Prometheus' own http_config keys (its scrape and remote-read configs), the

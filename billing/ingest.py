@@ -41,6 +41,7 @@ from gpumeter.billing.models import (
     hour_floor,
     hours_between,
     is_reserved_name,
+    team_map_over,
     teams_in_cluster,
     with_fields,
 )
@@ -48,11 +49,13 @@ from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import (
     BadAnswer,
     PrometheusError,
+    PrometheusUnreachable,
     QueryClient,
     RangeAnswer,
     Sample,
     open_client,
 )
+from gpumeter.billing.refusals import Refused, refusal_text, screen_values
 
 log = logging.getLogger(__name__)
 _Fact = TypeVar("_Fact", Device, MigInstance, Allocation)
@@ -114,6 +117,7 @@ INTERVAL_TOLERANCE = 0.10  # observed vs assumed interval: a larger difference r
 # sample counts of each exporter's densest nvidia_gpu_info series, per hour (interval detection)
 # (aggregated by the engine: ~1,000 series x 73 steps a run against ~125 x 73, for no time saved)
 HOST_COUNTS = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).aggregated()
+_HOST_SAMPLES = contract.HourQuery(contract.GPU_INFO, "count_over_time", (contract.HOSTNAME,)).promql()
 
 
 @dataclass
@@ -131,8 +135,9 @@ class IngestConfig:
     run_points: int = 5_000_000
     workers: int = 1  # processes ingesting runs of hours side by side (docs/billing.md §6)
     # seconds an ingest of a range of hours may take in all (0: no deadline). Past it no query is
-    # sent: the hour in flight is recorded failed, and later hours are left to the next run
-    deadline: float = 3600.0
+    # sent: the hour in flight is recorded failed, and later hours are left to the next run. Well
+    # inside the hour: the hourly job starts at :05 and is done by :25 whatever Prometheus does
+    deadline: float = 1200.0
     # the label a global store's series name their cluster by (docs/billing.md §2.3); a store whose
     # series carry none is one cluster, billed as before
     cluster_label: str = contract.CLUSTER_LABEL
@@ -146,6 +151,9 @@ class IngestResult:
     suspect: list[tuple[datetime, str]] = field(default_factory=list)  # written, but doubtful
     empty: list[datetime] = field(default_factory=list)  # nothing in Prometheus: not written, retried
     stopped: bool = False  # asked to stop (`stopping`): the hours after the last one written are left
+    # hours written without some GPU-hours, or kept as billed before, for a refused reading: (hour, why)
+    refused: list[tuple[datetime, str]] = field(default_factory=list)
+    halted: bool = False  # Prometheus unreachable or the ledger lost: the hours after `failed` were left
 
 
 class IntervalMismatch(ValueError):
@@ -163,6 +171,20 @@ class HourIntervals:
 
     def of(self, host: str) -> float:
         return self.by_host.get(host, self.fleet)
+
+    def of_cluster(self, cluster: str) -> HourIntervals:
+        """One cluster's intervals, from a store's counted per cluster (`query_intervals`, hosts named
+        ``cluster/host``): two clusters' nodes of one name are two exporters. Counted per hostname
+        alone, the same for every cluster."""
+        if not any("/" in host for host in self.by_host):
+            return self
+        prefix = f"{cluster}/"
+        own = {
+            host.removeprefix(prefix): seconds
+            for host, seconds in self.by_host.items()
+            if (host.startswith(prefix) if cluster else "/" not in host)
+        }
+        return HourIntervals(own, self.fleet, self.problems)
 
 
 def seconds_from_count(count: float, config: IngestConfig, interval: float | None = None) -> int:
@@ -257,28 +279,32 @@ def detect_intervals(
 
 
 def query_intervals(
-    client: QueryClient, hours: list[datetime], config: IngestConfig
+    client: QueryClient, hours: list[datetime], config: IngestConfig, clustered: bool = False
 ) -> dict[datetime, HourIntervals]:
     """The intervals of ``hours`` (consecutive) from one range query of every exporter's sample
-    counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side."""
+    counts, over the hours and STEADY_SEARCH_HOURS (+1 for the neighbours) either side.
+    ``clustered``: counted per (cluster, hostname), for a store whose answers name clusters
+    (`HourIntervals.of_cluster`)."""
     margin = timedelta(hours=STEADY_SEARCH_HOURS + 1)
     counts: dict[str, dict[datetime, float]] = defaultdict(dict)
-    answer = client.query_range(HOST_COUNTS, _at(hours[0] - margin), _at(hours[-1] + margin), 3600)
+    label = config.cluster_label
+    promql = f"max by ({label}, {contract.HOSTNAME}) ({_HOST_SAMPLES})" if clustered else HOST_COUNTS
+    answer = client.query_range(promql, _at(hours[0] - margin), _at(hours[-1] + margin), 3600)
     try:
         for labels, points in answer:
             host = labels.get(contract.HOSTNAME, "")
+            if clustered and labels.get(label):
+                host = f"{labels[label]}/{host}"
             for t, value in points:
                 count = float(value)
                 if not 0 <= count <= MAX_SAMPLES_AN_HOUR:
                     raise BadAnswer(
-                        f"sample counts ({HOST_COUNTS!r}): {host!r}: value {value!r} is not a count "
+                        f"sample counts ({promql!r}): {host!r}: value {value!r} is not a count "
                         f"in [0, {MAX_SAMPLES_AN_HOUR:g}]"
                     )
                 counts[host][hour_floor(datetime.fromtimestamp(float(t), UTC))] = count
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
-        raise BadAnswer(
-            f"sample counts ({HOST_COUNTS!r}): an answer of the wrong shape: {_why(exc)}"
-        ) from None
+        raise BadAnswer(f"sample counts ({promql!r}): an answer of the wrong shape: {_why(exc)}") from None
     return detect_intervals(counts, hours, config)
 
 
@@ -499,11 +525,12 @@ def _columns(
 
 
 def _query_columns(
-    name: str, answer, first: float, count: int, cluster_label: str = contract.CLUSTER_LABEL
+    name: str, answer, first: float, count: int, refused: Refused, cluster_label: str = contract.CLUSTER_LABEL
 ) -> list[tuple[SeriesLabels, Values]]:
     """`_columns` of the answer to ``QUERIES[name]``: reduced by its kept labels, its values
-    converted once per text where they repeat, and checked (`_check_values`). BadAnswer, naming
-    the query, for an answer of the wrong shape or values out of their range."""
+    converted once per text where they repeat, and screened (`screen_values`: a value out of its
+    range is dropped and its GPU-hour refused in ``refused``). BadAnswer, naming the query, for an
+    answer of the wrong shape."""
     try:
         # the cluster kept too: HA replicas of one cluster merge, two clusters' series never do
         series = _columns(answer, first, count, (*KEEP[name], cluster_label), name in REPEATED)
@@ -511,27 +538,8 @@ def _query_columns(
         raise BadAnswer(f"{name} ({QUERIES[name]!r}): {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise BadAnswer(f"{name} ({QUERIES[name]!r}): an answer of the wrong shape: {_why(exc)}") from None
-    _check_values(name, series)
+    screen_values(name, QUERIES[name], series, VALUE_BOUNDS[name], refused, cluster_label)
     return series
-
-
-def _check_values(name: str, series: list[tuple[SeriesLabels, Values]]) -> None:
-    """BadAnswer unless every value of the answer to ``QUERIES[name]`` is a finite number within
-    `VALUE_BOUNDS`. In C-speed passes (a sum is NaN when any value is; then the least and largest):
-    ~5 million values a run."""
-    low, high = VALUE_BOUNDS[name]
-    for labels, values in series:
-        present: list[float] = [v for v in values if v is not None] if None in values else values  # type: ignore[assignment]
-        if not present:
-            continue
-        total = sum(present)
-        if total == total and low <= min(present) and max(present) <= high:
-            continue
-        bad = next((v for v in present if not low <= v <= high), total)
-        raise BadAnswer(
-            f"{name} ({QUERIES[name]!r}): {dict(labels)!r:.300}: value {bad!r} is not a number in "
-            f"[{max(low, 0.0):g}, {high:g}]"
-        )
 
 
 def _larger(a: float | None, b: float | None) -> float | None:
@@ -575,17 +583,26 @@ class RunAnswers:
     ) -> RunAnswers | ClusterAnswers:
         """From the answers as Prometheus gives them: (labels, [[unix seconds, value], ...]) per series."""
         first = _at(hours[0]).timestamp()
+        refused: Refused = [{} for _ in hours]
         columns = {
-            name: _query_columns(name, answers.get(name, ()), first, len(hours), cluster_label)
+            name: _query_columns(name, answers.get(name, ()), first, len(hours), refused, cluster_label)
             for name in QUERIES
         }
-        return by_cluster(columns, hours, cluster_label)
+        return by_cluster(columns, hours, cluster_label, refused)
 
-    def __init__(self, col: dict[str, list[tuple[dict, Values]]], hours: list[datetime], cluster: str = ""):
+    def __init__(
+        self,
+        col: dict[str, list[tuple[dict, Values]]],
+        hours: list[datetime],
+        cluster: str = "",
+        refused: list[dict[str, str]] | None = None,
+    ):
         """``col``: per query name, its series with their values per hour (`_columns`), all of
-        ``cluster`` (`by_cluster`)."""
+        ``cluster`` (`by_cluster`); ``refused``: per hour, the uuids of the GPU-hours a refused
+        reading leaves out, with why (`screen_values`)."""
         self.hours = hours
         self.cluster = cluster
+        self.refused: list[dict[str, str]] = refused if refused is not None else [{} for _ in hours]
         self.series = sum(map(len, col.values()))  # what sizes the next run (`_run_hours`)
         self.devices = [
             (_derived(labels, _device_labels), values) for labels, values in _in_order(col["gpu_count"])
@@ -669,6 +686,10 @@ class RunAnswers:
                 for i, value in enumerate(values):
                     if value is not None:
                         self.teams[i][namespace] = team
+
+    def refused_at(self, index: int) -> list[tuple[str, str, str]]:
+        """The run's ``index``-th hour's refused GPU-hours: (their cluster, uuid, why)."""
+        return [(self.cluster, uuid, why) for uuid, why in self.refused[index].items()]
 
     def build(
         self,
@@ -851,7 +872,8 @@ class RunAnswers:
             fields["process_sm"] = own_sm
             fields["process_memory"] = own_memory
             owner.allocations.append(allocation)
-        built = [hours[u] for u in sorted(hours)]
+        refused = self.refused[i]
+        built = [hours[u] for u in sorted(hours) if u not in refused]
         carried = {}  # each GPU's template for the next hour: this hour, or the one it was steady on
         for gpu_hour in built:  # in canonical order already: its layout's key, for pricing and the ledger
             uuid = gpu_hour.device.uuid
@@ -874,20 +896,31 @@ class RunAnswers:
 
 
 def by_cluster(
-    columns: dict[str, list[tuple[SeriesLabels, Values]]], hours: list[datetime], cluster_label: str
+    columns: dict[str, list[tuple[SeriesLabels, Values]]],
+    hours: list[datetime],
+    cluster_label: str,
+    refused: Refused | None = None,
 ) -> RunAnswers | ClusterAnswers:
     """The run's answers of each cluster apart (`ClusterAnswers`), where the store labels series
     with their cluster; else (one cluster's own Prometheus) the answers as one `RunAnswers`, as before
     clusters. A series without the label in a store with it is the cluster "" (its own)."""
+    refused = refused if refused is not None else [{} for _ in hours]
     if not any(cluster_label in labels for series in columns.values() for labels, _ in series):
-        return RunAnswers(columns, hours)
+        return RunAnswers(columns, hours, "", _of_cluster(refused, ""))
     parts: dict[str, dict[str, list]] = {}
     for name, series in columns.items():
         for labels, values in series:
             cluster = labels.get(cluster_label, "")
             kept = SeriesLabels({k: v for k, v in labels.items() if k != cluster_label})
             parts.setdefault(cluster, {n: [] for n in columns})[name].append((kept, values))
-    return ClusterAnswers({c: RunAnswers(parts[c], hours, c) for c in sorted(parts)}, hours)
+    return ClusterAnswers(
+        {c: RunAnswers(parts[c], hours, c, _of_cluster(refused, c)) for c in sorted(parts)}, hours
+    )
+
+
+def _of_cluster(refused: Refused, cluster: str) -> list[dict[str, str]]:
+    """Per hour, the refused GPU-hours of one cluster: uuid -> why."""
+    return [{uuid: why for (c, uuid), why in hour.items() if c == cluster} for hour in refused]
 
 
 class ClusterAnswers:
@@ -923,10 +956,15 @@ class ClusterAnswers:
         built: list[GpuHour] = []
         teams: dict[str, str] = {}
         for cluster, part in self.parts.items():
-            gpu_hours, kube_teams = part.build(index, config, intervals, problems)
+            own = None if intervals is None else intervals.of_cluster(cluster)
+            gpu_hours, kube_teams = part.build(index, config, own, problems)
             built += gpu_hours
             teams.update((f"{cluster}/{ns}" if cluster else ns, team) for ns, team in kube_teams.items())
         return built, teams
+
+    def refused_at(self, index: int) -> list[tuple[str, str, str]]:
+        """The run's ``index``-th hour's refused GPU-hours of every cluster: (cluster, uuid, why)."""
+        return [r for part in self.parts.values() for r in part.refused_at(index)]
 
 
 class CarriedLayouts:
@@ -1040,12 +1078,13 @@ class FetchedRun:
         if self._answers is None:
             at, count = _at(self.hours[0]).timestamp(), len(self.hours)
             columns = {}
+            refused: Refused = [{} for _ in self.hours]
             with _no_collections():
                 for name in QUERIES:
                     columns[name] = _query_columns(
-                        name, self._fetched.pop(name)(), at, count, self.cluster_label
+                        name, self._fetched.pop(name)(), at, count, refused, self.cluster_label
                     )
-            self._answers = by_cluster(columns, self.hours, self.cluster_label)
+            self._answers = by_cluster(columns, self.hours, self.cluster_label, refused)
         return self._answers
 
 
@@ -1053,8 +1092,9 @@ def collect_hour(
     client: QueryClient, hour: datetime, config: IngestConfig, problems: list[str] | None = None
 ) -> tuple[list[GpuHour], dict[str, str]]:
     """Query Prometheus for one hour; returns the GPU-hours and the kube namespace→team labels."""
-    intervals = query_intervals(client, [hour], config)[hour]
-    return query_run(client, [hour], config.cluster_label).build(0, config, intervals, problems)
+    answers = query_run(client, [hour], config.cluster_label)
+    intervals = query_intervals(client, [hour], config, isinstance(answers, ClusterAnswers))[hour]
+    return answers.build(0, config, intervals, problems)
 
 
 def build_hour(
@@ -1118,7 +1158,7 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
     started = datetime.now(UTC)
     try:
         answers = query_run(client, [hour], config.cluster_label)
-        intervals = query_intervals(client, [hour], config)[hour]
+        intervals = query_intervals(client, [hour], config, isinstance(answers, ClusterAnswers))[hour]
     except PrometheusError as exc:
         failures.error("ingest of %s failed: %s", hour.isoformat(), exc)
         ledger.record_failure(hour, str(exc), source=client.base_url, started_at=started)
@@ -1134,11 +1174,9 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
         _record_empty(ledger, hour, client.base_url, started, result)
         return
     try:
-        _write_hour(ledger, record, kube_teams, client.base_url, started)
+        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result)
     except LedgerError as exc:
         _write_failed(ledger, hour, exc, client.base_url, started, result)
-        return
-    _count_written(record, unpriced, result)
 
 
 def _price_hour(
@@ -1159,7 +1197,8 @@ def _price_hour(
     problems: list[str] = []
     hour = answers.hours[index]
     gpu_hours, kube_teams = answers.build(index, config, intervals, problems)
-    if not gpu_hours:
+    refused = tuple(sorted(answers.refused_at(index)))
+    if not gpu_hours and not refused:
         return None, kube_teams, 0
     if problems:
         problems = list(dict.fromkeys(problems))  # in order, once each
@@ -1168,13 +1207,13 @@ def _price_hour(
             raise IntervalMismatch(f"samples disagree with the scrape interval given: {shown}")
         log.warning("hour %s is suspect: %s", hour.isoformat(), shown)
         problems = [shown]
-    teams = {**known_teams, **kube_teams, **config.teams}
-    record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems))
+    teams = team_map_over({**known_teams, **kube_teams}, config.teams)
+    record, unpriced = priced_record(pricer, hour, gpu_hours, teams, tuple(problems), refused)
     return record, kube_teams, unpriced
 
 
 def priced_record(
-    pricer: Pricer, hour: datetime, gpu_hours: list[GpuHour], teams: dict[str, str], warnings=()
+    pricer: Pricer, hour: datetime, gpu_hours: list[GpuHour], teams: dict[str, str], warnings=(), refused=()
 ) -> tuple[HourRecord, int]:
     """(the hour's record, its unpriced GPU-hours): the GPU-hours priced, with what fixes each one's
     lines' terms (`HourRecord.line_groups`) for the ledger."""
@@ -1193,7 +1232,7 @@ def priced_record(
     # one zip of maps, no loop in Python: ~1,000 GPU-hours an hour on the 1,000-GPU bench. The lines
     # are made when read (`PricedLines`): the SQL ledger reads their priced hours instead
     groups = tuple(zip(map(_UUID, gpu_hours), map(_TERMS, priced), map(_SIZE, priced), strict=True))
-    return HourRecord(hour, gpu_hours, PricedLines(priced), pricer.book, warnings, groups), unpriced
+    return HourRecord(hour, gpu_hours, PricedLines(priced), pricer.book, warnings, groups, refused), unpriced
 
 
 _UUID, _TERMS, _SIZE = (
@@ -1208,7 +1247,26 @@ def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, sta
     ledger.set_namespace_teams(kube_teams, "kube", started)
 
 
+def _write_priced(
+    ledger: Ledger, record: HourRecord, kube_teams, source: str, started: datetime, unpriced: int, result
+) -> None:
+    """Write the hour, unless a reading of it was refused and the ledger holds it billed already: a
+    refused reading never takes away what an earlier ingest billed (the attempt is recorded failed)."""
+    if record.refused and ledger.ingested_hours(record.hour, record.hour + HOUR):
+        reason = refusal_text(record.refused) + "; the hour as billed before is kept"
+        failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
+        ledger.record_failure(record.hour, reason, source=source, started_at=started)
+        result.refused.append((record.hour, reason))
+        return
+    _write_hour(ledger, record, kube_teams, source, started)
+    _count_written(record, unpriced, result)
+
+
 def _count_written(record: HourRecord, unpriced: int, result: IngestResult) -> None:
+    if record.refused:
+        reason = refusal_text(record.refused) + "; the rest of the hour is billed and catch-up retries it"
+        failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
+        result.refused.append((record.hour, reason))
     result.ingested.append(record.hour)
     result.unpriced_gpu_hours += unpriced
     if record.warnings:
@@ -1234,6 +1292,7 @@ def _write_failed(
     except LedgerError as again:
         log.error("the failed run of %s could not be recorded either: %s", hour.isoformat(), again)
     result.failed.append((hour, str(exc)))
+    result.halted = True
 
 
 def _refuse(ledger: Ledger, hour: datetime, reason: str, source: str, started: datetime, result) -> None:
@@ -1290,8 +1349,8 @@ def ingest_hours(
     stopping: Callable[[], bool] | None = None,
     pricer: Pricer | None = None,
 ) -> IngestResult:
-    """Ingest hours in order; stops at the first Prometheus error or refused hour (later hours would
-    fail too), or at the next hour boundary once ``stopping()`` is true (`billing serve` on SIGTERM:
+    """Ingest hours in order; stops at the first hour Prometheus cannot answer or the ledger cannot
+    store (later hours would fail too: ``halted``), or at the next hour boundary once ``stopping()`` is true (`billing serve` on SIGTERM:
     the hour being written is finished, nothing after it is started).
 
     ``pricer`` prices every hour (default: a new `Pricer` of ``book``); given one, the hours are
@@ -1308,6 +1367,8 @@ def ingest_hours(
     if config.deadline > 0 and getattr(client, "deadline", False) is None:
         client.deadline = time.monotonic() + config.deadline
         try:
+            if hours and (down := _unreachable(client)) is not None:  # before any worker is started
+                return _halted(ledger, hours[0], down, client.base_url)
             return ingest_hours(client, ledger, book, hours, config, progress, stopping, pricer)
         finally:
             client.deadline = None
@@ -1321,6 +1382,26 @@ def ingest_hours(
         return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
     with _no_collections():
         return _ingest_serially(client, ledger, pricer or Pricer(book), hours, config, progress, stopping)
+
+
+def _unreachable(client) -> str | None:
+    """Why Prometheus cannot be reached, or None: one cheap query, so that a stopped or hung
+    Prometheus ends an ingest after one request's wait, before worker processes are started (each
+    of which would wait on it again: a stopped Prometheus took 8.4 s to report, a hung one 12 min).
+    Any answer, even an error, means it is there: the hour's own queries then say what is wrong."""
+    try:
+        client.query("vector(1)", datetime.now(UTC))
+    except PrometheusUnreachable as exc:
+        return str(exc)
+    except PrometheusError:
+        pass
+    return None
+
+
+def _halted(ledger: Ledger, hour: datetime, reason: str, source: str) -> IngestResult:
+    failures.error("ingest of %s failed: %s", hour.isoformat(), reason)
+    ledger.record_failure(hour, reason, source=source, started_at=datetime.now(UTC))
+    return IngestResult(failed=[(hour, reason)], halted=True)
 
 
 @contextlib.contextmanager
@@ -1392,8 +1473,18 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                 try:
                     fetched, intervals = future.result()
                     answers = fetched.answers()
+                    if isinstance(answers, ClusterAnswers):  # each cluster's exporters apart
+                        intervals = query_intervals(client, run, config, clustered=True)
                     answers.layouts = layouts  # each GPU's layout key, carried from run to run
                     series = answers.series
+                except PrometheusUnreachable as exc:  # stopped or hung: hour by hour would wait again
+                    result.failed.append((run[0], str(exc)))
+                    result.halted = True
+                    failures.error("ingest of %s failed: %s", run[0].isoformat(), exc)
+                    ledger.record_failure(
+                        run[0], str(exc), source=client.base_url, started_at=datetime.now(UTC)
+                    )
+                    return result
                 except PrometheusError as exc:
                     failures.warning("range queries for %s.. failed (%s); retrying hour by hour", run[0], exc)
                     answers = intervals = None
@@ -1405,10 +1496,13 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     if answers is None or intervals is None:  # hour by hour, instant queries
                         try:
                             _ingest_one(client, ledger, pricer, hour, config, result)
-                        except PrometheusError as exc:
+                        except BadAnswer as exc:  # this hour's answer: the next hour's may be sound
                             result.failed.append((hour, str(exc)))
+                        except PrometheusError as exc:  # unreachable: later hours would fail too
+                            result.failed.append((hour, str(exc)))
+                            result.halted = True
                             return result
-                        if result.failed:
+                        if result.halted:
                             return result
                         tick()
                         continue
@@ -1417,20 +1511,20 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                         record, kube_teams, unpriced = _price_hour(
                             pricer, answers, index, intervals[hour], config, known_teams
                         )
-                    except IntervalMismatch as exc:
+                    except IntervalMismatch as exc:  # this hour refused; catch-up retries it
                         _refuse(ledger, hour, str(exc), client.base_url, started, result)
-                        return result
+                        tick()
+                        continue
                     if record is None:
                         _record_empty(ledger, hour, client.base_url, started, result)
                         tick()
                         continue
                     known_teams.update(kube_teams)
                     try:
-                        _write_hour(ledger, record, kube_teams, client.base_url, started)
+                        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result)
                     except LedgerError as exc:  # recorded as failed: the range stops here
                         _write_failed(ledger, hour, exc, client.base_url, started, result)
                         return result
-                    _count_written(record, unpriced, result)
                     tick()
         finally:
             if pending is not None:
@@ -1508,6 +1602,8 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
             result.failed.extend(part.failed)
             result.suspect.extend(part.suspect)
             result.empty.extend(part.empty)
+            result.refused.extend(part.refused)
+            result.halted |= part.halted
             result.unpriced_gpu_hours += part.unpriced_gpu_hours
             for _ in [*part.ingested, *part.empty] if ticks is not None else ():
                 next(ticks, None)
@@ -1521,7 +1617,7 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
                 if future.cancelled():
                     continue
                 merge(future.result())
-                if result.failed:
+                if result.halted:
                     for later in futures[i + 1 :]:
                         later.cancel()
                     for later in futures[i + 1 :]:  # already running: they write anyway
@@ -1582,7 +1678,7 @@ def catch_up(
 def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, teams: dict[str, str]) -> int:
     """Re-price stored facts (e.g. after a price-book change); returns the number of hours re-priced."""
     count = 0
-    merged = {**ledger.namespace_teams(), **teams}
+    merged = team_map_over(ledger.namespace_teams(), teams)
     pricer = Pricer(book)
     with _no_collections():
         for hour in hours_between(start, end):

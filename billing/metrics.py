@@ -58,6 +58,14 @@ class BillingCollector:
         for labels, value in summary.unpriced:
             unpriced.add_metric(self._values(contract.BILLING_UNPRICED_GPU_HOURS, labels), float(value))
         yield unpriced
+        refused = self._family(contract.BILLING_REFUSED_GPU_HOURS)
+        by_cluster: dict[str, int] = {}
+        for r in self.ledger.refused_gpu_hours():
+            cluster = (r.cluster or "") if self._clustered else ""
+            by_cluster[cluster] = by_cluster.get(cluster, 0) + 1
+        for cluster, count in sorted(by_cluster.items()) or [("", 0)]:
+            refused.add_metric([cluster] if self._clustered else [], float(count))
+        yield refused
         idle = self._family(contract.BILLING_UNALLOCATED_COST)  # labels: kind, currency, cluster
         for (kind, currency, cluster), amount in sorted(platform.items()):
             idle.add_metric([kind, currency, cluster] if self._clustered else [kind, currency], amount)

@@ -29,6 +29,16 @@ def cluster_namespace(cluster: str, namespace: str) -> str:
     return f"{cluster}/{namespace}" if cluster else namespace
 
 
+def team_map_over(labels: dict[str, str], mapped: dict[str, str]) -> dict[str, str]:
+    """The namespace→team ``labels`` (kube-state-metrics', as read or kept) under the team map
+    ``mapped``, which wins (docs/billing.md §4.3): also over a label read for one cluster's namespace
+    (`cluster/namespace`) where the map names the namespace in every cluster."""
+    every = {key for key in mapped if "/" not in key}
+    if every and any("/" in key for key in labels):
+        labels = {k: v for k, v in labels.items() if k.rpartition("/")[2] not in every or "/" not in k}
+    return {**labels, **mapped}
+
+
 def teams_in_cluster(teams: dict[str, str], cluster: str) -> dict[str, str]:
     """The namespace→team map of one cluster's namespaces from a map whose keys name a namespace in
     every cluster (``ml-training``) or in one (``east/ml-training``, docs/billing.md §2.3): the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import NamedTuple
 import httpx
 import orjson
 
+from gpumeter.billing.promjson import matrix_series
 from gpumeter.billing.secrets import redact_url
 
 # Defaults of `billing ingest` and `billing serve` (docs/billing.md §6.5): one request's whole answer
@@ -33,6 +34,11 @@ MAX_ANSWER_BYTES = 512 << 20
 
 class PrometheusError(RuntimeError):
     """Prometheus could not answer a query (connection, HTTP or PromQL error)."""
+
+
+class PrometheusUnreachable(PrometheusError):
+    """Prometheus did not answer at all (connection refused or reset, a request timed out or ran
+    past the deadline): the next request would not be answered either."""
 
 
 class BadAnswer(PrometheusError):
@@ -166,14 +172,25 @@ class PrometheusClient:
             "start": f"{start.timestamp():.3f}",
             "end": f"{end.timestamp():.3f}",
             "step": str(step_seconds),
+            # VictoriaMetrics' response cache moves the steps to multiples of the step (the hour's start,
+            # not its last millisecond), and a run's last hour then comes back empty; `nocache` keeps
+            # them where billing asks. Prometheus, Thanos and Mimir ignore it (docs/billing.md §2.3).
+            "nocache": "1",
         }
         return functools.partial(
             self._range_result, promql, *self._fetch("/api/v1/query_range", promql, params)
         )
 
     def _range_result(
-        self, promql: str, status: int, content: bytes
-    ) -> list[tuple[dict[str, str], list[list]]]:
+        self, promql: str, status: int, content: bytearray
+    ) -> Iterable[tuple[dict[str, str], list[list]]]:
+        """The answer's series, decoded one at a time as they are read (billing/promjson.py) where
+        its layout allows, else decoded whole."""
+        split = matrix_series(content) if status == 200 else None
+        if split is not None:
+            envelope, series = split
+            if envelope.get("status") == "success" and envelope["data"].get("resultType") == "matrix":
+                return self._checked(promql, series)
         data = self._decode(promql, status, content)
         if data.get("resultType") != "matrix":
             raise BadAnswer(f"expected a range vector from {promql!r}, got {data.get('resultType')!r}")
@@ -184,10 +201,18 @@ class PrometheusClient:
                 f"{self.base_url}: an answer of the wrong shape to {promql!r}: {_why(exc)}"
             ) from None
 
+    def _checked(self, promql: str, series) -> Iterator[tuple[dict[str, str], list[list]]]:
+        try:
+            yield from series
+        except (orjson.JSONDecodeError, TypeError, KeyError) as exc:
+            raise BadAnswer(
+                f"{self.base_url}: an answer of the wrong shape to {promql!r}: {_why(exc)}"
+            ) from None
+
     def _post(self, path: str, promql: str, params: dict[str, str]) -> dict:
         return self._decode(promql, *self._fetch(path, promql, params))
 
-    def _fetch(self, path: str, promql: str, params: dict[str, str]) -> tuple[int, bytes]:
+    def _fetch(self, path: str, promql: str, params: dict[str, str]) -> tuple[int, bytearray]:
         """(HTTP status, body): the body kept as bytes until it is decoded.
 
         Read as a stream, so the response never keeps the body itself: an httpx response is part of
@@ -200,7 +225,7 @@ class PrometheusClient:
         until = started + self.timeout
         if self.deadline is not None:
             if started >= self.deadline:
-                raise PrometheusError(
+                raise PrometheusUnreachable(
                     f"{self.base_url}: the run's deadline passed; query {promql!r} not sent"
                 )
             until = min(until, self.deadline)
@@ -213,7 +238,8 @@ class PrometheusClient:
             )
             response = self._client.send(request, stream=True)
             try:
-                chunks, size = [], 0
+                # one buffer grown in place: a list of chunks joined at the end held the answer twice
+                body, size = bytearray(), 0
                 for chunk in response.iter_bytes():
                     size += len(chunk)
                     if size > self.max_answer_bytes:
@@ -221,18 +247,22 @@ class PrometheusClient:
                             f"{self.base_url}: answer larger than {self.max_answer_bytes} bytes to {promql!r}; refused"
                         )
                     if time.monotonic() > until:
-                        raise PrometheusError(
+                        raise PrometheusUnreachable(
                             f"{self.base_url}: answer not complete within {until - started:g} s "
                             f"({size} bytes read) to {promql!r}; given up"
                         )
-                    chunks.append(chunk)
-                return response.status_code, b"".join(chunks)
+                    body += chunk
+                return response.status_code, body
             finally:
                 response.close()
+        except httpx.TransportError as exc:  # refused, reset, timed out: nothing answers there
+            raise PrometheusUnreachable(
+                f"{self.base_url}: {type(exc).__name__}: {redact_url(str(exc))}"
+            ) from exc
         except httpx.HTTPError as exc:
             raise PrometheusError(f"{self.base_url}: {type(exc).__name__}: {redact_url(str(exc))}") from exc
 
-    def _decode(self, promql: str, status: int, content: bytes) -> dict:
+    def _decode(self, promql: str, status: int, content: bytes | bytearray) -> dict:
         try:
             body = orjson.loads(content)  # answers of a day run to megabytes: 3x json's speed
         except ValueError:

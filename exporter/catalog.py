@@ -736,6 +736,12 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(contract.ALLOCATION_MEMORY, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     MetricSpec(contract.ALLOCATION_COMPUTE, A, "Kubernetes API: pod annotations of HAMi / gpushare"),
     MetricSpec(
+        contract.RESERVATION,
+        A,
+        "Kubernetes API: HAMi / gpushare grants not applied yet (bind-phase, ALIYUN_COM_GPU_MEM_ASSIGNED) "
+        "+ kubelet PodResources v1 List",
+    ),
+    MetricSpec(
         contract.DRA_ALLOCATION_INFO,
         A,
         "kubelet PodResources v1 List (ContainerResources.dynamic_resources); Kubernetes API: the node's "

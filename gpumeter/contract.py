@@ -110,6 +110,7 @@ STATUS = "status"
 # A scheduled job of `billing serve` (BILLING_JOBS). Not `job`: Prometheus gives that name to the scrape
 # job, and a target's own `job` label would be renamed exported_job.
 TASK = "task"
+FILE = "file"  # a report file's name (its folder is the job's setting)
 # vGPU (a hypervisor host's GPU shared by virtual machines, docs/pod-attribution.md §vGPU)
 VGPU_UUID = "vgpu_uuid"  # nvmlVgpuInstanceGetUUID
 VM_ID = "vm_id"  # nvmlVgpuInstanceGetVmID: the VM's UUID (KVM) or domain ID (Xen), as the host names it
@@ -137,6 +138,8 @@ INGEST_OK = "ok"  # the values of gpumeter_billing_ingest_runs_total's `status` 
 INGEST_FAILED = "failed"
 INGEST_SUSPECT = "suspect"  # ingested, but the samples disagreed with the scrape interval assumed
 INGEST_EMPTY = "empty"  # Prometheus had no series for the hour (yet): nothing written, retried
+# written without the GPU-hours whose readings were refused (billing/refusals.py); catch-up retries it
+INGEST_PARTIAL = "partial"
 INGEST_DONE = (INGEST_OK, INGEST_SUSPECT)  # statuses of an hour that catch-up need not ingest again
 
 # The values of `sharing` on nvidia_gpu_allocation (docs/pod-attribution.md): how the thing a container
@@ -633,6 +636,16 @@ ALLOCATION_COMPUTE = _exporter(
     'memory fraction unless a core limit is given). Only for sharing="fractional".',
     *ALLOCATION.labels,
 )
+RESERVATION = _exporter(
+    "nvidia_gpu_reservation",
+    G,
+    "",
+    "Share of a GPU's compute a fractional grant reserves for a pod's container that its device plugin has "
+    "not applied yet (HAMi bind-phase not success, gpushare ALIYUN_COM_GPU_MEM_ASSIGNED not true, and the "
+    "container not in the kubelet's list): held by no one, never billed; the capacity rules count it as "
+    "taken. The labels are nvidia_gpu_allocation's.",
+    *ALLOCATION.labels,
+)
 # A holding through a DRA ResourceClaim (docs/pod-attribution.md §8a): its allocation's resource is
 # "resourceclaim/<claim name>"; this info series adds the claim's namespace and the device as the
 # kubelet names it (driver, pool, device), for joins on the allocation's labels and dcgm naming's dra_*.
@@ -847,6 +860,7 @@ EXPORTER_SERIES: tuple[Series, ...] = (
     ALLOCATION,
     ALLOCATION_MEMORY,
     ALLOCATION_COMPUTE,
+    RESERVATION,
     DRA_ALLOCATION_INFO,
     PROCESS_MEMORY_USED,
     PROCESS_SM_UTILIZATION,
@@ -920,6 +934,14 @@ BILLING_UNALLOCATED_COST = _billing(
     CURRENCY,
     CLUSTER_LABEL,
 )
+BILLING_REFUSED_GPU_HOURS = _billing(
+    "gpumeter_billing_refused_gpu_hours",
+    G,
+    "hours",
+    "GPU-hours whose readings ingest refused (NaN, negative, out of range): not billed until a retry "
+    "reads them clean (`gpumeter billing status` lists them).",
+    CLUSTER_LABEL,
+)
 BILLING_INGEST_RUNS = _billing("gpumeter_billing_ingest_runs_total", C, "", "Ingest runs by status.", STATUS)
 BILLING_LAST_SUCCESS = _billing(
     "gpumeter_billing_last_success_timestamp_seconds",
@@ -987,11 +1009,21 @@ BILLING_JOB_FAILURES = _billing(
     TASK,
 )
 
+BILLING_REPORT_UNWRITTEN_FILES = _billing(
+    "gpumeter_billing_report_unwritten_files",
+    G,
+    "",
+    "Files the scheduled report job's last run could not write (1 each; none once a run wrote them all).",
+    TASK,
+    FILE,
+)
+
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
     BILLING_GPU_HOURS,
     BILLING_UNPRICED_GPU_HOURS,
     BILLING_UNALLOCATED_COST,
+    BILLING_REFUSED_GPU_HOURS,
     BILLING_INGEST_RUNS,
     BILLING_LAST_SUCCESS,
     BILLING_INGEST_LAG,
@@ -1001,6 +1033,7 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_JOB_LAST_SUCCESS,
     BILLING_JOB_LAST_DUE,
     BILLING_JOB_FAILURES,
+    BILLING_REPORT_UNWRITTEN_FILES,
 )
 
 

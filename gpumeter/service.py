@@ -73,6 +73,8 @@ class JobStatus:
             self.triggers = dict(triggers)
             self.success: dict[str, float] = dict.fromkeys(contract.BILLING_JOBS, 0.0)
             self.failures: dict[str, int] = dict.fromkeys(contract.BILLING_JOBS, 0)
+            # per report task: the files its last run could not write
+            self.unwritten: dict[str, tuple[str, ...]] = {}
             # per task: the newest due time found so far, and the next fire time after it
             self._due: dict[str, tuple[datetime | None, datetime | None]] = {
                 task: (started if task in due_at_start else None, trigger.get_next_fire_time(None, started))
@@ -86,6 +88,11 @@ class JobStatus:
     def failed(self, task: str) -> None:
         with self._lock:
             self.failures[task] += 1
+
+    def not_written(self, task: str, files: tuple[str, ...]) -> None:
+        """The files the task's last run could not write (empty: it wrote them all)."""
+        with self._lock:
+            self.unwritten[task] = files
 
     def last_due(self, task: str, now: datetime) -> datetime | None:
         """The newest time, since the service started, at which the task's schedule called for a run."""
@@ -124,7 +131,11 @@ class JobCollector:
             if (when := self.jobs.last_due(task, now)) is not None:
                 due.add_metric([task], when.timestamp())
             failures.add_metric([task], self.jobs.failures[task])
-        yield from (success, due, failures)
+        unwritten = family(contract.BILLING_REPORT_UNWRITTEN_FILES)
+        for task, files in sorted(self.jobs.unwritten.items()):
+            for name in files:
+                unwritten.add_metric([task, name], 1.0)
+        yield from (success, due, failures, unwritten)
 
     def _recorded_reports(self) -> dict[str, float]:
         newest: dict[str, float] = {}
@@ -178,6 +189,13 @@ def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
         return f"failed at {result.failed[0][0].isoformat()}: {result.failed[0][1]}"
     if result.stopped:
         return f"stopped after {len(result.ingested)} hour(s): the service is stopping"
+    if result.refused:  # billed but for those GPU-hours (alerted from /metrics); retried next time
+        log.warning(
+            "hourly ingest: %d hour(s) with refused GPU-hours, from %s: %s",
+            len(result.refused),
+            result.refused[0][0].isoformat(),
+            result.refused[0][1],
+        )
     return f"ingested {len(result.ingested)}"
 
 
@@ -196,6 +214,8 @@ def monthly_report(settings: dict, report: dict | None = None, now: datetime | N
         JOBS.succeeded(task, now)
     for task in outcome.failed:
         JOBS.failed(task)
+    for task in (*outcome.succeeded, *outcome.failed):
+        JOBS.not_written(task, outcome.unwritten.get(task, ()))
     return outcome.message
 
 

@@ -14,7 +14,6 @@ the period's edge may have begun before it or go on after it ("period").
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from gpumeter.billing.ledger.base import Ledger
 from gpumeter.billing.models import HOUR, LineKind, hours_between
+from gpumeter.reports.files import write_files
 from gpumeter.reports.model import Period
 from gpumeter.reports.render import _environment, _ts, csv_text
 
@@ -259,11 +259,9 @@ def render(
     """Write the report's files into ``out_dir``; returns {file name: sha256 hex}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checksums = {}
-    for fmt, name in file_names(report, formats).items():
+    texts = {
         # csv_text defuses formula-leading cells itself (reports.csvfile)
-        text = csv_text(header(report), rows(report)) if fmt == "csv" else html_text(report, generated_at)
-        data = text.encode("utf-8")
-        (out / name).write_bytes(data)
-        checksums[name] = hashlib.sha256(data).hexdigest()
-    return checksums
+        name: csv_text(header(report), rows(report)) if fmt == "csv" else html_text(report, generated_at)
+        for fmt, name in file_names(report, formats).items()
+    }
+    return write_files(out, texts)

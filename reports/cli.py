@@ -7,6 +7,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpumeter.reports.files import ReportWriteError
+
 
 def _when(flag: str, text: str | None) -> datetime | None:
     """An ISO 8601 moment in UTC; a bad one is the command's one-line error (argparse's would add
@@ -234,7 +236,7 @@ def cmd_report(args) -> int:
         where = f"{args.teams}: " if str(exc).startswith("budgets.") else ""  # name the budgets' file
         print(f"error: {where}{exc}", file=sys.stderr)
         return 2
-    except LedgerError as exc:  # the database was lost past the ledger's retries
+    except (LedgerError, ReportWriteError) as exc:  # the database lost past its retries; a full disk
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -271,7 +273,7 @@ def _health(args, ledger, period, now: datetime) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (PrometheusError, LedgerError) as exc:  # a source could not answer: one line naming it
+    except (PrometheusError, LedgerError, ReportWriteError) as exc:  # one line naming the source or file
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -299,7 +301,7 @@ def _allocations(args, ledger, period, now: datetime) -> int:
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except LedgerError as exc:
+    except (LedgerError, ReportWriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -4,13 +4,13 @@ no clock or locale in CSV/JSON, sorted rows, LF line ends."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
 from gpumeter import contract
+from gpumeter.reports.files import write_files
 from gpumeter.reports.health import (
     IDLE_BELOW,
     MATURITY,
@@ -435,12 +435,7 @@ def render(
                 texts[name] = text
         elif fmt == "json":
             texts[names["json"][0]] = json_text(report)
-    checksums = {}
-    for name, text in texts.items():
-        data = text.encode("utf-8")
-        (out / name).write_bytes(data)
-        checksums[name] = hashlib.sha256(data).hexdigest()
-    return dict(sorted(checksums.items()))
+    return write_files(out, texts)
 
 
 MANIFEST = "manifest-health.json"

@@ -657,9 +657,16 @@ def build_report(
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    charges = sorted(
-        of_clusters(ledger.line_totals(period.start, period.end, grain), clusters), key=_sort_key
-    )
+    totals = ledger.line_totals(period.start, period.end, grain)
+    if clusters:  # a misspelt cluster would report $0: name the ones the period's lines have
+        known = sorted({t.cluster for t in totals if t.cluster})
+        unknown = [c for c in clusters if c not in known]
+        if unknown:
+            raise ReportError(
+                f"cluster: no line of {period.label} is in cluster {unknown[0]!r}; the period's clusters: "
+                f"{', '.join(known) or 'none (the store had no cluster label)'} (value {unknown[0]!r})"
+            )
+    charges = sorted(of_clusters(totals, clusters), key=_sort_key)
     gpu_buckets: dict[tuple[datetime, str, str], GpuBucket] = {}
     previous_period = period.previous()
     previous = (

@@ -8,7 +8,6 @@ HTML carries the generation time, given by the caller.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
@@ -23,6 +22,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from gpumeter.billing.models import LineKind
 from gpumeter.reports import csvfile, focus
+from gpumeter.reports.files import write_files
 from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
 
 FORMATS = ("html", "csv", "json", "focus")
@@ -687,9 +687,4 @@ def render(
             texts[names["json"][0]] = json_text(report)
         elif fmt == "focus":
             texts[names["focus"][0]] = focus_csv(report, options)
-    checksums = {}
-    for name, text in texts.items():
-        data = text.encode("utf-8")
-        (out / name).write_bytes(data)
-        checksums[name] = hashlib.sha256(data).hexdigest()
-    return dict(sorted(checksums.items()))
+    return write_files(out, texts)

@@ -13,6 +13,7 @@ import yaml
 
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, ReportRunRecord
+from gpumeter.reports.files import ReportWriteError, write_atomically
 from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
 from gpumeter.reports.render import FORMATS, RenderOptions, render
 
@@ -141,7 +142,10 @@ def finish_run(
     record: bool,
 ) -> int | None:
     """Write a report's manifest, and record the run in ``report_runs`` (its id) when ``record``."""
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    try:
+        write_atomically(manifest_path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    except OSError as exc:  # the report's files are whole; the manifest naming them is not written
+        raise ReportWriteError(manifest_path, exc, list(manifest["files"]), [manifest_path.name]) from None
     if not record:
         return None
     return ledger.record_report_run(

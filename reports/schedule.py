@@ -20,7 +20,7 @@ import errno
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -138,6 +138,7 @@ class MonthlyOutcome:
     message: str
     succeeded: tuple[str, ...]
     failed: dict[str, str]
+    unwritten: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per failed report: its files
 
 
 def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> MonthlyOutcome:
@@ -157,6 +158,7 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
     out_dir = Path(cfg.out_dir) / period.label
     kinds = set(_listed(cfg.kinds))
     written, succeeded, failed = 0, [], {}
+    unwritten: dict[str, tuple[str, ...]] = {}
     ledger = open_ledger(settings["db"], schema=settings.get("schema"))
     try:
         if "chargeback" in kinds:
@@ -181,21 +183,42 @@ def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | No
             except (
                 Exception
             ) as exc:  # any failure: logged with its traceback, counted, the health report still tried
-                log.exception("monthly chargeback report for %s failed", period.label)
-                failed["chargeback_report"] = f"{type(exc).__name__}: {exc}"
+                failed["chargeback_report"] = _failure(exc, "chargeback_report", unwritten)
+                written += len(getattr(exc, "written", ()))
+                _log_failure(exc, "chargeback", period.label)
         if "health" in kinds:
             try:
                 written += _health(settings, ledger, period, formats, out_dir, now, cfg.spare_policy)
                 succeeded.append("health_report")
             except Exception as exc:
-                log.exception("monthly health report for %s failed", period.label)
-                failed["health_report"] = f"{type(exc).__name__}: {exc}"
+                failed["health_report"] = _failure(exc, "health_report", unwritten)
+                written += len(getattr(exc, "written", ()))
+                _log_failure(exc, "health", period.label)
     finally:
         ledger.close()
     message = f"rendered {written} file(s) for {period.label} into {out_dir}"
     message += "".join(f"; {task.replace('_', ' ')} failed: {why}" for task, why in failed.items())
     (log.error if failed else log.info)("monthly report: %s", message)
-    return MonthlyOutcome(message, tuple(succeeded), failed)
+    return MonthlyOutcome(message, tuple(succeeded), failed, unwritten)
+
+
+def _failure(exc: Exception, task: str, unwritten: dict[str, tuple[str, ...]]) -> str:
+    """Why a report failed, in one line; a file that could not be written names the ones left out."""
+    from gpumeter.reports.files import ReportWriteError
+
+    if isinstance(exc, ReportWriteError):
+        unwritten[task] = tuple(exc.unwritten)
+        return f"{exc}; not written: {', '.join(exc.unwritten)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _log_failure(exc: Exception, kind: str, label: str) -> None:
+    from gpumeter.reports.files import ReportWriteError
+
+    if isinstance(exc, ReportWriteError):  # the disk's own words say it all: no traceback
+        log.error("monthly %s report for %s failed: %s", kind, label, exc)
+    else:
+        log.exception("monthly %s report for %s failed", kind, label)
 
 
 def _health(

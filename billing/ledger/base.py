@@ -131,6 +131,9 @@ class HourRecord:
     # read what it stores of them from their priced hour without making them; empty: every line is
     # looked at
     line_groups: tuple[tuple[str, Hashable | None, int], ...] = field(default=(), compare=False, repr=False)
+    # GPU-hours left out because a reading of theirs was refused, (cluster, uuid, why): the run is recorded
+    # "partial", they are stored (`Ledger.refused_gpu_hours`), and catch-up retries the hour
+    refused: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,28 @@ class IngestRunRecord:
 
 
 @dataclass(frozen=True)
+class RefusedGpuHour:
+    """A GPU-hour ingest left unbilled because a reading of it was refused (docs/billing.md §6.5)."""
+
+    hour: datetime
+    cluster: str | None  # None where the store has no cluster label
+    uuid: str
+    reason: str
+    refused_at: datetime
+
+
+def run_status(record: HourRecord) -> tuple[str, str | None]:
+    """The ingest run's status and error text for a written hour."""
+    if record.refused:
+        shown = "; ".join(f"{f'{c}/' if c else ''}{uuid}: {why}" for c, uuid, why in record.refused)
+        text = f"{len(record.refused)} GPU-hour(s) refused, not billed: {shown}"
+        return contract.INGEST_PARTIAL, "; ".join((text, *record.warnings))[:4000]
+    if record.warnings:
+        return contract.INGEST_SUSPECT, "; ".join(record.warnings)[:4000]
+    return contract.INGEST_OK, None
+
+
+@dataclass(frozen=True)
 class ReportRunRecord:
     id: int
     period_start: datetime
@@ -337,6 +362,12 @@ class Ledger(abc.ABC):
     ) -> None:
         """Record a failed ingest run (its own transaction; no facts or lines)."""
         self.record_run(hour, contract.INGEST_FAILED, error, source=source, started_at=started_at)
+
+    @abc.abstractmethod
+    def refused_gpu_hours(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[RefusedGpuHour]:
+        """The GPU-hours refused by the latest write of their hour, by hour and uuid."""
 
     @abc.abstractmethod
     def facts(self, hour: datetime) -> list[GpuHour]:

@@ -31,10 +31,12 @@ from gpumeter.billing.ledger.base import (
     LedgerSummary,
     LineTotal,
     PriceVersionRecord,
+    RefusedGpuHour,
     ReportRunRecord,
     audited_change,
     hour_total,
     refuse_duplicate_lines,
+    run_status,
     summarise,
 )
 from gpumeter.billing.models import GpuHour, Line
@@ -57,6 +59,7 @@ class MemoryLedger(Ledger):
         self._lines: dict[datetime, list[tuple[Line, int | None]]] = {}
         self._versions: dict[tuple[str, datetime], PriceVersionRecord] = {}
         self._runs: list[IngestRunRecord] = []
+        self._refused: dict[datetime, list[RefusedGpuHour]] = {}
         self._errors: dict[int, str] = {}
         self._teams: dict[str, str] = {}
         self._reports: list[ReportRunRecord] = []
@@ -112,8 +115,23 @@ class MemoryLedger(Ledger):
             rows = self._version_rows(record.book, record.lines)
             self._facts[record.hour] = copy.deepcopy(record.gpu_hours)
             self._lines[record.hour] = [(line, rows[line.price_version]) for line in record.lines]
-            status = contract.INGEST_SUSPECT if record.warnings else contract.INGEST_OK
-            self._run(record.hour, status, source, started_at, "; ".join(record.warnings) or None)
+            status, error = run_status(record)
+            self._run(record.hour, status, source, started_at, error)
+            now = datetime.now(UTC)
+            self._refused[record.hour] = [
+                RefusedGpuHour(record.hour, c or None, u, why, now) for c, u, why in record.refused
+            ]
+
+    def refused_gpu_hours(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[RefusedGpuHour]:
+        with self._guard:
+            return [
+                r
+                for hour in sorted(self._refused)
+                if (start is None or hour >= start) and (end is None or hour < end)
+                for r in sorted(self._refused[hour], key=lambda r: (r.cluster or "", r.uuid))
+            ]
 
     def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
         refuse_duplicate_lines(hour, lines)
@@ -205,6 +223,7 @@ class MemoryLedger(Ledger):
                     }
                 ),
                 "namespace_teams": len(self._teams),
+                "refused_gpu_hours": sum(map(len, self._refused.values())),
             }
 
     def summary(self) -> LedgerSummary:

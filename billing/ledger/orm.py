@@ -186,6 +186,18 @@ class BillingAudit(Base):
     new_total: Mapped[Decimal] = mapped_column(Money())
 
 
+class RefusedGpuHourRow(Base):
+    """A GPU-hour left unbilled by its hour's latest write: a reading of it was refused (migration
+    0013). Replaced with the hour's facts on every write, so what is here is still outstanding."""
+
+    __tablename__ = "refused_gpu_hours"
+    hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    cluster: Mapped[str] = mapped_column(Text, primary_key=True, default="", server_default="")  # "": none
+    uuid: Mapped[str] = mapped_column(Text, primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    refused_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
 class ReportRun(Base):
     """A rendered chargeback report (reports/): what it covered, what priced it, what it wrote."""
 

@@ -62,11 +62,13 @@ from gpumeter.billing.ledger.base import (
     LineTotal,
     PodHolding,
     PriceVersionRecord,
+    RefusedGpuHour,
     ReportRunRecord,
     SharedUse,
     audited_change,
     hour_total,
     refuse_duplicate_lines,
+    run_status,
     shared_use_of,
     summarise,
 )
@@ -82,6 +84,7 @@ from gpumeter.billing.ledger.orm import (
     IngestRun,
     NamespaceTeam,
     PriceBookVersion,
+    RefusedGpuHourRow,
     ReportRun,
 )
 from gpumeter.billing.models import (
@@ -799,15 +802,23 @@ class SqlLedger(Ledger):
                 session, record.lines, versions, hour, keys, record.line_groups, again, parts
             )
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
+            status, error = run_status(record)
             session.add(
                 IngestRun(
                     hour=record.hour,
                     started_at=started_at or now,
                     finished_at=now,
-                    status=contract.INGEST_SUSPECT if record.warnings else contract.INGEST_OK,
-                    error="; ".join(record.warnings)[:4000] or None,
+                    status=status,
+                    error=error,
                     source=source,
                 )
+            )
+            session.execute(delete(RefusedGpuHourRow).where(RefusedGpuHourRow.hour == record.hour))
+            session.add_all(
+                RefusedGpuHourRow(
+                    hour=record.hour, cluster=cluster, uuid=uuid, reason=why[:4000], refused_at=now
+                )
+                for cluster, uuid, why in record.refused
             )
         if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
             self._layout_ids.clear()
@@ -1004,6 +1015,7 @@ class SqlLedger(Ledger):
             CostLineTerm,
             CostLineSet,
             NamespaceTeam,
+            RefusedGpuHourRow,
         )
         with Session(self.engine) as session:
             counted = {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
@@ -1197,6 +1209,29 @@ class SqlLedger(Ledger):
                 )
                 for r in rows
             }
+
+    @_stored("read refused GPU-hours")
+    def refused_gpu_hours(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[RefusedGpuHour]:
+        query = select(
+            RefusedGpuHourRow.hour,
+            RefusedGpuHourRow.cluster,
+            RefusedGpuHourRow.uuid,
+            RefusedGpuHourRow.reason,
+            RefusedGpuHourRow.refused_at,
+        )
+        if start is not None:
+            query = query.where(RefusedGpuHourRow.hour >= start)
+        if end is not None:
+            query = query.where(RefusedGpuHourRow.hour < end)
+        with Session(self.engine) as session:
+            rows = session.execute(
+                query.order_by(RefusedGpuHourRow.hour, RefusedGpuHourRow.cluster, RefusedGpuHourRow.uuid)
+            )
+            return [
+                RefusedGpuHour(hour, cluster or None, uuid, why, at) for hour, cluster, uuid, why, at in rows
+            ]
 
     @_stored("read ingest runs")
     def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:

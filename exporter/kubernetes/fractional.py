@@ -20,6 +20,12 @@ the pod. The formats parsed here, with their upstream source (docs/pod-attributi
 
 A holding without a compute grant (HAMi ``usedcores`` 0 means "no core limit"; gpushare without
 ``aliyun.com/gpu-core``) has its compute fraction taken equal to its memory fraction.
+
+A grant counts from the moment its device plugin applied it, as a whole-GPU pod counts from the
+kubelet's list: HAMi's ``hami.io/bind-phase: success``, gpushare's ``ALIYUN_COM_GPU_MEM_ASSIGNED:
+"true"`` (pkg/utils/const.go ``EnvAssignedFlag``), or the container in the kubelet's list. Before that
+it is only reserved (the scheduler wrote it while the pod is Pending): exported as
+``nvidia_gpu_reservation``, never as an allocation, so it is not billed.
 """
 
 from __future__ import annotations
@@ -38,12 +44,14 @@ from .api import PodLister
 from .pods import PodListCache
 
 __all__ = [
+    "GPUSHARE_ASSIGNED",
     "GPUSHARE_CORE",
     "GPUSHARE_DEV",
     "GPUSHARE_IDX",
     "GPUSHARE_MEM",
     "GPUSHARE_POD",
     "HAMI_ALLOCATED",
+    "HAMI_BIND_PHASE",
     "FractionalAttribution",
     "Grant",
     "grants_of",
@@ -53,6 +61,8 @@ log = logging.getLogger(__name__)
 
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 HAMI_RESOURCE = "nvidia.com/gpu"  # HAMi's count resource (its nvidia.com/gpumem, gpucores ride along)
+HAMI_BIND_PHASE = "hami.io/bind-phase"  # "allocating" until the device plugin applied it: "success"
+GPUSHARE_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"  # "false" until the device plugin allocated: "true"
 GPUSHARE_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD = "ALIYUN_COM_GPU_MEM_POD"
 GPUSHARE_DEV = "ALIYUN_COM_GPU_MEM_DEV"
@@ -77,6 +87,7 @@ class Grant:
     memory_mib: int | None  # HAMi: MiB granted
     memory_fraction: float | None  # gpushare: the fraction itself
     compute_fraction: float | None  # None: no compute grant (taken as the memory fraction)
+    applied: bool = True  # the device plugin applied it (else reserved only, until the kubelet lists it)
 
 
 def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -134,6 +145,7 @@ def grants_of(pod: dict[str, Any]) -> list[Grant]:
                         memory,
                         None,
                         cores / 100 if cores > 0 else None,
+                        annotations.get(HAMI_BIND_PHASE) == "success",
                     )
                 )
     if GPUSHARE_IDX in annotations:
@@ -162,6 +174,7 @@ def grants_of(pod: dict[str, Any]) -> list[Grant]:
                     None,
                     min(granted / device_memory, 1.0),
                     min(core / 100, 1.0) if core else None,
+                    str(annotations.get(GPUSHARE_ASSIGNED, "")).lower() == "true",
                 )
             )
     return out
@@ -253,7 +266,12 @@ class FractionalAttribution:
             return allocations
         by_uuid = {d.uuid.lower(): d for d in devices}
         by_index = {d.index: d for d in devices}
+        # the containers the kubelet lists with a scheduler's resource: their grants are applied
+        listed = {
+            (a.namespace, a.pod, a.container) for a in allocations if a.resource in FRACTIONAL_RESOURCES
+        }
         fractional: dict[tuple, tuple[float, float]] = {}
+        reserved: dict[tuple, float] = {}
         replaced: set[tuple[str, str, str]] = set()
         for grant in self._grants:
             device = by_uuid.get(grant.uuid.lower()) if grant.uuid else by_index.get(grant.index)  # type: ignore[arg-type]
@@ -278,9 +296,12 @@ class FractionalAttribution:
                 memory = compute
             if compute is None or memory is None:  # neither known (memory total not read yet)
                 continue
-            replaced.add((grant.namespace, grant.pod, grant.container))
             key = (grant.namespace, grant.pod, grant.container, grant.resource, device.uuid, device.index,
                    None, "", contract.SHARING_FRACTIONAL)  # fmt: skip
+            if not grant.applied and (grant.namespace, grant.pod, grant.container) not in listed:
+                reserved[key] = min(reserved.get(key, 0.0) + compute, 1.0)  # held by no one yet
+                continue
+            replaced.add((grant.namespace, grant.pod, grant.container))
             held_memory, held_compute = fractional.get(key, (0.0, 0.0))
             fractional[key] = (min(held_memory + memory, 1.0), min(held_compute + compute, 1.0))
         kept = [
@@ -295,6 +316,8 @@ class FractionalAttribution:
             builder.add(contract.ALLOCATION_MEMORY, labels, memory)
             builder.add(contract.ALLOCATION_COMPUTE, labels, compute)
             out.append(allocation)
+        for key, compute in sorted(reserved.items()):
+            builder.add(contract.RESERVATION, Allocation(*key, compute).labels(hostname), compute)
         return (*kept, *out)
 
     def _log_once(self, key: str, message: str, *args) -> None:

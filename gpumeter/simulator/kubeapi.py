@@ -36,12 +36,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from gpumeter.exporter.kubernetes.fractional import (
+    GPUSHARE_ASSIGNED,
     GPUSHARE_CORE,
     GPUSHARE_DEV,
     GPUSHARE_IDX,
     GPUSHARE_MEM,
     GPUSHARE_POD,
     HAMI_ALLOCATED,
+    HAMI_BIND_PHASE,
 )
 from gpumeter.process import stop_on_signals, wait_until_set
 
@@ -68,8 +70,10 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
-    """One v1 Pod of the fleet's entries sharing a (namespace, name): one container per entry."""
+def pod_object(node: NodeSpec, specs: list[PodSpec], binding: bool = False) -> dict[str, Any]:
+    """One v1 Pod of the fleet's entries sharing a (namespace, name): one container per entry.
+    ``binding``: scheduled, its fractional grant written but not yet applied by the device plugin
+    (HAMi ``bind-phase: allocating``, gpushare ``ASSIGNED: "false"``), the pod Pending."""
     first = specs[0]
     annotations: dict[str, str] = {}
     containers = []
@@ -113,10 +117,10 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
     if any(hami_entries):
         annotations[HAMI_ALLOCATED] = "".join(f"{entry};" for entry in hami_entries)  # EncodePodSingleDevice
         annotations["hami.io/vgpu-node"] = node.name
-        annotations["hami.io/bind-phase"] = "success"
+        annotations[HAMI_BIND_PHASE] = "allocating" if binding else "success"
     if gpushare_mib:
         annotations[GPUSHARE_POD] = str(gpushare_mib // GIB_MIB)
-        annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] = "true"
+        annotations[GPUSHARE_ASSIGNED] = "false" if binding else "true"
     return {
         "metadata": {
             "name": first.name,
@@ -135,7 +139,9 @@ def pod_object(node: NodeSpec, specs: list[PodSpec]) -> dict[str, Any]:
                 else {}
             ),
         },
-        "status": {"phase": "Running", "containerStatuses": _container_statuses(node, specs)},
+        "status": {"phase": "Pending"}
+        if binding
+        else {"phase": "Running", "containerStatuses": _container_statuses(node, specs)},
     }
 
 
@@ -178,6 +184,8 @@ class StandInKubeApi:
         self.fleet, self.clock, self.token, self.listen = fleet, clock, token, listen
         self.start_time = clock() if start is None else float(start)
         self.fault: str | None = None
+        # (namespace, pod) of pods whose fractional grant the device plugin has not applied yet
+        self.binding: set[tuple[str, str]] = set()
         self._answering = threading.Event()  # cleared by hold(): a slow API server, until release()
         self._answering.set()
         self.requests = 0
@@ -198,7 +206,9 @@ class StandInKubeApi:
             for pod in self.fleet.pods_on(node_name):
                 if pod.running(t):
                     grouped.setdefault((pod.namespace, pod.name), []).append(pod)
-            items = [pod_object(nodes[node_name], specs) for specs in grouped.values()]
+            items = [
+                pod_object(nodes[node_name], specs, key in self.binding) for key, specs in grouped.items()
+            ]
         return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> tuple[int, dict[str, Any]] | None:

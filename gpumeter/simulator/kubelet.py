@@ -167,6 +167,8 @@ class StandInKubelet:
         self._error: grpc.StatusCode | None = None
         self._wake = threading.Event()  # set by stop(): a delayed call stops waiting
         self.calls = 0
+        # (namespace, pod) of pods the kubelet has not admitted yet: not in its list
+        self.admitting: set[tuple[str, str]] = set()
 
     # --- what the kubelet answers ---------------------------------------------------------------
     def _gpu(self, index: int) -> GpuSpec:
@@ -196,7 +198,7 @@ class StandInKubelet:
         pods: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
         claimed: dict[tuple[str, str, str], dict[str, list[api_pb2.ClaimResource]]] = {}
         for pod in self.fleet.pods_on(self.node.name):
-            if not pod.running(t):
+            if not pod.running(t) or (pod.namespace, pod.name) in self.admitting:
                 continue
             containers = pods.setdefault((pod.namespace, pod.name), {})
             entries = containers.setdefault(pod.container, [])

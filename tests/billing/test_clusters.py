@@ -3,7 +3,7 @@ labelled with its cluster as its Prometheus's `external_labels` would be, in one
 Prometheus backfilled by promtool, and a real VictoriaMetrics), billed by `billing ingest`; each
 cluster's history alone (no cluster label) in its own real Prometheus, billed the same way.
 
-The fleets (written here, one whole GPU each, November 2026: 720 hours, a sample every 10 minutes):
+The fleets (written here, one whole GPU each, November 2026: 720 hours, a sample every 20 minutes):
 
 | cluster | GPU | holder | held |
 |---|---|---|---|
@@ -33,16 +33,15 @@ import pytest
 
 import gpumeter
 from gpumeter.billing.ingest import IngestConfig, ingest_hours
-from gpumeter.billing.ledger import open_ledger
+from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.prom import PrometheusClient
-from gpumeter.reports.model import month_period
+from gpumeter.reports.model import build_report, month_period
 from gpumeter.simulator.fleet import parse_fleet
 from gpumeter.simulator.history import write_history
 from tests.billing import factories
 from tests.billing.conftest import QUERY_BACKENDS, serve_history
 from tests.reports.helpers import html_tables, read_csv
-from tests.support.servers import VictoriaMetricsServer
 
 pytestmark = [pytest.mark.prometheus]
 
@@ -50,7 +49,7 @@ D = Decimal
 START = datetime(2026, 11, 1, tzinfo=UTC)
 HOURS = [START + timedelta(hours=i) for i in range(720)]
 END = HOURS[-1] + timedelta(hours=1)
-STEP = 600  # seconds between samples: 6 an hour
+STEP = 1200  # seconds between samples: 3 an hour (a month of a tiny fleet stays small)
 NOVEMBER = month_period("2026-11")
 
 
@@ -90,7 +89,9 @@ PLATFORM = {("east", UNALLOCATED): D("1080.00"), ("lab", UNALLOCATED): D("1260.0
 TOTAL = D("9273.60")
 
 
-def _history(cluster: str, label: str = "cluster", labelled: bool = True, hours: int = 720) -> str:
+def _history(
+    cluster: str, label: str = "cluster", labelled: bool = True, hours: int = 720, step: int = STEP
+) -> str:
     from io import StringIO
 
     out = StringIO()
@@ -100,7 +101,7 @@ def _history(cluster: str, label: str = "cluster", labelled: bool = True, hours:
         [fleet],
         start,
         start + hours * 3600,
-        STEP,
+        step,
         out,
         processes=False,
         cluster=cluster if labelled else "",
@@ -148,16 +149,6 @@ def _global_text(label: str = "cluster", hours: int = 720, clusters=("east", "we
 
 def _serve(backend: str, text: str, root: Path):
     root.mkdir(parents=True, exist_ok=True)
-    if backend == "victoriametrics":
-        # its response cache aligns a range query's steps to the step: each run's last hour would come
-        # back empty (docs/billing.md §2.3 says to run a global VictoriaMetrics so for billing)
-        server = VictoriaMetricsServer(root / "vm", extra_args=["-search.disableCache"]).start()
-        try:
-            server.import_openmetrics(text.splitlines(keepends=True))
-        except Exception:
-            server.stop()
-            raise
-        return server
     source = root / "history.om"
     source.write_text(text)
     server = serve_history(backend, source, root)
@@ -187,6 +178,14 @@ def _lines(ledger) -> list[tuple]:
     )
 
 
+def _with_clusters(ledger) -> list[tuple]:
+    """Each line as billed, its cluster and team too."""
+    return sorted(
+        (x.cluster, x.team, x.hour, x.uuid, x.kind, x.namespace, x.pod, x.container, x.amount, x.quantity)
+        for x in ledger.lines(START, END)
+    )
+
+
 @pytest.fixture(scope="module")
 def alone(prices, tmp_path_factory):
     """Each cluster billed alone from its own Prometheus (its history without a cluster label)."""
@@ -194,7 +193,7 @@ def alone(prices, tmp_path_factory):
     out = {}
     for cluster in FLEETS:
         server = _serve("prometheus", _history(cluster, labelled=False), root / cluster)
-        ledger = open_ledger(f"sqlite:///{root / cluster}.db")
+        ledger = open_ledger(MEMORY_URL)  # the same lines as any ledger (tests/billing/test_ledger.py)
         try:
             _ingest(server.url, ledger, prices, IngestConfig())
             out[cluster] = _lines(ledger)
@@ -323,6 +322,16 @@ def test_reports_by_cluster_namespace_team_and_one_cluster(billed, tmp_path, cap
     assert doc["only_clusters"] == ["east", "lab"]
     assert D(doc["totals"]["all"]["cost"]) == BY_CLUSTER["east"] + BY_CLUSTER["lab"] == D("4320.00")
     assert {g["group"] for g in doc["groups"]} == {"east/ml-training", "lab/research"}
+    # a cluster the month's lines do not have is refused, naming the ones they have; nothing written
+    out = tmp_path / "typo"
+    argv = ["report", "--db", url, "--period", "2026-11", "--cluster", "esat", "--out", str(out)]
+    assert gpumeter.main(argv) == 2
+    assert (
+        "cluster: no line of 2026-11 is in cluster 'esat'; the period's clusters: east, lab, west (value 'esat')"
+        in (capsys.readouterr().err)
+    )
+    assert not any(out.glob("*"))
+
     # the allocations report: grouped by cluster, each holder's cluster first
     out = tmp_path / "allocations"
     argv = ["report", "--kind", "allocations", "--db", url, "--period", "2026-11", "--out", str(out)]
@@ -337,27 +346,29 @@ def test_reports_by_cluster_namespace_team_and_one_cluster(billed, tmp_path, cap
 
 
 def test_a_re_ingest_changes_nothing_of_any_cluster(billed, prices):
-    """A day re-ingested from the same store: every cluster's lines as they were, nothing audited
-    (docs/billing.md §6.6: an audit row is a changed amount)."""
+    """A day re-ingested from the same store, then re-priced from the stored facts: every cluster's
+    lines (and teams) as they were, nothing audited (docs/billing.md §6.6: an audit row is a changed
+    amount)."""
     from gpumeter.billing.config import load_team_map
 
     db, teams, server = billed
     day = HOURS[:24]
     ledger = open_ledger(f"sqlite:///{db}")
     try:
-        before = sorted(
-            (x.cluster, x.team, *t) for x, t in zip(ledger.lines(START, END), _lines(ledger), strict=True)
-        )
+        before = _with_clusters(ledger)
         with PrometheusClient(server.url) as client:
             result = ingest_hours(client, ledger, prices, day, IngestConfig(teams=load_team_map(teams)))
         assert result.ingested == day
-        after = sorted(
-            (x.cluster, x.team, *t) for x, t in zip(ledger.lines(START, END), _lines(ledger), strict=True)
-        )
+        after = _with_clusters(ledger)
+        # re-priced from the stored facts with the same book and map: each cluster's lines, teams too
+        from gpumeter.billing.ingest import reprice
+
+        assert reprice(ledger, prices, day[0], day[-1] + timedelta(hours=1), load_team_map(teams)) == 24
+        repriced = _with_clusters(ledger)
         audited = ledger.counts()["billing_audit"]
     finally:
         ledger.close()
-    assert after == before and audited == 0
+    assert after == before == repriced and audited == 0
 
 
 def test_the_cluster_label_is_a_setting(prices, tmp_path, capsys):
@@ -506,3 +517,147 @@ def test_the_fleet_health_report_keeps_each_clusters_gpus_apart(prices, tmp_path
         ("east", "NVIDIA A100-SXM4-40GB"),
         ("west", "NVIDIA H100 80GB HBM3"),
     ]
+
+
+def test_simulate_history_labels_every_series_with_its_cluster(tmp_path, capsys):
+    """`gpumeter simulate history --cluster east` (and `--cluster-label k8s_cluster`): every sample
+    names the cluster, as a remote-writing Prometheus's external label would; a name billing could not
+    tell from a team map's `cluster/namespace`, or a label that is no label name, is refused."""
+    base = [
+        "simulate",
+        "history",
+        "--fleet",
+        "workstation",
+        "--from",
+        "2026-11-01",
+        "--to",
+        "2026-11-01T00:10",
+    ]
+    base += ["--step", "300"]
+    for args, label in (
+        (["--cluster", "east"], "cluster"),
+        (["--cluster", "east", "--cluster-label", "k8s_cluster"], "k8s_cluster"),
+    ):
+        out = tmp_path / f"{label}.om"
+        assert gpumeter.main([*base, "--out", str(out), *args]) == 0
+        samples = [line for line in out.read_text().splitlines() if not line.startswith("#")]
+        assert samples and all(f'{label}="east"}}' in line for line in samples)
+    for args, message in (
+        (["--cluster", "east/west"], "--cluster: letters, digits and _.:- only (value 'east/west')"),
+        (
+            ["--cluster", "east", "--cluster-label", "k8s-cluster"],
+            "--cluster-label: not a Prometheus label name",
+        ),
+    ):
+        out = tmp_path / "refused.om"
+        assert gpumeter.main([*base, "--out", str(out), *args]) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists()
+
+
+def test_kube_namespace_teams_are_read_per_cluster_and_the_team_map_wins(prices):
+    """One hour's answers from a global store: ml-training's `team` namespace label is vision in east
+    and speech in west (kube-state-metrics of each cluster). Read per cluster, kept as
+    `cluster/namespace`. The team map wins over them (docs/billing.md §4.3): `ml-training` in every
+    cluster over both labels, `west/ml-training` over the map's every-cluster name for west alone,
+    `east/ml-training` over east's label and not west's."""
+    from gpumeter import contract
+    from gpumeter.billing.allocate import Pricer
+    from gpumeter.billing.ingest import build_hour, priced_record
+    from gpumeter.billing.models import team_map_over
+    from gpumeter.billing.prom import Sample
+
+    results: dict[str, list[Sample]] = {name: [] for name in contract.BILLING_QUERIES}
+    for cluster, team in (("east", "vision"), ("west", "speech")):
+        device = {
+            "uuid": "GPU-1",
+            "gpu": "0",
+            "model": "NVIDIA A100-SXM4-40GB",
+            "hostname": "n1",
+            "cluster": cluster,
+        }
+        results["gpu_count"].append(Sample({**device, "mig_mode": "disabled"}, 120.0))
+        held = {
+            **device,
+            "namespace": "ml-training",
+            "pod": "p",
+            "container": "main",
+            "resource": "nvidia.com/gpu",
+        }
+        held |= {"gpu_instance_id": "", "mig_profile": "", "sharing": "exclusive"}
+        del held["model"]
+        results["alloc_count"].append(Sample(held, 120.0))
+        results["teams"].append(
+            Sample({"namespace": "ml-training", "label_team": team, "cluster": cluster}, 1.0)
+        )
+    gpu_hours, kube = build_hour(results, START, IngestConfig(scrape_interval=30.0))
+    assert kube == {"east/ml-training": "vision", "west/ml-training": "speech"}
+    assert [(gh.device.cluster, gh.device.uuid) for gh in gpu_hours] == [("east", "GPU-1"), ("west", "GPU-1")]
+
+    def teams(mapped: dict[str, str]) -> list[tuple[str, str, Decimal]]:
+        record, _ = priced_record(Pricer(prices), START, gpu_hours, team_map_over(kube, mapped))
+        return [(x.cluster, x.team, x.amount) for x in record.lines]
+
+    assert teams({}) == [("east", "vision", D("3.00")), ("west", "speech", D("3.00"))]
+    assert teams({"ml-training": "platform"}) == [
+        ("east", "platform", D("3.00")),
+        ("west", "platform", D("3.00")),
+    ]
+    assert teams({"ml-training": "platform", "west/ml-training": "inference"}) == [
+        ("east", "platform", D("3.00")),
+        ("west", "inference", D("3.00")),
+    ]
+    assert teams({"east/ml-training": "research"}) == [
+        ("east", "research", D("3.00")),
+        ("west", "speech", D("3.00")),
+    ]
+
+
+def test_a_teams_budget_counts_its_namespaces_in_every_cluster(billed, prices, tmp_path):
+    """One team owning ml-training in east and west (the map re-priced over a copy of the month):
+    its budget against actual is both clusters' lines, 1,080.00 + 4,953.60 = 6,033.60, over a
+    6,000.00 budget by 33.60; research's team, in lab alone, 900.00 of 1,000.00."""
+    import shutil
+
+    from gpumeter.billing.config import load_budgets, load_team_map
+    from gpumeter.billing.ingest import reprice
+
+    db, _, _ = billed
+    copy = tmp_path / "ledger.db"
+    shutil.copyfile(db, copy)
+    teams = tmp_path / "teams.yaml"
+    teams.write_text(
+        "namespaces:\n  east/ml-training: ml\n  west/ml-training: ml\n  research: science\n"
+        "budgets:\n  ml: {amount: '6000', currency: USD}\n  science: {amount: '1000', currency: USD}\n"
+    )
+    ledger = open_ledger(f"sqlite:///{copy}")
+    try:
+        assert reprice(ledger, prices, START, END, load_team_map(teams)) == len(HOURS)
+        report = build_report(ledger, NOVEMBER, "team", budgets=load_budgets(teams), splits=False)
+    finally:
+        ledger.close()
+    assert [(b.team, b.budget, b.actual, b.remaining) for b in report.budgets] == [
+        ("ml", D("6000"), D("6033.60"), D("-33.60")),
+        ("science", D("1000"), D("900.00"), D("100.00")),
+    ]
+    assert {name: usage.cost for name, usage in report.clusters} == BY_CLUSTER
+
+
+def test_each_clusters_scrape_interval_is_its_own_even_on_nodes_of_one_name(prices, tmp_path):
+    """east's node gpu-01 is scraped every 10 minutes, west's node of the same name every 20: each
+    cluster's seconds per sample are its own (6 samples an hour are 3,600 s in east, 3 in west), so a
+    day bills east 12 h x 3.00 + 12 h idle x 3.00 = 72.00 and west 24 h x 6.88 = 165.12, as each alone."""
+    text = _one_store([_history("east", hours=24, step=600), _history("west", hours=24, step=1200)])
+    server = _serve("prometheus", text, tmp_path / "store")
+    try:
+        for hours in (HOURS[:24], HOURS[:1]):  # a run of range queries, and one hour's instant queries
+            ledger = open_ledger(MEMORY_URL)
+            with PrometheusClient(server.url) as client:
+                result = ingest_hours(client, ledger, prices, hours, IngestConfig())
+            assert result.ingested == hours and result.suspect == []
+            money: dict[str, Decimal] = defaultdict(D)
+            for x in ledger.lines(START, END):
+                money[x.cluster] += x.amount
+            assert dict(money) == {"east": D("3.00") * len(hours), "west": D("6.88") * len(hours)}
+    finally:
+        server.stop()

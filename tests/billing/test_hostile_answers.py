@@ -4,8 +4,11 @@ A REAL Prometheus holds test_ingest_prometheus' hand-written history (its totals
 there); billing ingests it once, then again through a loopback proxy that forwards every query to
 that Prometheus and tampers with one answer the way a broken query frontend would: a negative count,
 NaN, infinity, 1e308, text, a ratio out of [0, 1], an answer of the wrong shape, a megabyte label.
-Each time `gpumeter billing ingest` exits 1 with one line on stderr naming the problem, records a
-`failed` run with that reason, and leaves every line of the earlier billing as it was."""
+Each time `gpumeter billing ingest` exits 1 with one line per hour on stderr naming the problem,
+records a `failed` run per hour with that reason, and leaves every line of the earlier billing as it
+was. A value out of range refuses the GPU-hours it belongs to (here every one: every value is
+tampered with), an answer of the wrong shape its hour; either way the range goes on to the next hour
+(tests/billing/test_refusal_scope.py has one GPU's reading refused in a week of others billed)."""
 
 from __future__ import annotations
 
@@ -178,20 +181,24 @@ def test_a_hostile_answer_is_refused_and_the_billing_before_it_kept(
         done = _ingest_cli(billed, proxy, book)
     assert done.returncode == 1, done.stderr
     stderr = done.stderr.splitlines()
-    assert len(stderr) == 1, done.stderr  # one line: no traceback, no second account of it
-    assert stderr[0].startswith(f"error: hour {H0.isoformat()} not ingested: "), stderr[0]
-    assert refusal in stderr[0] and repr(QUERIES[name]) in stderr[0], stderr[0]
-    assert len(stderr[0]) < 1000  # a megabyte label is not repeated in the message
+    assert len(stderr) == len(HOURS), done.stderr  # one line an hour: no traceback, no second account
+    for hour, line in zip(HOURS, stderr, strict=True):
+        assert line.startswith(
+            (f"error: hour {hour.isoformat()} not ingested: ", f"error: hour {hour.isoformat()}: ")
+        ), line
+        assert refusal in line and repr(QUERIES[name]) in line, line
+        assert len(line) < 1000  # a megabyte label is not repeated in the message
 
     lines, counts, runs = _ledger_state(billed)
     assert lines == before_lines  # $11.18 for inference etc.: not $0.00, not a mix
     assert {k: v for k, v in counts.items() if k != "ingest_runs"} == {
         k: v for k, v in before_counts.items() if k != "ingest_runs"
     }
-    assert counts["ingest_runs"] == before_counts["ingest_runs"] + 1
-    (failed,) = [run for run in runs if run not in before_runs]
-    assert failed.status == contract.INGEST_FAILED and refusal in failed.error
-    assert failed.source == proxy
+    assert counts["ingest_runs"] == before_counts["ingest_runs"] + len(HOURS)
+    failed = [run for run in runs if run not in before_runs]
+    assert len({str(run.hour) for run in failed}) == len(HOURS)  # one run an hour
+    for run in failed:
+        assert run.status == contract.INGEST_FAILED and refusal in run.error and run.source == proxy
 
 
 def test_the_same_proxy_untampered_bills_the_hand_totals(real_prometheus, billed, book):
@@ -237,10 +244,11 @@ def test_a_wrong_shaped_instant_answer_is_a_bad_answer(billed):
         client.query("up", H0)
 
 
-def test_billing_serve_counts_the_refused_hour_in_its_ingest_job_series(real_prometheus, book, tmp_path):
-    """The service's hourly job meets the negative count: the hour is a failed run, nothing is
-    billed, and /metrics says so in gpumeter_billing_job_failures_total{task="ingest"} (before: the
-    job died with a traceback on that hour every time while /healthz said ok)."""
+def test_billing_serve_bills_the_rest_and_counts_the_refused_gpu_hours(real_prometheus, book, tmp_path):
+    """The service's hourly job meets the negative allocation counts: the two GPUs holding
+    allocations are refused in each of the three hours, the job goes on to the last hour, and /metrics
+    counts the six refused GPU-hours (before: the job died with a traceback on the first hour every
+    time while /healthz said ok; then it billed nothing and stopped there)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from gpumeter.billing.config import Settings
@@ -253,7 +261,7 @@ def test_billing_serve_counts_the_refused_hour_in_its_ingest_job_series(real_pro
             db=url, prometheus=proxy, prices=str(book), scrape_interval=30, catchup_hours=3, workers=1
         )
         outcome = hourly_ingest(settings.as_dict(), now=END + timedelta(minutes=5), holder="test")
-    assert outcome.startswith(f"failed at {H0.isoformat()}: ") and "not a number in [0, 3601]" in outcome
+    assert outcome == "ingested 3", outcome
 
     ledger = open_ledger(url)
     try:
@@ -262,6 +270,7 @@ def test_billing_serve_counts_the_refused_hour_in_its_ingest_job_series(real_pro
             build_app(ledger)({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET"}, lambda *a: out.append(a))
         )
         lines, counts, runs = _ledger_state(url)
+        refused = ledger.refused_gpu_hours()
     finally:
         ledger.close()
     samples = {
@@ -269,7 +278,46 @@ def test_billing_serve_counts_the_refused_hour_in_its_ingest_job_series(real_pro
         for family in text_string_to_metric_families(body.decode())
         for s in family.samples
     }
-    assert samples["gpumeter_billing_job_failures_total", "ingest"] == 1
-    assert samples["gpumeter_billing_job_last_success_timestamp_seconds", "ingest"] == 0
-    assert lines == [] and counts["gpu_hours"] == 0
-    assert [(run.status, run.source) for run in runs] == [(contract.INGEST_FAILED, proxy)]
+    assert samples["gpumeter_billing_refused_gpu_hours", None] == 6
+    assert [(r.hour, r.uuid) for r in refused] == [(h, u) for h in HOURS for u in ("GPU-aaaa", "GPU-hhhh")]
+    assert all("value -12.0 is not a number in [0, 3601]" in r.reason for r in refused)
+    assert lines == []  # the history's two GPUs both hold allocations: nothing else to bill
+    assert counts["refused_gpu_hours"] == 6
+    assert [(run.status, run.source) for run in runs] == [(contract.INGEST_PARTIAL, proxy)] * 3
+
+
+def _label(name: str, value: str) -> Tamper:
+    def tamper(answer: dict) -> None:
+        for item in answer["data"]["result"]:
+            item["metric"][name] = value
+
+    return tamper
+
+
+def test_a_namespace_named_as_a_reports_row_refuses_its_gpu_hours(real_prometheus, billed, book):
+    """An allocation whose namespace is `__total__` (no Kubernetes namespace can be: a forged label)
+    would merge with the reports' total row: its GPU-hours are refused, the billing before kept."""
+    before_lines, _, _ = _ledger_state(billed)
+    with answering(
+        _proxy(real_prometheus.url, QUERIES["alloc_count"], _label("namespace", "__total__"))
+    ) as proxy:
+        done = _ingest_cli(billed, proxy, book)
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.splitlines()) == len(HOURS)
+    assert "namespace '__total__' is a name the reports use" in done.stderr
+    assert _ledger_state(billed)[0] == before_lines
+
+
+def test_a_kube_team_label_named_as_a_reports_row_is_ignored(real_prometheus, billed, book):
+    """kube-state-metrics' label_team `__total__` for a namespace: not taken as its team."""
+    with answering(
+        _proxy(real_prometheus.url, QUERIES["teams"], _label(contract.LABEL_TEAM, "__total__"))
+    ) as proxy:
+        done = _ingest_cli(billed, proxy, book)
+    assert done.returncode == 0, done.stderr
+    ledger = open_ledger(billed)
+    try:
+        assert "__total__" not in ledger.namespace_teams().values()
+        assert "__total__" not in {line.team for line in ledger.lines(H0, END)}
+    finally:
+        ledger.close()

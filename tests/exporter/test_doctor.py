@@ -96,8 +96,9 @@ def test_doctor_says_whether_the_kubelet_reports_dra_devices_and_slices_can_be_r
     status = main(["doctor", "--simulate", "dra", "--simulate-node", "gpu-dra-01"])
     text = capsys.readouterr().out
     assert status == 0
-    # dra.yaml's gpu-dra-01: 7 containers through 5 claims; its slice: GPUs 0, 2, 3 and GPU 1's 4 MIG devices
-    assert "kubelet dynamic resources (DRA): reported: 7 containers hold devices through 5 DRA claims" in text
+    # dra.yaml's gpu-dra-01: 7 containers through 6 claims (5 of GPUs, and the pretrain pod's ComputeDomain
+    # channel); its slice: GPUs 0, 2, 3 and GPU 1's 4 MIG devices
+    assert "kubelet dynamic resources (DRA): reported: 7 containers hold devices through 6 DRA claims" in text
     assert (
         "ResourceSlices (DRA): readable: 7 gpu.nvidia.com devices of gpu-dra-01 (3 GPUs, 4 MIG devices)"
         in text

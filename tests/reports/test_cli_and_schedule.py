@@ -137,8 +137,8 @@ def test_report_runs_table_comes_from_the_migration(sql_ledger):
         (
             "GPUMETER_REPORT_BY",
             "team,colour",
-            "GPUMETER_REPORT_BY: 'colour': expected one of team, namespace, model, mig_profile, cluster or "
-            "label:KEY (value 'team,colour')",
+            "GPUMETER_REPORT_BY: 'colour': expected one of team, namespace, model, mig_profile, cluster "
+            "or label:KEY (value 'team,colour')",
         ),
         (
             "GPUMETER_REPORT_FORMATS",

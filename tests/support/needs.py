@@ -42,6 +42,9 @@ NEEDS: dict[str, Need] = {
     "image_user": Need(
         "root, to run commands as the image's UID 10001 with setpriv (util-linux)", ("setpriv",)
     ),
+    "mount_tmpfs": Need(
+        "root, to mount a small tmpfs: a genuinely full filesystem (util-linux mount)", ("mount",)
+    ),
     "buildah": Need(
         "buildah and debootstrap, to build and run the image (Debian packages buildah, debootstrap)",
         ("buildah", "debootstrap"),
@@ -69,6 +72,7 @@ FIXTURES: dict[str, tuple[str, ...]] = {
     "tests.deploy.conftest.rendered": ("kubectl",),
     "tests.deploy.conftest.built_image": ("buildah",),
     "tests.reports.test_browser._chromium_installed": ("chromium",),
+    "tests.reports.test_full_disk.full_disk": ("mount_tmpfs",),
 }
 
 _BINARY_NEED = {binary: name for name, need in NEEDS.items() for binary in need.binaries}
