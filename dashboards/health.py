@@ -284,6 +284,24 @@ PANELS: tuple[Section | Panel, ...] = (
         w=8,
         h=5,
     ),
+    Panel(
+        "Refused GPU-hours",
+        Query(contract.BILLING_REFUSED_GPU_HOURS.name, "refused"),
+        unit="h",
+        thresholds=steps((None, "green"), (0.001, "red")),
+        description="GPU-hours whose readings ingest refused (NaN, negative, out of range): billed nowhere "
+        "until a retry reads them clean (`gpumeter billing status` lists them).",
+        h=6,
+    ),
+    Panel(
+        "Report files not written",
+        Query(contract.BILLING_REPORT_UNWRITTEN_FILES.name, table=True),
+        kind=TABLE,
+        description="Files the scheduled report job's last run could not write (a full or read-only disk); "
+        "empty once a run wrote them all.",
+        transformations=[organize(exclude=["Value"])],
+        h=6,
+    ),
 )
 
 
