@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as d
@@ -27,6 +27,8 @@ from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, tab
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
+
+from gpumeter import contract
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAG = "gpumeter"
@@ -43,6 +45,8 @@ UID_CAPACITY = "gpumeter-capacity"
 
 # Throttle reasons that are not a problem worth a glance (idle, clocks pinned by the admin, display).
 BENIGN_REASONS = "gpu_idle|applications_clocks|display_clocks"
+# The only device series with the node's hostname, which every other device series is joined to.
+GPU_INFO = contract.GPU_INFO.name
 
 # --- PromQL helpers -------------------------------------------------------------------------------
 
@@ -56,7 +60,7 @@ def info(hostname: bool = True, gpu: bool = False, extra: str = "") -> str:
         matchers.append('gpu=~"$gpu"')
     if extra:
         matchers.append(extra)
-    return "nvidia_gpu_info{" + ", ".join(matchers) + "}"
+    return GPU_INFO + "{" + ", ".join(matchers) + "}"
 
 
 def on_gpu(expr: str, *, gpu: bool = False, labels: str = "hostname, model", extra: str = "") -> str:
@@ -73,7 +77,8 @@ def on_exporter(expr: str) -> str:
     specific host selection."""
     return (
         f"({expr}) * on(instance) group_left(hostname) "
-        'topk by (instance) (1, group by (instance, hostname) (last_over_time(nvidia_gpu_info{hostname=~"$hostname"}[1h])))'
+        "topk by (instance) (1, group by (instance, hostname) "
+        f'(last_over_time({GPU_INFO}{{hostname=~"$hostname"}}[1h])))'
     )
 
 
@@ -208,7 +213,7 @@ def cluster_var(label: str = "cluster", *, hide: bool = False) -> d.QueryVariabl
     var = query_var(
         CLUSTER_VARIABLE,
         "Cluster",
-        f"label_values(nvidia_gpu_info, {label})",
+        f"label_values({GPU_INFO}, {label})",
         multi=False,
         include_all=False,
         description=f"The cluster (label `{label}`, which each cluster's Prometheus adds as an external label).",
@@ -254,7 +259,7 @@ def hostname_var(multi: bool = True) -> d.QueryVariable:
     return query_var(
         "hostname",
         "Node",
-        "label_values(nvidia_gpu_info, hostname)",
+        f"label_values({GPU_INFO}, hostname)",
         multi=multi,
         include_all=multi,
         description="Node name (the exporter's NODE_NAME), from nvidia_gpu_info.",
@@ -265,7 +270,7 @@ def gpu_var() -> d.QueryVariable:
     return query_var(
         "gpu",
         "GPU",
-        'label_values(nvidia_gpu_info{hostname=~"$hostname"}, gpu)',
+        f'label_values({GPU_INFO}{{hostname=~"$hostname"}}, gpu)',
         description="GPU index on the selected node(s).",
         sort=dm.VariableSort.NUMERICAL_ASC,
     )
@@ -275,7 +280,7 @@ def namespace_var() -> d.QueryVariable:
     return query_var(
         "namespace",
         "Namespace",
-        'label_values(nvidia_gpu_allocation{hostname=~"$hostname"}, namespace)',
+        f'label_values({contract.ALLOCATION.name}{{hostname=~"$hostname"}}, namespace)',
         description="Namespaces of the pods holding GPUs or MIG instances (nvidia_gpu_allocation).",
     )
 
@@ -295,6 +300,10 @@ def link(title: str, target: str) -> d.DashboardLink:
     """A data link (panel field link)."""
     return d.DashboardLink(title).url(target)
 
+
+# Queries more than one dashboard draws: what each namespace holds now, in GPU equivalents (whole GPUs
+# their share, MIG instances compute slices / 7), which is what the next ingest bills.
+NAMESPACE_GPU_EQUIVALENTS = 'namespace:nvidia_gpu_allocated_gpu_equivalents:sum{namespace=~"$namespace"}'
 
 # Data links more than one dashboard uses. "Row" links read a table row's fields, "series" links a
 # time series' labels.
@@ -339,7 +348,9 @@ class Query:
     table: bool = False
 
 
-def _targets(queries: Sequence[Query]) -> list[prometheus.Dataquery]:
+def _targets(queries: Query | Sequence[Query]) -> list[prometheus.Dataquery]:
+    if isinstance(queries, Query):
+        queries = [queries]
     out = []
     for index, q in enumerate(queries):
         target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + index)).datasource(DS)
@@ -360,39 +371,82 @@ def steps(*pairs: tuple[float | None, str]) -> d.ThresholdsConfig:
     )
 
 
+@dataclass(frozen=True)
+class Axis:
+    """A unit with the bounds its axis always has (a panel's own min and max win)."""
+
+    unit: str
+    min: float | None = None
+    max: float | None = None
+
+
+# A share of time or of a capacity, 0 to 1, drawn as a percentage on a 0–100 % axis.
+SHARE = Axis("percentunit", 0, 1)
+
 NEUTRAL = steps((None, "green"))
-# Headroom to the GPU's own slowdown temperature, in °C: at or past it red, within 5 °C orange.
+# Counts of what should be none: any at all is a fault (red), or worth a look (orange).
+ANY_FAULT = steps((None, "green"), (1, "red"))
+ANY_WARNING = steps((None, "green"), (1, "orange"))
+UP_STEPS = steps((None, "red"), (1, "green"))  # 1 up, 0 down
+# Headroom to the GPU's own slowdown temperature, in °C (device-scoped: join it with on_gpu), and its
+# thresholds: at or past it red, within 5 °C orange.
+SLOWDOWN_HEADROOM = f'{contract.TEMPERATURE_THRESHOLD.name}{{threshold="slowdown"}} - ignoring(threshold) {contract.TEMPERATURE.name}'
 HEADROOM = steps((None, "red"), (1, "orange"), (5, "green"))
 # Power as a fraction of the GPU's own enforced limit.
 POWER_FRACTION = steps((None, "green"), (0.9, "orange"), (0.98, "red"))
 
+# --- dashboards as tables -------------------------------------------------------------------------
+# A dashboard is a table: Section rows start a row of the grid, Panel rows are panels, so adding a
+# panel is adding one row. What a panel shows (title, queries, unit, thresholds) comes first; how it
+# is drawn (kind, size, overrides) after.
 
-@dataclass
-class PanelSpec:
-    """What every panel factory needs; the builders do the rest."""
+TIMESERIES = "timeseries"
+STAT = "stat"
+TABLE = "table"
+TIMELINE = "timeline"
+
+
+@dataclass(frozen=True)
+class Section:
+    """Starts a row of the dashboard's grid, titled."""
 
     title: str
-    queries: Sequence[Query]
-    description: str = ""
-    unit: str = "short"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a dashboard's table: a time series unless ``kind`` says otherwise."""
+
+    title: str
+    queries: Query | Sequence[Query]
+    unit: str | Axis = "short"
     thresholds: d.ThresholdsConfig = NEUTRAL
+    kind: str = TIMESERIES
+    description: str = ""
     links: Iterable[d.DashboardLink] = ()
     w: int = 12
     h: int = 8
     decimals: float | None = None
     min: float | None = None
     max: float | None = None
-    overrides: list = field(default_factory=list)
-    transformations: list = field(default_factory=list)
-    mappings: list = field(default_factory=list)
+    overrides: Sequence = ()
+    transformations: Sequence = ()
+    mappings: Sequence = ()
+    stack: bool = False  # time series: stacked, filled
+    threshold_lines: bool = False  # time series: the thresholds drawn as lines
+    sort_by: str | None = None  # table: the column sorted by, descending unless ``ascending``
+    ascending: bool = False
 
 
-def _common(builder, spec: PanelSpec):
+def _common(builder, spec: Panel):
+    axis = spec.unit if isinstance(spec.unit, Axis) else Axis(spec.unit)
+    minimum = axis.min if spec.min is None else spec.min
+    maximum = axis.max if spec.max is None else spec.max
     builder = (
         builder.title(spec.title)
         .datasource(DS)
         .targets(_targets(spec.queries))
-        .unit(spec.unit)
+        .unit(axis.unit)
         .thresholds(spec.thresholds)
         .span(spec.w)
         .height(spec.h)
@@ -403,10 +457,10 @@ def _common(builder, spec: PanelSpec):
         builder = builder.data_links(list(spec.links))
     if spec.decimals is not None:
         builder = builder.decimals(spec.decimals)
-    if spec.min is not None:
-        builder = builder.min(spec.min)
-    if spec.max is not None:
-        builder = builder.max(spec.max)
+    if minimum is not None:
+        builder = builder.min(minimum)
+    if maximum is not None:
+        builder = builder.max(maximum)
     if spec.mappings:
         builder = builder.mappings(spec.mappings)
     for name, properties in spec.overrides:
@@ -416,7 +470,7 @@ def _common(builder, spec: PanelSpec):
     return builder
 
 
-def ts(spec: PanelSpec, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
+def ts(spec: Panel, *, stack: bool = False, threshold_lines: bool = False) -> timeseries.Panel:
     panel = _common(timeseries.Panel(), spec)
     panel = (
         panel.legend(
@@ -437,7 +491,7 @@ def ts(spec: PanelSpec, *, stack: bool = False, threshold_lines: bool = False) -
     return panel
 
 
-def stat_panel(spec: PanelSpec) -> stat.Panel:
+def stat_panel(spec: Panel) -> stat.Panel:
     return (
         _common(stat.Panel(), spec)
         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
@@ -465,7 +519,7 @@ def organize(exclude: Iterable[str] = (), rename: dict[str, str] | None = None) 
 MERGE = dm.DataTransformerConfig(id_val="merge", options={})
 
 
-def table_panel(spec: PanelSpec, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
+def table_panel(spec: Panel, *, sort_by: str | None = None, desc: bool = True) -> table.Panel:
     panel = _common(table.Panel(), spec).show_header(True).cell_height(cm.TableCellHeight.SM)
     if sort_by:
         panel = panel.sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(desc)])
@@ -510,7 +564,7 @@ def value_map(mapping: dict[str, tuple[str, str]]) -> list[dm.ValueMap]:
     ]
 
 
-def timeline(spec: PanelSpec) -> statetimeline.Panel:
+def timeline(spec: Panel) -> statetimeline.Panel:
     return (
         _common(statetimeline.Panel(), spec)
         .show_value(cm.VisibilityMode.NEVER)
@@ -523,8 +577,39 @@ def timeline(spec: PanelSpec) -> statetimeline.Panel:
     )
 
 
-def text_row(title: str) -> d.Row:
-    return d.Row(title)
+# --- laying a table out --------------------------------------------------------------------------
+
+
+def build_panel(row: Panel):
+    """The grafana-foundation-sdk builder for one row of a table."""
+    if row.kind == TIMESERIES:
+        return ts(row, stack=row.stack, threshold_lines=row.threshold_lines)
+    if row.kind == STAT:
+        return stat_panel(row)
+    if row.kind == TABLE:
+        return table_panel(row, sort_by=row.sort_by, desc=not row.ascending)
+    if row.kind == TIMELINE:
+        return timeline(row)
+    raise ValueError(f"dashboards: panel {row.title!r} has unknown kind {row.kind!r}")
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    variables: list,
+    table: Iterable[Section | Panel],
+    *,
+    since: str = "now-6h",
+) -> d.Dashboard:
+    """A dashboard laid out from its table of sections and panels, left to right, top to bottom."""
+    layout = Layout(new_dashboard(uid, title, description, variables, since=since))
+    for row in table:
+        if isinstance(row, Section):
+            layout.row(row.title)
+        else:
+            layout.add(build_panel(row), row.w, row.h)
+    return layout.builder
 
 
 class Layout:
@@ -561,9 +646,6 @@ class Layout:
         self.x += w
         self.row_h = max(self.row_h, h)
         return self
-
-    def panel(self, factory, spec: PanelSpec, **kwargs) -> Layout:
-        return self.add(factory(spec, **kwargs), spec.w, spec.h)
 
 
 def new_dashboard(

@@ -6,343 +6,311 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as d
 
+from gpumeter import contract
+
 from .core import (
+    ANY_FAULT,
+    ANY_WARNING,
     BILLING_JOB,
     EXPORTER_JOB,
     MERGE,
     NODE_DETAIL_SERIES,
+    STAT,
+    TABLE,
+    TIMELINE,
     UID_HEALTH,
     UID_NODE,
-    Layout,
-    PanelSpec,
+    UP_STEPS,
+    Panel,
     Query,
+    Section,
+    dashboard,
     hostname_var,
     link,
-    new_dashboard,
     on_exporter,
     organize,
-    stat_panel,
     steps,
-    table_panel,
-    timeline,
-    ts,
     unit_override,
     url,
     value_map,
 )
 
 UP_DOWN = value_map({"0": ("down", "red"), "1": ("up", "green")})
-UP_STEPS = steps((None, "red"), (1, "green"))
 # The alert GpumeterSamplesStale fires at 120 s; a healthy exporter samples every few seconds.
 AGE_STEPS = steps((None, "green"), (30, "orange"), (120, "red"))
+# Each exporter's own health, with its node's hostname: the Exporters table shows them now, the
+# panels below it over time.
+NVML_UP = on_exporter(contract.NVML_UP.name)
+KUBELET_UP = on_exporter(contract.KUBELET_UP.name)
+SAMPLE_AGE = on_exporter(f"time() - {contract.LAST_SAMPLE_TIMESTAMP.name}")
+SAMPLE_DURATION = on_exporter(contract.SAMPLE_DURATION.name)
+NVML_CALLS = on_exporter(contract.NVML_CALLS.name)
 TO_NODE = link(
     "Node & GPU detail: ${__data.fields.hostname}", url(UID_NODE, hostname="${__data.fields.hostname}")
 )
 
 
-def build() -> d.Dashboard:
-    layout = Layout(
-        new_dashboard(
-            UID_HEALTH,
-            "gpumeter / Exporter & billing health",
-            "Is the monitoring itself working: exporters scraped, NVML and kubelet answering, every "
-            "collector succeeding, fresh samples; billing ingesting every hour.",
-            [hostname_var()],
-        )
-    )
-
-    layout.row("Exporters")
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Exporter targets up",
-            [Query(f'sum(up{{job="{EXPORTER_JOB}"}}) / count(up{{job="{EXPORTER_JOB}"}})')],
-            description=f'Prometheus\'s own scrape health of job "{EXPORTER_JOB}" (the job the alert rules use).',
-            unit="percentunit",
-            thresholds=steps((None, "red"), (1, "green")),
-            w=6,
-            h=5,
+PANELS: tuple[Section | Panel, ...] = (
+    Section("Exporters"),
+    Panel(
+        "Exporter targets up",
+        Query(f'sum(up{{job="{EXPORTER_JOB}"}}) / count(up{{job="{EXPORTER_JOB}"}})'),
+        unit="percentunit",
+        thresholds=UP_STEPS,
+        kind=STAT,
+        description=f'Prometheus\'s own scrape health of job "{EXPORTER_JOB}" (the job the alert rules use).',
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "NVML down",
+        Query(f"count({on_exporter(f'{contract.NVML_UP.name} == 0')}) or vector(0)"),
+        thresholds=ANY_FAULT,
+        kind=STAT,
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Kubelet attribution down",
+        Query(f"count({on_exporter(f'{contract.KUBELET_UP.name} == 0')}) or vector(0)"),
+        thresholds=ANY_FAULT,
+        kind=STAT,
+        description="Exporters whose kubelet PodResources query fails: allocations (and billing) are "
+        "blind on that node.",
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Oldest sample served",
+        Query(f"max({on_exporter(f'time() - {contract.LAST_SAMPLE_TIMESTAMP.name}')})"),
+        unit="s",
+        thresholds=AGE_STEPS,
+        kind=STAT,
+        description="Now minus when the snapshot being served was sampled. Over 120 s: the sampler is "
+        "stuck (GpumeterSamplesStale).",
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Exporters",
+        [
+            Query(on_exporter(contract.BUILD_INFO.name), table=True),
+            Query(NVML_UP, table=True),
+            Query(KUBELET_UP, table=True),
+            Query(SAMPLE_AGE, table=True),
+            Query(SAMPLE_DURATION, table=True),
+            Query(NVML_CALLS, table=True),
+        ],
+        kind=TABLE,
+        description="One row per exporter: version, NVML and kubelet up, sample age, the last sampling "
+        "cycle's duration and NVML calls. Kubelet up is empty where attribution is off.",
+        overrides=[
+            unit_override("NVML", "short", UP_STEPS),
+            unit_override("kubelet", "short", UP_STEPS),
+            unit_override("sample age", "s", AGE_STEPS),
+            unit_override("cycle", "s"),
+        ],
+        transformations=[
+            MERGE,
+            organize(
+                exclude=["Value #A"],
+                rename={
+                    "Value #B": "NVML",
+                    "Value #C": "kubelet",
+                    "Value #D": "sample age",
+                    "Value #E": "cycle",
+                    "Value #F": "NVML calls",
+                },
+            ),
+        ],
+        links=[TO_NODE],
+        w=24,
+        h=7,
+    ),
+    Panel(
+        "NVML and kubelet up",
+        [
+            Query(NVML_UP, "{{hostname}} NVML"),
+            Query(KUBELET_UP, "{{hostname}} kubelet"),
+            Query(on_exporter(contract.KUBE_API_UP.name), "{{hostname}} Kubernetes API"),
+            Query(on_exporter(contract.DRA_API_UP.name), "{{hostname}} DRA ResourceSlices/Claims"),
+        ],
+        thresholds=UP_STEPS,
+        kind=TIMELINE,
+        mappings=UP_DOWN,
+        links=[NODE_DETAIL_SERIES],
+    ),
+    Panel(
+        "Collector success",
+        Query(on_exporter(contract.COLLECTOR_SUCCESS.name), "{{hostname}} {{collector}}"),
+        thresholds=UP_STEPS,
+        kind=TIMELINE,
+        description="1 when the collector read every device it should in the last sampling cycle.",
+        mappings=value_map({"0": ("failed", "red"), "1": ("ok", "green")}),
+        links=[NODE_DETAIL_SERIES],
+    ),
+    Panel(
+        "Collector duration",
+        Query(on_exporter(contract.COLLECTOR_DURATION.name), "{{hostname}} {{collector}}"),
+        unit="s",
+    ),
+    Panel(
+        "Sampling cycle duration and sample age",
+        [
+            Query(SAMPLE_DURATION, "{{hostname}} cycle"),
+            Query(
+                SAMPLE_AGE,
+                "{{hostname}} sample age",
+            ),
+        ],
+        unit="s",
+    ),
+    Panel(
+        "NVML calls per sampling cycle",
+        Query(NVML_CALLS, "{{hostname}}"),
+        unit="short",
+    ),
+    Panel(
+        "Kubelet and Kubernetes API errors",
+        [
+            Query(
+                on_exporter(f"rate({contract.KUBELET_ERRORS.name}[$__rate_interval])"),
+                "{{hostname}} kubelet",
+            ),
+            Query(
+                on_exporter(f"rate({contract.KUBE_API_ERRORS.name}[$__rate_interval])"),
+                "{{hostname}} Kubernetes API {{reason}}",
+            ),
+            Query(
+                on_exporter(f"rate({contract.DRA_API_ERRORS.name}[$__rate_interval])"),
+                "{{hostname}} DRA API {{reason}}",
+            ),
+            Query(on_exporter(contract.DRA_DEVICES_UNRESOLVED.name), "{{hostname}} DRA devices unresolved"),
+        ],
+        unit="reqps",
+        description="Failed PodResources queries, and failed pod lists from the Kubernetes API (where "
+        "fractional grants or per-process series are read).",
+        w=16,
+    ),
+    Panel(
+        "Exporters blind to MIG XIDs",
+        Query(f"count({on_exporter(f'{contract.MIG_XIDS_VISIBLE.name} == 0')}) or vector(0)"),
+        thresholds=ANY_WARNING,
+        kind=STAT,
+        description="Exporters without the privilege (root or CAP_SYS_ADMIN) NVML needs to name the MIG "
+        "instance of an XID: their XIDs count against the whole GPU (docs/security.md).",
+        w=8,
+    ),
+    Section("Billing"),
+    Panel(
+        "Billing service up",
+        Query(f'min(up{{job="{BILLING_JOB}"}})'),
+        thresholds=UP_STEPS,
+        kind=STAT,
+        mappings=UP_DOWN,
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Ingest lag",
+        Query(f"max({contract.BILLING_INGEST_LAG.name})"),
+        unit="s",
+        thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
+        kind=STAT,
+        description="Now minus the end of the newest hour ingested successfully. The hourly ingest "
+        "runs at minute 5, so up to ~65 min is normal.",
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Newest hour billed (end)",
+        Query(f"max({contract.BILLING_LAST_SUCCESS.name}) * 1000"),
+        unit="dateTimeFromNow",
+        kind=STAT,
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Failed ingest runs in the range",
+        Query(
+            f'sum(increase({contract.BILLING_INGEST_RUNS.name}{{status="failed"}}[$__range])) or vector(0)'
         ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "NVML down",
-            [Query(f"count({on_exporter('gpumeter_exporter_nvml_up == 0')}) or vector(0)")],
-            thresholds=steps((None, "green"), (1, "red")),
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Kubelet attribution down",
-            [Query(f"count({on_exporter('gpumeter_exporter_kubelet_up == 0')}) or vector(0)")],
-            description="Exporters whose kubelet PodResources query fails: allocations (and billing) are "
-            "blind on that node.",
-            thresholds=steps((None, "green"), (1, "red")),
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Oldest sample served",
-            [Query(f"max({on_exporter('time() - gpumeter_exporter_last_sample_timestamp_seconds')})")],
-            description="Now minus when the snapshot being served was sampled. Over 120 s: the sampler is "
-            "stuck (GpumeterSamplesStale).",
-            unit="s",
-            thresholds=AGE_STEPS,
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        table_panel,
-        PanelSpec(
-            "Exporters",
-            [
-                Query(on_exporter("gpumeter_exporter_build_info"), table=True),
-                Query(on_exporter("gpumeter_exporter_nvml_up"), table=True),
-                Query(on_exporter("gpumeter_exporter_kubelet_up"), table=True),
-                Query(on_exporter("time() - gpumeter_exporter_last_sample_timestamp_seconds"), table=True),
-                Query(on_exporter("gpumeter_exporter_sample_duration_seconds"), table=True),
-                Query(on_exporter("gpumeter_exporter_nvml_calls"), table=True),
-            ],
-            description="One row per exporter: version, NVML and kubelet up, sample age, the last sampling "
-            "cycle's duration and NVML calls. Kubelet up is empty where attribution is off.",
-            overrides=[
-                unit_override("NVML", "short", UP_STEPS),
-                unit_override("kubelet", "short", UP_STEPS),
-                unit_override("sample age", "s", AGE_STEPS),
-                unit_override("cycle", "s"),
-            ],
-            transformations=[
-                MERGE,
-                organize(
-                    exclude=["Value #A"],
-                    rename={
-                        "Value #B": "NVML",
-                        "Value #C": "kubelet",
-                        "Value #D": "sample age",
-                        "Value #E": "cycle",
-                        "Value #F": "NVML calls",
-                    },
-                ),
-            ],
-            links=[TO_NODE],
-            w=24,
-            h=7,
-        ),
-    )
-    layout.panel(
-        timeline,
-        PanelSpec(
-            "NVML and kubelet up",
-            [
-                Query(on_exporter("gpumeter_exporter_nvml_up"), "{{hostname}} NVML"),
-                Query(on_exporter("gpumeter_exporter_kubelet_up"), "{{hostname}} kubelet"),
-                Query(on_exporter("gpumeter_exporter_kube_api_up"), "{{hostname}} Kubernetes API"),
-                Query(on_exporter("gpumeter_exporter_dra_api_up"), "{{hostname}} DRA ResourceSlices/Claims"),
-            ],
-            mappings=UP_DOWN,
-            thresholds=UP_STEPS,
-            links=[NODE_DETAIL_SERIES],
-        ),
-    )
-    layout.panel(
-        timeline,
-        PanelSpec(
-            "Collector success",
-            [Query(on_exporter("gpumeter_exporter_collector_success"), "{{hostname}} {{collector}}")],
-            description="1 when the collector read every device it should in the last sampling cycle.",
-            mappings=value_map({"0": ("failed", "red"), "1": ("ok", "green")}),
-            thresholds=UP_STEPS,
-            links=[NODE_DETAIL_SERIES],
-        ),
-    )
-    layout.panel(
-        ts,
-        PanelSpec(
-            "Collector duration",
-            [
-                Query(
-                    on_exporter("gpumeter_exporter_collector_duration_seconds"),
-                    "{{hostname}} {{collector}}",
-                )
-            ],
-            unit="s",
-        ),
-    )
-    layout.panel(
-        ts,
-        PanelSpec(
-            "Sampling cycle duration and sample age",
-            [
-                Query(on_exporter("gpumeter_exporter_sample_duration_seconds"), "{{hostname}} cycle"),
-                Query(
-                    on_exporter("time() - gpumeter_exporter_last_sample_timestamp_seconds"),
-                    "{{hostname}} sample age",
-                ),
-            ],
-            unit="s",
-        ),
-    )
-    layout.panel(
-        ts,
-        PanelSpec(
-            "NVML calls per sampling cycle",
-            [Query(on_exporter("gpumeter_exporter_nvml_calls"), "{{hostname}}")],
-            unit="short",
-        ),
-    )
-    layout.panel(
-        ts,
-        PanelSpec(
-            "Kubelet and Kubernetes API errors",
-            [
-                Query(
-                    on_exporter("rate(gpumeter_exporter_kubelet_errors_total[$__rate_interval])"),
-                    "{{hostname}} kubelet",
-                ),
-                Query(
-                    on_exporter("rate(gpumeter_exporter_kube_api_errors_total[$__rate_interval])"),
-                    "{{hostname}} Kubernetes API {{reason}}",
-                ),
-                Query(
-                    on_exporter("rate(gpumeter_exporter_dra_api_errors_total[$__rate_interval])"),
-                    "{{hostname}} DRA API {{reason}}",
-                ),
-                Query(
-                    on_exporter("gpumeter_exporter_dra_devices_unresolved"),
-                    "{{hostname}} DRA devices unresolved",
-                ),
-            ],
-            description="Failed PodResources queries, and failed pod lists from the Kubernetes API (where "
-            "fractional grants or per-process series are read).",
-            unit="reqps",
-            w=16,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Exporters blind to MIG XIDs",
-            [Query(f"count({on_exporter('gpumeter_exporter_mig_xids_visible == 0')}) or vector(0)")],
-            description="Exporters without the privilege (root or CAP_SYS_ADMIN) NVML needs to name the MIG "
-            "instance of an XID: their XIDs count against the whole GPU (docs/security.md).",
-            thresholds=steps((None, "green"), (1, "orange")),
-            w=8,
-        ),
-    )
-
-    layout.row("Billing")
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Billing service up",
-            [Query(f'min(up{{job="{BILLING_JOB}"}})')],
-            thresholds=UP_STEPS,
-            mappings=UP_DOWN,
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Ingest lag",
-            [Query("max(gpumeter_billing_ingest_lag_seconds)")],
-            description="Now minus the end of the newest hour ingested successfully. The hourly ingest "
-            "runs at minute 5, so up to ~65 min is normal.",
-            unit="s",
-            thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Newest hour billed (end)",
-            [Query("max(gpumeter_billing_last_success_timestamp_seconds) * 1000")],
-            unit="dateTimeFromNow",
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Failed ingest runs in the range",
-            [
-                Query(
-                    'sum(increase(gpumeter_billing_ingest_runs_total{status="failed"}[$__range])) or vector(0)'
-                )
-            ],
-            thresholds=steps((None, "green"), (1, "orange")),
-            decimals=0,
-            w=6,
-            h=5,
-        ),
-    )
-    layout.panel(
-        ts,
-        PanelSpec(
-            "Ingest lag",
-            [Query("gpumeter_billing_ingest_lag_seconds", "{{instance}}")],
-            unit="s",
-            thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
-        ),
+        thresholds=ANY_WARNING,
+        kind=STAT,
+        decimals=0,
+        w=6,
+        h=5,
+    ),
+    Panel(
+        "Ingest lag",
+        Query(contract.BILLING_INGEST_LAG.name, "{{instance}}"),
+        unit="s",
+        thresholds=steps((None, "green"), (2 * 3600, "orange"), (3 * 3600, "red")),
         threshold_lines=True,
+    ),
+    Panel(
+        "Ingest runs by status",
+        Query(f"sum by (status) ({contract.BILLING_INGEST_RUNS.name})", "{{status}}"),
+        unit="short",
+        description="Cumulative runs recorded in the ledger (ok / failed).",
+    ),
+    Panel(
+        "Scheduled job failures in the range",
+        Query(f"sum by (task) (increase({contract.BILLING_JOB_FAILURES.name}[$__range]))", "{{task}}"),
+        thresholds=ANY_FAULT,
+        kind=STAT,
+        description="Runs of the hourly ingest and of the monthly chargeback and health reports that "
+        "raised or ended with a failed hour or report.",
+        decimals=0,
+        w=8,
+        h=5,
+    ),
+    Panel(
+        "Scheduled jobs: last success",
+        Query(f"max by (task) ({contract.BILLING_JOB_LAST_SUCCESS.name}) * 1000", "{{task}}"),
+        unit="dateTimeFromNow",
+        kind=STAT,
+        description="When each job last succeeded (a report: also a run recorded in the ledger).",
+        w=8,
+        h=5,
+    ),
+    Panel(
+        "Scheduled jobs: last due",
+        Query(f"max by (task) ({contract.BILLING_JOB_LAST_DUE.name}) * 1000", "{{task}}"),
+        unit="dateTimeFromNow",
+        kind=STAT,
+        description="When the schedule last called for each job while the service was up; a due time "
+        "newer than the last success an hour on fires GpumeterBillingReportOverdue.",
+        w=8,
+        h=5,
+    ),
+    Panel(
+        "Refused GPU-hours",
+        Query(contract.BILLING_REFUSED_GPU_HOURS.name, "refused"),
+        unit="h",
+        thresholds=steps((None, "green"), (0.001, "red")),
+        description="GPU-hours whose readings ingest refused (NaN, negative, out of range): billed nowhere "
+        "until a retry reads them clean (`gpumeter billing status` lists them).",
+        h=6,
+    ),
+    Panel(
+        "Report files not written",
+        Query(contract.BILLING_REPORT_UNWRITTEN_FILES.name, table=True),
+        kind=TABLE,
+        description="Files the scheduled report job's last run could not write (a full or read-only disk); "
+        "empty once a run wrote them all.",
+        transformations=[organize(exclude=["Value"])],
+        h=6,
+    ),
+)
+
+
+def build() -> d.Dashboard:
+    return dashboard(
+        UID_HEALTH,
+        "gpumeter / Exporter & billing health",
+        "Is the monitoring itself working: exporters scraped, NVML and kubelet answering, every "
+        "collector succeeding, fresh samples; billing ingesting every hour.",
+        [hostname_var()],
+        PANELS,
     )
-    layout.panel(
-        ts,
-        PanelSpec(
-            "Ingest runs by status",
-            [Query("sum by (status) (gpumeter_billing_ingest_runs_total)", "{{status}}")],
-            description="Cumulative runs recorded in the ledger (ok / failed).",
-            unit="short",
-        ),
-    )
-    # The service's scheduled jobs (docs/billing.md §7): GpumeterBillingJobFailed and
-    # GpumeterBillingReportOverdue read the same series.
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Scheduled job failures in the range",
-            [Query("sum by (task) (increase(gpumeter_billing_job_failures_total[$__range]))", "{{task}}")],
-            description="Runs of the hourly ingest and of the monthly chargeback and health reports that "
-            "raised or ended with a failed hour or report.",
-            thresholds=steps((None, "green"), (1, "red")),
-            decimals=0,
-            w=8,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Scheduled jobs: last success",
-            [Query("max by (task) (gpumeter_billing_job_last_success_timestamp_seconds) * 1000", "{{task}}")],
-            description="When each job last succeeded (a report: also a run recorded in the ledger).",
-            unit="dateTimeFromNow",
-            w=8,
-            h=5,
-        ),
-    )
-    layout.panel(
-        stat_panel,
-        PanelSpec(
-            "Scheduled jobs: last due",
-            [Query("max by (task) (gpumeter_billing_job_last_due_timestamp_seconds) * 1000", "{{task}}")],
-            description="When the schedule last called for each job while the service was up; a due time "
-            "newer than the last success an hour on fires GpumeterBillingReportOverdue.",
-            unit="dateTimeFromNow",
-            w=8,
-            h=5,
-        ),
-    )
-    return layout.builder
