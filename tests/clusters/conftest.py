@@ -86,6 +86,8 @@ WEST_FAULTS = {
         {"fault": "nvlink_crc", "gpu": 1, "link": 3, "rate": 20},
         {"fault": "nvlink_down", "gpu": 1, "link": 4},
     ],
+    # the fabric row: a route recovery on another GPU than east's degraded one, and no failed registration
+    "gpu-b200-01": [{"fault": "fabric_health", "gpu": 5, "condition": "route_recovery"}],
     "gpu-a100-mixed-01": [
         {"fault": "xid", "gpu": 5, "code": 31},
         {"fault": "row_remap", "gpu": 2, "kind": "pending"},
