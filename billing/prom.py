@@ -102,7 +102,8 @@ class Sample(NamedTuple):
 
 
 # A range answer fetched, not yet decoded: calling it decodes it (PrometheusError if it is an error).
-RangeAnswer = Callable[[], list[tuple[dict[str, str], list[list]]]]
+# a range answer's series, decoded as they are read where the answer's layout allows (billing/promjson.py)
+RangeAnswer = Callable[[], Iterable[tuple[dict[str, str], list[list]]]]
 
 
 class PrometheusClient:
@@ -162,7 +163,7 @@ class PrometheusClient:
         points at the steps where it has a value. Returned as Prometheus sends it, (labels,
         [[unix seconds, "value"], ...]) per series: the caller converts only what it keeps.
         """
-        return self.fetch_range(promql, start, end, step_seconds)()
+        return list(self.fetch_range(promql, start, end, step_seconds)())
 
     def fetch_range(self, promql: str, start: datetime, end: datetime, step_seconds: int) -> RangeAnswer:
         """`query_range` in two halves: the request now, the answer's decoding when the returned
@@ -347,7 +348,7 @@ class ReplicaSetClient:
     def query_range(
         self, promql: str, start: datetime, end: datetime, step_seconds: int
     ) -> list[tuple[dict[str, str], list[list]]]:
-        return self.fetch_range(promql, start, end, step_seconds)()
+        return list(self.fetch_range(promql, start, end, step_seconds)())
 
     def fetch_range(self, promql: str, start: datetime, end: datetime, step_seconds: int) -> RangeAnswer:
         """Every replica's answer fetched now, decoded and merged when the function is called."""
