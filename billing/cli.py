@@ -552,8 +552,9 @@ def _print_refused(refused) -> None:
     )
 
 
-def cmd_status(args) -> int:
-    """The newest hour billed, the runs by status, and the refused GPU-hours still outstanding."""
+def _read_ledger(args, read):
+    """``read(ledger)`` over the ledger --db names, opened and closed here; None (the error printed) when
+    the ledger cannot be opened or read."""
     from gpumeter.billing.config import Settings
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
@@ -561,13 +562,22 @@ def cmd_status(args) -> int:
     try:
         ledger = open_ledger(args.db or Settings().db, schema=args.db_schema)
         try:
-            summary = ledger.summary()
-            refused = ledger.refused_gpu_hours(args.start, args.end)
+            return read(ledger)
         finally:
             ledger.close()
     except LedgerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_status(args) -> int:
+    """The newest hour billed, the runs by status, and the refused GPU-hours still outstanding."""
+    read = _read_ledger(
+        args, lambda ledger: (ledger.summary(), ledger.refused_gpu_hours(args.start, args.end))
+    )
+    if read is None:
         return 1
+    summary, refused = read
     last = summary.last_success
     print(f"last hour billed: {last.isoformat() if last is not None else 'none'}")
     print("ingest runs: " + (", ".join(f"{s} {n}" for s, n in sorted(summary.runs.items())) or "none"))
@@ -580,20 +590,16 @@ def cmd_status(args) -> int:
 
 def cmd_audit(args) -> int:
     """One line per changed hour, then one per run: when, which command, who, why, which book."""
-    from gpumeter.billing.config import Settings
-    from gpumeter.billing.ledger import open_ledger
-    from gpumeter.billing.ledger.base import LedgerError
-
-    try:
-        ledger = open_ledger(args.db or Settings().db, schema=args.db_schema)
-        try:
-            records = ledger.audit_records(args.start, args.end)
-            refused = ledger.refused_gpu_hours(args.start, args.end)
-        finally:
-            ledger.close()
-    except LedgerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    read = _read_ledger(
+        args,
+        lambda ledger: (
+            ledger.audit_records(args.start, args.end),
+            ledger.refused_gpu_hours(args.start, args.end),
+        ),
+    )
+    if read is None:
         return 1
+    records, refused = read
     _print_refused(refused)
     if not records:
         print("no billed hour was changed")

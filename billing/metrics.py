@@ -1,6 +1,6 @@
 """Billing's own series on /metrics, rendered from the ledger at scrape time.
 
-Names, types, labels and help come from the contract (gpumeter/contract.py), which the cost
+Names, types, labels and help come from the contract (gpumeter/contract/), which the cost
 dashboard and the GpumeterBillingIngestStale alert read too.
 """
 

@@ -298,7 +298,7 @@ class ReplicaSetClient:
 
     Billing's queries are per series, and a replica's external labels are not in its own answers,
     so both replicas answer with the same label sets; a series' value at a step is the largest any
-    replica gives (billing then takes ``max by`` the labels it reads, gpumeter/contract.py
+    replica gives (billing then takes ``max by`` the labels it reads, gpumeter/contract/
     HourQuery). A replica that missed scrapes (restarted, lost an hour) answers a smaller count or
     nothing for that hour, and the other replica's fills it. Both missing different parts of the
     same hour is not repaired: the larger part is billed (docs/billing.md §6.2). A replica that

@@ -1,6 +1,6 @@
 """Billing's questions to the metrics store: one PromQL aggregate per input series, per closed hour
 (docs/billing.md §6). They live with billing, which alone sends them; the series they read are the
-contract's (gpumeter/contract.py), checked against the exporter and the history generator by
+contract's (gpumeter/contract/), checked against the exporter and the history generator by
 tests/test_contract_parity.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The exporter's catalog: one spec per exported series, what only the exporter needs to know.
 
-Each spec wraps the series' declaration in the metric contract (``gpumeter/contract.py``: name, type,
+Each spec wraps the series' declaration in the metric contract (``gpumeter/contract/``: name, type,
 labels, unit, help, the names alert rules, dashboards and billing rely on) and adds where the value
 comes from (the NVML calls, for ``docs/metrics.md``), the object it describes (its scope) and how
 dcgm-exporter names it. The collectors (through the snapshot), the renderers (native and dcgm naming),

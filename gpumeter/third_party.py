@@ -4,7 +4,7 @@ queues, and dcgm-exporter's profiling fields where it runs beside gpumeter (docs
 recording rules, dashboards, the health report and the simulator's stand-ins read them from here.
 
 gpumeter's own series, and what billing reads (kube_namespace_labels included, since billing's HourQuery
-reads it), are gpumeter/contract.py's; this module builds on its vocabulary and imports nothing else.
+reads it), are gpumeter/contract/'s; this module builds on its vocabulary and imports nothing else.
 """
 
 from __future__ import annotations

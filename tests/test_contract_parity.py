@@ -1,4 +1,4 @@
-"""The metric contract holds where money depends on it (gpumeter/contract.py).
+"""The metric contract holds where money depends on it (gpumeter/contract/).
 
 Billing's tests consume the history generator's series, never the live exporter's. So the live
 exporter (stand-in NVML, stand-in kubelet over gRPC, its real sampler and renderer) and the history

@@ -2,7 +2,7 @@
 exposition format for a fleet's pods, plus pending GPU pods and GPU ResourceQuotas given to it.
 
 Series, names and labels as kube-state-metrics v2 writes them (internal/store/pod.go, resourcequota.go;
-declared in gpumeter/contract.py): ``kube_pod_status_phase{namespace,pod,uid,phase}`` (1 for the current
+declared in gpumeter/contract/): ``kube_pod_status_phase{namespace,pod,uid,phase}`` (1 for the current
 phase, 0 for the other four), ``kube_pod_created{namespace,pod,uid}`` (Unix seconds),
 ``kube_pod_container_resource_requests{namespace,pod,uid,container,node,resource,unit}`` with the extended
 resource's name sanitised as Prometheus label names are (``nvidia.com/mig-1g.5gb`` ->

@@ -2,7 +2,7 @@
 ``/metrics`` for the queues given to it, where a cluster schedules GPU jobs with Volcano (seed 002).
 
 Names, labels and units as volcano-scheduler writes them (pkg/scheduler/metrics/queue.go; declared
-in gpumeter/contract.py): every series carries ``queue_name``; the ``*_scalar_resources`` ones also
+in gpumeter/contract/): every series carries ``queue_name``; the ``*_scalar_resources`` ones also
 ``resource`` in its Kubernetes spelling (``nvidia.com/gpu``), and their value is in milli-units, as
 Volcano keeps every scalar resource (pkg/scheduler/api/resource_info.go ``NewResource`` stores
 ``Quantity.MilliValue()``): a queue holding 4 GPUs reads 4000. ``queue_request_*`` is what the

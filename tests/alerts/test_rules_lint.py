@@ -2,7 +2,7 @@
 
 Every alert: a `Gpu`/`Gpumeter` CamelCase name, a severity, static summary, templated description,
 runbook_url to its own runbook section (which explains its `for:`), a promtool test that sees it both
-silent and firing with full labels and annotations; only series declared in gpumeter/contract.py.
+silent and firing with full labels and annotations; only series declared in gpumeter/contract/.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def test_rules_use_only_contract_series(alert_rules, recording_rules):
                 if ref not in recorded:
                     problems.append(f"{name}: recording rule {ref} is not defined")
             for metric in _metrics_in(text) - CONTRACT_NAMES:
-                problems.append(f"{name}: {metric} is not declared in gpumeter/contract.py")
+                problems.append(f"{name}: {metric} is not declared in gpumeter/contract/")
     assert not problems, "\n".join(problems)
 
 

@@ -158,8 +158,9 @@ def test_every_scrape_interval_bills_the_same_without_the_flag(tmp_path, book, c
 
 @pytest.mark.prometheus
 def test_a_given_interval_the_samples_contradict_is_refused(tmp_path, book, capsys):
-    """--scrape-interval 30 over data scraped every 60 s would bill half of every GPU: the first hour
-    is refused with the reason, recorded failed, and nothing is written."""
+    """--scrape-interval 30 over data scraped every 60 s would bill half of every GPU: every hour is
+    refused on its own (one hour's refusal never stops the next, docs/billing.md), each recorded failed
+    with the reason, and nothing is written."""
     with PrometheusServer(tmp_path / "prom", data_dir=_backfill(tmp_path, 60)) as prometheus:
         assert _ingest(tmp_path, prometheus, book, "--scrape-interval", "30") == 1
     err = capsys.readouterr().err
@@ -170,7 +171,7 @@ def test_a_given_interval_the_samples_contradict_is_refused(tmp_path, book, caps
         assert ledger.counts()["cost_lines"] == 0
     finally:
         ledger.close()
-    assert [(run.hour, run.status) for run in runs] == [(H0, "failed")]
+    assert [(run.hour, run.status) for run in runs] == [(H0 + timedelta(hours=h), "failed") for h in range(HOURS)]
 
 
 @pytest.mark.prometheus

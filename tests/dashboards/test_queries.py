@@ -14,7 +14,7 @@ import yaml
 from gpumeter import third_party
 from gpumeter.dashboards.build import GENERATED
 from tests.dashboards.conftest import RULE_FILES
-from tests.dashboards.promql import metric_names, queries, substitute, variables_outside_regex
+from tests.dashboards.promql import EMPTY_WHEN_HEALTHY, metric_names, queries, substitute, variables_outside_regex
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,10 @@ def test_query_returns_data_from_the_simulated_fleets(query_backend, found):
     # and Grafana puts in an empty string (docs/dashboards.md, "Clusters").
     promql = substitute(found.expr, {"cluster": ""})
     result = query_backend.query(promql)  # raises on a parse or evaluation error
-    assert result, f"{found.id}: no series for {promql}"
+    if found.id in EMPTY_WHEN_HEALTHY:
+        assert result == [], f"{found.id}: {EMPTY_WHEN_HEALTHY[found.id]} on a healthy fleet: {result}"
+    else:
+        assert result, f"{found.id}: no series for {promql}"
 
 
 def test_metric_name_extraction():
