@@ -171,7 +171,9 @@ def test_a_given_interval_the_samples_contradict_is_refused(tmp_path, book, caps
         assert ledger.counts()["cost_lines"] == 0
     finally:
         ledger.close()
-    assert [(run.hour, run.status) for run in runs] == [(H0 + timedelta(hours=h), "failed") for h in range(HOURS)]
+    assert [(run.hour, run.status) for run in runs] == [
+        (H0 + timedelta(hours=h), "failed") for h in range(HOURS)
+    ]
 
 
 @pytest.mark.prometheus

@@ -14,7 +14,13 @@ import yaml
 from gpumeter import third_party
 from gpumeter.dashboards.build import GENERATED
 from tests.dashboards.conftest import RULE_FILES
-from tests.dashboards.promql import EMPTY_WHEN_HEALTHY, metric_names, queries, substitute, variables_outside_regex
+from tests.dashboards.promql import (
+    EMPTY_WHEN_HEALTHY,
+    metric_names,
+    queries,
+    substitute,
+    variables_outside_regex,
+)
 
 pytestmark = pytest.mark.slow
 

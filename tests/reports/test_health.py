@@ -431,7 +431,7 @@ def test_monthly_job_renders_health_beside_the_chargeback(prom, ledger, tmp_path
     again = tmp_path / "again"
     schedule = ReportSchedule(out_dir=str(again)).as_dict()
     message = monthly_report(Settings(db=url, prometheus="http://127.0.0.1:1").as_dict(), schedule, now=now)
-    assert "health report failed: PrometheusError: http://127.0.0.1:1: ConnectError" in message
+    assert "health report failed: PrometheusUnreachable: http://127.0.0.1:1: ConnectError" in message
     assert (again / "2026-10" / "gpumeter-2026-10-by-team.html").exists()
     assert not (again / "2026-10" / "gpumeter-health-2026-10.html").exists()
 
