@@ -261,7 +261,7 @@ READY = (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack() -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="gm-clusters-"))
     sockets = Path(tempfile.mkdtemp(prefix="gmc", dir="/tmp"))  # unix socket paths must stay short

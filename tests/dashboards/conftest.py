@@ -236,7 +236,7 @@ def _wait(prom: PrometheusServer, promql: str, timeout: float = 60.0) -> None:
     prom.wait_for(promql, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack() -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="gm-dash-"))
     sockets = Path(tempfile.mkdtemp(prefix="gmk", dir="/tmp"))  # unix socket paths must stay short
@@ -316,12 +316,12 @@ def stack() -> Iterator[Stack]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def prom(stack: Stack) -> PrometheusServer:
     return stack.prometheus
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def victoriametrics(stack: Stack) -> VictoriaMetricsServer:
     """The VictoriaMetrics behind the stack's Prometheus, once the remote write has caught up with
     what the Prometheus readiness checks waited for (the slowest: an alert that has fired)."""
