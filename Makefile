@@ -135,7 +135,7 @@ quiet-tests: venv
 test: setup image wheel-venv lint typecheck
 	@status=0; \
 	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "not external and not quiet" -n 4 ) || status=$$?; \
-	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "external and not quiet" -n 3 --dist loadgroup --no-loadscope-reorder ) || status=$$?; \
+	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "external and not quiet" -n 3 --dist loadscope --no-loadscope-reorder ) || status=$$?; \
 	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m quiet ) || status=$$?; \
 	  exit $$status
 

@@ -93,13 +93,11 @@ def _interrupted(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # an xdist worker: other tests load the machine beside it
         _leave_out_quiet(config, items)
     schedule.longest_first(items)
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(schedule.unit(item.nodeid)))  # read by --dist loadgroup
         names = needs.declared(item)
         for name in sorted(names):
             if item.get_closest_marker(name) is None:

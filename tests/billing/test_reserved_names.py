@@ -77,21 +77,26 @@ def test_a_namespace_named_total_is_refused_too_by_the_kubernetes_rule(tmp_path,
     assert code == 2 and "namespaces.__total__" in capsys.readouterr().err
 
 
-def test_a_mig_profile_the_model_does_not_offer_is_unpriced_with_a_warning(tmp_path, caplog):
-    prices = book(tmp_path, {"H100-80GB": {"hourly_rate": "7.00"}})
+def _h100_with_second_instance(profile: str):
+    """An H100-80GB hour with two MIG instances held by namespaces ml and cv: 3g.40gb and ``profile``."""
     uuid = "GPU-h100"
-    strange = gpu_hour(
+    return gpu_hour(
         uuid,
         "H100-80GB",
         instances=[
             mig(uuid, "1", "3g.40gb", slices=H100_SLICES),
-            mig(uuid, "2", "5g.99gb", slices=H100_SLICES),
+            mig(uuid, "2", profile, slices=H100_SLICES),
         ],
         allocations=[
             alloc(uuid, "ml", "a", gi="1", profile="3g.40gb"),
-            alloc(uuid, "cv", "b", gi="2", profile="5g.99gb"),
+            alloc(uuid, "cv", "b", gi="2", profile=profile),
         ],
     )
+
+
+def test_a_mig_profile_the_model_does_not_offer_is_unpriced_with_a_warning(tmp_path, caplog):
+    prices = book(tmp_path, {"H100-80GB": {"hourly_rate": "7.00"}})
+    strange = _h100_with_second_instance("5g.99gb")
     priced = Pricer(prices).price(strange, {"ml": "vision", "cv": "vision"})
     assert priced.device_cost is None
     assert [(line.kind, line.namespace, line.amount) for line in priced.lines] == [
@@ -101,18 +106,7 @@ def test_a_mig_profile_the_model_does_not_offer_is_unpriced_with_a_warning(tmp_p
     assert "5g.99gb" in caplog.text
 
     # the same GPU with profiles an H100 has: priced, $7.00 over its 3 + 2 of 7 compute slices and idle
-    known = gpu_hour(
-        uuid,
-        "H100-80GB",
-        instances=[
-            mig(uuid, "1", "3g.40gb", slices=H100_SLICES),
-            mig(uuid, "2", "2g.20gb", slices=H100_SLICES),
-        ],
-        allocations=[
-            alloc(uuid, "ml", "a", gi="1", profile="3g.40gb"),
-            alloc(uuid, "cv", "b", gi="2", profile="2g.20gb"),
-        ],
-    )
+    known = _h100_with_second_instance("2g.20gb")
     priced = Pricer(prices).price(known, {"ml": "vision", "cv": "vision"})
     assert priced.device_cost == Decimal("7.00") and not priced.warnings
     by_namespace = {line.namespace: line.amount for line in priced.lines if line.amount}

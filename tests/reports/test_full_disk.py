@@ -58,30 +58,28 @@ def ledger_url(tmp_path, worked_book):
     return url
 
 
-def test_report_onto_a_full_tmpfs_exits_1_in_one_line_and_leaves_no_file(full_disk, ledger_url):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpumeter",
-            "report",
-            "--db",
-            ledger_url,
-            "--period",
-            "2026-11",
-            "--by",
-            "team",
-            "--format",
-            "html,csv",
-            "--out",
-            str(full_disk),
-            "--no-record",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_COLOR": "1"},
+def _report(ledger_url: str, out) -> subprocess.CompletedProcess:
+    """`gpumeter report` of November by team, as HTML and CSV, into ``out``: a process of its own, as users run it."""
+    argv = [
+        sys.executable,
+        "-m",
+        "gpumeter",
+        "report",
+        "--db",
+        ledger_url,
+        "--period",
+        "2026-11",
+        "--by",
+        "team",
+    ]
+    argv += ["--format", "html,csv", "--out", str(out), "--no-record"]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"}
     )
+
+
+def test_report_onto_a_full_tmpfs_exits_1_in_one_line_and_leaves_no_file(full_disk, ledger_url):
+    done = _report(ledger_url, full_disk)
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.splitlines()  # one line: no traceback
     assert line.startswith(f"error: {full_disk}/gpumeter-2026-11-") and f"[Errno {errno.ENOSPC}]" in line, (
@@ -122,28 +120,7 @@ def test_the_scheduled_job_onto_a_full_tmpfs_names_the_files_not_written(full_di
 def test_a_report_written_where_there_is_room_replaces_no_file_until_whole(tmp_path, ledger_url):
     """The same report in a roomy folder: every file whole, and nothing but them (no temporary names)."""
     out = tmp_path / "roomy"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpumeter",
-            "report",
-            "--db",
-            ledger_url,
-            "--period",
-            "2026-11",
-            "--by",
-            "team",
-            "--format",
-            "html,csv",
-            "--out",
-            str(out),
-            "--no-record",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _report(ledger_url, out)
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(out)) == sorted([*NAMES, "manifest.json"])
     assert (out / NAMES[1]).read_text().rstrip().endswith("</html>")
