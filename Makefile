@@ -127,11 +127,10 @@ quiet-tests: venv
 # Everything, against the real servers and tools, over the installed wheel; a missing one fails its
 # tests, never skips them. In three runs, all of which always run (any failing fails the target): the
 # tests that need no server side by side as in `make check` (173 s, against 343 s one at a time: they
-# mostly wait on sockets and deadlines), then those against real servers on three workers that steal
-# each other's queued tests, so a long test found late does not leave a core idle (2026-12-02, fresh
-# 2-core machine: 712 s on two workers with xdist's default scheduling, 611 s with worksteal, 529 s on
-# three with the cores ~92 % busy; one at a time they took 16.5 min on a slow machine), then the `quiet`
-# ones (a wall-clock bound, tests/conftest.py) one at a time, as `make check` runs them too.
+# mostly wait on sockets and deadlines), then those against real servers on three workers, a module at
+# a time, the longest modules first (tests/support/schedule.py says why: 527 s on 2026-12-05 against
+# 1,696 s with worksteal, which started every shared stack once per worker), then the `quiet` ones (a
+# wall-clock bound, tests/conftest.py) one at a time, as `make check` runs them too.
 test: setup image wheel-venv lint typecheck
 	@status=0; \
 	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "not external and not quiet" -n 4 ) || status=$$?; \
