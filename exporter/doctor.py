@@ -807,11 +807,18 @@ def _seconds(text: str) -> float:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, instant: bool = False) -> int:
+    """The command. ``instant``: the stand-in answers at once instead of taking the driver's time per
+    call (for tests of what doctor reports, which need not wait out each call's cost)."""
     options = {"xid_window_s": args.xid_window, "expect_gpus": args.expect_gpus}
     if args.simulate:
         report = _simulated(
-            args.simulate, args.simulate_node, args.kubelet_socket, kube_api=args.kube_api, **options
+            args.simulate,
+            args.simulate_node,
+            args.kubelet_socket,
+            kube_api=args.kube_api,
+            instant=instant,
+            **options,
         )
     else:
         socket_path = args.kubelet_socket if args.kubelet_socket is not None else DEFAULT_SOCKET
@@ -841,7 +848,12 @@ def render_check(report: Report) -> str:
 
 
 def _simulated(
-    fleet_name: str, node_name: str | None, socket_path: str | None, kube_api: str | None = None, **options
+    fleet_name: str,
+    node_name: str | None,
+    socket_path: str | None,
+    kube_api: str | None = None,
+    instant: bool = False,
+    **options,
 ) -> Report:
     from gpumeter.simulator.device import SimulatedNode
     from gpumeter.simulator.fleet import FleetError, load_fleet
@@ -855,7 +867,7 @@ def _simulated(
         node = SimulatedNode(fleet, node_name, clock=time.time)
     except (FleetError, KeyError) as exc:
         raise SystemExit(f"gpumeter doctor: {exc}") from None
-    library = SimulatedNvml(node, latency=CALL_LATENCY_S)
+    library = SimulatedNvml(node, latency=None if instant else CALL_LATENCY_S)
     options.update(privileged=node.privileged, kernel_log=node.kmsg)
     with contextlib.ExitStack() as stack:
         if kube_api is None:

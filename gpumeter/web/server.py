@@ -46,6 +46,9 @@ class Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     block_on_close = False  # a stalled client must not hold up stopping
     allow_reuse_address = True
+    # how often serve_forever() looks for close(): it waits for the next look (socketserver's 0.5 s made
+    # every stop of an exporter or billing serve take up to half a second); ten idle wake-ups a second
+    STOP_POLL_S = 0.1
 
     def __init__(
         self,
@@ -181,6 +184,9 @@ def serve(
     except OSError as exc:
         raise ListenError(f"cannot listen on {_address(host, port)}: {exc.strerror or exc}") from None
     threading.Thread(
-        target=server.serve_forever, name=f"{name}-{server.server_address[1]}", daemon=True
+        target=server.serve_forever,
+        args=(Server.STOP_POLL_S,),
+        name=f"{name}-{server.server_address[1]}",
+        daemon=True,
     ).start()
     return server
