@@ -13,8 +13,30 @@ from gpumeter.simulator.device import SimulatedNode
 from gpumeter.simulator.fleet import FLEETS_DIR, load_fleet
 from gpumeter.simulator.nvml import SimulatedNvml
 
+
+def _shape(node) -> tuple:
+    """What a node's report depends on besides its names and UUIDs: its GPUs' models and how each is split
+    and shared (the 18 trays of the NVL72 rack are one shape)."""
+    shared = ("dra", "fractional", "time_slicing", "vgpus", "passthrough", "vgpu_host")
+    gpus = tuple(
+        (g.model.key, g.mig_enabled, len(g.mig), *(bool(getattr(g, name)) for name in shared))
+        for g in node.gpus
+    )
+    return node.mig_strategy, node.sharing_strategy, node.exporter_privileged, gpus
+
+
+def _one_per_shape(nodes) -> list:
+    first: dict[tuple, object] = {}
+    for node in nodes:
+        first.setdefault(_shape(node), node)
+    return list(first.values())
+
+
+# every example fleet, each node of a shape of its own
 EXAMPLES = [
-    (path.stem, node.name) for path in sorted(FLEETS_DIR.glob("*.yaml")) for node in load_fleet(path).nodes
+    (path.stem, node.name)
+    for path in sorted(FLEETS_DIR.glob("*.yaml"))
+    for node in _one_per_shape(load_fleet(path).nodes)
 ]
 
 

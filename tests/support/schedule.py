@@ -33,6 +33,12 @@ LONGEST = (
     "tests/alerts/test_fault_injection_e2e.py",
     "tests/exporter/test_dcgm_dropin.py",
     "tests/alerts/test_blackwell_live.py",
+    # those that need no server (make check, make test's first run)
+    "tests/test_contract_parity.py",
+    "tests/exporter/test_doctor.py",
+    "tests/test_web_listeners.py",
+    "tests/test_web.py",
+    "tests/exporter/test_render.py",
 )
 
 
