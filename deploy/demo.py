@@ -197,10 +197,12 @@ class Stack:
         raise DemoError(f"{name} not ready at {url} after {timeout:.0f}s; see {self.workdir}/logs/{name}.log")
 
     def stop(self) -> None:
-        for _, proc in reversed(self.processes):
+        # one at a time, the last started first: each stops while what it feeds still runs (Prometheus
+        # flushes its remote-write queue into VictoriaMetrics on the way out; stopped all at once, both
+        # Prometheus servers waited on a store already gone until they were killed at 15 s)
+        for name, proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.terminate()
-        for name, proc in reversed(self.processes):
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
