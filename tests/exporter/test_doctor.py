@@ -16,7 +16,7 @@ from gpumeter.simulator.nvml import SimulatedNvml
 
 def _shape(node) -> tuple:
     """What a node's report depends on besides its names and UUIDs: its GPUs' models and how each is split
-    and shared (the 18 trays of the NVL72 rack are one shape)."""
+    and shared (the NVL72 rack's 18 trays are two shapes)."""
     shared = ("dra", "fractional", "time_slicing", "vgpus", "passthrough", "vgpu_host")
     gpus = tuple(
         (g.model.key, g.mig_enabled, len(g.mig), *(bool(getattr(g, name)) for name in shared))
