@@ -15,6 +15,7 @@ The month's history is ~2.3 million samples (~630 MB of OpenMetrics, written and
 from __future__ import annotations
 
 import csv
+import hashlib
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -43,6 +44,9 @@ SEED_TIERS = [  # seed 003 §6.1's utilizationTiers
     {"range": [0.3, 0.7], "efficiency": 0.8},
     {"range": [0.7, 1.0], "efficiency": 1.0},
 ]
+# sha256 of every line of the month (`_line_digest`), as the engine wrote them when the columnar engine
+# was begun: any engine that bills this month must write these lines, to the last digit
+DEMO_MONTH_LINES = "0d5ca4a6fc402dc449b34a78d2af18077168bb059f44dba38a4c008df89fbfa3"
 RATES = {"NVIDIA H100 80GB HBM3": Decimal("6.88"), "NVIDIA A100-SXM4-40GB": Decimal("3.00")}
 
 
@@ -149,3 +153,39 @@ def test_the_allocations_report_lists_the_demo_months_allocations(demo_month, fl
     print(f"\ndemo month: {len(got)} allocations")  # pytest -s shows it
     assert got == sorted(want)
     assert len(got) > 1500  # notebooks daily, fine-tunes every 8 h: 14 x 30 + 14 x 90 + ...
+
+
+def _line_digest(lines) -> tuple[int, str]:
+    """How many lines and the sha256 of them all, each as its holder (cluster, GPU, MIG instance,
+    namespace, pod, container, team), kind, model, MIG profile, quantities, amount, currency,
+    efficiency and utilization, in one order whatever order the ledger read them in."""
+    rows = sorted(
+        "|".join(
+            map(
+                str,
+                (
+                    line.hour.isoformat(), line.cluster, line.uuid, line.gpu_instance_id, line.namespace,
+                    line.pod, line.container, line.team, line.kind.value, line.model, line.mig_profile,
+                    line.quantity, line.held, line.held_unit, line.amount, line.currency, line.efficiency,
+                    line.utilization,
+                ),
+            )
+        )
+        for line in lines
+    )  # fmt: skip
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(row.encode() + b"\n")
+    return len(rows), digest.hexdigest()
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_every_line_of_the_demo_month_is_as_the_engine_wrote_it(demo_month):
+    """The month's lines, every field a bill shows, against the digest committed above: a change of
+    engine (columns for objects, another rounding order) that moves one cent of one line fails here."""
+    _, ledger = demo_month
+    count, digest = _line_digest(ledger.lines(MONTH, END))
+    print(f"\ndemo month: {count} lines, sha256 {digest}")  # pytest -s shows it
+    assert count > 10_000
+    assert digest == DEMO_MONTH_LINES
