@@ -195,7 +195,7 @@ class PrometheusClient:
         data = self._decode(promql, status, content)
         if data.get("resultType") != "matrix":
             raise BadAnswer(f"expected a range vector from {promql!r}, got {data.get('resultType')!r}")
-        try:  # the points' own shape and values are checked as they are read (billing.ingest._columns)
+        try:  # the points' own shape and values are checked as they are read (billing/ingest/columns.py `_columns`)
             return [(item["metric"], item["values"]) for item in _result(data)]
         except (TypeError, KeyError) as exc:
             raise BadAnswer(

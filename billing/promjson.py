@@ -3,7 +3,7 @@
 `orjson.loads` of a whole range answer makes every point a list of a float and a string: ~150 bytes
 of Python objects per ~22 bytes of JSON. A 200 MB answer took ingest to 2.9 GB. Here the answer's
 series are found in its bytes first (C-speed `bytes.find`), each decoded only when it is read and let
-go once `billing.ingest._columns` has kept its values, so what an answer costs beyond its own bytes
+go once `_columns` (billing/ingest/columns.py) has kept its values, so what an answer costs beyond its own bytes
 is one series decoded and the columns kept (docs/performance.md, "Memory per MiB of answer").
 
 The scan relies on JSON's escaping: a `"` inside a string is written `\\"`, so `{"metric":`,

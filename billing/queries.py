@@ -39,7 +39,7 @@ class HourQuery:
 
     ``max by`` keeps only the labels billing reads, which drops the scrape's and HA replicas'
     labels (prometheus_replica, instance, job): replicas of one sample are de-duplicated by max.
-    Billing sends `promql` and takes the max itself (billing/ingest.py `_columns`): Prometheus 2.42
+    Billing sends `promql` and takes the max itself (billing/ingest/columns.py `_columns`): Prometheus 2.42
     spends about half of such a range query hashing every series' labels at every step for the
     aggregation (docs/billing.md §2.2). `aggregated` is the same answer from the engine alone.
     """

@@ -63,7 +63,7 @@ def measure(url: str) -> None:
     """In a fresh process: fetch, reduce to columns, print {rss_before, peak, bytes}."""
     from datetime import UTC, datetime
 
-    from gpumeter.billing.ingest import KEEP, QUERIES, _query_columns
+    from gpumeter.billing.ingest.columns import KEEP, QUERIES, _query_columns
     from gpumeter.billing.prom import PrometheusClient
 
     before = _status("VmRSS")

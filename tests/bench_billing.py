@@ -370,7 +370,7 @@ def _ingest_queries_seconds(url: str, days: int, aggregated: bool = False) -> fl
     ``aggregated``: the same queries with their ``max by`` in the engine (`HourQuery.aggregated`),
     as billing sent them before it applied the max itself (docs/billing.md §2.2)."""
     from gpumeter.billing import queries
-    from gpumeter.billing.ingest import QUERIES, _at
+    from gpumeter.billing.ingest.columns import QUERIES, _at
 
     day = 1 if days > 1 else 0
     first, last = _at(START + timedelta(days=day)), _at(START + timedelta(days=day + 1, hours=-1))

@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     from gpumeter.billing.ingest import (
         CarriedLayouts,
         IngestConfig,
-        _no_collections,
         priced_record,
         query_intervals,
         query_run,
     )
+    from gpumeter.billing.ingest.columns import _no_collections
     from gpumeter.billing.ledger.sqlalchemy import open_ledger
     from gpumeter.billing.models import hours_between
     from gpumeter.billing.pricing import load_price_book

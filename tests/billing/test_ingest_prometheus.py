@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 import gpumeter
-from gpumeter.billing.ingest import IngestConfig, _at, catch_up, ingest_hour, ingest_hours
+from gpumeter.billing.ingest import IngestConfig, catch_up, ingest_hour, ingest_hours
+from gpumeter.billing.ingest.columns import _at
 from gpumeter.billing.models import UNALLOCATED
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient, PrometheusError

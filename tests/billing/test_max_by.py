@@ -1,4 +1,4 @@
-"""Billing applies ``max by (<the labels it keeps>)`` itself (billing/ingest.py `_columns`, docs/billing.md
+"""Billing applies ``max by (<the labels it keeps>)`` itself (billing/ingest/columns.py `_columns`, docs/billing.md
 §2.2): it sends each query per series and reduces the answer. These tests hold the reduction against the
 engines' own ``max by`` on a history whose series do need merging: an HA pair stored side by side in one
 engine, each sample under its ``replica`` label, one replica missing half an hour and the other
@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpumeter.billing import queries
-from gpumeter.billing.ingest import KEEP, QUERIES, IngestConfig, _at, _columns, _in_order, ingest_hours
+from gpumeter.billing.ingest import KEEP, QUERIES, IngestConfig, ingest_hours
+from gpumeter.billing.ingest.columns import _at, _columns, _in_order
 from gpumeter.billing.ledger import MEMORY_URL, open_ledger
 from gpumeter.billing.prom import PrometheusClient
 from tests.billing import factories

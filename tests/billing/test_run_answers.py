@@ -27,19 +27,17 @@ from gpumeter import contract
 from gpumeter.billing import queries
 from gpumeter.billing.allocate import Pricer, price_gpu_hour
 from gpumeter.billing.ingest import (
-    MAX_RUN_HOURS,
     QUERIES,
     CarriedLayouts,
-    FetchedRun,
     HourIntervals,
     IngestConfig,
     RunAnswers,
-    _at,
-    _no_collections,
-    _run_hours,
     build_hour,
     priced_record,
 )
+from gpumeter.billing.ingest.columns import _at, _no_collections
+from gpumeter.billing.ingest.fetch import FetchedRun
+from gpumeter.billing.ingest.runs import MAX_RUN_HOURS, _run_hours
 from gpumeter.billing.ledger import layouts
 from gpumeter.billing.models import SteadyGpuHour
 from gpumeter.billing.pricing import load_price_book

@@ -21,13 +21,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 import gpumeter
-from gpumeter.billing.ingest import (
-    STEADY_SEARCH_HOURS,
-    IngestConfig,
-    detect_intervals,
-    missing_hours,
-    steady_intervals,
-)
+from gpumeter.billing.ingest import IngestConfig, detect_intervals, missing_hours
+from gpumeter.billing.ingest.intervals import STEADY_SEARCH_HOURS, steady_intervals
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.metrics import BillingCollector
 from gpumeter.billing.models import UNALLOCATED
