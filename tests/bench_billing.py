@@ -1,6 +1,7 @@
 """Billing benchmark: one month of a 1,000-GPU mixed-MIG cluster, ingested and priced end to end.
 
     python -m tests.bench_billing [--workers 1] [--scale 10] [--days 30] [--db URL] [--hours N]
+                                  [--store prometheus|victoriametrics] [--reprice]
                                   [--without line-rows|pricing|writes ...]
 
 1. Builds the bench fleet (125 nodes × 8 GPUs, × ``--scale``, see `bench_fleet`) as a temporary
@@ -10,8 +11,11 @@
    `promtool tsdb create-blocks-from openmetrics --max-block-duration=768h`, and imports the same
    text into a VictoriaMetrics data directory. Both are kept under .bench/ keyed by the fleet, step
    and days, so later runs start at step 3.
-3. Starts a real Prometheus on it and times, in a child process (so its peak RSS is billing's
-   alone), `ingest_hours` of every hour into an empty ledger: queries, pricing, ledger writes.
+3. Starts a real Prometheus (``--store victoriametrics``: VictoriaMetrics) on it and times, in a
+   child process (so its peak RSS is billing's alone), `ingest_hours` of every hour into an empty
+   ledger: queries, pricing, ledger writes. The child's client times every request it sends
+   (tests/bench_support/store_time.py): the store's own time in the same run, which the ingest's
+   wall time is held to (``TARGET_STORE_RATIO``). ``--reprice`` then re-prices the stored month.
 4. Times Prometheus and VictoriaMetrics answering the period's totals in ONE query over HTTP, for
    comparison.
 
@@ -45,6 +49,8 @@ START = datetime(2026, 10, 1, tzinfo=UTC)
 DAYS = 30
 TARGET_SECONDS = 45.0  # the 1,000-GPU month, one process (docs/performance.md, "Status")
 TARGET_BYTES = 1 << 30
+# the ingest's wall time against the store's time answering it in the same run (docs/performance.md)
+TARGET_STORE_RATIO = 1.3
 TOTALS = "sum by (namespace) (count_over_time(nvidia_gpu_allocation[{days}d]))"
 
 
@@ -242,14 +248,17 @@ def child(args: argparse.Namespace) -> None:
     from gpumeter.billing.models import hours_between
     from gpumeter.billing.pricing import load_price_book
     from gpumeter.billing.prom import PrometheusClient
+    from tests.bench_support.store_time import TimedTransport
 
     book = load_price_book(ROOT / "billing" / "pricebooks" / "default.yaml")
     ledger = open_ledger(args.db, schema=args.schema)
     ledger, pricer = _without(args.without, ledger, book)
     hours = hours_between(START, START + timedelta(days=args.days))[: args.hours or None]
     config = IngestConfig(scrape_interval=float(args.step), workers=args.workers)
+    # workers open their own clients, which the store's time cannot be read from
+    transport = TimedTransport() if args.workers == 1 else None
     wall, cpu = time.perf_counter(), time.process_time()
-    with PrometheusClient(args.prometheus) as client:
+    with PrometheusClient(args.prometheus, transport=transport) as client:
         if args.profile:  # cProfile of the main thread (building, pricing, waiting on the other two)
             import cProfile
             import pstats
@@ -265,6 +274,13 @@ def child(args: argparse.Namespace) -> None:
             result = ingest_hours(client, ledger, book, hours, config, pricer=pricer)
     wall = time.perf_counter() - wall
     cpu = time.process_time() - cpu
+    repriced = None
+    if args.reprice:  # the month's stored facts priced again, as after a price-book change
+        from gpumeter.billing.ingest import reprice
+
+        started = time.perf_counter()
+        count = reprice(ledger, book, hours[0], hours[-1] + timedelta(hours=1), {})
+        repriced = {"hours": count, "wall_s": time.perf_counter() - started}
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     counts = _stored_rows(ledger.engine)
     ledger.close()
@@ -276,6 +292,9 @@ def child(args: argparse.Namespace) -> None:
                 "wall_s": wall,
                 "cpu_s": cpu + children.ru_utime + children.ru_stime,
                 "maxrss_self": _own_peak_rss(),
+                "store_busy_s": None if transport is None else transport.busy_s,
+                "store_requests": None if transport is None else transport.requests,
+                "reprice": repriced,
                 "maxrss_largest_worker": children.ru_maxrss * 1024,
                 "rows": counts,
             }
@@ -433,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--days", type=int, default=DAYS, help=f"days of history (default {DAYS})")
     parser.add_argument("--db", default=None, help="ledger URL (default: a fresh SQLite file)")
+    parser.add_argument(
+        "--store",
+        choices=("prometheus", "victoriametrics"),
+        default="prometheus",
+        help="the store billing asks (default prometheus)",
+    )
     parser.add_argument("--schema", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prometheus", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -451,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=WITHOUT,
         default=[],
         help="switch a part of the ingest off, to bound what changing it could save (repeatable; no table)",
+    )
+    parser.add_argument(
+        "--reprice", action="store_true", help="then re-price the stored month, timed on its own"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -475,12 +503,19 @@ def main(argv: list[str] | None = None) -> int:
             with psycopg.connect(dsn, autocommit=True) as admin:
                 admin.execute(f'CREATE SCHEMA "{schema}"')
             drop = (dsn, schema)
-        server = PrometheusServer(Path(tmp) / "prom", data_dir=data).start()
+        if args.store == "victoriametrics":
+            server = VictoriaMetricsServer(
+                Path(tmp) / "vm-ingest", extra_args=[f"-storageDataPath={vm_data}"]
+            )
+        else:
+            server = PrometheusServer(Path(tmp) / "prom", data_dir=data)
+        server.start()
         try:
-            _promql_seconds(server.url, "count(nvidia_gpu_info)", end)  # Prometheus is up and answering
+            _promql_seconds(server.url, "count(nvidia_gpu_info)", end)  # the store is up and answering
             argv = [sys.executable, "-m", "tests.bench_billing", "--child", "--step", str(args.step)]
             argv += ["--workers", str(args.workers), "--db", db, "--prometheus", server.url]
             argv += ["--days", str(args.days)]
+            argv += ["--reprice"] if args.reprice else []
             argv += ["--profile", str(args.profile)] if args.profile else []
             argv += ["--hours", str(args.hours)] if args.hours else []
             argv += ["--schema", schema] if schema else []
@@ -521,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Prometheus and VictoriaMetrics disagree on {totals}: {promql[0][1]} vs {metricsql[0][1]} series"
         )
     rows = sum(v for k, v in run["rows"].items() if k not in ("ingest_runs", "price_book_versions"))
+    busy = run["store_busy_s"]
+    ratio = round(run["wall_s"] / busy, 2) if busy else None
     month = 30 * 24 / hours  # a shorter period's figures, scaled to a 30-day month
     gpu_months = gpus * hours / (30 * 24)
     report = {
@@ -531,6 +568,11 @@ def main(argv: list[str] | None = None) -> int:
         "(tests/bench_billing.py)",
         "period": f"{START.isoformat()} + {args.days} days = {hours} hours, samples every {args.step} s",
         "ledger": db.split(":", 1)[0],
+        "store": args.store,
+        "store_busy_seconds": None if run["store_busy_s"] is None else round(run["store_busy_s"], 1),
+        "store_requests": run["store_requests"],
+        "ingest_to_store_ratio": ratio,
+        "reprice_seconds": None if run["reprice"] is None else round(run["reprice"]["wall_s"], 1),
         "workers": args.workers,
         "ingest_price_seconds": round(run["wall_s"], 1),
         "ingest_price_cpu_seconds": round(run["cpu_s"], 1),
@@ -550,7 +592,9 @@ def main(argv: list[str] | None = None) -> int:
         "target_seconds": TARGET_SECONDS if gpus == 1000 and hours == 720 and args.workers == 1 else None,
         "target_bytes": TARGET_BYTES if gpus == 1000 else None,
     }
-    suffix = "" if args.scale == 1 else f"-{gpus}"
+    suffix = ("" if args.scale == 1 else f"-{gpus}") + (
+        "" if args.store == "prometheus" else f"-{args.store}"
+    )
     out = BENCH / f"billing{suffix}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     timed = report["target_seconds"] is not None
@@ -561,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         return "ok" if ok else "MISSED"
 
     print(
-        f"billing bench: {report['fleet']}; {report['period']}; ledger {report['ledger']}, {args.workers} process(es)"
+        f"billing bench: {report['fleet']}; {report['period']}; store {args.store}, ledger {report['ledger']}, "
+        f"{args.workers} process(es)"
     )
     print(f"{'what':<58} {'measured':>14} {'target':>10}")
     target = f"< {TARGET_SECONDS:g} s" if timed else "(recorded)"
@@ -573,6 +618,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{f'  Prometheus answering its queries, one day x {args.days}':<58} {answering * args.days:>12.1f} s"
     )
     print(f"{'    the same with max by in Prometheus':<58} {aggregating * args.days:>12.1f} s")
+    if ratio is not None:
+        print(f"{f'  {args.store} busy answering this ingest (same run)':<58} {busy:>12.1f} s")
+        print(
+            f"{'  ingest wall / store busy':<58} {ratio:>13.2f}x {f'<= {TARGET_STORE_RATIO:g}x':>10} "
+            f"{verdict(ratio <= TARGET_STORE_RATIO)}"
+        )
+    if run["reprice"] is not None:
+        print(
+            f"{f're-price the {hours} stored hours (wall)':<58} {run['reprice']['wall_s']:>12.1f} s {'< 60 s':>10}"
+        )
     print(f"{'  this machine: a 10M-step Python loop':<58} {report['python_loop_seconds']:>12.2f} s")
     if hours != 720:
         print(f"{'  scaled to a 30-day month (wall)':<58} {run['wall_s'] * month:>12.1f} s")
