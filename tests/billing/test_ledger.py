@@ -17,7 +17,8 @@ from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.ledger.orm import COST_LINES, Base
-from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger, _statement_sizes
+from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger
+from gpumeter.billing.ledger.sqlalchemy.rows import _statement_sizes
 from gpumeter.billing.models import Line
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
