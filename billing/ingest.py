@@ -28,7 +28,6 @@ from typing import TypeVar
 
 from gpumeter import contract
 from gpumeter.billing import queries
-from gpumeter.billing.allocate import PricedLines, Pricer
 from gpumeter.billing.ledger.base import SHARED_MODES, HourRecord, Ledger, LedgerError
 from gpumeter.billing.ledger.layouts import LayoutKey, layout_key
 from gpumeter.billing.models import (
@@ -46,6 +45,7 @@ from gpumeter.billing.models import (
     teams_in_cluster,
     with_fields,
 )
+from gpumeter.billing.pricer import PricedLines, Pricer
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import (
     BadAnswer,
