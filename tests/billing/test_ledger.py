@@ -75,9 +75,8 @@ class TestIngestLedger:
         for _ in range(3):
             ledger.write_hour(HourRecord(HOUR0, [gh], price_gpu_hour(gh, prices).lines, prices))
         counts = ledger.counts()
-        assert (
-            counts["gpu_hours"] == 1 and counts["gpu_layouts"] == 1
-        )  # its instances and holders: one layout
+        # its instances and holders: one layout
+        assert counts["gpu_hours"] == 1 and counts["gpu_layouts"] == 1
         assert ledger.facts(HOUR0) == [gh]
         assert counts["cost_lines"] == len(price_gpu_hour(gh, prices).lines)
         assert counts["price_book_versions"] == 1
@@ -117,9 +116,8 @@ class TestIngestLedger:
             idle_then, facts = dataclasses.replace(idle, hour=gh.hour), ledger.facts(gh.hour)
             assert facts == [idle_then, gh]  # by uuid
             facts = facts[1:]
-            assert (
-                facts[0].instances[0].utilization == gh.device.utilization / 2
-            )  # this hour's, not the first's
+            # this hour's, not the first's
+            assert facts[0].instances[0].utilization == gh.device.utilization / 2
             assert facts[0].allocations[0].process_memory == gh.allocations[0].process_memory
 
 
