@@ -8,9 +8,13 @@ import os
 import sys
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from gpumeter.billing.arguments import _range_error, settings_from
 from gpumeter.billing.models import hour_floor, hours_between
+
+if TYPE_CHECKING:  # the ledger is opened only by the commands that use it
+    from gpumeter.billing.ledger.base import ReportLedger
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ def _months(start: datetime, end: datetime) -> tuple[datetime, datetime]:
     return first, after
 
 
-def currency_error(ledger, book, path: str, start: datetime, end: datetime) -> str | None:
+def currency_error(ledger: ReportLedger, book, path: str, start: datetime, end: datetime) -> str | None:
     """Why ``book`` cannot price [start, end): the ledger bills those months in another currency,
     and a month's lines in two currencies cannot be summed by any report (one line), or None."""
     first, after = _months(start, end)
@@ -59,7 +63,7 @@ def _money(amount: Decimal, currency: str) -> str:
     return str(amount.quantize(Decimal(1).scaleb(-MINOR_UNITS.get(currency, 2))))
 
 
-def _changed(ledger, run: str) -> str | None:
+def _changed(ledger: ReportLedger, run: str) -> str | None:
     """What this run did to hours billed before it (its audit records), in one line, or None."""
     records = [r for r in ledger.audit_records() if r.run == run]
     if not records:
