@@ -32,7 +32,7 @@ from gpumeter.billing import cli as billing_cli
 from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
 from gpumeter.billing.ingest import catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
-from gpumeter.billing.ledger.base import Actor, LedgerError
+from gpumeter.billing.ledger.base import Actor, LedgerError, ServiceLedger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, create_table, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
 from gpumeter.billing.metrics import BillingCollector, family
@@ -114,7 +114,7 @@ class JobCollector:
     """contract.BILLING_JOB_* at scrape time. A report's last success is also read from the ledger's
     report runs, so it survives a restart and is the same on every replica."""
 
-    def __init__(self, jobs: JobStatus, ledger: Ledger, clock: Callable[[], datetime]):
+    def __init__(self, jobs: JobStatus, ledger: ServiceLedger, clock: Callable[[], datetime]):
         self.jobs, self.ledger, self.clock = jobs, ledger, clock
 
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

@@ -321,8 +321,9 @@ def _without(parts: list[str], ledger, book):
     """(the ledger, the pricer: None for the ingest's own) with ``parts`` switched off."""
     import dataclasses
 
-    from gpumeter.billing.allocate import PricedHour, Pricer
+    from gpumeter.billing.allocate import PricedHour
     from gpumeter.billing.ledger.sqlalchemy import SqlLedger
+    from gpumeter.billing.pricer import Pricer
 
     class PartLedger(SqlLedger):
         def write_hour(self, record, **kwargs) -> None:

@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs of day 2, the least kept (default 5)")
     args = parser.parse_args(argv)
 
-    from gpumeter.billing.allocate import Pricer
     from gpumeter.billing.ingest import (
         CarriedLayouts,
         IngestConfig,
@@ -39,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpumeter.billing.ingest.columns import _no_collections
     from gpumeter.billing.ledger.sqlalchemy import open_ledger
     from gpumeter.billing.models import hours_between
+    from gpumeter.billing.pricer import Pricer
     from gpumeter.billing.pricing import load_price_book
     from gpumeter.billing.prom import PrometheusClient
     from tests.support.servers import PrometheusServer

@@ -7,7 +7,6 @@ import logging
 import operator
 from datetime import datetime
 
-from gpumeter.billing.allocate import PricedLines, Pricer
 from gpumeter.billing.ingest.columns import (
     _no_collections,
 )
@@ -23,6 +22,7 @@ from gpumeter.billing.models import (
     team_map_over,
     teams_in_cluster,
 )
+from gpumeter.billing.pricer import PricedLines, Pricer
 from gpumeter.billing.pricing.base import PriceBook
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
-from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ingest.carried import CarriedLayouts
 from gpumeter.billing.ingest.columns import (
     _no_collections,
@@ -38,6 +37,7 @@ from gpumeter.billing.models import (
     hour_floor,
     hours_between,
 )
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing.base import PriceBook
 from gpumeter.billing.prom import (
     BadAnswer,

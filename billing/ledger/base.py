@@ -1,4 +1,6 @@
-"""The ledger interface (implementations: `billing.ledger.sqlalchemy`)."""
+"""The ledger interface, in three parts: what ingest writes (`IngestLedger`), what reports read
+(`ReportLedger`) and what the service keeps (`ServiceLedger`); `Ledger` is all three. Implementations:
+`billing.ledger.memory` and `billing.ledger.sqlalchemy`."""
 
 from __future__ import annotations
 
@@ -326,8 +328,9 @@ class ReportRunRecord:
     error: str | None
 
 
-class Ledger(abc.ABC):
-    actor: Actor = Actor()  # who writes, named in the audit records; the commands set theirs
+class LedgerStore(abc.ABC):
+    """What every part of a ledger has: the store it reaches, which the service checks and every
+    command closes."""
 
     @abc.abstractmethod
     def ping(self) -> None:
@@ -335,6 +338,13 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+
+class IngestLedger(LedgerStore):
+    """What ingest writes: an hour's facts and lines, a re-price's lines, the runs of both, and
+    which hours are done (so catch-up knows what is left to write)."""
+
+    actor: Actor = Actor()  # who writes, named in the audit records; the commands set theirs
 
     @abc.abstractmethod
     def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
@@ -364,34 +374,34 @@ class Ledger(abc.ABC):
         self.record_run(hour, contract.INGEST_FAILED, error, source=source, started_at=started_at)
 
     @abc.abstractmethod
-    def refused_gpu_hours(
-        self, start: datetime | None = None, end: datetime | None = None
-    ) -> list[RefusedGpuHour]:
-        """The GPU-hours refused by the latest write of their hour, by hour and uuid."""
+    def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
+        """Hours in [start, end) with a successful ingest run (status in contract.INGEST_DONE)."""
+
+    @contextlib.contextmanager
+    def serialised(self, *, shared: bool) -> Iterator[bool]:
+        """Ingests (``shared``) run side by side; a re-price (not shared) runs alone, so the two never
+        interleave hours priced by two books (docs/billing.md §6.6). Yields whether it had to wait.
+        In one process (this default) nothing runs side by side to wait for."""
+        yield False
+
+
+class ReportLedger(LedgerStore):
+    """What reports read (and the commands and /metrics that show what was billed): facts, lines and
+    their sums, the price versions and runs behind them, audit records and refused GPU-hours."""
 
     @abc.abstractmethod
     def facts(self, hour: datetime) -> list[GpuHour]:
         """The stored facts of one hour, as domain objects."""
 
     @abc.abstractmethod
-    def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
-        """Hours in [start, end) with a successful ingest run (status in contract.INGEST_DONE)."""
-
-    @abc.abstractmethod
     def lines(self, start: datetime, end: datetime) -> list[Line]:
         """Priced lines of the hours in [start, end)."""
 
     @abc.abstractmethod
-    def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None: ...
-
-    @abc.abstractmethod
-    def namespace_teams(self) -> dict[str, str]: ...
-
-    @abc.abstractmethod
-    def acquire_lock(self, name: str, holder: str, now: datetime, ttl_seconds: int) -> bool: ...
-
-    @abc.abstractmethod
-    def release_lock(self, name: str, holder: str) -> None: ...
+    def refused_gpu_hours(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[RefusedGpuHour]:
+        """The GPU-hours refused by the latest write of their hour, by hour and uuid."""
 
     @abc.abstractmethod
     def summary(self) -> LedgerSummary: ...
@@ -399,8 +409,6 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def counts(self) -> dict[str, int]:
         """Stored records per kind, named as the SQL ledger's tables (proof that nothing was written)."""
-
-    # --- reads for reports ---
 
     @abc.abstractmethod
     def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
@@ -432,21 +440,6 @@ class Ledger(abc.ABC):
         """The currencies the lines of [start, end) are billed in."""
         return {line.currency for line in self.lines(start, end) if line.amount is not None}
 
-    @contextlib.contextmanager
-    def serialised(self, *, shared: bool) -> Iterator[bool]:
-        """Ingests (``shared``) run side by side; a re-price (not shared) runs alone, so the two never
-        interleave hours priced by two books (docs/billing.md §6.6). Yields whether it had to wait.
-        In one process (this default) nothing runs side by side to wait for."""
-        yield False
-
-    @abc.abstractmethod
-    def record_report_run(self, run: ReportRunRecord) -> int:
-        """Store a rendered report (the ``id`` of ``run`` is ignored); returns its id."""
-
-    @abc.abstractmethod
-    def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
-        """Recorded report runs (of periods starting at ``start`` when given), oldest first."""
-
     def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
         """Per pod, its own process use on shared GPUs over [start, end) (reports). This default reads
         the facts hour by hour; a ledger with a query language answers it in one query."""
@@ -476,6 +469,31 @@ class Ledger(abc.ABC):
             hour += HOUR
         return sorted(found)
 
+
+class ServiceLedger(LedgerStore):
+    """What the service keeps beside the bills: the lock one replica holds to ingest, the report
+    runs it rendered, and the namespace → team map ingest learns from Kubernetes."""
+
+    @abc.abstractmethod
+    def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None: ...
+
+    @abc.abstractmethod
+    def namespace_teams(self) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    def record_report_run(self, run: ReportRunRecord) -> int:
+        """Store a rendered report (the ``id`` of ``run`` is ignored); returns its id."""
+
+    @abc.abstractmethod
+    def report_runs(self, start: datetime | None = None) -> list[ReportRunRecord]:
+        """Recorded report runs (of periods starting at ``start`` when given), oldest first."""
+
+    @abc.abstractmethod
+    def acquire_lock(self, name: str, holder: str, now: datetime, ttl_seconds: int) -> bool: ...
+
+    @abc.abstractmethod
+    def release_lock(self, name: str, holder: str) -> None: ...
+
     @contextlib.contextmanager
     def lock(self, name: str, holder: str, now: datetime, ttl_seconds: int = 1800) -> Iterator[None]:
         if not self.acquire_lock(name, holder, now, ttl_seconds):
@@ -484,3 +502,8 @@ class Ledger(abc.ABC):
             yield
         finally:
             self.release_lock(name, holder)
+
+
+class Ledger(IngestLedger, ReportLedger, ServiceLedger):
+    """The whole ledger: each backend implements all three parts over one store. A caller that
+    needs one side only may be typed with that part."""

@@ -10,8 +10,9 @@ from decimal import Decimal
 
 import yaml
 
-from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.models import UNALLOCATED, UNPRICED, LineKind
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.aliases import resolve_model
 from gpumeter.billing.pricing.static import DEFAULT_BOOK

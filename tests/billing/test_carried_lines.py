@@ -12,9 +12,9 @@ from decimal import Decimal
 
 import sqlalchemy as sa
 
-from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ingest import priced_record
 from gpumeter.billing.ledger import open_ledger
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import load_price_book
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, write_book
 from tests.billing.test_ledger import write_with_lines_failing

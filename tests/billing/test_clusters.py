@@ -562,9 +562,9 @@ def test_kube_namespace_teams_are_read_per_cluster_and_the_team_map_wins(prices)
     `cluster/namespace`. The team map wins over them (docs/billing.md §4.3): `ml-training` in every
     cluster over both labels, `west/ml-training` over the map's every-cluster name for west alone,
     `east/ml-training` over east's label and not west's."""
-    from gpumeter.billing.allocate import Pricer
     from gpumeter.billing.ingest import build_hour, priced_record
     from gpumeter.billing.models import team_map_over
+    from gpumeter.billing.pricer import Pricer
     from gpumeter.billing.prom import Sample
 
     results: dict[str, list[Sample]] = {name: [] for name in queries.BILLING_QUERIES}

@@ -1,4 +1,6 @@
-"""The ledger on SQLite and PostgreSQL: migrations, exact decimals, replace-by-hour, locks."""
+"""The ledger, one suite per part of its interface (what ingest writes, what reports read, what the
+service keeps), each run on every backend: in memory, SQLite and PostgreSQL; then the SQL ledger's own
+tests: migrations, its statements, what it remembers across transactions."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ from alembic.migration import MigrationContext
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpumeter import contract
 from gpumeter.billing.allocate import price_gpu_hour
-from gpumeter.billing.ledger import open_ledger
-from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.ledger import LockNotAcquired, open_ledger
+from gpumeter.billing.ledger.base import HourRecord, ReportLedger, ReportRunRecord
 from gpumeter.billing.ledger.orm import COST_LINES, Base
-from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger, _statement_sizes
+from gpumeter.billing.ledger.sqlalchemy import SQLITE_ROWS, SqlLedger
+from gpumeter.billing.ledger.sqlalchemy.rows import _statement_sizes
 from gpumeter.billing.models import Line
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
@@ -29,6 +33,211 @@ def _hour(uuid="GPU-l"):
         [mig(uuid, "1", "3g.20gb"), mig(uuid, "2", "3g.20gb", seconds=1800)],
         [alloc(uuid, "ns-a", "a", gi="1", profile="3g.20gb", share="0.333333333")],
     )
+
+
+def _with_readings(gh, hour, utilization: str, process_memory: int):
+    """The GPU-hour at ``hour`` with other readings: the same layout, other utilizations."""
+    u = Decimal(utilization)
+    return dataclasses.replace(
+        gh,
+        hour=hour,
+        device=dataclasses.replace(gh.device, utilization=u),
+        instances=[dataclasses.replace(m, utilization=u / 2) for m in gh.instances],
+        allocations=[
+            dataclasses.replace(a, utilization=u / 2, process_memory=Decimal(process_memory), process_sm=None)
+            for a in gh.allocations
+        ],
+    )
+
+
+# --- one suite per part of the interface, each on every backend (the ``ledger`` fixture) ---------
+
+
+class TestIngestLedger:
+    """What ingest writes: hours replaced whole, their facts and exact lines, the runs."""
+
+    def test_write_hour_round_trips_facts_and_exact_lines(self, ledger, tmp_path):
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}})
+        gh = _hour()
+        priced = price_gpu_hour(gh, prices)
+        ledger.write_hour(HourRecord(HOUR0, [gh], priced.lines, prices), source="test")
+        facts = ledger.facts(HOUR0)
+        assert facts == [gh]
+        assert facts[0].allocations[0].share == Decimal("0.333333333")
+        stored = ledger.lines(HOUR0, HOUR0 + timedelta(hours=1))
+        assert [(x.namespace, x.amount) for x in stored] == [(x.namespace, x.amount) for x in priced.lines]
+        assert sum(x.amount for x in stored) == priced.device_cost
+        assert ledger.ingested_hours(HOUR0, HOUR0 + timedelta(hours=2)) == {HOUR0}
+
+    def test_rewriting_an_hour_replaces_it(self, ledger, tmp_path):
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+        gh = _hour()
+        for _ in range(3):
+            ledger.write_hour(HourRecord(HOUR0, [gh], price_gpu_hour(gh, prices).lines, prices))
+        counts = ledger.counts()
+        # its instances and holders: one layout
+        assert counts["gpu_hours"] == 1 and counts["gpu_layouts"] == 1
+        assert ledger.facts(HOUR0) == [gh]
+        assert counts["cost_lines"] == len(price_gpu_hour(gh, prices).lines)
+        assert counts["price_book_versions"] == 1
+
+    def test_an_hour_of_more_lines_than_one_insert_holds_is_stored_whole_and_in_order(self, ledger, tmp_path):
+        """SQLite writes an hour's rows in multi-row INSERTs of SQLITE_ROWS rows: an hour of 2,5xx lines
+        (two full statements and a part) comes back line for line, GPU-hour for GPU-hour."""
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}})
+        hours = [_hour(f"GPU-{i:04d}") for i in range(850)]  # 3 lines each: 2,550 lines
+        lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+        assert len(lines) > 2 * SQLITE_ROWS and len(lines) % SQLITE_ROWS
+        ledger.write_hour(HourRecord(HOUR0, hours, lines, prices), source="test")
+        assert ledger.lines(HOUR0, HOUR0 + timedelta(hours=1)) == lines
+        assert ledger.facts(HOUR0) == hours
+        assert ledger.counts()["gpu_hours"] == 850
+
+    def test_failure_records_a_run_but_no_facts(self, ledger):
+        ledger.record_failure(HOUR0, "prometheus down")
+        counts = ledger.counts()
+        assert counts["ingest_runs"] == 1 and counts["gpu_hours"] == 0 and counts["cost_lines"] == 0
+        assert ledger.ingested_hours(HOUR0, HOUR0 + timedelta(hours=1)) == set()
+        assert ledger.summary().runs == {"failed": 1}
+
+    def test_a_layout_repeated_over_hours_is_stored_once_and_each_hour_keeps_its_readings(
+        self, ledger, tmp_path
+    ):
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+        hours = [
+            _with_readings(_hour(), HOUR0 + timedelta(hours=n), f"0.{n + 1}", 1000 * (n + 1))
+            for n in range(3)
+        ]
+        idle = gpu_hour("GPU-idle", A100)  # no instance, no holder: no layout
+        for gh in hours:
+            ledger.write_hour(HourRecord(gh.hour, [gh, dataclasses.replace(idle, hour=gh.hour)], [], prices))
+        assert ledger.counts()["gpu_hours"] == 6 and ledger.counts()["gpu_layouts"] == 1
+        for gh in hours:
+            idle_then, facts = dataclasses.replace(idle, hour=gh.hour), ledger.facts(gh.hour)
+            assert facts == [idle_then, gh]  # by uuid
+            facts = facts[1:]
+            # this hour's, not the first's
+            assert facts[0].instances[0].utilization == gh.device.utilization / 2
+            assert facts[0].allocations[0].process_memory == gh.allocations[0].process_memory
+
+
+class TestReportLedger:
+    """What reports read: the summary, and the sums a store answers in its own query language, which
+    must agree with the interface's own answer from the lines and facts."""
+
+    def test_summary_and_teams(self, ledger, tmp_path):
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+        gh = _hour()
+        ledger.set_namespace_teams({"ns-a": "alpha"}, "kube", HOUR0)
+        ledger.set_namespace_teams({"ns-a": "alpha2"}, "kube", HOUR0)
+        assert ledger.namespace_teams() == {"ns-a": "alpha2"}
+        lines = price_gpu_hour(gh, prices, ledger.namespace_teams()).lines
+        ledger.write_hour(HourRecord(HOUR0, [gh], lines, prices))
+        summary = ledger.summary()
+        assert sum(v for _, v in summary.cost) == Decimal("3.00")  # every line of the GPU-hour
+        tenant = [v for k, v in summary.cost if k["kind"] == "tenant"]
+        assert tenant == [Decimal("0.43")]  # 1 h x 0.333333333 x 3/7 x 3.00 = 0.42857.. -> 0.43
+        assert summary.last_success == HOUR0 + timedelta(hours=1)
+        assert {k["team"] for k, _ in summary.gpu_hours} == {"alpha2"}
+
+    def test_what_a_store_sums_itself_agrees_with_the_interface(self, ledger, tmp_path):
+        """The SQL ledger answers team costs, currencies, shared use, holdings and line totals in its own
+        queries; on every backend they equal what the interface works out from the lines and facts."""
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+        ledger.set_namespace_teams({"ns-a": "alpha", "ns-b": "beta"}, "kube", HOUR0)
+        teams = ledger.namespace_teams()
+        shared = [
+            dataclasses.replace(
+                alloc("GPU-s", "ns-b", pod, share="0.5"),
+                sharing=contract.SHARING_TIME_SLICING,
+                resource="nvidia.com/gpu.shared",
+                process_memory=Decimal(memory),
+                process_sm=Decimal(sm),
+            )
+            for pod, memory, sm in (("b1", 1000, "0.25"), ("b2", 3000, "0.5"))
+        ]
+        for n in range(2):
+            hour = HOUR0 + timedelta(hours=n)
+            gpu_hours = [
+                dataclasses.replace(_hour(), hour=hour),
+                gpu_hour("GPU-s", A100, [], shared, hour=hour),
+            ]
+            lines = [line for gh in gpu_hours for line in price_gpu_hour(gh, prices, teams).lines]
+            ledger.write_hour(HourRecord(hour, gpu_hours, lines, prices))
+        start, end = HOUR0, HOUR0 + timedelta(hours=2)
+        lines = ledger.lines(start, end)
+        assert ledger.team_costs(start, end) == ReportLedger.team_costs(ledger, start, end)
+        assert {team for team, _ in ledger.team_costs(start, end)} == {"alpha", "beta"}
+        assert (
+            ledger.currencies(start, end) == ReportLedger.currencies(ledger, start, end) == {prices.currency}
+        )
+        assert ledger.shared_use(start, end) == ReportLedger.shared_use(ledger, start, end)
+        assert {(u.namespace, u.pod) for u in ledger.shared_use(start, end)} == {
+            ("ns-b", "b1"),
+            ("ns-b", "b2"),
+        }
+        assert ledger.holdings(start, end) == ReportLedger.holdings(ledger, start, end)
+        assert len(ledger.holdings(start, end)) == 3
+        for grain in ("hour", "day", "range"):
+            totals = ledger.line_totals(start, end, grain)
+            assert sum(t.lines for t in totals) == len(lines)
+            assert sum(t.amount or 0 for t in totals) == sum(line.amount or 0 for line in lines)
+
+
+class TestServiceLedger:
+    """What the service keeps: the lock one replica holds, the report runs, the team map."""
+
+    def test_lock_row_excludes_a_second_replica_until_expiry(self, ledger):
+        assert ledger.acquire_lock("ingest", "replica-1", HOUR0, 60)
+        assert not ledger.acquire_lock("ingest", "replica-2", HOUR0 + timedelta(seconds=30), 60)
+        assert ledger.acquire_lock("ingest", "replica-1", HOUR0 + timedelta(seconds=30), 60)  # renew
+        assert ledger.acquire_lock("ingest", "replica-2", HOUR0 + timedelta(seconds=200), 60)  # expired
+        ledger.release_lock("ingest", "replica-1")  # not the holder: no effect
+        assert not ledger.acquire_lock("ingest", "replica-1", HOUR0 + timedelta(seconds=201), 60)
+        ledger.release_lock("ingest", "replica-2")
+        assert ledger.acquire_lock("ingest", "replica-1", HOUR0 + timedelta(seconds=202), 60)
+
+    def test_the_lock_context_refuses_a_second_holder(self, ledger):
+        held = ledger.lock("ingest", "replica-1", HOUR0)
+        with held, pytest.raises(LockNotAcquired), ledger.lock("ingest", "replica-2", HOUR0):
+            pass
+        with ledger.lock("ingest", "replica-2", HOUR0):  # released on leaving
+            pass
+
+    def test_namespace_teams_are_kept_per_namespace_and_replaced(self, ledger):
+        assert ledger.namespace_teams() == {}
+        ledger.set_namespace_teams({"ns-a": "alpha", "ns-b": "beta"}, "kube", HOUR0)
+        ledger.set_namespace_teams({"ns-b": "gamma"}, "file", HOUR0 + timedelta(hours=1))
+        ledger.set_namespace_teams({}, "kube", HOUR0)  # nothing to store: nothing changes
+        assert ledger.namespace_teams() == {"ns-a": "alpha", "ns-b": "gamma"}
+
+    def test_report_runs_round_trip_oldest_first(self, ledger):
+        runs = [
+            ReportRunRecord(
+                0,
+                HOUR0 + timedelta(days=30 * n),
+                HOUR0 + timedelta(days=30 * (n + 1)),
+                HOUR0 + timedelta(days=30 * (n + 1), hours=1),
+                "schedule",
+                "team",
+                f"/reports/{n}",
+                [{"digest": "d", "effective_from": "2026-11-01T00:00:00+00:00"}],
+                {"ok": 720},
+                {"report.html": "sha256:aa"},
+                "ok" if n == 0 else "failed",
+                None if n == 0 else "the disk filled up",
+            )
+            for n in range(2)
+        ]
+        ids = [ledger.record_report_run(run) for run in runs]
+        assert len(set(ids)) == 2
+        stored = ledger.report_runs()
+        assert [r.id for r in stored] == ids
+        assert [dataclasses.replace(r, id=0) for r in stored] == runs
+        assert [r.id for r in ledger.report_runs(runs[1].period_start)] == ids[1:]
+
+
+# --- the SQL ledger's own: its schema, its statements, what it remembers across transactions -----
 
 
 def test_migrations_match_the_orm(sql_ledger):
@@ -57,45 +266,6 @@ def test_migrating_twice_is_a_no_op(db):
     again.close()
 
 
-def test_write_hour_round_trips_facts_and_exact_lines(ledger, tmp_path):
-    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}})
-    gh = _hour()
-    priced = price_gpu_hour(gh, prices)
-    ledger.write_hour(HourRecord(HOUR0, [gh], priced.lines, prices), source="test")
-    facts = ledger.facts(HOUR0)
-    assert facts == [gh]
-    assert facts[0].allocations[0].share == Decimal("0.333333333")
-    stored = ledger.lines(HOUR0, HOUR0 + timedelta(hours=1))
-    assert [(x.namespace, x.amount) for x in stored] == [(x.namespace, x.amount) for x in priced.lines]
-    assert sum(x.amount for x in stored) == priced.device_cost
-    assert ledger.ingested_hours(HOUR0, HOUR0 + timedelta(hours=2)) == {HOUR0}
-
-
-def test_rewriting_an_hour_replaces_it(ledger, tmp_path):
-    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
-    gh = _hour()
-    for _ in range(3):
-        ledger.write_hour(HourRecord(HOUR0, [gh], price_gpu_hour(gh, prices).lines, prices))
-    counts = ledger.counts()
-    assert counts["gpu_hours"] == 1 and counts["gpu_layouts"] == 1  # its instances and holders: one layout
-    assert ledger.facts(HOUR0) == [gh]
-    assert counts["cost_lines"] == len(price_gpu_hour(gh, prices).lines)
-    assert counts["price_book_versions"] == 1
-
-
-def test_an_hour_of_more_lines_than_one_insert_holds_is_stored_whole_and_in_order(ledger, tmp_path):
-    """SQLite writes an hour's rows in multi-row INSERTs of SQLITE_ROWS rows: an hour of 2,5xx lines
-    (two full statements and a part) comes back line for line, GPU-hour for GPU-hour."""
-    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}})
-    hours = [_hour(f"GPU-{i:04d}") for i in range(850)]  # 3 lines each: 2,550 lines
-    lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
-    assert len(lines) > 2 * SQLITE_ROWS and len(lines) % SQLITE_ROWS
-    ledger.write_hour(HourRecord(HOUR0, hours, lines, prices), source="test")
-    assert ledger.lines(HOUR0, HOUR0 + timedelta(hours=1)) == lines
-    assert ledger.facts(HOUR0) == hours
-    assert ledger.counts()["gpu_hours"] == 850
-
-
 @given(st.integers(0, 20_000), st.integers(1, 2_000))
 def test_insert_sizes_cover_the_rows_in_few_distinct_statements(rows, most):
     sizes = _statement_sizes(rows, most)
@@ -105,76 +275,6 @@ def test_insert_sizes_cover_the_rows_in_few_distinct_statements(rows, most):
     rest = sizes[full:]
     assert sizes[:full] == [most] * full and sum(rest) == rows % most
     assert len(set(rest)) == len(rest) and all(size & (size - 1) == 0 for size in rest)
-
-
-def test_failure_records_a_run_but_no_facts(ledger):
-    ledger.record_failure(HOUR0, "prometheus down")
-    counts = ledger.counts()
-    assert counts["ingest_runs"] == 1 and counts["gpu_hours"] == 0 and counts["cost_lines"] == 0
-    assert ledger.ingested_hours(HOUR0, HOUR0 + timedelta(hours=1)) == set()
-    assert ledger.summary().runs == {"failed": 1}
-
-
-def test_lock_row_excludes_a_second_replica_until_expiry(ledger):
-    assert ledger.acquire_lock("ingest", "replica-1", HOUR0, 60)
-    assert not ledger.acquire_lock("ingest", "replica-2", HOUR0 + timedelta(seconds=30), 60)
-    assert ledger.acquire_lock("ingest", "replica-1", HOUR0 + timedelta(seconds=30), 60)  # renew
-    assert ledger.acquire_lock("ingest", "replica-2", HOUR0 + timedelta(seconds=200), 60)  # expired
-    ledger.release_lock("ingest", "replica-1")  # not the holder: no effect
-    assert not ledger.acquire_lock("ingest", "replica-1", HOUR0 + timedelta(seconds=201), 60)
-    ledger.release_lock("ingest", "replica-2")
-    assert ledger.acquire_lock("ingest", "replica-1", HOUR0 + timedelta(seconds=202), 60)
-
-
-def test_summary_and_teams(ledger, tmp_path):
-    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
-    gh = _hour()
-    ledger.set_namespace_teams({"ns-a": "alpha"}, "kube", HOUR0)
-    ledger.set_namespace_teams({"ns-a": "alpha2"}, "kube", HOUR0)
-    assert ledger.namespace_teams() == {"ns-a": "alpha2"}
-    lines = price_gpu_hour(gh, prices, ledger.namespace_teams()).lines
-    ledger.write_hour(HourRecord(HOUR0, [gh], lines, prices))
-    summary = ledger.summary()
-    assert sum(v for _, v in summary.cost) == Decimal("3.00")  # every line of the GPU-hour
-    tenant = [v for k, v in summary.cost if k["kind"] == "tenant"]
-    assert tenant == [Decimal("0.43")]  # 1 h x 0.333333333 x 3/7 x 3.00 = 0.42857.. -> 0.43
-    assert summary.last_success == HOUR0 + timedelta(hours=1)
-    assert {k["team"] for k, _ in summary.gpu_hours} == {"alpha2"}
-
-
-# --- layouts: a GPU-hour's instances and holders stored once, its readings per hour -------------
-
-
-def _with_readings(gh, hour, utilization: str, process_memory: int):
-    """The GPU-hour at ``hour`` with other readings: the same layout, other utilizations."""
-    u = Decimal(utilization)
-    return dataclasses.replace(
-        gh,
-        hour=hour,
-        device=dataclasses.replace(gh.device, utilization=u),
-        instances=[dataclasses.replace(m, utilization=u / 2) for m in gh.instances],
-        allocations=[
-            dataclasses.replace(a, utilization=u / 2, process_memory=Decimal(process_memory), process_sm=None)
-            for a in gh.allocations
-        ],
-    )
-
-
-def test_a_layout_repeated_over_hours_is_stored_once_and_each_hour_keeps_its_readings(ledger, tmp_path):
-    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
-    hours = [
-        _with_readings(_hour(), HOUR0 + timedelta(hours=n), f"0.{n + 1}", 1000 * (n + 1)) for n in range(3)
-    ]
-    idle = gpu_hour("GPU-idle", A100)  # no instance, no holder: no layout
-    for gh in hours:
-        ledger.write_hour(HourRecord(gh.hour, [gh, dataclasses.replace(idle, hour=gh.hour)], [], prices))
-    assert ledger.counts()["gpu_hours"] == 6 and ledger.counts()["gpu_layouts"] == 1
-    for gh in hours:
-        idle_then, facts = dataclasses.replace(idle, hour=gh.hour), ledger.facts(gh.hour)
-        assert facts == [idle_then, gh]  # by uuid
-        facts = facts[1:]
-        assert facts[0].instances[0].utilization == gh.device.utilization / 2  # this hour's, not the first's
-        assert facts[0].allocations[0].process_memory == gh.allocations[0].process_memory
 
 
 def write_with_lines_failing(ledger: SqlLedger, record: HourRecord) -> None:

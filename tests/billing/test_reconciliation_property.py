@@ -10,9 +10,10 @@ from decimal import Decimal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpumeter.billing.allocate import _UNREUSABLE, Pricer, _price_gpu_hour, price_gpu_hour
+from gpumeter.billing.allocate import _UNREUSABLE, _price_gpu_hour, price_gpu_hour
 from gpumeter.billing.ledger import layouts
 from gpumeter.billing.models import GpuHour
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import PriceBook, PriceVersion
 from gpumeter.billing.pricing.base import GpuPrice
 from tests.billing.factories import A100, H100, HOUR0, alloc, gpu_hour, mig

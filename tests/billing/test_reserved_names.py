@@ -14,8 +14,8 @@ from decimal import Decimal
 import pytest
 
 import gpumeter
-from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.models import LineKind
+from gpumeter.billing.pricer import Pricer
 from tests.billing.factories import alloc, book, gpu_hour, mig
 
 H100_SLICES = {"3g.40gb": (3, 4), "5g.99gb": (5, 8), "2g.20gb": (2, 2)}

@@ -23,7 +23,8 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.rounding import rotate
 from tests.billing.factories import H100, alloc, book, gpu_hour
 

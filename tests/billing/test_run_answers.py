@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from gpumeter import contract
 from gpumeter.billing import queries
-from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ingest import (
     QUERIES,
     CarriedLayouts,
@@ -40,6 +40,7 @@ from gpumeter.billing.ingest.fetch import FetchedRun
 from gpumeter.billing.ingest.runs import MAX_RUN_HOURS, _run_hours
 from gpumeter.billing.ledger import layouts
 from gpumeter.billing.models import SteadyGpuHour
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample

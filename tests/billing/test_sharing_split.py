@@ -11,10 +11,11 @@ from decimal import Decimal
 
 import pytest
 
-from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ingest import reprice
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import UNALLOCATED
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.base import PriceBookError
 from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour, write_book

@@ -20,9 +20,9 @@ from fractions import Fraction
 
 import pytest
 
-from gpumeter.billing.allocate import Pricer
 from gpumeter.billing.ingest import QUERIES, IngestConfig, ingest_hour, ingest_hours
 from gpumeter.billing.models import LineKind
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.history import write_history

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import gpumeter
-from gpumeter.billing.allocate import Pricer, price_gpu_hour
+from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.models import TIER_SHORTFALL, Allocation, LineKind
+from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import PriceBookError, load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, mig

@@ -1,0 +1,427 @@
+"""What reports read, on SQL: facts, lines and their sums (summed in the database, exactly, at the
+stored scales), the price versions and runs behind them, audit records and refused GPU-hours."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import BigInteger, Engine, Float, bindparam, case, cast, func, literal_column, select
+from sqlalchemy.orm import Session
+
+from gpumeter import contract
+from gpumeter.billing.ledger import layouts
+from gpumeter.billing.ledger.base import (
+    BILLED_TO_TEAMS,
+    AuditRecord,
+    IngestRunRecord,
+    LedgerSummary,
+    LineTotal,
+    PodHolding,
+    PriceVersionRecord,
+    RefusedGpuHour,
+    ReportLedger,
+    SharedUse,
+    shared_use_of,
+    summarise,
+)
+from gpumeter.billing.ledger.orm import (
+    COST_LINES,
+    BillingAudit,
+    CostLineSet,
+    CostLineTerm,
+    GpuHourRow,
+    GpuLayout,
+    IngestRun,
+    NamespaceTeam,
+    PriceBookVersion,
+    RefusedGpuHourRow,
+)
+from gpumeter.billing.ledger.sqlalchemy.store import LAYOUTS_KEPT, SqlStore, _stored
+from gpumeter.billing.models import Device, GpuHour, Line, LineKind, QuantityUnit, cluster_namespace
+from gpumeter.billing.pricing.base import version_id
+
+
+class SqlReads(SqlStore, ReportLedger):
+    # cost_lines holds the Line record's fields, declared once in billing/models.py; the price version
+    # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees).
+    # A line is stored as its term (cost_line_terms, billing/ledger/terms.py), named by its GPU-hour's
+    # set of terms (cost_line_sets), which the hour's line group names with the lines' readings.
+    LINE_FIELDS = tuple(f.name for f in dataclasses.fields(Line))
+
+    def __init__(self, engine: Engine, **kwargs: Any):
+        super().__init__(engine, **kwargs)
+        self._parsed_layouts: dict[int, dict] = {}  # id -> parsed body
+
+    @_stored("read shared use")
+    def shared_use(self, start: datetime, end: datetime) -> list[SharedUse]:
+        g = GpuHourRow
+        query = (
+            select(g.hour, g.cluster, g.layout_id, g.readings)
+            .join(GpuLayout, GpuLayout.id == g.layout_id)
+            .where(g.hour >= start, g.hour < end, GpuLayout.shared)
+        )
+        with Session(self.engine) as session:
+            return shared_use_of(
+                (cluster_namespace(cluster, namespace), pod, hour, memory, sm)
+                for hour, cluster, layout_id, stored in session.execute(query)
+                for namespace, pod, memory, sm in layouts.shared_holders(
+                    self._layout(session, layout_id), stored
+                )
+            )
+
+    def holdings(self, start: datetime, end: datetime) -> list[PodHolding]:
+        """The range's distinct layouts, each parsed once: a month of a GPU is a handful of them."""
+        query = (
+            select(GpuHourRow.cluster, GpuHourRow.layout_id)
+            .where(GpuHourRow.hour >= start, GpuHourRow.hour < end, GpuHourRow.layout_id.is_not(None))
+            .distinct()
+        )
+        found: set[tuple[str, str, str, str]] = set()
+        with Session(self.engine) as session:
+            for cluster, layout_id in session.execute(query).all():
+                layout = self._layout(session, layout_id)
+                if layout is not None:
+                    held = layouts.holdings_of(layout)
+                    if cluster:  # as reports name the namespace (`cluster_namespace`)
+                        held = {(cluster_namespace(cluster, h[0]), *h[1:]) for h in held}
+                    found |= held
+        return sorted(PodHolding(*h) for h in found)
+
+    def _layout(self, session: Session, layout_id: int | None) -> dict | None:
+        """A stored layout, parsed (kept: layouts never change)."""
+        if layout_id is None:
+            return None
+        parsed = self._parsed_layouts.get(layout_id)
+        if parsed is None:
+            body = session.scalar(select(GpuLayout.body).where(GpuLayout.id == layout_id))
+            if len(self._parsed_layouts) >= LAYOUTS_KEPT:
+                self._parsed_layouts.clear()
+            parsed = self._parsed_layouts[layout_id] = layouts.parse_layout(body)
+        return parsed
+
+    @_stored("read facts")
+    def facts(self, hour: datetime) -> list[GpuHour]:
+        g = GpuHourRow
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(g.uuid, g.model, g.present_seconds, g.hostname, g.gpu, g.mig_mode, g.utilization)
+                .add_columns(g.cluster, g.layout_id, g.readings)
+                .where(g.hour == hour)
+                .order_by(g.cluster, g.uuid)
+            ).all()
+            return [
+                layouts.restore(hour, Device(*device), self._layout(session, layout_id), stored)
+                for *device, layout_id, stored in rows
+            ]
+
+    @_stored("read lines")
+    def lines(self, start: datetime, end: datetime) -> list[Line]:
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(COST_LINES, PriceBookVersion.effective_from)
+                .outerjoin(PriceBookVersion, COST_LINES.c.price_version_id == PriceBookVersion.id)
+                .where(COST_LINES.c.hour >= start, COST_LINES.c.hour < end)
+                .order_by(COST_LINES.c.hour, COST_LINES.c.seq)
+            )
+            read = {
+                "kind": LineKind,
+                "held_unit": QuantityUnit,
+            }
+            out = []
+            for r in rows:
+                fields = {name: getattr(r, name) for name in self.LINE_FIELDS if name != "price_version"}
+                fields["cluster"] = fields["cluster"] or ""
+                since = r.effective_from
+                fields.update({name: to(fields[name]) for name, to in read.items()})
+                out.append(Line(**fields, price_version=None if since is None else version_id(since)))
+            return out
+
+    @_stored("count rows")
+    def counts(self) -> dict[str, int]:
+        """Row counts per table (tests use it to prove nothing was written)."""
+        tables = (
+            BillingAudit,
+            IngestRun,
+            PriceBookVersion,
+            GpuHourRow,
+            GpuLayout,
+            CostLineTerm,
+            CostLineSet,
+            NamespaceTeam,
+            RefusedGpuHourRow,
+        )
+        with Session(self.engine) as session:
+            counted = {t.__tablename__: session.scalar(select(func.count()).select_from(t)) for t in tables}
+            counted["cost_lines"] = session.scalar(select(func.count()).select_from(COST_LINES))
+            return counted
+
+    @_stored("summarise")
+    def summary(self) -> LedgerSummary:
+        with Session(self.engine) as session:
+            query = select(
+                COST_LINES.c.namespace,
+                COST_LINES.c.team,
+                COST_LINES.c.model,
+                COST_LINES.c.mig_profile,
+                COST_LINES.c.kind,
+                COST_LINES.c.currency,
+                COST_LINES.c.quantity,
+                COST_LINES.c.amount,
+                COST_LINES.c.cluster,
+            )
+            lines = [tuple(row) for row in session.execute(query)]
+            last = session.scalar(
+                select(func.max(IngestRun.hour)).where(IngestRun.status.in_(contract.INGEST_DONE))
+            )
+            counted = session.execute(select(IngestRun.status, func.count()).group_by(IngestRun.status))
+            runs = {status: n for status, n in counted}
+        return summarise(lines, last, runs)
+
+    @_stored("sum team costs")
+    def team_costs(self, start: datetime, end: datetime) -> dict[tuple[str, str], Decimal]:
+        """Summed in SQL as whole units of the stored scale (exact on SQLite's decimal text too)."""
+        c = COST_LINES.c
+        scale = 10**4  # Money() is NUMERIC(20, 4)
+        query = (
+            select(
+                c.team,
+                c.currency,
+                func.sum(cast(func.round(c.amount * literal_column(str(scale))), BigInteger)),
+            )
+            .where(
+                c.hour >= bindparam("lo", type_=c.hour.type),
+                c.hour < bindparam("hi", type_=c.hour.type),
+                c.kind.in_([kind.value for kind in BILLED_TO_TEAMS]),
+                c.team != "",
+                c.amount.isnot(None),
+            )
+            .group_by(c.team, c.currency)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query, {"lo": start, "hi": end}).all()
+        unit = Decimal(1).scaleb(-4)
+        return {(team, currency): Decimal(int(total)) * unit for team, currency, total in rows}
+
+    @_stored("sum lines")
+    def line_totals(self, start: datetime, end: datetime, grain: str = "day") -> list[LineTotal]:
+        """Lines summed in SQL per bucket; money and quantities summed exactly as integers of their
+        stored scale (SQLite keeps exact decimal text, so no float ever carries an amount)."""
+        table = COST_LINES
+        c = table.c
+        money_scale, qty_scale = 10**4, 10**6  # Money() is NUMERIC(20, 4), quantity NUMERIC(18, 6)
+        sqlite = self.engine.dialect.name == "sqlite"
+        if grain == "hour":
+            bucket = c.hour
+        elif grain == "day":
+            bucket = func.substr(c.hour, 1, 10) if sqlite else func.date_trunc("day", c.hour)
+        elif grain == "range":
+            bucket = None
+        else:
+            raise ValueError(f"unknown grain {grain!r}")
+
+        def scaled(column, scale):
+            return cast(func.round(column * literal_column(str(scale))), BigInteger)
+
+        keys = [
+            c.kind,
+            c.namespace,
+            c.team,
+            c.pod,
+            c.container,
+            c.uuid,
+            c.gpu_instance_id,
+            c.mig_profile,
+            c.model,
+            c.currency,
+            c.price_version_id,
+            c.held_unit,
+            c.cluster,
+        ]
+        group = ([bucket] if bucket is not None else []) + keys
+        query = (
+            select(
+                *group,
+                func.min(c.hour),
+                func.max(c.hour),
+                func.count(),
+                func.sum(scaled(c.quantity, qty_scale)),
+                func.sum(scaled(c.amount, money_scale)),
+                func.count(c.amount),
+                cast(func.sum(c.utilization * c.quantity), Float),
+                func.sum(case((c.utilization.isnot(None), scaled(c.quantity, qty_scale)), else_=None)),
+                cast(func.sum(c.efficiency * c.quantity), Float),
+                func.sum(case((c.efficiency.isnot(None), scaled(c.quantity, qty_scale)), else_=None)),
+                func.sum(scaled(c.held, qty_scale)),
+            )
+            .where(c.hour >= bindparam("lo", type_=c.hour.type), c.hour < bindparam("hi", type_=c.hour.type))
+            .group_by(*group)
+        )
+        qty_unit, money_unit = Decimal(1).scaleb(-6), Decimal(1).scaleb(-4)
+        # Buckets never straddle a UTC day, so a long range is summed in day-aligned chunks on
+        # parallel connections (the database works outside the GIL); results are simply concatenated.
+        chunks = [(start, end)]
+        days = (end - start).days
+        if grain != "range" and days >= 4:
+            workers = min(4, os.cpu_count() or 1)
+            first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
+            step = max(1, -(-days // workers))
+            cuts = [start] + [first_day + timedelta(days=step * i) for i in range(1, workers)] + [end]
+            cuts = sorted({min(max(c, start), end) for c in cuts})
+            chunks = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
+
+        def fetch(window: tuple[datetime, datetime]) -> list:
+            with self.engine.connect() as conn:
+                return conn.execute(query, {"lo": window[0], "hi": window[1]}).all()
+
+        if len(chunks) == 1:
+            results = [fetch(chunks[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+                results = list(pool.map(fetch, chunks))
+        out = []
+        for row in (r for result in results for r in result):
+            if bucket is None:
+                when, rest = start, row
+            else:
+                when, rest = row[0], row[1:]
+                if isinstance(when, str):
+                    when = datetime.fromisoformat(when)
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+            (kind, ns, team, pod, container, uuid, gi, profile, model, currency, version, unit) = rest[:12]
+            cluster = rest[12] or ""
+            (first, last, n, qty, amount, priced, u_w, u_q, e_w, e_q, held) = rest[13:]
+            out.append(
+                LineTotal(
+                    bucket=when,
+                    first_hour=first,
+                    last_hour=last,
+                    kind=kind,
+                    namespace=ns,
+                    team=team,
+                    pod=pod,
+                    container=container,
+                    uuid=uuid,
+                    gpu_instance_id=gi,
+                    mig_profile=profile,
+                    model=model,
+                    currency=currency,
+                    price_version_id=version,
+                    lines=n,
+                    quantity=Decimal(int(qty or 0)) * qty_unit,
+                    amount=Decimal(int(amount)) * money_unit if priced else None,
+                    utilization_weighted=float(u_w or 0.0),
+                    utilization_quantity=Decimal(int(u_q or 0)) * qty_unit,
+                    efficiency_weighted=float(e_w or 0.0),
+                    efficiency_quantity=Decimal(int(e_q or 0)) * qty_unit,
+                    held=Decimal(int(held or 0)) * qty_unit,
+                    held_unit=unit,
+                    cluster=cluster,
+                )
+            )
+        return out
+
+    @_stored("read price versions")
+    def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
+        if not ids:
+            return {}
+        with Session(self.engine) as session:
+            rows = session.scalars(select(PriceBookVersion).where(PriceBookVersion.id.in_(sorted(ids))))
+            return {
+                r.id: PriceVersionRecord(
+                    r.id,
+                    r.digest,
+                    r.path,
+                    r.currency,
+                    r.effective_from,
+                    r.effective_to,
+                    r.source,
+                    json.loads(r.body),
+                )
+                for r in rows
+            }
+
+    @_stored("read refused GPU-hours")
+    def refused_gpu_hours(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[RefusedGpuHour]:
+        query = select(
+            RefusedGpuHourRow.hour,
+            RefusedGpuHourRow.cluster,
+            RefusedGpuHourRow.uuid,
+            RefusedGpuHourRow.reason,
+            RefusedGpuHourRow.refused_at,
+        )
+        if start is not None:
+            query = query.where(RefusedGpuHourRow.hour >= start)
+        if end is not None:
+            query = query.where(RefusedGpuHourRow.hour < end)
+        with Session(self.engine) as session:
+            rows = session.execute(
+                query.order_by(RefusedGpuHourRow.hour, RefusedGpuHourRow.cluster, RefusedGpuHourRow.uuid)
+            )
+            return [
+                RefusedGpuHour(hour, cluster or None, uuid, why, at) for hour, cluster, uuid, why, at in rows
+            ]
+
+    @_stored("read ingest runs")
+    def ingest_runs(self, start: datetime, end: datetime) -> list[IngestRunRecord]:
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(
+                    IngestRun.id,
+                    IngestRun.hour,
+                    IngestRun.started_at,
+                    IngestRun.finished_at,
+                    IngestRun.status,
+                    IngestRun.source,
+                )
+                .where(IngestRun.hour >= start, IngestRun.hour < end)
+                .order_by(IngestRun.hour, IngestRun.id)
+            )
+            return [IngestRunRecord(*row) for row in rows]
+
+    @_stored("read audit records")
+    def audit_records(self, start: datetime | None = None, end: datetime | None = None) -> list[AuditRecord]:
+        a = BillingAudit
+        query = select(
+            a.id,
+            a.at,
+            a.run,
+            a.command,
+            a.operator,
+            a.reason,
+            a.book_digest,
+            a.hour,
+            a.currency,
+            a.old_total,
+            a.new_total,
+        ).order_by(a.id)
+        if start is not None:
+            query = query.where(a.hour >= start)
+        if end is not None:
+            query = query.where(a.hour < end)
+        with Session(self.engine) as session:
+            return [AuditRecord(*row) for row in session.execute(query)]
+
+    @_stored("read currencies")
+    def currencies(self, start: datetime, end: datetime) -> set[str]:
+        c = COST_LINES.c
+        query = (
+            select(c.currency)
+            .where(
+                c.hour >= bindparam("lo", type_=c.hour.type),
+                c.hour < bindparam("hi", type_=c.hour.type),
+                c.amount.isnot(None),
+            )
+            .distinct()
+        )
+        with self.engine.connect() as conn:
+            return set(conn.execute(query, {"lo": start, "hi": end}).scalars())

@@ -1,0 +1,284 @@
+"""What ingest writes, on SQL: an hour replaced whole under its writer lock, a re-price's lines, the
+runs, the audit of billed hours changed, and the lock that keeps re-prices apart from ingests."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import BigInteger, Engine, bindparam, cast, delete, func, literal_column, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpumeter import contract
+from gpumeter.billing.ledger.base import (
+    Actor,
+    HourRecord,
+    IngestLedger,
+    audited_change,
+    hour_total,
+    refuse_duplicate_lines,
+    run_status,
+)
+from gpumeter.billing.ledger.orm import (
+    COST_LINES,
+    BillingAudit,
+    CostLineGroup,
+    GpuHourRow,
+    IngestRun,
+    PriceBookVersion,
+    RefusedGpuHourRow,
+)
+from gpumeter.billing.ledger.sqlalchemy.rows import (
+    _PRICE_VERSION,
+    SqlHourRows,
+    _exact_text,
+    _priced_hours,
+    _versions_named,
+)
+from gpumeter.billing.ledger.sqlalchemy.store import _SERIAL_LOCK_KEY, LAYOUTS_KEPT, _hour_lock_key, _stored
+from gpumeter.billing.models import Line
+from gpumeter.billing.pricing.base import PriceBook, PriceVersion
+
+
+class SqlWrites(SqlHourRows, IngestLedger):
+    def __init__(self, engine: Engine, **kwargs: Any):
+        super().__init__(engine, **kwargs)
+        self.actor = Actor()  # who writes: named in the audit records (`_audit_change`)
+        # price_book_versions rows are never changed once stored either: (book digest, effective from) -> id
+        self._version_ids: dict[tuple[str, datetime], int] = {}
+
+    def _version_rows(
+        self, session: Session, book: PriceBook | None, named: set[str | None]
+    ) -> tuple[dict[str, int], dict[tuple[str, datetime], int]]:
+        """The stored row of each price version named (registered once, body and all), and the rows
+        this transaction looked up or added ((digest, effective from) -> id), which `_version_ids`
+        learns only once it commits: an hour then names a version's row without a query."""
+        named = named - {None}
+        if not named:
+            return {}, {}
+        if book is None:
+            raise ValueError("lines name a price version but no price book came with them")
+        rows, looked_up = {}, {}
+        digest = book.digest or "inline"
+        for name in named:
+            version = book.version(name)
+            key = (digest, version.effective_from)
+            row = self._version_ids.get(key)
+            if row is None:
+                row = looked_up[key] = self._version_row(session, book, digest, version)
+            rows[name] = row
+        return rows, looked_up
+
+    def _version_row(self, session: Session, book: PriceBook, digest: str, version: PriceVersion) -> int:
+        query = select(PriceBookVersion.id).where(
+            PriceBookVersion.digest == digest, PriceBookVersion.effective_from == version.effective_from
+        )
+        found = session.scalar(query)
+        if found is not None:
+            return found
+        row = PriceBookVersion(
+            digest=digest,
+            path=book.path,
+            currency=book.currency,
+            effective_from=version.effective_from,
+            effective_to=version.effective_to,
+            source=version.source,
+            body=book.version_body(version),
+        )
+        try:
+            with session.begin_nested():  # ingest workers may register the same version at once
+                session.add(row)
+        except IntegrityError:  # the other one committed it first (the insert waited for it)
+            return session.scalar(query)
+        return row.id
+
+    @staticmethod
+    def _lock_hour(session: Session, hour: datetime) -> None:
+        """The hour's writer lock, held until the transaction ends. PostgreSQL: the hour's advisory
+        lock. SQLite: the file's write lock, taken now (pysqlite would take it at the first write):
+        what the hour held is then read in the same transaction that replaces it (`_audit_change`)."""
+        if session.bind.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _hour_lock_key(hour)})
+        elif session.bind.dialect.name == "sqlite":
+            connection = session.connection()
+            if not connection.connection.dbapi_connection.in_transaction:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def _hour_totals(self, session: Session, hour: datetime) -> tuple[Decimal, str] | None:
+        """What the hour is billed now (`hour_total`), summed in SQL at the stored scale."""
+        c = COST_LINES.c
+        scale = 10**4  # Money() is NUMERIC(20, 4)
+        query = (
+            select(c.currency, func.sum(cast(func.round(c.amount * literal_column(str(scale))), BigInteger)))
+            .where(c.hour == bindparam("hour", type_=c.hour.type), c.amount.isnot(None))
+            .group_by(c.currency)
+        )
+        rows = session.execute(query, {"hour": hour}).all()
+        if not rows:
+            return None
+        return sum((Decimal(int(total)) for _, total in rows), Decimal(0)).scaleb(-4), rows[0][0]
+
+    def _audit_change(self, session: Session, hour: datetime, old, lines, book, now: datetime) -> None:
+        """An audit row when the hour was billed and its new lines bill another total."""
+        if old is None:
+            return
+        change = audited_change(self.actor, book, hour, old, hour_total(lines), now)
+        if change is not None:
+            fields = dataclasses.asdict(change)
+            del fields["id"]
+            session.add(BillingAudit(**fields))
+
+    def _delete_hour(self, session: Session, hour: datetime, *, facts: bool) -> None:
+        """Delete the hour's rows, first taking the hour's writer lock for the rest of the transaction.
+
+        Under READ COMMITTED two writers of one hour would both delete nothing and both insert
+        (a double bill). PostgreSQL: a transaction-scoped advisory lock keyed by the hour serialises
+        them, and the second one's DELETE then sees the first one's committed rows. SQLite: the DELETE
+        takes the database's write lock, which the second writer waits for (busy timeout).
+        """
+        self._lock_hour(session, hour)  # the class's: a test may take it away
+        tables = (CostLineGroup, GpuHourRow) if facts else (CostLineGroup,)
+        for table in tables:
+            session.execute(delete(table).where(table.hour == hour))
+
+    def _driver_values(self, hour: datetime):
+        """(the hour as the driver stores it, exact-decimal converter) for this engine's dialect."""
+        dialect = self.engine.dialect
+        hour_type = GpuHourRow.__table__.c.hour.type
+        stored_hour = hour_type.dialect_impl(dialect).bind_processor(dialect)(hour)
+        if dialect.name == "sqlite":  # exact decimal text (billing.ledger.types.Exact)
+            return stored_hour, _exact_text
+        return stored_hour, None  # the driver stores Decimals as they are
+
+    @_stored("write hour")
+    def write_hour(self, record: HourRecord, *, source: str = "", started_at: datetime | None = None) -> None:
+        now = datetime.now(UTC)
+        hours = _priced_hours(record)
+        keys, again, parts = self._line_keys(record, hours)  # before any row is touched
+        hour, exact = self._driver_values(record.hour)
+        with Session(self.engine) as session, session.begin():
+            self._lock_hour(session, record.hour)
+            old = self._hour_totals(session, record.hour)
+            self._delete_hour(session, record.hour, facts=True)
+            self._audit_change(session, record.hour, old, record.lines, record.book, now)
+            rows, added = self._gpu_hour_rows(session, hour, record.gpu_hours, exact)
+            self._bulk_insert(session, GpuHourRow.__table__, self.GPU_HOUR_COLUMNS, rows)
+            versions, looked_up = self._version_rows(session, record.book, _versions_named(record, hours))
+            rows, added_terms, added_sets, carry = self._group_rows(
+                session, record.lines, versions, hour, keys, record.line_groups, again, parts
+            )
+            self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
+            status, error = run_status(record)
+            session.add(
+                IngestRun(
+                    hour=record.hour,
+                    started_at=started_at or now,
+                    finished_at=now,
+                    status=status,
+                    error=error,
+                    source=source,
+                )
+            )
+            session.execute(delete(RefusedGpuHourRow).where(RefusedGpuHourRow.hour == record.hour))
+            session.add_all(
+                RefusedGpuHourRow(
+                    hour=record.hour, cluster=cluster, uuid=uuid, reason=why[:4000], refused_at=now
+                )
+                for cluster, uuid, why in record.refused
+            )
+        if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
+            self._layout_ids.clear()
+        self._layout_ids.update(added)  # committed: later hours may name them without a look-up
+        self._version_ids.update(looked_up)
+        self._learn_terms(added_terms, added_sets)
+        self._carry(carry)
+
+    @_stored("re-price hour")
+    def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
+        keys = refuse_duplicate_lines(hour, lines)
+        stored_hour, _ = self._driver_values(hour)
+        with Session(self.engine) as session, session.begin():
+            self._lock_hour(session, hour)
+            old = self._hour_totals(session, hour)
+            self._delete_hour(session, hour, facts=False)
+            self._audit_change(session, hour, old, lines, book, datetime.now(UTC))
+            versions, looked_up = self._version_rows(session, book, set(map(_PRICE_VERSION, lines)))
+            rows, added_terms, added_sets, _ = self._group_rows(session, lines, versions, stored_hour, keys)
+            self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
+        self._version_ids.update(looked_up)
+        self._learn_terms(added_terms, added_sets)
+
+    @_stored("record run")
+    def record_run(
+        self, hour: datetime, status: str, reason: str, *, source: str = "", started_at=None
+    ) -> None:
+        now = datetime.now(UTC)
+        with Session(self.engine) as session, session.begin():
+            session.add(
+                IngestRun(
+                    hour=hour,
+                    started_at=started_at or now,
+                    finished_at=now,
+                    status=status,
+                    error=reason[:4000],
+                    source=source,
+                )
+            )
+
+    @_stored("read ingest runs")
+    def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
+        with Session(self.engine) as session:
+            rows = session.scalars(
+                select(IngestRun.hour).where(
+                    IngestRun.status.in_(contract.INGEST_DONE), IngestRun.hour >= start, IngestRun.hour < end
+                )
+            )
+            return set(rows)
+
+    @contextlib.contextmanager
+    def serialised(self, *, shared: bool) -> Iterator[bool]:
+        """PostgreSQL: a session advisory lock, shared by ingests, exclusive for a re-price, held on
+        a connection of its own for the whole command. SQLite: flock(2) on a file beside the ledger
+        (`<file>.lock`), shared or exclusive likewise: SQLite's own locks last one transaction."""
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.connect() as conn:
+                how = "_shared" if shared else ""
+                key = {"key": _SERIAL_LOCK_KEY}
+                waited = not conn.execute(text(f"SELECT pg_try_advisory_lock{how}(:key)"), key).scalar()
+                if waited:
+                    conn.execute(text(f"SELECT pg_advisory_lock{how}(:key)"), key)
+                conn.commit()
+                try:
+                    yield waited
+                finally:
+                    conn.execute(text(f"SELECT pg_advisory_unlock{how}(:key)"), key)
+                    conn.commit()
+            return
+        database = self.engine.url.database or ""
+        path = database.removeprefix("file:").split("?")[0]
+        if self.engine.dialect.name != "sqlite" or not path or path == ":memory:":
+            yield False
+            return
+        try:
+            file = open(f"{path}.lock", "a")  # noqa: SIM115 (held for the block)
+        except OSError:  # a read-only folder: nothing there writes either
+            yield False
+            return
+        with file:
+            mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            try:
+                fcntl.flock(file, mode | fcntl.LOCK_NB)
+                waited = False
+            except BlockingIOError:
+                fcntl.flock(file, mode)
+                waited = True
+            try:
+                yield waited
+            finally:
+                fcntl.flock(file, fcntl.LOCK_UN)
