@@ -28,6 +28,8 @@ from gpumeter.billing.models import GpuHour, Line
 
 
 class MemoryReads(MemoryStore, ReportLedger):
+    """`ReportLedger` in memory: sums at the SQL ledger's stored scales."""
+
     def refused_gpu_hours(
         self, start: datetime | None = None, end: datetime | None = None
     ) -> list[RefusedGpuHour]:

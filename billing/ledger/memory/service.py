@@ -11,6 +11,8 @@ from gpumeter.billing.ledger.memory.store import MemoryStore
 
 
 class MemoryService(MemoryStore, ServiceLedger):
+    """`ServiceLedger` in memory."""
+
     def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None:
         with self._guard:
             self._teams.update(teams)

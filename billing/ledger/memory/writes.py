@@ -28,6 +28,8 @@ from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
 class MemoryWrites(MemoryStore, IngestLedger):
+    """`IngestLedger` in memory."""
+
     def __init__(self) -> None:
         super().__init__()
         self.actor = Actor()

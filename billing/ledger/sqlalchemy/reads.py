@@ -49,6 +49,8 @@ from gpumeter.billing.pricing.base import version_id
 
 
 class SqlReads(SqlStore, ReportLedger):
+    """`ReportLedger` on SQL: what the interface works out from lines and facts, answered in queries."""
+
     # cost_lines holds the Line record's fields, declared once in billing/models.py; the price version
     # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees).
     # A line is stored as its term (cost_line_terms, billing/ledger/terms.py), named by its GPU-hour's

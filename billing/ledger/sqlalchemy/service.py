@@ -18,6 +18,8 @@ from gpumeter.billing.ledger.sqlalchemy.store import SqlStore, _stored
 
 
 class SqlService(SqlStore, ServiceLedger):
+    """`ServiceLedger` on SQL: a row per namespace, report run and lock."""
+
     @_stored("store namespace teams")
     def set_namespace_teams(self, teams: dict[str, str], source: str, now: datetime) -> None:
         if not teams:

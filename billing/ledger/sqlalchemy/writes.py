@@ -47,6 +47,8 @@ from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
 class SqlWrites(SqlHourRows, IngestLedger):
+    """`IngestLedger` on SQL: each hour in one transaction under its writer lock."""
+
     def __init__(self, engine: Engine, **kwargs: Any):
         super().__init__(engine, **kwargs)
         self.actor = Actor()  # who writes: named in the audit records (`_audit_change`)
@@ -142,7 +144,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
         them, and the second one's DELETE then sees the first one's committed rows. SQLite: the DELETE
         takes the database's write lock, which the second writer waits for (busy timeout).
         """
-        self._lock_hour(session, hour)  # the class's: a test may take it away
+        self._lock_hour(session, hour)  # through self: a lock put in its place is the one taken
         tables = (CostLineGroup, GpuHourRow) if facts else (CostLineGroup,)
         for table in tables:
             session.execute(delete(table).where(table.hour == hour))
