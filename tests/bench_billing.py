@@ -585,9 +585,9 @@ def main(argv: list[str] | None = None) -> int:
         "ledger_bytes_per_gpu_month": round(ledger_bytes / gpu_months),
         "rows_per_gpu_month": round(rows / gpu_months),
         "python_loop_seconds": round(_python_loop_seconds(), 2),
-        "prometheus_ingest_queries_seconds_per_day": round(answering, 2),
-        "prometheus_aggregating_seconds_per_day": round(aggregating, 2),
-        "promql_totals_seconds": [round(t, 2) for t, _ in promql],
+        "store_ingest_queries_seconds_per_day": round(answering, 2),
+        "store_aggregating_seconds_per_day": round(aggregating, 2),
+        "store_totals_seconds": [round(t, 2) for t, _ in promql],
         "metricsql_totals_seconds": [round(t, 2) for t, _ in metricsql],
         "totals_series": promql[0][1],
         "target_seconds": TARGET_SECONDS if gpus == 1000 and hours == 720 and args.workers == 1 else None,
@@ -616,9 +616,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'  CPU seconds, all billing processes':<58} {run['cpu_s']:>12.1f} s")
     print(
-        f"{f'  Prometheus answering its queries, one day x {args.days}':<58} {answering * args.days:>12.1f} s"
+        f"{f'  {args.store} answering its queries, one day x {args.days}':<58} {answering * args.days:>12.1f} s"
     )
-    print(f"{'    the same with max by in Prometheus':<58} {aggregating * args.days:>12.1f} s")
+    print(f"{f'    the same with max by in {args.store}':<58} {aggregating * args.days:>12.1f} s")
     if ratio is not None:
         print(f"{f'  {args.store} busy answering this ingest (same run)':<58} {busy:>12.1f} s")
         print(
@@ -643,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'ledger size on disk, per GPU-month':<58} {report['ledger_bytes_per_gpu_month'] / 1024:>10.1f} KiB"
     )
-    for engine, times in (("Prometheus", promql), ("VictoriaMetrics", metricsql)):
+    # the first answered on the store billing asked, the second on VictoriaMetrics' copy
+    for engine, times in ((args.store, promql), ("victoriametrics", metricsql)):
         what = f"{engine}: the period's totals, one query"
         print(f"{what:<58} {min(t for t, _ in times):>12.2f} s")
     print(f"wrote {out}")
