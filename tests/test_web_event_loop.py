@@ -217,7 +217,8 @@ def test_a_client_that_never_reads_holds_up_no_one_and_is_dropped_at_the_write_t
         with httpx.Client(timeout=HANG) as scraper:
             for _ in range(20):
                 assert scraper.get(url(patient)).status_code == 200
-        assert [c.pending is not None for c in patient._loop._connections.values()] == [True]
+            # still held, its answer still waiting for it: the scrapes did not wait for it to go
+            assert any(c.pending is not None for c in list(patient._loop._connections.values()))
     finally:
         stalled.close()
     strict = serving(read_timeout=60, write_timeout=0.3)
