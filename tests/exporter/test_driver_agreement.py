@@ -18,7 +18,6 @@ import yaml
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 from gpumeter.simulator.fleet import FLEETS_DIR, parse_fleet
-from gpumeter.simulator.latency import CALL_LATENCY_S
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -308,14 +307,29 @@ def test_8_stopping_waits_for_the_throughput_reads_in_flight_before_giving_nvml_
     # A read runs 20 ms on its pool thread (nvml.h: "a byte counter over a 20ms interval"). Stopping the
     # exporter gives its NVML reference back (nvmlShutdown); a read still running then would call a
     # library that is shut down (docs/nvml.md §12: UNINITIALIZED), and its threads would outlive the
-    # exporter. Stop must wait for the reads in flight, then end the pool. (Each read is made 0.2 s here,
-    # as on a loaded machine, so that stopping without waiting shows as calls after the shutdown.)
-    sim = simulate("h100-mig", latency={**CALL_LATENCY_S, "nvmlDeviceGetPcieThroughput": 0.2})
+    # exporter. Stop must wait for the reads in flight, then end the pool. Shown by order: every read is
+    # held in the driver while stop() runs, and NVML is not shut down until they are let go.
+    sim = simulate("h100-mig")
+    release, in_flight, shut = threading.Event(), threading.Semaphore(0), threading.Event()
+
+    def held(*args):
+        in_flight.release()
+        release.wait()
+
+    sim.lib.hooks["nvmlDeviceGetPcieThroughput"] = held
+    sim.lib.hooks["nvmlShutdown"] = lambda *args: shut.set()
     sim.sampler.sample_once()  # starts one read per GPU
-    assert any(t.name.startswith("pcie-throughput") for t in threading.enumerate())
-    sim.sampler.stop()
+    assert all(in_flight.acquire(timeout=30) for _ in sim.node.gpus), "a GPU's read was not started"
+    stopper = threading.Thread(target=sim.sampler.stop)
+    stopper.start()
+    # a stop that did not wait would shut NVML down at once; one that waits cannot, whatever the load
+    shut_with_reads_held = shut.wait(0.2)
+    release.set()
+    stopper.join(30)
+    assert not stopper.is_alive()
+    assert not shut_with_reads_held, "NVML was given back with reads in flight"
+    assert shut.is_set()
     assert not [t.name for t in threading.enumerate() if t.name.startswith("pcie-throughput")]
-    time.sleep(0.5)  # a read left running would reach the library by now
     assert sim.lib.uninitialised_calls == {}, sim.lib.uninitialised_calls
     assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] >= 8  # the reads did run
 
