@@ -111,7 +111,9 @@ class PrometheusClient:
     auth, and only the redacted URL (`base_url`) is ever shown or stored.
 
     ``deadline``: a `time.monotonic` instant after which no request is started and none is waited
-    on (a run's overall deadline, `billing ingest --deadline`)."""
+    on (a run's overall deadline, `billing ingest --deadline`). ``clock``: what the timeout of a whole
+    answer and the deadline are read against (a test's own clock, so a trickled answer is given up
+    without waiting for it in real time)."""
 
     def __init__(
         self,
@@ -123,8 +125,10 @@ class PrometheusClient:
         auth: Auth | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.url = base_url.rstrip("/")
+        self._clock = clock
         self.base_url = redact_url(self.url)  # what errors and the ledger's runs name
         self.timeout, self.headers, self.auth = timeout, dict(headers or {}), auth or Auth()
         self.max_answer_bytes, self.deadline = max_answer_bytes, deadline
@@ -220,7 +224,7 @@ class PrometheusClient:
         a reference cycle (with its decoder), and one that kept its body held a range answer's tens
         of megabytes until the cyclic collector next ran (issue 17: ~100 MiB of the 1,000-GPU month's
         peak once ingest paused the collector while decoding)."""
-        started = time.monotonic()
+        started = self._clock()
         # the whole request within the timeout, and within the run's deadline: httpx's own timeout is
         # per read, so an answer trickled a few bytes at a time was waited on for ever (issue 42)
         until = started + self.timeout
@@ -247,7 +251,7 @@ class PrometheusClient:
                         raise BadAnswer(
                             f"{self.base_url}: answer larger than {self.max_answer_bytes} bytes to {promql!r}; refused"
                         )
-                    if time.monotonic() > until:
+                    if self._clock() > until:
                         raise PrometheusUnreachable(
                             f"{self.base_url}: answer not complete within {until - started:g} s "
                             f"({size} bytes read) to {promql!r}; given up"

@@ -9,7 +9,9 @@ This module sits above the parts: it imports billing and reports, and none of th
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import socket
 import sys
@@ -318,12 +320,14 @@ def serve(
     stop: threading.Event | None = None,
     web_config: str | None = None,
     clock: Callable[[], datetime] | None = None,
+    stop_grace: float = STOP_GRACE_SECONDS,
 ) -> int:
     """/metrics and /healthz through gpumeter.web (threads, TLS and basic auth from an exporter-toolkit
     web config, bounded clients: docs/security.md), and the scheduler. A bad web config or listen
     address raises (WebConfigError, ListenError), and a bad GPUMETER_REPORT_* setting ReportError,
     before anything starts. ``clock``: what /metrics
-    takes for now (the budgets' month); the wall clock by default."""
+    takes for now (the budgets' month); the wall clock by default. ``stop_grace``: seconds a running
+    job has, after the signal, to reach an hour boundary (`STOP_GRACE_SECONDS`)."""
     web_settings = web.load_web_config(web_config) if web_config else None
     web.parse_listen(listen)
     ReportSchedule.from_env().check()  # here, not on the 1st of next month when the job runs
@@ -360,7 +364,7 @@ def serve(
     log.info("billing service stopping")
     jobs_done = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
     jobs_done.start()  # the jobs wind down while the listener closes (up to its 0.5 s poll)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    deadline = time.monotonic() + stop_grace
     server.close()
     jobs_done.join(max(0.0, deadline - time.monotonic()) if signalled else None)
     if jobs_done.is_alive():
@@ -368,7 +372,7 @@ def serve(
         # Ending the process drops its connection, and the database rolls the hour back: the ledger
         # keeps whole hours only, and the next start catches the hour up. Threads of the job would
         # keep a normal interpreter exit waiting, hence _exit.
-        log.warning("a job did not stop within %gs; its hour in progress is rolled back", STOP_GRACE_SECONDS)
+        log.warning("a job did not stop within %gs; its hour in progress is rolled back", stop_grace)
         # the job's lock row would bar the next start's catch-up for its 30-min lease: free it if the
         # database answers at once (on SQLite the stuck hour holds the write lock: then it stays)
         release = threading.Thread(target=ledger.release_lock, args=(INGEST_LOCK, holder_id()), daemon=True)
@@ -400,7 +404,25 @@ def register(billing_commands) -> None:
         dest="web_config",
         help="exporter-toolkit web config: TLS, basic auth (docs/security.md)",
     )
+    serve_parser.add_argument(
+        "--stop-grace",
+        type=_grace_seconds,
+        default=STOP_GRACE_SECONDS,
+        metavar="SECONDS",
+        help=f"after SIGTERM/SIGINT, how long a running job may take to finish the hour it is writing "
+        f"before the process ends and the hour is rolled back (default {STOP_GRACE_SECONDS:g})",
+    )
     serve_parser.set_defaults(func=cmd_serve)
+
+
+def _grace_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 3600:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 3600 (value {text!r})")
+    return seconds
 
 
 def cmd_serve(args) -> int:
@@ -408,7 +430,12 @@ def cmd_serve(args) -> int:
     if book is None:
         return 2
     try:
-        return serve(billing_cli.settings_from(args), args.listen, web_config=args.web_config)
+        return serve(
+            billing_cli.settings_from(args),
+            args.listen,
+            web_config=args.web_config,
+            stop_grace=args.stop_grace,
+        )
     except (web.WebConfigError, web.ListenError, ReportError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

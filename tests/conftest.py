@@ -31,9 +31,6 @@ def pytest_configure(config):
         "markers", "external: needs a server or binary from outside the venv; `make check` leaves it out"
     )
     config.addinivalue_line(
-        "markers", "quiet: a wall-clock bound that needs the machine to itself; run last, one at a time"
-    )
-    config.addinivalue_line(
         "markers", "spawns: starts a child process, needing nothing outside the venv (tests/support/tiers.py)"
     )
     tiers.install()
@@ -94,8 +91,6 @@ def _interrupted(signum, frame):
 
 
 def pytest_collection_modifyitems(config, items):
-    if hasattr(config, "workerinput"):  # an xdist worker: other tests load the machine beside it
-        _leave_out_quiet(config, items)
     schedule.longest_first(items)
     for item in items:
         names = needs.declared(item)
@@ -122,21 +117,3 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item, nextitem):
     if nextitem is None:
         needs.set_running_test(None)
-
-
-def _leave_out_quiet(config, items) -> None:
-    """A `quiet` test bounds wall-clock time, so it runs only alone (``-m quiet``, no ``-n``): beside
-    other workers its verdict would be the machine's load. Left out visibly (pytest counts them as
-    deselected, and the controller says why in its summary)."""
-    quiet = [item for item in items if item.get_closest_marker("quiet") is not None]
-    if quiet:
-        config.hook.pytest_deselected(items=quiet)
-        items[:] = [item for item in items if item.get_closest_marker("quiet") is None]
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        terminalreporter.write_line(
-            "quiet tests (a wall-clock bound) never run under -n: run them alone, `pytest -m quiet`",
-            yellow=True,
-        )

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import socket
+import ssl
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -145,19 +147,43 @@ def test_ten_idle_connections_do_not_delay_a_scrape(listener):
             sock.close()
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
+def held_by_server(sock) -> bool:
+    """Whether the server has sent nothing on ``sock``, not even the end of the stream: it still holds
+    the connection, waiting for the rest of the request. (A TLS socket reads what came, so that the
+    session tickets TLS 1.3 sends after the handshake are not taken for an answer.)"""
+    sock.setblocking(False)
+    try:
+        sock.recv(1)  # an answer (a refusal) or the end of the stream: no longer held
+        return False
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
 def test_a_slowloris_does_not_delay_others(listener):
+    """Shown by order, not by a clock: each scrape is answered while the slowloris still holds its
+    connection, its request unfinished. A listener that served one connection at a time would answer
+    only once the read deadline had dropped the slowloris (the first scrape, at least, comes long before
+    it; on a loaded machine a later one may not, and then the drip ends)."""
     with socket.create_connection(listener.address) as raw:
         slow = (
             listener.client["verify"].wrap_socket(raw, server_hostname="127.0.0.1") if listener.tls else raw
         )
+        held = []
         try:
             slow.sendall(b"GET / HTTP/1.1\r\n")
-            for byte in b"Host: slow\r\nX-Drip: 1234567890":
+            for byte in b"Host: slow\r\nX-Drip: 1":
+                if not held_by_server(slow):
+                    break  # dropped at its read deadline
                 slow.send(bytes([byte]))
-                assert scrape_seconds(listener) < 2.0
+                scrape_seconds(listener, timeout=30)  # answered 200 (30 s: a hang, not a slow machine)
+                held.append(held_by_server(slow))
         finally:
             slow.close()
+    assert held and held[0], "the scrape was answered only once the slowloris was dropped"
 
 
 @pytest.mark.parametrize(
@@ -184,13 +210,18 @@ def test_hostile_requests_are_refused_and_the_listener_carries_on(listener, host
     scrape_seconds(listener, timeout=30)  # it carries on: answers 200 (30 s: a hang, not a slow machine)
 
 
-def raw_scrape(listener: Listener) -> tuple[float, int]:
-    """(seconds to connect, HTTP status) of one scrape on a new connection, as Prometheus sends it.
-    The connect time alone shows a dropped SYN (>= 1 s, the first retransmit), whatever the load."""
+def retransmits(sock) -> int:
+    """Segments the kernel sent again on this connection, SYNs included (tcp_info.tcpi_total_retrans)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return struct.unpack_from("I", info, 100)[0]
+
+
+def raw_scrape(listener: Listener) -> tuple[int, int]:
+    """(segments retransmitted, HTTP status) of one scrape on a new connection, as Prometheus sends it.
+    A dropped SYN (a full backlog) or a dropped handshake ACK shows as a retransmit on the client's
+    side of the connection, whatever the load: counted by the kernel, not timed."""
     host, port = listener.address
-    start = time.perf_counter()
-    sock = socket.create_connection((host, port), timeout=10)
-    connected = time.perf_counter() - start
+    sock = socket.create_connection((host, port), timeout=30)
     stream = listener.client["verify"].wrap_socket(sock, server_hostname=host) if listener.tls else sock
     auth = ""
     if "auth" in listener.client:
@@ -206,12 +237,12 @@ def raw_scrape(listener: Listener) -> tuple[float, int]:
         reply = b""
         while chunk := stream.recv(65536):
             reply += chunk
+        resent = retransmits(stream)
     finally:
         stream.close()
-    return connected, int(reply.split(b" ", 2)[1])
+    return resent, int(reply.split(b" ", 2)[1])
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_fifty_concurrent_clients_get_every_answer_without_a_syn_retransmit(listener):
     """Rounds of 50 clients connecting at the same instant, 5 rounds: every scrape answered 200 and
     no connection waited for a SYN retransmit (the old backlog of 5 dropped them)."""
@@ -228,6 +259,6 @@ def test_fifty_concurrent_clients_get_every_answer_without_a_syn_retransmit(list
     with ThreadPoolExecutor(clients) as pool:
         results = [r for batch in pool.map(client, range(clients)) for r in batch]
     statuses = sorted({status for _, status in results})
-    slowest_connect = max(connected for connected, _ in results)
+    resent = [count for count, _ in results if count]
     assert len(results) == rounds * clients and statuses == [200], statuses
-    assert slowest_connect < 0.9, f"a connection took {slowest_connect:.2f} s: a dropped SYN"
+    assert resent == [], f"{len(resent)} connections retransmitted: a dropped SYN or handshake"

@@ -125,6 +125,9 @@ class _CFunction:
     def __call__(self, *args):
         lib = self.lib
         lib.calls[self.name] += 1
+        hook = lib.hooks.get(self.name)
+        if hook is not None:
+            hook(*args)
         if lib.latency is not None:
             lib.pay(call_latency(self.name, lib.latency), wait=self.name in WAITS)
         if self.name not in ("nvmlErrorString", "nvmlInitWithFlags", "nvmlShutdown"):
@@ -184,6 +187,10 @@ class SimulatedNvml:
         self.latency = latency  # C name -> seconds a call takes (latency.CALL_LATENCY_S); None: instant
         self._owed = threading.local()  # latency not yet slept, per calling thread
         self.calls: Counter[str] = Counter()
+        # C name -> a function called with each call's arguments before the call runs, outside every lock:
+        # a test holds a call in flight (the hook waits on an Event the test sets) or records what was
+        # asked, instead of timing the caller
+        self.hooks: dict[str, Callable[..., object]] = {}
         # calls refused for want of an init: one after the last nvmlShutdown is a caller's bug
         self.uninitialised_calls: Counter[str] = Counter()
         self.initialised = 0

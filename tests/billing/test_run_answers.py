@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -414,10 +413,11 @@ def test_a_range_answer_cut_off_mid_body_is_a_prometheus_error_naming_the_server
         client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
 def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
     """Headers, then nothing: the client's read timeout applies to each read of the streamed body,
-    so a stalled answer fails within the timeout instead of holding the ingest forever."""
+    so a stalled answer fails within the timeout instead of holding the ingest forever. Told apart by
+    the error, not a stopwatch: without the read timeout the body is waited on until the server lets
+    go (10 s) and ends short, a protocol error rather than a ReadTimeout."""
     release = threading.Event()
 
     class Stalled(AnswerHandler):
@@ -429,11 +429,9 @@ def test_a_range_answer_that_stalls_mid_body_times_out_as_a_prometheus_error():
             self.wfile.flush()
             release.wait(10)
 
-    with answering(Stalled) as url, PrometheusClient(url, timeout=0.5) as client:
-        started = time.monotonic()
+    with answering(Stalled) as url, PrometheusClient(url, timeout=0.2) as client:
         try:
             with pytest.raises(PrometheusError, match="ReadTimeout"):
                 client.fetch_range("up", HOURS[0], HOURS[-1], 3600)
         finally:
             release.set()  # the handler's thread let go before the server closes
-        assert time.monotonic() - started < 5

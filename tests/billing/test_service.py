@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.service import INGEST_LOCK, build_app, build_scheduler, hourly_ingest, serve
+from gpumeter.service import INGEST_LOCK, _grace_seconds, build_app, build_scheduler, hourly_ingest, serve
 from gpumeter.web import ListenError
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 from tests.support.servers import free_port, wait_http_ok
@@ -242,3 +243,10 @@ def test_a_job_store_the_database_refuses_closes_the_listener_and_raises(tmp_pat
         serve(settings, f"127.0.0.1:{port}", threading.Event())
     with socket.socket() as probe:  # the port is free again: the listener was closed
         probe.bind(("127.0.0.1", port))
+
+
+def test_stop_grace_takes_seconds_from_0_to_3600():
+    assert _grace_seconds("0.2") == 0.2 and _grace_seconds("0") == 0
+    for bad in ("-1", "nan", "inf", "3601", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected seconds from 0 to 3600"):
+            _grace_seconds(bad)

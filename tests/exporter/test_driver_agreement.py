@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from concurrent import futures
 
 import httpx
 import pynvml as N
@@ -17,7 +18,6 @@ import yaml
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 from gpumeter.simulator.fleet import FLEETS_DIR, parse_fleet
-from gpumeter.simulator.latency import CALL_LATENCY_S
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -307,33 +307,62 @@ def test_8_stopping_waits_for_the_throughput_reads_in_flight_before_giving_nvml_
     # A read runs 20 ms on its pool thread (nvml.h: "a byte counter over a 20ms interval"). Stopping the
     # exporter gives its NVML reference back (nvmlShutdown); a read still running then would call a
     # library that is shut down (docs/nvml.md §12: UNINITIALIZED), and its threads would outlive the
-    # exporter. Stop must wait for the reads in flight, then end the pool. (Each read is made 0.2 s here,
-    # as on a loaded machine, so that stopping without waiting shows as calls after the shutdown.)
-    sim = simulate("h100-mig", latency={**CALL_LATENCY_S, "nvmlDeviceGetPcieThroughput": 0.2})
+    # exporter. Stop must wait for the reads in flight, then end the pool. Shown by order: every read is
+    # held in the driver while stop() runs, and NVML is not shut down until they are let go.
+    sim = simulate("h100-mig")
+    release, in_flight, shut = threading.Event(), threading.Semaphore(0), threading.Event()
+
+    def held(*args):
+        in_flight.release()
+        release.wait()
+
+    sim.lib.hooks["nvmlDeviceGetPcieThroughput"] = held
+    sim.lib.hooks["nvmlShutdown"] = lambda *args: shut.set()
     sim.sampler.sample_once()  # starts one read per GPU
-    assert any(t.name.startswith("pcie-throughput") for t in threading.enumerate())
-    sim.sampler.stop()
+    assert all(in_flight.acquire(timeout=30) for _ in sim.node.gpus), "a GPU's read was not started"
+    stopper = threading.Thread(target=sim.sampler.stop)
+    stopper.start()
+    # a stop that did not wait would shut NVML down at once; one that waits cannot, whatever the load
+    shut_with_reads_held = shut.wait(0.2)
+    release.set()
+    stopper.join(30)
+    assert not stopper.is_alive()
+    assert not shut_with_reads_held, "NVML was given back with reads in flight"
+    assert shut.is_set()
     assert not [t.name for t in threading.enumerate() if t.name.startswith("pcie-throughput")]
-    time.sleep(0.5)  # a read left running would reach the library by now
     assert sim.lib.uninitialised_calls == {}, sim.lib.uninitialised_calls
     assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] >= 8  # the reads did run
 
 
-@pytest.mark.quiet  # failed beside make test's other workers: 0.82-1.14 s, and 1 in 3 as the fastest of 8
 def test_8_the_sampling_cycle_does_not_wait_for_pcie_throughput(simulate):
-    # h100-mig runs driver 550, before the byte counters: nvmlDeviceGetPcieThroughput, 20 ms per call
-    # and two per GPU, with every stand-in call taking the driver's time.
-    sim = simulate("h100-mig", latency=CALL_LATENCY_S, counter_interval=30.0)  # as deployed
-    sim.sampler.sample_once()
-    walls = []
-    for _ in range(3):
-        time.sleep(0.5)  # the interval passing, as between real cycles
-        sim.sample(5)
-        walls.append(sim.value("gpumeter_exporter_sample_duration_seconds"))
-    # 16 throughput calls in the cycle would take 0.32 s alone; the fastest of three cycles is the
-    # bound (a slow cycle is load, not throughput: each of the cycle's ~600 stand-in calls sleeps the
-    # driver's time, and on a loaded machine every wake-up waits for a core, hence `quiet`)
-    assert min(walls) < 0.25, walls
-    assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] >= 2 * 8 * 2
+    # h100-mig runs driver 550, before the byte counters: nvmlDeviceGetPcieThroughput, a 20 ms window per
+    # call and two per GPU. Shown without a clock: every throughput read is held in the driver until the
+    # test lets it go, and the cycle completes while they are all held; a read made on the cycle's own
+    # thread is recorded, not held (held, it would hang the cycle instead of failing it).
+    sim = simulate("h100-mig", counter_interval=30.0)  # as deployed
+    cycle = threading.current_thread()
+    release, in_flight = threading.Event(), threading.Semaphore(0)
+    in_cycle: list[object] = []
+
+    def held(*args):
+        if threading.current_thread() is cycle:
+            in_cycle.append(args)
+            return
+        in_flight.release()
+        release.wait()
+
+    sim.lib.hooks["nvmlDeviceGetPcieThroughput"] = held
+    try:
+        sim.sampler.sample_once()  # starts one read per GPU and returns with all eight held
+        assert in_cycle == [], "the cycle read PCIe throughput itself"
+        gpus = len(sim.node.gpus)
+        assert all(in_flight.acquire(timeout=30) for _ in range(gpus)), "a GPU's read was not started"
+    finally:
+        release.set()
+    pcie = next(c for c in sim.sampler.collectors if c.name == "pcie")
+    futures.wait(list(pcie._reads.values()), timeout=30)  # the reads finish once let go
+    sim.sample(5)  # publishes them, and starts the next
+    assert in_cycle == []
+    assert sim.lib.calls["nvmlDeviceGetPcieThroughput"] >= 2 * gpus
     assert sim.value("nvidia_gpu_pcie_tx_bytes_per_second", gpu="0", uuid=sim.node.gpus[0].spec.uuid) > 0
     assert "nvidia_gpu_pcie_tx_bytes_total{" not in sim.text()  # no counters on this driver: absent

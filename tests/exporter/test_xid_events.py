@@ -13,21 +13,30 @@ from gpumeter.exporter.nvml import NvmlSession
 from gpumeter.simulator.device import SimulatedNode
 from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.nvml import SimulatedNvml
+from tests.support.simulated import XID_WAIT_MS
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
-def test_stopping_a_running_exporter_returns_well_within_a_second(simulate):
+def test_stopping_a_running_exporter_waits_out_no_more_than_the_slice_in_progress(simulate):
+    """nvml.h promises no wake-up when the set is freed, so the XID thread waits in slices of its own
+    wait_ms and stop() waits out at most the one in progress, then frees the set once the thread is out.
+    Shown by what the driver was asked, not by timing stop(): every wait was one slice long."""
     sim = simulate("h100-mig")
+    asked: list[int] = []
+    waiting = threading.Event()
+
+    def record(eventset, out, timeout_ms):
+        asked.append(getattr(timeout_ms, "value", timeout_ms))
+        waiting.set()
+
+    sim.lib.hooks["nvmlEventSetWait_v2"] = record
     sim.sampler.start()
     watcher = sim.sampler.xid_watcher
     thread = watcher._thread
     assert thread is not None and thread.is_alive()
-    time.sleep(0.05)  # let the XID thread block in nvmlEventSetWait
-    started = time.monotonic()
+    assert waiting.wait(30)  # the XID thread has reached its wait
     sim.sampler.stop()
-    took = time.monotonic() - started
-    assert took < 0.5, f"stop() took {took:.2f} s"
     assert not thread.is_alive()
+    assert asked and set(asked) == {XID_WAIT_MS}, sorted(set(asked))
     # The set was freed only after the thread left its wait: the stand-in reports the other order.
     assert watcher.errors == 0
     assert sim.lib.calls["nvmlEventSetFree"] == 1
@@ -65,7 +74,16 @@ def test_a_wait_without_events_sleeps_its_whole_timeout_then_times_out(nvml):
     N.nvmlEventSetFree(eventset)
 
 
-@pytest.mark.quiet  # an upper bound on wall-clock time: a loaded machine could fail it
+class CountedCondition(threading.Condition):
+    """A condition that counts the times a thread blocked on it."""
+
+    waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return super().wait(timeout)
+
+
 def test_a_queued_event_is_delivered_at_once_and_only_to_a_set_registered_for_it(nvml):
     node, _ = nvml
     eventset = N.nvmlEventSetCreate()
@@ -73,11 +91,14 @@ def test_a_queued_event_is_delivered_at_once_and_only_to_a_set_registered_for_it
     N.nvmlDeviceRegisterEvents(gpu1, N.nvmlEventTypeXidCriticalError, eventset)
     node.inject("xid", 0, code=13)  # GPU 0 is not registered: dropped
     node.inject("xid", 1, code=31)
-    started = time.monotonic()
+    node.events_changed = CountedCondition(node.lock)  # the stand-in's waits block on it
     event = N.nvmlEventSetWait_v2(eventset, 5000)
-    assert time.monotonic() - started < 0.5
+    assert node.events_changed.waits == 0  # "at once": returned without blocking, whatever the clock says
     assert (event.eventType, event.eventData) == (N.nvmlEventTypeXidCriticalError, 31)
     assert N.nvmlDeviceGetIndex(event.device) == 1
+    with pytest.raises(N.NVMLError) as caught:  # and GPU 0's was not queued for this set
+        N.nvmlEventSetWait_v2(eventset, 0)
+    assert caught.value.value == N.NVML_ERROR_TIMEOUT
     N.nvmlEventSetFree(eventset)
 
 

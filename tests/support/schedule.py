@@ -17,7 +17,7 @@ an item by assigning ``item._nodeid``, and pytest 9 derives ``nodeid`` from anot
 
 from __future__ import annotations
 
-# The longest modules, longest first (`pytest -m "external and not quiet" -n 3 --durations=100`, summed
+# The longest modules, longest first (`pytest -m external -n 3 --durations=100`, summed
 # per module, 2026-12-05 on two cores).
 LONGEST = (
     "tests/clusters/test_live.py",
