@@ -1190,6 +1190,13 @@ class SqlLedger(Ledger):
             )
         return out
 
+    @_stored("read lines")
+    def line_frame(self, start: datetime, end: datetime):
+        """The lines of [start, end) as columns, in one query (billing/ledger/frames.py)."""
+        from gpumeter.billing.ledger import frames  # pandas: loaded by reports only
+
+        return frames.read_sql(self.engine, start, end)
+
     @_stored("read price versions")
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
         if not ids:
