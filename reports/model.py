@@ -23,7 +23,6 @@ from gpumeter.billing.models import (
     PLATFORM_NAMES,
     Allocation,
     LineKind,
-    QuantityUnit,
     cluster_namespace,
 )
 from gpumeter.billing.pricing.currency import minor_unit
@@ -657,16 +656,21 @@ def build_report(
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    totals = ledger.line_totals(period.start, period.end, grain)
+    from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
+    from gpumeter.reports import grouped
+
+    lines = frames.line_frame(ledger, period.start, period.end)
     if clusters:  # a misspelt cluster would report $0: name the ones the period's lines have
-        known = sorted({t.cluster for t in totals if t.cluster})
+        known = sorted(set(lines["cluster"].astype(object).unique()) - {""})
         unknown = [c for c in clusters if c not in known]
         if unknown:
             raise ReportError(
                 f"cluster: no line of {period.label} is in cluster {unknown[0]!r}; the period's clusters: "
                 f"{', '.join(known) or 'none (the store had no cluster label)'} (value {unknown[0]!r})"
             )
-    charges = sorted(of_clusters(totals, clusters), key=_sort_key)
+    frame = grouped.charges(grouped.name_clusters(lines, clusters), grain, period.start)
+    del lines
+    charges, slice_list = grouped.line_totals(frame)
     gpu_buckets: dict[tuple[datetime, str, str], GpuBucket] = {}
     previous_period = period.previous()
     previous = (
@@ -675,9 +679,10 @@ def build_report(
         else []
     )
 
-    version_ids = {c.price_version_id for c in charges + previous if c.price_version_id is not None}
+    charged_versions = {int(v) for v in frame["price_version_id"].dropna().unique()}
+    version_ids = charged_versions | {c.price_version_id for c in previous if c.price_version_id is not None}
     versions = ledger.price_versions(version_ids)
-    currencies = sorted({c.currency for c in charges if c.amount is not None}) or sorted(
+    currencies = sorted(set(frame.loc[frame["amount"].notna(), "currency"])) or sorted(
         {v.currency for v in versions.values()}
     )
     if len(currencies) > 1:
@@ -685,50 +690,56 @@ def build_report(
     currency = currencies[0] if currencies else "USD"
 
     # slice-hours are a fact pricing stated on each line (docs/billing.md §4): read, never recomputed
-    slice_hours = {
-        id(c): c.held if c.held_unit == QuantityUnit.SLICE_HOUR and c.kind in TENANT_KINDS else ZERO
-        for c in charges
-    }
+    slice_hours = {id(c): sh for c, sh in zip(charges, slice_list, strict=True)}
 
-    total, tenants = Usage(), Usage()
-    by_cluster: dict[str, Usage] = defaultdict(Usage)
-    groups: dict[str, Usage] = defaultdict(Usage)
-    group_ns: dict[str, dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
-    group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(lambda: defaultdict(Usage))
-    group_daily: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-    pods: dict[tuple[str, str], Usage] = defaultdict(Usage)
+    priced = frame[frame["priced_line"]]
+    tenant = priced[priced["tenant"]].copy()
+    platform_lines = priced[~priced["tenant"]]
+    tenant["group"] = grouped.group_keys(tenant, grouping.key)
+    total = grouped.usage_all(priced, Usage)
+    tenants = grouped.usage_all(tenant, Usage)
+    by_cluster = grouped.usage_by(priced[priced["cluster"] != ""], ["cluster"], Usage)
+    groups = grouped.usage_by(tenant, ["group"], Usage)
+    group_ns: dict[str, dict[str, Usage]] = defaultdict(dict)
+    for (key, namespace), usage in grouped.usage_by(tenant, ["group", "namespace"], Usage).items():
+        group_ns[key][namespace] = usage
+    group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(dict)
+    for (key, model, profile), usage in grouped.usage_by(
+        tenant, ["group", "model", "profile"], Usage
+    ).items():
+        group_models[key][(model, profile)] = usage
+    group_daily: dict[str, dict[date, Decimal]] = defaultdict(dict)
+    daily: dict[date, dict[str, Decimal]] = defaultdict(dict)
+    for (key, day), cost in grouped.money_by(tenant, ["group", "day"]).items():
+        group_daily[key][day] = cost
+        daily[day][key] = cost
+    platform_daily = platform_lines.assign(
+        name=[
+            PLATFORM_NAMES.get(k, ns)
+            for k, ns in zip(platform_lines["kind"], platform_lines["namespace"], strict=True)
+        ]
+    )
+    for (day, name), cost in grouped.money_by(platform_daily, ["day", "name"]).items():
+        daily[day][name] = daily[day].get(name, ZERO) + cost
+    pods = grouped.usage_by(tenant, ["namespace", "pod"], Usage)
     pod_meta: dict[tuple[str, str], tuple[str, set, set]] = {}
-    platform: dict[str, Usage] = defaultdict(Usage)
+    if not tenant.empty:
+        by_pod = tenant.groupby(["namespace", "pod"], sort=False)
+        first_team = by_pod["team"].first()
+        pod_models = by_pod["model"].unique()
+        pod_profiles = by_pod["profile"].unique()
+        for pod, team in first_team.items():
+            pod_meta[pod] = (team, set(pod_models[pod]), set(pod_profiles[pod]))
+    platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))
     unpriced: dict[str, tuple[Decimal, set]] = {}
-    daily: dict[date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-
-    for c in charges:
-        sh = slice_hours[id(c)]
-        day = c.bucket.date()
-        if c.kind == LineKind.UNPRICED or c.amount is None:
-            hours, gpus = unpriced.get(c.model, (ZERO, set()))
-            gpus.add(c.uuid)
-            unpriced[c.model] = (hours + c.quantity, gpus)
-            continue
-        total.add(c, sh)
-        if c.cluster:
-            by_cluster[c.cluster].add(c, sh)
-        if c.kind in TENANT_KINDS:
-            key = grouping.key(c)
-            tenants.add(c, sh)
-            groups[key].add(c, sh)
-            group_ns[key][c.namespace].add(c, sh)
-            group_models[key][(c.model, c.mig_profile or WHOLE_GPU)].add(c, sh)
-            group_daily[key][day] += c.amount
-            daily[day][key] += c.amount
-            pod = (c.namespace, c.pod)
-            pods[pod].add(c, sh)
-            _team, models, profiles = pod_meta.setdefault(pod, (c.team, set(), set()))
-            models.add(c.model)
-            profiles.add(c.mig_profile or WHOLE_GPU)
-        else:
-            platform[c.kind].add(c, sh)
-            daily[day][PLATFORM_NAMES.get(c.kind, c.namespace)] += c.amount
+    missing = frame[~frame["priced_line"]]
+    if not missing.empty:
+        by_model = missing.groupby("model", sort=True)
+        hours, gpus = by_model["quantity"].sum(), by_model["uuid"].unique()
+        for model in hours.index:
+            unpriced[model] = (Decimal(int(hours[model])) * frames.QUANTITY_UNIT, set(gpus[model]))
+    team_actual = grouped.money_by(tenant[tenant["team"] != ""], ["team"])
+    del frame, priced, tenant, platform_lines, platform_daily, missing
 
     before_groups: dict[str, Decimal] = defaultdict(Decimal)
     before_platform: dict[str, Decimal] = defaultdict(Decimal)
@@ -830,9 +841,7 @@ def build_report(
         tenants_change=change(tenants.cost, before_tenants),
         top_pods=[pod_row(p) for p in ranked_pods[:top]],
         daily=[(day, dict(sorted(daily.get(day, {}).items()))) for day in period.days()],
-        price_versions=[
-            versions[i] for i in sorted(versions) if any(c.price_version_id == i for c in charges)
-        ],
+        price_versions=[versions[i] for i in sorted(versions) if i in charged_versions],
         ingest=_ingest_summary(ledger, period),
         charges=charges,
         slice_hours=slice_hours,
@@ -846,7 +855,7 @@ def build_report(
             ClaimRow(namespace, claim, sorted(modes), sorted(holders))
             for (namespace, claim), (modes, holders) in sorted(by_claim.items())
         ],
-        budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
+        budgets=budget_rows(charges, budgets or {}, currency, team_actual) if period.is_month else [],
         billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
         splits=read_splits(ledger, period, grain, gpu_buckets) if splits else None,
         gpus=gpu_buckets if splits else None,
@@ -870,9 +879,15 @@ def of_clusters(totals: list[LineTotal], clusters: tuple[str, ...]) -> list[Line
     ]
 
 
-def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currency: str) -> list[BudgetRow]:
+def budget_rows(
+    charges: list[LineTotal],
+    budgets: Mapping[str, Budget],
+    currency: str,
+    actual: Mapping[str, Decimal] | None = None,
+) -> list[BudgetRow]:
     """Every team with a budget, and every team billed without one, by team name; nothing when no
-    team has a budget. Lines without a team count for none (they appear as "(no team)" elsewhere)."""
+    team has a budget. Lines without a team count for none (they appear as "(no team)" elsewhere).
+    ``actual``: what the charges bill each team, where the caller has summed it already."""
     if not budgets:
         return []
     for team, budget in sorted(budgets.items()):
@@ -880,10 +895,12 @@ def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currenc
             raise ReportError(
                 f"budgets.{team}.currency: the ledger's lines of the period are in {currency} (value {budget.currency!r})"
             )
-    actual: dict[str, Decimal] = defaultdict(Decimal)
-    for c in charges:
-        if c.kind in TENANT_KINDS and c.team and c.amount is not None:
-            actual[c.team] += c.amount
+    if actual is None:
+        summed: dict[str, Decimal] = defaultdict(Decimal)
+        for c in charges:
+            if c.kind in TENANT_KINDS and c.team and c.amount is not None:
+                summed[c.team] += c.amount
+        actual = summed
     return [
         BudgetRow(team, budgets[team].amount if team in budgets else None, actual.get(team, ZERO))
         for team in sorted(set(budgets) | set(actual))
