@@ -156,6 +156,7 @@ bench: setup
 	$(BIN)/python -m tests.bench_billing
 	$(BIN)/python -m tests.bench_billing --scale 10 --days 3 --db postgresql+psycopg://postgres@127.0.0.1:5432/test
 	$(BIN)/python -m tests.bench_reports
+	$(BIN)/python -m tests.bench_reports --gpus 10000
 
 proto: venv
 	$(BIN)/python -m gpumeter.exporter.kubelet.generate
