@@ -11,7 +11,7 @@ pandas is imported here and by reports only: the exporter never loads it (tests/
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
@@ -216,3 +216,50 @@ def _frame(chunks: list[dict[str, Any]]) -> pd.DataFrame:
 def to_decimal(value: int | None, unit: Decimal) -> Decimal | None:
     """An integer of the stored scale as the exact Decimal it stands for."""
     return None if value is None or pd.isna(value) else Decimal(int(value)) * unit
+
+
+def gpu_hour_rows(engine: Engine, start: datetime, end: datetime, *, readings: bool = True) -> Iterator[list]:
+    """The SQL ledger's GPU-hours of [start, end) in one query, a chunk of rows at a time, in hour
+    order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present seconds, layout id, readings
+    text or None). What a month's facts say without restoring each GPU-hour's objects."""
+    from sqlalchemy import BigInteger, cast, func, null, select
+
+    from gpumeter.billing.ledger.orm import GpuHourRow as g
+
+    if engine.dialect.name == "sqlite":
+        epoch = cast(func.strftime("%s", g.hour), BigInteger)
+    else:
+        epoch = cast(func.extract("epoch", g.hour), BigInteger)
+    query = (
+        select(
+            epoch,
+            g.cluster,
+            g.uuid,
+            g.hostname,
+            g.gpu,
+            g.present_seconds,
+            g.layout_id,
+            g.readings if readings else null(),
+        )
+        .where(g.hour >= start, g.hour < end)
+        .order_by(g.hour, g.cluster, g.uuid)
+    )
+    with engine.connect() as conn:
+        result = conn.execution_options(stream_results=True).execute(query)
+        yield from result.partitions(CHUNK)
+
+
+def layout_bodies(engine: Engine, ids: Iterable[int]) -> dict[int, str]:
+    """The stored layouts of ``ids`` (billing/ledger/layouts.py), a few queries for any number."""
+    from sqlalchemy import select
+
+    from gpumeter.billing.ledger.orm import GpuLayout
+
+    wanted, out = sorted(set(ids)), {}
+    with engine.connect() as conn:
+        for i in range(0, len(wanted), 500):  # within every backend's limit on bound parameters
+            batch = wanted[i : i + 500]
+            out.update(
+                conn.execute(select(GpuLayout.id, GpuLayout.body).where(GpuLayout.id.in_(batch))).all()
+            )
+    return out
