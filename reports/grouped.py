@@ -8,7 +8,7 @@ figure is handed to the report (`Usage`), so every total is the sum of its lines
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -188,7 +188,7 @@ def usage_of(sums: Any, usage_type: Callable[..., Any]) -> Any:
     )
 
 
-def usage_by(c: pd.DataFrame, keys: list[str], usage_type: Callable[..., Any]) -> dict[Hashable, Any]:
+def usage_by(c: pd.DataFrame, keys: list[str], usage_type: Callable[..., Any]) -> dict[Any, Any]:
     """The charges' `Usage` per value of ``keys`` (a tuple for several)."""
     if c.empty:
         return {}
@@ -203,7 +203,7 @@ def usage_all(c: pd.DataFrame, usage_type: Callable[..., Any]) -> Any:
     return usage_of(tuple(c[name].sum() for name in FIGURES), usage_type)
 
 
-def money_by(c: pd.DataFrame, keys: list[str]) -> dict[Hashable, Decimal]:
+def money_by(c: pd.DataFrame, keys: list[str]) -> dict[Any, Decimal]:
     """The charges' cost per value of ``keys``."""
     if c.empty:
         return {}

@@ -11,7 +11,7 @@ pandas is imported here and by reports only: the exporter never loads it (tests/
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
@@ -59,10 +59,6 @@ def line_frame(ledger: Ledger, start: datetime, end: datetime) -> pd.DataFrame:
     if own is not None:
         return own(start, end)
     return from_totals(ledger.line_totals(start, end, "hour"))
-
-
-def empty() -> pd.DataFrame:
-    return _frame([])
 
 
 def _scaled(value: Decimal | None, scale: int) -> int | None:
@@ -173,7 +169,7 @@ def read_sql(engine: Engine, start: datetime, end: datetime) -> pd.DataFrame:
     return _frame(chunks)
 
 
-def _chunk(rows: list, *, hours_as: str) -> dict[str, Any]:
+def _chunk(rows: Sequence[Any], *, hours_as: str) -> dict[str, Any]:
     """One chunk of row tuples (in COLUMNS order) as columns."""
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(COLUMNS)
     out: dict[str, Any] = {}
@@ -213,16 +209,11 @@ def _frame(chunks: list[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def to_decimal(value: int | None, unit: Decimal) -> Decimal | None:
-    """An integer of the stored scale as the exact Decimal it stands for."""
-    return None if value is None or pd.isna(value) else Decimal(int(value)) * unit
-
-
-def gpu_hour_rows(engine: Engine, start: datetime, end: datetime, *, readings: bool = True) -> Iterator[list]:
+def gpu_hour_rows(engine: Engine, start: datetime, end: datetime) -> Iterator[Sequence[Any]]:
     """The SQL ledger's GPU-hours of [start, end) in one query, a chunk of rows at a time, in hour
     order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present seconds, layout id, readings
     text or None). What a month's facts say without restoring each GPU-hour's objects."""
-    from sqlalchemy import BigInteger, cast, func, null, select
+    from sqlalchemy import BigInteger, cast, func, select
 
     from gpumeter.billing.ledger.orm import GpuHourRow as g
 
@@ -239,7 +230,7 @@ def gpu_hour_rows(engine: Engine, start: datetime, end: datetime, *, readings: b
             g.gpu,
             g.present_seconds,
             g.layout_id,
-            g.readings if readings else null(),
+            g.readings,
         )
         .where(g.hour >= start, g.hour < end)
         .order_by(g.hour, g.cluster, g.uuid)
@@ -255,7 +246,7 @@ def layout_bodies(engine: Engine, ids: Iterable[int]) -> dict[int, str]:
 
     from gpumeter.billing.ledger.orm import GpuLayout
 
-    wanted, out = sorted(set(ids)), {}
+    wanted, out = sorted(set(ids)), dict[int, str]()
     with engine.connect() as conn:
         for i in range(0, len(wanted), 500):  # within every backend's limit on bound parameters
             batch = wanted[i : i + 500]
