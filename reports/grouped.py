@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gpumeter.billing.ledger.base import LineTotal
-from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_SCALE, QUANTITY_UNIT
+from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_UNIT
 from gpumeter.billing.models import PLATFORM_KINDS, LineKind, QuantityUnit
 
 TENANT_VALUES = (LineKind.TENANT.value, LineKind.IDLE_SHARE.value)
@@ -87,32 +87,15 @@ def name_clusters(lines: pd.DataFrame, clusters: tuple[str, ...]) -> pd.DataFram
     return lines
 
 
-def charges(lines: pd.DataFrame, grain: str, period_start: Any) -> pd.DataFrame:
-    """The lines summed per grain bucket ("hour", "day" or "range") and charge key, sorted as the
-    report lists them, with the figures a `Usage` sums per charge (FIGURES)."""
-    if grain == "hour":
-        bucket = lines["hour"]
-    elif grain == "day":
-        bucket = lines["hour"].dt.floor("D")
-    else:
-        bucket = pd.Series(pd.Timestamp(period_start), index=lines.index).astype(lines["hour"].dtype)
-    quantity = lines["quantity"].to_numpy(dtype="int64")
-    hours = quantity / QUANTITY_SCALE
-    utilization, efficiency = lines["utilization"].to_numpy(), lines["efficiency"].to_numpy()
-    known_u, known_e = ~np.isnan(utilization), ~np.isnan(efficiency)
-    work = lines.assign(
-        bucket=bucket,
-        uw=np.where(known_u, utilization * hours, 0.0),
-        uq=np.where(known_u, quantity, 0),
-        ew=np.where(known_e, efficiency * hours, 0.0),
-        eq=np.where(known_e, quantity, 0),
-    )
+def charges(lines: pd.DataFrame) -> pd.DataFrame:
+    """The frame's rows (billing/ledger/frames.py, already per grain bucket) summed per bucket and
+    charge key, sorted as the report lists them, with the figures a `Usage` sums per charge (FIGURES)."""
     summed = (
-        work.groupby(["bucket", *KEYS], observed=True, dropna=False, sort=False)
+        lines.groupby(["bucket", *KEYS], observed=True, dropna=False, sort=False)
         .agg(
-            first_hour=("hour", "min"),
-            last_hour=("hour", "max"),
-            lines=("hour", "size"),
+            first_hour=("first_hour", "min"),
+            last_hour=("last_hour", "max"),
+            lines=("lines", "sum"),
             quantity=("quantity", "sum"),
             amount=("amount", "sum"),
             priced=("amount", "count"),

@@ -467,7 +467,7 @@ def build_report(
     from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
     from gpumeter.reports import grouped
 
-    lines = frames.line_frame(ledger, period.start, period.end)
+    lines = frames.line_frame(ledger, period.start, period.end, grain)
     if clusters:  # a misspelt cluster would report $0: name the ones the period's lines have
         known = sorted(set(lines["cluster"].astype(object).unique()) - {""})
         unknown = [c for c in clusters if c not in known]
@@ -476,7 +476,7 @@ def build_report(
                 f"cluster: no line of {period.label} is in cluster {unknown[0]!r}; the period's clusters: "
                 f"{', '.join(known) or 'none (the store had no cluster label)'} (value {unknown[0]!r})"
             )
-    frame = grouped.charges(grouped.name_clusters(lines, clusters), grain, period.start)
+    frame = grouped.charges(grouped.name_clusters(lines, clusters))
     del lines
     charges, slice_list = grouped.line_totals(frame)
     previous_period = period.previous()

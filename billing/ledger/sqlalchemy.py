@@ -1191,11 +1191,11 @@ class SqlLedger(Ledger):
         return out
 
     @_stored("read lines")
-    def line_frame(self, start: datetime, end: datetime):
-        """The lines of [start, end) as columns, in one query (billing/ledger/frames.py)."""
+    def line_frame(self, start: datetime, end: datetime, grain: str = "day"):
+        """The lines of [start, end) as columns, summed in one query (billing/ledger/frames.py)."""
         from gpumeter.billing.ledger import frames  # pandas: loaded by reports only
 
-        return frames.read_sql(self.engine, start, end)
+        return frames.read_sql(self.engine, start, end, grain)
 
     @_stored("read price versions")
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
