@@ -530,13 +530,16 @@ def build_report(
         daily[day][name] = daily[day].get(name, ZERO) + cost
     pods = grouped.usage_by(tenant, ["namespace", "pod"], Usage)
     pod_meta: dict[tuple[str, str], tuple[str, set, set]] = {}
-    if not tenant.empty:
-        by_pod = tenant.groupby(["namespace", "pod"], sort=False)
-        first_team = by_pod["team"].first()
-        pod_models = by_pod["model"].unique()
-        pod_profiles = by_pod["profile"].unique()
-        for pod, team in first_team.items():
-            pod_meta[pod] = (team, set(pod_models[pod]), set(pod_profiles[pod]))
+    # a pod's team is that of its first charge in the report's order; its models and profiles all met
+    for namespace, pod, team in (
+        tenant[["namespace", "pod", "team"]].drop_duplicates(["namespace", "pod"]).itertuples(index=False)
+    ):
+        pod_meta[(namespace, pod)] = (team, set(), set())
+    for namespace, pod, model, profile in (
+        tenant[["namespace", "pod", "model", "profile"]].drop_duplicates().itertuples(index=False)
+    ):
+        pod_meta[(namespace, pod)][1].add(model)
+        pod_meta[(namespace, pod)][2].add(profile)
     platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))
     unpriced: dict[str, tuple[Decimal, set]] = {}
     missing = frame[~frame["priced_line"]]
