@@ -39,9 +39,10 @@ def test_one_pass_reads_what_the_facts_hour_by_hour_say(ledger, grain):
     assert scan_facts(ledger, NOVEMBER, grain, splits=False).splits is None
 
 
-def test_replicas_process_use_and_fractional_grants_are_read_as_the_facts_say(tmp_path):
+def test_replicas_process_use_and_fractional_grants_are_read_as_the_facts_say(sql_ledger, tmp_path):
     """Time-sliced replicas of which one hour reports process use and the next none, MPS, a
-    fractional grant, in a named cluster: the holdings' `process_use` follows each hour's readings."""
+    fractional grant, in a named cluster: the holdings' `process_use` follows each hour's readings.
+    On SQLite and PostgreSQL (their hours come back as epoch seconds each its own way)."""
     from dataclasses import replace
     from datetime import timedelta
     from decimal import Decimal
@@ -53,51 +54,48 @@ def test_replicas_process_use_and_fractional_grants_are_read_as_the_facts_say(tm
     from tests.billing.factories import alloc
 
     book = load_price_book(write_book(tmp_path, synthetic.BOOK))
-    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    try:
-        for h in range(3):
-            hour = NOVEMBER.start + timedelta(hours=h)
-            sm = Decimal("0.25") if h == 1 else Decimal(0)
-            sliced = [
-                replace(
-                    alloc("GPU-t", "ns-a", "a", share="0.5"),
-                    sharing=contract.SHARING_TIME_SLICING,
-                    process_sm=sm,
-                    process_memory=Decimal(0),
-                ),
-                replace(
-                    alloc("GPU-t", "ns-b", "b", share="0.5"),
-                    sharing=contract.SHARING_TIME_SLICING,
-                    process_sm=Decimal(0),
-                    process_memory=Decimal(0),
-                ),
-            ]
-            mps = [replace(alloc("GPU-m", "ns-a", "m", share="0.5"), sharing=contract.SHARING_MPS)]
-            fractional = [
-                replace(
-                    alloc("GPU-f", "ns-c", "f", share="0.3"),
-                    sharing=contract.SHARING_FRACTIONAL,
-                    memory_share=Decimal("0.25"),
-                    compute_share=Decimal("0.3"),
-                ),
-            ]
-            facts = [
-                GpuHour(
-                    hour,
-                    Device(uuid, synthetic.H100, 3600, "node-1", str(i), False, cluster="east"),
-                    [],
-                    held,
-                )
-                for i, (uuid, held) in enumerate([("GPU-t", sliced), ("GPU-m", mps), ("GPU-f", fractional)])
-            ]
-            lines = [line for gh in facts for line in price_gpu_hour(gh, book, {}).lines]
-            ledger.write_hour(HourRecord(hour, facts, lines, book), source="test")
-        for grain in ("hour", "day"):
-            gpus: dict = {}
-            splits = read_splits(ledger, NOVEMBER, grain, gpus)
-            scanned = scan_facts(ledger, NOVEMBER, grain, splits=True)
-            assert scanned.splits == splits and scanned.gpus == gpus
-            assert any(h.process_use for held in splits.values() for hs in held.values() for h in hs)
-            assert scanned.holdings == ledger.holdings(NOVEMBER.start, NOVEMBER.end)
-    finally:
-        ledger.close()
+    ledger = sql_ledger
+    for h in range(3):
+        hour = NOVEMBER.start + timedelta(hours=h)
+        sm = Decimal("0.25") if h == 1 else Decimal(0)
+        sliced = [
+            replace(
+                alloc("GPU-t", "ns-a", "a", share="0.5"),
+                sharing=contract.SHARING_TIME_SLICING,
+                process_sm=sm,
+                process_memory=Decimal(0),
+            ),
+            replace(
+                alloc("GPU-t", "ns-b", "b", share="0.5"),
+                sharing=contract.SHARING_TIME_SLICING,
+                process_sm=Decimal(0),
+                process_memory=Decimal(0),
+            ),
+        ]
+        mps = [replace(alloc("GPU-m", "ns-a", "m", share="0.5"), sharing=contract.SHARING_MPS)]
+        fractional = [
+            replace(
+                alloc("GPU-f", "ns-c", "f", share="0.3"),
+                sharing=contract.SHARING_FRACTIONAL,
+                memory_share=Decimal("0.25"),
+                compute_share=Decimal("0.3"),
+            ),
+        ]
+        facts = [
+            GpuHour(
+                hour,
+                Device(uuid, synthetic.H100, 3600, "node-1", str(i), False, cluster="east"),
+                [],
+                held,
+            )
+            for i, (uuid, held) in enumerate([("GPU-t", sliced), ("GPU-m", mps), ("GPU-f", fractional)])
+        ]
+        lines = [line for gh in facts for line in price_gpu_hour(gh, book, {}).lines]
+        ledger.write_hour(HourRecord(hour, facts, lines, book), source="test")
+    for grain in ("hour", "day"):
+        gpus: dict = {}
+        splits = read_splits(ledger, NOVEMBER, grain, gpus)
+        scanned = scan_facts(ledger, NOVEMBER, grain, splits=True)
+        assert scanned.splits == splits and scanned.gpus == gpus
+        assert any(h.process_use for held in splits.values() for hs in held.values() for h in hs)
+        assert scanned.holdings == ledger.holdings(NOVEMBER.start, NOVEMBER.end)
