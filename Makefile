@@ -151,7 +151,8 @@ BENCHES = "tests.bench" \
 	"tests.bench_billing --store victoriametrics" \
 	"tests.bench_billing --scale 10 --days 3 --db $(BENCH_PG)" \
 	"tests.bench_billing --scale 10 --days 3 --db $(BENCH_PG) --store victoriametrics" \
-	"tests.bench_reports"
+	"tests.bench_reports" \
+	"tests.bench_reports --gpus 10000"
 bench: setup
 	@status=0; for bench in $(BENCHES); do \
 	  echo "== python -m $$bench"; $(BIN)/python -m $$bench || status=$$?; \

@@ -8,11 +8,10 @@ utilization-tier efficiency are report-only ratios and are carried as floats.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from gpumeter import contract
@@ -21,111 +20,35 @@ from gpumeter.billing.ledger.base import AuditRecord, Ledger, LineTotal, PriceVe
 from gpumeter.billing.models import (
     PLATFORM_KINDS,
     PLATFORM_NAMES,
-    Allocation,
     LineKind,
-    QuantityUnit,
     cluster_namespace,
 )
 from gpumeter.billing.pricing.currency import minor_unit
 
+# the periods and the splits live in their own modules; their names stay importable from here
+from gpumeter.reports.period import FIRST_YEAR as FIRST_YEAR
+from gpumeter.reports.period import HOUR as HOUR
+from gpumeter.reports.period import LAST_YEAR as LAST_YEAR
+from gpumeter.reports.period import Period as Period
+from gpumeter.reports.period import ReportError as ReportError
+from gpumeter.reports.period import last_month as last_month
+from gpumeter.reports.period import month_period as month_period
+from gpumeter.reports.period import range_period as range_period
+from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
+from gpumeter.reports.splits import GpuBucket as GpuBucket
+from gpumeter.reports.splits import Holding as Holding
+from gpumeter.reports.splits import HoldingKey as HoldingKey
+from gpumeter.reports.splits import read_splits as read_splits
+from gpumeter.reports.splits import scan_facts
+
 CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
 
-HOUR = timedelta(hours=1)
 DIMENSIONS = ("team", "namespace", "model", "mig_profile", "cluster")
 GROUPINGS_EXPECTED = f"expected one of {', '.join(DIMENSIONS)} or label:KEY"  # `Grouping.parse`'s refusal
 TENANT_KINDS = (LineKind.TENANT, LineKind.IDLE_SHARE)
 
 NO_TEAM, WHOLE_GPU, NO_LABEL, NO_CLUSTER = "(no team)", "(whole GPU)", "(none)", "(no cluster)"
 ZERO = Decimal(0)
-
-
-class ReportError(ValueError):
-    pass
-
-
-# --- periods ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Period:
-    """A half-open UTC window [start, end). ``label`` names it in file names and titles."""
-
-    start: datetime
-    end: datetime
-    label: str
-
-    @property
-    def is_month(self) -> bool:
-        return bool(re.fullmatch(r"\d{4}-\d{2}", self.label))
-
-    @property
-    def hours(self) -> int:
-        return int((self.end - self.start) / HOUR)
-
-    def previous(self) -> Period:
-        if self.is_month:
-            year, month = self.start.year, self.start.month - 1
-            if month == 0:
-                year, month = year - 1, 12
-            return month_period(f"{year:04d}-{month:02d}")
-        length = self.end - self.start
-        start = self.start - length
-        return Period(start, self.start, f"{_day_label(start)}_{_day_label(self.start)}")
-
-    def days(self) -> list[date]:
-        day, out = self.start.date(), []
-        while datetime.combine(day, datetime.min.time(), UTC) < self.end:
-            out.append(day)
-            day += timedelta(days=1)
-        return out
-
-
-def _day_label(moment: datetime) -> str:
-    if moment.hour or moment.minute:
-        return moment.strftime("%Y-%m-%dT%H%MZ")
-    return moment.strftime("%Y-%m-%d")
-
-
-# Years a report period may fall in: the ledger counts hours from the Unix epoch, and a month's end
-# (the next month's first day) must still be a date Python can hold.
-FIRST_YEAR, LAST_YEAR = 1970, 9998
-
-
-def month_period(text: str) -> Period:
-    match = re.fullmatch(r"(\d{4})-(\d{2})", text)
-    if not match or not 1 <= int(match.group(2)) <= 12:
-        raise ReportError(f"period: expected YYYY-MM (value {text!r})")
-    year, month = int(match.group(1)), int(match.group(2))
-    if not FIRST_YEAR <= year <= LAST_YEAR:
-        raise ReportError(f"period: year out of range {FIRST_YEAR}..{LAST_YEAR} (value {text!r})")
-    start = datetime(year, month, 1, tzinfo=UTC)
-    end = datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC)
-    return Period(start, end, text)
-
-
-def range_period(start: datetime, end: datetime) -> Period:
-    start, end = _utc_hour(start), _utc_hour(end)
-    for flag, moment in (("--from", start), ("--to", end)):
-        if not FIRST_YEAR <= moment.year <= LAST_YEAR:
-            raise ReportError(
-                f"period: {flag} year out of range {FIRST_YEAR}..{LAST_YEAR} (value {moment.isoformat()})"
-            )
-    if end <= start:
-        raise ReportError(
-            f"period: --to must be after --from (value {start.isoformat()} .. {end.isoformat()})"
-        )
-    return Period(start, end, f"{_day_label(start)}_{_day_label(end)}")
-
-
-def last_month(now: datetime) -> Period:
-    first = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    previous = first - timedelta(days=1)
-    return month_period(f"{previous.year:04d}-{previous.month:02d}")
-
-
-def _utc_hour(moment: datetime) -> datetime:
-    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-    return moment.replace(minute=0, second=0, microsecond=0)
 
 
 # --- grouping -------------------------------------------------------------------------------------
@@ -400,102 +323,6 @@ class BudgetRow:
         return self.budget is not None and self.actual > self.budget
 
 
-@dataclass(frozen=True)
-class Holding:
-    """How one holder's part of a shared GPU-hour was split (FOCUS 1.3 allocation, reports.focus):
-    its sharing mode as pricing read it, and the figures the split took."""
-
-    mode: str  # contract.SHARING_MIG, _TIME_SLICING, _MPS, _FRACTIONAL or _VGPU
-    share: Decimal
-    memory_share: Decimal | None = None  # a fractional grant's fractions
-    compute_share: Decimal | None = None
-    compute_slices: int = 0  # of its MIG instance
-    replica: str = ""  # a MIG instance shared by replicas: their mode
-    process_use: bool = False  # its unit's replicas reported process use (sharing_split: usage applies)
-
-
-HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
-PRESENCE_QUANTUM = Decimal("0.000001")  # pricing's quantity quantum (billing.allocate.QUANTITY_QUANTUM)
-
-
-@dataclass
-class GpuBucket:
-    """One GPU over one grain bucket, from the stored facts: the node and index that name it, and the
-    GPU-hours it was present (each hour's present seconds / 3600 to pricing's quantum, summed): the
-    quantity of the FOCUS origin charge (reports.focus)."""
-
-    hostname: str = ""
-    index: str = ""
-    present: Decimal = ZERO
-
-
-def _replica_mode(a: Allocation) -> str:
-    """The replica mode of a holding, as pricing reads it (billing/allocate.py `_replica_mode`)."""
-    if a.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_VGPU):
-        return a.sharing
-    if a.sharing:
-        return ""
-    return contract.SHARING_TIME_SLICING if a.share < 1 or a.resource.endswith(".shared") else ""
-
-
-def read_splits(
-    ledger: Ledger,
-    period: Period,
-    grain: str = "day",
-    gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None,
-) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
-    """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
-    of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
-    vGPUs); a GPU held whole by one holder is no split. Read from the stored facts hour by hour; kept
-    per bucket, as the report's charges are, so a month by day holds a day's worth of holders. With
-    ``gpus``, fills in each GPU's `GpuBucket` (by bucket, cluster and UUID) from the same pass over the
-    facts. A holder of a named cluster is keyed `cluster/namespace`, as the report's charges name it."""
-    out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
-    hour = period.start
-    while hour < period.end:
-        start = hour if grain == "hour" else hour.replace(hour=0)
-        bucket = out.setdefault(start, {})
-        for gpu_hour in ledger.facts(hour):
-            if gpus is not None:
-                device = gpu_hour.device
-                gpu = gpus.setdefault((start, device.cluster, device.uuid), GpuBucket())
-                gpu.hostname, gpu.index = device.hostname or gpu.hostname, device.gpu or gpu.index
-                seconds = max(0, min(device.present_seconds, 3600))
-                gpu.present += (Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM)
-            slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
-            used: dict[str, bool] = defaultdict(
-                bool
-            )  # per unit (MIG instance or whole GPU): replicas' process use
-            for a in gpu_hour.allocations:
-                if _replica_mode(a) and ((a.process_sm or 0) > 0 or (a.process_memory or 0) > 0):
-                    used[a.gpu_instance_id] = True
-            for a in gpu_hour.allocations:
-                replica = _replica_mode(a)
-                if a.gpu_instance_id:
-                    mode = contract.SHARING_MIG
-                elif a.sharing == contract.SHARING_FRACTIONAL:
-                    mode = contract.SHARING_FRACTIONAL
-                elif replica:
-                    mode, replica = replica, ""
-                else:
-                    continue  # a whole GPU held alone
-                namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
-                key = (a.uuid, a.gpu_instance_id, namespace, a.pod, a.container)
-                bucket.setdefault(key, set()).add(
-                    Holding(
-                        mode,
-                        a.share,
-                        a.memory_share,
-                        a.compute_share,
-                        slices.get(a.gpu_instance_id, 0),
-                        replica,
-                        used[a.gpu_instance_id],
-                    )
-                )
-        hour += HOUR
-    return {bucket: held for bucket, held in out.items() if held}
-
-
 @dataclass
 class Report:
     period: Period
@@ -581,26 +408,6 @@ def _iso(moment: datetime) -> str:
 # --- building -------------------------------------------------------------------------------------
 
 
-def _sort_key(line: LineTotal) -> tuple:
-    return (
-        line.bucket,
-        list((*TENANT_KINDS, *PLATFORM_KINDS, LineKind.UNPRICED)).index(line.kind)
-        if line.kind in (*TENANT_KINDS, *PLATFORM_KINDS, LineKind.UNPRICED)
-        else 99,
-        line.namespace,
-        line.pod,
-        line.container,
-        line.uuid,
-        line.gpu_instance_id,
-        line.mig_profile,
-        line.model,
-        line.team,
-        line.currency,
-        line.price_version_id or 0,
-        line.cluster,
-    )
-
-
 def _missing_ranges(period: Period, have: set[datetime]) -> list[tuple[datetime, datetime]]:
     out: list[tuple[datetime, datetime]] = []
     hour = period.start
@@ -657,17 +464,21 @@ def build_report(
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    totals = ledger.line_totals(period.start, period.end, grain)
+    from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
+    from gpumeter.reports import grouped
+
+    lines = frames.line_frame(ledger, period.start, period.end, grain)
     if clusters:  # a misspelt cluster would report $0: name the ones the period's lines have
-        known = sorted({t.cluster for t in totals if t.cluster})
+        known = sorted(set(lines["cluster"].astype(object).unique()) - {""})
         unknown = [c for c in clusters if c not in known]
         if unknown:
             raise ReportError(
                 f"cluster: no line of {period.label} is in cluster {unknown[0]!r}; the period's clusters: "
                 f"{', '.join(known) or 'none (the store had no cluster label)'} (value {unknown[0]!r})"
             )
-    charges = sorted(of_clusters(totals, clusters), key=_sort_key)
-    gpu_buckets: dict[tuple[datetime, str, str], GpuBucket] = {}
+    frame = grouped.charges(grouped.name_clusters(lines, clusters))
+    del lines
+    charges, slice_list = grouped.line_totals(frame)
     previous_period = period.previous()
     previous = (
         of_clusters(ledger.line_totals(previous_period.start, previous_period.end, "range"), clusters)
@@ -675,9 +486,10 @@ def build_report(
         else []
     )
 
-    version_ids = {c.price_version_id for c in charges + previous if c.price_version_id is not None}
+    charged_versions = {int(v) for v in frame["price_version_id"].dropna().unique()}
+    version_ids = charged_versions | {c.price_version_id for c in previous if c.price_version_id is not None}
     versions = ledger.price_versions(version_ids)
-    currencies = sorted({c.currency for c in charges if c.amount is not None}) or sorted(
+    currencies = sorted(set(frame.loc[frame["amount"].notna(), "currency"])) or sorted(
         {v.currency for v in versions.values()}
     )
     if len(currencies) > 1:
@@ -685,50 +497,59 @@ def build_report(
     currency = currencies[0] if currencies else "USD"
 
     # slice-hours are a fact pricing stated on each line (docs/billing.md §4): read, never recomputed
-    slice_hours = {
-        id(c): c.held if c.held_unit == QuantityUnit.SLICE_HOUR and c.kind in TENANT_KINDS else ZERO
-        for c in charges
-    }
+    slice_hours = {id(c): sh for c, sh in zip(charges, slice_list, strict=True)}
 
-    total, tenants = Usage(), Usage()
-    by_cluster: dict[str, Usage] = defaultdict(Usage)
-    groups: dict[str, Usage] = defaultdict(Usage)
-    group_ns: dict[str, dict[str, Usage]] = defaultdict(lambda: defaultdict(Usage))
-    group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(lambda: defaultdict(Usage))
-    group_daily: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-    pods: dict[tuple[str, str], Usage] = defaultdict(Usage)
+    priced = frame[frame["priced_line"]]
+    tenant = priced[priced["tenant"]].copy()
+    platform_lines = priced[~priced["tenant"]]
+    tenant["group"] = grouped.group_keys(tenant, grouping.key)
+    total = grouped.usage_all(priced, Usage)
+    tenants = grouped.usage_all(tenant, Usage)
+    by_cluster = grouped.usage_by(priced[priced["cluster"] != ""], ["cluster"], Usage)
+    groups = grouped.usage_by(tenant, ["group"], Usage)
+    group_ns: dict[str, dict[str, Usage]] = defaultdict(dict)
+    for (key, namespace), usage in grouped.usage_by(tenant, ["group", "namespace"], Usage).items():
+        group_ns[key][namespace] = usage
+    group_models: dict[str, dict[tuple[str, str], Usage]] = defaultdict(dict)
+    for (key, model, profile), usage in grouped.usage_by(
+        tenant, ["group", "model", "profile"], Usage
+    ).items():
+        group_models[key][(model, profile)] = usage
+    group_daily: dict[str, dict[date, Decimal]] = defaultdict(dict)
+    daily: dict[date, dict[str, Decimal]] = defaultdict(dict)
+    for (key, day), cost in grouped.money_by(tenant, ["group", "day"]).items():
+        group_daily[key][day] = cost
+        daily[day][key] = cost
+    platform_daily = platform_lines.assign(
+        name=[
+            PLATFORM_NAMES.get(k, ns)
+            for k, ns in zip(platform_lines["kind"], platform_lines["namespace"], strict=True)
+        ]
+    )
+    for (day, name), cost in grouped.money_by(platform_daily, ["day", "name"]).items():
+        daily[day][name] = daily[day].get(name, ZERO) + cost
+    pods = grouped.usage_by(tenant, ["namespace", "pod"], Usage)
     pod_meta: dict[tuple[str, str], tuple[str, set, set]] = {}
-    platform: dict[str, Usage] = defaultdict(Usage)
+    # a pod's team is that of its first charge in the report's order; its models and profiles all met
+    for namespace, pod, team in (
+        tenant[["namespace", "pod", "team"]].drop_duplicates(["namespace", "pod"]).itertuples(index=False)
+    ):
+        pod_meta[(namespace, pod)] = (team, set(), set())
+    for namespace, pod, model, profile in (
+        tenant[["namespace", "pod", "model", "profile"]].drop_duplicates().itertuples(index=False)
+    ):
+        pod_meta[(namespace, pod)][1].add(model)
+        pod_meta[(namespace, pod)][2].add(profile)
+    platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))
     unpriced: dict[str, tuple[Decimal, set]] = {}
-    daily: dict[date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-
-    for c in charges:
-        sh = slice_hours[id(c)]
-        day = c.bucket.date()
-        if c.kind == LineKind.UNPRICED or c.amount is None:
-            hours, gpus = unpriced.get(c.model, (ZERO, set()))
-            gpus.add(c.uuid)
-            unpriced[c.model] = (hours + c.quantity, gpus)
-            continue
-        total.add(c, sh)
-        if c.cluster:
-            by_cluster[c.cluster].add(c, sh)
-        if c.kind in TENANT_KINDS:
-            key = grouping.key(c)
-            tenants.add(c, sh)
-            groups[key].add(c, sh)
-            group_ns[key][c.namespace].add(c, sh)
-            group_models[key][(c.model, c.mig_profile or WHOLE_GPU)].add(c, sh)
-            group_daily[key][day] += c.amount
-            daily[day][key] += c.amount
-            pod = (c.namespace, c.pod)
-            pods[pod].add(c, sh)
-            _team, models, profiles = pod_meta.setdefault(pod, (c.team, set(), set()))
-            models.add(c.model)
-            profiles.add(c.mig_profile or WHOLE_GPU)
-        else:
-            platform[c.kind].add(c, sh)
-            daily[day][PLATFORM_NAMES.get(c.kind, c.namespace)] += c.amount
+    missing = frame[~frame["priced_line"]]
+    if not missing.empty:
+        by_model = missing.groupby("model", sort=True)
+        hours, gpus = by_model["quantity"].sum(), by_model["uuid"].unique()
+        for model in hours.index:
+            unpriced[model] = (Decimal(int(hours[model])) * frames.QUANTITY_UNIT, set(gpus[model]))
+    team_actual = grouped.money_by(tenant[tenant["team"] != ""], ["team"])
+    del frame, priced, tenant, platform_lines, platform_daily, missing
 
     before_groups: dict[str, Decimal] = defaultdict(Decimal)
     before_platform: dict[str, Decimal] = defaultdict(Decimal)
@@ -748,7 +569,8 @@ def build_report(
         return Change.of(now, before if has_previous else None)
 
     shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
-    holdings = ledger.holdings(period.start, period.end)
+    facts = scan_facts(ledger, period, grain, splits=splits)
+    holdings = facts.holdings
     if clusters:  # the named clusters' holders (the ledger names them `cluster/namespace`)
         prefixes = tuple(f"{c}/" for c in clusters)
         holdings = [h for h in holdings if h.namespace.startswith(prefixes)]
@@ -830,9 +652,7 @@ def build_report(
         tenants_change=change(tenants.cost, before_tenants),
         top_pods=[pod_row(p) for p in ranked_pods[:top]],
         daily=[(day, dict(sorted(daily.get(day, {}).items()))) for day in period.days()],
-        price_versions=[
-            versions[i] for i in sorted(versions) if any(c.price_version_id == i for c in charges)
-        ],
+        price_versions=[versions[i] for i in sorted(versions) if i in charged_versions],
         ingest=_ingest_summary(ledger, period),
         charges=charges,
         slice_hours=slice_hours,
@@ -846,10 +666,10 @@ def build_report(
             ClaimRow(namespace, claim, sorted(modes), sorted(holders))
             for (namespace, claim), (modes, holders) in sorted(by_claim.items())
         ],
-        budgets=budget_rows(charges, budgets or {}, currency) if period.is_month else [],
+        budgets=budget_rows(charges, budgets or {}, currency, team_actual) if period.is_month else [],
         billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
-        splits=read_splits(ledger, period, grain, gpu_buckets) if splits else None,
-        gpus=gpu_buckets if splits else None,
+        splits=facts.splits,
+        gpus=facts.gpus,
         clusters=sorted(by_cluster.items(), key=lambda kv: (-kv[1].cost, kv[0])),
         only_clusters=tuple(clusters),
     )
@@ -870,9 +690,15 @@ def of_clusters(totals: list[LineTotal], clusters: tuple[str, ...]) -> list[Line
     ]
 
 
-def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currency: str) -> list[BudgetRow]:
+def budget_rows(
+    charges: list[LineTotal],
+    budgets: Mapping[str, Budget],
+    currency: str,
+    actual: Mapping[str, Decimal] | None = None,
+) -> list[BudgetRow]:
     """Every team with a budget, and every team billed without one, by team name; nothing when no
-    team has a budget. Lines without a team count for none (they appear as "(no team)" elsewhere)."""
+    team has a budget. Lines without a team count for none (they appear as "(no team)" elsewhere).
+    ``actual``: what the charges bill each team, where the caller has summed it already."""
     if not budgets:
         return []
     for team, budget in sorted(budgets.items()):
@@ -880,10 +706,12 @@ def budget_rows(charges: list[LineTotal], budgets: Mapping[str, Budget], currenc
             raise ReportError(
                 f"budgets.{team}.currency: the ledger's lines of the period are in {currency} (value {budget.currency!r})"
             )
-    actual: dict[str, Decimal] = defaultdict(Decimal)
-    for c in charges:
-        if c.kind in TENANT_KINDS and c.team and c.amount is not None:
-            actual[c.team] += c.amount
+    if actual is None:
+        summed: dict[str, Decimal] = defaultdict(Decimal)
+        for c in charges:
+            if c.kind in TENANT_KINDS and c.team and c.amount is not None:
+                summed[c.team] += c.amount
+        actual = summed
     return [
         BudgetRow(team, budgets[team].amount if team in budgets else None, actual.get(team, ZERO))
         for team in sorted(set(budgets) | set(actual))

@@ -24,7 +24,16 @@ if resolved.simulate:
     build_exporter(resolved).stop()
 print(json.dumps(sorted(sys.modules)))
 """
-NEVER = ("gpumeter.billing", "gpumeter.reports", "gpumeter.dashboards", "sqlalchemy", "jinja2", "plotly")
+NEVER = (
+    "gpumeter.billing",
+    "gpumeter.reports",
+    "gpumeter.dashboards",
+    "sqlalchemy",
+    "jinja2",
+    "plotly",
+    "pandas",  # billing's and reports' columns: tens of MiB resident
+    "numpy",
+)
 BASE = ["exporter", "--listen", "127.0.0.1:0", "--kubelet-socket", ""]
 
 

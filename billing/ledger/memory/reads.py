@@ -65,6 +65,12 @@ class MemoryReads(MemoryStore, ReportLedger):
     def lines(self, start: datetime, end: datetime) -> list[Line]:
         return [line for line, _ in self._stored_lines(start, end)]
 
+    def line_frame(self, start: datetime, end: datetime, grain: str = "day"):
+        """The lines of [start, end) as columns (billing/ledger/frames.py)."""
+        from gpumeter.billing.ledger import frames  # pandas: loaded by reports only
+
+        return frames.from_lines(self._stored_lines(start, end), grain)
+
     def counts(self) -> dict[str, int]:
         with self._guard:
             hours = [gh for ghs in self._facts.values() for gh in ghs]

@@ -330,6 +330,13 @@ class SqlReads(SqlStore, ReportLedger):
             )
         return out
 
+    @_stored("read lines")
+    def line_frame(self, start: datetime, end: datetime, grain: str = "day"):
+        """The lines of [start, end) as columns, summed in one query (billing/ledger/frames.py)."""
+        from gpumeter.billing.ledger import frames  # pandas: loaded by reports only
+
+        return frames.read_sql(self.engine, start, end, grain)
+
     @_stored("read price versions")
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
         if not ids:

@@ -1,0 +1,330 @@
+"""A range's priced lines as columns (a pandas DataFrame), read in one query: what reports group
+from (reports/model.py) instead of summing line objects one at a time.
+
+A row is the lines of one bucket of hours ("hour": each line alone, "day": a UTC day's) that charge
+one term: the same GPU, holder, quantity, amount and price version (billing/ledger/terms.py). The SQL
+ledger sums them per (bucket, term id) in the database and joins the terms' names to the sums, so
+a month of 10,000 GPUs crosses into Python as ~1 million rows, not its 22 million lines.
+
+Money and quantities stay exact: they are integers of the ledger's own scale (amounts in 1e-4 of the
+currency, quantities in 1e-6 GPU-hours, as NUMERIC(20, 4) and NUMERIC(18, 6) store them), summed as
+int64 and turned back into `Decimal` only by whoever shows them. Utilization and efficiency are
+report-only ratios: ``uw``/``ew`` are float sums of ratio x GPU-hours, ``uq``/``eq`` the exact
+GPU-hours where the ratio is known, as `LineTotal` carries them.
+
+pandas is imported here and by reports only: the exporter never loads it (tests/exporter/test_imports.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from gpumeter.billing.ledger.base import Ledger
+    from gpumeter.billing.models import Line
+
+QUANTITY_SCALE = 10**6  # Exact(18, 6): quantity, held
+MONEY_SCALE = 10**4  # Money() = Exact(20, 4): amount
+QUANTITY_UNIT, MONEY_UNIT = Decimal(1).scaleb(-6), Decimal(1).scaleb(-4)
+
+# the text columns, kept as categoricals: a month repeats each name over hundreds of thousands of lines
+TEXT = (
+    "kind",
+    "namespace",
+    "team",
+    "pod",
+    "container",
+    "uuid",
+    "gpu_instance_id",
+    "mig_profile",
+    "model",
+    "currency",
+    "held_unit",
+    "cluster",
+)
+# integers of the stored scale, summed over the row's lines; amount is nullable (unpriced lines have none)
+SCALED = ("quantity", "amount", "held", "uq", "eq")
+COLUMNS = ("bucket", "first_hour", "last_hour", "lines", *TEXT, "price_version_id", *SCALED, "uw", "ew")
+CHUNK = 200_000  # rows turned into columns at a time: the row tuples of one chunk are all that is held
+GRAINS = ("hour", "day")
+
+
+def line_frame(ledger: Ledger, start: datetime, end: datetime, grain: str = "day") -> pd.DataFrame:
+    """The lines of the hours in [start, end) summed per ``grain`` bucket and term (COLUMNS), in no
+    particular order; by "hour", one row a line. A ledger answers from its own store where it can
+    (`line_frame` method); any other is read through `Ledger.line_totals`."""
+    if grain not in GRAINS:
+        raise ValueError(f"unknown grain {grain!r}")
+    own = getattr(ledger, "line_frame", None)
+    if own is not None:
+        return own(start, end, grain)
+    return from_totals(ledger.line_totals(start, end, grain))
+
+
+def _scaled(value: Decimal | None, scale: int) -> int | None:
+    if value is None:
+        return None
+    return int(
+        (value * scale).to_integral_value(rounding=ROUND_HALF_UP)
+    )  # SQL's round(): half away from zero
+
+
+def _ratio(value: Decimal | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def from_lines(lines: Iterable[tuple[Line, int | None]], grain: str = "day") -> pd.DataFrame:
+    """The frame of stored lines, each with the id of the price version that priced it (the memory
+    ledger), a row a line: whoever groups them sums a bucket's lines of one term."""
+    rows = []
+    for line, version_id in lines:
+        quantity = _scaled(line.quantity, QUANTITY_SCALE)
+        hours = line.quantity
+        u, e = line.utilization, line.efficiency
+        rows.append(
+            (
+                line.hour
+                if grain == "hour"
+                else line.hour.replace(hour=0, minute=0, second=0, microsecond=0),
+                line.hour,
+                line.hour,
+                1,
+                line.kind.value,
+                line.namespace,
+                line.team,
+                line.pod,
+                line.container,
+                line.uuid,
+                line.gpu_instance_id,
+                line.mig_profile,
+                line.model,
+                line.currency,
+                line.held_unit.value,
+                line.cluster,
+                version_id,
+                quantity,
+                _scaled(line.amount, MONEY_SCALE),
+                _scaled(line.held, QUANTITY_SCALE),
+                0 if u is None else quantity,
+                0 if e is None else quantity,
+                0.0 if u is None else float(u * hours),
+                0.0 if e is None else float(e * hours),
+            )
+        )
+    return _frame([_chunk(rows, hours_as="datetime")])
+
+
+def from_totals(totals: Iterable[Any]) -> pd.DataFrame:
+    """The frame of `LineTotal`s (a ledger without a reader of its own): a row a total."""
+    rows = [
+        (
+            t.bucket,
+            t.first_hour,
+            t.last_hour,
+            t.lines,
+            t.kind,
+            t.namespace,
+            t.team,
+            t.pod,
+            t.container,
+            t.uuid,
+            t.gpu_instance_id,
+            t.mig_profile,
+            t.model,
+            t.currency,
+            t.held_unit,
+            t.cluster,
+            t.price_version_id,
+            _scaled(t.quantity, QUANTITY_SCALE),
+            _scaled(t.amount, MONEY_SCALE),
+            _scaled(t.held, QUANTITY_SCALE),
+            _scaled(t.utilization_quantity, QUANTITY_SCALE),
+            _scaled(t.efficiency_quantity, QUANTITY_SCALE),
+            t.utilization_weighted,
+            t.efficiency_weighted,
+        )
+        for t in totals
+    ]
+    return _frame([_chunk(rows, hours_as="datetime")])
+
+
+def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day") -> pd.DataFrame:
+    """The SQL ledger's lines of [start, end) summed per bucket and term id by the database, the
+    terms' names joined to the sums: one query, in day-aligned windows on parallel connections where
+    the range is long (the database sums outside the GIL). Money and quantities come back as
+    integers of their stored scale and hours as epoch seconds (no Decimal or datetime object per
+    row), a chunk of rows at a time into columns."""
+    from sqlalchemy import BigInteger, Float, bindparam, case, cast, func, literal_column, select
+
+    from gpumeter.billing.ledger.orm import COST_LINES, CostLineTerm
+
+    c, t = COST_LINES.c, CostLineTerm.__table__.c
+
+    def epoch(column: Any) -> Any:
+        if engine.dialect.name == "sqlite":
+            return cast(func.strftime("%s", column), BigInteger)
+        return cast(func.extract("epoch", column), BigInteger)
+
+    def scaled(column: Any, scale: int) -> Any:
+        return cast(func.round(column * literal_column(str(scale))), BigInteger)
+
+    hour = epoch(c.hour)
+    bucket = hour if grain == "hour" else hour - hour % 86400
+    sums = (
+        select(
+            bucket.label("bucket"),
+            c.term_id.label("term_id"),
+            func.min(hour).label("first_hour"),
+            func.max(hour).label("last_hour"),
+            func.count().label("lines"),
+            func.count(c.utilization).label("u_known"),
+            func.count(c.efficiency).label("e_known"),
+            func.sum(cast(c.utilization, Float)).label("u_sum"),
+            func.sum(cast(c.efficiency, Float)).label("e_sum"),
+        )
+        .where(c.hour >= bindparam("lo", type_=c.hour.type), c.hour < bindparam("hi", type_=c.hour.type))
+        .group_by(bucket, c.term_id)
+        .subquery()
+    )
+    n = sums.c.lines
+    quantity = scaled(t.quantity, QUANTITY_SCALE)
+    query = select(
+        sums.c.bucket,
+        sums.c.first_hour,
+        sums.c.last_hour,
+        n,
+        *(getattr(t, name) for name in TEXT),
+        t.price_version_id,
+        n * quantity,
+        case((t.amount.is_(None), None), else_=n * scaled(t.amount, MONEY_SCALE)),
+        n * scaled(t.held, QUANTITY_SCALE),
+        sums.c.u_known * quantity,
+        sums.c.e_known * quantity,
+        func.coalesce(sums.c.u_sum, 0.0) * cast(t.quantity, Float),
+        func.coalesce(sums.c.e_sum, 0.0) * cast(t.quantity, Float),
+    ).join_from(sums, CostLineTerm.__table__, t.id == sums.c.term_id)
+
+    def fetch(window: tuple[datetime, datetime]) -> list[dict[str, Any]]:
+        with engine.connect() as conn:
+            result = conn.execution_options(stream_results=True).execute(
+                query, {"lo": window[0], "hi": window[1]}
+            )
+            return [_chunk(part, hours_as="epoch") for part in result.partitions(CHUNK)]
+
+    windows = _day_windows(start, end)
+    if len(windows) == 1:
+        return _frame(fetch(windows[0]))
+    with ThreadPoolExecutor(max_workers=len(windows)) as pool:
+        return _frame([chunk for chunks in pool.map(fetch, windows) for chunk in chunks])
+
+
+def _day_windows(start: datetime, end: datetime, most: int = 4) -> list[tuple[datetime, datetime]]:
+    """[start, end) cut at UTC midnights into at most ``most`` windows (a bucket never straddles one)."""
+    days = (end - start).days
+    workers = min(most, os.cpu_count() or 1)
+    if days < 4 or workers < 2:
+        return [(start, end)]
+    first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    step = -(-days // workers)
+    cuts = sorted({min(max(first_day + timedelta(days=step * i), start), end) for i in range(1, workers)})
+    edges = [start, *cuts, end]
+    return [(a, b) for a, b in itertools.pairwise(edges) if a < b]
+
+
+def _chunk(rows: Sequence[Any], *, hours_as: str) -> dict[str, Any]:
+    """One chunk of row tuples (in COLUMNS order) as columns."""
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(COLUMNS)
+    out: dict[str, Any] = {}
+    for name, values in zip(COLUMNS, columns, strict=True):
+        if name in ("bucket", "first_hour", "last_hour"):
+            if hours_as == "epoch":
+                out[name] = pd.to_datetime(pd.array(values, dtype="int64"), unit="s", utc=True)
+            else:
+                out[name] = pd.to_datetime(pd.Series(values, dtype=object), utc=True)
+        elif name in TEXT:
+            if name == "cluster":  # NULL: a line of a store without a cluster label
+                values = tuple("" if v is None else v for v in values)
+            out[name] = pd.Categorical(values)
+        elif name in ("price_version_id", "amount"):
+            out[name] = pd.array(values, dtype="Int64")
+        elif name in (*SCALED, "lines"):
+            out[name] = pd.array(values, dtype="int64")
+        else:
+            out[name] = pd.array([0.0 if v is None else v for v in values], dtype="float64")
+    return out
+
+
+def _frame(chunks: list[dict[str, Any]]) -> pd.DataFrame:
+    if not chunks:
+        chunks = [_chunk([], hours_as="epoch")]
+    data: dict[str, Any] = {}
+    for name in COLUMNS:
+        parts = [chunk[name] for chunk in chunks]
+        if name in TEXT:
+            data[name] = union_categoricals(parts) if len(parts) > 1 else parts[0]
+        elif len(parts) == 1:
+            data[name] = parts[0]
+        else:
+            data[name] = pd.concat([pd.Series(p) for p in parts], ignore_index=True).array
+    frame = pd.DataFrame(data)
+    for name in ("bucket", "first_hour", "last_hour"):
+        frame[name] = frame[name].astype("datetime64[us, UTC]")
+    return frame
+
+
+def gpu_hour_rows(engine: Engine, start: datetime, end: datetime) -> Iterator[Sequence[Any]]:
+    """The SQL ledger's GPU-hours of [start, end) in one query, a chunk of rows at a time, in hour
+    order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present seconds, layout id, readings
+    text or None). What a month's facts say without restoring each GPU-hour's objects."""
+    from sqlalchemy import BigInteger, cast, func, select
+
+    from gpumeter.billing.ledger.orm import GpuHourRow as g
+
+    if engine.dialect.name == "sqlite":
+        epoch = cast(func.strftime("%s", g.hour), BigInteger)
+    else:
+        epoch = cast(func.extract("epoch", g.hour), BigInteger)
+    query = (
+        select(
+            epoch,
+            g.cluster,
+            g.uuid,
+            g.hostname,
+            g.gpu,
+            g.present_seconds,
+            g.layout_id,
+            g.readings,
+        )
+        .where(g.hour >= start, g.hour < end)
+        .order_by(g.hour, g.cluster, g.uuid)
+    )
+    with engine.connect() as conn:
+        result = conn.execution_options(stream_results=True).execute(query)
+        yield from result.partitions(CHUNK)
+
+
+def layout_bodies(engine: Engine, ids: Iterable[int]) -> dict[int, str]:
+    """The stored layouts of ``ids`` (billing/ledger/layouts.py), a few queries for any number."""
+    from sqlalchemy import select
+
+    from gpumeter.billing.ledger.orm import GpuLayout
+
+    wanted, out = sorted(set(ids)), dict[int, str]()
+    with engine.connect() as conn:
+        for i in range(0, len(wanted), 500):  # within every backend's limit on bound parameters
+            batch = wanted[i : i + 500]
+            out.update(
+                conn.execute(select(GpuLayout.id, GpuLayout.body).where(GpuLayout.id.in_(batch))).all()
+            )
+    return out

@@ -1,0 +1,226 @@
+"""The report's figures grouped from the period's lines as columns (billing/ledger/frames.py): the
+charges (lines summed per grain bucket) and every table of the report (groups, namespaces, models,
+pods, platform lines, clusters, days) are pandas group-bys over one frame, not loops over lines.
+
+Sums of money and quantities are int64 of the ledger's stored scale, made `Decimal` only when a
+figure is handed to the report (`Usage`), so every total is the sum of its lines to the cent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from gpumeter.billing.ledger.base import LineTotal
+from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_UNIT
+from gpumeter.billing.models import PLATFORM_KINDS, LineKind, QuantityUnit
+
+TENANT_VALUES = (LineKind.TENANT.value, LineKind.IDLE_SHARE.value)
+# the charge's keys, as `Ledger.line_totals` groups lines
+KEYS = (
+    "kind",
+    "namespace",
+    "team",
+    "pod",
+    "container",
+    "uuid",
+    "gpu_instance_id",
+    "mig_profile",
+    "model",
+    "currency",
+    "price_version_id",
+    "held_unit",
+    "cluster",
+)
+# the report's order of charges (reports.model `_sort_key`): kinds ranked, then the names
+KIND_ORDER = {
+    str(kind): rank for rank, kind in enumerate((*TENANT_VALUES, *PLATFORM_KINDS, LineKind.UNPRICED))
+}
+SORT = (
+    "bucket",
+    "kind_rank",
+    "namespace",
+    "pod",
+    "container",
+    "uuid",
+    "gpu_instance_id",
+    "mig_profile",
+    "model",
+    "team",
+    "currency",
+    "version_rank",
+    "cluster",
+)
+# the figures a `Usage` sums, per charge
+FIGURES = ("f_cost", "f_idle", "f_gpu_hours", "f_slice_hours", "f_lines", "f_uw", "f_uq", "f_ew", "f_eq")
+
+
+class Probe(NamedTuple):
+    """What `Grouping.key` reads of a line."""
+
+    team: str
+    namespace: str
+    model: str
+    mig_profile: str
+    cluster: str
+
+
+def _text(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name].astype(object)
+
+
+def name_clusters(lines: pd.DataFrame, clusters: tuple[str, ...]) -> pd.DataFrame:
+    """The lines of ``clusters`` (all: none named), each tenant line's namespace named with its
+    cluster, as `reports.model.of_clusters` names them."""
+    if clusters:
+        lines = lines[lines["cluster"].isin(list(clusters))]
+    tenant = lines["kind"].isin(TENANT_VALUES) & (lines["cluster"] != "")
+    if tenant.any():
+        namespace = _text(lines, "namespace")
+        named = _text(lines, "cluster")[tenant] + "/" + namespace[tenant]
+        namespace = namespace.where(~tenant, named)
+        lines = lines.assign(namespace=pd.Categorical(namespace))
+    return lines
+
+
+def charges(lines: pd.DataFrame) -> pd.DataFrame:
+    """The frame's rows (billing/ledger/frames.py, already per grain bucket) summed per bucket and
+    charge key, sorted as the report lists them, with the figures a `Usage` sums per charge (FIGURES)."""
+    summed = (
+        lines.groupby(["bucket", *KEYS], observed=True, dropna=False, sort=False)
+        .agg(
+            first_hour=("first_hour", "min"),
+            last_hour=("last_hour", "max"),
+            lines=("lines", "sum"),
+            quantity=("quantity", "sum"),
+            amount=("amount", "sum"),
+            priced=("amount", "count"),
+            uw=("uw", "sum"),
+            uq=("uq", "sum"),
+            ew=("ew", "sum"),
+            eq=("eq", "sum"),
+            held=("held", "sum"),
+        )
+        .reset_index()
+    )
+    summed["amount"] = summed["amount"].astype("Int64").where(summed["priced"] > 0)
+    kind = _text(summed, "kind")
+    summed["kind_rank"] = kind.map(KIND_ORDER).fillna(99).astype("int64")
+    summed["version_rank"] = summed["price_version_id"].fillna(0).astype("int64")
+    for name in KEYS:  # names sort as Python sorts str; categories would sort by first appearance
+        if name != "price_version_id":
+            summed[name] = _text(summed, name)
+    summed = summed.sort_values(list(SORT), kind="stable", ignore_index=True)
+    return _with_figures(summed)
+
+
+def _with_figures(c: pd.DataFrame) -> pd.DataFrame:
+    kind = c["kind"]
+    priced = (kind != LineKind.UNPRICED.value) & c["amount"].notna()
+    cost = c["amount"].fillna(0).astype("int64").to_numpy()
+    idle = (kind == LineKind.IDLE_SHARE.value).to_numpy()
+    use = ~idle  # an idle share's quantity is idle capacity, not usage
+    tenant = kind.isin(TENANT_VALUES).to_numpy()
+    slices = tenant & (c["held_unit"] == QuantityUnit.SLICE_HOUR.value).to_numpy()
+    c["priced_line"] = priced.to_numpy()
+    c["tenant"] = tenant & c["priced_line"].to_numpy()
+    c["slice_hours"] = np.where(slices, c["held"].to_numpy(), 0)
+    c["f_cost"] = cost
+    c["f_idle"] = np.where(idle, cost, 0)
+    c["f_gpu_hours"] = np.where(use, c["quantity"].to_numpy(), 0)
+    c["f_slice_hours"] = np.where(use, c["slice_hours"].to_numpy(), 0)
+    c["f_lines"] = c["lines"].to_numpy()
+    for name in ("uw", "ew"):
+        c[f"f_{name}"] = np.where(use, c[name].to_numpy(), 0.0)
+    for name in ("uq", "eq"):
+        c[f"f_{name}"] = np.where(use, c[name].to_numpy(), 0)
+    c["profile"] = c["mig_profile"].where(c["mig_profile"] != "", "(whole GPU)")
+    c["day"] = c["bucket"].dt.date
+    return c
+
+
+def group_keys(c: pd.DataFrame, key: Callable[[Probe], str]) -> pd.Series:
+    """Each charge's group (`Grouping.key`), asked once per distinct (team, namespace, model,
+    profile, cluster)."""
+    names = list(Probe._fields)
+    if c.empty:
+        return pd.Series([], dtype=object, index=c.index)
+    grouped = c.groupby(names, sort=False, dropna=False)
+    firsts = grouped.head(1)[names]
+    keys = np.array([key(Probe(*row)) for row in firsts.itertuples(index=False)], dtype=object)
+    return pd.Series(keys[grouped.ngroup().to_numpy()], index=c.index)
+
+
+def usage_of(sums: Any, usage_type: Callable[..., Any]) -> Any:
+    """A `reports.model.Usage` from one row of FIGURES sums."""
+    f_cost, f_idle, f_gpu_hours, f_slice_hours, f_lines, f_uw, f_uq, f_ew, f_eq = sums
+    return usage_type(
+        cost=Decimal(int(f_cost)) * MONEY_UNIT,
+        idle_share=Decimal(int(f_idle)) * MONEY_UNIT,
+        gpu_hours=Decimal(int(f_gpu_hours)) * QUANTITY_UNIT,
+        slice_hours=Decimal(int(f_slice_hours)) * QUANTITY_UNIT,
+        lines=int(f_lines),
+        _u_w=float(f_uw),
+        _u_q=Decimal(int(f_uq)) * QUANTITY_UNIT,
+        _e_w=float(f_ew),
+        _e_q=Decimal(int(f_eq)) * QUANTITY_UNIT,
+    )
+
+
+def usage_by(c: pd.DataFrame, keys: list[str], usage_type: Callable[..., Any]) -> dict[Any, Any]:
+    """The charges' `Usage` per value of ``keys`` (a tuple for several)."""
+    if c.empty:
+        return {}
+    sums = c.groupby(keys, sort=False, dropna=False)[list(FIGURES)].sum()
+    return {
+        key: usage_of(row, usage_type)
+        for key, row in zip(sums.index.tolist(), sums.itertuples(index=False, name=None), strict=True)
+    }
+
+
+def usage_all(c: pd.DataFrame, usage_type: Callable[..., Any]) -> Any:
+    return usage_of(tuple(c[name].sum() for name in FIGURES), usage_type)
+
+
+def money_by(c: pd.DataFrame, keys: list[str]) -> dict[Any, Decimal]:
+    """The charges' cost per value of ``keys``."""
+    if c.empty:
+        return {}
+    sums = c.groupby(keys, sort=False, dropna=False)["f_cost"].sum()
+    return {key: Decimal(int(v)) * MONEY_UNIT for key, v in sums.items()}
+
+
+def line_totals(c: pd.DataFrame) -> tuple[list[LineTotal], list[Decimal]]:
+    """The charges as the report's `LineTotal`s, in order, and each one's slice-hours."""
+    qty = QUANTITY_UNIT
+
+    def exact(name: str, unit: Decimal) -> list[Decimal]:
+        return [Decimal(v) * unit for v in c[name].to_numpy(dtype="int64").tolist()]
+
+    amounts = [None if v is pd.NA else Decimal(v) * MONEY_UNIT for v in c["amount"].astype(object).tolist()]
+    versions = [None if v is pd.NA else int(v) for v in c["price_version_id"].astype(object).tolist()]
+    columns = zip(
+        [t.to_pydatetime() for t in c["bucket"]],
+        [t.to_pydatetime() for t in c["first_hour"]],
+        [t.to_pydatetime() for t in c["last_hour"]],
+        *(c[name].tolist() for name in KEYS if name not in ("price_version_id", "held_unit", "cluster")),
+        versions,
+        c["lines"].tolist(),
+        exact("quantity", qty),
+        amounts,
+        c["uw"].tolist(),
+        exact("uq", qty),
+        c["ew"].tolist(),
+        exact("eq", qty),
+        exact("held", qty),
+        c["held_unit"].tolist(),
+        c["cluster"].tolist(),
+        strict=True,
+    )
+    totals = [LineTotal(*row) for row in columns]
+    slices = exact("slice_hours", qty)
+    return totals, slices

@@ -1,0 +1,268 @@
+"""How the cost of each shared GPU-hour was split among its holders, and each GPU's node and
+presence per grain bucket, read from the stored facts (FOCUS 1.3's allocation columns and origin
+charges, reports.focus)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from gpumeter import contract
+from gpumeter.billing.ledger.base import Ledger, PodHolding
+from gpumeter.billing.ledger.layouts import ALLOCATION_LAYOUT, holdings_of, parse_layout
+from gpumeter.billing.models import Allocation, cluster_namespace
+from gpumeter.reports.period import HOUR, Period
+
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """How one holder's part of a shared GPU-hour was split (FOCUS 1.3 allocation, reports.focus):
+    its sharing mode as pricing read it, and the figures the split took."""
+
+    mode: str  # contract.SHARING_MIG, _TIME_SLICING, _MPS, _FRACTIONAL or _VGPU
+    share: Decimal
+    memory_share: Decimal | None = None  # a fractional grant's fractions
+    compute_share: Decimal | None = None
+    compute_slices: int = 0  # of its MIG instance
+    replica: str = ""  # a MIG instance shared by replicas: their mode
+    process_use: bool = False  # its unit's replicas reported process use (sharing_split: usage applies)
+
+
+HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
+PRESENCE_QUANTUM = Decimal("0.000001")  # pricing's quantity quantum (billing.allocate.QUANTITY_QUANTUM)
+
+
+@dataclass
+class GpuBucket:
+    """One GPU over one grain bucket, from the stored facts: the node and index that name it, and the
+    GPU-hours it was present (each hour's present seconds / 3600 to pricing's quantum, summed): the
+    quantity of the FOCUS origin charge (reports.focus)."""
+
+    hostname: str = ""
+    index: str = ""
+    present: Decimal = ZERO
+
+
+def _replica_mode(a: Allocation) -> str:
+    """The replica mode of a holding, as pricing reads it (billing/allocate.py `_replica_mode`)."""
+    if a.sharing in (contract.SHARING_TIME_SLICING, contract.SHARING_MPS, contract.SHARING_VGPU):
+        return a.sharing
+    if a.sharing:
+        return ""
+    return contract.SHARING_TIME_SLICING if a.share < 1 or a.resource.endswith(".shared") else ""
+
+
+def read_splits(
+    ledger: Ledger,
+    period: Period,
+    grain: str = "day",
+    gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None,
+) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
+    """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
+    of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
+    vGPUs); a GPU held whole by one holder is no split. Read from the stored facts hour by hour; kept
+    per bucket, as the report's charges are, so a month by day holds a day's worth of holders. With
+    ``gpus``, fills in each GPU's `GpuBucket` (by bucket, cluster and UUID) from the same pass over the
+    facts. A holder of a named cluster is keyed `cluster/namespace`, as the report's charges name it."""
+    out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
+    hour = period.start
+    while hour < period.end:
+        start = hour if grain == "hour" else hour.replace(hour=0)
+        bucket = out.setdefault(start, {})
+        for gpu_hour in ledger.facts(hour):
+            if gpus is not None:
+                device = gpu_hour.device
+                gpu = gpus.setdefault((start, device.cluster, device.uuid), GpuBucket())
+                gpu.hostname, gpu.index = device.hostname or gpu.hostname, device.gpu or gpu.index
+                seconds = max(0, min(device.present_seconds, 3600))
+                gpu.present += (Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM)
+            slices = {i.gpu_instance_id: i.compute_slices for i in gpu_hour.instances}
+            used: dict[str, bool] = defaultdict(
+                bool
+            )  # per unit (MIG instance or whole GPU): replicas' process use
+            for a in gpu_hour.allocations:
+                if _replica_mode(a) and ((a.process_sm or 0) > 0 or (a.process_memory or 0) > 0):
+                    used[a.gpu_instance_id] = True
+            for a in gpu_hour.allocations:
+                replica = _replica_mode(a)
+                if a.gpu_instance_id:
+                    mode = contract.SHARING_MIG
+                elif a.sharing == contract.SHARING_FRACTIONAL:
+                    mode = contract.SHARING_FRACTIONAL
+                elif replica:
+                    mode, replica = replica, ""
+                else:
+                    continue  # a whole GPU held alone
+                namespace = cluster_namespace(gpu_hour.device.cluster, a.namespace)
+                key = (a.uuid, a.gpu_instance_id, namespace, a.pod, a.container)
+                bucket.setdefault(key, set()).add(
+                    Holding(
+                        mode,
+                        a.share,
+                        a.memory_share,
+                        a.compute_share,
+                        slices.get(a.gpu_instance_id, 0),
+                        replica,
+                        used[a.gpu_instance_id],
+                    )
+                )
+        hour += HOUR
+    return {bucket: held for bucket, held in out.items() if held}
+
+
+# a GPU's presence in an hour, as `read_splits` sums it: present seconds / 3600 to pricing's quantum
+_PRESENT = [(Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM) for seconds in range(3601)]
+_AT = {name: ALLOCATION_LAYOUT.index(name) for name in ALLOCATION_LAYOUT}
+
+
+@dataclass
+class FactScan:
+    """What a report reads of the period's stored facts: the splits and GPUs (`read_splits`; None
+    where not asked for) and every pod's holdings (`Ledger.holdings`)."""
+
+    splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None
+    gpus: dict[tuple[datetime, str, str], GpuBucket] | None
+    holdings: list[PodHolding]
+
+
+def scan_facts(ledger: Ledger, period: Period, grain: str, *, splits: bool) -> FactScan:
+    """The splits, GPUs and holdings of ``period``. A SQL ledger's GPU-hours are read in one pass
+    over its rows, each distinct layout parsed once (a month of 10,000 GPUs is 7.2 million
+    GPU-hours: restoring each as objects, hour by hour, took most of a report's time); any other
+    ledger's hour by hour (`read_splits`, `Ledger.holdings`)."""
+    engine = getattr(ledger, "engine", None)
+    if engine is None:
+        gpus: dict[tuple[datetime, str, str], GpuBucket] | None = {} if splits else None
+        held = read_splits(ledger, period, grain, gpus) if splits else None
+        return FactScan(held, gpus, ledger.holdings(period.start, period.end))
+    if not splits:
+        return FactScan(None, None, ledger.holdings(period.start, period.end))
+    return _scan_rows(engine, period, grain)
+
+
+class _Layout:
+    """A stored layout as splits read it: its holders' figures, and which replicas' readings say
+    whether their unit reported process use."""
+
+    def __init__(self, body: str) -> None:
+        parsed = parse_layout(body)
+        self.held = holdings_of(parsed)
+        slices = {values[0]: values[2] for values in parsed["instances"]}
+        self.holders: list[tuple[Any, ...]] = []
+        self.replicas: list[tuple[int, str]] = []  # (position in readings, unit)
+        for position, values in enumerate(parsed["allocations"]):
+            a = dict(zip(ALLOCATION_LAYOUT, values, strict=True))
+            share = Decimal(a["share"])
+            probe = Allocation(
+                uuid="",
+                namespace="",
+                pod="",
+                container="",
+                allocated_seconds=0,
+                share=share,
+                sharing=a["sharing"],
+                resource=a["resource"],
+            )
+            replica = _replica_mode(probe)
+            if replica:
+                self.replicas.append((position, a["gpu_instance_id"]))
+            if a["gpu_instance_id"]:
+                mode = contract.SHARING_MIG
+            elif a["sharing"] == contract.SHARING_FRACTIONAL:
+                mode = contract.SHARING_FRACTIONAL
+            elif replica:
+                mode, replica = replica, ""
+            else:
+                continue  # a whole GPU held alone
+            self.holders.append(
+                (
+                    a["gpu_instance_id"],
+                    a["namespace"],
+                    a["pod"],
+                    a["container"],
+                    mode,
+                    share,
+                    None if a["memory_share"] is None else Decimal(a["memory_share"]),
+                    None if a["compute_share"] is None else Decimal(a["compute_share"]),
+                    slices.get(a["gpu_instance_id"], 0),
+                    replica,
+                )
+            )
+
+    def used(self, readings: str | None) -> frozenset[str]:
+        """The units (MIG instance, or "" for the GPU) whose replicas reported process use."""
+        if not self.replicas or not readings:
+            return frozenset()
+        measured = orjson.loads(readings)[1]
+        return frozenset(
+            unit
+            for position, unit in self.replicas
+            if any(v is not None and Decimal(v) > 0 for v in measured[position][1:3])
+        )
+
+
+def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
+    from gpumeter.billing.ledger import frames  # the ledger's bulk readers
+
+    out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
+    gpus: dict[tuple[datetime, str, str], GpuBucket] = {}
+    layouts: dict[int, _Layout] = {}
+    seen: set[tuple[Any, ...]] = set()
+    held: set[tuple[str, int]] = set()
+    buckets: dict[int, datetime] = {}
+    step = 3600 if grain == "hour" else 86400
+    for part in frames.gpu_hour_rows(engine, period.start, period.end):
+        missing = {row[6] for row in part if row[6] is not None and row[6] not in layouts}
+        for layout_id, body in frames.layout_bodies(engine, missing).items():
+            layouts[layout_id] = _Layout(body)
+        for epoch, cluster, uuid, hostname, index, present, layout_id, readings in part:
+            start = epoch - epoch % step
+            bucket = buckets.get(start)
+            if bucket is None:
+                bucket = buckets[start] = datetime.fromtimestamp(start, UTC)
+            gpu = gpus.get((bucket, cluster, uuid))
+            if gpu is None:
+                gpu = gpus[(bucket, cluster, uuid)] = GpuBucket()
+                out.setdefault(bucket, {})
+            gpu.hostname, gpu.index = hostname or gpu.hostname, index or gpu.index
+            gpu.present += _PRESENT[max(0, min(present, 3600))]
+            if layout_id is None:
+                continue
+            held.add((cluster, layout_id))
+            layout = layouts[layout_id]
+            if not layout.holders:
+                continue
+            used = layout.used(readings)
+            if (start, cluster, uuid, layout_id, used) in seen:
+                continue  # this GPU's holders of this bucket are already in
+            seen.add((start, cluster, uuid, layout_id, used))
+            holders = out[bucket]
+            for (
+                gi,
+                namespace,
+                pod,
+                container,
+                mode,
+                share,
+                memory,
+                compute,
+                slices,
+                replica,
+            ) in layout.holders:
+                key = (uuid, gi, cluster_namespace(cluster, namespace), pod, container)
+                holders.setdefault(key, set()).add(
+                    Holding(mode, share, memory, compute, slices, replica, gi in used)
+                )
+    pods = {
+        PodHolding(cluster_namespace(cluster, namespace), pod, sharing, resource)
+        for cluster, layout_id in held
+        for namespace, pod, sharing, resource in layouts[layout_id].held
+    }
+    return FactScan({b: h for b, h in out.items() if h}, gpus, sorted(pods))

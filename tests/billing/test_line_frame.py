@@ -1,0 +1,136 @@
+"""The ledger's lines as columns (billing/ledger/frames.py): exactly the lines `Ledger.lines` returns,
+on every backend, with money and quantities exact as integers of the stored scale."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pandas as pd
+
+from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ledger import frames
+from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.models import Device, GpuHour
+from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _hours(prices, hours: int) -> list[tuple]:
+    """A MIG A100 (two holders, an idle instance), a time-sliced H100 and an unpriced GPU, per hour."""
+    out = []
+    for h in range(hours):
+        hour = HOUR0 + timedelta(hours=h)
+        a100 = gpu_hour(
+            "GPU-a",
+            A100,
+            [mig("GPU-a", "1", "3g.20gb"), mig("GPU-a", "2", "3g.20gb", seconds=1800)],
+            [
+                alloc("GPU-a", "ns-a", f"a-{h}", gi="1", profile="3g.20gb", share="0.333333333"),
+                alloc("GPU-a", "ns-b", "b", gi="2", profile="3g.20gb", seconds=1800),
+            ],
+            hour=hour,
+        )
+        h100 = gpu_hour(
+            "GPU-h",
+            H100,
+            [],
+            [alloc("GPU-h", "ns-a", "x", share="0.5"), alloc("GPU-h", "ns-c", "y", share="0.5")],
+            hour=hour,
+        )
+        other = GpuHour(hour, Device("GPU-z", "NVIDIA VR200", 3600, "node-z", "0", False), [], [])
+        facts = [a100, h100, other]
+        lines = [line for gh in facts for line in price_gpu_hour(gh, prices, {"ns-a": "team-a"}).lines]
+        out.append((hour, facts, lines))
+    return out
+
+
+def _as_rows(lines) -> list[tuple]:
+    rows = [
+        (
+            line.hour,
+            line.kind.value,
+            line.namespace,
+            line.team,
+            line.pod,
+            line.container,
+            line.uuid,
+            line.gpu_instance_id,
+            line.mig_profile,
+            line.model,
+            line.currency,
+            line.held_unit.value,
+            line.cluster,
+            line.quantity,
+            line.amount,
+            line.held,
+            None if line.utilization is None else round(float(line.utilization), 9),
+            None if line.efficiency is None else round(float(line.efficiency), 9),
+        )
+        for line in lines
+    ]
+    return sorted(rows, key=repr)
+
+
+def _frame_rows(frame) -> list[tuple]:
+    def exact(values, unit):
+        return [None if pd.isna(v) else Decimal(int(v)) * unit for v in values]
+
+    def ratio(weighted, known):
+        return [round(w / (k / 1e6), 9) if k else None for w, k in zip(weighted, known, strict=True)]
+
+    assert (frame["lines"] == 1).all() and (frame["first_hour"] == frame["bucket"]).all()
+    columns = [
+        [moment.to_pydatetime() for moment in frame["bucket"]],
+        *(list(frame[name].astype(object)) for name in frames.TEXT),
+        exact(frame["quantity"], frames.QUANTITY_UNIT),
+        exact(frame["amount"], frames.MONEY_UNIT),
+        exact(frame["held"], frames.QUANTITY_UNIT),
+        ratio(frame["uw"], frame["uq"]),
+        ratio(frame["ew"], frame["eq"]),
+    ]
+    return sorted(zip(*columns, strict=True), key=repr)
+
+
+def test_the_frame_holds_exactly_the_lines_the_ledger_returns(ledger, tmp_path):
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}, "H100-80GB": {"hourly_rate": "6.88"}})
+    for hour, facts, lines in _hours(prices, 3):
+        ledger.write_hour(HourRecord(hour, facts, lines, prices), source="test")
+    end = HOUR0 + timedelta(hours=3)
+    frame = frames.line_frame(ledger, HOUR0, end, "hour")
+    stored = ledger.lines(HOUR0, end)
+    assert len(frame) == len(stored) > 0
+    assert list(frame.columns) == list(frames.COLUMNS)
+    assert _frame_rows(frame) == _as_rows(stored)
+    # money exact: the frame's integers sum to the lines' Decimal total to the last stored digit
+    assert Decimal(int(frame["amount"].sum())) * frames.MONEY_UNIT == sum(
+        (x.amount for x in stored if x.amount is not None), Decimal(0)
+    )
+    assert frame["amount"].isna().sum() == sum(x.amount is None for x in stored)
+    versions = ledger.price_versions(set(frame["price_version_id"].dropna().astype(int)))
+    assert versions and all(v.digest for v in versions.values())
+    # by day: the lines in day buckets (the SQL ledger sums a term's lines of a day in one row), exactly
+    daily = frames.line_frame(ledger, HOUR0, end, "day")
+    assert daily["lines"].sum() == len(stored) and (daily["bucket"] == HOUR0).all()
+    assert len(daily) < len(frame) if hasattr(ledger, "engine") else len(daily) == len(frame)
+    for name in ("quantity", "held", "uq", "eq"):
+        assert daily[name].sum() == frame[name].sum()
+    assert daily["amount"].sum() == frame["amount"].sum()
+    # a range without lines is an empty frame of the same columns
+    none = frames.line_frame(ledger, end, end + timedelta(hours=1), "hour")
+    assert len(none) == 0 and list(none.columns) == list(frames.COLUMNS)
+
+
+def test_a_ledger_without_a_reader_of_its_own_is_read_through_hourly_totals(tmp_path):
+    from gpumeter.billing.ledger.memory import MemoryLedger
+
+    class Plain(MemoryLedger):
+        line_frame = None  # as a ledger without its own reader
+
+    ledger = Plain()
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}, "H100-80GB": {"hourly_rate": "6.88"}})
+    for hour, facts, lines in _hours(prices, 2):
+        ledger.write_hour(HourRecord(hour, facts, lines, prices), source="test")
+    end = HOUR0 + timedelta(hours=2)
+    assert _frame_rows(frames.line_frame(ledger, HOUR0, end, "hour")) == _as_rows(ledger.lines(HOUR0, end))
