@@ -177,8 +177,17 @@ class Stack:
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = (self.workdir / "logs" / f"{name}.log").open("ab")
+        # its own process group: a terminal's Ctrl-C signals the foreground group, which would stop
+        # VictoriaMetrics at the same moment as the Prometheus servers flushing into it; the demo
+        # stops each itself, in order (`stop`)
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir, env=None
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+            env=None,
+            process_group=0,
         )
         log.close()
         self.processes.append((name, proc))

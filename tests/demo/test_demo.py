@@ -84,6 +84,7 @@ def test_the_demo_stack_end_to_end(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     output: list[str] = []
     try:
@@ -327,7 +328,7 @@ def test_the_demo_stack_end_to_end(tmp_path):
             if x["labels"].get("hostname") == "gpu-h100-mig-01"
         ), alerts
     finally:
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         try:
             rest, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -335,6 +336,8 @@ def test_the_demo_stack_end_to_end(tmp_path):
             rest, _ = proc.communicate()
     assert proc.returncode == 0, "".join(output[-20:]) + rest
     assert "stopped" in rest
+    # each process stopped on its own, in order (Prometheus flushing into a VictoriaMetrics still up)
+    assert "did not stop" not in rest, rest
     time.sleep(0.5)
     assert processes_mentioning(str(workdir)) == []
     _check_the_demo_months_focus_exports(workdir, tmp_path / "focus")
