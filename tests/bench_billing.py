@@ -411,7 +411,7 @@ def _ingest_queries_seconds(url: str, days: int, aggregated: bool = False) -> fl
     return sum(best)
 
 
-def _python_loop_seconds() -> float:
+def python_loop_seconds() -> float:
     """This machine's speed at plain Python: a 10-million-step loop, min of 3. Billing's ingest is
     Python-bound, so figures from two machines compare through it (0.51 s on the 2-vCPU machine of
     a slower machine looked like slower code)."""
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         "ledger_bytes": ledger_bytes,
         "ledger_bytes_per_gpu_month": round(ledger_bytes / gpu_months),
         "rows_per_gpu_month": round(rows / gpu_months),
-        "python_loop_seconds": round(_python_loop_seconds(), 2),
+        "python_loop_seconds": round(python_loop_seconds(), 2),
         "store_ingest_queries_seconds_per_day": round(answering, 2),
         "store_aggregating_seconds_per_day": round(aggregating, 2),
         "store_totals_seconds": [round(t, 2) for t, _ in promql],

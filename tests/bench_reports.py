@@ -28,6 +28,7 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports.model import month_period
 from gpumeter.reports.render import FORMATS
 from gpumeter.reports.run import generate
+from tests.bench_billing import python_loop_seconds
 from tests.billing.factories import write_book
 from tests.reports import synthetic
 
@@ -35,13 +36,6 @@ BENCH = Path(".bench")
 # (seconds, peak MiB) by fleet size: docs/architecture.md's targets; other sizes take the nearest below
 TARGETS = {1000: (15.0, 2048.0), 10_000: (60.0, 2048.0)}
 SYNTHETIC_VERSION = 1  # bump when synthetic.py changes what it writes
-
-
-def python_loop_seconds() -> float:
-    """The machine's speed for plain Python, printed beside the figure (the bench is CPU-bound)."""
-    started = time.perf_counter()
-    [0 for _ in range(10_000_000)]
-    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
