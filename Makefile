@@ -7,6 +7,11 @@
 # virtual environment of Debian's Python (the image's), and run from a folder outside the checkout.
 
 SHELL := /bin/bash
+# Bytecode is cached, outside the tree, for every command make runs. A machine that exports
+# PYTHONDONTWRITEBYTECODE (CI's does) otherwise has each pytest worker and each of the ~60 `python -m
+# gpumeter` children the tests start compile every module from source: 12 s of `make check`.
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(CURDIR)/build/pycache
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

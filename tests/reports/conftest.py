@@ -7,9 +7,13 @@ the report runs they record.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import shutil
 import uuid as uuidlib
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -138,9 +142,45 @@ def fill(ledger, book, names: dict[str, str] | None = None) -> None:
         ledger.write_hour(HourRecord(hour, gpu_hours, lines, book), source="worked-examples")
 
 
+@contextlib.contextmanager
+def _shared_by_the_run(request, tmp_path_factory):
+    """A folder of this test run shared by its xdist workers, held under a lock (what one worker
+    builds there the others re-use: the folder of each worker's own temporary files sits inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    run = base if request.getfixturevalue("worker_id") == "master" else base.parent
+    with open(run / "shared.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield run
+
+
 @pytest.fixture(scope="session")
-def worked_book(tmp_path_factory):
-    return load_price_book(write_book(tmp_path_factory.mktemp("book"), BOOK))
+def worked_book(request, tmp_path_factory):
+    # one file for every worker: the ledger built once (_sqlite_copy) records the book's path
+    with _shared_by_the_run(request, tmp_path_factory) as run:
+        path = run / "worked-book" / "prices.yaml"
+        if not path.exists():
+            path.parent.mkdir()
+            write_book(path.parent, BOOK)
+    return load_price_book(path)
+
+
+def _sqlite_copy(request, tmp_path_factory, worked_book) -> Path:
+    """A fresh copy of the worked-example ledger on SQLite. The filled file is built once per test run
+    and shared by the xdist workers, under a lock: each fill is 720 hour writes, 3 s of CPU, which every
+    worker paid for each fixture that wanted one."""
+    with _shared_by_the_run(request, tmp_path_factory) as run:
+        template = run / "worked-ledger.db"
+        if not template.exists():
+            building = run / "worked-ledger.building.db"
+            ledger = open_ledger(f"sqlite:///{building}")
+            try:
+                fill(ledger, worked_book)
+            finally:
+                ledger.close()
+            building.rename(template)
+    copy = tmp_path_factory.mktemp("ledger") / "ledger.db"
+    shutil.copyfile(template, copy)
+    return copy
 
 
 def _worked(request, tmp_path_factory, worked_book):
@@ -148,7 +188,7 @@ def _worked(request, tmp_path_factory, worked_book):
         ledger = open_ledger(MEMORY_URL)
         admin = schema = None
     elif request.param == "sqlite":
-        ledger = open_ledger(f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}")
+        ledger = open_ledger(f"sqlite:///{_sqlite_copy(request, tmp_path_factory, worked_book)}")
         admin = schema = None
     else:
         needs.require("postgres")
@@ -162,7 +202,8 @@ def _worked(request, tmp_path_factory, worked_book):
         admin.execute(f'CREATE SCHEMA "{schema}"')
         ledger = open_ledger(PG_URL, schema=schema)
     try:
-        fill(ledger, worked_book)
+        if request.param != "sqlite":  # the SQLite copy is filled already
+            fill(ledger, worked_book)
         yield ledger
     finally:
         ledger.close()
