@@ -65,9 +65,14 @@ def web_config(tmp_path: Path) -> tuple[Path, dict]:
     return path, {"verify": client_context(pki), "auth": ("prometheus", "scrape")}
 
 
-@pytest.fixture(params=["exporter", "exporter-tls", "simulator-faults", "billing", "billing-tls"])
-def listener(request, tmp_path) -> Iterator[Listener]:
+@pytest.fixture(
+    scope="module", params=["exporter", "exporter-tls", "simulator-faults", "billing", "billing-tls"]
+)
+def listener(request, tmp_path_factory) -> Iterator[Listener]:
+    """Each listener started once for the module: every client below meets the one that the clients
+    before it met (each test leaves the listener as a client would: its connections closed)."""
     kind = request.param
+    tmp_path = tmp_path_factory.mktemp(kind)
     if kind.startswith("billing"):
         yield from _billing(tmp_path, tls=kind.endswith("tls"))
         return

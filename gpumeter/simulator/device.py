@@ -98,11 +98,12 @@ NVLINK_DATA_RATE = {"tx": 9e9, "rx": 8.5e9}
 AMBIENT_C = 28.0
 THERMAL_TAU_S = 30.0
 STEP_S = 5.0  # longest integration step when time jumps (fast-forward)
+LOAD_NOISE = 0.05  # each step's load is drawn within this of the workload's (uniform, either side)
 IDLE_LOAD = 0.02  # below it the GPU is not in use: the gpu_idle clocks-event reason, PCIe power saving
 
 
 def _load_at(workload: Workload, t: float, rng: random.Random) -> float:
-    noise = rng.uniform(-0.05, 0.05)
+    noise = rng.uniform(-LOAD_NOISE, LOAD_NOISE)
     if workload.pattern == "idle":
         return 0.0
     if workload.pattern == "diurnal":
@@ -393,7 +394,7 @@ class SimulatedNode:
                 for dev in pod.devices:
                     if dev.gpu != gpu.spec.index:
                         continue
-                    jitter = gpu.rng.uniform(-0.05, 0.05)
+                    jitter = gpu.rng.uniform(-LOAD_NOISE, LOAD_NOISE)
                     if dev.gpu_instance_id is not None:
                         mig_loads[dev.gpu_instance_id] = min(1.0, max(0.0, pod.utilization + jitter))
                     else:
