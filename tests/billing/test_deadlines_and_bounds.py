@@ -5,15 +5,13 @@ that answers without end."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 
 import httpx
 import pytest
 
+from gpumeter import main
 from gpumeter.billing.ingest import IngestConfig, ingest_hours
 from gpumeter.billing.ledger import MEMORY_URL
 from gpumeter.billing.pricing import load_price_book
@@ -121,17 +119,18 @@ def test_an_answer_larger_than_the_cap_is_refused_without_being_held():
             stop.set()
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpumeter", "billing", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ},
-    )
+def _refused(capsys, *argv: str) -> str:
+    """``gpumeter billing ARGV`` in this process (the refusals below are the command line's own, made
+    before anything is opened, so no child is needed): its exit status 2 and what it wrote to stderr."""
+    try:
+        status = main(["billing", *argv])
+    except SystemExit as exited:  # argparse's refusal
+        status = exited.code
+    stderr = capsys.readouterr().err
+    assert status == 2, stderr
+    return stderr
 
 
-@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("command", "span", "refusal"),
     [
@@ -155,21 +154,20 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
         ("price", ("--from", "2020-01-01", "--to", "2026-01-01"), "spans more than 8784 hours"),
     ],
 )
-def test_hours_outside_the_ledgers_plausible_span_are_refused_with_one_line(tmp_path, command, span, refusal):
+def test_hours_outside_the_ledgers_plausible_span_are_refused_with_one_line(
+    tmp_path, capsys, command, span, refusal
+):
     db = f"sqlite:///{tmp_path / 'ledger.db'}"
-    done = _cli(
-        command, "--db", db, *span, *(("--prometheus", "http://127.0.0.1:1") if command == "ingest" else ())
-    )
-    assert done.returncode == 2, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert refusal in last and "Traceback" not in done.stderr, done.stderr
+    prometheus = ("--prometheus", "http://127.0.0.1:1") if command == "ingest" else ()
+    stderr = _refused(capsys, command, "--db", db, *span, *prometheus)
+    last = stderr.strip().splitlines()[-1]
+    assert refusal in last and "Traceback" not in stderr, stderr
     assert not (tmp_path / "ledger.db").exists()  # refused before the ledger was opened
 
 
-@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("flag", "value"), [("--prometheus-timeout", "0"), ("--prometheus-timeout", "nan"), ("--deadline", "-3")]
 )
-def test_timeouts_out_of_range_are_refused(flag, value):
-    done = _cli("ingest", "--db", MEMORY_URL, flag, value)
-    assert done.returncode == 2 and f"(value {value!r})" in done.stderr, done.stderr
+def test_timeouts_out_of_range_are_refused(capsys, flag, value):
+    stderr = _refused(capsys, "ingest", "--db", MEMORY_URL, flag, value)
+    assert f"(value {value!r})" in stderr, stderr

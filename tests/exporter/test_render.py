@@ -33,14 +33,15 @@ ACCEPT_HEADERS = [
 def test_the_cached_exposition_is_what_prometheus_client_writes(simulate, fleet, node, naming):
     sim = simulate(fleet, node=node, naming=naming)
     exposition = sim.exporter.exposition
-    for cycle in range(3):  # the first render learns every line; the next ones reuse them with new values
+    for cycle in range(2):  # the first render learns every line; the second reuses them with new values
         sim.sample()
-        for accept in ACCEPT_HEADERS:
+        for n, accept in enumerate(ACCEPT_HEADERS):
             encoder, content_type = choose_encoder(accept)
             expected = encoder(sim.exporter.registry)
-            body, served_type = exposition.render(accept, gzip_ok=cycle == 1)
+            gzipped = cycle == 1 and n % 2 == 1  # the re-used lines served both plain and compressed
+            body, served_type = exposition.render(accept, gzip_ok=gzipped)
             assert served_type == content_type
-            if cycle == 1:
+            if gzipped:
                 body = gzip.decompress(body)
             assert body == expected, f"{fleet}/{node} {naming} cycle {cycle}, Accept {accept!r}"
             assert body.count(b"\n") > 100
