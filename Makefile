@@ -36,7 +36,7 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 # $(1): the virtual environment.
 installed_pytest = cd "$$(mktemp -d)" && GPUMETER_HYPOTHESIS=ci $(CURDIR)/$(1)/bin/pytest -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests
 
-.PHONY: all setup tools tools-venv venv postgres test check fast-tests lint typecheck demo bench proto docs dashboards image clean wheel wheel-venv fast-tests-on
+.PHONY: all setup warm tools tools-venv venv postgres test check fast-tests lint typecheck demo bench proto docs dashboards image clean wheel wheel-venv fast-tests-on
 
 all: test
 
@@ -98,7 +98,16 @@ postgres:
 	@psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 || \
 	  psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test" >/dev/null
 
-setup: tools venv tools-venv focus-venv postgres
+setup: tools venv warm tools-venv focus-venv postgres
+
+# The caches the fast loop reads, filled once by setup so that the first `make check` after a clone runs
+# as the next ones do (cold, it took 108 s against 86 s): the tree's bytecode (pip compiles what it
+# installs, but an editable install's modules are the tree's), pytest's rewritten test modules, mypy's
+# cache. Neither a failing collection nor a type error fails setup: `make check` reports them.
+warm: venv
+	$(BIN)/python -m compileall -q -j0 exporter billing reports dashboards alerts deploy gpumeter tests >/dev/null
+	-@GPUMETER_HYPOTHESIS=loop $(BIN)/pytest -q --collect-only -m "not external" -p no:cacheprovider >/dev/null
+	-@$(MAKE) --no-print-directory typecheck >/dev/null
 
 lint: venv
 	$(BIN)/ruff check .
