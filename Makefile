@@ -119,8 +119,10 @@ typecheck: venv
 	$(BIN)/python -m tests.support.typecheck
 
 # The fast loop: lint, mypy and the tests side by side. The tests spread over 4 pytest-xdist workers
-# even on 2 cores, since the listener tests mostly wait on sockets and deadlines (70 s against 92 s
-# with one worker per core), and mypy fills the cores while they wait. No test bounds wall-clock time
+# even on 2 cores, since the listener tests partly wait on sockets and deadlines (80 s against 82 s on
+# three workers), and mypy fills the cores while they wait. The loop is CPU-bound: a test that repeats
+# work another already does (a ledger filled per worker, a child process for an argument error) costs
+# it directly (docs/performance.md, "make check under 90 s"). No test bounds wall-clock time
 # (a busy machine would decide its verdict), so none needs the machine to itself: deadlines are
 # injected and shown by order, and timings are measured by `make bench`. The target prints its own
 # wall time and the slowest tests.

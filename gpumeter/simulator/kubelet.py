@@ -297,8 +297,13 @@ class StandInKubelet:
             self._executor = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in-kubelet")
             server = grpc.server(self._executor)
             api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
-            server.add_insecure_port(f"unix://{path.resolve()}")
+            # gRPC binds the socket file at add_insecure_port and listens only at start(): bound under
+            # another name and renamed once listening, the socket is there only when it answers (as
+            # the kubelet's, bound and listening in one call), not refusing whoever saw it appear.
+            binding = path.resolve().with_name(f".{path.name}.{os.getpid()}")
+            server.add_insecure_port(f"unix://{binding}")
             server.start()
+            os.replace(binding, path)
             self._server = server
         log.info("stand-in kubelet for node %s serving on %s", self.node.name, self.socket_path)
         return self

@@ -147,7 +147,7 @@ def test_runs_until_signalled(sock, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()  # its pipes closed whatever happened above
     assert proc.returncode == 0, err
     assert "stand-in kubelet: node gpu-a100-mixed-01" in out
     assert not Path(sock).exists()
