@@ -165,7 +165,7 @@ class StandInKubelet:
         self._lock = threading.Lock()
         self._delay_s = 0.0
         self._error: grpc.StatusCode | None = None
-        self._wake = threading.Event()  # set by stop(): a delayed call stops waiting
+        self._wake = threading.Event()  # set by stop() and by the next set_fault(): a delayed call answers
         self.calls = 0
         # (namespace, pod) of pods the kubelet has not admitted yet: not in its list
         self.admitting: set[tuple[str, str]] = set()
@@ -264,17 +264,21 @@ class StandInKubelet:
 
     # --- faults ---------------------------------------------------------------------------------
     def set_fault(self, delay_s: float = 0.0, error: grpc.StatusCode | None = None) -> None:
-        """Delay every answer by ``delay_s`` and/or fail it with ``error``; ``set_fault()`` clears both."""
+        """Delay every answer by ``delay_s`` and/or fail it with ``error``; ``set_fault()`` clears both.
+        Answers the previous fault still holds are let go: a long delay is a kubelet that hangs until
+        the fault is lifted (or it stops), slower than any client's deadline whatever the machine's load."""
         with self._lock:
             self._delay_s = float(delay_s)
             self._error = error
+            held, self._wake = self._wake, threading.Event()
+        held.set()
 
     def _fault(self, context: grpc.ServicerContext) -> None:
         with self._lock:
             self.calls += 1
-            delay, error = self._delay_s, self._error
+            delay, error, wake = self._delay_s, self._error, self._wake
         if delay > 0:
-            self._wake.wait(delay)
+            wake.wait(delay)
         if error is not None:
             context.abort(error, f"stand-in kubelet: injected {error.name}")
 
@@ -292,7 +296,7 @@ class StandInKubelet:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            self._wake.clear()
+            self._wake = threading.Event()
             # kept to end its threads at stop(): grpc's server.stop() leaves the executor it was given
             self._executor = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in-kubelet")
             server = grpc.server(self._executor)
@@ -315,7 +319,9 @@ class StandInKubelet:
             executor, self._executor = self._executor, None
         if server is None:
             return
-        self._wake.set()
+        with self._lock:
+            wake = self._wake
+        wake.set()
         server.stop(grace=None).wait()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
