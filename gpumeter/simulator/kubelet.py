@@ -317,10 +317,9 @@ class StandInKubelet:
         with self._lock:
             server, self._server = self._server, None
             executor, self._executor = self._executor, None
+            wake = self._wake
         if server is None:
             return
-        with self._lock:
-            wake = self._wake
         wake.set()
         server.stop(grace=None).wait()
         if executor is not None:
