@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 LINE_END = "\r\n"
@@ -43,13 +43,30 @@ def text(
     """A CSV document: the header, then the rows. ``quote_all``: every field quoted (the report CSVs);
     otherwise only where RFC 4180 needs it, so an empty field is a null (FOCUS). Text cells are
     neutralised unless ``keep_formulas``; other values (numbers) are written as they are."""
+    return "".join(parts(header, rows, quote_all=quote_all, keep_formulas=keep_formulas))
+
+
+def parts(
+    header: Sequence[str],
+    rows: Iterable[Sequence[object]],
+    *,
+    quote_all: bool = True,
+    keep_formulas: bool = False,
+    rows_per_part: int = 10_000,
+) -> Iterator[str]:
+    """The document `text` makes, in parts of ``rows_per_part`` rows (the header with the first), for
+    a file written as its rows are made."""
     out = io.StringIO()
     writer = csv.writer(
         out, lineterminator=LINE_END, quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL
     )
     writer.writerow(header)
-    for row in rows:
+    for n, row in enumerate(rows, 1):
         writer.writerow(
             row if keep_formulas else [neutralise(cell) if isinstance(cell, str) else cell for cell in row]
         )
-    return out.getvalue()
+        if n % rows_per_part == 0:
+            yield out.getvalue()
+            out.seek(0)
+            out.truncate()
+    yield out.getvalue()

@@ -13,8 +13,12 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+# what a file is given as: its bytes or text whole, or a function giving its text in parts (a month of
+# 10,000 GPUs is a FOCUS file of ~1.4 GB: written as it is made, it is never held whole)
+Content = str | bytes | Callable[[], Iterable[str]]
 
 
 class ReportWriteError(RuntimeError):
@@ -27,13 +31,17 @@ class ReportWriteError(RuntimeError):
         super().__init__(f"{path}: cannot write the report file: {code}{exc.strerror or exc}")
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """``data`` under ``path``, whole: written to a temporary file beside it, fsynced, renamed.
-    OSError after removing the temporary file; ``path`` is then as it was."""
+def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> str:
+    """``data`` (bytes, or its parts in order) under ``path``, whole: written to a temporary file
+    beside it, fsynced, renamed. Returns its SHA-256 (hex). OSError after removing the temporary file;
+    ``path`` is then as it was (so too when making a part raises)."""
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as file:
-            file.write(data)
+            for part in (data,) if isinstance(data, bytes) else data:
+                digest.update(part)
+                file.write(part)
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temporary, 0o644)  # mkstemp makes it 0600; a report is read by others
@@ -42,19 +50,26 @@ def write_atomically(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    return digest.hexdigest()
 
 
-def write_files(out: Path, texts: Mapping[str, str | bytes]) -> dict[str, str]:
-    """Write each of ``texts`` (name -> content) into ``out`` with `write_atomically`, in order;
-    returns {name: sha256 hex}, sorted. ReportWriteError at the first that cannot be written."""
+def _encoded(content: Content) -> bytes | Iterable[bytes]:
+    if isinstance(content, str):
+        return content.encode("utf-8")
+    if isinstance(content, bytes):
+        return content
+    return (part.encode("utf-8") for part in content())
+
+
+def write_files(out: Path, texts: Mapping[str, Content]) -> dict[str, str]:
+    """Write each of ``texts`` (name -> content: text, bytes, or a function giving the text's parts)
+    into ``out`` with `write_atomically`, in order; returns {name: sha256 hex}, sorted.
+    ReportWriteError at the first that cannot be written."""
     checksums: dict[str, str] = {}
     names = list(texts)
     for i, name in enumerate(names):
-        text = texts[name]
-        data = text.encode("utf-8") if isinstance(text, str) else text
         try:
-            write_atomically(out / name, data)
+            checksums[name] = write_atomically(out / name, _encoded(texts[name]))
         except OSError as exc:
             raise ReportWriteError(out / name, exc, names[:i], names[i:]) from None
-        checksums[name] = hashlib.sha256(data).hexdigest()
     return dict(sorted(checksums.items()))

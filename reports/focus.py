@@ -13,10 +13,12 @@ columns are in `reports.focus_columns`, the schema check in `reports.focus_check
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
+import operator
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -138,23 +140,38 @@ def _largest_remainder(total: Decimal, weights: list[Decimal], quantum: Decimal)
     return [Decimal(p) * quantum for p in parts]
 
 
-def origins(report: Report) -> dict[int, tuple[_Origin, int]]:
-    """id(charge) → (its origin charge, its place among the origin's rows)."""
+def origins(report: Report, charges: Iterable[LineTotal]) -> dict[int, tuple[_Origin, int]]:
+    """id(charge) → (its origin charge, its place among the origin's rows), for ``charges`` (the
+    report's, or one bucket's of them: an origin never spans two buckets)."""
     grouped: dict[tuple, list[LineTotal]] = defaultdict(list)
-    for c in report.charges:
+    for c in charges:
         # a GPU is (cluster, uuid): the same UUID in two clusters is two GPUs
         grouped[(c.bucket, _cluster(c), c.uuid, c.price_version_id, c.currency)].append(c)
     versions: dict[tuple[datetime, str, str], int] = defaultdict(int)
     for bucket, cluster, uuid, *_ in grouped:
         versions[(bucket, cluster, uuid)] += 1
     out: dict[int, tuple[_Origin, int]] = {}
-    for (bucket, cluster, uuid, *_), charges in grouped.items():
+    for (bucket, cluster, uuid, *_), charges_of in grouped.items():
         gpu = (report.gpus or {}).get((bucket, cluster, uuid))
         # a bucket two price versions share: each origin's quantity is what its own lines state
         present = gpu.present if gpu is not None and versions[(bucket, cluster, uuid)] == 1 else None
-        origin = _Origin(report, charges, present)
-        out.update({id(c): (origin, i) for i, c in enumerate(charges)})
+        origin = _Origin(report, charges_of, present)
+        out.update({id(c): (origin, i) for i, c in enumerate(charges_of)})
     return out
+
+
+def by_bucket(charges: Iterable[LineTotal]) -> Iterator[list[LineTotal]]:
+    """The charges of each bucket in turn, in the report's order (bucket first: `reports.grouped.SORT`),
+    so a FOCUS file is made a bucket at a time. ValueError where a bucket comes back after another."""
+    done: set[datetime] = set()
+    for bucket, run in itertools.groupby(charges, key=_BUCKET):
+        if bucket in done:
+            raise ValueError(f"charges: not in bucket order (bucket {bucket.isoformat()} met twice)")
+        done.add(bucket)
+        yield list(run)
+
+
+_BUCKET = operator.attrgetter("bucket")
 
 
 class _Allocations:
@@ -164,9 +181,9 @@ class _Allocations:
     summing to 1; a holder's row names the holder (AllocatedResourceId), a platform line is the
     unallocated portion (no AllocatedResourceId)."""
 
-    def __init__(self, report: Report, origin_of: dict[int, tuple[_Origin, int]]):
+    def __init__(self, report: Report):
         self.report = report
-        self.origin_of = origin_of
+        self.origin_of: dict[int, tuple[_Origin, int]] = {}  # of the bucket being written (`rows`)
         self.splits = report.splits
         if self.splits is None:
             raise ValueError("FOCUS 1.3 needs the report built with splits=True (reports.model.read_splits)")
@@ -326,15 +343,40 @@ def rows(
     """The FOCUS rows of a report, in the report's charge order (deterministic): every row of one
     origin charge carries the origin's dimensions; who or what a row charges is in the Allocated*
     (1.3, 1.4) and x_ columns only."""
+    return list(iter_rows(report, account=account, service=service, version=version))
+
+
+def iter_rows(
+    report: Report,
+    *,
+    account: str = "gpumeter",
+    service: str = "Kubernetes GPU",
+    version: str = FOCUS_VERSION,
+) -> Iterator[dict]:
+    """`rows`, made a bucket of charges at a time: what is held is one bucket's charges and origins."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
-    out = []
+    allocations = _Allocations(report) if version != "1.2" else None
+    for charges in by_bucket(report.charges):
+        origin_of = origins(report, charges)
+        if allocations:
+            allocations.origin_of = origin_of
+        yield from _bucket_rows(report, charges, origin_of, allocations, account, service, version)
+
+
+def _bucket_rows(
+    report: Report,
+    charges: list[LineTotal],
+    origin_of: dict[int, tuple[_Origin, int]],
+    allocations: _Allocations | None,
+    account: str,
+    service: str,
+    version: str,
+) -> Iterator[dict]:
     period = report.period
     labels = {v.id: version_label(v) for v in report.price_versions}
-    origin_of = origins(report)
-    allocations = _Allocations(report, origin_of) if version != "1.2" else None
     gpus = report.gpus or {}
-    for c in report.charges:
+    for c in charges:
         origin, place = origin_of[id(c)]
         mig = bool(c.gpu_instance_id)
         tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
@@ -433,8 +475,7 @@ def rows(
         if allocations:
             row.update(allocations.columns(c, _ts(start)))
             row.update(ContractApplied="", HostProviderName=account, ServiceProviderName=account)
-        out.append(row)
-    return out
+        yield row
 
 
 def write_csv(
@@ -446,14 +487,20 @@ def write_csv(
 ) -> None:
     """RFC 4180 CSV (`reports.csvfile`): nulls as empty fields, text quoted where it needs it,
     formula-leading text cells defused unless ``keep_formulas``."""
+    for part in csv_parts(focus_rows, keep_formulas=keep_formulas, version=version):
+        stream.write(part)
+
+
+def csv_parts(
+    focus_rows: Iterable[dict], *, keep_formulas: bool = False, version: str = FOCUS_VERSION
+) -> Iterator[str]:
+    """`write_csv`'s text in parts, as the rows are made."""
     header = HEADERS[version]
-    stream.write(
-        csvfile.text(
-            header,
-            ([row[name] for name in header] for row in focus_rows),
-            quote_all=False,
-            keep_formulas=keep_formulas,
-        )
+    return csvfile.parts(
+        header,
+        ([row[name] for name in header] for row in focus_rows),
+        quote_all=False,
+        keep_formulas=keep_formulas,
     )
 
 

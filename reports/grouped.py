@@ -8,9 +8,9 @@ figure is handed to the report (`Usage`), so every total is the sum of its lines
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 import pandas as pd
@@ -194,8 +194,41 @@ def money_by(c: pd.DataFrame, keys: list[str]) -> dict[Any, Decimal]:
     return {key: Decimal(int(v)) * MONEY_UNIT for key, v in sums.items()}
 
 
-def line_totals(c: pd.DataFrame) -> tuple[list[LineTotal], list[Decimal]]:
-    """The charges as the report's `LineTotal`s, in order, and each one's slice-hours."""
+# the columns a charge is made of (`Charges`), in `LineTotal`'s order of fields
+_CHARGE_COLUMNS: tuple[str, ...] = ("bucket", "first_hour", "last_hour", *KEYS, "lines", "quantity")
+_CHARGE_COLUMNS += ("amount", "uw", "uq", "ew", "eq", "held")
+
+
+class Charges(Sequence[LineTotal]):
+    """The report's charges, in order, as `LineTotal`s made from the charges' frame (`charges`) a
+    chunk at a time when read: the frame's columns are all that is kept (a month of 10,000 GPUs is
+    ~1 million charges, ~1.7 KiB each as objects with their Decimals and datetimes)."""
+
+    CHUNK = 20_000
+
+    def __init__(self, c: pd.DataFrame):
+        self._frame = c[list(_CHARGE_COLUMNS)].reset_index(drop=True)
+
+    def __len__(self) -> int:
+        return len(self._frame)
+
+    def __iter__(self) -> Iterator[LineTotal]:
+        for at in range(0, len(self._frame), self.CHUNK):
+            yield from _line_totals(self._frame.iloc[at : at + self.CHUNK])
+
+    @overload
+    def __getitem__(self, index: int) -> LineTotal: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[LineTotal]: ...
+    def __getitem__(self, index: int | slice) -> LineTotal | list[LineTotal]:
+        if isinstance(index, slice):
+            return _line_totals(self._frame.iloc[index])
+        at = range(len(self._frame))[index]  # IndexError beyond either end
+        return _line_totals(self._frame.iloc[at : at + 1])[0]
+
+
+def _line_totals(c: pd.DataFrame) -> list[LineTotal]:
+    """Rows of the charges' frame as `LineTotal`s."""
     qty = QUANTITY_UNIT
 
     def exact(name: str, unit: Decimal) -> list[Decimal]:
@@ -221,6 +254,4 @@ def line_totals(c: pd.DataFrame) -> tuple[list[LineTotal], list[Decimal]]:
         c["cluster"].tolist(),
         strict=True,
     )
-    totals = [LineTotal(*row) for row in columns]
-    slices = exact("slice_hours", qty)
-    return totals, slices
+    return [LineTotal(*row) for row in columns]

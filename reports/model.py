@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -21,6 +21,7 @@ from gpumeter.billing.models import (
     PLATFORM_KINDS,
     PLATFORM_NAMES,
     LineKind,
+    QuantityUnit,
     cluster_namespace,
 )
 from gpumeter.billing.pricing.currency import minor_unit
@@ -341,8 +342,9 @@ class Report:
     daily: list[tuple[date, dict[str, Decimal]]]  # day -> {group key or platform namespace: cost}
     price_versions: list[PriceVersionRecord]
     ingest: IngestSummary
-    charges: list[LineTotal]  # the ledger lines summed per grain bucket, sorted: FOCUS and detail CSV
-    slice_hours: dict[int, Decimal]  # id(charge) -> slice-hours held, as the lines state them
+    # the ledger lines summed per grain bucket, sorted (bucket first): FOCUS and detail CSV. Made as
+    # they are read (reports.grouped.Charges): a month of 10,000 GPUs is ~1 million of them
+    charges: Sequence[LineTotal]
     # per pod billed in the period, its own use on the shared GPUs it held (not the devices'), by cost
     shared_use: list[PodRow] = field(default_factory=list)
     # how GPUs were held (every sharing mode met in the period) and the DRA claims they were held through
@@ -388,8 +390,13 @@ class Report:
                 return Decimal(rate) if rate is not None else None
         return None
 
-    def slices(self, line: LineTotal) -> Decimal:
-        return self.slice_hours.get(id(line), ZERO)
+    @staticmethod
+    def slices(line: LineTotal) -> Decimal:
+        """The slice-hours a tenant's charge held, as its lines state them (docs/billing.md §4): read,
+        never recomputed."""
+        if line.kind in TENANT_KINDS and line.held_unit == QuantityUnit.SLICE_HOUR:
+            return line.held
+        return ZERO
 
     @property
     def group_keys(self) -> list[str]:
@@ -478,7 +485,7 @@ def build_report(
             )
     frame = grouped.charges(grouped.name_clusters(lines, clusters))
     del lines
-    charges, slice_list = grouped.line_totals(frame)
+    charges = grouped.Charges(frame)
     previous_period = period.previous()
     previous = (
         of_clusters(ledger.line_totals(previous_period.start, previous_period.end, "range"), clusters)
@@ -495,9 +502,6 @@ def build_report(
     if len(currencies) > 1:
         raise ReportError(f"ledger: lines in several currencies in one period (value {currencies!r})")
     currency = currencies[0] if currencies else "USD"
-
-    # slice-hours are a fact pricing stated on each line (docs/billing.md §4): read, never recomputed
-    slice_hours = {id(c): sh for c, sh in zip(charges, slice_list, strict=True)}
 
     priced = frame[frame["priced_line"]]
     tenant = priced[priced["tenant"]].copy()
@@ -655,7 +659,6 @@ def build_report(
         price_versions=[versions[i] for i in sorted(versions) if i in charged_versions],
         ingest=_ingest_summary(ledger, period),
         charges=charges,
-        slice_hours=slice_hours,
         shared_use=[pod_row(p) for p in ranked_pods if p in shared],
         sharing_modes=[
             SharingRow(mode, sorted(by_mode[mode]))

@@ -8,10 +8,10 @@ HTML carries the generation time, given by the caller.
 
 from __future__ import annotations
 
-import io
+import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -22,7 +22,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from gpumeter.billing.models import LineKind
 from gpumeter.reports import csvfile, focus
-from gpumeter.reports.files import write_files
+from gpumeter.reports.files import Content, write_files
 from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
 
 FORMATS = ("html", "csv", "json", "focus")
@@ -178,6 +178,11 @@ def summary_csv(report: Report, *, keep_formulas: bool = False) -> str:
 
 
 def lines_csv(report: Report, *, keep_formulas: bool = False) -> str:
+    return "".join(lines_csv_parts(report, keep_formulas=keep_formulas))
+
+
+def lines_csv_parts(report: Report, *, keep_formulas: bool = False) -> Iterator[str]:
+    """The charges' CSV (`lines_csv`) in parts, made as the charges are read."""
     labels = {v.id: version_label(v) for v in report.price_versions}
     # the cluster column only where the store labels clusters: a single cluster's file is as before
     clustered = report.has_clusters
@@ -212,7 +217,7 @@ def lines_csv(report: Report, *, keep_formulas: bool = False) -> str:
             out.insert(4, c.cluster)
         return out
 
-    return csv_text(header, map(row, report.charges), keep_formulas=keep_formulas)
+    return csvfile.parts(header, map(row, report.charges), keep_formulas=keep_formulas)
 
 
 BUDGETS_HEADER = [
@@ -262,16 +267,18 @@ def _budget(report: Report, row) -> dict:
 
 
 def focus_csv(report: Report, options: RenderOptions | None = None) -> str:
+    return "".join(focus_csv_parts(report, options))
+
+
+def focus_csv_parts(report: Report, options: RenderOptions | None = None) -> Iterator[str]:
+    """The FOCUS file (`focus_csv`) in parts, made a bucket of charges at a time."""
     options = options or RenderOptions()
-    out = io.StringIO()
     version = options.focus_version
-    focus.write_csv(
-        focus.rows(report, account=options.account, service=options.service, version=version),
-        out,
+    return focus.csv_parts(
+        focus.iter_rows(report, account=options.account, service=options.service, version=version),
         keep_formulas=options.keep_formulas,
         version=version,
     )
-    return out.getvalue()
 
 
 # --- JSON -----------------------------------------------------------------------------------------------
@@ -673,18 +680,18 @@ def render(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = file_names(report, formats, options.focus_version)
-    texts: dict[str, str] = {}
+    texts: dict[str, Content] = {}
     for fmt in formats:
         if fmt == "html":
             texts[names["html"][0]] = html_text(report, options)
         elif fmt == "csv":
             keep = options.keep_formulas
             texts[names["csv"][0]] = summary_csv(report, keep_formulas=keep)
-            texts[names["csv"][1]] = lines_csv(report, keep_formulas=keep)
+            texts[names["csv"][1]] = functools.partial(lines_csv_parts, report, keep_formulas=keep)
             if report.budgets:
                 texts[names["csv"][2]] = budgets_csv(report, keep_formulas=keep)
         elif fmt == "json":
             texts[names["json"][0]] = json_text(report)
         elif fmt == "focus":
-            texts[names["focus"][0]] = focus_csv(report, options)
+            texts[names["focus"][0]] = functools.partial(focus_csv_parts, report, options)
     return write_files(out, texts)

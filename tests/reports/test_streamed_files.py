@@ -1,0 +1,96 @@
+"""Report files made as they are written: a month of 10,000 GPUs is ~1 million charges and a FOCUS
+file of ~1.4 GB, so the charges are made from the report's columns a chunk at a time
+(`reports.grouped.Charges`), the FOCUS rows a bucket at a time (`reports.focus.iter_rows`) and the
+files written in parts (`reports.files.write_atomically`). What is written must be what the whole
+text was, and a file whose parts fail half way must leave the old file as it was."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+
+import pytest
+
+from gpumeter.reports import focus, grouped, render
+from gpumeter.reports.files import ReportWriteError, write_atomically, write_files
+from gpumeter.reports.model import build_report, month_period
+
+NOVEMBER = month_period("2026-11")
+
+
+def test_a_file_written_in_parts_is_their_text_and_its_digest(tmp_path):
+    parts = ["a,b\r\n", "1,é\r\n", "", "2,3\r\n"]
+    checksums = write_files(tmp_path, {"whole.csv": "".join(parts), "parts.csv": lambda: iter(parts)})
+    whole = "".join(parts).encode()
+    assert (tmp_path / "parts.csv").read_bytes() == whole
+    assert checksums == {"parts.csv": hashlib.sha256(whole).hexdigest()} | {
+        "whole.csv": hashlib.sha256(whole).hexdigest()
+    }
+
+
+def test_parts_that_fail_half_way_leave_the_old_file_and_no_temporary_one(tmp_path):
+    target = tmp_path / "lines.csv"
+    target.write_bytes(b"last month's file\r\n")
+
+    def parts():
+        yield "a,b\r\n"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ReportWriteError, match=r"lines\.csv: cannot write the report file: \[Errno 28\]"):
+        write_files(tmp_path, {"lines.csv": parts})
+    assert target.read_bytes() == b"last month's file\r\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lines.csv"]
+
+    def broken():
+        yield b"a"
+        raise ValueError("a renderer's bug")
+
+    with pytest.raises(ValueError, match="renderer's bug"):
+        write_atomically(target, broken())
+    assert target.read_bytes() == b"last month's file\r\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lines.csv"]
+
+
+def test_charges_read_a_chunk_at_a_time_are_the_same_charges(worked_ledger, monkeypatch):
+    report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
+    charges = report.charges
+    assert isinstance(charges, grouped.Charges)
+    whole = list(charges)
+    assert len(whole) == len(charges) > 7
+    monkeypatch.setattr(grouped.Charges, "CHUNK", 3)  # chunks that cut buckets and origins
+    assert list(charges) == whole
+    assert [charges[i] for i in (0, 5, -1)] == [whole[0], whole[5], whole[-1]]
+    assert charges[2:6] == whole[2:6]
+    with pytest.raises(IndexError):
+        charges[len(whole)]
+    # the report's order: bucket first, so FOCUS can be made a bucket at a time
+    assert [c.bucket for c in whole] == sorted(c.bucket for c in whole)
+
+
+def test_focus_made_a_bucket_at_a_time_is_the_whole_report_s(worked_ledger, monkeypatch):
+    report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
+    rows = focus.rows(report)
+    # every origin charge's rows still sum to the origin, bucket by bucket
+    assert len(rows) == len(report.charges)
+    monkeypatch.setattr(grouped.Charges, "CHUNK", 2)
+    assert focus.rows(report) == rows
+    text = render.focus_csv(report)
+    assert "".join(render.focus_csv_parts(report)) == text
+    assert text.count("\r\n") == len(rows) + 1
+
+
+def test_charges_out_of_bucket_order_are_refused_not_split_into_two_origins(worked_ledger):
+    report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
+    charges = list(report.charges)
+    first = charges[0].bucket
+    later = [c for c in charges if c.bucket != first]
+    # a charge of the first bucket again after the others: its origin would be cut in two
+    report.charges = [*charges, dataclasses.replace(charges[0], pod="late")]
+    assert later and later[-1].bucket > first
+    with pytest.raises(
+        ValueError, match=re.escape(f"not in bucket order (bucket {first.isoformat()} met twice)")
+    ):
+        focus.rows(report)
+    report.charges = charges  # the same charges in order
+    assert len(focus.rows(report)) == len(charges)
