@@ -22,6 +22,9 @@ LINE_END = "\r\n"
 _PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
+_FORMULA_FIRST = frozenset(FORMULA_START)
+
+
 def is_formula(value: str) -> bool:
     """Whether a spreadsheet could read ``value`` as a formula: it starts with a formula character
     and is not a plain decimal number."""
@@ -61,9 +64,13 @@ def parts(
         out, lineterminator=LINE_END, quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL
     )
     writer.writerow(header)
+    first = _FORMULA_FIRST
     for n, row in enumerate(rows, 1):
+        # a cell's first character, looked up before the formula test: a FOCUS month is ~60 cells a row
         writer.writerow(
-            row if keep_formulas else [neutralise(cell) if isinstance(cell, str) else cell for cell in row]
+            row
+            if keep_formulas
+            else [neutralise(cell) if isinstance(cell, str) and cell[:1] in first else cell for cell in row]
         )
         if n % rows_per_part == 0:
             yield out.getvalue()

@@ -19,6 +19,7 @@ import math
 import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -194,7 +195,7 @@ class _Allocations:
             for key, holdings in held.items():
                 self.by_gpu[(bucket, key[0])] |= holdings
 
-    def _holdings(self, c) -> set[Holding]:
+    def _holdings(self, c) -> AbstractSet[Holding]:
         """The holdings of the split GPU-hours of a charge's bucket: its holder's, for a tenant line;
         its GPU's, for a platform line."""
         if c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE):
@@ -263,7 +264,7 @@ class _Allocations:
             "AllocatedTags": _json({f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}),
         }
 
-    def _figures(self, c, holdings: set[Holding], body: dict) -> dict[str, object]:
+    def _figures(self, c, holdings: AbstractSet[Holding], body: dict) -> dict[str, object]:
         """The parameters the split took: weight, share, efficiency (x_ keys, FOCUS' custom prefix)."""
         figures: dict[str, object] = {}
         modes = {h.mode for h in holdings}

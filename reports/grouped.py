@@ -57,6 +57,20 @@ SORT = (
 )
 # the figures a `Usage` sums, per charge
 FIGURES = ("f_cost", "f_idle", "f_gpu_hours", "f_slice_hours", "f_lines", "f_uw", "f_uq", "f_ew", "f_eq")
+# what the report's tables group and filter the charges by, with FIGURES (reports.model.build_report)
+SUMMED: tuple[str, ...] = (
+    "kind",
+    "namespace",
+    "team",
+    "pod",
+    "uuid",
+    "model",
+    "mig_profile",
+    "profile",
+    "cluster",
+    "day",
+)
+SUMMED += ("quantity", "priced_line", "tenant", *FIGURES)
 
 
 class Probe(NamedTuple):
@@ -153,6 +167,69 @@ def group_keys(c: pd.DataFrame, key: Callable[[Probe], str]) -> pd.Series:
     firsts = grouped.head(1)[names]
     keys = np.array([key(Probe(*row)) for row in firsts.itertuples(index=False)], dtype=object)
     return pd.Series(keys[grouped.ngroup().to_numpy()], index=c.index)
+
+
+PodKey = tuple[str, str]  # (namespace, pod)
+
+
+class Pods(NamedTuple):
+    """The pods a report shows (`pods`), ranked by cost (then namespace and pod), with what it shows of
+    each: its FIGURES sums, its team (that of its first charge in the report's order), and the models
+    and profiles of its charges."""
+
+    top: list[PodKey]
+    per_group: dict[str, list[PodKey]]  # each group's first pods; empty unless asked
+    shared: list[PodKey]  # the pods of ``shared`` that were charged, in rank order
+    figures: dict[PodKey, tuple]
+    teams: dict[PodKey, str]
+    models: dict[PodKey, set[str]]
+    profiles: dict[PodKey, set[str]]
+
+
+def pods(
+    tenant: pd.DataFrame,
+    *,
+    top: int,
+    shared: set[PodKey],
+    group_key: Callable[[Probe], str] | None = None,
+) -> Pods:
+    """The pods of the tenant charges a report shows: the ``top`` by cost, with ``group_key`` each
+    group's ``top`` too, and those of ``shared``. Ranked in columns: a month of 10,000 GPUs whose pods
+    change daily bills ~1 million pods, and only the shown ones are made into Python objects."""
+    keys = ["namespace", "pod"]
+    if tenant.empty:
+        return Pods([], {}, [], {}, {}, {}, {})
+    sums = tenant.groupby(keys, sort=False)[list(FIGURES)].sum()
+    teams = tenant.drop_duplicates(keys).set_index(keys)["team"]
+    ranked = sums.join(teams).reset_index()
+    ranked = ranked.sort_values(
+        ["f_cost", "namespace", "pod"], ascending=[False, True, True], kind="stable", ignore_index=True
+    )
+    pod_keys = pd.MultiIndex.from_frame(ranked[keys])
+
+    def listed(rows: pd.DataFrame) -> list[PodKey]:
+        return list(zip(rows["namespace"].tolist(), rows["pod"].tolist(), strict=True))
+
+    top_pods = listed(ranked.head(top))
+    per_group: dict[str, list[PodKey]] = {}
+    if group_key is not None:  # a pod's group as a line of its namespace and team names it
+        probes = ranked[["team", "namespace"]].assign(model="", mig_profile="", cluster="")
+        ranked["group"] = group_keys(probes, group_key).to_numpy()
+        for key, rows in ranked.groupby("group", sort=False).head(top).groupby("group", sort=False):
+            per_group[key] = listed(rows)
+    shared_pods = listed(ranked[pod_keys.isin(list(shared))]) if shared else []
+    shown = set(top_pods).union(shared_pods, *per_group.values())
+    chosen = ranked[pod_keys.isin(list(shown))]
+    figures = dict(zip(listed(chosen), chosen[list(FIGURES)].itertuples(index=False, name=None), strict=True))
+    met = tenant[["namespace", "pod", "model", "profile"]].drop_duplicates()
+    met = met[pd.MultiIndex.from_frame(met[keys]).isin(list(shown))]
+    models: dict[PodKey, set[str]] = {key: set() for key in shown}
+    profiles: dict[PodKey, set[str]] = {key: set() for key in shown}
+    for namespace, pod, model, profile in met.itertuples(index=False):
+        models[(namespace, pod)].add(model)
+        profiles[(namespace, pod)].add(profile)
+    pod_teams = dict(zip(listed(chosen), chosen["team"].tolist(), strict=True))
+    return Pods(top_pods, per_group, shared_pods, figures, pod_teams, models, profiles)
 
 
 def usage_of(sums: Any, usage_type: Callable[..., Any]) -> Any:

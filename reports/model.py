@@ -39,6 +39,7 @@ from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
 from gpumeter.reports.splits import GpuBucket as GpuBucket
 from gpumeter.reports.splits import Holding as Holding
 from gpumeter.reports.splits import HoldingKey as HoldingKey
+from gpumeter.reports.splits import Holdings as Holdings
 from gpumeter.reports.splits import read_splits as read_splits
 from gpumeter.reports.splits import scan_facts
 
@@ -353,7 +354,7 @@ class Report:
     # budget against actual per team; empty unless budgets were given and the period is a month
     budgets: list[BudgetRow] = field(default_factory=list)
     # per charge bucket, the holdings of the GPU-hours whose cost was split (read_splits); None: not read
-    splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None = None
+    splits: Mapping[datetime, Mapping[HoldingKey, Holdings]] | None = None
     # changes to the period's billed hours after they were first billed (re-prices, re-ingests)
     billed_changes: list[BilledChange] = field(default_factory=list)
     # per (charge bucket, cluster, GPU uuid), the GPU's node, index and presence (read with splits);
@@ -502,6 +503,9 @@ def build_report(
     if len(currencies) > 1:
         raise ReportError(f"ledger: lines in several currencies in one period (value {currencies!r})")
     currency = currencies[0] if currencies else "USD"
+    # the columns the tables below group by and sum, alone: each filter below copies what it keeps
+    # (~1 million charges for 10,000 GPUs), and the charges keep their own columns (`Charges`)
+    frame = frame[list(grouped.SUMMED)]
 
     priced = frame[frame["priced_line"]]
     tenant = priced[priced["tenant"]].copy()
@@ -532,18 +536,9 @@ def build_report(
     )
     for (day, name), cost in grouped.money_by(platform_daily, ["day", "name"]).items():
         daily[day][name] = daily[day].get(name, ZERO) + cost
-    pods = grouped.usage_by(tenant, ["namespace", "pod"], Usage)
-    pod_meta: dict[tuple[str, str], tuple[str, set, set]] = {}
-    # a pod's team is that of its first charge in the report's order; its models and profiles all met
-    for namespace, pod, team in (
-        tenant[["namespace", "pod", "team"]].drop_duplicates(["namespace", "pod"]).itertuples(index=False)
-    ):
-        pod_meta[(namespace, pod)] = (team, set(), set())
-    for namespace, pod, model, profile in (
-        tenant[["namespace", "pod", "model", "profile"]].drop_duplicates().itertuples(index=False)
-    ):
-        pod_meta[(namespace, pod)][1].add(model)
-        pod_meta[(namespace, pod)][2].add(profile)
+    shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
+    by_group = grouping.name in ("team", "namespace") or grouping.name.startswith("label:")
+    pods = grouped.pods(tenant, top=top, shared=set(shared), group_key=grouping.key if by_group else None)
     platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))
     unpriced: dict[str, tuple[Decimal, set]] = {}
     missing = frame[~frame["priced_line"]]
@@ -572,7 +567,6 @@ def build_report(
     def change(now: Decimal, before: Decimal) -> Change:
         return Change.of(now, before if has_previous else None)
 
-    shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
     facts = scan_facts(ledger, period, grain, splits=splits)
     holdings = facts.holdings
     if clusters:  # the named clusters' holders (the ledger names them `cluster/namespace`)
@@ -582,37 +576,34 @@ def build_report(
     held_through: dict[tuple[str, str], set[str]] = defaultdict(set)
     by_mode: dict[str, set[tuple[str, str]]] = defaultdict(set)
     by_claim: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+    shown = pods.figures.keys()  # the pods whose rows say how they held their GPUs
     for h in holdings:
-        held_as[(h.namespace, h.pod)].add(h.sharing)
-        by_mode[h.sharing].add((h.namespace, h.pod))
+        pod = (h.namespace, h.pod)
+        if pod in shown:
+            held_as[pod].add(h.sharing)
+        by_mode[h.sharing].add(pod)
         if h.resource.startswith(CLAIM_PREFIX):
             claim = h.resource.removeprefix(CLAIM_PREFIX)
-            held_through[(h.namespace, h.pod)].add(claim)
+            if pod in shown:
+                held_through[pod].add(claim)
             modes, holders = by_claim.setdefault((h.namespace, claim), (set(), set()))
             modes.add(h.sharing)
             holders.add(h.pod)
 
     def pod_row(pod: tuple[str, str]) -> PodRow:
-        team, models, profiles = pod_meta[pod]
         return PodRow(
             pod[0],
             pod[1],
-            team,
-            sorted(models),
-            sorted(profiles),
-            pods[pod],
+            pods.teams[pod],
+            sorted(pods.models[pod]),
+            sorted(pods.profiles[pod]),
+            grouped.usage_of(pods.figures[pod], Usage),
             shared.get(pod),
             sorted(held_as.get(pod, ())),
             sorted(held_through.get(pod, ())),
         )
 
-    ranked_pods = sorted(pods, key=lambda p: (-pods[p].cost, p))
-    pod_group = {p: grouping.key(_pod_probe(p, pod_meta)) for p in pods}
-    per_group_pods: dict[str, list[PodRow]] = defaultdict(list)
-    if grouping.name in ("team", "namespace") or grouping.name.startswith("label:"):
-        for p in ranked_pods:
-            if len(per_group_pods[pod_group[p]]) < top:
-                per_group_pods[pod_group[p]].append(pod_row(p))
+    per_group_pods = {key: [pod_row(p) for p in listed] for key, listed in pods.per_group.items()}
     rows = []
     for key in sorted(groups, key=lambda k: (-groups[k].cost, k)):
         usage = groups[key]
@@ -654,12 +645,12 @@ def build_report(
         tenants=tenants,
         total_change=change(total.cost, before_total),
         tenants_change=change(tenants.cost, before_tenants),
-        top_pods=[pod_row(p) for p in ranked_pods[:top]],
+        top_pods=[pod_row(p) for p in pods.top],
         daily=[(day, dict(sorted(daily.get(day, {}).items()))) for day in period.days()],
         price_versions=[versions[i] for i in sorted(versions) if i in charged_versions],
         ingest=_ingest_summary(ledger, period),
         charges=charges,
-        shared_use=[pod_row(p) for p in ranked_pods if p in shared],
+        shared_use=[pod_row(p) for p in pods.shared],
         sharing_modes=[
             SharingRow(mode, sorted(by_mode[mode]))
             for mode in (*contract.SHARING_MODES, *sorted(set(by_mode) - set(contract.SHARING_MODES)))
@@ -719,27 +710,3 @@ def budget_rows(
         BudgetRow(team, budgets[team].amount if team in budgets else None, actual.get(team, ZERO))
         for team in sorted(set(budgets) | set(actual))
     ]
-
-
-def _pod_probe(pod: tuple[str, str], meta: dict) -> LineTotal:
-    """A minimal line carrying a pod's namespace and team, to find the group it belongs to."""
-    team = meta[pod][0]
-    return LineTotal(
-        bucket=datetime.min.replace(tzinfo=UTC),
-        first_hour=datetime.min.replace(tzinfo=UTC),
-        last_hour=datetime.min.replace(tzinfo=UTC),
-        kind=LineKind.TENANT,
-        namespace=pod[0],
-        team=team,
-        pod=pod[1],
-        container="",
-        uuid="",
-        gpu_instance_id="",
-        mig_profile="",
-        model="",
-        currency="",
-        price_version_id=None,
-        lines=0,
-        quantity=ZERO,
-        amount=ZERO,
-    )

@@ -5,6 +5,8 @@ charges, reports.focus)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -36,10 +38,11 @@ class Holding:
 
 
 HoldingKey = tuple[str, str, str, str, str]  # (uuid, gpu_instance_id, namespace, pod, container)
+Holdings = AbstractSet[Holding]  # a holder's distinct holdings of a bucket (kept once: `_scan_rows`)
 PRESENCE_QUANTUM = Decimal("0.000001")  # pricing's quantity quantum (billing.allocate.QUANTITY_QUANTUM)
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuBucket:
     """One GPU over one grain bucket, from the stored facts: the node and index that name it, and the
     GPU-hours it was present (each hour's present seconds / 3600 to pricing's quantum, summed): the
@@ -127,7 +130,7 @@ class FactScan:
     """What a report reads of the period's stored facts: the splits and GPUs (`read_splits`; None
     where not asked for) and every pod's holdings (`Ledger.holdings`)."""
 
-    splits: dict[datetime, dict[HoldingKey, set[Holding]]] | None
+    splits: Mapping[datetime, Mapping[HoldingKey, Holdings]] | None
     gpus: dict[tuple[datetime, str, str], GpuBucket] | None
     holdings: list[PodHolding]
 
@@ -208,25 +211,42 @@ class _Layout:
         )
 
 
+LAYOUTS_KEPT = 20_000  # parsed layouts of a generation (`_scan_rows`)
+
+
 def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
     from gpumeter.billing.ledger import frames  # the ledger's bulk readers
 
-    out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
+    out: dict[datetime, dict[HoldingKey, frozenset[Holding]]] = {}
     gpus: dict[tuple[datetime, str, str], GpuBucket] = {}
+    # the stored layouts parsed, in two generations: the rows come in hour order, and a layout a GPU
+    # held on one day is seldom held again weeks later (a month of 10,000 GPUs has ~300,000 layouts,
+    # ~0.9 GiB parsed at once); one not met for a generation is read again if it comes back
     layouts: dict[int, _Layout] = {}
-    seen: set[tuple[Any, ...]] = set()
+    older: dict[int, _Layout] = {}
+    seen: set[tuple[Any, ...]] = set()  # of the bucket being read
     held: set[tuple[str, int]] = set()
+    pods: set[PodHolding] = set()
     buckets: dict[int, datetime] = {}
     step = 3600 if grain == "hour" else 86400
+    # a month of 10,000 GPUs has ~1 million holders' keys over few distinct holdings: each holding,
+    # set of holdings and cluster's namespace is kept once and named by every key that has it
+    interned: dict[Holding, Holding] = {}
+    alone: dict[Holding, frozenset[Holding]] = {}
+    joined: dict[tuple[frozenset[Holding], Holding], frozenset[Holding]] = {}
+    names: dict[tuple[str, str], str] = {}
     for part in frames.gpu_hour_rows(engine, period.start, period.end):
         missing = {row[6] for row in part if row[6] is not None and row[6] not in layouts}
-        for layout_id, body in frames.layout_bodies(engine, missing).items():
+        for layout_id in missing & older.keys():
+            layouts[layout_id] = older[layout_id]
+        for layout_id, body in frames.layout_bodies(engine, missing - older.keys()).items():
             layouts[layout_id] = _Layout(body)
         for epoch, cluster, uuid, hostname, index, present, layout_id, readings in part:
             start = epoch - epoch % step
             bucket = buckets.get(start)
             if bucket is None:
                 bucket = buckets[start] = datetime.fromtimestamp(start, UTC)
+                seen.clear()  # a new bucket: the ones before it are done
             gpu = gpus.get((bucket, cluster, uuid))
             if gpu is None:
                 gpu = gpus[(bucket, cluster, uuid)] = GpuBucket()
@@ -235,8 +255,13 @@ def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
             gpu.present += _PRESENT[max(0, min(present, 3600))]
             if layout_id is None:
                 continue
-            held.add((cluster, layout_id))
             layout = layouts[layout_id]
+            if (cluster, layout_id) not in held:
+                held.add((cluster, layout_id))
+                pods.update(
+                    PodHolding(cluster_namespace(cluster, namespace), pod, sharing, resource)
+                    for namespace, pod, sharing, resource in layout.held
+                )
             if not layout.holders:
                 continue
             used = layout.used(readings)
@@ -256,13 +281,20 @@ def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
                 slices,
                 replica,
             ) in layout.holders:
-                key = (uuid, gi, cluster_namespace(cluster, namespace), pod, container)
-                holders.setdefault(key, set()).add(
-                    Holding(mode, share, memory, compute, slices, replica, gi in used)
-                )
-    pods = {
-        PodHolding(cluster_namespace(cluster, namespace), pod, sharing, resource)
-        for cluster, layout_id in held
-        for namespace, pod, sharing, resource in layouts[layout_id].held
-    }
+                named = names.get((cluster, namespace))
+                if named is None:
+                    named = names[(cluster, namespace)] = cluster_namespace(cluster, namespace)
+                key = (uuid, gi, named, pod, container)
+                holding = Holding(mode, share, memory, compute, slices, replica, gi in used)
+                holding = interned.setdefault(holding, holding)
+                had = holders.get(key)
+                if had is None:
+                    holders[key] = alone.setdefault(holding, frozenset((holding,)))
+                elif holding not in had:
+                    both = joined.get((had, holding))
+                    if both is None:
+                        both = joined[(had, holding)] = had | {holding}
+                    holders[key] = both
+        if len(layouts) > LAYOUTS_KEPT:
+            older, layouts = layouts, {}
     return FactScan({b: h for b, h in out.items() if h}, gpus, sorted(pods))

@@ -56,7 +56,7 @@ TEXT = (
 # integers of the stored scale, summed over the row's lines; amount is nullable (unpriced lines have none)
 SCALED = ("quantity", "amount", "held", "uq", "eq")
 COLUMNS = ("bucket", "first_hour", "last_hour", "lines", *TEXT, "price_version_id", *SCALED, "uw", "ew")
-CHUNK = 200_000  # rows turned into columns at a time: the row tuples of one chunk are all that is held
+CHUNK = 50_000  # rows turned into columns at a time: the row tuples of one chunk are all that is held (~1 KiB a row)
 GRAINS = ("hour", "day")
 
 
@@ -165,55 +165,56 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
     the range is long (the database sums outside the GIL). Money and quantities come back as
     integers of their stored scale and hours as epoch seconds (no Decimal or datetime object per
     row), a chunk of rows at a time into columns."""
-    from sqlalchemy import BigInteger, Float, bindparam, case, cast, func, literal_column, select
+    from sqlalchemy import bindparam, text
 
-    from gpumeter.billing.ledger.orm import COST_LINES, CostLineTerm
+    from gpumeter.billing.ledger.orm import CostLineGroup
 
-    c, t = COST_LINES.c, CostLineTerm.__table__.c
+    sqlite = engine.dialect.name == "sqlite"
+    if sqlite:  # hours are stored as text, "YYYY-MM-DD HH:MM:SS.ffffff"
+        bucket = "g.hour" if grain == "hour" else "substr(g.hour, 1, 10)"
 
-    def epoch(column: Any) -> Any:
-        if engine.dialect.name == "sqlite":
-            return cast(func.strftime("%s", column), BigInteger)
-        return cast(func.extract("epoch", column), BigInteger)
+        def epoch(column: str) -> str:
+            return f"CAST(strftime('%s', {column}) AS INTEGER)"
 
-    def scaled(column: Any, scale: int) -> Any:
-        return cast(func.round(column * literal_column(str(scale))), BigInteger)
+        # each group's readings parsed once (json_each), not once per line and reading
+        readings = "LEFT JOIN json_each(g.readings) AS j ON j.key = m.pos"
+        reading = "CAST(j.value ->> {} AS REAL)"
+    else:
+        bucket = "g.hour" if grain == "hour" else "date_trunc('day', g.hour)"
 
-    hour = epoch(c.hour)
-    bucket = hour if grain == "hour" else hour - hour % 86400
+        def epoch(column: str) -> str:
+            return f"CAST(extract(epoch FROM {column}) AS BIGINT)"
+
+        readings = ""
+        reading = "CAST((g.readings::json -> m.pos) ->> {} AS DOUBLE PRECISION)"
+
+    def scaled(column: str, scale: int) -> str:
+        return f"CAST(round({column} * {scale}) AS BIGINT)"
+
+    # the lines of each (bucket, term) counted and their readings summed straight from the line groups
+    # and their sets (what the `cost_lines` view expands, without joining each line to its term), the
+    # terms joined to the sums
     sums = (
-        select(
-            bucket.label("bucket"),
-            c.term_id.label("term_id"),
-            func.min(hour).label("first_hour"),
-            func.max(hour).label("last_hour"),
-            func.count().label("lines"),
-            func.count(c.utilization).label("u_known"),
-            func.count(c.efficiency).label("e_known"),
-            func.sum(cast(c.utilization, Float)).label("u_sum"),
-            func.sum(cast(c.efficiency, Float)).label("e_sum"),
-        )
-        .where(c.hour >= bindparam("lo", type_=c.hour.type), c.hour < bindparam("hi", type_=c.hour.type))
-        .group_by(bucket, c.term_id)
-        .subquery()
+        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, "
+        f"max(g.hour) AS last_hour, count(*) AS lines, count({reading.format(1)}) AS u_known, "
+        f"count({reading.format(0)}) AS e_known, sum({reading.format(1)}) AS u_sum, "
+        f"sum({reading.format(0)}) AS e_sum "
+        "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
+        f"{readings} WHERE g.hour >= :lo AND g.hour < :hi GROUP BY 1, 2"
     )
-    n = sums.c.lines
-    quantity = scaled(t.quantity, QUANTITY_SCALE)
-    query = select(
-        sums.c.bucket,
-        sums.c.first_hour,
-        sums.c.last_hour,
-        n,
-        *(getattr(t, name) for name in TEXT),
-        t.price_version_id,
-        n * quantity,
-        case((t.amount.is_(None), None), else_=n * scaled(t.amount, MONEY_SCALE)),
-        n * scaled(t.held, QUANTITY_SCALE),
-        sums.c.u_known * quantity,
-        sums.c.e_known * quantity,
-        func.coalesce(sums.c.u_sum, 0.0) * cast(t.quantity, Float),
-        func.coalesce(sums.c.e_sum, 0.0) * cast(t.quantity, Float),
-    ).join_from(sums, CostLineTerm.__table__, t.id == sums.c.term_id)
+    quantity = scaled("t.quantity", QUANTITY_SCALE)
+    query = text(
+        f"SELECT {epoch('s.bucket')}, {epoch('s.first_hour')}, {epoch('s.last_hour')}, s.lines, "
+        + ", ".join(f"t.{name}" for name in TEXT)
+        + f", t.price_version_id, s.lines * {quantity}, "
+        f"CASE WHEN t.amount IS NULL THEN NULL ELSE s.lines * {scaled('t.amount', MONEY_SCALE)} END, "
+        f"s.lines * {scaled('t.held', QUANTITY_SCALE)}, s.u_known * {quantity}, s.e_known * {quantity}, "
+        "coalesce(s.u_sum, 0.0) * CAST(t.quantity AS DOUBLE PRECISION), "
+        "coalesce(s.e_sum, 0.0) * CAST(t.quantity AS DOUBLE PRECISION) "
+        f"FROM ({sums}) AS s JOIN cost_line_terms AS t ON t.id = s.term_id"
+    ).bindparams(
+        bindparam("lo", type_=CostLineGroup.hour.type), bindparam("hi", type_=CostLineGroup.hour.type)
+    )
 
     def fetch(window: tuple[datetime, datetime]) -> list[dict[str, Any]]:
         with engine.connect() as conn:
