@@ -190,10 +190,13 @@ class _Allocations:
             raise ValueError("FOCUS 1.3 needs the report built with splits=True (reports.model.read_splits)")
         self.bodies = {v.id: v.body for v in report.price_versions}
         self.labels = {v.id: version_label(v) for v in report.price_versions}
-        self.by_gpu: dict[tuple[datetime, str], set[Holding]] = defaultdict(set)
+        # a GPU is (cluster, uuid): a holder's key names its cluster in its namespace
+        # (`cluster/namespace`, billing.models.cluster_namespace; a namespace has no "/")
+        self.by_gpu: dict[tuple[datetime, str, str], set[Holding]] = defaultdict(set)
         for bucket, held in self.splits.items():
             for key, holdings in held.items():
-                self.by_gpu[(bucket, key[0])] |= holdings
+                cluster = key[2].partition("/")[0] if "/" in key[2] else ""
+                self.by_gpu[(bucket, cluster, key[0])] |= holdings
 
     def _holdings(self, c) -> AbstractSet[Holding]:
         """The holdings of the split GPU-hours of a charge's bucket: its holder's, for a tenant line;
@@ -201,7 +204,7 @@ class _Allocations:
         if c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE):
             key = (c.uuid, c.gpu_instance_id, c.namespace, c.pod, c.container)
             return self.splits.get(c.bucket, {}).get(key, set())
-        return self.by_gpu.get((c.bucket, c.uuid), set())
+        return self.by_gpu.get((c.bucket, _cluster(c), c.uuid), set())
 
     def columns(self, c, period_start: str) -> dict[str, str]:
         """AllocatedMethodId, -Details, -ResourceId, -ResourceName and -Tags of charge ``c`` (all null

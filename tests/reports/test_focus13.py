@@ -11,12 +11,13 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+from gpumeter import contract
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.reports import focus
-from gpumeter.reports.model import build_report, month_period
+from gpumeter.reports.model import HOUR, build_report, month_period, range_period
 from gpumeter.reports.render import render
-from tests.billing.factories import H100, HOUR0, alloc, book, gpu_hour
+from tests.billing.factories import A100, H100, HOUR0, alloc, book, gpu_hour, mig
 from tests.reports.focus_checks import COLUMNS, rows_of, schema_problems
 
 NOVEMBER = month_period("2026-11")
@@ -295,3 +296,35 @@ def test_a_cluster_is_the_sub_account_of_every_row_of_its_origins(worked_ledger)
         # a line without a cluster keeps its GPU pool
         others = [r for r in first_hour if r["x_GpuUuid"] == "GPU-d"]
         assert others and {(r["SubAccountId"], r["x_Cluster"]) for r in others} == {("pool/A100-40GB", "")}
+
+
+def test_a_platform_row_takes_the_methods_of_its_own_cluster_s_gpu(ledger, tmp_path):
+    """Two clusters whose GPUs share a UUID (a cloned node image, a simulated fleet in each) hold two
+    GPUs: east's GPU is MIG-partitioned with an instance idle, west's is time-sliced. The unallocated
+    part of east's GPU-hour is split by MIG's method alone; read by UUID, it took west's time-slicing
+    too (x_Methods listing both)."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    u = "GPU-twin"
+    east = gpu_hour(
+        u,
+        A100,
+        [mig(u, "1", "3g.20gb"), mig(u, "2", "3g.20gb")],
+        [alloc(u, "ml", "a", gi="1", profile="3g.20gb")],
+    )
+    west = gpu_hour(u, A100, [], [alloc(u, "web", "b", share="0.5"), alloc(u, "web", "c", share="0.5")])
+    east = dataclasses.replace(east, device=dataclasses.replace(east.device, cluster="east"))
+    west = dataclasses.replace(west, device=dataclasses.replace(west.device, cluster="west"))
+    lines = price_gpu_hour(east, prices).lines + price_gpu_hour(west, prices).lines
+    ledger.write_hour(HourRecord(HOUR0, [east, west], lines, prices))
+    report = build_report(ledger, range_period(HOUR0, HOUR0 + HOUR), "team", grain="hour", compare=False)
+    rows = focus.rows(report)
+    platform = [
+        r for r in rows if r["x_Cluster"] == "east" and r["x_LineKind"] not in ("tenant", "idle_share")
+    ]
+    assert platform, "east's idle instance is a platform line of its GPU-hour"
+    mig_method = focus.METHODS[contract.SHARING_MIG].id
+    for row in platform:
+        details = json.loads(row["AllocatedMethodDetails"])
+        assert (row["AllocatedMethodId"], details.get("x_Methods")) == (mig_method, None)
+    west_rows = [r for r in rows if r["x_Cluster"] == "west" and r["x_LineKind"] == "tenant"]
+    assert {r["AllocatedMethodId"] for r in west_rows} == {focus.METHODS[contract.SHARING_TIME_SLICING].id}
