@@ -4,6 +4,7 @@ charges, reports.focus)."""
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -297,4 +298,6 @@ def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
                     holders[key] = both
         if len(layouts) > LAYOUTS_KEPT:
             older, layouts = layouts, {}
-    return FactScan({b: h for b, h in out.items() if h}, gpus, sorted(pods))
+    # in PodHolding's order (its fields in turn), compared as tuples, not through the dataclass's __lt__
+    ordered = sorted(pods, key=operator.attrgetter("namespace", "pod", "sharing", "resource"))
+    return FactScan({b: h for b, h in out.items() if h}, gpus, ordered)

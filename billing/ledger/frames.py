@@ -287,32 +287,31 @@ def _frame(chunks: list[dict[str, Any]]) -> pd.DataFrame:
 def gpu_hour_rows(engine: Engine, start: datetime, end: datetime) -> Iterator[Sequence[Any]]:
     """The SQL ledger's GPU-hours of [start, end) in one query, a chunk of rows at a time, in hour
     order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present seconds, layout id, readings
-    text or None). What a month's facts say without restoring each GPU-hour's objects."""
-    from sqlalchemy import BigInteger, cast, func, select
+    text or None). What a month's facts say without restoring each GPU-hour's objects: the driver's
+    own rows (a month of 10,000 GPUs is 7.2 million; SQLAlchemy's Row for each cost a third as much
+    again as the database's reading them)."""
+    from gpumeter.billing.ledger.orm import GpuHourRow
 
-    from gpumeter.billing.ledger.orm import GpuHourRow as g
-
-    if engine.dialect.name == "sqlite":
-        epoch = cast(func.strftime("%s", g.hour), BigInteger)
+    dialect = engine.dialect
+    if dialect.name == "sqlite":
+        epoch, marks = "CAST(strftime('%s', hour) AS INTEGER)", ("?", "?")
     else:
-        epoch = cast(func.extract("epoch", g.hour), BigInteger)
+        epoch, marks = "CAST(extract(epoch FROM hour) AS BIGINT)", ("%s", "%s")
+    stored = GpuHourRow.__table__.c.hour.type.dialect_impl(dialect).bind_processor(dialect)
     query = (
-        select(
-            epoch,
-            g.cluster,
-            g.uuid,
-            g.hostname,
-            g.gpu,
-            g.present_seconds,
-            g.layout_id,
-            g.readings,
-        )
-        .where(g.hour >= start, g.hour < end)
-        .order_by(g.hour, g.cluster, g.uuid)
+        f"SELECT {epoch}, cluster, uuid, hostname, gpu, present_seconds, layout_id, readings "
+        f"FROM gpu_hours WHERE hour >= {marks[0]} AND hour < {marks[1]} ORDER BY hour, cluster, uuid"
     )
     with engine.connect() as conn:
-        result = conn.execution_options(stream_results=True).execute(query)
-        yield from result.partitions(CHUNK)
+        raw = conn.connection.driver_connection
+        # PostgreSQL: a named (server-side) cursor, so the rows arrive a chunk at a time
+        cursor = raw.cursor() if dialect.name == "sqlite" else raw.cursor(name="gpumeter_gpu_hours")
+        try:
+            cursor.execute(query, (stored(start), stored(end)))
+            while part := cursor.fetchmany(CHUNK):
+                yield part
+        finally:
+            cursor.close()
 
 
 def layout_bodies(engine: Engine, ids: Iterable[int]) -> dict[int, str]:
