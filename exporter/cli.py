@@ -52,7 +52,8 @@ def run_exporter(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     stop_on_signals(stopped)
     print(
-        f"gpumeter exporter: serving http://{config.listen}/metrics"
+        # the scheme the listener speaks: an on-call engineer copies this line into curl
+        f"gpumeter exporter: serving {exporter.servers[0].scheme}://{config.listen}/metrics"
         + (
             f", faults at http://{config.admin_listen}/faults"
             if exporter.node and config.admin_listen

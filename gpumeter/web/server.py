@@ -78,6 +78,11 @@ class Server(ThreadingMixIn, WSGIServer):
         host, port = self.server_address[:2]
         return _address(host, port)
 
+    @property
+    def scheme(self) -> str:
+        """How a client reaches it: https where its web config turns TLS on."""
+        return "http" if self.tls is None else "https"
+
     def verify_request(self, request, client_address) -> bool:
         client = _client_of(client_address)
         with self._per_client_lock:

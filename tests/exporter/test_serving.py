@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import bcrypt
@@ -21,6 +23,7 @@ from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
 from gpumeter.web import WebConfigError
 from tests.support.certs import client_context, make_pki
+from tests.support.servers import free_port
 from tests.support.sockets import still_open
 
 
@@ -503,3 +506,31 @@ def test_inject_takes_the_fault_port_as_host_and_port(simulate, capsys):
         assert capsys.readouterr().err == ""
     finally:
         sim.exporter.stop()
+
+
+@pytest.mark.spawns
+def test_the_start_line_names_https_when_the_web_config_turns_tls_on(tmp_path, pki):
+    """The line an on-call engineer copies into curl: it said http:// over a TLS listener, which then
+    answered the copied command with a handshake error."""
+    port = free_port()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    argv = ["--simulate", "workstation", "--listen", f"127.0.0.1:{port}", "--web.config.file", str(web)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpumeter", "exporter", *argv, "--kubelet-socket", ""],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = []
+        while not any(line.startswith("gpumeter exporter: serving") for line in lines):
+            line = process.stderr.readline()
+            assert line, f"the exporter stopped before its start line: {''.join(lines)}"
+            lines.append(line)
+        assert lines[-1] == f"gpumeter exporter: serving https://127.0.0.1:{port}/metrics\n"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
