@@ -122,6 +122,7 @@ LINES_HEADER = [
 ]
 
 
+@lru_cache(maxsize=4096)  # a month's charges name its ~720 hours again and again: three a row
 def _ts(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
