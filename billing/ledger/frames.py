@@ -297,17 +297,18 @@ def gpu_hour_rows(engine: Engine, start: datetime, end: datetime) -> Iterator[Se
         epoch, marks = "CAST(strftime('%s', hour) AS INTEGER)", ("?", "?")
     else:
         epoch, marks = "CAST(extract(epoch FROM hour) AS BIGINT)", ("%s", "%s")
-    stored = GpuHourRow.__table__.c.hour.type.dialect_impl(dialect).bind_processor(dialect)
+    to_driver = GpuHourRow.__table__.c.hour.type.dialect_impl(dialect).bind_processor(dialect)
+    hours = (start, end) if to_driver is None else (to_driver(start), to_driver(end))
     query = (
         f"SELECT {epoch}, cluster, uuid, hostname, gpu, present_seconds, layout_id, readings "
         f"FROM gpu_hours WHERE hour >= {marks[0]} AND hour < {marks[1]} ORDER BY hour, cluster, uuid"
     )
     with engine.connect() as conn:
-        raw = conn.connection.driver_connection
+        raw: Any = conn.connection.driver_connection
         # PostgreSQL: a named (server-side) cursor, so the rows arrive a chunk at a time
         cursor = raw.cursor() if dialect.name == "sqlite" else raw.cursor(name="gpumeter_gpu_hours")
         try:
-            cursor.execute(query, (stored(start), stored(end)))
+            cursor.execute(query, hours)
             while part := cursor.fetchmany(CHUNK):
                 yield part
         finally:
