@@ -350,17 +350,9 @@ def _charge_period(report: Report, c: LineTotal) -> tuple[datetime, datetime]:
     return max(c.bucket, report.period.start), min(c.bucket + length, report.period.end)
 
 
-def rows(
-    report: Report,
-    *,
-    account: str = "gpumeter",
-    service: str = "Kubernetes GPU",
-    version: str = FOCUS_VERSION,
-) -> list[dict]:
-    """The FOCUS rows of a report, in the report's charge order (deterministic): every row of one
-    origin charge carries the origin's dimensions; who or what a row charges is in the Allocated*
-    (1.3, 1.4) and x_ columns only."""
-    return list(iter_rows(report, account=account, service=service, version=version))
+def rows(report: Report, **options: str) -> list[dict]:
+    """The FOCUS rows of a report, all at once (`iter_rows`, whose options it takes)."""
+    return list(iter_rows(report, **options))
 
 
 def iter_rows(
@@ -370,7 +362,10 @@ def iter_rows(
     service: str = "Kubernetes GPU",
     version: str = FOCUS_VERSION,
 ) -> Iterator[dict]:
-    """`rows`, made a bucket of charges at a time: what is held is one bucket's charges and origins."""
+    """The FOCUS rows of a report, in the report's charge order (deterministic): every row of one
+    origin charge carries the origin's dimensions; who or what a row charges is in the Allocated*
+    (1.3, 1.4) and x_ columns only. Made a bucket of charges at a time: what is held is one bucket's
+    charges and origins."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
     allocations = _Allocations(report) if version != "1.2" else None
