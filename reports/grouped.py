@@ -89,7 +89,7 @@ def _text(frame: pd.DataFrame, name: str) -> pd.Series:
 
 def name_clusters(lines: pd.DataFrame, clusters: tuple[str, ...]) -> pd.DataFrame:
     """The lines of ``clusters`` (all: none named), each tenant line's namespace named with its
-    cluster, as `reports.model.of_clusters` names them."""
+    cluster (`billing.models.cluster_namespace`: the same name in two clusters is two namespaces)."""
     if clusters:
         lines = lines[lines["cluster"].isin(list(clusters))]
     tenant = lines["kind"].isin(TENANT_VALUES) & (lines["cluster"] != "")
@@ -167,6 +167,54 @@ def group_keys(c: pd.DataFrame, key: Callable[[Probe], str]) -> pd.Series:
     firsts = grouped.head(1)[names]
     keys = np.array([key(Probe(*row)) for row in firsts.itertuples(index=False)], dtype=object)
     return pd.Series(keys[grouped.ngroup().to_numpy()], index=c.index)
+
+
+class Before(NamedTuple):
+    """What the previous period billed, for the report's changes: its total, its tenants' total, per
+    group and per platform line; whether it had lines at all; the price versions its lines name."""
+
+    had_lines: bool
+    total: Decimal
+    tenants: Decimal
+    groups: dict[str, Decimal]
+    platform: dict[str, Decimal]
+    version_ids: set[int]
+
+
+def before(lines: pd.DataFrame, group_key: Callable[[Probe], str]) -> Before:
+    """`Before` from the previous period's line frame (billing/ledger/frames.py, named by
+    `name_clusters`): summed in columns, as the period's own charges are (a month of 10,000 GPUs whose
+    pods change daily has ~1 million distinct charges)."""
+    versions = {int(v) for v in lines["price_version_id"].dropna().unique()}
+    priced = lines[lines["amount"].notna()]
+    tenant = priced["kind"].isin(TENANT_VALUES).to_numpy()
+
+    def money(values: pd.Series) -> Decimal:
+        return Decimal(int(values.astype("int64").sum())) * MONEY_UNIT
+
+    groups: dict[str, Decimal] = {}
+    if tenant.any():
+        held = priced[tenant]
+        keys = group_keys(held, group_key)
+        groups = money_sums(held["amount"].astype("int64"), keys)
+    platform: dict[str, Decimal] = {}
+    if (~tenant).any():
+        others = priced[~tenant]
+        platform = money_sums(others["amount"].astype("int64"), others["kind"].astype(object))
+    return Before(
+        len(lines) > 0,
+        money(priced["amount"]),
+        money(priced["amount"][tenant]),
+        groups,
+        platform,
+        versions,
+    )
+
+
+def money_sums(amounts: pd.Series, by: pd.Series) -> dict[Any, Decimal]:
+    """Scaled amounts summed per value of ``by``, as Decimals of the currency."""
+    sums = amounts.groupby(by.to_numpy(), sort=False).sum()
+    return {key: Decimal(int(v)) * MONEY_UNIT for key, v in sums.items()}
 
 
 PodKey = tuple[str, str]  # (namespace, pod)

@@ -266,7 +266,7 @@ def test_a_cluster_is_the_sub_account_of_every_row_of_its_origins(worked_ledger)
     report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
     east = {"GPU-a", "GPU-h"}
     # the lines of two GPUs as a store labelling them cluster "east" gives them: the cluster on the
-    # line, a tenant's namespace named `east/<namespace>` by the report (reports.model.of_clusters)
+    # line, a tenant's namespace named `east/<namespace>` by the report (reports.grouped.name_clusters)
     report.charges = [
         dataclasses.replace(
             c,
