@@ -188,7 +188,6 @@ class _Allocations:
 
     def __init__(self, report: Report):
         self.report = report
-        self.origin_of: dict[int, tuple[_Origin, int]] = {}  # of the bucket being written (`rows`)
         self.splits = report.splits
         if self.splits is None:
             raise ValueError("FOCUS 1.3 needs the report built with splits=True (reports.model.read_splits)")
@@ -199,8 +198,7 @@ class _Allocations:
         self.by_gpu: dict[tuple[datetime, str, str], set[Holding]] = defaultdict(set)
         for bucket, held in self.splits.items():
             for key, holdings in held.items():
-                cluster = key[2].partition("/")[0] if "/" in key[2] else ""
-                self.by_gpu[(bucket, cluster, key[0])] |= holdings
+                self.by_gpu[(bucket, key[2].rpartition("/")[0], key[0])] |= holdings
 
     def _holdings(self, c) -> AbstractSet[Holding]:
         """The holdings of the split GPU-hours of a charge's bucket: its holder's, for a tenant line;
@@ -210,10 +208,9 @@ class _Allocations:
             return self.splits.get(c.bucket, {}).get(key, set())
         return self.by_gpu.get((c.bucket, _cluster(c), c.uuid), set())
 
-    def columns(self, c, period_start: str) -> dict[str, str]:
-        """AllocatedMethodId, -Details, -ResourceId, -ResourceName and -Tags of charge ``c`` (all null
-        where its origin charge is its only row: nothing was split)."""
-        origin, _ = self.origin_of[id(c)]
+    def columns(self, c, origin: _Origin, place: int, period_start: str) -> dict[str, str]:
+        """AllocatedMethodId, -Details, -ResourceId, -ResourceName and -Tags of charge ``c``, the row
+        at ``place`` of ``origin`` (all null where that is its only row: nothing was split)."""
         if len(origin.charges) == 1:
             return dict.fromkeys(ALLOCATION_COLUMNS, "")
         tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
@@ -228,7 +225,7 @@ class _Allocations:
         if origin.billed:
             ratio = (c.amount or ZERO) / origin.billed
         else:  # nothing priced (a rate of 0, or unpriced): by the quantity the row was given
-            part = origin.quantities[self.origin_of[id(c)][1]]
+            part = origin.quantities[place]
             ratio = part / origin.quantity if origin.quantity else Decimal(1) / len(origin.charges)
         element: dict[str, object] = {
             "AllocatedRatio": float(round(ratio, 12)),
@@ -370,10 +367,9 @@ def iter_rows(
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
     allocations = _Allocations(report) if version != "1.2" else None
     for charges in by_bucket(report.charges):
-        origin_of = origins(report, charges)
-        if allocations:
-            allocations.origin_of = origin_of
-        yield from _bucket_rows(report, charges, origin_of, allocations, account, service, version)
+        yield from _bucket_rows(
+            report, charges, origins(report, charges), allocations, account, service, version
+        )
 
 
 def _bucket_rows(
@@ -484,7 +480,7 @@ def _bucket_rows(
             "x_UtilizationEfficiency": _num(efficiency),
         }
         if allocations:
-            row.update(allocations.columns(c, charge_start))
+            row.update(allocations.columns(c, origin, place, charge_start))
             row.update(ContractApplied="", HostProviderName=account, ServiceProviderName=account)
         yield row
 
