@@ -187,34 +187,17 @@ def before(lines: pd.DataFrame, group_key: Callable[[Probe], str]) -> Before:
     pods change daily has ~1 million distinct charges)."""
     versions = {int(v) for v in lines["price_version_id"].dropna().unique()}
     priced = lines[lines["amount"].notna()]
-    tenant = priced["kind"].isin(TENANT_VALUES).to_numpy()
-
-    def money(values: pd.Series) -> Decimal:
-        return Decimal(int(values.astype("int64").sum())) * MONEY_UNIT
-
-    groups: dict[str, Decimal] = {}
-    if tenant.any():
-        held = priced[tenant]
-        keys = group_keys(held, group_key)
-        groups = money_sums(held["amount"].astype("int64"), keys)
-    platform: dict[str, Decimal] = {}
-    if (~tenant).any():
-        others = priced[~tenant]
-        platform = money_sums(others["amount"].astype("int64"), others["kind"].astype(object))
+    priced = priced.assign(f_cost=priced["amount"].astype("int64"), kind=_text(priced, "kind"))
+    tenant = priced["kind"].isin(TENANT_VALUES)
+    held, others = priced[tenant], priced[~tenant]
     return Before(
         len(lines) > 0,
-        money(priced["amount"]),
-        money(priced["amount"][tenant]),
-        groups,
-        platform,
+        Decimal(int(priced["f_cost"].sum())) * MONEY_UNIT,
+        Decimal(int(held["f_cost"].sum())) * MONEY_UNIT,
+        money_by(held.assign(group=group_keys(held, group_key)), ["group"]),
+        money_by(others, ["kind"]),
         versions,
     )
-
-
-def money_sums(amounts: pd.Series, by: pd.Series) -> dict[Any, Decimal]:
-    """Scaled amounts summed per value of ``by``, as Decimals of the currency."""
-    sums = amounts.groupby(by.to_numpy(), sort=False).sum()
-    return {key: Decimal(int(v)) * MONEY_UNIT for key, v in sums.items()}
 
 
 PodKey = tuple[str, str]  # (namespace, pod)
@@ -268,7 +251,8 @@ def pods(
     shared_pods = listed(ranked[pod_keys.isin(list(shared))]) if shared else []
     shown = set(top_pods).union(shared_pods, *per_group.values())
     chosen = ranked[pod_keys.isin(list(shown))]
-    figures = dict(zip(listed(chosen), chosen[list(FIGURES)].itertuples(index=False, name=None), strict=True))
+    chosen_keys = listed(chosen)
+    figures = dict(zip(chosen_keys, chosen[list(FIGURES)].itertuples(index=False, name=None), strict=True))
     met = tenant[["namespace", "pod", "model", "profile"]].drop_duplicates()
     met = met[pd.MultiIndex.from_frame(met[keys]).isin(list(shown))]
     models: dict[PodKey, set[str]] = {key: set() for key in shown}
@@ -276,7 +260,7 @@ def pods(
     for namespace, pod, model, profile in met.itertuples(index=False):
         models[(namespace, pod)].add(model)
         profiles[(namespace, pod)].add(profile)
-    pod_teams = dict(zip(listed(chosen), chosen["team"].tolist(), strict=True))
+    pod_teams = dict(zip(chosen_keys, chosen["team"].tolist(), strict=True))
     return Pods(top_pods, per_group, shared_pods, figures, pod_teams, models, profiles)
 
 
