@@ -230,9 +230,9 @@ def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
     pods: set[PodHolding] = set()
     buckets: dict[int, datetime] = {}
     step = 3600 if grain == "hour" else 86400
-    # a month of 10,000 GPUs has ~1 million holders' keys over few distinct holdings: each holding,
-    # set of holdings and cluster's namespace is kept once and named by every key that has it
-    interned: dict[Holding, Holding] = {}
+    # a month of 10,000 GPUs has ~1 million holders' keys over few distinct holdings: each set of
+    # holdings (a holding alone, or one joined to a set) and cluster's namespace is kept once and named
+    # by every key that has it
     alone: dict[Holding, frozenset[Holding]] = {}
     joined: dict[tuple[frozenset[Holding], Holding], frozenset[Holding]] = {}
     names: dict[tuple[str, str], str] = {}
@@ -287,10 +287,12 @@ def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
                     named = names[(cluster, namespace)] = cluster_namespace(cluster, namespace)
                 key = (uuid, gi, named, pod, container)
                 holding = Holding(mode, share, memory, compute, slices, replica, gi in used)
-                holding = interned.setdefault(holding, holding)
                 had = holders.get(key)
                 if had is None:
-                    holders[key] = alone.setdefault(holding, frozenset((holding,)))
+                    single = alone.get(holding)
+                    if single is None:
+                        single = alone[holding] = frozenset((holding,))
+                    holders[key] = single
                 elif holding not in had:
                     both = joined.get((had, holding))
                     if both is None:
