@@ -172,19 +172,11 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
     sqlite = engine.dialect.name == "sqlite"
     if sqlite:  # hours are stored as text, "YYYY-MM-DD HH:MM:SS.ffffff"
         bucket = "g.hour" if grain == "hour" else "substr(g.hour, 1, 10)"
-
-        def epoch(column: str) -> str:
-            return f"CAST(strftime('%s', {column}) AS INTEGER)"
-
         # each group's readings parsed once (json_each), not once per line and reading
         readings = "LEFT JOIN json_each(g.readings) AS j ON j.key = m.pos"
         reading = "CAST(j.value ->> {} AS REAL)"
     else:
         bucket = "g.hour" if grain == "hour" else "date_trunc('day', g.hour)"
-
-        def epoch(column: str) -> str:
-            return f"CAST(extract(epoch FROM {column}) AS BIGINT)"
-
         readings = ""
         reading = "CAST((g.readings::json -> m.pos) ->> {} AS DOUBLE PRECISION)"
 
@@ -203,6 +195,10 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         f"{readings} WHERE g.hour >= :lo AND g.hour < :hi GROUP BY 1, 2"
     )
     quantity = scaled("t.quantity", QUANTITY_SCALE)
+
+    def epoch(column: str) -> str:
+        return _epoch(engine, column)
+
     query = text(
         f"SELECT {epoch('s.bucket')}, {epoch('s.first_hour')}, {epoch('s.last_hour')}, s.lines, "
         + ", ".join(f"t.{name}" for name in TEXT)
@@ -228,6 +224,13 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         return _frame(fetch(windows[0]))
     with ThreadPoolExecutor(max_workers=len(windows)) as pool:
         return _frame([chunk for chunks in pool.map(fetch, windows) for chunk in chunks])
+
+
+def _epoch(engine: Engine, column: str) -> str:
+    """SQL for a stored hour as epoch seconds (an integer) in the engine's dialect."""
+    if engine.dialect.name == "sqlite":
+        return f"CAST(strftime('%s', {column}) AS INTEGER)"
+    return f"CAST(extract(epoch FROM {column}) AS BIGINT)"
 
 
 def _day_windows(start: datetime, end: datetime, most: int = 4) -> list[tuple[datetime, datetime]]:
@@ -293,15 +296,12 @@ def gpu_hour_rows(engine: Engine, start: datetime, end: datetime) -> Iterator[Se
     from gpumeter.billing.ledger.orm import GpuHourRow
 
     dialect = engine.dialect
-    if dialect.name == "sqlite":
-        epoch, marks = "CAST(strftime('%s', hour) AS INTEGER)", ("?", "?")
-    else:
-        epoch, marks = "CAST(extract(epoch FROM hour) AS BIGINT)", ("%s", "%s")
+    mark = "?" if dialect.paramstyle == "qmark" else "%s"
     to_driver = GpuHourRow.__table__.c.hour.type.dialect_impl(dialect).bind_processor(dialect)
     hours = (start, end) if to_driver is None else (to_driver(start), to_driver(end))
     query = (
-        f"SELECT {epoch}, cluster, uuid, hostname, gpu, present_seconds, layout_id, readings "
-        f"FROM gpu_hours WHERE hour >= {marks[0]} AND hour < {marks[1]} ORDER BY hour, cluster, uuid"
+        f"SELECT {_epoch(engine, 'hour')}, cluster, uuid, hostname, gpu, present_seconds, layout_id, "
+        f"readings FROM gpu_hours WHERE hour >= {mark} AND hour < {mark} ORDER BY hour, cluster, uuid"
     )
     with engine.connect() as conn:
         raw: Any = conn.connection.driver_connection
