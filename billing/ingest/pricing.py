@@ -18,7 +18,6 @@ from gpumeter.billing.ingest.intervals import (
 from gpumeter.billing.ledger.base import HourRecord, Ledger
 from gpumeter.billing.models import (
     GpuHour,
-    hours_between,
     team_map_over,
     teams_in_cluster,
 )
@@ -97,14 +96,11 @@ def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, tea
     merged = team_map_over(ledger.namespace_teams(), teams)
     pricer = Pricer(book)
     with _no_collections():
-        for hour in hours_between(start, end):
-            facts = ledger.facts(hour)
-            if facts:
-                lines = [
-                    line
-                    for gh in facts
-                    for line in pricer.price(gh, teams_in_cluster(merged, gh.device.cluster)).lines
-                ]
-                ledger.replace_lines(hour, lines, book)
-                count += 1
+        for hour, facts in ledger.facts_between(start, end):
+            # priced as ingest prices an hour: each cluster's team map worked out once, and the lines
+            # handed over with their groups, so the ledger names again what it stored of a GPU's lines
+            # an hour before instead of making and looking up every line
+            record, _ = priced_record(pricer, hour, facts, merged)
+            ledger.replace_lines(hour, record.lines, book, record.line_groups)
+            count += 1
     return count

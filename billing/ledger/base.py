@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, cluster_namespace, line_key
+from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, cluster_namespace, hours_between, line_key
 from gpumeter.billing.pricing.base import PriceBook
 
 # The kinds of line a team pays: what counts against its budget (docs/billing.md §4.4), as in reports.
@@ -351,8 +351,11 @@ class IngestLedger(LedgerStore):
         """Replace everything of ``record.hour`` (facts, lines) and record a successful run, atomically."""
 
     @abc.abstractmethod
-    def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
-        """Re-price: replace the hour's lines only, in one transaction."""
+    def replace_lines(
+        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: tuple = ()
+    ) -> None:
+        """Re-price: replace the hour's lines only, in one transaction. ``line_groups``: as
+        `HourRecord.line_groups`, where the lines are a re-price's `PricedLines`."""
 
     @abc.abstractmethod
     def record_run(
@@ -392,6 +395,13 @@ class ReportLedger(LedgerStore):
     @abc.abstractmethod
     def facts(self, hour: datetime) -> list[GpuHour]:
         """The stored facts of one hour, as domain objects."""
+
+    def facts_between(self, start: datetime, end: datetime) -> Iterator[tuple[datetime, list[GpuHour]]]:
+        """(hour, its facts) of each hour in [start, end) with facts, in order: what a re-price reads."""
+        for hour in hours_between(start, end):
+            facts = self.facts(hour)
+            if facts:
+                yield hour, facts
 
     @abc.abstractmethod
     def lines(self, start: datetime, end: datetime) -> list[Line]:

@@ -24,7 +24,15 @@ from typing import Any
 import orjson
 
 from gpumeter.billing.ledger.base import SHARED_MODES
-from gpumeter.billing.models import Allocation, Device, GpuHour, MigInstance, Readings, facts_readings
+from gpumeter.billing.models import (
+    Allocation,
+    Device,
+    GpuHour,
+    MigInstance,
+    Readings,
+    SteadyGpuHour,
+    facts_readings,
+)
 
 INSTANCE_ORDER = operator.attrgetter("gpu_instance_id", "mig_profile")
 ALLOCATION_ORDER = operator.attrgetter("gpu_instance_id", "namespace", "pod", "container", "resource")
@@ -154,6 +162,17 @@ def holdings_of(layout: dict[str, list[list[Any]]]) -> set[tuple[str, str, str, 
 
 def _decimal(value: str | None) -> Decimal | None:
     return None if value is None else Decimal(value)
+
+
+def restore_steady(hour: datetime, device: Device, template: GpuHour, stored: str | None) -> SteadyGpuHour:
+    """`restore` of a GPU-hour whose GPU and layout are ``template``'s (`restore`d earlier, its
+    ``layout`` key set): its readings only, the facts made if read (equal to `restore`'s)."""
+    instance_readings, allocation_readings = orjson.loads(stored) if stored else ([], [])
+    readings = (
+        list(map(_decimal, instance_readings)),
+        [tuple(map(_decimal, measured)) for measured in allocation_readings],
+    )
+    return SteadyGpuHour(hour, device, template, readings, template.layout)
 
 
 def restore(

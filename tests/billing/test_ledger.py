@@ -120,6 +120,34 @@ class TestIngestLedger:
             assert facts[0].instances[0].utilization == gh.device.utilization / 2
             assert facts[0].allocations[0].process_memory == gh.allocations[0].process_memory
 
+    def test_facts_between_are_each_hours_facts_read_hour_by_hour(self, ledger, tmp_path):
+        """What a re-price reads: every hour with facts, in order, equal to `facts` of that hour, across
+        the SQL ledger's reads of several hours (two here), a GPU's repeated layout restored on its first
+        hour without sharing that hour's objects, and an hour without facts passed over."""
+        prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+        ledger.FACTS_HOURS_READ = 2  # the SQL ledger's hours a query: the five hours take three
+        other = _hour("GPU-m")
+        written = {}
+        for n in (0, 1, 2, 4):  # hour 3 has no facts
+            at = HOUR0 + timedelta(hours=n)
+            gpu_hours = [
+                _with_readings(_hour(), at, f"0.{n + 1}", 1000 * (n + 1)),
+                _with_readings(other, at, f"0.{9 - n}", 7),
+                gpu_hour("GPU-z", A100, hour=at),  # idle: no layout
+            ]
+            ledger.write_hour(HourRecord(at, gpu_hours, [], prices))
+            written[at] = ledger.facts(at)
+        read = list(ledger.facts_between(HOUR0, HOUR0 + timedelta(hours=6)))
+        assert [hour for hour, _ in read] == sorted(written)
+        assert read[-1][1][0].device.utilization == Decimal("0.5")  # the last hour's own readings
+        assert read[-1][1][0].allocations[0].process_memory == Decimal(5000)
+        for hour, facts in read:
+            assert facts == written[hour]
+            assert [gh.readings() for gh in facts] == [gh.readings() for gh in written[hour]]
+            facts[0].allocations.clear()  # the caller's own: later hours keep theirs
+        again = list(ledger.facts_between(HOUR0 + timedelta(hours=1), HOUR0 + timedelta(hours=3)))
+        assert [facts for _, facts in again] == [written[HOUR0 + timedelta(hours=n)] for n in (1, 2)]
+
 
 class TestReportLedger:
     """What reports read: the summary, and the sums a store answers in its own query language, which

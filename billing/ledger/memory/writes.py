@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -81,7 +81,9 @@ class MemoryWrites(MemoryStore, IngestLedger):
                 RefusedGpuHour(record.hour, c or None, u, why, now) for c, u, why in record.refused
             ]
 
-    def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
+    def replace_lines(
+        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: tuple = ()
+    ) -> None:
         refuse_duplicate_lines(hour, lines)
         with self._guard:
             self._audit_change(hour, lines, book)

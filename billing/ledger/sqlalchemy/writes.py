@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -22,7 +22,6 @@ from gpumeter.billing.ledger.base import (
     IngestLedger,
     audited_change,
     hour_total,
-    refuse_duplicate_lines,
     run_status,
 )
 from gpumeter.billing.ledger.orm import (
@@ -35,7 +34,6 @@ from gpumeter.billing.ledger.orm import (
     RefusedGpuHourRow,
 )
 from gpumeter.billing.ledger.sqlalchemy.rows import (
-    _PRICE_VERSION,
     SqlHourRows,
     _exact_text,
     _priced_hours,
@@ -202,19 +200,27 @@ class SqlWrites(SqlHourRows, IngestLedger):
         self._carry(carry)
 
     @_stored("re-price hour")
-    def replace_lines(self, hour: datetime, lines: list[Line], book: PriceBook) -> None:
-        keys = refuse_duplicate_lines(hour, lines)
+    def replace_lines(
+        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: tuple = ()
+    ) -> None:
+        # as an ingest's hour: a GPU's lines whose terms equal those it stored before are named again
+        record = HourRecord(hour, [], lines, book, line_groups=line_groups)
+        hours = _priced_hours(record)
+        keys, again, parts = self._line_keys(record, hours)  # before any row is touched
         stored_hour, _ = self._driver_values(hour)
         with Session(self.engine) as session, session.begin():
             self._lock_hour(session, hour)
             old = self._hour_totals(session, hour)
             self._delete_hour(session, hour, facts=False)
             self._audit_change(session, hour, old, lines, book, datetime.now(UTC))
-            versions, looked_up = self._version_rows(session, book, set(map(_PRICE_VERSION, lines)))
-            rows, added_terms, added_sets, _ = self._group_rows(session, lines, versions, stored_hour, keys)
+            versions, looked_up = self._version_rows(session, book, _versions_named(record, hours))
+            rows, added_terms, added_sets, carry = self._group_rows(
+                session, lines, versions, stored_hour, keys, line_groups, again, parts
+            )
             self._bulk_insert(session, CostLineGroup.__table__, self.GROUP_COLUMNS, rows)
         self._version_ids.update(looked_up)
         self._learn_terms(added_terms, added_sets)
+        self._carry(carry)
 
     @_stored("record run")
     def record_run(
