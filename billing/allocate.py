@@ -94,6 +94,10 @@ class PricedHour:
         """The lines' efficiencies and utilizations, in order."""
         return line_readings(self.lines)
 
+    def billed(self) -> list[tuple[Decimal | None, str]]:
+        """The lines' amounts and currencies, in order (what an hour's audited total sums)."""
+        return [(line.amount, line.currency) for line in self.lines]
+
 
 def slice_weight(policy: str, compute: int, memory: int, totals: tuple[int, int]) -> Fraction:
     ctot, mtot = totals

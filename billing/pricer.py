@@ -102,6 +102,18 @@ class _ReusedHour(PricedHour):
     def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
         return self._efficiencies, self._utilizations
 
+    def billed(self) -> list[tuple[Decimal | None, str]]:
+        """The kept lines' amounts, a tie's turn taken, without making the lines: a re-price sums
+        every hour it replaces (`hour_total`), and making the lines was an eighth of its time."""
+        if self._lines is not None:
+            return PricedHour.billed(self)
+        billed = self._kept.billed.copy()
+        tie, chosen = self._kept.tie, self._chosen
+        if tie is not None and chosen is not None:
+            for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
+                billed[at] = (plus if at in chosen else base, billed[at][1])
+        return billed
+
 
 _SIZE = operator.attrgetter("size")
 
@@ -137,6 +149,12 @@ class PricedLines(Sequence[Line]):
     def __iter__(self) -> Iterator[Line]:
         return iter(self._all())
 
+    def billed(self) -> Iterator[tuple[Decimal | None, str]]:
+        """Every line's amount and currency, in order, from the priced hours (`_ReusedHour.billed`)."""
+        if self._lines is not None:
+            return ((line.amount, line.currency) for line in self._lines)
+        return (pair for priced in self.hours for pair in priced.billed())
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PricedLines):
             other = other._all()
@@ -168,6 +186,7 @@ class _Kept:
     efficiencies: list[Decimal | None] = field(init=False)
     utilizations: list[Decimal | None] = field(init=False)
     version_id: str | None = field(init=False)
+    billed: list[tuple[Decimal | None, str]] = field(init=False)
 
     def __post_init__(self, allocations: list[Allocation]) -> None:
         self.held = []
@@ -178,6 +197,7 @@ class _Kept:
                 self.held.append((at, source, alloc.namespace, unit))
         self.efficiencies, self.utilizations = self.priced.readings()
         self.version_id = self.priced.version_id
+        self.billed = self.priced.billed()
 
 
 # What of a MIG instance and of an allocation the amounts depend on (Pricer's key)

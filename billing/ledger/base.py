@@ -80,12 +80,15 @@ class AuditRecord:
 
 
 def hour_total(lines: Iterable[Line]) -> tuple[Decimal, str] | None:
-    """(the hour's billed amount, its currency), None for an hour without priced lines."""
+    """(the hour's billed amount, its currency), None for an hour without priced lines. Lines that
+    say what they bill (ingest's `PricedLines.billed`) are summed without being made."""
+    billed = getattr(lines, "billed", None)
+    pairs = billed() if billed is not None else ((line.amount, line.currency) for line in lines)
     total, currency, priced = Decimal(0), "", False
-    for line in lines:
-        if line.amount is not None:
-            total += line.amount
-            currency = currency or line.currency
+    for amount, line_currency in pairs:
+        if amount is not None:
+            total += amount
+            currency = currency or line_currency
             priced = True
     return (total, currency) if priced else None
 
