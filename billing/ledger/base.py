@@ -120,6 +120,10 @@ def audited_change(
     )
 
 
+# per GPU-hour of an hour's lines, in their order: (uuid, its `PricedHour.terms`, how many lines it has)
+LineGroups = tuple[tuple[str, Hashable | None, int], ...]
+
+
 @dataclass(frozen=True)
 class HourRecord:
     """What one ingest wrote for one hour: facts, priced lines and the book that priced them."""
@@ -135,7 +139,7 @@ class HourRecord:
     # terms are equal (docs/billing.md §6.3), and then, where ``lines`` are ingest's `PricedLines`,
     # read what it stores of them from their priced hour without making them; empty: every line is
     # looked at
-    line_groups: tuple[tuple[str, Hashable | None, int], ...] = field(default=(), compare=False, repr=False)
+    line_groups: LineGroups = field(default=(), compare=False, repr=False)
     # GPU-hours left out because a reading of theirs was refused, (cluster, uuid, why): the run is recorded
     # "partial", they are stored (`Ledger.refused_gpu_hours`), and catch-up retries the hour
     refused: tuple[tuple[str, str, str], ...] = ()
@@ -355,7 +359,7 @@ class IngestLedger(LedgerStore):
 
     @abc.abstractmethod
     def replace_lines(
-        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: tuple = ()
+        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: LineGroups = ()
     ) -> None:
         """Re-price: replace the hour's lines only, in one transaction. ``line_groups``: as
         `HourRecord.line_groups`, where the lines are a re-price's `PricedLines`."""

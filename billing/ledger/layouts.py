@@ -164,15 +164,17 @@ def _decimal(value: str | None) -> Decimal | None:
     return None if value is None else Decimal(value)
 
 
-def restore_steady(hour: datetime, device: Device, template: GpuHour, stored: str | None) -> SteadyGpuHour:
-    """`restore` of a GPU-hour whose GPU and layout are ``template``'s (`restore`d earlier, its
-    ``layout`` key set): its readings only, the facts made if read (equal to `restore`'s)."""
+def restore_steady(
+    hour: datetime, device: Device, template: GpuHour, stored: str | None, key: tuple
+) -> SteadyGpuHour:
+    """`restore` of a GPU-hour whose GPU and layout (of key ``key``) are ``template``'s, `restore`d
+    earlier: its readings only, the facts made if read (equal to `restore`'s)."""
     instance_readings, allocation_readings = orjson.loads(stored) if stored else ([], [])
-    readings = (
+    readings: Readings = (
         list(map(_decimal, instance_readings)),
-        [tuple(map(_decimal, measured)) for measured in allocation_readings],
+        [(_decimal(u), _decimal(sm), _decimal(memory)) for u, sm, memory in allocation_readings],
     )
-    return SteadyGpuHour(hour, device, template, readings, template.layout)
+    return SteadyGpuHour(hour, device, template, readings, key)
 
 
 def restore(

@@ -15,6 +15,7 @@ from gpumeter.billing.ledger.base import (
     HourRecord,
     IngestLedger,
     IngestRunRecord,
+    LineGroups,
     PriceVersionRecord,
     RefusedGpuHour,
     audited_change,
@@ -82,7 +83,7 @@ class MemoryWrites(MemoryStore, IngestLedger):
             ]
 
     def replace_lines(
-        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: tuple = ()
+        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: LineGroups = ()
     ) -> None:
         refuse_duplicate_lines(hour, lines)
         with self._guard:

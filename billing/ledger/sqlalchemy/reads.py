@@ -143,7 +143,8 @@ class SqlReads(SqlStore, ReportLedger):
         reader left open would hold off the re-price writing them). A GPU's GPU-hours of a layout met
         before are restored steady on it (readings only, `layouts.restore_steady`), with its layout
         key, as an ingest builds them: a re-price's pricer then finds them by that key."""
-        templates: dict[tuple, GpuHour] = {}  # (cluster, uuid, layout id) -> that GPU's first hour of it
+        # (cluster, uuid, layout id) -> (that GPU's first hour of it, restored apart, the layout's key)
+        templates: dict[tuple, tuple[GpuHour, tuple]] = {}
         keys: dict[int, tuple | None] = {}  # layout id -> its key, one object for every hour
         for at in range(0, len(every := hours_between(start, end)), self.FACTS_HOURS_READ):
             part = every[at : at + self.FACTS_HOURS_READ]
@@ -153,19 +154,18 @@ class SqlReads(SqlStore, ReportLedger):
                 for *device, layout_id, stored in rows:
                     device = Device(*device)
                     own = (device.cluster, device.uuid, layout_id)
-                    template = templates.get(own)
-                    if template is not None:
-                        facts.append(layouts.restore_steady(hour, device, template, stored))
+                    steady = templates.get(own)
+                    if steady is not None:
+                        facts.append(layouts.restore_steady(hour, device, steady[0], stored, steady[1]))
                         continue
                     layout = None if layout_id is None else layouts_read[layout_id]
                     gpu_hour = layouts.restore(hour, device, layout, stored)
                     if layout_id is not None:
                         if layout_id not in keys:
                             keys[layout_id] = layouts.layout_key(gpu_hour.instances, gpu_hour.allocations)
-                        gpu_hour.layout = keys[layout_id]
-                        # restored apart: the caller may change the GPU-hour it is given
-                        template = templates[own] = layouts.restore(hour, device, layout, stored)
-                        template.layout = gpu_hour.layout
+                        key = gpu_hour.layout = keys[layout_id]
+                        if key is not None:  # restored apart: the caller may change the one it is given
+                            templates[own] = (layouts.restore(hour, device, layout, stored), key)
                     facts.append(gpu_hour)
                 if len(templates) > LAYOUTS_KEPT:
                     templates.clear()

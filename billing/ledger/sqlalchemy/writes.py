@@ -20,6 +20,7 @@ from gpumeter.billing.ledger.base import (
     Actor,
     HourRecord,
     IngestLedger,
+    LineGroups,
     audited_change,
     hour_total,
     run_status,
@@ -201,7 +202,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
 
     @_stored("re-price hour")
     def replace_lines(
-        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: tuple = ()
+        self, hour: datetime, lines: Sequence[Line], book: PriceBook, line_groups: LineGroups = ()
     ) -> None:
         # as an ingest's hour: a GPU's lines whose terms equal those it stored before are named again
         record = HourRecord(hour, [], lines, book, line_groups=line_groups)
