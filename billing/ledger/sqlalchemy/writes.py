@@ -112,7 +112,13 @@ class SqlWrites(SqlHourRows, IngestLedger):
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     def _hour_totals(self, session: Session, hour: datetime) -> tuple[Decimal, str] | None:
-        """What the hour is billed now (`hour_total`), summed in SQL at the stored scale."""
+        """What the hour is billed now (`hour_total`), summed in SQL at the stored scale. An hour
+        without lines (an ingest's first write of it) is known by one look at the groups' index: the
+        sum over the lines' view planned and started parallel workers for nothing, ~9 ms an hour on
+        PostgreSQL (6 s of a 1,000-GPU month)."""
+        held = select(CostLineGroup.hour).where(CostLineGroup.hour == bindparam("hour")).limit(1)
+        if session.execute(held, {"hour": hour}).first() is None:
+            return None
         c = COST_LINES.c
         scale = 10**4  # Money() is NUMERIC(20, 4)
         query = (
