@@ -367,6 +367,37 @@ def test_a_price_version_is_looked_up_by_the_first_hour_only(sql_ledger, tmp_pat
     assert len({line.hour for line in lines}) == 3 and len({line.price_version for line in lines}) == 1
 
 
+def test_an_hours_billed_total_is_summed_from_its_sets_whatever_the_ledger_kept(
+    sql_ledger, tmp_path, monkeypatch
+):
+    """Before an hour is replaced, its billed total (the audit's old total) is summed per set of terms,
+    each set's amount kept once read: right for hours of several GPUs sharing a set (GPU-a's lines are
+    the same terms in both hours), when the kept sums are let go between hours (a ledger that keeps
+    one), and with the sets read again by a fresh ledger."""
+    from gpumeter.billing.ledger.sqlalchemy import writes
+
+    monkeypatch.setattr(writes, "TERMS_KEPT", 1)
+    for rate in ("3.00", "4.00"):
+        (tmp_path / rate).mkdir()
+    three, four = (book(tmp_path / r, {"A100-40GB": {"hourly_rate": r}}) for r in ("3.00", "4.00"))
+    held = {HOUR0: ("GPU-a", "GPU-b"), HOUR0 + timedelta(hours=1): ("GPU-a", "GPU-c")}
+
+    def write(ledger, prices, hour) -> None:
+        gpus = [dataclasses.replace(_hour(uuid), hour=hour) for uuid in held[hour]]
+        ledger.write_hour(
+            HourRecord(hour, gpus, [x for gh in gpus for x in price_gpu_hour(gh, prices).lines], prices)
+        )
+
+    for prices in (three, four):
+        for hour in held:
+            write(sql_ledger, prices, hour)
+    write(SqlLedger(sql_ledger.engine), three, HOUR0)
+    # two GPUs of 1 h each an hour: 6.00 at 3.00 an hour, 8.00 at 4.00
+    changes = [(r.hour, r.old_total, r.new_total) for r in sql_ledger.audit_records()]
+    six, eight = Decimal("6.00"), Decimal("8.00")
+    assert changes == [(hour, six, eight) for hour in held] + [(HOUR0, eight, six)]
+
+
 def test_an_hour_rolled_back_leaves_no_price_version_behind_for_the_next_writer(sql_ledger, tmp_path):
     """A price version stored by an hour that was rolled back is gone: another book's version may now
     take its id, and the hour written again must store its own version, not name that id."""

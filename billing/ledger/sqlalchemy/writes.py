@@ -129,18 +129,23 @@ class SqlWrites(SqlHourRows, IngestLedger):
         ).all()
         if not held:
             return None
-        self._learn_set_totals(session, [set_id for set_id, _ in held if set_id not in self._set_totals])
+        known = self._set_totals
+        found = self._set_totals_of(session, [set_id for set_id, _ in held if set_id not in known])
         scaled: dict[str, int] = {}
         for set_id, groups in held:
-            for currency, total in self._set_totals[set_id]:
+            for currency, total in found[set_id] if set_id in found else known[set_id]:
                 scaled[currency] = scaled.get(currency, 0) + groups * total
+        if len(known) + len(found) > TERMS_KEPT:
+            known.clear()
+        known.update(found)
         if not scaled:
             return None
         return Decimal(sum(scaled.values())).scaleb(-4), min(scaled)
 
-    def _learn_set_totals(self, session: Session, set_ids: list[int]) -> None:
+    @staticmethod
+    def _set_totals_of(session: Session, set_ids: list[int]) -> dict[int, list[tuple[str, int]]]:
         """Each set's priced amount per currency, in ten-thousandths (Money() is NUMERIC(20, 4)), as
-        the lines of a group naming it sum (`_set_totals`)."""
+        the lines of a group naming it sum."""
         members, terms_table = CostLineSetTerm.__table__, CostLineTerm.__table__
         m, t = members.c, terms_table.c
         found: dict[int, list[tuple[str, int]]] = {set_id: [] for set_id in set_ids}
@@ -157,9 +162,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
             )
             for set_id, currency, total in session.execute(query):
                 found[set_id].append((currency, int(total)))
-        if len(self._set_totals) + len(found) > TERMS_KEPT:
-            self._set_totals.clear()
-        self._set_totals.update(found)
+        return found
 
     def _audit_change(self, session: Session, hour: datetime, old, lines, book, now: datetime) -> None:
         """An audit row when the hour was billed and its new lines bill another total."""
