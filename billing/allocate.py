@@ -32,6 +32,7 @@ from gpumeter.billing.models import (
     LineKind,
     QuantityUnit,
     key_within_cluster,
+    line_billed,
     line_readings,
     with_fields,
 )
@@ -96,7 +97,7 @@ class PricedHour:
 
     def billed(self) -> list[tuple[Decimal | None, str]]:
         """The lines' amounts and currencies, in order (what an hour's audited total sums)."""
-        return [(line.amount, line.currency) for line in self.lines]
+        return list(map(line_billed, self.lines))
 
 
 def slice_weight(policy: str, compute: int, memory: int, totals: tuple[int, int]) -> Fraction:

@@ -268,6 +268,8 @@ class GpuHour:
 _UTILIZATION = operator.attrgetter("utilization")
 _ALLOCATION_READINGS = operator.attrgetter("utilization", "process_sm", "process_memory")
 _EFFICIENCY = operator.attrgetter("efficiency")
+# what a line bills: (amount, currency), the pair an hour's audited total sums (`hour_total`)
+line_billed = operator.attrgetter("amount", "currency")
 
 
 def facts_readings(instances: list[MigInstance], allocations: list[Allocation]) -> Readings:

@@ -21,7 +21,7 @@ from gpumeter.billing.allocate import (
     _price_gpu_hour,
     _tie_groups,
 )
-from gpumeter.billing.models import Allocation, GpuHour, Line, with_fields
+from gpumeter.billing.models import Allocation, GpuHour, Line, line_billed, with_fields
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
@@ -87,11 +87,16 @@ class _ReusedHour(PricedHour):
                 fields["utilization"] = utilizations[at]
                 fields["efficiency"] = efficiencies[at]
             lines.append(with_fields(Line, fields))
-        tie, chosen = kept.tie, self._chosen
+        for at, amount in self._turned():
+            lines[at].__dict__["amount"] = amount  # seen by no one yet
+        return lines
+
+    def _turned(self) -> Iterator[tuple[int, Decimal]]:
+        """The tied lines' places and the amount this hour's turn gives each (none without a tie)."""
+        tie, chosen = self._kept.tie, self._chosen
         if tie is not None and chosen is not None:
             for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
-                lines[at].__dict__["amount"] = plus if at in chosen else base  # seen by no one yet
-        return lines
+                yield at, plus if at in chosen else base
 
     # plain attributes, set once (`__init__`), where PricedHour reads them from its lines: the ledger
     # reads each ~2 times per GPU-hour (~1,000 an hour on the 1,000-GPU bench)
@@ -108,10 +113,8 @@ class _ReusedHour(PricedHour):
         if self._lines is not None:
             return PricedHour.billed(self)
         billed = self._kept.billed.copy()
-        tie, chosen = self._kept.tie, self._chosen
-        if tie is not None and chosen is not None:
-            for at, base, plus in zip(tie.positions, tie.bases, tie.pluses, strict=True):
-                billed[at] = (plus if at in chosen else base, billed[at][1])
+        for at, amount in self._turned():
+            billed[at] = (amount, billed[at][1])
         return billed
 
 
@@ -152,7 +155,7 @@ class PricedLines(Sequence[Line]):
     def billed(self) -> Iterator[tuple[Decimal | None, str]]:
         """Every line's amount and currency, in order, from the priced hours (`_ReusedHour.billed`)."""
         if self._lines is not None:
-            return ((line.amount, line.currency) for line in self._lines)
+            return map(line_billed, self._lines)
         return (pair for priced in self.hours for pair in priced.billed())
 
     def __eq__(self, other: object) -> bool:

@@ -14,7 +14,16 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter import contract
-from gpumeter.billing.models import HOUR, GpuHour, Line, LineKind, cluster_namespace, hours_between, line_key
+from gpumeter.billing.models import (
+    HOUR,
+    GpuHour,
+    Line,
+    LineKind,
+    cluster_namespace,
+    hours_between,
+    line_billed,
+    line_key,
+)
 from gpumeter.billing.pricing.base import PriceBook
 
 # The kinds of line a team pays: what counts against its budget (docs/billing.md §4.4), as in reports.
@@ -83,7 +92,7 @@ def hour_total(lines: Iterable[Line]) -> tuple[Decimal, str] | None:
     """(the hour's billed amount, its currency), None for an hour without priced lines. Lines that
     say what they bill (ingest's `PricedLines.billed`) are summed without being made."""
     billed = getattr(lines, "billed", None)
-    pairs = billed() if billed is not None else ((line.amount, line.currency) for line in lines)
+    pairs = billed() if billed is not None else map(line_billed, lines)
     total, currency, priced = Decimal(0), "", False
     for amount, line_currency in pairs:
         if amount is not None:
