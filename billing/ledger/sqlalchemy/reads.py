@@ -121,29 +121,22 @@ class SqlReads(SqlStore, ReportLedger):
             parsed = self._parsed_layouts[layout_id] = layouts.parse_layout(body)
         return parsed
 
-    @_stored("read facts")
     def facts(self, hour: datetime) -> list[GpuHour]:
-        g = GpuHourRow
-        with Session(self.engine) as session:
-            rows = session.execute(
-                select(g.uuid, g.model, g.present_seconds, g.hostname, g.gpu, g.mig_mode, g.utilization)
-                .add_columns(g.cluster, g.layout_id, g.readings)
-                .where(g.hour == hour)
-                .order_by(g.cluster, g.uuid)
-            ).all()
-            return [
-                layouts.restore(hour, Device(*device), self._layout(session, layout_id), stored)
-                for *device, layout_id, stored in rows
-            ]
+        read, parsed = self._facts_rows(hour, hour + HOUR)
+        return [
+            layouts.restore(hour, Device(*device), None if layout_id is None else parsed[layout_id], stored)
+            for _, rows in read
+            for *device, layout_id, stored in rows
+        ]
 
     FACTS_HOURS_READ = 24  # hours of facts one query of `facts_between` reads (~24,000 rows at 1,000 GPUs)
 
     def facts_between(self, start: datetime, end: datetime) -> Iterator[tuple[datetime, list[GpuHour]]]:
         """A day of hours' facts a query, each session closed before they are handed out (on SQLite a
-        reader left open would hold off the re-price writing them). A GPU's GPU-hours of a layout met
-        before are restored steady on it (readings only, `layouts.restore_steady`), with its layout
+        reader left open would hold off the re-price writing them). A GPU's GPU-hours of one layout are
+        restored steady on the first (readings only, `layouts.restore_steady`), with the layout's
         key, as an ingest builds them: a re-price's pricer then finds them by that key."""
-        # (cluster, uuid, layout id) -> (that GPU's first hour of it, restored apart, the layout's key)
+        # (cluster, uuid, layout id) -> (that GPU's first hour of it, the layout's key)
         templates: dict[tuple, tuple[GpuHour, tuple]] = {}
         keys: dict[int, tuple | None] = {}  # layout id -> its key, one object for every hour
         for at in range(0, len(every := hours_between(start, end)), self.FACTS_HOURS_READ):
@@ -155,18 +148,19 @@ class SqlReads(SqlStore, ReportLedger):
                     device = Device(*device)
                     own = (device.cluster, device.uuid, layout_id)
                     steady = templates.get(own)
-                    if steady is not None:
-                        facts.append(layouts.restore_steady(hour, device, steady[0], stored, steady[1]))
-                        continue
-                    layout = None if layout_id is None else layouts_read[layout_id]
-                    gpu_hour = layouts.restore(hour, device, layout, stored)
-                    if layout_id is not None:
+                    if steady is None and layout_id is not None:
+                        # kept, never handed out: every hour of it, the first too, is restored steady
+                        # on it, so a caller changing the facts it was given changes no other hour's
+                        template = layouts.restore(hour, device, layouts_read[layout_id], stored)
                         if layout_id not in keys:
-                            keys[layout_id] = layouts.layout_key(gpu_hour.instances, gpu_hour.allocations)
-                        key = gpu_hour.layout = keys[layout_id]
-                        if key is not None:  # restored apart: the caller may change the one it is given
-                            templates[own] = (layouts.restore(hour, device, layout, stored), key)
-                    facts.append(gpu_hour)
+                            keys[layout_id] = layouts.layout_key(template.instances, template.allocations)
+                        if (key := keys[layout_id]) is not None:
+                            steady = templates[own] = (template, key)
+                    if steady is None:  # an idle GPU: no layout
+                        layout = None if layout_id is None else layouts_read[layout_id]
+                        facts.append(layouts.restore(hour, device, layout, stored))
+                    else:
+                        facts.append(layouts.restore_steady(hour, device, steady[0], stored, steady[1]))
                 if len(templates) > LAYOUTS_KEPT:
                     templates.clear()
                 yield hour, facts
