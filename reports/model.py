@@ -8,8 +8,10 @@ utilization-tier efficiency are report-only ratios and are carried as floats.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -35,12 +37,12 @@ from gpumeter.reports.period import last_month as last_month
 from gpumeter.reports.period import month_period as month_period
 from gpumeter.reports.period import range_period as range_period
 from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
+from gpumeter.reports.splits import FactScan, scan_facts
 from gpumeter.reports.splits import GpuBucket as GpuBucket
 from gpumeter.reports.splits import Holding as Holding
 from gpumeter.reports.splits import HoldingKey as HoldingKey
 from gpumeter.reports.splits import Holdings as Holdings
 from gpumeter.reports.splits import read_splits as read_splits
-from gpumeter.reports.splits import scan_facts
 
 CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
 
@@ -471,6 +473,32 @@ def build_report(
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
+    # The two reads of the period at once: the fact scan is Python over every GPU-hour, the line sums
+    # are mostly the database's work, done outside the GIL, so on two cores the pair takes little more
+    # than the longer. A report that fails stops the scan at its next chunk rather than waiting it out.
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-facts") as pool:
+        scan = pool.submit(scan_facts, ledger, period, grain, splits=splits, stop=stop)
+        try:
+            return _build_report(
+                ledger, period, grouping, grain, top, compare, budgets, clusters, scan.result
+            )
+        finally:
+            stop.set()
+
+
+def _build_report(
+    ledger: Ledger,
+    period: Period,
+    grouping: Grouping,
+    grain: str,
+    top: int,
+    compare: bool,
+    budgets: Mapping[str, Budget] | None,
+    clusters: tuple[str, ...],
+    read_facts: Callable[[], FactScan],
+) -> Report:
+    """`build_report`'s work, the period's facts read by ``read_facts`` where they are needed."""
     from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
     from gpumeter.reports import grouped
 
@@ -562,7 +590,7 @@ def build_report(
     def change(now: Decimal, before: Decimal) -> Change:
         return Change.of(now, before if has_previous else None)
 
-    facts = scan_facts(ledger, period, grain, splits=splits)
+    facts = read_facts()
     holdings = facts.holdings
     if clusters:  # the named clusters' holders (the ledger names them `cluster/namespace`)
         prefixes = tuple(f"{c}/" for c in clusters)

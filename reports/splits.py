@@ -5,6 +5,7 @@ charges, reports.focus)."""
 from __future__ import annotations
 
 import operator
+import threading
 from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -68,6 +69,7 @@ def read_splits(
     period: Period,
     grain: str = "day",
     gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[datetime, dict[HoldingKey, set[Holding]]]:
     """Per ``grain`` bucket of ``period`` (an hour or a UTC day), the distinct holdings of every holder
     of a GPU-hour whose cost was split among holders (MIG instances, replicas, fractional grants,
@@ -78,6 +80,8 @@ def read_splits(
     out: dict[datetime, dict[HoldingKey, set[Holding]]] = {}
     hour = period.start
     while hour < period.end:
+        if stop is not None and stop.is_set():
+            raise ScanStopped
         start = hour if grain == "hour" else hour.replace(hour=0)
         bucket = out.setdefault(start, {})
         for gpu_hour in ledger.facts(hour):
@@ -136,19 +140,27 @@ class FactScan:
     holdings: list[PodHolding]
 
 
-def scan_facts(ledger: Ledger, period: Period, grain: str, *, splits: bool) -> FactScan:
+class ScanStopped(Exception):
+    """The fact scan was asked to stop (`scan_facts`' ``stop``): the report reading it failed."""
+
+
+def scan_facts(
+    ledger: Ledger, period: Period, grain: str, *, splits: bool, stop: threading.Event | None = None
+) -> FactScan:
     """The splits, GPUs and holdings of ``period``. A SQL ledger's GPU-hours are read in one pass
     over its rows, each distinct layout parsed once (a month of 10,000 GPUs is 7.2 million
     GPU-hours: restoring each as objects, hour by hour, took most of a report's time); any other
-    ledger's hour by hour (`read_splits`, `Ledger.holdings`)."""
+    ledger's hour by hour (`read_splits`, `Ledger.holdings`). ScanStopped at the next chunk of rows
+    (or hour) once ``stop`` is set: the scan runs beside the report's other read (`build_report`)."""
+    stop = stop or threading.Event()
     engine = getattr(ledger, "engine", None)
     if engine is None:
         gpus: dict[tuple[datetime, str, str], GpuBucket] | None = {} if splits else None
-        held = read_splits(ledger, period, grain, gpus) if splits else None
+        held = read_splits(ledger, period, grain, gpus, stop) if splits else None
         return FactScan(held, gpus, ledger.holdings(period.start, period.end))
     if not splits:
         return FactScan(None, None, ledger.holdings(period.start, period.end))
-    return _scan_rows(engine, period, grain)
+    return _scan_rows(engine, period, grain, stop)
 
 
 class _Layout:
@@ -215,7 +227,7 @@ class _Layout:
 LAYOUTS_KEPT = 20_000  # parsed layouts of a generation (`_scan_rows`)
 
 
-def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
+def _scan_rows(engine: Any, period: Period, grain: str, stop: threading.Event) -> FactScan:
     from gpumeter.billing.ledger import frames  # the ledger's bulk readers
 
     out: dict[datetime, dict[HoldingKey, frozenset[Holding]]] = {}
@@ -237,6 +249,8 @@ def _scan_rows(engine: Any, period: Period, grain: str) -> FactScan:
     joined: dict[tuple[frozenset[Holding], Holding], frozenset[Holding]] = {}
     names: dict[tuple[str, str], str] = {}
     for part in frames.gpu_hour_rows(engine, period.start, period.end):
+        if stop.is_set():
+            raise ScanStopped
         missing = {row[6] for row in part if row[6] is not None and row[6] not in layouts}
         for layout_id in missing & older.keys():
             layouts[layout_id] = older[layout_id]

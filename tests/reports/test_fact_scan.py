@@ -99,3 +99,33 @@ def test_replicas_process_use_and_fractional_grants_are_read_as_the_facts_say(sq
         assert scanned.splits == splits and scanned.gpus == gpus
         assert any(h.process_use for held in splits.values() for hs in held.values() for h in hs)
         assert scanned.holdings == ledger.holdings(NOVEMBER.start, NOVEMBER.end)
+
+
+def test_a_stopped_scan_stops_at_its_next_chunk_on_every_backend(ledger):
+    """The scan runs beside the report's line sums (`build_report`); when the report fails it is told
+    to stop rather than read the rest of the month first. SQL ledger and the hour-by-hour reader."""
+    import threading
+
+    from gpumeter.billing.ledger.memory import MemoryLedger
+    from gpumeter.reports.splits import ScanStopped
+
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(ScanStopped):
+        scan_facts(ledger, NOVEMBER, "day", splits=True, stop=stop)
+    with pytest.raises(ScanStopped):
+        scan_facts(MemoryLedger(), NOVEMBER, "day", splits=True, stop=stop)
+    # not stopped: read whole, as without the event
+    assert scan_facts(ledger, NOVEMBER, "day", splits=True, stop=threading.Event()).gpus
+
+
+def test_a_report_that_fails_leaves_no_fact_scan_running(ledger):
+    """An unknown cluster is refused from the line sums while the scan beside them is reading: the
+    error comes out and the scan's thread is gone with it, stopped at its next chunk."""
+    import threading
+
+    from gpumeter.reports.model import ReportError, build_report
+
+    with pytest.raises(ReportError, match="no-such-cluster"):
+        build_report(ledger, NOVEMBER, "team", clusters=("no-such-cluster",))
+    assert not [t for t in threading.enumerate() if t.name.startswith("report-facts")]
