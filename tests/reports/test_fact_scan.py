@@ -129,3 +129,44 @@ def test_a_report_that_fails_leaves_no_fact_scan_running(ledger):
     with pytest.raises(ReportError, match="no-such-cluster"):
         build_report(ledger, NOVEMBER, "team", clusters=("no-such-cluster",))
     assert not [t for t in threading.enumerate() if t.name.startswith("report-facts")]
+
+
+def test_each_gpus_node_and_presence_per_bucket_are_summed_as_hour_by_hour(sql_ledger, tmp_path):
+    """The GPUs' buckets are summed by the database: a GPU that moved node within a day is named by the
+    bucket's last node, an hour that named none is passed over, each hour's present seconds count
+    clamped to the hour and rounded to 10⁻⁶ GPU-hours before they are added, and one UUID in two
+    clusters is two GPUs. SQLite and PostgreSQL, against the facts read hour by hour and by hand."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from gpumeter.billing.allocate import price_gpu_hour
+    from gpumeter.billing.ledger.base import HourRecord
+    from gpumeter.billing.models import Device, GpuHour
+
+    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    # (hour offset, node, index, present seconds) of GPU-x in cluster "east"; hour 24 is the next day
+    east = [(0, "node-1", "0", 3600), (1, "", "", 1), (2, "node-2", "3", 1799), (3, "node-2", "", 3601)]
+    east += [(4, "", "", 0), (24, "node-3", "1", 2)]
+    for offset, node, index, seconds in east:
+        hour = NOVEMBER.start + timedelta(hours=offset)
+        facts = [
+            GpuHour(hour, Device("GPU-x", synthetic.H100, seconds, node, index, False, cluster="east"), [], []),
+            GpuHour(hour, Device("GPU-x", synthetic.H100, 3599, "w-9", "7", False, cluster="west"), [], []),
+        ]
+        lines = [line for gh in facts for line in price_gpu_hour(gh, book, {}).lines]
+        sql_ledger.write_hour(HourRecord(hour, facts, lines, book), source="test")
+    day, next_day = NOVEMBER.start, NOVEMBER.start + timedelta(days=1)
+    gpus = scan_facts(sql_ledger, NOVEMBER, "day", splits=True).gpus
+    assert gpus is not None
+    east_day = gpus[(day, "east", "GPU-x")]
+    assert (east_day.hostname, east_day.index) == ("node-2", "3")  # the day's last node that was named
+    # 1 + 1/3600 + 1799/3600 + 1 (3601 clamped) + 0, each to 10⁻⁶: 1 + 0.000278 + 0.499722 + 1
+    assert east_day.present == Decimal("2.500000")
+    assert gpus[(next_day, "east", "GPU-x")].present == Decimal("0.000556")  # 2/3600
+    west_day = gpus[(day, "west", "GPU-x")]
+    # five hours of 3599 s: 0.999722 (3599/3600 to 10⁻⁶) each
+    assert (west_day.hostname, west_day.index, west_day.present) == ("w-9", "7", Decimal("4.998610"))
+    for grain in ("hour", "day"):
+        by_hour: dict = {}
+        read_splits(sql_ledger, NOVEMBER, grain, by_hour)
+        assert scan_facts(sql_ledger, NOVEMBER, grain, splits=True).gpus == by_hour
