@@ -150,7 +150,9 @@ def test_each_gpus_node_and_presence_per_bucket_are_summed_as_hour_by_hour(sql_l
     for offset, node, index, seconds in east:
         hour = NOVEMBER.start + timedelta(hours=offset)
         facts = [
-            GpuHour(hour, Device("GPU-x", synthetic.H100, seconds, node, index, False, cluster="east"), [], []),
+            GpuHour(
+                hour, Device("GPU-x", synthetic.H100, seconds, node, index, False, cluster="east"), [], []
+            ),
             GpuHour(hour, Device("GPU-x", synthetic.H100, 3599, "w-9", "7", False, cluster="west"), [], []),
         ]
         lines = [line for gh in facts for line in price_gpu_hour(gh, book, {}).lines]
