@@ -322,8 +322,14 @@ class Charges(Sequence[LineTotal]):
         return len(self._frame)
 
     def __iter__(self) -> Iterator[LineTotal]:
+        for chunk in self.chunks():
+            yield from _line_totals(chunk)
+
+    def chunks(self) -> Iterator[pd.DataFrame]:
+        """The charges' columns (`_CHARGE_COLUMNS`) a chunk of rows at a time, in order: for a file
+        written from the columns, with no `LineTotal` made (`reports.render.lines_csv_parts`)."""
         for at in range(0, len(self._frame), self.CHUNK):
-            yield from _line_totals(self._frame.iloc[at : at + self.CHUNK])
+            yield self._frame.iloc[at : at + self.CHUNK]
 
     @overload
     def __getitem__(self, index: int) -> LineTotal: ...

@@ -94,3 +94,69 @@ def test_charges_out_of_bucket_order_are_refused_not_split_into_two_origins(work
         focus.rows(report)
     report.charges = charges  # the same charges in order
     assert len(focus.rows(report)) == len(charges)
+
+
+def _lines_csv_from_line_totals(report) -> str:
+    """The lines CSV as it was written before it was made from the charges' columns: a row per
+    charge's `LineTotal`, each figure through `_qty`, `Report.money`, `Report.slices` and `_ratio`."""
+    from gpumeter.billing.models import LineKind
+    from gpumeter.reports import csvfile
+    from gpumeter.reports.model import HOUR, version_label
+
+    labels = {v.id: version_label(v) for v in report.price_versions}
+    header = render.LINES_HEADER
+    if report.has_clusters:
+        header = [*header[:4], "cluster", *header[4:]]
+
+    def ratio(weighted, quantity):
+        return render._ratio(weighted / float(quantity) if quantity else None)
+
+    rows = []
+    for c in report.charges:
+        row = [
+            render._ts(c.bucket),
+            render._ts(c.first_hour),
+            render._ts(c.last_hour + HOUR),
+            LineKind.UNPRICED.value if c.amount is None else c.kind,
+            *(c.team, c.namespace, c.pod, c.container, c.model, c.mig_profile, c.uuid, c.gpu_instance_id),
+            render._qty(c.quantity),
+            render._qty(report.slices(c)),
+            report.money(c.amount),
+            c.currency,
+            ratio(c.utilization_weighted, c.utilization_quantity),
+            ratio(c.efficiency_weighted, c.efficiency_quantity),
+            labels.get(c.price_version_id, ""),
+            c.lines,
+        ]
+        if report.has_clusters:
+            row.insert(4, c.cluster)
+        rows.append(row)
+    return csvfile.text(header, rows)
+
+
+@pytest.mark.parametrize("grain", ["hour", "day"])
+def test_the_lines_csv_made_from_columns_is_what_each_charge_says(worked_ledger, grain, monkeypatch):
+    """The worked examples (ties, idle spread, stranded capacity) on every ledger, by hour and by day,
+    in chunks that cut buckets: the text of each charge's `LineTotal` formatted in turn."""
+    report = build_report(worked_ledger, NOVEMBER, "team", grain=grain)
+    monkeypatch.setattr(grouped.Charges, "CHUNK", 3)
+    assert "".join(render.lines_csv_parts(report)) == _lines_csv_from_line_totals(report)
+
+
+def test_the_lines_csv_of_a_mixed_fleet_is_what_each_charge_says(tmp_path):
+    """MIG slices held, an unpriced model, time-sliced replicas, over two days: the same."""
+    from gpumeter.billing.ledger import open_ledger
+    from gpumeter.billing.pricing import load_price_book
+    from tests.billing.factories import write_book
+    from tests.reports import synthetic
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        synthetic.fill(ledger, load_price_book(write_book(tmp_path, synthetic.BOOK)), NOVEMBER.start, 2, 24)
+        report = build_report(ledger, NOVEMBER, "team")
+    finally:
+        ledger.close()
+    text = "".join(render.lines_csv_parts(report))
+    assert ',"unpriced",' in text  # the unpriced model's lines
+    assert any(report.slices(c) for c in report.charges)  # MIG slice-hours held
+    assert text == _lines_csv_from_line_totals(report)
