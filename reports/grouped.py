@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,8 @@ import pandas as pd
 from gpumeter.billing.ledger.base import LineTotal
 from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_UNIT
 from gpumeter.billing.models import PLATFORM_KINDS, LineKind, QuantityUnit
+
+T = TypeVar("T")
 
 TENANT_VALUES = (LineKind.TENANT.value, LineKind.IDLE_SHARE.value)
 # the charge's keys, as `Ledger.line_totals` groups lines
@@ -342,6 +344,14 @@ class Charges(Sequence[LineTotal]):
         return _line_totals(self._frame.iloc[at : at + 1])[0]
 
 
+def per_distinct(column: pd.Series, convert: Callable[[Any], T]) -> list[T]:
+    """``convert`` of each value of ``column``, called once per distinct value: a chunk of 20,000
+    charges has a few dozen distinct hours (the shared results are immutable: times, text)."""
+    codes, distinct = pd.factorize(column)
+    converted = [convert(value) for value in distinct]
+    return [converted[code] for code in codes.tolist()]
+
+
 def _line_totals(c: pd.DataFrame) -> list[LineTotal]:
     """Rows of the charges' frame as `LineTotal`s."""
     qty = QUANTITY_UNIT
@@ -352,9 +362,10 @@ def _line_totals(c: pd.DataFrame) -> list[LineTotal]:
     amounts = [None if v is pd.NA else Decimal(v) * MONEY_UNIT for v in c["amount"].astype(object).tolist()]
     versions = [None if v is pd.NA else int(v) for v in c["price_version_id"].astype(object).tolist()]
     columns = zip(
-        [t.to_pydatetime() for t in c["bucket"]],
-        [t.to_pydatetime() for t in c["first_hour"]],
-        [t.to_pydatetime() for t in c["last_hour"]],
+        *(
+            per_distinct(c[name], pd.Timestamp.to_pydatetime)
+            for name in ("bucket", "first_hour", "last_hour")
+        ),
         *(c[name].tolist() for name in KEYS if name not in ("price_version_id", "held_unit", "cluster")),
         versions,
         c["lines"].tolist(),

@@ -203,7 +203,7 @@ def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Itera
     import pandas as pd  # loaded by a report that writes its lines, not by the CLI's start
 
     from gpumeter.billing.ledger.frames import MONEY_UNIT
-    from gpumeter.reports.grouped import Charges
+    from gpumeter.reports.grouped import Charges, per_distinct
 
     charges = report.charges
     if not isinstance(charges, Charges):
@@ -216,9 +216,7 @@ def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Itera
     slice_hour = QuantityUnit.SLICE_HOUR.value
 
     def times(column: pd.Series, shift: timedelta = timedelta(0)) -> list[str]:
-        codes, distinct = pd.factorize(column)
-        written = [_ts(moment.to_pydatetime() + shift) for moment in distinct]
-        return [written[code] for code in codes.tolist()]
+        return per_distinct(column, lambda moment: _ts(moment.to_pydatetime() + shift))
 
     def ratios(weighted: pd.Series, quantity: pd.Series) -> list[str]:
         return [
