@@ -307,7 +307,7 @@ def money_by(c: pd.DataFrame, keys: list[str]) -> dict[Any, Decimal]:
 
 # the columns a charge is made of (`Charges`), in `LineTotal`'s order of fields
 _CHARGE_COLUMNS: tuple[str, ...] = ("bucket", "first_hour", "last_hour", *KEYS, "lines", "quantity")
-_CHARGE_COLUMNS += ("amount", "uw", "uq", "ew", "eq", "held")
+_CHARGE_COLUMNS += ("amount", "uw", "uq", "ew", "eq", "held", "slice_hours")
 
 
 class Charges(Sequence[LineTotal]):

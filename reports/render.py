@@ -24,10 +24,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 if TYPE_CHECKING:
     import pandas as pd
 
-from gpumeter.billing.models import LineKind, QuantityUnit
+from gpumeter.billing.models import LineKind
 from gpumeter.reports import csvfile, focus
 from gpumeter.reports.files import Content, write_files
-from gpumeter.reports.model import HOUR, PLATFORM_NAMES, TENANT_KINDS, Change, Report, Usage, version_label
+from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
 
 FORMATS = ("html", "csv", "json", "focus")
 
@@ -196,13 +196,14 @@ def lines_csv_parts(report: Report, *, keep_formulas: bool = False) -> Iterator[
 
 
 def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Iterator[tuple]:
-    """The charges' CSV rows, made from the charges' columns a chunk at a time: no `LineTotal`,
-    Decimal or datetime per charge (a month of 10,000 GPUs is ~1 million), each distinct time written
-    once. What each charge's figures say, as `_qty`, `Report.money`, `Report.slices` and `_ratio`
-    write them: quantities are integers of 10⁻⁶ GPU-hours, amounts of 10⁻⁴ (billing/ledger/frames.py)."""
+    """The charges' CSV rows, made from the charges' columns a chunk at a time: no `LineTotal` or
+    datetime per charge (a month of 10,000 GPUs is ~1 million), each distinct time written once. What
+    each charge's figures say, as `_qty`, `Report.money`, `Report.slices` and `_ratio` write them:
+    quantities are integers of 10⁻⁶ GPU-hours, amounts of 10⁻⁴ (billing/ledger/frames.py), slice-hours
+    the charges' own column (`grouped._with_figures`)."""
     import pandas as pd  # loaded by a report that writes its lines, not by the CLI's start
 
-    from gpumeter.billing.ledger.frames import MONEY_UNIT
+    from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_SCALE
     from gpumeter.reports.grouped import Charges, per_distinct
 
     charges = report.charges
@@ -210,33 +211,29 @@ def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Itera
         raise TypeError(
             "lines CSV: the report's charges are read from their columns (reports.grouped.Charges)"
         )
-    cent = Decimal(1).scaleb(-report.exponent)
     unpriced = LineKind.UNPRICED.value
-    tenant = {kind.value for kind in TENANT_KINDS}
-    slice_hour = QuantityUnit.SLICE_HOUR.value
 
     def times(column: pd.Series, shift: timedelta = timedelta(0)) -> list[str]:
         return per_distinct(column, lambda moment: _ts(moment.to_pydatetime() + shift))
 
+    def micro(value: int) -> str:  # an integer of 10⁻⁶ as `_qty` writes its Decimal: six places
+        whole, part = divmod(abs(value), QUANTITY_SCALE)
+        return f"{'-' if value < 0 else ''}{whole}.{part:06d}"
+
     def ratios(weighted: pd.Series, quantity: pd.Series) -> list[str]:
         return [
-            _ratio(w / (q / 1_000_000)) if q else ""
+            _ratio(w / (q / QUANTITY_SCALE)) if q else ""
             for w, q in zip(weighted.tolist(), quantity.tolist(), strict=True)
         ]
 
     for c in charges.chunks():
-        amounts = [None if a is pd.NA else a for a in c["amount"].astype(object).tolist()]
+        amounts = [None if a is pd.NA else a * MONEY_UNIT for a in c["amount"].astype(object).tolist()]
         versions = [None if v is pd.NA else v for v in c["price_version_id"].astype(object).tolist()]
-        kinds = c["kind"].tolist()
-        slices = [
-            _micro(held) if kind in tenant and unit == slice_hour else "0.000000"
-            for kind, unit, held in zip(kinds, c["held_unit"].tolist(), c["held"].tolist(), strict=True)
-        ]
         columns = [
             times(c["bucket"]),
             times(c["first_hour"]),
             times(c["last_hour"], HOUR),
-            [unpriced if a is None else k for a, k in zip(amounts, kinds, strict=True)],
+            [unpriced if a is None else k for a, k in zip(amounts, c["kind"].tolist(), strict=True)],
             c["team"].tolist(),
             c["namespace"].tolist(),
             c["pod"].tolist(),
@@ -245,24 +242,18 @@ def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Itera
             c["mig_profile"].tolist(),
             c["uuid"].tolist(),
             c["gpu_instance_id"].tolist(),
-            [_micro(q) for q in c["quantity"].tolist()],
-            slices,
-            ["" if a is None else str((a * MONEY_UNIT).quantize(cent)) for a in amounts],
+            [micro(q) for q in c["quantity"].tolist()],
+            [micro(held) for held in c["slice_hours"].tolist()],  # `Report.slices`, in columns
+            [report.money(a) for a in amounts],
             c["currency"].tolist(),
             ratios(c["uw"], c["uq"]),
             ratios(c["ew"], c["eq"]),
-            [labels.get(v, "") if v is not None else "" for v in versions],
+            [labels.get(v, "") for v in versions],
             c["lines"].tolist(),
         ]
         if clustered:
             columns.insert(4, c["cluster"].tolist())
         yield from zip(*columns, strict=True)
-
-
-def _micro(value: int) -> str:
-    """An integer of 10⁻⁶ as `_qty` writes its Decimal: six places, never an exponent."""
-    whole, part = divmod(abs(value), 1_000_000)
-    return f"{'-' if value < 0 else ''}{whole}.{part:06d}"
 
 
 BUDGETS_HEADER = [
