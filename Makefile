@@ -36,7 +36,7 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 # $(1): the virtual environment.
 installed_pytest = cd "$$(mktemp -d)" && GPUMETER_HYPOTHESIS=ci $(CURDIR)/$(1)/bin/pytest -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests
 
-.PHONY: all setup warm tools tools-venv venv postgres test check fast-tests lint typecheck demo bench proto docs dashboards image clean wheel wheel-venv fast-tests-on
+.PHONY: all setup warm tools tools-venv venv postgres test check fast-tests lint typecheck demo bench proto docs dashboards image clean wheel wheel-venv fast-tests-on installed-fast-tests
 
 all: test
 
@@ -67,8 +67,8 @@ wheel-venv: wheel
 	$(WHEEL_VENV)/bin/pip install -q --upgrade pip
 	$(WHEEL_VENV)/bin/pip install -q "$$(ls $(WHEEL_DIR)/gpumeter-*.whl)[dev]"
 
-# `make fast-tests-on PY=3.12`: the wheel in a fresh venv of pyenv's Python $(PY), and the tests that need
-# no server (CI runs it for 3.13 besides the full suite on the image's Python, .ci/run says why).
+# `make fast-tests-on PY=3.13`: the wheel in a fresh venv of pyenv's Python $(PY), and the tests that need
+# no server; run for 3.12 and 3.13 before a change lands (.ci/run says why CI does not).
 fast-tests-on: wheel
 	@py=$$(ls -d $(PYENV_ROOT)/versions/$(PY).* 2>/dev/null | sort -V | tail -1)/bin/python$(PY); \
 	  [ -x "$$py" ] || { echo "fast-tests-on: no Python $(PY) under $(PYENV_ROOT) (pyenv install $(PY))"; exit 1; }; \
@@ -135,16 +135,30 @@ fast-tests: venv
 	GPUMETER_HYPOTHESIS=loop $(BIN)/pytest -q -m "not external" -n 4 --durations=25
 
 # Everything, against the real servers and tools, over the installed wheel; a missing one fails its
-# tests, never skips them. In two runs, both of which always run (either failing fails the target): the
-# tests that need no server side by side as in `make check` (173 s, against 343 s one at a time: they
-# mostly wait on sockets and deadlines), then those against real servers on three workers, a module at
-# a time, the longest modules first (tests/support/schedule.py says why: 527 s on 2026-12-05 against
-# 1,696 s with worksteal, which started every shared stack once per worker).
-test: setup image wheel-venv lint typecheck
-	@status=0; \
-	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m "not external" -n 4 ) || status=$$?; \
+# tests, never skips them. The image (mostly downloads: debootstrap's packages, then pip's) builds in
+# the background from the start, beside the set-up and the first run, and only the second run needs it.
+# The set-up's parts (virtual envs, mostly downloads too) install side by side. Then two runs, both of
+# which always run (either failing fails the target): the tests that need no server beside lint and
+# mypy, as in `make check` (they mostly wait on sockets and deadlines), then those against real
+# servers on three workers, a module at a time, the longest modules first (tests/support/schedule.py
+# says why: 527 s on 2026-12-05 against 1,696 s with worksteal, which started every shared stack once
+# per worker). The target prints each phase's wall time: CI's budget is 30 minutes.
+TEST_SETUP := venv tools-venv focus-venv postgres wheel-venv
+test: tools
+	@status=0; SECONDS=0; mkdir -p build; \
+	  $(PYTHON) -m tests.deploy.image build >build/image-build.log 2>&1 & image=$$!; \
+	  $(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_SETUP) || \
+	    { kill $$image 2>/dev/null; echo "make test: the set-up failed"; exit 1; }; \
+	  echo "make test: set-up done at $$SECONDS s"; \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck installed-fast-tests || status=$$?; \
+	  echo "make test: lint, mypy and the tests that need no server done at $$SECONDS s"; \
+	  if wait $$image; then echo "make test: image $$(tail -1 build/image-build.log) built by $$SECONDS s"; \
+	  else status=1; echo "make test: the image failed to build (build/image-build.log):"; tail -40 build/image-build.log; fi; \
 	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m external -n 3 --dist loadscope --no-loadscope-reorder ) || status=$$?; \
-	  exit $$status
+	  echo "make test: $$SECONDS s wall time (exit $$status)"; exit $$status
+
+installed-fast-tests:
+	$(call installed_pytest,$(WHEEL_VENV)) -q -m "not external" -n 4
 
 # The Dockerfile built for real by buildah on a debootstrap base of Debian's Python (registry images
 # cannot be pulled here), as localhost/gpumeter:VERSION in build/image/'s own storage
