@@ -15,10 +15,13 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import DuplicateLine, HourRecord, LedgerError
+from gpumeter.billing.ledger.sqlalchemy.store import LEDGER_LOCK, SERIAL_LOCK, _hour_lock_key
 from tests.billing.conftest import PG_DSN, PG_URL, fresh_pg_schema
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
@@ -243,7 +246,6 @@ def test_without_the_hour_lock_the_unique_key_still_keeps_one_copy(request, tmp_
 def test_the_migration_keeps_one_copy_of_lines_doubled_before_it(request, tmp_path, backend, caplog):
     """A ledger doubled by the old race: revision 0004 keeps the first copy of each line (lowest id)
     and can then add the unique key."""
-    import sqlalchemy as sa
 
     from gpumeter.billing.ledger.sqlalchemy import make_engine, upgrade
 
@@ -295,3 +297,42 @@ def test_the_migration_keeps_one_copy_of_lines_doubled_before_it(request, tmp_pa
     engine.dispose()
     assert [n for _, n in per_hour] == [1, 1, 1]
     assert "held 1 doubled line(s)" in caplog.text and "held 2 doubled line(s)" in caplog.text
+
+
+@pytest.mark.postgres
+def test_two_ledgers_in_one_database_lock_apart(request):
+    """Two ledgers in one PostgreSQL database (a schema each, as two clusters' are) lock apart: a
+    re-price of one holds none of the other's ingests, and one's writer of an hour none of the other's
+    writers of that hour; the same ledger opened again (another process's engine) is held by both.
+    The locks were the database's: a re-price in another test's schema made an ingest wait and say so
+    (CI, 2026-12-06)."""
+    first = fresh_pg_schema(request, "billing_locks")
+    one, other, twin = (
+        open_ledger(PG_URL, schema=schema)
+        for schema in (first, fresh_pg_schema(request, "billing_locks"), first)
+    )
+
+    def try_lock(ledger, sql: str, key: int) -> bool:
+        with ledger.engine.connect() as conn:
+            got = conn.execute(sa.text(sql.format(LEDGER_LOCK)), {"key": key}).scalar()
+            conn.rollback()  # a transaction-level lock goes with it; a session-level one is released:
+            conn.execute(sa.text("SELECT pg_advisory_unlock_all()"))
+        return got
+
+    try:
+        with one.serialised(shared=False) as waited:  # a re-price of one
+            assert waited is False
+            shared = "SELECT pg_try_advisory_lock_shared({}, :key)"
+            assert try_lock(twin, shared, SERIAL_LOCK) is False
+            assert try_lock(other, shared, SERIAL_LOCK) is True  # (before `serialised`, which would wait)
+            with other.serialised(shared=True) as other_waited:  # an ingest of the other
+                assert other_waited is False
+        with Session(one.engine) as session, session.begin():
+            one._lock_hour(session, HOUR0)  # one's writer of HOUR0, until the transaction ends
+            hour = "SELECT pg_try_advisory_xact_lock({}, :key)"
+            assert try_lock(other, hour, _hour_lock_key(HOUR0)) is True
+            assert try_lock(twin, hour, _hour_lock_key(HOUR0)) is False
+            assert try_lock(twin, hour, _hour_lock_key(HOUR0 + timedelta(hours=1))) is True
+    finally:
+        for ledger in (one, other, twin):
+            ledger.close()

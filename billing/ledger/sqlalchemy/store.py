@@ -101,16 +101,21 @@ def _stored(what: str):
     return wrap
 
 
-_HOUR_LOCK_SPACE = 0x6770_6D00_0000_0000  # "gpm": keeps gpumeter's advisory locks apart from others'
+# "gpm" and -1: keeps the migrations' advisory lock apart from others'. It is the database's: the
+# schema a migration creates may not exist yet to name.
+_MIGRATION_LOCK_KEY = 0x6770_6D00_0000_0000 - 1
 
-
-_MIGRATION_LOCK_KEY = _HOUR_LOCK_SPACE - 1  # below every hour's key
-_SERIAL_LOCK_KEY = _HOUR_LOCK_SPACE - 2  # ingests (shared) against a re-price (exclusive): `serialised`
+# The other locks are one ledger's, not its database's: two ledgers in one PostgreSQL (a schema each,
+# as two clusters' are) never wait on each other's hours or re-prices (2026-12-06: a re-price in one
+# schema held another schema's ingest). Two 32-bit keys: the ledger, named by the search_path its
+# engine sets (`make_engine`) through md5, then the hour's number since 1970, or SERIAL_LOCK.
+LEDGER_LOCK = "('x' || substr(md5(current_setting('search_path')), 1, 8))::bit(32)::int"
+SERIAL_LOCK = -1  # ingests (shared) against a re-price (exclusive): `serialised`
 
 
 def _hour_lock_key(hour: datetime) -> int:
-    """A signed 64-bit advisory-lock key for one UTC hour."""
-    return _HOUR_LOCK_SPACE | int(hour.timestamp()) // 3600
+    """The second key of one UTC hour's writer lock (the first is the ledger's, LEDGER_LOCK)."""
+    return int(hour.timestamp()) // 3600
 
 
 def _shown(engine: Engine) -> str:

@@ -42,7 +42,13 @@ from gpumeter.billing.ledger.sqlalchemy.rows import (
     _priced_hours,
     _versions_named,
 )
-from gpumeter.billing.ledger.sqlalchemy.store import _SERIAL_LOCK_KEY, LAYOUTS_KEPT, _hour_lock_key, _stored
+from gpumeter.billing.ledger.sqlalchemy.store import (
+    LAYOUTS_KEPT,
+    LEDGER_LOCK,
+    SERIAL_LOCK,
+    _hour_lock_key,
+    _stored,
+)
 from gpumeter.billing.models import Line
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
@@ -109,7 +115,9 @@ class SqlWrites(SqlHourRows, IngestLedger):
         lock. SQLite: the file's write lock, taken now (pysqlite would take it at the first write):
         what the hour held is then read in the same transaction that replaces it (`_audit_change`)."""
         if session.bind.dialect.name == "postgresql":
-            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _hour_lock_key(hour)})
+            session.execute(
+                text(f"SELECT pg_advisory_xact_lock({LEDGER_LOCK}, :key)"), {"key": _hour_lock_key(hour)}
+            )
         elif session.bind.dialect.name == "sqlite":
             connection = session.connection()
             if not connection.connection.dbapi_connection.in_transaction:
@@ -297,15 +305,17 @@ class SqlWrites(SqlHourRows, IngestLedger):
         if self.engine.dialect.name == "postgresql":
             with self.engine.connect() as conn:
                 how = "_shared" if shared else ""
-                key = {"key": _SERIAL_LOCK_KEY}
-                waited = not conn.execute(text(f"SELECT pg_try_advisory_lock{how}(:key)"), key).scalar()
+                key = {"key": SERIAL_LOCK}
+                waited = not conn.execute(
+                    text(f"SELECT pg_try_advisory_lock{how}({LEDGER_LOCK}, :key)"), key
+                ).scalar()
                 if waited:
-                    conn.execute(text(f"SELECT pg_advisory_lock{how}(:key)"), key)
+                    conn.execute(text(f"SELECT pg_advisory_lock{how}({LEDGER_LOCK}, :key)"), key)
                 conn.commit()
                 try:
                     yield waited
                 finally:
-                    conn.execute(text(f"SELECT pg_advisory_unlock{how}(:key)"), key)
+                    conn.execute(text(f"SELECT pg_advisory_unlock{how}({LEDGER_LOCK}, :key)"), key)
                     conn.commit()
             return
         database = self.engine.url.database or ""
