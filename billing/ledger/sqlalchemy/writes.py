@@ -186,9 +186,10 @@ class SqlWrites(SqlHourRows, IngestLedger):
         """Delete the hour's rows, first taking the hour's writer lock for the rest of the transaction.
 
         Under READ COMMITTED two writers of one hour would both delete nothing and both insert
-        (a double bill). PostgreSQL: a transaction-scoped advisory lock keyed by the hour serialises
-        them, and the second one's DELETE then sees the first one's committed rows. SQLite: the DELETE
-        takes the database's write lock, which the second writer waits for (busy timeout).
+        (a double bill). PostgreSQL: a transaction-scoped advisory lock keyed by the ledger and the
+        hour serialises them, and the second one's DELETE then sees the first one's committed rows.
+        SQLite: the DELETE takes the database's write lock, which the second writer waits for (busy
+        timeout).
         """
         self._lock_hour(session, hour)  # through self: a lock put in its place is the one taken
         tables = (CostLineGroup, GpuHourRow) if facts else (CostLineGroup,)
