@@ -142,10 +142,14 @@ fast-tests: venv
 # mypy, as in `make check` (they mostly wait on sockets and deadlines), then those against real
 # servers on three workers, a module at a time, the longest modules first (tests/support/schedule.py
 # says why: 527 s on 2026-12-05 against 1,696 s with worksteal, which started every shared stack once
-# per worker). The target prints each phase's wall time: CI's budget is 30 minutes.
+# per worker). The target prints the machine's speed first, each phase's wall time and the slowest
+# tests against servers: CI's budget is 30 minutes, and its machines' speed varies (2.4x on 2026-12-06).
 TEST_SETUP := venv tools-venv focus-venv postgres wheel-venv
 test: tools
 	@status=0; SECONDS=0; mkdir -p build; \
+	  echo "make test: $$(nproc) cores, load average $$(cut -d' ' -f1-3 /proc/loadavg), the 10M-step Python loop" \
+	    "of tests/bench_billing.py: $$($(PYTHON) -m timeit -n 1 -r 3 -s 'total = 0' \
+	    'for i in range(10_000_000): total += i')"; \
 	  $(PYTHON) -m tests.deploy.image build >build/image-build.log 2>&1 & image=$$!; \
 	  $(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_SETUP) || \
 	    { kill $$image 2>/dev/null; echo "make test: the set-up failed"; exit 1; }; \
@@ -154,7 +158,8 @@ test: tools
 	  echo "make test: lint, mypy and the tests that need no server done at $$SECONDS s"; \
 	  if wait $$image; then echo "make test: image $$(tail -1 build/image-build.log) built by $$SECONDS s"; \
 	  else status=1; echo "make test: the image failed to build (build/image-build.log):"; tail -40 build/image-build.log; fi; \
-	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m external -n 3 --dist loadscope --no-loadscope-reorder ) || status=$$?; \
+	  ( $(call installed_pytest,$(WHEEL_VENV)) -q -m external -n 3 --dist loadscope --no-loadscope-reorder \
+	    --durations=15 ) || status=$$?; \
 	  echo "make test: $$SECONDS s wall time (exit $$status)"; exit $$status
 
 installed-fast-tests:
