@@ -142,18 +142,18 @@ fast-tests: venv
 # mypy, as in `make check` (they mostly wait on sockets and deadlines), then those against real
 # servers on three workers, a module at a time, the longest modules first (tests/support/schedule.py
 # says why: 527 s on 2026-12-05 against 1,696 s with worksteal, which started every shared stack once
-# per worker). The target prints the machine's speed first, each phase's wall time and the slowest
-# tests against servers: CI's budget is 30 minutes, and its machines' speed varies (2.4x on 2026-12-06).
+# per worker). The target prints the machine's cores and load, its speed once the set-up is done (the
+# benches' own loop, tests/bench_billing.py), each phase's wall time and the slowest tests against
+# servers: CI's budget is 30 minutes, and its machines' speed varies (2.4x on 2026-12-06).
 TEST_SETUP := venv tools-venv focus-venv postgres wheel-venv
 test: tools
 	@status=0; SECONDS=0; mkdir -p build; \
-	  echo "make test: $$(nproc) cores, load average $$(cut -d' ' -f1-3 /proc/loadavg), the 10M-step Python loop" \
-	    "of tests/bench_billing.py: $$($(PYTHON) -m timeit -n 1 -r 3 -s 'total = 0' \
-	    'for i in range(10_000_000): total += i')"; \
+	  echo "make test: $$(nproc) cores, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	  $(PYTHON) -m tests.deploy.image build >build/image-build.log 2>&1 & image=$$!; \
 	  $(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_SETUP) || \
 	    { kill $$image 2>/dev/null; echo "make test: the set-up failed"; exit 1; }; \
-	  echo "make test: set-up done at $$SECONDS s"; \
+	  echo "make test: set-up done at $$SECONDS s; the benches' 10M-step Python loop (CPU time):" \
+	    "$$($(BIN)/python -c 'from tests.bench_billing import python_loop_seconds as s; print(f"{s():.2f}")') s"; \
 	  $(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck installed-fast-tests || status=$$?; \
 	  echo "make test: lint, mypy and the tests that need no server done at $$SECONDS s"; \
 	  if wait $$image; then echo "make test: image $$(tail -1 build/image-build.log) built by $$SECONDS s"; \
