@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from tests.bench_billing import ROOT, START, build_tsdb
+from tests.bench_billing import ROOT, START, build_stores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpumeter.billing.prom import PrometheusClient
     from tests.support.servers import PrometheusServer
 
-    data, _ = build_tsdb(900)
+    data, _ = build_stores(900, stores=("prometheus",))
     book = load_price_book(ROOT / "billing" / "pricebooks" / "default.yaml")
     hours = hours_between(START, START + timedelta(days=2))
     config = IngestConfig(scrape_interval=900.0)
