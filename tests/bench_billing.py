@@ -560,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             with psycopg.connect(dsn, autocommit=True) as admin:
                 admin.execute(f'CREATE SCHEMA "{schema}"')
             drop = (dsn, schema)
+        server: PrometheusServer | VictoriaMetricsServer
         if args.store == "victoriametrics":
             server = VictoriaMetricsServer(
                 Path(tmp) / "vm-ingest", extra_args=[f"-storageDataPath={vm_data}"]
