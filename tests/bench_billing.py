@@ -38,8 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -169,7 +171,8 @@ def build_stores(
             fleet_file = Path(tmp) / "fleet.yaml"
             fleet_file.write_text(yaml.safe_dump(doc, sort_keys=False))
             fleet = parse_fleet(yaml.safe_load(fleet_file.read_text()), str(fleet_file))
-            sinks, history = [], Path(tmp) / "history.om"
+            sinks: list[Any] = []
+            history = Path(tmp) / "history.om"
             if "prometheus" in missing:
                 shutil.rmtree(data, ignore_errors=True)
                 sinks.append(stack.enter_context(history.open("w")))
@@ -180,7 +183,7 @@ def build_stores(
                 sinks.append(stack.enter_context(VictoriaMetricsImport(vm.start().url)))
             started = time.monotonic()
             start = START.timestamp()
-            samples = write_history([fleet], start, start + days * 86400, step, _Tee(sinks))
+            samples = write_history([fleet], start, start + days * 86400, step, _Tee(sinks))  # type: ignore[arg-type]
             stack.close()  # the file closed; the import finished, VictoriaMetrics stopped and flushed
             log(
                 f"history: {samples:,} samples into {', '.join(missing)} in {time.monotonic() - started:.0f} s"
@@ -229,13 +232,11 @@ class VictoriaMetricsImport:
     the history's whole seconds get three zeros; comments go."""
 
     def __init__(self, url: str, block: int = 32 << 20):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.url, self.block = url, block
         self._parts: list[str] = []
         self._size = 0
         self._sender = ThreadPoolExecutor(1)
-        self._pending = None
+        self._pending: Future[None] | None = None
         self._client = httpx.Client(timeout=600)
 
     def __enter__(self) -> VictoriaMetricsImport:
