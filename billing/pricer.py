@@ -231,11 +231,22 @@ class Pricer:
     the hour, the utilization or the team — so a GPU-hour whose inputs were priced before re-uses
     those lines with its own hour, uuid, team and utilization. The result is identical to
     `price_gpu_hour` (the tests check it); hours with warnings or unpriced models are never re-used.
+
+    What is kept follows the fleet: the results last asked for, as many as three hours of the fleet's
+    GPU-hours (20,000 at least), the longest unasked-for let go first. Every GPU then finds its
+    result of the hour before however large the fleet, and a GPU whose tier or layout comes back
+    after an hour or two finds its older one. Before, at most 20,000 results were kept, all dropped
+    when full: past 20,000 GPUs each result was let go before its GPU's next hour asked for it, and
+    the 100,000-GPU bench priced every GPU-hour afresh (docs/performance.md).
     """
 
-    def __init__(self, book: PriceBook, max_entries: int = 20_000):
-        self.book, self.max_entries = book, max_entries
+    HOURS_KEPT = 3
+
+    def __init__(self, book: PriceBook, min_entries: int = 20_000):
+        self.book, self.min_entries = book, min_entries
+        # in the order last asked for (a hit moves its result to the end), the oldest first out
         self._memo: dict[tuple[Hashable, ...], _Kept] = {}
+        self._hour_before = self._this_hour = 0  # GPU-hours priced in the hour before and so far in this one
         self.hits = self.misses = 0
         # the version in effect at the hour last asked about: every GPU-hour of an hour shares its
         # hour object, so the versions are looked through once an hour, not once a GPU-hour
@@ -247,7 +258,10 @@ class Pricer:
         dev = gpu_hour.device
         hour = gpu_hour.hour
         if hour is not self._hour:
+            if hour != self._hour:
+                self._hour_before, self._this_hour = self._this_hour, 0
             self._hour, self._version = hour, self.book.version_at(hour)
+        self._this_hour += 1
         version = self._version
         usage = version is not None and version.sharing_split == "usage"
         key = (
@@ -267,15 +281,18 @@ class Pricer:
                 tuple(map(_PRICED_ALLOCATION, gpu_hour.allocations)),
             ),
         )
-        memo = self._memo.get(key)
+        memo = self._memo.pop(key, None)
+        if memo is not None:
+            self._memo[key] = memo  # the last asked for, the last let go
         if memo is None or version is None:  # only hours with a price version are kept
             self.misses += 1
             priced, sources, tie = _price_gpu_hour(gpu_hour, self.book, teams)
             reusable = tie is not _UNREUSABLE
             if not priced.warnings and priced.device_cost is not None and version is not None and reusable:
-                if len(self._memo) >= self.max_entries:
-                    self._memo.clear()
                 self._memo[key] = _Kept(priced, sources, tie, {}, gpu_hour.allocations)
+                room = max(self.min_entries, self.HOURS_KEPT * max(self._hour_before, self._this_hour))
+                while len(self._memo) > room:  # after the fleet shrank, more than one
+                    del self._memo[next(iter(self._memo))]
             return priced
         self.hits += 1
         uuid = dev.uuid

@@ -7,7 +7,7 @@ import logging
 from datetime import datetime
 
 from gpumeter import contract
-from gpumeter.billing.ingest.carried import LAYOUTS_KEPT, CarriedLayouts, _moved
+from gpumeter.billing.ingest.carried import HOURS_KEPT, LAYOUTS_KEPT, CarriedLayouts, _moved
 from gpumeter.billing.ingest.columns import (
     QUERIES,
     SeriesLabels,
@@ -379,7 +379,9 @@ class RunAnswers:
                 key = one.setdefault(key, key)
             kept[uuid] = gpu_hour.layout = key
         self._templates = carried
-        if len(one) > LAYOUTS_KEPT:  # equal keys then compare value by value again, until met anew
+        # equal keys then compare value by value again, until met anew. An hour's layouts are at
+        # most its GPUs: the bound follows the fleet, or a fleet past it would clear it every hour
+        if len(one) > max(LAYOUTS_KEPT, HOURS_KEPT * len(built)):
             one.clear()
         return built, dict(self.teams[i])
 

@@ -27,8 +27,12 @@ from gpumeter.billing.models import GpuHour, Line, line_key, line_readings
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
 
+# What a ledger remembers, at least; past that, as much as three hours of the fleet written last (a
+# fixed bound, all forgotten when full, was crossed every hour past 100,000 GPUs: each hour then looked
+# up again what the hour before had learnt)
 TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger remembers
+HOURS_KEPT = 3
 CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
 
 
@@ -140,6 +144,7 @@ class SqlHourRows(SqlStore):
         # lines' terms are equal. A few per GPU: a tie's turn (docs/billing.md §5) changes a line's
         # amount, hence its term, from hour to hour, in a cycle
         self._carried: dict[str, dict[Hashable, tuple[int | None, list[str], list[int], int]]] = {}
+        self._lines_written = self._gpus_written = 0  # of the hour grouped last: what the bounds follow
 
     # cost_lines holds the Line record's fields, declared once in billing/models.py; the price version
     # is stored as its row in price_book_versions (tests/billing/test_ledger.py checks the ORM agrees).
@@ -265,6 +270,7 @@ class SqlHourRows(SqlStore):
             (hour, span[0], set_id, readings(*_readings(span[5])))
             for span, set_id in zip(spans, set_ids, strict=True)
         ]
+        self._lines_written, self._gpus_written = len(term_ids), len(spans)
         carry: list[tuple] = []
         if again is not None:
             for (at, size, uuid, priced, kept, _), version, set_id in zip(
@@ -429,7 +435,7 @@ class SqlHourRows(SqlStore):
     def _carry(self, carry: list[tuple[str, Hashable, tuple]]) -> None:
         """GPUs' lines a committed transaction stored: a later hour with equal terms names them again."""
         carried = self._carried
-        if len(carried) + len(carry) > CARRIED_KEPT:
+        if len(carried) + len(carry) > max(CARRIED_KEPT, HOURS_KEPT * self._gpus_written):
             carried.clear()
         for uuid, priced, lines in carry:
             kept = carried.get(uuid)
@@ -442,7 +448,8 @@ class SqlHourRows(SqlStore):
     def _learn_terms(self, added: dict[tuple, int], added_sets: dict[tuple[int, ...], int]) -> None:
         """Terms and sets a committed transaction stored or found: later hours name them without a
         look-up."""
+        room = max(TERMS_KEPT, HOURS_KEPT * self._lines_written)
         for known, new in ((self._term_ids, added), (self._set_ids, added_sets)):
-            if len(known) + len(new) > TERMS_KEPT:
+            if len(known) + len(new) > room:
                 known.clear()
             known.update(new)

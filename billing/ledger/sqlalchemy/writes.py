@@ -36,6 +36,7 @@ from gpumeter.billing.ledger.orm import (
     RefusedGpuHourRow,
 )
 from gpumeter.billing.ledger.sqlalchemy.rows import (
+    HOURS_KEPT,
     TERMS_KEPT,
     SqlHourRows,
     _exact_text,
@@ -143,7 +144,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
         for set_id, groups in held:
             for currency, total in found[set_id] if set_id in found else known[set_id]:
                 scaled[currency] = scaled.get(currency, 0) + groups * total
-        if len(known) + len(found) > TERMS_KEPT:
+        if len(known) + len(found) > max(TERMS_KEPT, HOURS_KEPT * self._gpus_written):  # a set per GPU-hour
             known.clear()
         known.update(found)
         if not scaled:
@@ -241,7 +242,8 @@ class SqlWrites(SqlHourRows, IngestLedger):
                 )
                 for cluster, uuid, why in record.refused
             )
-        if len(self._layout_ids) + len(added) > LAYOUTS_KEPT:
+        # an hour's layouts are at most its GPUs: the bound follows the fleet (rows.HOURS_KEPT)
+        if len(self._layout_ids) + len(added) > max(LAYOUTS_KEPT, HOURS_KEPT * self._gpus_written):
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
         self._version_ids.update(looked_up)
