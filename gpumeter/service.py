@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -274,12 +275,25 @@ def job_triggers(report_schedule: ReportSchedule, report_trigger: BaseTrigger) -
     }
 
 
+class _Scheduler(BackgroundScheduler):
+    """APScheduler 3.11's scheduler thread looks for due jobs once more after `shutdown` has stopped
+    the executors (`_main_loop` wakes and calls `_process_jobs` before it sees the state): a job due
+    then was submitted to a stopped pool, an ERROR with a traceback in the log. It happens when a
+    second replica, sharing the job store, sets the hourly job due for its own start (the catch-up)
+    while this one stops. Stopped, this one leaves due jobs alone: the replica that set it runs it."""
+
+    def _process_jobs(self):
+        if self.state == STATE_STOPPED:
+            return None
+        return super()._process_jobs()
+
+
 def build_scheduler(
     ledger: SqlLedger, settings: Settings, *, catch_up_now: bool = True
 ) -> BackgroundScheduler:
     store = SQLAlchemyJobStore(engine=ledger.engine)
     create_table(ledger.engine, store.jobs_t)  # under the migrations' lock: replicas start together
-    scheduler = BackgroundScheduler(
+    scheduler = _Scheduler(
         jobstores={"default": store},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600},
         timezone=UTC,
