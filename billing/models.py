@@ -15,6 +15,9 @@ from decimal import Decimal
 from typing import TypeVar
 
 HOUR = timedelta(hours=1)
+# What billing's hour-to-hour memories keep past their fixed floor (the pricer's results, the ledger's
+# ids, ingest's layout keys): as much as this many hours of the fleet, so they follow its size
+HOURS_KEPT = 3
 
 UNALLOCATED = "__unallocated__"
 STRANDED = "__stranded__"

@@ -21,7 +21,7 @@ from gpumeter.billing.allocate import (
     _price_gpu_hour,
     _tie_groups,
 )
-from gpumeter.billing.models import Allocation, GpuHour, Line, line_billed, with_fields
+from gpumeter.billing.models import HOURS_KEPT, Allocation, GpuHour, Line, line_billed, with_fields
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
@@ -240,8 +240,6 @@ class Pricer:
     the 100,000-GPU bench priced every GPU-hour afresh (docs/performance.md).
     """
 
-    HOURS_KEPT = 3
-
     def __init__(self, book: PriceBook, min_entries: int = 20_000):
         self.book, self.min_entries = book, min_entries
         # in the order last asked for (a hit moves its result to the end), the oldest first out
@@ -290,7 +288,7 @@ class Pricer:
             reusable = tie is not _UNREUSABLE
             if not priced.warnings and priced.device_cost is not None and version is not None and reusable:
                 self._memo[key] = _Kept(priced, sources, tie, {}, gpu_hour.allocations)
-                room = max(self.min_entries, self.HOURS_KEPT * max(self._hour_before, self._this_hour))
+                room = max(self.min_entries, HOURS_KEPT * max(self._hour_before, self._this_hour))
                 while len(self._memo) > room:  # after the fleet shrank, more than one
                     del self._memo[next(iter(self._memo))]
             return priced

@@ -40,7 +40,6 @@ class CarriedLayouts:
 
 
 LAYOUTS_KEPT = 50_000  # layout key objects kept (~1,400 layouts a month on 1,000 GPUs)
-HOURS_KEPT = 3  # past LAYOUTS_KEPT, as many as three hours of the fleet's GPU-hours
 
 
 def _moved(hours: int, *series: Iterable[tuple[str, tuple[Values | None, ...]]]) -> list[set[str]]:

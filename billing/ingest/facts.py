@@ -7,7 +7,7 @@ import logging
 from datetime import datetime
 
 from gpumeter import contract
-from gpumeter.billing.ingest.carried import HOURS_KEPT, LAYOUTS_KEPT, CarriedLayouts, _moved
+from gpumeter.billing.ingest.carried import LAYOUTS_KEPT, CarriedLayouts, _moved
 from gpumeter.billing.ingest.columns import (
     QUERIES,
     SeriesLabels,
@@ -41,6 +41,7 @@ from gpumeter.billing.ingest.labels import (
 from gpumeter.billing.ledger.base import SHARED_MODES
 from gpumeter.billing.ledger.layouts import layout_key
 from gpumeter.billing.models import (
+    HOURS_KEPT,
     Allocation,
     Device,
     GpuHour,

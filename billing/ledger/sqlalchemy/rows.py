@@ -22,17 +22,16 @@ from gpumeter.billing.ledger import layouts, terms
 from gpumeter.billing.ledger.base import HourRecord, LedgerError, refuse_duplicate_lines
 from gpumeter.billing.ledger.orm import CostLineSet, CostLineTerm, GpuLayout
 from gpumeter.billing.ledger.sqlalchemy.store import SqlStore
-from gpumeter.billing.models import GpuHour, Line, line_key, line_readings
+from gpumeter.billing.models import HOURS_KEPT, GpuHour, Line, line_key, line_readings
 
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
 
-# What a ledger remembers, at least; past that, as much as three hours of the fleet written last (a
+# What a ledger remembers, at least; past that, HOURS_KEPT hours of the fleet written last (a
 # fixed bound, all forgotten when full, was crossed every hour past 100,000 GPUs: each hour then looked
 # up again what the hour before had learnt)
 TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger remembers
-HOURS_KEPT = 3
 CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
 
 

@@ -36,7 +36,6 @@ from gpumeter.billing.ledger.orm import (
     RefusedGpuHourRow,
 )
 from gpumeter.billing.ledger.sqlalchemy.rows import (
-    HOURS_KEPT,
     TERMS_KEPT,
     SqlHourRows,
     _exact_text,
@@ -50,7 +49,7 @@ from gpumeter.billing.ledger.sqlalchemy.store import (
     _hour_lock_key,
     _stored,
 )
-from gpumeter.billing.models import Line
+from gpumeter.billing.models import HOURS_KEPT, Line
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
@@ -242,7 +241,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
                 )
                 for cluster, uuid, why in record.refused
             )
-        # an hour's layouts are at most its GPUs: the bound follows the fleet (rows.HOURS_KEPT)
+        # an hour's layouts are at most its GPUs: the bound follows the fleet
         if len(self._layout_ids) + len(added) > max(LAYOUTS_KEPT, HOURS_KEPT * self._gpus_written):
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
