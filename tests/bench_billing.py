@@ -7,10 +7,10 @@
 1. Builds the bench fleet (125 nodes × 8 GPUs, × ``--scale``, see `bench_fleet`) as a temporary
    fleet YAML.
 2. Writes its history with the simulator (`gpumeter.simulator.history`, the code behind
-   `gpumeter simulate history`) at ``--step`` seconds, backfills it with
-   `promtool tsdb create-blocks-from openmetrics --max-block-duration=768h`, and imports the same
-   text into a VictoriaMetrics data directory. Both are kept under .bench/ keyed by the fleet, step
-   and days, so later runs start at step 3.
+   `gpumeter simulate history`) at ``--step`` seconds, streamed straight into a VictoriaMetrics data
+   directory and, unless ``--store victoriametrics``, as a file backfilled with
+   `promtool tsdb create-blocks-from openmetrics --max-block-duration=768h` (`build_stores`). Both
+   are kept under .bench/ keyed by the fleet, step and days, so later runs start at step 3.
 3. Starts a real Prometheus (``--store victoriametrics``: VictoriaMetrics) on it and times, in a
    child process (so its peak RSS is billing's alone), `ingest_hours` of every hour into an empty
    ledger: queries, pricing, ledger writes. The child's client times every request it sends
@@ -211,7 +211,7 @@ def build_stores(
                     f"backfill: {time.monotonic() - started:.0f} s ({history.stat().st_size / 1e9:.1f} GB of text)"
                 )
                 (data / "done").write_text(digest)
-    return tuple(wanted[store] if store in stores else None for store in STORES)  # type: ignore[return-value]
+    return (data if "prometheus" in stores else None, vm_data if "victoriametrics" in stores else None)
 
 
 class _Tee:
