@@ -16,15 +16,17 @@ import io
 import itertools
 import json
 import operator
+import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpumeter import contract
 from gpumeter.billing.ledger.base import LineTotal
+from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES
 from gpumeter.billing.models import LineKind
 from gpumeter.reports import csvfile
 from gpumeter.reports.focus_check import check_csv as check_csv
@@ -42,6 +44,13 @@ from gpumeter.reports.focus_columns import (
 from gpumeter.reports.focus_columns import COLUMNS as COLUMNS
 from gpumeter.reports.model import HOUR, Holding, Report, version_label
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+QUANTITY_SCALE = 10**QUANTITY_PLACES
+QUANTITY_QUANTUM = Decimal(1).scaleb(-QUANTITY_PLACES)  # the ledger's, and pricing's, quantity quantum
+MONEY_UNIT = Decimal(1).scaleb(-MONEY_PLACES)
+
 
 @lru_cache(maxsize=8192)
 def _ts(moment: datetime) -> str:
@@ -57,8 +66,23 @@ def _num(value: Decimal | None) -> str:
     return "0" if text in ("-0", "") else text
 
 
+def _scaled(value: int, places: int) -> str:
+    """An integer of 10⁻``places`` as `_num` writes that decimal: no trailing zeros, no point alone."""
+    whole, part = divmod(abs(value), 10**places)
+    sign = "-" if value < 0 else ""
+    if part:
+        return f"{sign}{whole}.{str(part).zfill(places).rstrip('0')}"
+    return f"{sign}{whole}"
+
+
+def _ratio_text(weighted: float, quantity: int) -> str:
+    """A quantity-weighted mean (utilization, efficiency) over a quantity of 10⁻⁶, to six places."""
+    return _num(Decimal(repr(round(weighted / (quantity / QUANTITY_SCALE), 6)))) if quantity else ""
+
+
 # json.dumps with these options makes an encoder on every call (twice a row, ~1 million rows a month)
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_STRING = json.encoder.encode_basestring  # a JSON string as _ENCODE writes it (ensure_ascii=False)
 
 
 def _json(doc: dict) -> str:
@@ -96,91 +120,253 @@ def _method(holding: Holding, body: dict) -> str:
     return holding.mode
 
 
-class _Origin:
-    """An origin charge (docs/reports.md, "FOCUS origin charges"): one GPU's charge for one bucket (an
-    hour, or a UTC day at day grain) under one price-book version. Its rows are the GPU's ledger lines
-    of the bucket; they share every FOCUS dimension, and their summable metrics add up to it."""
-
-    def __init__(self, report: Report, charges: list[LineTotal], present: Decimal | None):
-        first = charges[0]
-        self.charges = charges
-        self.unpriced = first.amount is None
-        self.rate = None if self.unpriced else report.rate(first)
-        self.billed = sum((c.amount or ZERO for c in charges), ZERO)
-        capacity = [c.quantity if c.kind not in _OVERLAPPING else ZERO for c in charges]
-        # the GPU-hours present: from the facts where known, else what the capacity lines state
-        self.quantity = present if present is not None else sum(capacity, ZERO)
-        weights = [c.amount or ZERO for c in charges] if self.billed else capacity
-        self.quantities = _largest_remainder(self.quantity, weights, QUANTITY_QUANTUM)
-
-    def list_cost(self, quantity: Decimal) -> Decimal:
-        return ZERO if self.rate is None else self.rate * quantity
-
-
-QUANTITY_QUANTUM = Decimal("0.000001")
 ZERO = Decimal(0)
+TENANT_KINDS = frozenset((LineKind.TENANT.value, LineKind.IDLE_SHARE.value))
 # lines whose quantity repeats GPU-hours a tenant line already states (the part of them a discount or
 # a tier took off): they weigh nothing when an origin's quantity is split by quantity
-_OVERLAPPING = {LineKind.SHARING_SHORTFALL, LineKind.UTILIZATION_SHORTFALL}
+_OVERLAPPING = frozenset((LineKind.SHARING_SHORTFALL.value, LineKind.UTILIZATION_SHORTFALL.value))
+
+
+def _split(units: int, weights: list[int]) -> list[int]:
+    """``units`` split in proportion to integer ``weights`` into integers that sum to it exactly:
+    each part floored, the rest handed out one at a time by largest remainder (first listed first on
+    ties). Equal parts where every weight is 0. The parts depend only on the weights' proportions."""
+    if not weights:
+        return []
+    whole = sum(weights)
+    if whole == 0:
+        weights, whole = [1] * len(weights), len(weights)
+    parts = [units * w // whole for w in weights]
+    short = units - sum(parts)
+    if short:
+        # the remainder of each part, over ``whole``: a larger share of a unit is a larger remainder
+        # (negated where the weights sum below zero, the remainders then lying in (whole, 0])
+        sign = 1 if whole > 0 else -1
+        rests = [sign * (units * w % whole) for w in weights]
+        for i in sorted(range(len(weights)), key=lambda i: (-rests[i], i))[:short]:
+            parts[i] += 1
+    return parts
 
 
 def _largest_remainder(total: Decimal, weights: list[Decimal], quantum: Decimal) -> list[Decimal]:
     """``total`` split in proportion to ``weights`` into multiples of ``quantum`` that sum to it
-    exactly: each part floored, the rest handed out a quantum at a time by largest remainder (first
-    listed first on ties). Equal parts where every weight is 0. In integers: the weights scaled to
-    their finest decimal place, so each part's floor and remainder are exact integer division (what
-    `Fraction`s worked out, at a fifth of their cost over a month's ~1 million origins' rows)."""
+    exactly (`_split`), in integers: the weights scaled to their finest decimal place, so each part's
+    floor and remainder are exact integer division (what `Fraction`s worked out, at a fifth of their
+    cost)."""
     units = int((total / quantum).to_integral_value())
     if not weights:
         return []
     places = max(0, -min(int(w.as_tuple().exponent) for w in weights))
-    scaled = [int(w.scaleb(places)) for w in weights]
-    whole = sum(scaled)
-    if whole == 0:
-        scaled, whole = [1] * len(weights), len(weights)
-    parts = [units * w // whole for w in scaled]
-    # the remainder of each part, over ``whole``: a larger share of a quantum is a larger remainder
-    # (negated where the weights sum below zero, the remainders then lying in (whole, 0])
-    sign = 1 if whole > 0 else -1
-    rests = [sign * (units * w % whole) for w in scaled]
-    order = sorted(range(len(scaled)), key=lambda i: (-rests[i], i))
-    for i in order[: units - sum(parts)]:
-        parts[i] += 1
-    return [Decimal(p) * quantum for p in parts]
+    return [Decimal(p) * quantum for p in _split(units, [int(w.scaleb(places)) for w in weights])]
 
 
-def origins(report: Report, charges: Iterable[LineTotal]) -> dict[int, tuple[_Origin, int]]:
-    """id(charge) → (its origin charge, its place among the origin's rows), for ``charges`` (the
-    report's, or one bucket's of them: an origin never spans two buckets)."""
-    grouped: dict[tuple, list[LineTotal]] = defaultdict(list)
-    for c in charges:
-        # a GPU is (cluster, uuid): the same UUID in two clusters is two GPUs
-        grouped[(c.bucket, _cluster(c), c.uuid, c.price_version_id, c.currency)].append(c)
-    versions: dict[tuple[datetime, str, str], int] = defaultdict(int)
-    for bucket, cluster, uuid, *_ in grouped:
-        versions[(bucket, cluster, uuid)] += 1
-    out: dict[int, tuple[_Origin, int]] = {}
-    for (bucket, cluster, uuid, *_), charges_of in grouped.items():
-        gpu = (report.gpus or {}).get((bucket, cluster, uuid))
-        # a bucket two price versions share: each origin's quantity is what its own lines state
-        present = gpu.present if gpu is not None and versions[(bucket, cluster, uuid)] == 1 else None
-        origin = _Origin(report, charges_of, present)
-        out.update({id(c): (origin, i) for i, c in enumerate(charges_of)})
-    return out
+class _Bucket(NamedTuple):
+    """One grain bucket's charges as Python lists, one per column: quantities and held in integers of
+    10⁻⁶, amounts of 10⁻⁴ (None: unpriced), as the ledger stores them (billing/ledger/frames.py)."""
+
+    bucket: datetime
+    kind: list[str]
+    namespace: list[str]
+    team: list[str]
+    pod: list[str]
+    container: list[str]
+    uuid: list[str]
+    gpu_instance_id: list[str]
+    mig_profile: list[str]
+    model: list[str]
+    currency: list[str]
+    price_version_id: list[int | None]
+    cluster: list[str]
+    quantity: list[int]
+    amount: list[int | None]
+    uw: list[float]
+    uq: list[int]
+    ew: list[float]
+    eq: list[int]
+    held: list[int]
+    slice_hours: list[int]  # `Report.slices`: held where a tenant's lines held slice-hours, else 0
+
+    @classmethod
+    def of_frame(cls, c: pd.DataFrame) -> _Bucket:
+        """A bucket's rows of the charges' frame (`reports.grouped.Charges.buckets`)."""
+
+        def ints(name: str) -> list[int]:
+            return c[name].to_numpy(dtype="int64").tolist()
+
+        def nullable(name: str) -> list[int | None]:
+            values = c[name].astype("Int64").astype(object).tolist()
+            return [None if v is NA else int(v) for v in values]
+
+        from pandas import NA
+
+        text = {name: c[name].tolist() for name in _TEXT_FIELDS}
+        return cls(
+            bucket=c["bucket"].iloc[0].to_pydatetime(),
+            **text,
+            price_version_id=nullable("price_version_id"),
+            quantity=ints("quantity"),
+            amount=nullable("amount"),
+            uw=c["uw"].tolist(),
+            uq=ints("uq"),
+            ew=c["ew"].tolist(),
+            eq=ints("eq"),
+            held=ints("held"),
+            slice_hours=ints("slice_hours"),
+        )
+
+    @classmethod
+    def of_lines(cls, charges: list[LineTotal]) -> _Bucket:
+        """A bucket's charges given as `LineTotal`s (a report whose charges were set by hand)."""
+
+        def scaled(value: Decimal, unit: Decimal) -> int:
+            return int((value / unit).to_integral_exact())
+
+        text = {name: [getattr(c, name) for c in charges] for name in _TEXT_FIELDS}
+        return cls(
+            bucket=charges[0].bucket,
+            **text,
+            price_version_id=[c.price_version_id for c in charges],
+            quantity=[scaled(c.quantity, QUANTITY_QUANTUM) for c in charges],
+            amount=[None if c.amount is None else scaled(c.amount, MONEY_UNIT) for c in charges],
+            uw=[c.utilization_weighted for c in charges],
+            uq=[scaled(c.utilization_quantity, QUANTITY_QUANTUM) for c in charges],
+            ew=[c.efficiency_weighted for c in charges],
+            eq=[scaled(c.efficiency_quantity, QUANTITY_QUANTUM) for c in charges],
+            held=[scaled(c.held, QUANTITY_QUANTUM) for c in charges],
+            slice_hours=[scaled(Report.slices(c), QUANTITY_QUANTUM) for c in charges],
+        )
 
 
-def by_bucket(charges: Iterable[LineTotal]) -> Iterator[list[LineTotal]]:
-    """The charges of each bucket in turn, in the report's order (bucket first: `reports.grouped.SORT`),
-    so a FOCUS file is made a bucket at a time. ValueError where a bucket comes back after another."""
+_TEXT_FIELDS = (*_Bucket._fields[1:11], "cluster")  # the charge's keys (`reports.grouped.KEYS`) that are text
+
+
+def _buckets(charges: Sequence[LineTotal]) -> Iterator[_Bucket]:
+    """The report's charges a bucket at a time, in its order: from their columns, or from `LineTotal`s."""
+    from gpumeter.reports.grouped import Charges  # pandas: loaded by a report that writes FOCUS
+
+    if isinstance(charges, Charges):
+        yield from map(_Bucket.of_frame, charges.buckets())
+        return
     done: set[datetime] = set()
     for bucket, run in itertools.groupby(charges, key=_BUCKET):
         if bucket in done:
             raise ValueError(f"charges: not in bucket order (bucket {bucket.isoformat()} met twice)")
         done.add(bucket)
-        yield list(run)
+        yield _Bucket.of_lines(list(run))
 
 
 _BUCKET = operator.attrgetter("bucket")
+
+
+class _Origin:
+    """An origin charge (docs/reports.md, "FOCUS origin charges"): one GPU's charge for one bucket (an
+    hour, or a UTC day at day grain) under one price-book version. Its rows are the GPU's ledger lines
+    of the bucket; they share every FOCUS dimension, and their summable metrics add up to it. In
+    integers: ``billed`` of 10⁻⁴, ``parts`` (each row's share of the quantity, by largest remainder)
+    of 10⁻⁶."""
+
+    __slots__ = (
+        "billed",
+        "cost",
+        "parts",
+        "quantity",
+        "rate",
+        "rate_places",
+        "rate_units",
+        "rows",
+        "unpriced",
+    )
+
+    def __init__(self, b: _Bucket, rows: list[int], rate: Decimal | None, present: Decimal | None):
+        first = rows[0]
+        self.rows = len(rows)
+        self.unpriced = b.amount[first] is None
+        self.rate = None if self.unpriced else rate
+        if self.rate is not None:  # the rate as an integer of 10⁻places, for each row's list cost
+            exponent = int(self.rate.as_tuple().exponent)
+            self.rate_places = max(0, -exponent)
+            self.rate_units = int(self.rate.scaleb(self.rate_places))
+        amounts = [b.amount[i] or 0 for i in rows]
+        self.billed = sum(amounts)
+        capacity = [0 if b.kind[i] in _OVERLAPPING else b.quantity[i] for i in rows]
+        # the GPU-hours present: from the facts where known, else what the capacity lines state
+        if present is None:
+            units = sum(capacity)
+            self.quantity = Decimal(units) * QUANTITY_QUANTUM
+        else:
+            units = int((present / QUANTITY_QUANTUM).to_integral_value())
+            self.quantity = present
+        self.parts = _split(units, amounts if self.billed else capacity)
+        self.cost = ""  # the billed cost as JSON text, in the currency's minor unit (`_Allocations`)
+
+    def list_cost(self, part: int) -> str:
+        """The list cost of ``part`` (10⁻⁶ GPU-hours) at the origin's rate, as `_num` writes it."""
+        return (
+            "0" if self.rate is None else _scaled(self.rate_units * part, self.rate_places + QUANTITY_PLACES)
+        )
+
+    def ratio(self, amount: int | None, part: int) -> float:
+        """AllocatedRatio of a row: its share of the billed cost, or where nothing was billed (a rate
+        of 0, or unpriced) of the quantity it was given."""
+        if self.billed:
+            ratio = Decimal(amount or 0) / Decimal(self.billed)
+        elif self.quantity:
+            ratio = Decimal(part) * QUANTITY_QUANTUM / self.quantity
+        else:
+            ratio = Decimal(1) / self.rows
+        return float(round(ratio, 12))
+
+
+def _origins(report: Report, b: _Bucket, rates: _Rates) -> tuple[list[_Origin], list[int]]:
+    """Each row's origin charge and its part of the origin's quantity (10⁻⁶ GPU-hours)."""
+    grouped: dict[tuple, list[int]] = {}
+    # a GPU is (cluster, uuid): the same UUID in two clusters is two GPUs
+    for i, key in enumerate(zip(b.cluster, b.uuid, b.price_version_id, b.currency, strict=True)):
+        rows = grouped.get(key)
+        if rows is None:
+            grouped[key] = [i]
+        else:
+            rows.append(i)
+    versions: dict[tuple[str, str], int] = defaultdict(int)
+    for cluster, uuid, *_ in grouped:
+        versions[(cluster, uuid)] += 1
+    gpus = report.gpus or {}
+    origin: list[_Origin] = [None] * len(b.kind)  # type: ignore[list-item]
+    part = [0] * len(b.kind)
+    for (cluster, uuid, version, _), rows in grouped.items():
+        gpu = gpus.get((b.bucket, cluster, uuid))
+        # a bucket two price versions share: each origin's quantity is what its own lines state
+        present = gpu.present if gpu is not None and versions[(cluster, uuid)] == 1 else None
+        o = _Origin(b, rows, rates.rate(version, b.model[rows[0]]), present)
+        for i, share in zip(rows, o.parts, strict=True):
+            origin[i], part[i] = o, share
+    return origin, part
+
+
+class _Rates:
+    """Each price-book version's label and rates, looked up once per (version, model)."""
+
+    def __init__(self, report: Report):
+        self.labels = {v.id: version_label(v) for v in report.price_versions}
+        self.bodies = {v.id: v.body for v in report.price_versions}
+        self._rates: dict[tuple[int | None, str], Decimal | None] = {}
+
+    def rate(self, version: int | None, model: str) -> Decimal | None:
+        key = (version, model)
+        if key not in self._rates:
+            rate = self.bodies.get(version, {}).get("rates", {}).get(model)  # type: ignore[arg-type]
+            self._rates[key] = Decimal(rate) if rate is not None else None
+        return self._rates[key]
+
+
+_NO_HOLDINGS: frozenset[Holding] = frozenset()
+_UNSPLIT = ("",) * len(ALLOCATION_COLUMNS)
+# a slot of an allocation's JSON template: the quoted placeholder the template was encoded with
+_SLOT = re.compile('"\ue000([A-Z])\ue001"')
+
+
+def _slot(name: str) -> str:
+    return f"\ue000{name}\ue001"
 
 
 class _Allocations:
@@ -188,120 +374,172 @@ class _Allocations:
     split cost allocation"). Every row of an origin charge of more than one row is an allocated
     charge of it: AllocatedRatio its share of the origin's billed cost, the ratios of one origin
     summing to 1; a holder's row names the holder (AllocatedResourceId), a platform line is the
-    unallocated portion (no AllocatedResourceId)."""
+    unallocated portion (no AllocatedResourceId).
 
-    def __init__(self, report: Report):
+    AllocatedMethodDetails is the same document for every row of one kind, price version and set of
+    holdings but for a few figures (the ratio, the quantities, the origin's names and cost): it is
+    encoded once per such key as a template whose slots the row fills with its figures as JSON."""
+
+    def __init__(self, report: Report, rates: _Rates):
         self.report = report
         self.splits = report.splits
         if self.splits is None:
             raise ValueError("FOCUS 1.3 needs the report built with splits=True (reports.model.read_splits)")
-        self.bodies = {v.id: v.body for v in report.price_versions}
-        self.labels = {v.id: version_label(v) for v in report.price_versions}
+        self.rates = rates
         # a GPU is (cluster, uuid): a holder's key names its cluster in its namespace
         # (`cluster/namespace`, billing.models.cluster_namespace; a namespace has no "/")
-        self.by_gpu: dict[tuple[datetime, str, str], set[Holding]] = defaultdict(set)
+        merged: dict[tuple[datetime, str, str], set[Holding]] = defaultdict(set)
         for bucket, held in self.splits.items():
             for key, holdings in held.items():
-                self.by_gpu[(bucket, key[2].rpartition("/")[0], key[0])] |= holdings
+                merged[(bucket, key[2].rpartition("/")[0], key[0])] |= holdings
+        # each distinct set kept once: the templates are keyed by it
+        kept: dict[frozenset[Holding], frozenset[Holding]] = {}
+        self.by_gpu = {key: kept.setdefault(frozen := frozenset(h), frozen) for key, h in merged.items()}
+        self._templates: dict[tuple, tuple[str, str, int]] = {}
+        self._holders: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
 
-    def _holdings(self, c) -> AbstractSet[Holding]:
-        """The holdings of the split GPU-hours of a charge's bucket: its holder's, for a tenant line;
-        its GPU's, for a platform line."""
-        if c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE):
-            key = (c.uuid, c.gpu_instance_id, c.namespace, c.pod, c.container)
-            return self.splits.get(c.bucket, {}).get(key, set())
-        return self.by_gpu.get((c.bucket, _cluster(c), c.uuid), set())
+    def columns(self, b: _Bucket, i: int, origin: _Origin, part: int, period_start: str) -> tuple[str, ...]:
+        """AllocatedMethodDetails, -Id, -ResourceId, -ResourceName and -Tags (ALLOCATION_COLUMNS) of
+        row ``i`` of bucket ``b`` (all null where it is its origin's only row: nothing was split);
+        ``period_start``: the bucket's ChargePeriodStart as JSON text."""
+        if origin.rows == 1:
+            return _UNSPLIT
+        kind, version, held = b.kind[i], b.price_version_id[i], b.held[i]
+        if kind in TENANT_KINDS:  # the holder's holdings
+            key = (b.uuid[i], b.gpu_instance_id[i], b.namespace[i], b.pod[i], b.container[i])
+            holdings = self.splits.get(b.bucket, {}).get(key, _NO_HOLDINGS)  # type: ignore[union-attr]
+            if not isinstance(holdings, frozenset):  # the templates are keyed by it (`Holdings`: any set)
+                holdings = frozenset(holdings)
+        else:  # the holdings of its GPU's split GPU-hours
+            holdings = self.by_gpu.get((b.bucket, b.cluster[i], b.uuid[i]), _NO_HOLDINGS)
+        template = self._templates.get((kind, version, holdings, bool(held)))
+        if template is None:
+            template = self._template(kind, version, holdings, bool(held))
+        text, method_id, weighted = template
+        tenant = kind in TENANT_KINDS
+        quantity = b.quantity[i]
+        usage = held if kind == LineKind.TENANT else quantity
+        model, cluster = b.model[i], b.cluster[i]
+        details = text.format(
+            R=repr(origin.ratio(b.amount[i], part)),
+            Q=repr(usage / QUANTITY_SCALE),
+            U=_STRING(b.uuid[i]),
+            S=period_start,
+            B=origin.cost or self._cost(origin),
+            K=_STRING(_sku_price_id(model, b.amount[i] is None, version, self.rates.labels)),
+            A=_STRING(cluster or f"pool/{model}"),
+            W=repr(_weight(quantity, weighted, held)) if weighted and held else "",
+        )
+        if not tenant:  # the platform's part of the origin charge: the unallocated portion
+            return details, method_id, "", "", ""
+        return (
+            details,
+            method_id,
+            *self._holder(b.namespace[i], b.pod[i], b.container[i], b.team[i], cluster),
+        )
 
-    def columns(self, c, origin: _Origin, place: int, period_start: str) -> dict[str, str]:
-        """AllocatedMethodId, -Details, -ResourceId, -ResourceName and -Tags of charge ``c``, the row
-        at ``place`` of ``origin`` (all null where that is its only row: nothing was split)."""
-        if len(origin.charges) == 1:
-            return dict.fromkeys(ALLOCATION_COLUMNS, "")
-        tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
-        body = self.bodies.get(c.price_version_id, {})
-        holdings = self._holdings(c)
+    def _cost(self, origin: _Origin) -> str:
+        origin.cost = _STRING(self.report.money(Decimal(origin.billed) * MONEY_UNIT))
+        return origin.cost
+
+    def _holder(
+        self, namespace: str, pod: str, container: str, team: str, cluster: str
+    ) -> tuple[str, str, str]:
+        """AllocatedResourceId, -ResourceName and -Tags of a holder (kept: a pod is billed every day)."""
+        key = (namespace, pod, container, team)
+        named = self._holders.get(key)
+        if named is None:
+            namespace = namespace.removeprefix(f"{cluster}/") if cluster else namespace
+            holder = {"namespace": namespace, "pod": pod, "container": container, "team": team}
+            named = self._holders[key] = (
+                "/".join(v for v in (namespace, pod, container) if v),
+                "/".join(v for v in (namespace, pod) if v),
+                _json({f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}),
+            )
+        return named
+
+    def _template(
+        self, kind: str, version: int | None, holdings: frozenset[Holding], held: bool
+    ) -> tuple[str, str, int]:
+        """The details' template of a key, its method's id, and the compute slices the row's x_Weight
+        takes (0: none)."""
+        tenant = kind in TENANT_KINDS
+        body = self.rates.bodies.get(version, {})  # type: ignore[arg-type]
         methods = sorted(
             {_method(h, body) for h in holdings} or {WHOLE_GPU_METHOD}, key=METHOD_PRECEDENCE.index
         )
-        if c.kind == LineKind.IDLE_SHARE:
+        if kind == LineKind.IDLE_SHARE:
             methods = [LineKind.IDLE_SHARE.value]
         method = METHODS[methods[0]]
-        if origin.billed:
-            ratio = (c.amount or ZERO) / origin.billed
-        else:  # nothing priced (a rate of 0, or unpriced): by the quantity the row was given
-            part = origin.quantities[place]
-            ratio = part / origin.quantity if origin.quantity else Decimal(1) / len(origin.charges)
-        element: dict[str, object] = {
-            "AllocatedRatio": float(round(ratio, 12)),
-            "UsageUnit": method.usage_unit if tenant else "GPU-Hours",
-            "UsageQuantity": float(c.held if tenant and c.kind == LineKind.TENANT else c.quantity),
-        }
         details: dict[str, object] = {
-            "Elements": [element],
+            "Elements": [
+                {
+                    "AllocatedRatio": _slot("R"),
+                    "UsageUnit": method.usage_unit if tenant else "GPU-Hours",
+                    "UsageQuantity": _slot("Q"),
+                }
+            ],
             "x_OriginCharge": {
-                "ResourceId": c.uuid,
-                "ChargePeriodStart": period_start,
-                "BilledCost": self.report.money(origin.billed),
-                "SkuPriceId": _sku_price_id(c, self.labels),
-                "SubAccountId": sub_account(c)[0],
+                "ResourceId": _slot("U"),
+                "ChargePeriodStart": _slot("S"),
+                "BilledCost": _slot("B"),
+                "SkuPriceId": _slot("K"),
+                "SubAccountId": _slot("A"),
             },
-            "x_LineKind": c.kind,
-            "x_PriceBookVersion": self.labels.get(c.price_version_id, ""),
+            "x_LineKind": kind,
+            "x_PriceBookVersion": self.rates.labels.get(version, ""),  # type: ignore[arg-type]
         }
         if method.policy:
             details["x_Policy"] = body.get(method.policy, "equal" if method.policy == "sharing_split" else "")
         if len(methods) > 1:
             details["x_Methods"] = [METHODS[m].id for m in methods]
-        if c.kind == LineKind.TENANT and holdings:
-            details.update(self._figures(c, holdings, body))
-        if not tenant:  # the platform's part of the origin charge: the unallocated portion
-            return {
-                "AllocatedMethodDetails": _json(details),
-                "AllocatedMethodId": method.id,
-                "AllocatedResourceId": "",
-                "AllocatedResourceName": "",
-                "AllocatedTags": "",
-            }
-        namespace = _namespace(c)
-        holder = {"namespace": namespace, "pod": c.pod, "container": c.container, "team": c.team}
-        return {
-            "AllocatedMethodDetails": _json(details),
-            "AllocatedMethodId": method.id,
-            "AllocatedResourceId": "/".join(v for v in (namespace, c.pod, c.container) if v),
-            "AllocatedResourceName": "/".join(v for v in (namespace, c.pod) if v),
-            "AllocatedTags": _json({f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}),
-        }
+        weighted = 0
+        if kind == LineKind.TENANT and holdings:
+            figures, weighted = _figures(holdings, body)
+            if weighted and held:
+                figures["x_Weight"] = _slot("W")
+            details.update(figures)
+        # a slot's placeholder is a JSON string: the row's figure replaces it, quotes and all
+        text = _SLOT.sub(r"{\1}", _json(details).replace("{", "{{").replace("}", "}}"))
+        template = (text, method.id, weighted)
+        self._templates[(kind, version, holdings, held)] = template
+        return template
 
-    def _figures(self, c, holdings: AbstractSet[Holding], body: dict) -> dict[str, object]:
-        """The parameters the split took: weight, share, efficiency (x_ keys, FOCUS' custom prefix)."""
-        figures: dict[str, object] = {}
-        modes = {h.mode for h in holdings}
-        if contract.SHARING_MIG in modes and c.held:
-            # the weight the line was priced at, normalisation included: weighted GPU-hours per
-            # instance-hour held (slice-hours / compute slices)
-            slices = _one(h.compute_slices for h in holdings)
-            if isinstance(slices, int) and slices:
-                figures["x_Weight"] = _figure(c.quantity * slices / c.held)
-        replicas = [h for h in holdings if (h.replica or h.mode) != contract.SHARING_MIG]
-        if replicas:
-            figures["x_Share"] = _one(_figure(h.share) for h in replicas)
-        grants = [h for h in holdings if h.mode == contract.SHARING_FRACTIONAL]
-        if grants:
-            figures["x_MemoryShare"] = _one(
-                _figure(h.memory_share) for h in grants if h.memory_share is not None
-            )
-            figures["x_ComputeShare"] = _one(
-                _figure(h.compute_share) for h in grants if h.compute_share is not None
-            )
-        efficiency = set()
-        for h in holdings:
-            e = Decimal(1) if h.mode == contract.SHARING_FRACTIONAL else _efficiency(body, h.mode)
-            if h.replica:
-                e *= _efficiency(body, h.replica)
-                figures["x_Sharing"] = h.replica
-            efficiency.add(_figure(e))
-        figures["x_SharingEfficiency"] = _one(efficiency)
-        return {key: value for key, value in figures.items() if value is not None}
+
+def _figures(holdings: frozenset[Holding], body: dict) -> tuple[dict[str, object], int]:
+    """The parameters the split took: share, efficiency (x_ keys, FOCUS' custom prefix), and the
+    compute slices its x_Weight is worked out from (0: no weight)."""
+    figures: dict[str, object] = {}
+    modes = {h.mode for h in holdings}
+    weighted = 0
+    if contract.SHARING_MIG in modes:
+        slices = _one(h.compute_slices for h in holdings)
+        if isinstance(slices, int) and slices:
+            weighted = slices
+    replicas = [h for h in holdings if (h.replica or h.mode) != contract.SHARING_MIG]
+    if replicas:
+        figures["x_Share"] = _one(_figure(h.share) for h in replicas)
+    grants = [h for h in holdings if h.mode == contract.SHARING_FRACTIONAL]
+    if grants:
+        figures["x_MemoryShare"] = _one(_figure(h.memory_share) for h in grants if h.memory_share is not None)
+        figures["x_ComputeShare"] = _one(
+            _figure(h.compute_share) for h in grants if h.compute_share is not None
+        )
+    efficiency = set()
+    for h in holdings:
+        e = Decimal(1) if h.mode == contract.SHARING_FRACTIONAL else _efficiency(body, h.mode)
+        if h.replica:
+            e *= _efficiency(body, h.replica)
+            figures["x_Sharing"] = h.replica
+        efficiency.add(_figure(e))
+    figures["x_SharingEfficiency"] = _one(efficiency)
+    return {key: value for key, value in figures.items() if value is not None}, weighted
+
+
+def _weight(quantity: int, slices: int, held: int) -> float:
+    """x_Weight: the weight the line was priced at, normalisation included: weighted GPU-hours per
+    instance-hour held (slice-hours / compute slices)."""
+    return float(round(Decimal(quantity * slices) / Decimal(held), 6))
 
 
 POOL_ACCOUNT_TYPE, CLUSTER_ACCOUNT_TYPE = "GPU Pool", "Cluster"
@@ -316,44 +554,33 @@ def _origin_tags(model: str, cluster: str) -> str:
     return _json({f"{TAG_PREFIX}{k}": v for k, v in tags.items()})
 
 
-def _sku_price_id(c: LineTotal, labels: dict[int, str]) -> str:
+def _sku_price_id(model: str, unpriced: bool, version: int | None, labels: dict[int, str]) -> str:
     # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
-    label = "unpriced" if c.amount is None else labels.get(c.price_version_id, "unpriced")  # type: ignore[arg-type]
-    return f"{c.model.lower()}:{label}"
+    label = "unpriced" if unpriced else labels.get(version, "unpriced")  # type: ignore[arg-type]
+    return f"{model.lower()}:{label}"
 
 
-def _cluster(c: LineTotal) -> str:
-    """The cluster a ledger line names; "" where the store had no cluster label (or lines predate it)."""
-    return getattr(c, "cluster", "") or ""
-
-
-def _namespace(c: LineTotal) -> str:
-    """The namespace as Kubernetes names it: a report names a named cluster's `cluster/namespace`
-    (`billing.models.cluster_namespace`); the FOCUS rows carry the cluster in its own columns."""
-    cluster = _cluster(c)
-    return c.namespace.removeprefix(f"{cluster}/") if cluster else c.namespace
-
-
-def sub_account(c: LineTotal) -> tuple[str, str, str]:
+def sub_account(cluster: str, model: str) -> tuple[str, str, str]:
     """SubAccountId, -Name and -Type of a charge: a grouping the whole GPU-hour shares on the
     provider's side (docs/reports.md, "FOCUS origin charges"). The cluster where the ledger line
     names one; else the GPU pool, which is the GPU model here: the ledger keeps no node pool label,
     and docs/capacity.md pools a GPU without one by its model."""
-    cluster = _cluster(c)
     if cluster:
         return cluster, cluster, CLUSTER_ACCOUNT_TYPE
-    return f"pool/{c.model}", c.model, POOL_ACCOUNT_TYPE
+    return f"pool/{model}", model, POOL_ACCOUNT_TYPE
 
 
-def _charge_period(report: Report, c: LineTotal) -> tuple[datetime, datetime]:
+def _charge_period(report: Report, bucket: datetime) -> tuple[datetime, datetime]:
     """The origin charge's period: its bucket (an hour, or a UTC day), within the report's period."""
     length = HOUR if report.grain == "hour" else timedelta(days=1)
-    return max(c.bucket, report.period.start), min(c.bucket + length, report.period.end)
+    return max(bucket, report.period.start), min(bucket + length, report.period.end)
 
 
 def rows(report: Report, **options: str) -> list[dict]:
-    """The FOCUS rows of a report, all at once (`iter_rows`, whose options it takes)."""
-    return list(iter_rows(report, **options))
+    """The FOCUS rows of a report, all at once, each a dict by column (`iter_rows`, whose options it
+    takes)."""
+    header = HEADERS[options.get("version", FOCUS_VERSION)]
+    return [dict(zip(header, row, strict=True)) for row in iter_rows(report, **options)]
 
 
 def iter_rows(
@@ -362,137 +589,151 @@ def iter_rows(
     account: str = "gpumeter",
     service: str = "Kubernetes GPU",
     version: str = FOCUS_VERSION,
-) -> Iterator[dict]:
-    """The FOCUS rows of a report, in the report's charge order (deterministic): every row of one
-    origin charge carries the origin's dimensions; who or what a row charges is in the Allocated*
-    (1.3, 1.4) and x_ columns only. Made a bucket of charges at a time: what is held is one bucket's
-    charges and origins."""
+) -> Iterator[tuple[str, ...]]:
+    """The FOCUS rows of a report, each in the column order of ``version`` (`HEADERS`), in the
+    report's charge order (deterministic): every row of one origin charge carries the origin's
+    dimensions; who or what a row charges is in the Allocated* (1.3, 1.4) and x_ columns only. Made
+    a bucket of charges at a time, a column at a time: what is held is one bucket's columns."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
-    allocations = _Allocations(report) if version != "1.2" else None
-    for charges in by_bucket(report.charges):
-        yield from _bucket_rows(
-            report, charges, origins(report, charges), allocations, account, service, version
-        )
-
-
-def _bucket_rows(
-    report: Report,
-    charges: list[LineTotal],
-    origin_of: dict[int, tuple[_Origin, int]],
-    allocations: _Allocations | None,
-    account: str,
-    service: str,
-    version: str,
-) -> Iterator[dict]:
+    rates = _Rates(report)
+    allocations = _Allocations(report, rates) if version != "1.2" else None
+    header = HEADERS[version]
     period = report.period
-    labels = {v.id: version_label(v) for v in report.price_versions}
+    alike = {  # what every row of the report states alike
+        "BillingAccountId": account,
+        "BillingAccountName": account,
+        "BillingPeriodEnd": _ts(period.end),
+        "BillingPeriodStart": _ts(period.start),
+        "ChargeCategory": "Usage",
+        "ChargeClass": "",
+        "ChargeFrequency": "Usage-Based",
+        "ConsumedUnit": "GPU-Hours",
+        "InvoiceId": f"{account}-{period.label}",
+        "InvoiceIssuerName": account,
+        "PricingUnit": "GPU-Hours",
+        "ProviderName": account,
+        "PublisherName": account,
+        "ResourceType": "GPU",
+        "ServiceCategory": "Compute",
+        "ServiceName": service,
+        "ServiceSubcategory": "Containers",
+        "ContractApplied": "",
+        "HostProviderName": account,
+        "ServiceProviderName": account,
+    }
+    for b in _buckets(report.charges):
+        columns = _bucket_columns(report, b, rates, allocations)
+        n = len(b.kind)
+        yield from zip(
+            *(columns[name] if name in columns else itertools.repeat(alike[name], n) for name in header),
+            strict=True,
+        )
+
+
+def _bucket_columns(
+    report: Report, b: _Bucket, rates: _Rates, allocations: _Allocations | None
+) -> dict[str, list[str] | Iterator[str]]:
+    """The columns of one bucket's rows that are not the same for every row of the report."""
+    n = len(b.kind)
+    labels = rates.labels
+    origin, part = _origins(report, b, rates)
+    start, end = _charge_period(report, b.bucket)
+    charge_start = _ts(start)
+    unpriced = [o.unpriced for o in origin]
+    mig = [bool(gi) for gi in b.gpu_instance_id]
+    descriptions: dict[tuple, str] = {}
+    subs = {key: sub_account(*key) for key in set(zip(b.cluster, b.model, strict=True))}
     gpus = report.gpus or {}
-    # what every row of the bucket states alike, written once (a month of 10,000 GPUs is ~1 million rows)
-    start, end = _charge_period(report, charges[0]) if charges else (period.start, period.end)
-    charge_start, charge_end = _ts(start), _ts(end)
-    period_start, period_end = _ts(period.start), _ts(period.end)
-    for c in charges:
-        origin, place = origin_of[id(c)]
-        mig = bool(c.gpu_instance_id)
-        tenant = c.kind in (LineKind.TENANT, LineKind.IDLE_SHARE)
-        unpriced = origin.unpriced
-        quantity = origin.quantities[place]
-        list_cost = origin.list_cost(quantity)
-        profile = c.mig_profile if mig else ""
-        slices = report.slices(c)
-        if unpriced and c.price_version_id is None:
-            description = (
-                f"Unpriced GPU model {c.model}: no price-book version in effect for the hour; "
-                "quantity only, not billed"
-            )
-        elif unpriced:
-            description = (
-                f"Unpriced GPU model {c.model}: price-book version {labels.get(c.price_version_id, '')} "
-                "has no rate for it; quantity only, not billed"
-            )
-        else:
-            description = f"GPU time on {c.model}, split among its holders and the platform (x_LineKind)"
-        sub = sub_account(c)
-        cluster = _cluster(c)
-        gpu = gpus.get((c.bucket, cluster, c.uuid))
-        utilization = (
-            Decimal(repr(round(c.utilization_weighted / float(c.utilization_quantity), 6)))
-            if c.utilization_quantity
-            else None
-        )
-        efficiency = (
-            Decimal(repr(round(c.efficiency_weighted / float(c.efficiency_quantity), 6)))
-            if c.efficiency_quantity
-            else None
-        )
-        billed, consumed, listed, unit_price = (
-            _num(c.amount or ZERO),
-            _num(quantity),
-            _num(list_cost),
-            _num(origin.rate),
-        )
-        row = {
-            "BilledCost": billed,
-            "BillingAccountId": account,
-            "BillingAccountName": account,
-            "BillingCurrency": c.currency,
-            "BillingPeriodEnd": period_end,
-            "BillingPeriodStart": period_start,
-            "ChargeCategory": "Usage",
-            "ChargeClass": "",
-            "ChargeDescription": description,
-            "ChargeFrequency": "Usage-Based",
-            "ChargePeriodEnd": charge_end,
-            "ChargePeriodStart": charge_start,
-            "ConsumedQuantity": consumed,
-            "ConsumedUnit": "GPU-Hours",
-            "ContractedCost": listed,
-            "ContractedUnitPrice": unit_price,
-            "EffectiveCost": billed,
-            "InvoiceId": f"{account}-{period.label}",
-            "InvoiceIssuerName": account,
-            "ListCost": listed,
-            "ListUnitPrice": unit_price,
-            "PricingCategory": "Other" if unpriced else "Standard",
-            "PricingQuantity": consumed,
-            "PricingUnit": "GPU-Hours",
-            "ProviderName": account,
-            "PublisherName": account,
-            "ResourceId": c.uuid,
-            # a name a person reads: the node and the GPU's index on it, and the model; null unknown
-            "ResourceName": f"{gpu.hostname} GPU {gpu.index} ({c.model})" if gpu and gpu.hostname else "",
-            "ResourceType": "GPU",
-            "ServiceCategory": "Compute",
-            "ServiceName": service,
-            "ServiceSubcategory": "Containers",
-            "SkuId": f"gpu-{c.model.lower()}",
-            "SkuPriceId": _sku_price_id(c, labels),
-            "SubAccountId": sub[0],
-            "SubAccountName": sub[1],
-            "SubAccountType": sub[2],
-            "Tags": _origin_tags(c.model, cluster),
-            "x_Cluster": cluster,
-            "x_Container": c.container,
-            "x_GpuHours": _num(c.quantity),
-            "x_GpuInstanceId": c.gpu_instance_id,
-            "x_GpuModel": c.model,
-            "x_GpuUtilizationAvg": _num(utilization),
-            "x_GpuUuid": c.uuid,
-            "x_LineKind": LineKind.UNPRICED.value if unpriced else c.kind,
-            "x_MigProfile": profile,
-            "x_Namespace": _namespace(c),
-            "x_Pod": c.pod,
-            "x_PriceBookVersion": labels.get(c.price_version_id, ""),  # type: ignore[arg-type]
-            "x_SliceHours": _num(slices) if mig and tenant else "",
-            "x_Team": c.team,
-            "x_Unpriced": "true" if unpriced else "false",
-            "x_UtilizationEfficiency": _num(efficiency),
-        }
-        if allocations:
-            row.update(allocations.columns(c, origin, place, charge_start))
-            row.update(ContractApplied="", HostProviderName=account, ServiceProviderName=account)
-        yield row
+    names: dict[tuple[str, str, str], str] = {}
+
+    def description(i: int) -> str:
+        key = (unpriced[i], b.price_version_id[i], b.model[i])
+        text = descriptions.get(key)
+        if text is None:
+            text = descriptions[key] = _description(*key, labels)
+        return text
+
+    def resource_name(cluster: str, uuid: str, model: str) -> str:
+        # a name a person reads: the node and the GPU's index on it, and the model; null unknown
+        name = names.get((cluster, uuid, model))
+        if name is None:
+            gpu = gpus.get((b.bucket, cluster, uuid))
+            name = f"{gpu.hostname} GPU {gpu.index} ({model})" if gpu and gpu.hostname else ""
+            names[(cluster, uuid, model)] = name
+        return name
+
+    billed = [_scaled(a or 0, MONEY_PLACES) for a in b.amount]
+    consumed = [_scaled(p, QUANTITY_PLACES) for p in part]
+    listed = [o.list_cost(p) for o, p in zip(origin, part, strict=True)]
+    unit_prices = [_num(o.rate) for o in origin]
+    sub = [subs[key] for key in zip(b.cluster, b.model, strict=True)]
+    versions = [labels.get(v, "") for v in b.price_version_id]  # type: ignore[arg-type]
+    columns: dict[str, list[str] | Iterator[str]] = {
+        "BilledCost": billed,
+        "BillingCurrency": b.currency,
+        "ChargeDescription": [description(i) for i in range(n)],
+        "ChargePeriodEnd": itertools.repeat(_ts(end), n),
+        "ChargePeriodStart": itertools.repeat(charge_start, n),
+        "ConsumedQuantity": consumed,
+        "ContractedCost": listed,
+        "ContractedUnitPrice": unit_prices,
+        "EffectiveCost": billed,
+        "ListCost": listed,
+        "ListUnitPrice": unit_prices,
+        "PricingCategory": ["Other" if u else "Standard" for u in unpriced],
+        "PricingQuantity": consumed,
+        "ResourceId": b.uuid,
+        "ResourceName": [resource_name(*key) for key in zip(b.cluster, b.uuid, b.model, strict=True)],
+        "SkuId": [f"gpu-{model.lower()}" for model in b.model],
+        "SkuPriceId": [
+            _sku_price_id(m, a is None, v, labels)
+            for m, a, v in zip(b.model, b.amount, b.price_version_id, strict=True)
+        ],
+        "SubAccountId": [s[0] for s in sub],
+        "SubAccountName": [s[1] for s in sub],
+        "SubAccountType": [s[2] for s in sub],
+        "Tags": [_origin_tags(m, c) for m, c in zip(b.model, b.cluster, strict=True)],
+        "x_Cluster": b.cluster,
+        "x_Container": b.container,
+        "x_GpuHours": [_scaled(q, QUANTITY_PLACES) for q in b.quantity],
+        "x_GpuInstanceId": b.gpu_instance_id,
+        "x_GpuModel": b.model,
+        "x_GpuUtilizationAvg": [_ratio_text(w, q) for w, q in zip(b.uw, b.uq, strict=True)],
+        "x_GpuUuid": b.uuid,
+        "x_LineKind": [LineKind.UNPRICED.value if u else k for u, k in zip(unpriced, b.kind, strict=True)],
+        "x_MigProfile": [p if m else "" for p, m in zip(b.mig_profile, mig, strict=True)],
+        # the namespace as Kubernetes names it: a report names a named cluster's `cluster/namespace`
+        # (`billing.models.cluster_namespace`); the FOCUS rows carry the cluster in its own columns
+        "x_Namespace": [
+            ns.removeprefix(f"{c}/") if c else ns for ns, c in zip(b.namespace, b.cluster, strict=True)
+        ],
+        "x_Pod": b.pod,
+        "x_PriceBookVersion": versions,
+        "x_SliceHours": [
+            _scaled(s, QUANTITY_PLACES) if m and k in TENANT_KINDS else ""
+            for s, m, k in zip(b.slice_hours, mig, b.kind, strict=True)
+        ],
+        "x_Team": b.team,
+        "x_Unpriced": ["true" if u else "false" for u in unpriced],
+        "x_UtilizationEfficiency": [_ratio_text(w, q) for w, q in zip(b.ew, b.eq, strict=True)],
+    }
+    if allocations is not None:
+        start_text = _STRING(charge_start)
+        allocated = [allocations.columns(b, i, origin[i], part[i], start_text) for i in range(n)]
+        columns.update(zip(ALLOCATION_COLUMNS, map(list, zip(*allocated, strict=True)), strict=True))
+    return columns
+
+
+def _description(unpriced: bool, version: int | None, model: str, labels: dict[int, str]) -> str:
+    if not unpriced:
+        return f"GPU time on {model}, split among its holders and the platform (x_LineKind)"
+    if version is None:
+        return f"Unpriced GPU model {model}: no price-book version in effect for the hour; quantity only, not billed"
+    return (
+        f"Unpriced GPU model {model}: price-book version {labels.get(version, '')} "
+        "has no rate for it; quantity only, not billed"
+    )
 
 
 def write_csv(
@@ -519,6 +760,19 @@ def csv_parts(
         quote_all=False,
         keep_formulas=keep_formulas,
     )
+
+
+def report_csv_parts(
+    report: Report,
+    *,
+    account: str = "gpumeter",
+    service: str = "Kubernetes GPU",
+    version: str = FOCUS_VERSION,
+    keep_formulas: bool = False,
+) -> Iterator[str]:
+    """A report's FOCUS file in parts, made a bucket at a time from the rows in column order."""
+    focus_rows = iter_rows(report, account=account, service=service, version=version)
+    return csvfile.parts(HEADERS[version], focus_rows, quote_all=False, keep_formulas=keep_formulas)
 
 
 # --- the schema check ---------------------------------------------------------------------------------

@@ -333,6 +333,23 @@ class Charges(Sequence[LineTotal]):
         for at in range(0, len(self._frame), self.CHUNK):
             yield self._frame.iloc[at : at + self.CHUNK]
 
+    def buckets(self) -> Iterator[pd.DataFrame]:
+        """The charges' columns a grain bucket at a time, in order (the report's is bucket first:
+        `SORT`), for a file made a bucket at a time (`reports.focus`). ValueError where a bucket comes
+        back after another: its charges would be cut in two."""
+        stamps = self._frame["bucket"].to_numpy(dtype="datetime64[ns]")  # not a Timestamp each
+        if not len(stamps):
+            return
+        starts = [0, *(np.flatnonzero(stamps[1:] != stamps[:-1]) + 1).tolist()]
+        met: set = set()
+        for at, end in zip(starts, [*starts[1:], len(stamps)], strict=True):
+            rows = self._frame.iloc[at:end]
+            if stamps[at] in met:
+                bucket = rows["bucket"].iloc[0].to_pydatetime()
+                raise ValueError(f"charges: not in bucket order (bucket {bucket.isoformat()} met twice)")
+            met.add(stamps[at])
+            yield rows
+
     @overload
     def __getitem__(self, index: int) -> LineTotal: ...
     @overload

@@ -310,10 +310,12 @@ def focus_csv_parts(report: Report, options: RenderOptions | None = None) -> Ite
     """The FOCUS file (`focus_csv`) in parts, made a bucket of charges at a time."""
     options = options or RenderOptions()
     version = options.focus_version
-    return focus.csv_parts(
-        focus.iter_rows(report, account=options.account, service=options.service, version=version),
-        keep_formulas=options.keep_formulas,
+    return focus.report_csv_parts(
+        report,
+        account=options.account,
+        service=options.service,
         version=version,
+        keep_formulas=options.keep_formulas,
     )
 
 

@@ -28,15 +28,17 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from gpumeter.billing.ledger.base import Ledger
     from gpumeter.billing.models import Line
 
-QUANTITY_SCALE = 10**6  # Exact(18, 6): quantity, held
-MONEY_SCALE = 10**4  # Money() = Exact(20, 4): amount
-QUANTITY_UNIT, MONEY_UNIT = Decimal(1).scaleb(-6), Decimal(1).scaleb(-4)
+QUANTITY_SCALE = 10**QUANTITY_PLACES  # quantity, held
+MONEY_SCALE = 10**MONEY_PLACES  # amount
+QUANTITY_UNIT, MONEY_UNIT = Decimal(1).scaleb(-QUANTITY_PLACES), Decimal(1).scaleb(-MONEY_PLACES)
 
 # the text columns, kept as categoricals: a month repeats each name over hundreds of thousands of lines
 TEXT = (

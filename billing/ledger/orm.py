@@ -9,7 +9,7 @@ from decimal import Decimal
 from sqlalchemy import Column, ForeignKey, Index, Integer, MetaData, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from gpumeter.billing.ledger.types import Exact, Money, UtcDateTime
+from gpumeter.billing.ledger.types import QUANTITY_PLACES, Exact, Money, UtcDateTime
 
 
 class Base(DeclarativeBase):
@@ -98,11 +98,13 @@ class CostLineTerm(Base):
     gpu_instance_id: Mapped[str] = mapped_column(Text, default="")
     mig_profile: Mapped[str] = mapped_column(Text, default="")
     model: Mapped[str] = mapped_column(Text, default="")
-    quantity: Mapped[Decimal] = mapped_column(Exact(18, 6))
+    quantity: Mapped[Decimal] = mapped_column(Exact(18, QUANTITY_PLACES))
     amount: Mapped[Decimal | None] = mapped_column(Money())  # NULL only for __unpriced__
     currency: Mapped[str] = mapped_column(String(3))
     price_version_id: Mapped[int | None] = mapped_column(ForeignKey("price_book_versions.id"))
-    held: Mapped[Decimal] = mapped_column(Exact(18, 6))  # in held_unit (billing.models.QuantityUnit)
+    held: Mapped[Decimal] = mapped_column(
+        Exact(18, QUANTITY_PLACES)
+    )  # in held_unit (billing.models.QuantityUnit)
     held_unit: Mapped[str] = mapped_column(String(16))
     cluster: Mapped[str | None] = mapped_column(Text)  # revision 0012; NULL: no cluster label
 

@@ -38,8 +38,13 @@ class Exact(TypeDecorator):
         return None if value is None else Decimal(value)
 
 
+# the places a ledger line's figures are stored to: readers of its columns scale integers by them
+QUANTITY_PLACES = 6  # Exact(18, 6): a line's quantity and held
+MONEY_PLACES = 4  # Money(): amounts
+
+
 def Money() -> Exact:
-    return Exact(20, 4)
+    return Exact(20, MONEY_PLACES)
 
 
 class UtcDateTime(TypeDecorator):

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import re
 
+import pandas as pd
 import pytest
 
 from gpumeter.reports import focus, grouped, render
@@ -80,9 +81,22 @@ def test_focus_made_a_bucket_at_a_time_is_the_whole_report_s(worked_ledger, monk
     assert text.count("\r\n") == len(rows) + 1
 
 
+@pytest.mark.parametrize("version", focus.VERSIONS)
+def test_focus_from_line_totals_is_focus_from_the_charges_columns(worked_ledger, version):
+    """A report's charges set by hand as `LineTotal`s (a caller's, a test's) make the rows their
+    columns make: the ledger's integers read back from the decimals, at day and at hour grain."""
+    for grain in ("day", "hour"):
+        report = build_report(worked_ledger, NOVEMBER, "team", grain=grain)
+        rows = focus.rows(report, version=version)
+        report.charges = list(report.charges)
+        assert focus.rows(report, version=version) == rows
+        assert len(rows) == len(report.charges)
+
+
 def test_charges_out_of_bucket_order_are_refused_not_split_into_two_origins(worked_ledger):
     report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
-    charges = list(report.charges)
+    built = report.charges
+    charges = list(built)
     first = charges[0].bucket
     later = [c for c in charges if c.bucket != first]
     # a charge of the first bucket again after the others: its origin would be cut in two
@@ -94,6 +108,13 @@ def test_charges_out_of_bucket_order_are_refused_not_split_into_two_origins(work
         focus.rows(report)
     report.charges = charges  # the same charges in order
     assert len(focus.rows(report)) == len(charges)
+    # the same from the charges' columns: a row of the first bucket again at the end
+    frame = pd.concat(list(built.chunks()), ignore_index=True)
+    report.charges = grouped.Charges(
+        pd.concat([frame, frame.iloc[[0]].assign(pod="late")], ignore_index=True)
+    )
+    with pytest.raises(ValueError, match=re.escape(f"(bucket {first.isoformat()} met twice)")):
+        focus.rows(report)
 
 
 def _lines_csv_from_line_totals(report) -> str:
