@@ -36,6 +36,14 @@ def neutralise(value: str) -> str:
     return "'" + value if is_formula(value) else value
 
 
+def neutralise_column(values: list[str]) -> list[str]:
+    """A column of text cells made inert (`neutralise`): itself where no cell starts with a formula
+    character, as a column of a report mostly is (one look at each cell's first character)."""
+    if _FORMULA_FIRST.isdisjoint({value[:1] for value in values}):
+        return values
+    return [neutralise(value) for value in values]
+
+
 def text(
     header: Sequence[str],
     rows: Iterable[Sequence[object]],

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumeter import contract
 from gpumeter.billing.ledger.base import LineTotal
@@ -576,7 +576,7 @@ def _charge_period(report: Report, bucket: datetime) -> tuple[datetime, datetime
     return max(bucket, report.period.start), min(bucket + length, report.period.end)
 
 
-def rows(report: Report, **options: str) -> list[dict]:
+def rows(report: Report, **options: Any) -> list[dict]:
     """The FOCUS rows of a report, all at once, each a dict by column (`iter_rows`, whose options it
     takes)."""
     header = HEADERS[options.get("version", FOCUS_VERSION)]
@@ -589,11 +589,14 @@ def iter_rows(
     account: str = "gpumeter",
     service: str = "Kubernetes GPU",
     version: str = FOCUS_VERSION,
+    keep_formulas: bool = True,
 ) -> Iterator[tuple[str, ...]]:
     """The FOCUS rows of a report, each in the column order of ``version`` (`HEADERS`), in the
     report's charge order (deterministic): every row of one origin charge carries the origin's
     dimensions; who or what a row charges is in the Allocated* (1.3, 1.4) and x_ columns only. Made
-    a bucket of charges at a time, a column at a time: what is held is one bucket's columns."""
+    a bucket of charges at a time, a column at a time: what is held is one bucket's columns. Text
+    cells that a spreadsheet would read as formulas are made inert (`csvfile.neutralise_column`)
+    unless ``keep_formulas``."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
     rates = _Rates(report)
@@ -622,8 +625,12 @@ def iter_rows(
         "HostProviderName": account,
         "ServiceProviderName": account,
     }
+    if not keep_formulas:
+        alike = {name: csvfile.neutralise(value) for name, value in alike.items()}
     for b in _buckets(report.charges):
         columns = _bucket_columns(report, b, rates, allocations)
+        if not keep_formulas:
+            columns = {name: csvfile.neutralise_column(cells) for name, cells in columns.items()}
         n = len(b.kind)
         yield from zip(
             *(columns[name] if name in columns else itertools.repeat(alike[name], n) for name in header),
@@ -633,7 +640,7 @@ def iter_rows(
 
 def _bucket_columns(
     report: Report, b: _Bucket, rates: _Rates, allocations: _Allocations | None
-) -> dict[str, list[str] | Iterator[str]]:
+) -> dict[str, list[str]]:
     """The columns of one bucket's rows that are not the same for every row of the report."""
     n = len(b.kind)
     labels = rates.labels
@@ -669,12 +676,12 @@ def _bucket_columns(
     unit_prices = [_num(o.rate) for o in origin]
     sub = [subs[key] for key in zip(b.cluster, b.model, strict=True)]
     versions = [labels.get(v, "") for v in b.price_version_id]  # type: ignore[arg-type]
-    columns: dict[str, list[str] | Iterator[str]] = {
+    columns: dict[str, list[str]] = {
         "BilledCost": billed,
         "BillingCurrency": b.currency,
         "ChargeDescription": [description(i) for i in range(n)],
-        "ChargePeriodEnd": itertools.repeat(_ts(end), n),
-        "ChargePeriodStart": itertools.repeat(charge_start, n),
+        "ChargePeriodEnd": [_ts(end)] * n,
+        "ChargePeriodStart": [charge_start] * n,
         "ConsumedQuantity": consumed,
         "ContractedCost": listed,
         "ContractedUnitPrice": unit_prices,
@@ -770,9 +777,12 @@ def report_csv_parts(
     version: str = FOCUS_VERSION,
     keep_formulas: bool = False,
 ) -> Iterator[str]:
-    """A report's FOCUS file in parts, made a bucket at a time from the rows in column order."""
-    focus_rows = iter_rows(report, account=account, service=service, version=version)
-    return csvfile.parts(HEADERS[version], focus_rows, quote_all=False, keep_formulas=keep_formulas)
+    """A report's FOCUS file in parts, made a bucket at a time from the rows in column order, their
+    formula-leading text cells made inert column by column there unless ``keep_formulas``."""
+    focus_rows = iter_rows(
+        report, account=account, service=service, version=version, keep_formulas=keep_formulas
+    )
+    return csvfile.parts(HEADERS[version], focus_rows, quote_all=False, keep_formulas=True)
 
 
 # --- the schema check ---------------------------------------------------------------------------------
