@@ -1,9 +1,9 @@
 """FOCUS splits an origin charge's quantity among its rows by largest remainder (docs/reports.md,
 "FOCUS origin charges"): each row's part floored to the quantum, the rest handed out a quantum at a
-time by largest remainder, first listed first on ties. `reports.focus._largest_remainder` does it in
-integers; here it is held to the rule worked out with exact fractions, for any weights: amounts
-(negative ones too, a credit) or quantities, at any decimal places. The rows are made from the
-ledger's integers (`_split` of amounts in 10⁻⁴, `_scaled` text), held here to the decimals they stand for."""
+time by largest remainder, first listed first on ties. `reports.focus_origins.split` does it in the
+ledger's integers (amounts of 10⁻⁴, quantities of 10⁻⁶); here it is held to the rule worked out with
+exact fractions of the decimals they stand for, for any weights: amounts (negative ones too, a credit)
+or quantities, at any decimal places; and the figures' text (`scaled`) to the decimals' (`num`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fractions import Fraction
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gpumeter.reports.focus import QUANTITY_QUANTUM, _largest_remainder, _num, _scaled, _split
+from gpumeter.reports.focus_origins import QUANTITY_QUANTUM, num, scaled, split
 
 
 def by_fractions(total: Decimal, weights: list[Decimal], quantum: Decimal) -> list[Decimal]:
@@ -49,9 +49,11 @@ def by_fractions(total: Decimal, weights: list[Decimal], quantum: Decimal) -> li
 @example(total=Decimal(1), weights=[Decimal("-1.5"), Decimal("0.5")])  # sums below 0
 @example(total=Decimal("0.000007"), weights=[Decimal(1)] * 3)  # ties: the first listed first
 def test_the_integer_split_is_the_rule_in_fractions(total, weights):
-    parts = _largest_remainder(total, weights, QUANTITY_QUANTUM)
-    assert parts == by_fractions(total, weights, QUANTITY_QUANTUM)
-    assert sum(parts, Decimal(0)) == total.quantize(QUANTITY_QUANTUM)
+    units = int((total / QUANTITY_QUANTUM).to_integral_value())
+    places = max(0, -min(int(w.as_tuple().exponent) for w in weights))  # the finest place: all integers
+    parts = split(units, [int(w.scaleb(places)) for w in weights])
+    assert [Decimal(p) * QUANTITY_QUANTUM for p in parts] == by_fractions(total, weights, QUANTITY_QUANTUM)
+    assert sum(parts) == units
 
 
 @given(
@@ -63,9 +65,9 @@ def test_the_split_of_integers_is_the_split_of_the_decimals_they_stand_for(units
     """An origin's rows are split by their amounts as integers of 10⁻⁴ (or quantities of 10⁻⁶):
     the same parts as the decimals, whatever the scale."""
     decimals = [Decimal(w).scaleb(-4) for w in weights]
-    expected = _largest_remainder(Decimal(units) * QUANTITY_QUANTUM, decimals, QUANTITY_QUANTUM)
-    assert [Decimal(p) * QUANTITY_QUANTUM for p in _split(units, weights)] == expected
-    assert _split(units, [w * scale for w in weights]) == _split(units, weights)
+    expected = by_fractions(Decimal(units) * QUANTITY_QUANTUM, decimals, QUANTITY_QUANTUM)
+    assert [Decimal(p) * QUANTITY_QUANTUM for p in split(units, weights)] == expected
+    assert split(units, [w * scale for w in weights]) == split(units, weights)
 
 
 @given(value=st.integers(min_value=-(10**15), max_value=10**15), places=st.integers(min_value=0, max_value=9))
@@ -73,4 +75,4 @@ def test_the_split_of_integers_is_the_split_of_the_decimals_they_stand_for(units
 @example(value=-5000, places=4)  # -0.5: the sign kept, the zeros gone
 @example(value=-(10**6), places=6)  # -1
 def test_an_integer_of_the_ledger_is_written_as_its_decimal(value, places):
-    assert _scaled(value, places) == _num(Decimal(value).scaleb(-places))
+    assert scaled(value, places) == num(Decimal(value).scaleb(-places))

@@ -1,0 +1,275 @@
+"""FOCUS's origin charges in the ledger's integers (docs/reports.md, "FOCUS origin charges"): a
+report's charges a grain bucket at a time as columns (`Bucket`), grouped into origins, one GPU's
+charge for one bucket under one price-book version (`Origin`), each origin's quantity split among its
+rows by largest remainder (`split`). Quantities are integers of 10⁻⁶ GPU-hours and amounts of 10⁻⁴ of
+the currency, as the ledger stores them, written as the decimals they stand for (`scaled`)."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, NamedTuple
+
+from gpumeter.billing.ledger.base import LineTotal
+from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES
+from gpumeter.billing.models import LineKind
+from gpumeter.reports.model import Report, version_label
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+QUANTITY_SCALE = 10**QUANTITY_PLACES
+QUANTITY_QUANTUM = Decimal(1).scaleb(-QUANTITY_PLACES)  # the ledger's, and pricing's, quantity quantum
+MONEY_UNIT = Decimal(1).scaleb(-MONEY_PLACES)
+TENANT_KINDS = frozenset((LineKind.TENANT.value, LineKind.IDLE_SHARE.value))
+# lines whose quantity repeats GPU-hours a tenant line already states (the part of them a discount or
+# a tier took off): they weigh nothing when an origin's quantity is split by quantity
+OVERLAPPING = frozenset((LineKind.SHARING_SHORTFALL.value, LineKind.UTILIZATION_SHORTFALL.value))
+
+
+def num(value: Decimal | None) -> str:
+    if value is None:
+        return ""
+    text = format(value, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def scaled(value: int, places: int) -> str:
+    """An integer of 10⁻``places`` as `num` writes that decimal: no trailing zeros, no point alone."""
+    whole, part = divmod(abs(value), 10**places)
+    sign = "-" if value < 0 else ""
+    if part:
+        return f"{sign}{whole}.{str(part).zfill(places).rstrip('0')}"
+    return f"{sign}{whole}"
+
+
+def split(units: int, weights: list[int]) -> list[int]:
+    """``units`` split in proportion to integer ``weights`` into integers that sum to it exactly:
+    each part floored, the rest handed out one at a time by largest remainder (first listed first on
+    ties). Equal parts where every weight is 0. The parts depend only on the weights' proportions."""
+    if not weights:
+        return []
+    whole = sum(weights)
+    if whole == 0:
+        weights, whole = [1] * len(weights), len(weights)
+    parts = [units * w // whole for w in weights]
+    short = units - sum(parts)
+    if short:
+        # the remainder of each part, over ``whole``: a larger share of a unit is a larger remainder
+        # (negated where the weights sum below zero, the remainders then lying in (whole, 0])
+        sign = 1 if whole > 0 else -1
+        rests = [sign * (units * w % whole) for w in weights]
+        for i in sorted(range(len(weights)), key=lambda i: (-rests[i], i))[:short]:
+            parts[i] += 1
+    return parts
+
+
+class Bucket(NamedTuple):
+    """One grain bucket's charges as Python lists, one per column: quantities and held in integers of
+    10⁻⁶, amounts of 10⁻⁴ (None: unpriced), as the ledger stores them (billing/ledger/frames.py)."""
+
+    bucket: datetime
+    kind: list[str]
+    namespace: list[str]
+    team: list[str]
+    pod: list[str]
+    container: list[str]
+    uuid: list[str]
+    gpu_instance_id: list[str]
+    mig_profile: list[str]
+    model: list[str]
+    currency: list[str]
+    price_version_id: list[int | None]
+    cluster: list[str]
+    quantity: list[int]
+    amount: list[int | None]
+    uw: list[float]
+    uq: list[int]
+    ew: list[float]
+    eq: list[int]
+    held: list[int]
+    slice_hours: list[int]  # `Report.slices`: held where a tenant's lines held slice-hours, else 0
+
+    @classmethod
+    def of_frame(cls, c: pd.DataFrame) -> Bucket:
+        """A bucket's rows of the charges' frame (`reports.grouped.Charges.buckets`)."""
+
+        def ints(name: str) -> list[int]:
+            return c[name].to_numpy(dtype="int64").tolist()
+
+        def nullable(name: str) -> list[int | None]:
+            values = c[name].astype("Int64").astype(object).tolist()
+            return [None if v is NA else int(v) for v in values]
+
+        from pandas import NA
+
+        text = {name: c[name].tolist() for name in _TEXT_FIELDS}
+        return cls(
+            bucket=c["bucket"].iloc[0].to_pydatetime(),
+            **text,
+            price_version_id=nullable("price_version_id"),
+            quantity=ints("quantity"),
+            amount=nullable("amount"),
+            uw=c["uw"].tolist(),
+            uq=ints("uq"),
+            ew=c["ew"].tolist(),
+            eq=ints("eq"),
+            held=ints("held"),
+            slice_hours=ints("slice_hours"),
+        )
+
+    @classmethod
+    def of_lines(cls, charges: list[LineTotal]) -> Bucket:
+        """A bucket's charges given as `LineTotal`s (a report whose charges were set by hand)."""
+
+        def units_of(value: Decimal, unit: Decimal) -> int:
+            return int((value / unit).to_integral_exact())
+
+        text = {name: [getattr(c, name) for c in charges] for name in _TEXT_FIELDS}
+        return cls(
+            bucket=charges[0].bucket,
+            **text,
+            price_version_id=[c.price_version_id for c in charges],
+            quantity=[units_of(c.quantity, QUANTITY_QUANTUM) for c in charges],
+            amount=[None if c.amount is None else units_of(c.amount, MONEY_UNIT) for c in charges],
+            uw=[c.utilization_weighted for c in charges],
+            uq=[units_of(c.utilization_quantity, QUANTITY_QUANTUM) for c in charges],
+            ew=[c.efficiency_weighted for c in charges],
+            eq=[units_of(c.efficiency_quantity, QUANTITY_QUANTUM) for c in charges],
+            held=[units_of(c.held, QUANTITY_QUANTUM) for c in charges],
+            slice_hours=[units_of(Report.slices(c), QUANTITY_QUANTUM) for c in charges],
+        )
+
+
+_TEXT_FIELDS = (*Bucket._fields[1:11], "cluster")  # the charge's keys (`reports.grouped.KEYS`) that are text
+
+
+def buckets(charges: Sequence[LineTotal]) -> Iterator[Bucket]:
+    """The report's charges a bucket at a time, in its order: from their columns, or from `LineTotal`s."""
+    from gpumeter.reports.grouped import Charges  # pandas: loaded by a report that writes FOCUS
+
+    if isinstance(charges, Charges):
+        yield from map(Bucket.of_frame, charges.buckets())
+        return
+    done: set[datetime] = set()
+    for bucket, run in itertools.groupby(charges, key=_BUCKET):
+        if bucket in done:
+            raise ValueError(f"charges: not in bucket order (bucket {bucket.isoformat()} met twice)")
+        done.add(bucket)
+        yield Bucket.of_lines(list(run))
+
+
+_BUCKET = operator.attrgetter("bucket")
+
+
+class Origin:
+    """An origin charge (docs/reports.md, "FOCUS origin charges"): one GPU's charge for one bucket (an
+    hour, or a UTC day at day grain) under one price-book version. Its rows are the GPU's ledger lines
+    of the bucket; they share every FOCUS dimension, and their summable metrics add up to it. In
+    integers: ``billed`` of 10⁻⁴, ``parts`` (each row's share of the quantity, by largest remainder)
+    of 10⁻⁶."""
+
+    __slots__ = (
+        "billed",
+        "cost",
+        "parts",
+        "quantity",
+        "rate",
+        "rate_places",
+        "rate_units",
+        "rows",
+        "unpriced",
+    )
+
+    def __init__(self, b: Bucket, rows: list[int], rate: Decimal | None, present: Decimal | None):
+        first = rows[0]
+        self.rows = len(rows)
+        self.unpriced = b.amount[first] is None
+        self.rate = None if self.unpriced else rate
+        if self.rate is not None:  # the rate as an integer of 10⁻places, for each row's list cost
+            exponent = int(self.rate.as_tuple().exponent)
+            self.rate_places = max(0, -exponent)
+            self.rate_units = int(self.rate.scaleb(self.rate_places))
+        amounts = [b.amount[i] or 0 for i in rows]
+        self.billed = sum(amounts)
+        capacity = [0 if b.kind[i] in OVERLAPPING else b.quantity[i] for i in rows]
+        # the GPU-hours present: from the facts where known, else what the capacity lines state
+        if present is None:
+            units = sum(capacity)
+            self.quantity = Decimal(units) * QUANTITY_QUANTUM
+        else:
+            units = int((present / QUANTITY_QUANTUM).to_integral_value())
+            self.quantity = present
+        self.parts = split(units, amounts if self.billed else capacity)
+        self.cost = ""  # the billed cost as JSON text, in the currency's minor unit (`Allocations`)
+
+    def list_cost(self, part: int) -> str:
+        """The list cost of ``part`` (10⁻⁶ GPU-hours) at the origin's rate, as `num` writes it."""
+        return (
+            "0" if self.rate is None else scaled(self.rate_units * part, self.rate_places + QUANTITY_PLACES)
+        )
+
+    def ratio(self, amount: int | None, part: int) -> float:
+        """AllocatedRatio of a row: its share of the billed cost, or where nothing was billed (a rate
+        of 0, or unpriced) of the quantity it was given."""
+        if self.billed:
+            ratio = Decimal(amount or 0) / Decimal(self.billed)
+        elif self.quantity:
+            ratio = Decimal(part) * QUANTITY_QUANTUM / self.quantity
+        else:
+            ratio = Decimal(1) / self.rows
+        return float(round(ratio, 12))
+
+
+def origins(report: Report, b: Bucket, rates: Rates) -> tuple[list[Origin], list[int]]:
+    """Each row's origin charge and its part of the origin's quantity (10⁻⁶ GPU-hours)."""
+    grouped: dict[tuple, list[int]] = {}
+    # a GPU is (cluster, uuid): the same UUID in two clusters is two GPUs
+    for i, key in enumerate(zip(b.cluster, b.uuid, b.price_version_id, b.currency, strict=True)):
+        rows = grouped.get(key)
+        if rows is None:
+            grouped[key] = [i]
+        else:
+            rows.append(i)
+    versions: dict[tuple[str, str], int] = defaultdict(int)
+    for cluster, uuid, *_ in grouped:
+        versions[(cluster, uuid)] += 1
+    gpus = report.gpus or {}
+    origin: list[Origin] = [None] * len(b.kind)  # type: ignore[list-item]
+    part = [0] * len(b.kind)
+    for (cluster, uuid, version, _), rows in grouped.items():
+        gpu = gpus.get((b.bucket, cluster, uuid))
+        # a bucket two price versions share: each origin's quantity is what its own lines state
+        present = gpu.present if gpu is not None and versions[(cluster, uuid)] == 1 else None
+        o = Origin(b, rows, rates.rate(version, b.model[rows[0]]), present)
+        for i, share in zip(rows, o.parts, strict=True):
+            origin[i], part[i] = o, share
+    return origin, part
+
+
+class Rates:
+    """Each price-book version's label and rates, looked up once per (version, model)."""
+
+    def __init__(self, report: Report):
+        self.labels = {v.id: version_label(v) for v in report.price_versions}
+        self.bodies = {v.id: v.body for v in report.price_versions}
+        self._rates: dict[tuple[int | None, str], Decimal | None] = {}
+
+    def rate(self, version: int | None, model: str) -> Decimal | None:
+        key = (version, model)
+        if key not in self._rates:
+            rate = self.bodies.get(version, {}).get("rates", {}).get(model)  # type: ignore[arg-type]
+            self._rates[key] = Decimal(rate) if rate is not None else None
+        return self._rates[key]
+
+
+def sku_price_id(model: str, unpriced: bool, version: int | None, labels: dict[int, str]) -> str:
+    # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
+    label = "unpriced" if unpriced else labels.get(version, "unpriced")  # type: ignore[arg-type]
+    return f"{model.lower()}:{label}"
