@@ -28,6 +28,7 @@ from gpumeter.reports.focus_check import check_csv as check_csv
 from gpumeter.reports.focus_check import check_file as check_file
 from gpumeter.reports.focus_columns import (
     ALLOCATION_COLUMNS,
+    COLUMN_SPEC,
     FOCUS_VERSION,
     HEADERS,
     TAG_PREFIX,
@@ -87,6 +88,15 @@ def _charge_period(report: Report, bucket: datetime) -> tuple[datetime, datetime
     return max(bucket, report.period.start), min(bucket + length, report.period.end)
 
 
+# columns whose cells gpumeter writes from figures, times, JSON documents or its own allowed values:
+# none starts with a formula character but a plain number (a negative amount), which stays a number
+_NEVER_FORMULAS = frozenset(
+    name
+    for name, (_, kind) in COLUMN_SPEC.items()
+    if kind in ("decimal", "datetime", "json", "allocation") or isinstance(kind, (set, frozenset))
+)
+
+
 def rows(report: Report, **options: Any) -> list[dict]:
     """The FOCUS rows of a report, all at once, each a dict by column (`iter_rows`, whose options it
     takes)."""
@@ -141,7 +151,8 @@ def iter_rows(
     for b in buckets(report.charges):
         columns = _bucket_columns(report, b, rates, allocations)
         if not keep_formulas:
-            columns = {name: csvfile.neutralise_column(cells) for name, cells in columns.items()}
+            for name in columns.keys() - _NEVER_FORMULAS:
+                columns[name] = csvfile.neutralise_column(columns[name])
         n = len(b.kind)
         yield from zip(
             *(columns[name] if name in columns else itertools.repeat(alike[name], n) for name in header),
