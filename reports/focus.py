@@ -46,6 +46,7 @@ from gpumeter.reports.focus_origins import (
     origins,
     scaled,
     sku_price_id,
+    sub_account,
 )
 from gpumeter.reports.model import HOUR, Report
 
@@ -60,9 +61,6 @@ def _ratio_text(weighted: float, quantity: int) -> str:
     return num(Decimal(repr(round(weighted / (quantity / QUANTITY_SCALE), 6)))) if quantity else ""
 
 
-POOL_ACCOUNT_TYPE, CLUSTER_ACCOUNT_TYPE = "GPU Pool", "Cluster"
-
-
 @lru_cache(maxsize=4096)
 def _origin_tags(model: str, cluster: str) -> str:
     """The origin's own tags: every row of it carries them; the holder's are AllocatedTags (1.3)."""
@@ -70,16 +68,6 @@ def _origin_tags(model: str, cluster: str) -> str:
     if cluster:
         tags["cluster"] = cluster
     return json_text({f"{TAG_PREFIX}{k}": v for k, v in tags.items()})
-
-
-def sub_account(cluster: str, model: str) -> tuple[str, str, str]:
-    """SubAccountId, -Name and -Type of a charge: a grouping the whole GPU-hour shares on the
-    provider's side (docs/reports.md, "FOCUS origin charges"). The cluster where the ledger line
-    names one; else the GPU pool, which is the GPU model here: the ledger keeps no node pool label,
-    and docs/capacity.md pools a GPU without one by its model."""
-    if cluster:
-        return cluster, cluster, CLUSTER_ACCOUNT_TYPE
-    return f"pool/{model}", model, POOL_ACCOUNT_TYPE
 
 
 def _charge_period(report: Report, bucket: datetime) -> tuple[datetime, datetime]:

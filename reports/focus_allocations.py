@@ -29,6 +29,7 @@ from gpumeter.reports.focus_origins import (
     Origin,
     Rates,
     sku_price_id,
+    sub_account,
 )
 from gpumeter.reports.model import Holding, Report
 
@@ -119,7 +120,8 @@ class Allocations:
         if origin.rows == 1:
             return UNSPLIT
         kind, version, held = b.kind[i], b.price_version_id[i], b.held[i]
-        if kind in TENANT_KINDS:  # the holder's holdings
+        tenant = kind in TENANT_KINDS
+        if tenant:  # the holder's holdings
             key = (b.uuid[i], b.gpu_instance_id[i], b.namespace[i], b.pod[i], b.container[i])
             holdings = self.splits.get(b.bucket, {}).get(key, _NO_HOLDINGS)  # type: ignore[union-attr]
             if not isinstance(holdings, frozenset):  # the templates are keyed by it (`Holdings`: any set)
@@ -130,7 +132,6 @@ class Allocations:
         if template is None:
             template = self._template(kind, version, holdings, bool(held))
         text, method_id, weighted = template
-        tenant = kind in TENANT_KINDS
         quantity = b.quantity[i]
         usage = held if kind == LineKind.TENANT else quantity
         model, cluster = b.model[i], b.cluster[i]
@@ -141,7 +142,7 @@ class Allocations:
             S=period_start,
             B=origin.cost or self._cost(origin),
             K=json_string(sku_price_id(model, b.amount[i] is None, version, self.rates.labels)),
-            A=json_string(cluster or f"pool/{model}"),
+            A=json_string(sub_account(cluster, model)[0]),
             W=repr(_weight(quantity, weighted, held)) if weighted and held else "",
         )
         if not tenant:  # the platform's part of the origin charge: the unallocated portion

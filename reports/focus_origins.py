@@ -273,3 +273,16 @@ def sku_price_id(model: str, unpriced: bool, version: int | None, labels: dict[i
     # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
     label = "unpriced" if unpriced else labels.get(version, "unpriced")  # type: ignore[arg-type]
     return f"{model.lower()}:{label}"
+
+
+POOL_ACCOUNT_TYPE, CLUSTER_ACCOUNT_TYPE = "GPU Pool", "Cluster"
+
+
+def sub_account(cluster: str, model: str) -> tuple[str, str, str]:
+    """SubAccountId, -Name and -Type of a charge: a grouping the whole GPU-hour shares on the
+    provider's side (docs/reports.md, "FOCUS origin charges"). The cluster where the ledger line
+    names one; else the GPU pool, which is the GPU model here: the ledger keeps no node pool label,
+    and docs/capacity.md pools a GPU without one by its model."""
+    if cluster:
+        return cluster, cluster, CLUSTER_ACCOUNT_TYPE
+    return f"pool/{model}", model, POOL_ACCOUNT_TYPE
