@@ -7,7 +7,9 @@ Prometheus and ingested once with the shipped book's rates, seed 003's utilizati
   `__utilization_shortfall__` (docs/billing.md §3.7);
 * `gpumeter report --kind allocations` lists every allocation the fleet files schedule in the month,
   with the starts and ends worked out here from the fleets' own schedules (docs/reports.md,
-  "Allocation audit").
+  "Allocation audit");
+* every line is as the engine wrote it, and the month's FOCUS files (day and hour grain; 1.3, 1.4,
+  1.2) are byte for byte as the report wrote them a dict per row (committed digests).
 
 The month's history is ~2.3 million samples (~630 MB of OpenMetrics, written and backfilled once).
 """
@@ -31,6 +33,9 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import PrometheusClient
 from gpumeter.deploy.demo import INCIDENTS, NODES
+from gpumeter.reports.model import month_period
+from gpumeter.reports.render import RenderOptions
+from gpumeter.reports.run import generate
 from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.history import parse_incident, write_history
 from tests.billing.conftest import serve_history
@@ -47,6 +52,14 @@ SEED_TIERS = [  # seed 003 §6.1's utilizationTiers
 # sha256 of every line of the month (`_line_digest`), as the engine wrote them when the columnar engine
 # was begun: any engine that bills this month must write these lines, to the last digit
 DEMO_MONTH_LINES = "0d5ca4a6fc402dc449b34a78d2af18077168bb059f44dba38a4c008df89fbfa3"
+# sha256 of the month's FOCUS file by grain and version (by team), as the report wrote it a dict per
+# row before FOCUS was made from the charges' columns (b799b03): any way of making it writes these bytes
+DEMO_MONTH_FOCUS = {
+    ("day", "1.3"): "6c68ff6706ad3b7de0af57ed372632d3a2c07117bd717058337853b1f1f12b9f",
+    ("hour", "1.3"): "36b2a7d9260b582abb617136eba1026a3947faf845cac0877eff7d477f8c9071",
+    ("day", "1.4"): "c03b3279d6684f0b0c63d70e6c13f7b21fbc85841ff0c2cd3affb57073cdbdd3",
+    ("day", "1.2"): "232ff1ce9fee699cef64a19e3ac55a73c5820852509c59323c6b4bfd2871bd43",
+}
 RATES = {"NVIDIA H100 80GB HBM3": Decimal("6.88"), "NVIDIA A100-SXM4-40GB": Decimal("3.00")}
 
 
@@ -189,3 +202,30 @@ def test_every_line_of_the_demo_month_is_as_the_engine_wrote_it(demo_month):
     print(f"\ndemo month: {count} lines, sha256 {digest}")  # pytest -s shows it
     assert count > 10_000
     assert digest == DEMO_MONTH_LINES
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_the_demo_months_focus_files_are_as_they_were_written(demo_month, tmp_path):
+    """FOCUS at day and hour grain, 1.3, 1.4 and 1.2, byte for byte (origins, their integer splits,
+    the allocation columns' JSON) as the report wrote them before its columns were made in bulk."""
+    _, ledger = demo_month
+    now = datetime(2026, 12, 6, tzinfo=UTC)  # FOCUS names no generation time; the manifest does
+    written = {}
+    for grain, version in DEMO_MONTH_FOCUS:
+        out = tmp_path / f"{grain}-{version}"
+        options = RenderOptions(generated_at=now, focus_version=version)
+        run = generate(
+            ledger,
+            month_period("2026-11"),
+            "team",
+            ("focus",),
+            out,
+            grain=grain,
+            record=False,
+            now=now,
+            options=options,
+        )
+        (digest,) = run.files.values()
+        written[(grain, version)] = digest
+    assert written == DEMO_MONTH_FOCUS
