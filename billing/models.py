@@ -19,6 +19,13 @@ HOUR = timedelta(hours=1)
 # ids, ingest's layout keys): as much as this many hours of the fleet, so they follow its size
 HOURS_KEPT = 3
 
+
+def memory_room(floor: int, per_hour: int) -> int:
+    """How much an hour-to-hour memory keeps: its fixed ``floor``, or `HOURS_KEPT` hours of what an
+    hour of the fleet puts in it (``per_hour``) where that is more."""
+    return max(floor, HOURS_KEPT * per_hour)
+
+
 UNALLOCATED = "__unallocated__"
 STRANDED = "__stranded__"
 SHORTFALL = "__sharing_shortfall__"

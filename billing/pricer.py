@@ -21,7 +21,7 @@ from gpumeter.billing.allocate import (
     _price_gpu_hour,
     _tie_groups,
 )
-from gpumeter.billing.models import HOURS_KEPT, Allocation, GpuHour, Line, line_billed, with_fields
+from gpumeter.billing.models import Allocation, GpuHour, Line, line_billed, memory_room, with_fields
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
@@ -288,7 +288,7 @@ class Pricer:
             reusable = tie is not _UNREUSABLE
             if not priced.warnings and priced.device_cost is not None and version is not None and reusable:
                 self._memo[key] = _Kept(priced, sources, tie, {}, gpu_hour.allocations)
-                room = max(self.min_entries, HOURS_KEPT * max(self._hour_before, self._this_hour))
+                room = memory_room(self.min_entries, max(self._hour_before, self._this_hour))
                 while len(self._memo) > room:  # after the fleet shrank, more than one
                     del self._memo[next(iter(self._memo))]
             return priced

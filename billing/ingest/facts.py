@@ -41,7 +41,6 @@ from gpumeter.billing.ingest.labels import (
 from gpumeter.billing.ledger.base import SHARED_MODES
 from gpumeter.billing.ledger.layouts import layout_key
 from gpumeter.billing.models import (
-    HOURS_KEPT,
     Allocation,
     Device,
     GpuHour,
@@ -49,6 +48,7 @@ from gpumeter.billing.models import (
     Readings,
     SteadyGpuHour,
     is_reserved_name,
+    memory_room,
     with_fields,
 )
 from gpumeter.billing.refusals import Refused
@@ -382,7 +382,7 @@ class RunAnswers:
         self._templates = carried
         # equal keys then compare value by value again, until met anew. An hour's layouts are at
         # most its GPUs: the bound follows the fleet, or a fleet past it would clear it every hour
-        if len(one) > max(LAYOUTS_KEPT, HOURS_KEPT * len(built)):
+        if len(one) > memory_room(LAYOUTS_KEPT, len(built)):
             one.clear()
         return built, dict(self.teams[i])
 

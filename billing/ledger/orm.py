@@ -102,9 +102,8 @@ class CostLineTerm(Base):
     amount: Mapped[Decimal | None] = mapped_column(Money())  # NULL only for __unpriced__
     currency: Mapped[str] = mapped_column(String(3))
     price_version_id: Mapped[int | None] = mapped_column(ForeignKey("price_book_versions.id"))
-    held: Mapped[Decimal] = mapped_column(
-        Exact(18, QUANTITY_PLACES)
-    )  # in held_unit (billing.models.QuantityUnit)
+    # in held_unit (billing.models.QuantityUnit)
+    held: Mapped[Decimal] = mapped_column(Exact(18, QUANTITY_PLACES))
     held_unit: Mapped[str] = mapped_column(String(16))
     cluster: Mapped[str | None] = mapped_column(Text)  # revision 0012; NULL: no cluster label
 

@@ -22,14 +22,14 @@ from gpumeter.billing.ledger import layouts, terms
 from gpumeter.billing.ledger.base import HourRecord, LedgerError, refuse_duplicate_lines
 from gpumeter.billing.ledger.orm import CostLineSet, CostLineTerm, GpuLayout
 from gpumeter.billing.ledger.sqlalchemy.store import SqlStore
-from gpumeter.billing.models import HOURS_KEPT, GpuHour, Line, line_key, line_readings
+from gpumeter.billing.models import GpuHour, Line, line_key, line_readings, memory_room
 
 if TYPE_CHECKING:  # a line group's priced hour, read for what the ledger stores of its lines
     from gpumeter.billing.allocate import PricedHour
 
-# What a ledger remembers, at least; past that, HOURS_KEPT hours of the fleet written last (a
-# fixed bound, all forgotten when full, was crossed every hour past 100,000 GPUs: each hour then looked
-# up again what the hour before had learnt)
+# What a ledger remembers, at least; past that, HOURS_KEPT hours of the fleet written last
+# (`memory_room`: a fixed bound, all forgotten when full, was crossed every hour past 100,000 GPUs, and
+# each hour then looked up again what the hour before had learnt)
 TERMS_KEPT = 200_000  # line terms a ledger remembers the ids of
 CARRIED_KEPT = 100_000  # GPUs whose last hours' line keys and term ids a ledger remembers
 CARRIED_PER_GPU = 8  # of one GPU: a tie's turns, and room for its last layouts
@@ -434,7 +434,7 @@ class SqlHourRows(SqlStore):
     def _carry(self, carry: list[tuple[str, Hashable, tuple]]) -> None:
         """GPUs' lines a committed transaction stored: a later hour with equal terms names them again."""
         carried = self._carried
-        if len(carried) + len(carry) > max(CARRIED_KEPT, HOURS_KEPT * self._gpus_written):
+        if len(carried) + len(carry) > memory_room(CARRIED_KEPT, self._gpus_written):
             carried.clear()
         for uuid, priced, lines in carry:
             kept = carried.get(uuid)
@@ -447,7 +447,7 @@ class SqlHourRows(SqlStore):
     def _learn_terms(self, added: dict[tuple, int], added_sets: dict[tuple[int, ...], int]) -> None:
         """Terms and sets a committed transaction stored or found: later hours name them without a
         look-up."""
-        room = max(TERMS_KEPT, HOURS_KEPT * self._lines_written)
+        room = memory_room(TERMS_KEPT, self._lines_written)
         for known, new in ((self._term_ids, added), (self._set_ids, added_sets)):
             if len(known) + len(new) > room:
                 known.clear()

@@ -49,7 +49,7 @@ from gpumeter.billing.ledger.sqlalchemy.store import (
     _hour_lock_key,
     _stored,
 )
-from gpumeter.billing.models import HOURS_KEPT, Line
+from gpumeter.billing.models import Line, memory_room
 from gpumeter.billing.pricing.base import PriceBook, PriceVersion
 
 
@@ -143,7 +143,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
         for set_id, groups in held:
             for currency, total in found[set_id] if set_id in found else known[set_id]:
                 scaled[currency] = scaled.get(currency, 0) + groups * total
-        if len(known) + len(found) > max(TERMS_KEPT, HOURS_KEPT * self._gpus_written):  # a set per GPU-hour
+        if len(known) + len(found) > memory_room(TERMS_KEPT, self._gpus_written):  # a set per GPU-hour
             known.clear()
         known.update(found)
         if not scaled:
@@ -242,7 +242,7 @@ class SqlWrites(SqlHourRows, IngestLedger):
                 for cluster, uuid, why in record.refused
             )
         # an hour's layouts are at most its GPUs: the bound follows the fleet
-        if len(self._layout_ids) + len(added) > max(LAYOUTS_KEPT, HOURS_KEPT * self._gpus_written):
+        if len(self._layout_ids) + len(added) > memory_room(LAYOUTS_KEPT, self._gpus_written):
             self._layout_ids.clear()
         self._layout_ids.update(added)  # committed: later hours may name them without a look-up
         self._version_ids.update(looked_up)
