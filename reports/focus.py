@@ -12,9 +12,8 @@ columns are in `reports.focus_columns`, the schema check in `reports.focus_check
 
 from __future__ import annotations
 
-import io
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
@@ -186,6 +185,10 @@ def _bucket_columns(
     unit_prices = [num(o.rate) for o in origin]
     sub = [subs[key] for key in zip(b.cluster, b.model, strict=True)]
     versions = [labels.get(v, "") for v in b.price_version_id]  # type: ignore[arg-type]
+    skus = [
+        sku_price_id(m, a is None, v, labels)
+        for m, a, v in zip(b.model, b.amount, b.price_version_id, strict=True)
+    ]
     columns: dict[str, list[str]] = {
         "BilledCost": billed,
         "BillingCurrency": b.currency,
@@ -203,10 +206,7 @@ def _bucket_columns(
         "ResourceId": b.uuid,
         "ResourceName": [resource_name(*key) for key in zip(b.cluster, b.uuid, b.model, strict=True)],
         "SkuId": [f"gpu-{model.lower()}" for model in b.model],
-        "SkuPriceId": [
-            sku_price_id(m, a is None, v, labels)
-            for m, a, v in zip(b.model, b.amount, b.price_version_id, strict=True)
-        ],
+        "SkuPriceId": skus,
         "SubAccountId": [s[0] for s in sub],
         "SubAccountName": [s[1] for s in sub],
         "SubAccountType": [s[2] for s in sub],
@@ -237,7 +237,9 @@ def _bucket_columns(
     }
     if allocations is not None:
         start_text = json_string(charge_start)
-        allocated = [allocations.columns(b, i, origin[i], part[i], start_text) for i in range(n)]
+        allocated = [
+            allocations.columns(b, i, origin[i], part[i], start_text, skus[i], sub[i][0]) for i in range(n)
+        ]
         columns.update(zip(ALLOCATION_COLUMNS, map(list, zip(*allocated, strict=True)), strict=True))
     return columns
 
@@ -250,32 +252,6 @@ def _description(unpriced: bool, version: int | None, model: str, labels: dict[i
     return (
         f"Unpriced GPU model {model}: price-book version {labels.get(version, '')} "
         "has no rate for it; quantity only, not billed"
-    )
-
-
-def write_csv(
-    focus_rows: Iterable[dict],
-    stream: io.TextIOBase,
-    *,
-    keep_formulas: bool = False,
-    version: str = FOCUS_VERSION,
-) -> None:
-    """RFC 4180 CSV (`reports.csvfile`): nulls as empty fields, text quoted where it needs it,
-    formula-leading text cells defused unless ``keep_formulas``."""
-    for part in csv_parts(focus_rows, keep_formulas=keep_formulas, version=version):
-        stream.write(part)
-
-
-def csv_parts(
-    focus_rows: Iterable[dict], *, keep_formulas: bool = False, version: str = FOCUS_VERSION
-) -> Iterator[str]:
-    """`write_csv`'s text in parts, as the rows are made."""
-    header = HEADERS[version]
-    return csvfile.parts(
-        header,
-        ([row[name] for name in header] for row in focus_rows),
-        quote_all=False,
-        keep_formulas=keep_formulas,
     )
 
 

@@ -28,8 +28,6 @@ from gpumeter.reports.focus_origins import (
     Bucket,
     Origin,
     Rates,
-    sku_price_id,
-    sub_account,
 )
 from gpumeter.reports.model import Holding, Report
 
@@ -113,10 +111,13 @@ class Allocations:
         self._templates: dict[tuple, tuple[str, str, int]] = {}
         self._holders: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
 
-    def columns(self, b: Bucket, i: int, origin: Origin, part: int, period_start: str) -> tuple[str, ...]:
+    def columns(
+        self, b: Bucket, i: int, origin: Origin, part: int, period_start: str, sku: str, sub_account: str
+    ) -> tuple[str, ...]:
         """AllocatedMethodDetails, -Id, -ResourceId, -ResourceName and -Tags (ALLOCATION_COLUMNS) of
         row ``i`` of bucket ``b`` (all null where it is its origin's only row: nothing was split);
-        ``period_start``: the bucket's ChargePeriodStart as JSON text."""
+        ``period_start``: the bucket's ChargePeriodStart as JSON text; ``sku`` and ``sub_account``:
+        the row's SkuPriceId and SubAccountId, which its x_OriginCharge repeats."""
         if origin.rows == 1:
             return UNSPLIT
         kind, version, held = b.kind[i], b.price_version_id[i], b.held[i]
@@ -134,15 +135,14 @@ class Allocations:
         text, method_id, weighted = template
         quantity = b.quantity[i]
         usage = held if kind == LineKind.TENANT else quantity
-        model, cluster = b.model[i], b.cluster[i]
         details = text.format(
             R=repr(origin.ratio(b.amount[i], part)),
             Q=repr(usage / QUANTITY_SCALE),
             U=json_string(b.uuid[i]),
             S=period_start,
             B=origin.cost or self._cost(origin),
-            K=json_string(sku_price_id(model, b.amount[i] is None, version, self.rates.labels)),
-            A=json_string(sub_account(cluster, model)[0]),
+            K=json_string(sku),
+            A=json_string(sub_account),
             W=repr(_weight(quantity, weighted, held)) if weighted and held else "",
         )
         if not tenant:  # the platform's part of the origin charge: the unallocated portion
@@ -150,7 +150,7 @@ class Allocations:
         return (
             details,
             method_id,
-            *self._holder(b.namespace[i], b.pod[i], b.container[i], b.team[i], cluster),
+            *self._holder(b.namespace[i], b.pod[i], b.container[i], b.team[i], b.cluster[i]),
         )
 
     def _cost(self, origin: Origin) -> str:

@@ -151,18 +151,20 @@ _TEXT_FIELDS = (*Bucket._fields[1:11], "cluster")  # the charge's keys (`reports
 
 
 def buckets(charges: Sequence[LineTotal]) -> Iterator[Bucket]:
-    """The report's charges a bucket at a time, in its order: from their columns, or from `LineTotal`s."""
+    """The report's charges a bucket at a time, in its order: from their columns, or from `LineTotal`s.
+    ValueError where a bucket comes back after another: its origin charges would be cut in two."""
     from gpumeter.reports.grouped import Charges  # pandas: loaded by a report that writes FOCUS
 
     if isinstance(charges, Charges):
-        yield from map(Bucket.of_frame, charges.buckets())
-        return
+        runs: Iterator[Bucket] = map(Bucket.of_frame, charges.buckets())
+    else:
+        runs = (Bucket.of_lines(list(run)) for _, run in itertools.groupby(charges, key=_BUCKET))
     done: set[datetime] = set()
-    for bucket, run in itertools.groupby(charges, key=_BUCKET):
-        if bucket in done:
-            raise ValueError(f"charges: not in bucket order (bucket {bucket.isoformat()} met twice)")
-        done.add(bucket)
-        yield Bucket.of_lines(list(run))
+    for b in runs:
+        if b.bucket in done:
+            raise ValueError(f"charges: not in bucket order (bucket {b.bucket.isoformat()} met twice)")
+        done.add(b.bucket)
+        yield b
 
 
 _BUCKET = operator.attrgetter("bucket")

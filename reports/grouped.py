@@ -334,21 +334,15 @@ class Charges(Sequence[LineTotal]):
             yield self._frame.iloc[at : at + self.CHUNK]
 
     def buckets(self) -> Iterator[pd.DataFrame]:
-        """The charges' columns a grain bucket at a time, in order (the report's is bucket first:
-        `SORT`), for a file made a bucket at a time (`reports.focus`). ValueError where a bucket comes
-        back after another: its charges would be cut in two."""
+        """The charges' columns a run of one grain bucket at a time, in order (the report's is bucket
+        first: `SORT`), for a file made a bucket at a time (`reports.focus_origins.buckets`, which
+        refuses a bucket that comes back after another)."""
         stamps = self._frame["bucket"].to_numpy(dtype="datetime64[ns]")  # not a Timestamp each
         if not len(stamps):
             return
         starts = [0, *(np.flatnonzero(stamps[1:] != stamps[:-1]) + 1).tolist()]
-        met: set = set()
         for at, end in zip(starts, [*starts[1:], len(stamps)], strict=True):
-            rows = self._frame.iloc[at:end]
-            if stamps[at] in met:
-                bucket = rows["bucket"].iloc[0].to_pydatetime()
-                raise ValueError(f"charges: not in bucket order (bucket {bucket.isoformat()} met twice)")
-            met.add(stamps[at])
-            yield rows
+            yield self._frame.iloc[at:end]
 
     @overload
     def __getitem__(self, index: int) -> LineTotal: ...

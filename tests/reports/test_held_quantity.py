@@ -21,7 +21,7 @@ from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import LineKind, QuantityUnit
 from gpumeter.billing.pricing import load_price_book
-from gpumeter.reports import focus
+from gpumeter.reports import render
 from gpumeter.reports.model import build_report, range_period
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, mig, write_book
 
@@ -108,6 +108,4 @@ def test_each_stored_line_names_the_version_that_priced_it(ledger, tmp_path):
 
 
 def _focus_csv(report) -> str:
-    out = io.StringIO()
-    focus.write_csv(focus.rows(report), out)
-    return out.getvalue()
+    return render.focus_csv(report)
