@@ -44,6 +44,11 @@ __all__ = ["register"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# How long a started process may take to answer. A busy machine can take minutes: CI once waited over
+# 60 s on an exporter that is serving within a second here. A process that exits ends the wait at once.
+READY_TIMEOUT_S = 300.0
+
+
 @dataclass(frozen=True)
 class DemoNode:
     fleet: str
@@ -193,17 +198,40 @@ class Stack:
         self.processes.append((name, proc))
         return proc
 
-    def wait_http(self, name: str, url: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_http(self, name: str, url: str, timeout: float = READY_TIMEOUT_S) -> None:
+        """Wait until ``name`` answers 200 at ``url``, for as long as it runs, up to ``timeout``. A line
+        every half minute says what is awaited and its last answer; giving up, the error carries that
+        answer and the end of its log (all that CI's output shows of it)."""
+        started = said = time.monotonic()
         proc = dict(self.processes).get(name)
-        while time.monotonic() < deadline:
+        last = "no answer yet"
+        while (waited := time.monotonic() - started) < timeout:
             if proc is not None and proc.poll() is not None:
-                raise DemoError(f"{name} exited with {proc.returncode}; see {self.workdir}/logs/{name}.log")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=2).status_code == 200:
+                raise DemoError(f"{name} exited with {proc.returncode}{self._log_tail(name)}")
+            try:
+                answer = httpx.get(url, timeout=5)
+                if answer.status_code == 200:
                     return
+                last = f"HTTP {answer.status_code} {answer.text.strip()[:200]!r}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() - said >= 30:
+                said = time.monotonic()
+                print(
+                    f"    still waiting for {name} after {waited:.0f}s; its last answer: {last}", flush=True
+                )
             time.sleep(0.2)
-        raise DemoError(f"{name} not ready at {url} after {timeout:.0f}s; see {self.workdir}/logs/{name}.log")
+        raise DemoError(
+            f"{name} not ready at {url} after {timeout:.0f}s; its last answer: {last}{self._log_tail(name)}"
+        )
+
+    def _log_tail(self, name: str, lines: int = 15) -> str:
+        path = self.workdir / "logs" / f"{name}.log"
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"; no log at {path}"
+        return f"; the end of {path}:\n" + "\n".join(f"    {line}" for line in tail)
 
     def stop(self) -> None:
         # one at a time, the last started first: each stops while what it feeds still runs (Prometheus
