@@ -16,7 +16,7 @@ the rules and the alerts are seen across clusters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "WEST",
     "WEST_NODE",
     "for_global_store",
+    "import_batches",
     "import_history",
     "start_victoria_metrics",
     "start_vmalert",
@@ -106,34 +107,38 @@ def start_victoria_metrics(stack, binary: Callable[[str], str]) -> None:
     stack.wait_http("victoria-metrics", f"{stack.url('victoria-metrics')}/health")
 
 
-def import_history(store: str, history: Path, cluster: str, batch_bytes: int = 16 << 20) -> None:
-    """A ``gpumeter simulate history`` file (OpenMetrics, timestamps in seconds) into VictoriaMetrics,
-    every series labelled with ``cluster`` as its Prometheus's external label would have done."""
-    import httpx
-
-    def post(lines: list[str]) -> None:
-        response = httpx.post(
-            f"{store}/api/v1/import/prometheus",
-            params={"extra_label": f"cluster={cluster}"},
-            content="".join(lines).encode(),
-            timeout=600,
-        )
-        response.raise_for_status()
-
+def import_batches(lines: Iterable[str], batch_bytes: int = 16 << 20) -> Iterator[bytes]:
+    """OpenMetrics samples (timestamps in seconds, as promtool backfills them) as VictoriaMetrics'
+    Prometheus-text import takes them, in batches of about ``batch_bytes``: comment and blank lines
+    dropped, each timestamp in milliseconds."""
     batch: list[str] = []
     size = 0
-    with history.open(encoding="utf-8") as lines:
-        for line in lines:
-            if line.startswith("#") or not line.strip():
-                continue
-            head, _, stamp = line.rstrip("\n").rpartition(" ")
-            batch.append(f"{head} {round(float(stamp) * 1000)}\n")  # VictoriaMetrics reads milliseconds
-            size += len(line)
-            if size >= batch_bytes:
-                post(batch)
-                batch, size = [], 0
+    for line in lines:
+        if line.startswith("#") or not line.strip():
+            continue
+        head, _, stamp = line.rstrip("\n").rpartition(" ")
+        batch.append(f"{head} {round(float(stamp) * 1000)}\n")
+        size += len(line)
+        if size >= batch_bytes:
+            yield "".join(batch).encode()
+            batch, size = [], 0
     if batch:
-        post(batch)
+        yield "".join(batch).encode()
+
+
+def import_history(store: str, history: Path, cluster: str) -> None:
+    """A ``gpumeter simulate history`` file into VictoriaMetrics, every series labelled with ``cluster``
+    as its Prometheus's external label would have done."""
+    import httpx
+
+    with history.open(encoding="utf-8") as lines:
+        for body in import_batches(lines):
+            httpx.post(
+                f"{store}/api/v1/import/prometheus",
+                params={"extra_label": f"cluster={cluster}"},
+                content=body,
+                timeout=600,
+            ).raise_for_status()
     httpx.get(f"{store}/internal/force_flush", timeout=120).raise_for_status()
 
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from gpumeter.deploy.demo_clusters import import_batches
 from gpumeter.simulator.metrics_server import StandInServer
 from tests.support import needs
 
@@ -317,29 +318,18 @@ class VictoriaMetricsServer(_QueryApi):
 
     def import_prometheus(self, text: str) -> None:
         """Import samples in the text exposition format, each line ending in a timestamp in ms."""
-        self._post_import(text)
+        self._post_import(text.encode())
         self.flush()
 
     def import_openmetrics(self, lines: Iterable[str], batch_bytes: int = 8 << 20) -> None:
-        """Import an OpenMetrics history (timestamps in seconds, as promtool backfills it) in
-        batches: comment lines dropped, each sample's timestamp turned into milliseconds."""
-        batch: list[str] = []
-        size = 0
-        for line in lines:
-            if not line.strip() or line.startswith("#"):
-                continue
-            head, _, stamp = line.rstrip("\n").rpartition(" ")
-            batch.append(f"{head} {round(float(stamp) * 1000)}\n")
-            size += len(line)
-            if size >= batch_bytes:
-                self._post_import("".join(batch))
-                batch, size = [], 0
-        if batch:
-            self._post_import("".join(batch))
+        """Import an OpenMetrics history (timestamps in seconds, as promtool backfills it), as the demo
+        imports its own (`demo_clusters.import_batches`)."""
+        for body in import_batches(lines, batch_bytes):
+            self._post_import(body)
         self.flush()
 
-    def _post_import(self, text: str) -> None:
-        response = httpx.post(f"{self.url}/api/v1/import/prometheus", content=text.encode(), timeout=300)
+    def _post_import(self, body: bytes) -> None:
+        response = httpx.post(f"{self.url}/api/v1/import/prometheus", content=body, timeout=300)
         if response.status_code not in (200, 204):
             raise AssertionError(f"import failed: HTTP {response.status_code} {response.text[:500]}")
 
