@@ -330,7 +330,7 @@ def test_billing_serve_exports_the_hand_worked_budget_series(sql_ledger, prices,
     )
     thread.start()
     try:
-        wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=20)
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz")
         exposition = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         stop.set()

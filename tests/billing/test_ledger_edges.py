@@ -145,7 +145,7 @@ def test_two_billing_serves_starting_on_a_fresh_sqlite_ledger_both_serve(tmp_pat
             )
     try:
         for port, proc in zip(ports, serving, strict=True):
-            wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=proc)
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc=proc)
     finally:
         stuck = stop_processes(zip(serving, logs, strict=True))
     assert stuck == [], stuck

@@ -136,7 +136,7 @@ def test_serve_answers_healthz_and_metrics_then_stops(sql_ledger, tmp_path):
     thread = threading.Thread(target=serve, args=(settings, f"127.0.0.1:{port}", stop), daemon=True)
     thread.start()
     try:
-        wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=20)
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the catch-up at start runs (and fails: no Prometheus)
             text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
@@ -184,7 +184,7 @@ def test_the_schedule_is_stored_before_healthz_first_says_ok(sql_ledger, tmp_pat
     thread.start()
     try:
         # polled tightly: the first ok is the one that counts
-        wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=20, interval=0.01)
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz", interval=0.01)
         assert {"hourly-ingest", "monthly-report"} <= _job_ids(ledger)
     finally:
         stop.set()

@@ -96,7 +96,7 @@ def served(tmp_path_factory):
                 )
             )
         for port in ports.values():
-            wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=60)
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz")
 
         def scrape(naming: str, until=lambda s: True) -> dict[str, list]:
             deadline = time.monotonic() + 30

@@ -202,7 +202,7 @@ def test_a_report_job_that_fails_shows_in_its_series_and_fires_the_alert(tmp_pat
             GPUMETER_REPORT_FORMATS="html,csv",
         )
         try:
-            wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=proc)
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc=proc)
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and not html.exists():
                 time.sleep(0.5)

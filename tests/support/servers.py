@@ -57,8 +57,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# How long a started server may take to answer 200: it ends as soon as it does, so it costs nothing
+# when the machine is quiet, and on a busy one it is a process's start, not a failure (CI's machine once
+# took over 60 s to start an exporter that serves within a second here).
+READY_TIMEOUT_S = 180.0
+
+
 def wait_http_ok(
-    url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None, interval: float = 0.1
+    url: str, timeout: float = READY_TIMEOUT_S, proc: subprocess.Popen | None = None, interval: float = 0.1
 ) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | str = "no answer"
