@@ -3,6 +3,7 @@ on every backend, with money and quantities exact as integers of the stored scal
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from decimal import Decimal
 
@@ -134,3 +135,12 @@ def test_a_ledger_without_a_reader_of_its_own_is_read_through_hourly_totals(tmp_
         ledger.write_hour(HourRecord(hour, facts, lines, prices), source="test")
     end = HOUR0 + timedelta(hours=2)
     assert _frame_rows(frames.line_frame(ledger, HOUR0, end, "hour")) == _as_rows(ledger.lines(HOUR0, end))
+
+
+def test_a_long_range_is_summed_in_day_windows_one_a_core_but_the_scans():
+    month = (HOUR0.replace(hour=0), HOUR0.replace(hour=0) + timedelta(days=30))
+    assert frames._day_windows(*month, cores=2) == [month]  # the fact scan has the other core
+    windows = frames._day_windows(*month, cores=4)
+    assert len(windows) == 3 and windows[0][0] == month[0] and windows[-1][1] == month[1]
+    assert all(a[1] == b[0] and a[1].hour == 0 for a, b in itertools.pairwise(windows))
+    assert len(frames._day_windows(*month, cores=16)) == 4  # at most four connections
