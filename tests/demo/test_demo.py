@@ -29,7 +29,6 @@ from tests.support.servers import require_binary
 
 ROOT = Path(__file__).parents[2]
 FLEETS = ("h100-mig", "a100-mixed", "shared-modes")  # deploy/demo.py's
-STACK_READY_S = 600
 
 
 def free_offset() -> int:
@@ -73,8 +72,9 @@ def poll(fetch, predicate, timeout: float, what: str):
 @pytest.mark.slow
 # the demo simulates and bills from the 1st of last month to now: 31 to 61 days by the calendar, the
 # most at a month's end. It is ready in about 70 s here; CI's busy machine once took 320 s to reach its
-# second cluster. So "stack ready" has STACK_READY_S, the rest about a minute.
-@pytest.mark.timeout(STACK_READY_S + 240)
+# second cluster. The test waits for "stack ready" or the demo's own exit (it gives up on a process by
+# itself, deploy/demo.py's READY_TIMEOUT_S): the timeout below only stops a hang, it times nothing
+@pytest.mark.timeout(840)
 def test_the_demo_stack_end_to_end(tmp_path):
     for tool in ("prometheus", "promtool", "prometheus-alertmanager"):
         require_binary(tool)
@@ -93,7 +93,7 @@ def test_the_demo_stack_end_to_end(tmp_path):
         started = time.monotonic()
         for line in proc.stdout:
             output.append(f"[{time.monotonic() - started:4.0f} s] {line}")  # where a slow run spent it
-            if "stack ready" in line or time.monotonic() > started + STACK_READY_S:
+            if "stack ready" in line:
                 break
         assert any("stack ready" in line for line in output), "".join(
             [line for line in output if "%|" not in line][-40:]  # not the progress bars' redraws
