@@ -12,7 +12,6 @@ columns are in `reports.focus_columns`, the schema check in `reports.focus_check
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -101,10 +100,25 @@ def iter_rows(
 ) -> Iterator[tuple[str, ...]]:
     """The FOCUS rows of a report, each in the column order of ``version`` (`HEADERS`), in the
     report's charge order (deterministic): every row of one origin charge carries the origin's
-    dimensions; who or what a row charges is in the Allocated* (1.3, 1.4) and x_ columns only. Made
-    a bucket of charges at a time, a column at a time: what is held is one bucket's columns. Text
+    dimensions; who or what a row charges is in the Allocated* (1.3, 1.4) and x_ columns only. Text
     cells that a spreadsheet would read as formulas are made inert (`csvfile.neutralise_column`)
     unless ``keep_formulas``."""
+    for columns in iter_columns(
+        report, account=account, service=service, version=version, keep_formulas=keep_formulas
+    ):
+        yield from zip(*columns, strict=True)
+
+
+def iter_columns(
+    report: Report,
+    *,
+    account: str = "gpumeter",
+    service: str = "Kubernetes GPU",
+    version: str = FOCUS_VERSION,
+    keep_formulas: bool = True,
+) -> Iterator[list[list[str]]]:
+    """`iter_rows`' rows a bucket of charges at a time, as the bucket's columns in the order of
+    ``version``: what is held is one bucket's columns, and the CSV is written from them as they are."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
     rates = Rates(report)
@@ -141,10 +155,7 @@ def iter_rows(
             for name in columns.keys() - _NEVER_FORMULAS:
                 columns[name] = csvfile.neutralise_column(columns[name])
         n = len(b.kind)
-        yield from zip(
-            *(columns[name] if name in columns else itertools.repeat(alike[name], n) for name in header),
-            strict=True,
-        )
+        yield [columns[name] if name in columns else [alike[name]] * n for name in header]
 
 
 def _bucket_columns(
@@ -263,12 +274,12 @@ def report_csv_parts(
     version: str = FOCUS_VERSION,
     keep_formulas: bool = False,
 ) -> Iterator[str]:
-    """A report's FOCUS file in parts, made a bucket at a time from the rows in column order, their
+    """A report's FOCUS file in parts, made a bucket at a time from its columns (`iter_columns`), their
     formula-leading text cells made inert column by column there unless ``keep_formulas``."""
-    focus_rows = iter_rows(
+    focus_columns = iter_columns(
         report, account=account, service=service, version=version, keep_formulas=keep_formulas
     )
-    return csvfile.parts(HEADERS[version], focus_rows, quote_all=False, keep_formulas=True)
+    return csvfile.column_parts(HEADERS[version], focus_columns, quote_all=False, keep_formulas=True)
 
 
 # --- the schema check ---------------------------------------------------------------------------------

@@ -71,6 +71,21 @@ def _method(holding: Holding, body: dict) -> str:
     return holding.mode
 
 
+# a holder's tags in json_text's key order, each key written once as JSON with its colon
+_HOLDER_TAGS = tuple(
+    (name, json_string(f"{TAG_PREFIX}{name}") + ":")
+    for name in sorted(("namespace", "pod", "container", "team"))
+)
+
+
+def holder_tags(namespace: str, pod: str, container: str, team: str) -> str:
+    """A holder's AllocatedTags: `json_text` of its non-empty names under TAG_PREFIX, written without
+    the encoder (a month's FOCUS file names ~70,000 holders at 1,000 GPUs, each once a day; a test
+    compares the two)."""
+    values = {"namespace": namespace, "pod": pod, "container": container, "team": team}
+    return "{" + ",".join(key + json_string(values[name]) for name, key in _HOLDER_TAGS if values[name]) + "}"
+
+
 HOLDERS_KEPT = 50_000  # holders' names and tags (`Allocations._holder`)
 _NO_HOLDINGS: frozenset[Holding] = frozenset()
 UNSPLIT = ("",) * len(ALLOCATION_COLUMNS)
@@ -169,11 +184,10 @@ class Allocations:
             if len(self._holders) >= HOLDERS_KEPT:
                 self._holders.clear()
             namespace = namespace.removeprefix(f"{cluster}/") if cluster else namespace
-            holder = {"namespace": namespace, "pod": pod, "container": container, "team": team}
             named = self._holders[key] = (
                 "/".join(v for v in (namespace, pod, container) if v),
                 "/".join(v for v in (namespace, pod) if v),
-                json_text({f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}),
+                holder_tags(namespace, pod, container, team),
             )
         return named
 

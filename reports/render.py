@@ -175,7 +175,7 @@ def summary_csv(report: Report, *, keep_formulas: bool = False) -> str:
                 report.currency,
                 _qty(usage.gpu_hours),
             ]
-            + [""] * 7
+            + [""] * 6  # slice-hours, utilization, efficiency and the change: none for an unpriced model
             + [versions]
         )
     row("__total__", "total", report.total, report.total_change)
@@ -192,11 +192,11 @@ def lines_csv_parts(report: Report, *, keep_formulas: bool = False) -> Iterator[
     # the cluster column only where the store labels clusters: a single cluster's file is as before
     clustered = report.has_clusters
     header = [*LINES_HEADER[:4], "cluster", *LINES_HEADER[4:]] if clustered else LINES_HEADER
-    return csvfile.parts(header, _line_rows(report, labels, clustered), keep_formulas=keep_formulas)
+    return csvfile.column_parts(header, _line_columns(report, labels, clustered), keep_formulas=keep_formulas)
 
 
-def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Iterator[tuple]:
-    """The charges' CSV rows, made from the charges' columns a chunk at a time: no `LineTotal` or
+def _line_columns(report: Report, labels: dict[int, str], clustered: bool) -> Iterator[list[list]]:
+    """The charges' CSV columns, a chunk of charges at a time: no `LineTotal` or
     datetime per charge (a month of 10,000 GPUs is ~1 million), each distinct time written once. What
     each charge's figures say, as `_qty`, `Report.money`, `Report.slices` and `_ratio` write them:
     quantities are integers of 10⁻⁶ GPU-hours, amounts of 10⁻⁴ (billing/ledger/frames.py), slice-hours
@@ -253,7 +253,7 @@ def _line_rows(report: Report, labels: dict[int, str], clustered: bool) -> Itera
         ]
         if clustered:
             columns.insert(4, c["cluster"].tolist())
-        yield from zip(*columns, strict=True)
+        yield columns
 
 
 BUDGETS_HEADER = [

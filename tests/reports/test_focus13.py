@@ -11,10 +11,15 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from gpumeter import contract
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.reports import focus
+from gpumeter.reports.focus_allocations import holder_tags, json_text
+from gpumeter.reports.focus_columns import TAG_PREFIX
 from gpumeter.reports.model import HOUR, build_report, month_period, range_period
 from gpumeter.reports.render import render
 from tests.billing.factories import A100, H100, HOUR0, alloc, book, gpu_hour, mig
@@ -328,3 +333,13 @@ def test_a_platform_row_takes_the_methods_of_its_own_cluster_s_gpu(ledger, tmp_p
         assert (row["AllocatedMethodId"], details.get("x_Methods")) == (mig_method, None)
     west_rows = [r for r in rows if r["x_Cluster"] == "west" and r["x_LineKind"] == "tenant"]
     assert {r["AllocatedMethodId"] for r in west_rows} == {focus.METHODS[contract.SHARING_TIME_SLICING].id}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=5), st.text(max_size=5), st.text(max_size=5), st.text(max_size=5))
+@example('"ns"', "pod\n", "", "é\u2028\x00")
+def test_a_holders_tags_are_the_json_encoders_text(namespace, pod, container, team):
+    holder = {"namespace": namespace, "pod": pod, "container": container, "team": team}
+    assert holder_tags(namespace, pod, container, team) == json_text(
+        {f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}
+    )

@@ -135,6 +135,9 @@ def test_csv_summary_and_lines_to_the_cent(rendered):
         rows["__unpriced__ NVIDIA VR200"]["cost"] == ""
         and rows["__unpriced__ NVIDIA VR200"]["gpu_hours"] == "1.000000"
     )
+    # every row as wide as the header: the unpriced row's versions were once a 17th, headerless field
+    assert all(None not in row for row in rows.values())
+    assert rows["__unpriced__ NVIDIA VR200"]["price_book_versions"] == rows["alpha"]["price_book_versions"]
     assert rows["__total__"]["cost"] == "4253.68"
     assert (rows["alpha"]["previous_cost"], rows["alpha"]["change"]) == ("1.29", "1.28")
     assert rows["alpha"]["slice_hours"] == "6.000000" and rows["alpha"]["gpu_hours"] == "0.857142"
