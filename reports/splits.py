@@ -147,11 +147,12 @@ class ScanStopped(Exception):
 def scan_facts(
     ledger: Ledger, period: Period, grain: str, *, splits: bool, stop: threading.Event | None = None
 ) -> FactScan:
-    """The splits, GPUs and holdings of ``period``. A SQL ledger's GPU-hours are read in one pass
-    over its rows, each distinct layout parsed once (a month of 10,000 GPUs is 7.2 million
-    GPU-hours: restoring each as objects, hour by hour, took most of a report's time); any other
-    ledger's hour by hour (`read_splits`, `Ledger.holdings`). ScanStopped at the next chunk of rows
-    (or hour) once ``stop`` is set: the scan runs beside the report's other read (`build_report`)."""
+    """The splits, GPUs and holdings of ``period``. A SQL ledger's GPU-hours are summed per bucket
+    and GPU by the database, and only those of layouts with replicas read row by row (`_scan_rows`),
+    each distinct layout parsed once (a month of 10,000 GPUs is 7.2 million GPU-hours: restoring each
+    as objects, hour by hour, took most of a report's time); any other ledger's hour by hour
+    (`read_splits`, `Ledger.holdings`). ScanStopped at the next chunk of rows (or hour) once ``stop``
+    is set: the scan runs beside the report's other read (`build_report`)."""
     stop = stop or threading.Event()
     engine = getattr(ledger, "engine", None)
     if engine is None:
@@ -228,92 +229,120 @@ LAYOUTS_KEPT = 20_000  # parsed layouts of a generation (`_scan_rows`)
 
 
 def _scan_rows(engine: Any, period: Period, grain: str, stop: threading.Event) -> FactScan:
+    """`scan_facts` of a SQL ledger, in two reads. The database sums each GPU's bucket (its node, its
+    presence, the layouts it held: `frames.gpu_bucket_rows`), from which every holder of a layout
+    without replicas is known; only the GPU-hours of layouts with replicas are read one by one, since
+    whether a replica's unit reported process use is in each hour's readings (`_Layout.used`)."""
     from gpumeter.billing.ledger import frames  # the ledger's bulk readers
 
     out: dict[datetime, dict[HoldingKey, frozenset[Holding]]] = {}
     gpus: dict[tuple[datetime, str, str], GpuBucket] = {}
-    # the stored layouts parsed, in two generations: the rows come in hour order, and a layout a GPU
+    # the stored layouts parsed, in two generations: the rows come in bucket order, and a layout a GPU
     # held on one day is seldom held again weeks later (a month of 10,000 GPUs has ~300,000 layouts,
     # ~0.9 GiB parsed at once); one not met for a generation is read again if it comes back
     layouts: dict[int, _Layout] = {}
     older: dict[int, _Layout] = {}
-    seen: set[tuple[Any, ...]] = set()  # of the bucket being read
+    with_replicas: set[int] = set()  # layouts whose holders' holdings depend on each hour's readings
     held: set[tuple[str, int]] = set()
     pods: set[PodHolding] = set()
     buckets: dict[int, datetime] = {}
     step = 3600 if grain == "hour" else 86400
-    # a month of 10,000 GPUs has ~1 million holders' keys over few distinct holdings: each set of
-    # holdings (a holding alone, or one joined to a set) and cluster's namespace is kept once and named
-    # by every key that has it
-    alone: dict[Holding, frozenset[Holding]] = {}
-    joined: dict[tuple[frozenset[Holding], Holding], frozenset[Holding]] = {}
-    names: dict[tuple[str, str], str] = {}
-    for part in frames.gpu_hour_rows(engine, period.start, period.end):
+    holders = _Holders()
+
+    def bucket_of(start: int) -> datetime:
+        bucket = buckets.get(start)
+        if bucket is None:
+            bucket = buckets[start] = datetime.fromtimestamp(start, UTC)
+            out[bucket] = {}
+        return bucket
+
+    for part in frames.gpu_bucket_rows(engine, period.start, period.end, step):
         if stop.is_set():
             raise ScanStopped
-        missing = {row[6] for row in part if row[6] is not None and row[6] not in layouts}
+        held_ids = [[int(i) for i in ids.split(",")] if ids else [] for *_, ids in part]
+        missing = {i for ids in held_ids for i in ids if i not in layouts}
         for layout_id in missing & older.keys():
             layouts[layout_id] = older[layout_id]
         for layout_id, body in frames.layout_bodies(engine, missing - older.keys()).items():
             layouts[layout_id] = _Layout(body)
-        for epoch, cluster, uuid, hostname, index, present, layout_id, readings in part:
-            start = epoch - epoch % step
-            bucket = buckets.get(start)
-            if bucket is None:
-                bucket = buckets[start] = datetime.fromtimestamp(start, UTC)
-                seen.clear()  # a new bucket: the ones before it are done
-            gpu = gpus.get((bucket, cluster, uuid))
-            if gpu is None:
-                gpu = gpus[(bucket, cluster, uuid)] = GpuBucket()
-                out.setdefault(bucket, {})
-            gpu.hostname, gpu.index = hostname or gpu.hostname, index or gpu.index
-            gpu.present += _PRESENT[max(0, min(present, 3600))]
-            if layout_id is None:
-                continue
-            layout = layouts[layout_id]
-            if (cluster, layout_id) not in held:
-                held.add((cluster, layout_id))
-                pods.update(
-                    PodHolding(cluster_namespace(cluster, namespace), pod, sharing, resource)
-                    for namespace, pod, sharing, resource in layout.held
-                )
-            if not layout.holders:
-                continue
-            used = layout.used(readings)
-            if (start, cluster, uuid, layout_id, used) in seen:
-                continue  # this GPU's holders of this bucket are already in
-            seen.add((start, cluster, uuid, layout_id, used))
-            holders = out[bucket]
-            for (
-                gi,
-                namespace,
-                pod,
-                container,
-                mode,
-                share,
-                memory,
-                compute,
-                slices,
-                replica,
-            ) in layout.holders:
-                named = names.get((cluster, namespace))
-                if named is None:
-                    named = names[(cluster, namespace)] = cluster_namespace(cluster, namespace)
-                key = (uuid, gi, named, pod, container)
-                holding = Holding(mode, share, memory, compute, slices, replica, gi in used)
-                had = holders.get(key)
-                if had is None:
-                    single = alone.get(holding)
-                    if single is None:
-                        single = alone[holding] = frozenset((holding,))
-                    holders[key] = single
-                elif holding not in had:
-                    both = joined.get((had, holding))
-                    if both is None:
-                        both = joined[(had, holding)] = had | {holding}
-                    holders[key] = both
+        for (start, cluster, uuid, hostname, index, present, _), ids in zip(part, held_ids, strict=True):
+            bucket = bucket_of(start)
+            gpus[(bucket, cluster, uuid)] = GpuBucket(hostname, index, Decimal(present).scaleb(-6))
+            for layout_id in ids:
+                layout = layouts[layout_id]
+                if (cluster, layout_id) not in held:
+                    held.add((cluster, layout_id))
+                    pods.update(
+                        PodHolding(cluster_namespace(cluster, namespace), pod, sharing, resource)
+                        for namespace, pod, sharing, resource in layout.held
+                    )
+                if layout.replicas:
+                    with_replicas.add(layout_id)
+                elif layout.holders:
+                    holders.add(out[bucket], cluster, uuid, layout, frozenset())
         if len(layouts) > LAYOUTS_KEPT:
             older, layouts = layouts, {}
+    if with_replicas:
+        layouts, older = {**older, **layouts}, {}
+        seen: set[tuple[Any, ...]] = set()  # of the bucket being read
+        last = None
+        for part in frames.gpu_hour_rows(engine, period.start, period.end, with_replicas):
+            if stop.is_set():
+                raise ScanStopped
+            missing = {row[6] for row in part if row[6] not in layouts}
+            for layout_id, body in frames.layout_bodies(engine, missing).items():
+                layouts[layout_id] = _Layout(body)
+            for epoch, cluster, uuid, _, _, _, layout_id, readings in part:
+                start = epoch - epoch % step
+                if start != last:
+                    seen.clear()  # a new bucket: the ones before it are done
+                    last = start
+                layout = layouts[layout_id]
+                if not layout.holders:
+                    continue
+                used = layout.used(readings)
+                if (start, cluster, uuid, layout_id, used) in seen:
+                    continue  # this GPU's holders of this bucket are already in
+                seen.add((start, cluster, uuid, layout_id, used))
+                holders.add(out[bucket_of(start)], cluster, uuid, layout, used)
     # in PodHolding's order (its fields in turn), compared as tuples, not through the dataclass's __lt__
     ordered = sorted(pods, key=operator.attrgetter("namespace", "pod", "sharing", "resource"))
     return FactScan({b: h for b, h in out.items() if h}, gpus, ordered)
+
+
+class _Holders:
+    """Adds a GPU's holders of a layout to a bucket's. A month of 10,000 GPUs has ~1 million holders'
+    keys over few distinct holdings: each set of holdings (a holding alone, or one joined to a set)
+    and cluster's namespace is kept once and named by every key that has it."""
+
+    def __init__(self) -> None:
+        self.alone: dict[Holding, frozenset[Holding]] = {}
+        self.joined: dict[tuple[frozenset[Holding], Holding], frozenset[Holding]] = {}
+        self.names: dict[tuple[str, str], str] = {}
+
+    def add(
+        self,
+        into: dict[HoldingKey, frozenset[Holding]],
+        cluster: str,
+        uuid: str,
+        layout: _Layout,
+        used: frozenset[str],
+    ) -> None:
+        alone, joined, names = self.alone, self.joined, self.names
+        for gi, namespace, pod, container, mode, share, memory, compute, slices, replica in layout.holders:
+            named = names.get((cluster, namespace))
+            if named is None:
+                named = names[(cluster, namespace)] = cluster_namespace(cluster, namespace)
+            key = (uuid, gi, named, pod, container)
+            holding = Holding(mode, share, memory, compute, slices, replica, gi in used)
+            had = into.get(key)
+            if had is None:
+                single = alone.get(holding)
+                if single is None:
+                    single = alone[holding] = frozenset((holding,))
+                into[key] = single
+            elif holding not in had:
+                both = joined.get((had, holding))
+                if both is None:
+                    both = joined[(had, holding)] = had | {holding}
+                into[key] = both

@@ -18,8 +18,9 @@ pandas is imported here and by reports only: the exporter never loads it (tests/
 from __future__ import annotations
 
 import itertools
+import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -295,28 +296,85 @@ def _frame(chunks: list[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def gpu_hour_rows(engine: Engine, start: datetime, end: datetime) -> Iterator[Sequence[Any]]:
+def gpu_bucket_rows(engine: Engine, start: datetime, end: datetime, step: int) -> Iterator[Sequence[Any]]:
+    """The SQL ledger's GPU-hours of [start, end) summed by the database per bucket of ``step`` seconds
+    (3600 or 86400, from the epoch: UTC hours or days) and GPU, a chunk of rows at a time in bucket
+    order: (bucket as epoch seconds, cluster, uuid, the bucket's last non-empty hostname and GPU index,
+    its presence in 10⁻⁶ GPU-hours, its distinct layout ids as "id,id,…" or None). Presence is each
+    hour's present seconds (clamped to 0-3600) / 3600 to pricing's quantum 10⁻⁶, summed: s × 10⁶ / 3600
+    = s × 2500 / 9 is never half-way between integers, so (s × 5000 + 9) div 18 rounds it as Decimal's
+    quantize does. A month of 10,000 GPUs is 7.2 million GPU-hours but ~300,000 such rows."""
+    epoch = _epoch(engine, "hour")
+    # a value stamped with its hour before a unit separator, so that max() is the last hour's (SQLite's
+    # hours are text of one width; PostgreSQL's as zero-padded epoch seconds)
+    if engine.dialect.name == "sqlite":
+        stamped = "hour || char(31) || {}"
+        clamped = "max(0, min(present_seconds, 3600))"
+        layouts = "group_concat(DISTINCT layout_id)"
+    else:
+        stamped = f"lpad(CAST({epoch} AS TEXT), 12, '0') || chr(31) || {{}}"
+        clamped = "GREATEST(0, LEAST(present_seconds, 3600))"
+        layouts = "string_agg(DISTINCT CAST(layout_id AS TEXT), ',')"
+    query = (
+        f"SELECT {epoch} / {step} * {step} AS bucket, cluster, uuid, "
+        f"max(CASE WHEN hostname <> '' THEN {stamped.format('hostname')} END), "
+        f"max(CASE WHEN gpu <> '' THEN {stamped.format('gpu')} END), "
+        f"sum(({clamped} * 5000 + 9) / 18), {layouts} "
+        "FROM gpu_hours WHERE hour >= {mark} AND hour < {mark} GROUP BY 1, 2, 3 ORDER BY 1"
+    )
+    for part in _stream(engine, query, start, end, (), "gpumeter_gpu_buckets"):
+        yield [
+            (bucket, cluster, uuid, _unstamped(host), _unstamped(gpu), present, ids)
+            for bucket, cluster, uuid, host, gpu, present, ids in part
+        ]
+
+
+def _unstamped(value: str | None) -> str:
+    return "" if value is None else value.partition("\x1f")[2]
+
+
+def gpu_hour_rows(
+    engine: Engine, start: datetime, end: datetime, layouts: Collection[int] | None = None
+) -> Iterator[Sequence[Any]]:
     """The SQL ledger's GPU-hours of [start, end) in one query, a chunk of rows at a time, in hour
     order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present seconds, layout id, readings
-    text or None). What a month's facts say without restoring each GPU-hour's objects: the driver's
-    own rows (a month of 10,000 GPUs is 7.2 million; SQLAlchemy's Row for each cost a third as much
-    again as the database's reading them)."""
+    text or None); with ``layouts``, only those holding one of them. What a month's facts say without
+    restoring each GPU-hour's objects: the driver's own rows (a month of 10,000 GPUs is 7.2 million;
+    SQLAlchemy's Row for each cost a third as much again as the database's reading them)."""
+    values: tuple[Any, ...] = ()
+    if layouts is None:
+        among = ""
+    elif engine.dialect.name == "sqlite":  # one parameter for any number of ids
+        among, values = (
+            " AND layout_id IN (SELECT value FROM json_each({mark}))",
+            (json.dumps(sorted(layouts)),),
+        )
+    else:
+        among, values = " AND layout_id = ANY({mark})", (sorted(layouts),)
+    query = (
+        f"SELECT {_epoch(engine, 'hour')}, cluster, uuid, hostname, gpu, present_seconds, layout_id, "
+        "readings FROM gpu_hours WHERE hour >= {mark} AND hour < {mark}" + among + " ORDER BY hour"
+    )  # in hour order, which readers need, and within an hour in the primary key's (no sort on SQLite)
+    yield from _stream(engine, query, start, end, values, "gpumeter_gpu_hours")
+
+
+def _stream(
+    engine: Engine, query: str, start: datetime, end: datetime, values: tuple, name: str
+) -> Iterator[Sequence[Any]]:
+    """The rows of a query over gpu_hours' [start, end) (``{mark}``: the driver's placeholder, the
+    hours first, then ``values``), a chunk at a time through the driver's own cursor."""
     from gpumeter.billing.ledger.orm import GpuHourRow
 
     dialect = engine.dialect
     mark = "?" if dialect.paramstyle == "qmark" else "%s"
     to_driver = GpuHourRow.__table__.c.hour.type.dialect_impl(dialect).bind_processor(dialect)
     hours = (start, end) if to_driver is None else (to_driver(start), to_driver(end))
-    query = (
-        f"SELECT {_epoch(engine, 'hour')}, cluster, uuid, hostname, gpu, present_seconds, layout_id, "
-        f"readings FROM gpu_hours WHERE hour >= {mark} AND hour < {mark} ORDER BY hour"
-    )  # in hour order, which readers need, and within an hour in the primary key's (no sort on SQLite)
     with engine.connect() as conn:
         raw: Any = conn.connection.driver_connection
         # PostgreSQL: a named (server-side) cursor, so the rows arrive a chunk at a time
-        cursor = raw.cursor() if dialect.name == "sqlite" else raw.cursor(name="gpumeter_gpu_hours")
+        cursor = raw.cursor() if dialect.name == "sqlite" else raw.cursor(name=name)
         try:
-            cursor.execute(query, hours)
+            cursor.execute(query.replace("{mark}", mark), (*hours, *values))
             while part := cursor.fetchmany(CHUNK):
                 yield part
         finally:
