@@ -232,13 +232,15 @@ def pods(
     keys = ["namespace", "pod"]
     if tenant.empty:
         return Pods([], {}, [], {}, {}, {}, {})
-    sums = tenant.groupby(keys, sort=False)[list(FIGURES)].sum()
-    teams = tenant.drop_duplicates(keys).set_index(keys)["team"]
-    ranked = sums.join(teams).reset_index()
+    # each pod's sums and its first charge's team (a pod is one namespace's: one team)
+    ranked = (
+        tenant.groupby(keys, sort=False)
+        .agg(**{name: (name, "sum") for name in FIGURES}, team=("team", "first"))
+        .reset_index()
+    )
     ranked = ranked.sort_values(
         ["f_cost", "namespace", "pod"], ascending=[False, True, True], kind="stable", ignore_index=True
     )
-    pod_keys = pd.MultiIndex.from_frame(ranked[keys])
 
     def listed(rows: pd.DataFrame) -> list[PodKey]:
         return list(zip(rows["namespace"].tolist(), rows["pod"].tolist(), strict=True))
@@ -250,13 +252,13 @@ def pods(
         ranked["group"] = group_keys(probes, group_key).to_numpy()
         for key, rows in ranked.groupby("group", sort=False).head(top).groupby("group", sort=False):
             per_group[key] = listed(rows)
-    shared_pods = listed(ranked[pod_keys.isin(list(shared))]) if shared else []
+    shared_pods = listed(ranked[_among(ranked, shared)])
     shown = set(top_pods).union(shared_pods, *per_group.values())
-    chosen = ranked[pod_keys.isin(list(shown))]
+    chosen = ranked[_among(ranked, shown)]
     chosen_keys = listed(chosen)
     figures = dict(zip(chosen_keys, chosen[list(FIGURES)].itertuples(index=False, name=None), strict=True))
     met = tenant[["namespace", "pod", "model", "profile"]].drop_duplicates()
-    met = met[pd.MultiIndex.from_frame(met[keys]).isin(list(shown))]
+    met = met[_among(met, shown)]
     models: dict[PodKey, set[str]] = {key: set() for key in shown}
     profiles: dict[PodKey, set[str]] = {key: set() for key in shown}
     for namespace, pod, model, profile in met.itertuples(index=False):
@@ -264,6 +266,19 @@ def pods(
         profiles[(namespace, pod)].add(profile)
     pod_teams = dict(zip(chosen_keys, chosen["team"].tolist(), strict=True))
     return Pods(top_pods, per_group, shared_pods, figures, pod_teams, models, profiles)
+
+
+def _among(frame: pd.DataFrame, pods: set[PodKey]) -> np.ndarray:
+    """Whether each row's (namespace, pod) is one of ``pods``, a few of ~1 million: the rows whose
+    namespace and pod are each among theirs, then those pairs checked (a MultiIndex of every row's
+    pair cost 2.2 s at 10,000 GPUs)."""
+    near = np.flatnonzero(
+        (frame["namespace"].isin([p[0] for p in pods]) & frame["pod"].isin([p[1] for p in pods])).to_numpy()
+    )
+    among = np.zeros(len(frame), dtype=bool)
+    pairs = zip(frame["namespace"].to_numpy()[near], frame["pod"].to_numpy()[near], strict=True)
+    among[near] = [pair in pods for pair in pairs]
+    return among
 
 
 def usage_of(sums: Any, usage_type: Callable[..., Any]) -> Any:

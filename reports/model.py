@@ -473,18 +473,21 @@ def build_report(
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    # The two reads of the period at once: the fact scan is Python over every GPU-hour, the line sums
-    # are mostly the database's work, done outside the GIL, so on two cores the pair takes little more
-    # than the longer. A report that fails stops the scan at its next chunk rather than waiting it out.
+    # The reads of the period side by side: the fact scan, then the shared GPUs' use, in one thread
+    # beside the line sums (all mostly the database's work, done outside the GIL), so on two cores the
+    # report waits for the longer of the two. A report that fails stops the scan at its next chunk
+    # rather than waiting it out, and the shared use is not started.
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-facts") as pool:
         scan = pool.submit(scan_facts, ledger, period, grain, splits=splits, stop=stop)
+        shared = pool.submit(ledger.shared_use, period.start, period.end)
         try:
             return _build_report(
-                ledger, period, grouping, grain, top, compare, budgets, clusters, scan.result
+                ledger, period, grouping, grain, top, compare, budgets, clusters, scan.result, shared.result
             )
         finally:
             stop.set()
+            shared.cancel()
 
 
 def _build_report(
@@ -497,8 +500,10 @@ def _build_report(
     budgets: Mapping[str, Budget] | None,
     clusters: tuple[str, ...],
     read_facts: Callable[[], FactScan],
+    read_shared: Callable[[], list[SharedUse]],
 ) -> Report:
-    """`build_report`'s work, the period's facts read by ``read_facts`` where they are needed."""
+    """`build_report`'s work, the period's facts read by ``read_facts`` and the shared GPUs' use by
+    ``read_shared`` where they are needed."""
     from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
     from gpumeter.reports import grouped
 
@@ -568,7 +573,7 @@ def _build_report(
     )
     for (day, name), cost in grouped.money_by(platform_daily, ["day", "name"]).items():
         daily[day][name] = daily[day].get(name, ZERO) + cost
-    shared = {(u.namespace, u.pod): u for u in ledger.shared_use(period.start, period.end)}
+    shared = {(u.namespace, u.pod): u for u in read_shared()}
     by_group = grouping.name in ("team", "namespace") or grouping.name.startswith("label:")
     pods = grouped.pods(tenant, top=top, shared=set(shared), group_key=grouping.key if by_group else None)
     platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))

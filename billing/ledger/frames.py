@@ -168,10 +168,6 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
     the range is long (the database sums outside the GIL). Money and quantities come back as
     integers of their stored scale and hours as epoch seconds (no Decimal or datetime object per
     row), a chunk of rows at a time into columns."""
-    from sqlalchemy import bindparam, text
-
-    from gpumeter.billing.ledger.orm import CostLineGroup
-
     sqlite = engine.dialect.name == "sqlite"
     if sqlite:  # hours are stored as text, "YYYY-MM-DD HH:MM:SS.ffffff"
         bucket = "g.hour" if grain == "hour" else "substr(g.hour, 1, 10)"
@@ -195,14 +191,14 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         f"count({reading.format(0)}) AS e_known, sum({reading.format(1)}) AS u_sum, "
         f"sum({reading.format(0)}) AS e_sum "
         "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
-        f"{readings} WHERE g.hour >= :lo AND g.hour < :hi GROUP BY 1, 2"
+        f"{readings} WHERE g.hour >= {{mark}} AND g.hour < {{mark}} GROUP BY 1, 2"
     )
     quantity = scaled("t.quantity", QUANTITY_SCALE)
 
     def epoch(column: str) -> str:
         return _epoch(engine, column)
 
-    query = text(
+    query = (
         f"SELECT {epoch('s.bucket')}, {epoch('s.first_hour')}, {epoch('s.last_hour')}, s.lines, "
         + ", ".join(f"t.{name}" for name in TEXT)
         + f", t.price_version_id, s.lines * {quantity}, "
@@ -211,16 +207,12 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         "coalesce(s.u_sum, 0.0) * CAST(t.quantity AS DOUBLE PRECISION), "
         "coalesce(s.e_sum, 0.0) * CAST(t.quantity AS DOUBLE PRECISION) "
         f"FROM ({sums}) AS s JOIN cost_line_terms AS t ON t.id = s.term_id"
-    ).bindparams(
-        bindparam("lo", type_=CostLineGroup.hour.type), bindparam("hi", type_=CostLineGroup.hour.type)
     )
 
     def fetch(window: tuple[datetime, datetime]) -> list[dict[str, Any]]:
-        with engine.connect() as conn:
-            result = conn.execution_options(stream_results=True).execute(
-                query, {"lo": window[0], "hi": window[1]}
-            )
-            return [_chunk(part, hours_as="epoch") for part in result.partitions(CHUNK)]
+        # the driver's own rows: SQLAlchemy's Row for each of ~1 million cost as much as making the columns
+        parts = _stream(engine, query, window[0], window[1], (), "gpumeter_line_sums")
+        return [_chunk(part, hours_as="epoch") for part in parts]
 
     windows = _day_windows(start, end)
     if len(windows) == 1:
@@ -361,8 +353,9 @@ def gpu_hour_rows(
 def _stream(
     engine: Engine, query: str, start: datetime, end: datetime, values: tuple, name: str
 ) -> Iterator[Sequence[Any]]:
-    """The rows of a query over gpu_hours' [start, end) (``{mark}``: the driver's placeholder, the
-    hours first, then ``values``), a chunk at a time through the driver's own cursor."""
+    """The rows of a query over the ledger's hours [start, end) (``{mark}``: the driver's placeholder,
+    the hours first, then ``values``), a chunk at a time through the driver's own cursor. (Every hour
+    column is a `UtcDateTime`: gpu_hours' converts the bounds for each.)"""
     from gpumeter.billing.ledger.orm import GpuHourRow
 
     dialect = engine.dialect
