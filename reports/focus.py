@@ -90,22 +90,12 @@ def rows(report: Report, **options: Any) -> list[dict]:
     return [dict(zip(header, row, strict=True)) for row in iter_rows(report, **options)]
 
 
-def iter_rows(
-    report: Report,
-    *,
-    account: str = "gpumeter",
-    service: str = "Kubernetes GPU",
-    version: str = FOCUS_VERSION,
-    keep_formulas: bool = True,
-) -> Iterator[tuple[str, ...]]:
-    """The FOCUS rows of a report, each in the column order of ``version`` (`HEADERS`), in the
+def iter_rows(report: Report, **options: Any) -> Iterator[tuple[str, ...]]:
+    """The FOCUS rows of a report, each in the column order of its version (`HEADERS`), in the
     report's charge order (deterministic): every row of one origin charge carries the origin's
-    dimensions; who or what a row charges is in the Allocated* (1.3, 1.4) and x_ columns only. Text
-    cells that a spreadsheet would read as formulas are made inert (`csvfile.neutralise_column`)
-    unless ``keep_formulas``."""
-    for columns in iter_columns(
-        report, account=account, service=service, version=version, keep_formulas=keep_formulas
-    ):
+    dimensions; who or what a row charges is in the Allocated* (1.3, 1.4) and x_ columns only. The
+    options are `iter_columns`'."""
+    for columns in iter_columns(report, **options):
         yield from zip(*columns, strict=True)
 
 
@@ -118,7 +108,9 @@ def iter_columns(
     keep_formulas: bool = True,
 ) -> Iterator[list[list[str]]]:
     """`iter_rows`' rows a bucket of charges at a time, as the bucket's columns in the order of
-    ``version``: what is held is one bucket's columns, and the CSV is written from them as they are."""
+    ``version``: what is held is one bucket's columns, and the CSV is written from them as they are.
+    Text cells that a spreadsheet would read as formulas are made inert (`csvfile.neutralise_column`)
+    unless ``keep_formulas``."""
     if version not in VERSIONS:
         raise ValueError(f"focus version: expected one of {', '.join(VERSIONS)} (value {version!r})")
     rates = Rates(report)
