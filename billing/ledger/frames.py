@@ -176,8 +176,13 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         reading = "CAST(j.value ->> {} AS REAL)"
     else:
         bucket = "g.hour" if grain == "hour" else "date_trunc('day', g.hour)"
-        readings = ""
-        reading = "CAST((g.readings::json -> m.pos) ->> {} AS DOUBLE PRECISION)"
+        # the line's reading as an element of its group's array: 2.0-2.6 times faster than
+        # `g.readings::json -> m.pos` per line on the 1,000-GPU month (4.0 against 8.1-10.3 s)
+        readings = (
+            "LEFT JOIN LATERAL (SELECT e.value FROM json_array_elements(g.readings::json) "
+            "WITH ORDINALITY AS e(value, n) WHERE e.n = m.pos + 1) AS j ON true"
+        )
+        reading = "CAST(j.value ->> {} AS DOUBLE PRECISION)"
 
     def scaled(column: str, scale: int) -> str:
         return f"CAST(round({column} * {scale}) AS BIGINT)"
