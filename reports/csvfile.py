@@ -23,6 +23,8 @@ _PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
 _FORMULA_FIRST = frozenset(FORMULA_START)
+_SEPARATOR = "\x1f"  # joins a column's cells to search them at once; a match is then checked cell by cell
+_FORMULA_AT_START = re.compile("(?:^|\x1f)[=+\\-@\t\r]")
 
 
 def is_formula(value: str) -> bool:
@@ -38,10 +40,10 @@ def neutralise(value: str) -> str:
 
 def neutralise_column(values: list[str]) -> list[str]:
     """A column of text cells made inert (`neutralise`): itself where no cell starts with a formula
-    character, as a column of a report mostly is (one look at each cell's first character)."""
-    if _FORMULA_FIRST.isdisjoint({value[:1] for value in values}):
+    character, as a column of a report mostly is (one search of the column's cells joined)."""
+    if not _FORMULA_AT_START.search(_SEPARATOR.join(values)):
         return values
-    return [neutralise(value) for value in values]
+    return [neutralise(value) if value[:1] in _FORMULA_FIRST else value for value in values]
 
 
 def text(
@@ -115,9 +117,7 @@ def _lines(columns: Sequence[Sequence[object]], quote_all: bool, keep_formulas: 
 
 
 _TEXT_ONLY = frozenset({str})
-_SEPARATOR = "\x1f"  # joins a column's cells to search them at once; a match is then checked cell by cell
 _NEEDS_QUOTES = re.compile('[",\r\n]')  # RFC 4180: a field holding these is quoted
-_FORMULA_AT_START = re.compile("(?:^|\x1f)[=+\\-@\t\r]")
 
 
 def _cells(values: Sequence[object], quote_all: bool, keep_formulas: bool) -> Sequence[str]:
@@ -127,9 +127,7 @@ def _cells(values: Sequence[object], quote_all: bool, keep_formulas: bool) -> Se
     if not _TEXT_ONLY.issuperset(map(type, values)):
         texts: Sequence[str] = [_text(value, keep_formulas) for value in values]
     else:
-        texts = values  # type: ignore[assignment]
-        if not keep_formulas and _FORMULA_AT_START.search(_SEPARATOR.join(texts)):
-            texts = [neutralise(cell) if cell[:1] in _FORMULA_FIRST else cell for cell in texts]
+        texts = values if keep_formulas else neutralise_column(values)  # type: ignore[assignment,arg-type]
     joined = _SEPARATOR.join(texts)
     if quote_all:
         return [cell.replace('"', '""') for cell in texts] if '"' in joined else texts

@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -125,8 +125,6 @@ def read_splits(
     return {bucket: held for bucket, held in out.items() if held}
 
 
-# a GPU's presence in an hour, as `read_splits` sums it: present seconds / 3600 to pricing's quantum
-_PRESENT = [(Decimal(seconds) / 3600).quantize(PRESENCE_QUANTUM) for seconds in range(3601)]
 _AT = {name: ALLOCATION_LAYOUT.index(name) for name in ALLOCATION_LAYOUT}
 
 
@@ -237,11 +235,7 @@ def _scan_rows(engine: Any, period: Period, grain: str, stop: threading.Event) -
 
     out: dict[datetime, dict[HoldingKey, frozenset[Holding]]] = {}
     gpus: dict[tuple[datetime, str, str], GpuBucket] = {}
-    # the stored layouts parsed, in two generations: the rows come in bucket order, and a layout a GPU
-    # held on one day is seldom held again weeks later (a month of 10,000 GPUs has ~300,000 layouts,
-    # ~0.9 GiB parsed at once); one not met for a generation is read again if it comes back
-    layouts: dict[int, _Layout] = {}
-    older: dict[int, _Layout] = {}
+    layouts = _Layouts(engine)
     with_replicas: set[int] = set()  # layouts whose holders' holdings depend on each hour's readings
     held: set[tuple[str, int]] = set()
     pods: set[PodHolding] = set()
@@ -260,11 +254,7 @@ def _scan_rows(engine: Any, period: Period, grain: str, stop: threading.Event) -
         if stop.is_set():
             raise ScanStopped
         held_ids = [[int(i) for i in ids.split(",")] if ids else [] for *_, ids in part]
-        missing = {i for ids in held_ids for i in ids if i not in layouts}
-        for layout_id in missing & older.keys():
-            layouts[layout_id] = older[layout_id]
-        for layout_id, body in frames.layout_bodies(engine, missing - older.keys()).items():
-            layouts[layout_id] = _Layout(body)
+        layouts.load(i for ids in held_ids for i in ids)
         for (start, cluster, uuid, hostname, index, present, _), ids in zip(part, held_ids, strict=True):
             bucket = bucket_of(start)
             gpus[(bucket, cluster, uuid)] = GpuBucket(hostname, index, Decimal(present).scaleb(-6))
@@ -280,34 +270,58 @@ def _scan_rows(engine: Any, period: Period, grain: str, stop: threading.Event) -
                     with_replicas.add(layout_id)
                 elif layout.holders:
                     holders.add(out[bucket], cluster, uuid, layout, frozenset())
-        if len(layouts) > LAYOUTS_KEPT:
-            older, layouts = layouts, {}
+        layouts.turn()
     if with_replicas:
-        layouts, older = {**older, **layouts}, {}
         seen: set[tuple[Any, ...]] = set()  # of the bucket being read
         last = None
         for part in frames.gpu_hour_rows(engine, period.start, period.end, with_replicas):
             if stop.is_set():
                 raise ScanStopped
-            missing = {row[6] for row in part if row[6] not in layouts}
-            for layout_id, body in frames.layout_bodies(engine, missing).items():
-                layouts[layout_id] = _Layout(body)
+            layouts.load(row[6] for row in part)
             for epoch, cluster, uuid, _, _, _, layout_id, readings in part:
                 start = epoch - epoch % step
                 if start != last:
                     seen.clear()  # a new bucket: the ones before it are done
                     last = start
                 layout = layouts[layout_id]
-                if not layout.holders:
-                    continue
                 used = layout.used(readings)
                 if (start, cluster, uuid, layout_id, used) in seen:
                     continue  # this GPU's holders of this bucket are already in
                 seen.add((start, cluster, uuid, layout_id, used))
                 holders.add(out[bucket_of(start)], cluster, uuid, layout, used)
+            layouts.turn()
     # in PodHolding's order (its fields in turn), compared as tuples, not through the dataclass's __lt__
     ordered = sorted(pods, key=operator.attrgetter("namespace", "pod", "sharing", "resource"))
     return FactScan({b: h for b, h in out.items() if h}, gpus, ordered)
+
+
+class _Layouts:
+    """The stored layouts parsed, in two generations: rows come in time order, and a layout a GPU held
+    on one day is seldom held again weeks later (a month of 10,000 GPUs has ~300,000 layouts, ~0.9 GiB
+    parsed at once); one not met for a generation is read again if it comes back."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.now: dict[int, _Layout] = {}
+        self.older: dict[int, _Layout] = {}
+
+    def load(self, ids: Iterable[int]) -> None:
+        """Have every layout of ``ids`` at hand: kept from the generation before, or read."""
+        from gpumeter.billing.ledger import frames
+
+        missing = {i for i in ids if i not in self.now}
+        for layout_id in missing & self.older.keys():
+            self.now[layout_id] = self.older[layout_id]
+        for layout_id, body in frames.layout_bodies(self.engine, missing - self.older.keys()).items():
+            self.now[layout_id] = _Layout(body)
+
+    def __getitem__(self, layout_id: int) -> _Layout:
+        return self.now[layout_id]
+
+    def turn(self) -> None:
+        """After a chunk of rows: a full generation becomes the older one."""
+        if len(self.now) > LAYOUTS_KEPT:
+            self.older, self.now = self.now, {}
 
 
 class _Holders:

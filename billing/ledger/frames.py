@@ -331,28 +331,24 @@ def _unstamped(value: str | None) -> str:
 
 
 def gpu_hour_rows(
-    engine: Engine, start: datetime, end: datetime, layouts: Collection[int] | None = None
+    engine: Engine, start: datetime, end: datetime, layouts: Collection[int]
 ) -> Iterator[Sequence[Any]]:
-    """The SQL ledger's GPU-hours of [start, end) in one query, a chunk of rows at a time, in hour
-    order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present seconds, layout id, readings
-    text or None); with ``layouts``, only those holding one of them. What a month's facts say without
-    restoring each GPU-hour's objects: the driver's own rows (a month of 10,000 GPUs is 7.2 million;
-    SQLAlchemy's Row for each cost a third as much again as the database's reading them)."""
-    values: tuple[Any, ...] = ()
-    if layouts is None:
-        among = ""
-    elif engine.dialect.name == "sqlite":  # one parameter for any number of ids
-        among, values = (
-            " AND layout_id IN (SELECT value FROM json_each({mark}))",
-            (json.dumps(sorted(layouts)),),
-        )
+    """The SQL ledger's GPU-hours of [start, end) holding one of ``layouts``, in one query, a chunk of
+    rows at a time, in hour order: (hour as epoch seconds, cluster, uuid, hostname, gpu, present
+    seconds, layout id, readings text or None). What those facts say without restoring each GPU-hour's
+    objects: the driver's own rows (SQLAlchemy's Row for each cost a third as much again as the
+    database's reading them)."""
+    among: tuple[str, Any]
+    if engine.dialect.name == "sqlite":  # one parameter for any number of ids
+        among = ("IN (SELECT value FROM json_each({mark}))", json.dumps(sorted(layouts)))
     else:
-        among, values = " AND layout_id = ANY({mark})", (sorted(layouts),)
+        among = ("= ANY({mark})", sorted(layouts))
     query = (
         f"SELECT {_epoch(engine, 'hour')}, cluster, uuid, hostname, gpu, present_seconds, layout_id, "
-        "readings FROM gpu_hours WHERE hour >= {mark} AND hour < {mark}" + among + " ORDER BY hour"
+        f"readings FROM gpu_hours WHERE hour >= {{mark}} AND hour < {{mark}} AND layout_id {among[0]} "
+        "ORDER BY hour"
     )  # in hour order, which readers need, and within an hour in the primary key's (no sort on SQLite)
-    yield from _stream(engine, query, start, end, values, "gpumeter_gpu_hours")
+    yield from _stream(engine, query, start, end, (among[1],), "gpumeter_gpu_hours")
 
 
 def _stream(
