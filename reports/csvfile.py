@@ -24,7 +24,16 @@ _PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 _FORMULA_FIRST = frozenset(FORMULA_START)
 _SEPARATOR = "\x1f"  # joins a column's cells to search them at once; a match is then checked cell by cell
-_FORMULA_AT_START = re.compile("(?:^|\x1f)[=+\\-@\t\r]")
+# a cell's start in a column's joined cells: the first character, or one after a separator. Six plain
+# substring searches, not one regular expression (`(?:^|\x1f)[=+...]` tries a match at every
+# character): 16 against 42 ms for a column of 100,000 names; the 1,000-GPU month's FOCUS file
+# 4.63-4.85 -> 4.21-4.29 s of CPU, byte for byte the same
+_AFTER_SEPARATOR = tuple(_SEPARATOR + c for c in FORMULA_START)
+
+
+def _any_formula_start(joined: str) -> bool:
+    """Whether any cell of a column joined by `_SEPARATOR` starts with a formula character."""
+    return joined[:1] in _FORMULA_FIRST or any(start in joined for start in _AFTER_SEPARATOR)
 
 
 def is_formula(value: str) -> bool:
@@ -41,7 +50,7 @@ def neutralise(value: str) -> str:
 def neutralise_column(values: list[str]) -> list[str]:
     """A column of text cells made inert (`neutralise`): itself where no cell starts with a formula
     character, as a column of a report mostly is (one search of the column's cells joined)."""
-    if not _FORMULA_AT_START.search(_SEPARATOR.join(values)):
+    if not _any_formula_start(_SEPARATOR.join(values)):
         return values
     return [neutralise(value) if value[:1] in _FORMULA_FIRST else value for value in values]
 
