@@ -10,7 +10,9 @@ Money and quantities stay exact: they are integers of the ledger's own scale (am
 currency, quantities in 1e-6 GPU-hours, as NUMERIC(20, 4) and NUMERIC(18, 6) store them), summed as
 int64 and turned back into `Decimal` only by whoever shows them. Utilization and efficiency are
 report-only ratios: ``uw``/``ew`` are float sums of ratio x GPU-hours, ``uq``/``eq`` the exact
-GPU-hours where the ratio is known, as `LineTotal` carries them.
+GPU-hours where the ratio is known, as `LineTotal` carries them. The SQL ledger sums a row's readings
+exactly, as integers of 1e-9 (their stored places), so its ``uw``/``ew`` do not depend on the order in
+which the database met the lines (SQLite and PostgreSQL give the same floats).
 
 pandas is imported here and by reports only: the exporter never loads it (tests/exporter/test_imports.py).
 """
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES
+from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES, RATIO_PLACES
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 QUANTITY_SCALE = 10**QUANTITY_PLACES  # quantity, held
 MONEY_SCALE = 10**MONEY_PLACES  # amount
+RATIO_SCALE = 10**RATIO_PLACES  # a reading (utilization, efficiency), as the SQL ledger sums them
 QUANTITY_UNIT, MONEY_UNIT = Decimal(1).scaleb(-QUANTITY_PLACES), Decimal(1).scaleb(-MONEY_PLACES)
 
 # the text columns, kept as categoricals: a month repeats each name over hundreds of thousands of lines
@@ -61,6 +64,11 @@ SCALED = ("quantity", "amount", "held", "uq", "eq")
 COLUMNS = ("bucket", "first_hour", "last_hour", "lines", *TEXT, "price_version_id", *SCALED, "uw", "ew")
 CHUNK = 50_000  # rows turned into columns at a time: the row tuples of one chunk are all that is held (~1 KiB a row)
 GRAINS = ("hour", "day")
+# SQLite: the places of a set of terms whose readings a line group's row gives as columns of its own
+# (`_sqlite_line_sums`). Each costs every group a look-up in its JSON, held or not: with the bench's
+# sets of at most 7 lines, 7 columns took the 1,000-GPU month's sums 8.1 -> 4.9 s, 16 columns 7.6 s and
+# 32 columns 12.0 s, so places past this are summed line by line, as before
+READING_COLUMNS = 12
 
 
 def line_frame(ledger: Ledger, start: datetime, end: datetime, grain: str = "day") -> pd.DataFrame:
@@ -162,42 +170,22 @@ def from_totals(totals: Iterable[Any]) -> pd.DataFrame:
     return _frame([_chunk(rows, hours_as="datetime")])
 
 
-def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day") -> pd.DataFrame:
+def read_sql(
+    engine: Engine, start: datetime, end: datetime, grain: str = "day", reading_columns: int = READING_COLUMNS
+) -> pd.DataFrame:
     """The SQL ledger's lines of [start, end) summed per bucket and term id by the database, the
     terms' names joined to the sums: one query, in day-aligned windows on parallel connections where
     the range is long (the database sums outside the GIL). Money and quantities come back as
     integers of their stored scale and hours as epoch seconds (no Decimal or datetime object per
-    row), a chunk of rows at a time into columns."""
-    sqlite = engine.dialect.name == "sqlite"
-    if sqlite:  # hours are stored as text, "YYYY-MM-DD HH:MM:SS.ffffff"
-        bucket = "g.hour" if grain == "hour" else "substr(g.hour, 1, 10)"
-        # each group's readings parsed once (json_each), not once per line and reading
-        readings = "LEFT JOIN json_each(g.readings) AS j ON j.key = m.pos"
-        reading = "CAST(j.value ->> {} AS REAL)"
-    else:
-        bucket = "g.hour" if grain == "hour" else "date_trunc('day', g.hour)"
-        # the line's reading as an element of its group's array: 2.0-2.6 times faster than
-        # `g.readings::json -> m.pos` per line on the 1,000-GPU month (4.0 against 8.1-10.3 s)
-        readings = (
-            "LEFT JOIN LATERAL (SELECT e.value FROM json_array_elements(g.readings::json) "
-            "WITH ORDINALITY AS e(value, n) WHERE e.n = m.pos + 1) AS j ON true"
-        )
-        reading = "CAST(j.value ->> {} AS DOUBLE PRECISION)"
+    row), a chunk of rows at a time into columns. (``reading_columns``: `_sqlite_line_sums`'.)"""
 
     def scaled(column: str, scale: int) -> str:
         return f"CAST(round({column} * {scale}) AS BIGINT)"
 
-    # the lines of each (bucket, term) counted and their readings summed straight from the line groups
-    # and their sets (what the `cost_lines` view expands, without joining each line to its term), the
-    # terms joined to the sums
-    sums = (
-        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, "
-        f"max(g.hour) AS last_hour, count(*) AS lines, count({reading.format(1)}) AS u_known, "
-        f"count({reading.format(0)}) AS e_known, sum({reading.format(1)}) AS u_sum, "
-        f"sum({reading.format(0)}) AS e_sum "
-        "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
-        f"{readings} WHERE g.hour >= {{mark}} AND g.hour < {{mark}} GROUP BY 1, 2"
-    )
+    if engine.dialect.name == "sqlite":
+        sums = _sqlite_line_sums(grain, _widest_set(engine), reading_columns)
+    else:
+        sums = _postgresql_line_sums(grain)
     quantity = scaled("t.quantity", QUANTITY_SCALE)
 
     def epoch(column: str) -> str:
@@ -209,8 +197,8 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         + f", t.price_version_id, s.lines * {quantity}, "
         f"CASE WHEN t.amount IS NULL THEN NULL ELSE s.lines * {scaled('t.amount', MONEY_SCALE)} END, "
         f"s.lines * {scaled('t.held', QUANTITY_SCALE)}, s.u_known * {quantity}, s.e_known * {quantity}, "
-        "coalesce(s.u_sum, 0.0) * CAST(t.quantity AS DOUBLE PRECISION), "
-        "coalesce(s.e_sum, 0.0) * CAST(t.quantity AS DOUBLE PRECISION) "
+        f"CAST(coalesce(s.u_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION), "
+        f"CAST(coalesce(s.e_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION) "
         f"FROM ({sums}) AS s JOIN cost_line_terms AS t ON t.id = s.term_id"
     )
 
@@ -224,6 +212,98 @@ def read_sql(engine: Engine, start: datetime, end: datetime, grain: str = "day")
         return _frame(fetch(windows[0]))
     with ThreadPoolExecutor(max_workers=len(windows)) as pool:
         return _frame([chunk for chunks in pool.map(fetch, windows) for chunk in chunks])
+
+
+def _widest_set(engine: Engine) -> int:
+    """The number of lines of the ledger's largest set of terms (0 without any)."""
+    with engine.connect() as conn:
+        raw: Any = conn.connection.driver_connection
+        cursor = raw.cursor()
+        try:
+            (widest,) = cursor.execute("SELECT coalesce(max(pos) + 1, 0) FROM cost_line_set_terms").fetchone()
+        finally:
+            cursor.close()
+    return int(widest)
+
+
+def _sqlite_line_sums(grain: str, widest: int, reading_columns: int) -> str:
+    """SQLite's sums of the lines per (bucket, term): (bucket, term_id, first_hour, last_hour, lines,
+    u_known, e_known, u_sum, e_sum). Hours are stored as text, "YYYY-MM-DD HH:MM:SS.ffffff".
+
+    SQLite groups by sorting, so the line groups are summed per (bucket, set of terms) first (a GPU
+    keeps its set for hours on end: 30,000 rows for the 1,000-GPU month's 720,000 groups), each
+    group's readings taken out of its JSON as a column per place, and the sets' sums are then spread
+    over their terms: one sort of the groups instead of one of every line (2.3 million for that month;
+    22 million at 10,000 GPUs, where the sums took 89 s, against 52 s so). Places from
+    ``reading_columns`` on, where a set has them, are summed line by line as before (each group's
+    readings parsed once, json_each), and both parts added per (bucket, term). The bounds of the hours
+    are the parameters ?1 and ?2."""
+    bucket = "g.hour" if grain == "hour" else "substr(g.hour, 1, 10)"
+    within = "g.hour >= ?1 AND g.hour < ?2"
+    places = range(min(widest, reading_columns))
+    reading = f"CAST(round(CAST(g.readings ->> '$[{{}}][{{}}]' AS REAL) * {RATIO_SCALE}) AS INTEGER)"
+    taken = "".join(f", {reading.format(p, 1)} AS u{p}, {reading.format(p, 0)} AS e{p}" for p in places)
+    # LIMIT: a subquery SQLite cannot merge into the grouping above, so each reading is taken out once
+    groups = f"SELECT {bucket} AS bucket, g.set_id AS set_id, g.hour AS hour{taken} FROM cost_line_groups AS g WHERE {within} LIMIT -1"
+    summed = "".join(
+        f", count(u{p}) AS uk{p}, count(e{p}) AS ek{p}, sum(u{p}) AS us{p}, sum(e{p}) AS es{p}"
+        for p in places
+    )
+    per_set = (
+        f"SELECT bucket, set_id, min(hour) AS first_hour, max(hour) AS last_hour, count(*) AS groups{summed} "
+        f"FROM ({groups}) GROUP BY 1, 2"
+    )
+
+    def at_place(column: str) -> str:  # the set's sum of its term's place
+        if not places:
+            return "NULL"
+        return "CASE m.pos " + " ".join(f"WHEN {p} THEN s.{column}{p}" for p in places) + " END"
+
+    spread = (
+        "SELECT s.bucket AS bucket, m.term_id AS term_id, min(s.first_hour) AS first_hour, "
+        "max(s.last_hour) AS last_hour, sum(s.groups) AS lines, "
+        f"coalesce(sum({at_place('uk')}), 0) AS u_known, coalesce(sum({at_place('ek')}), 0) AS e_known, "
+        f"sum({at_place('us')}) AS u_sum, sum({at_place('es')}) AS e_sum "
+        f"FROM ({per_set}) AS s JOIN cost_line_set_terms AS m ON m.set_id = s.set_id AND m.pos < {len(places)} "
+        "GROUP BY 1, 2"
+    )
+    if widest <= len(places):
+        return spread
+    line = f"CAST(round(CAST(j.value ->> {{}} AS REAL) * {RATIO_SCALE}) AS INTEGER)"
+    by_line = (
+        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, max(g.hour) AS last_hour, "
+        f"count(*) AS lines, count({line.format(1)}) AS u_known, count({line.format(0)}) AS e_known, "
+        f"sum({line.format(1)}) AS u_sum, sum({line.format(0)}) AS e_sum "
+        f"FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id AND m.pos >= {len(places)} "
+        f"LEFT JOIN json_each(g.readings) AS j ON j.key = m.pos WHERE {within} GROUP BY 1, 2"
+    )
+    return (
+        "SELECT bucket, term_id, min(first_hour) AS first_hour, max(last_hour) AS last_hour, sum(lines) AS lines, "
+        "sum(u_known) AS u_known, sum(e_known) AS e_known, sum(u_sum) AS u_sum, sum(e_sum) AS e_sum "
+        f"FROM ({spread} UNION ALL {by_line}) GROUP BY 1, 2"
+    )
+
+
+def _postgresql_line_sums(grain: str) -> str:
+    """PostgreSQL's sums of the lines per (bucket, term), as `_sqlite_line_sums`' (hashed, not sorted:
+    line by line). Each line's reading is an element of its group's array: 2.0-2.6 times faster than
+    `g.readings::json -> m.pos` per line on the 1,000-GPU month (4.0 against 8.1-10.3 s)."""
+    bucket = "g.hour" if grain == "hour" else "date_trunc('day', g.hour)"
+    readings = (
+        "LEFT JOIN LATERAL (SELECT e.value FROM json_array_elements(g.readings::json) "
+        "WITH ORDINALITY AS e(value, n) WHERE e.n = m.pos + 1) AS j ON true"
+    )
+    reading = f"CAST(round(CAST(j.value ->> {{}} AS DOUBLE PRECISION) * {RATIO_SCALE}) AS BIGINT)"
+    # the lines of each (bucket, term) counted and their readings summed straight from the line groups
+    # and their sets (what the `cost_lines` view expands, without joining each line to its term)
+    return (
+        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, "
+        f"max(g.hour) AS last_hour, count(*) AS lines, count({reading.format(1)}) AS u_known, "
+        f"count({reading.format(0)}) AS e_known, sum({reading.format(1)}) AS u_sum, "
+        f"sum({reading.format(0)}) AS e_sum "
+        "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
+        f"{readings} WHERE g.hour >= {{mark}} AND g.hour < {{mark}} GROUP BY 1, 2"
+    )
 
 
 def _epoch(engine: Engine, column: str) -> str:

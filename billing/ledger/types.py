@@ -41,6 +41,7 @@ class Exact(TypeDecorator):
 # the places a ledger line's figures are stored to: readers of its columns scale integers by them
 QUANTITY_PLACES = 6  # Exact(18, 6): a line's quantity and held
 MONEY_PLACES = 4  # Money(): amounts
+RATIO_PLACES = 9  # Exact(12, 9): a line's utilization and efficiency
 
 
 def Money() -> Exact:

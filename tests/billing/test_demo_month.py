@@ -53,12 +53,16 @@ SEED_TIERS = [  # seed 003 §6.1's utilizationTiers
 # was begun: any engine that bills this month must write these lines, to the last digit
 DEMO_MONTH_LINES = "0d5ca4a6fc402dc449b34a78d2af18077168bb059f44dba38a4c008df89fbfa3"
 # sha256 of the month's FOCUS file by grain and version (by team), as the report wrote it a dict per
-# row before FOCUS was made from the charges' columns (b799b03): any way of making it writes these bytes
+# row before FOCUS was made from the charges' columns (b799b03): any way of making it writes these bytes.
+# The day files were pinned again when the SQL ledger began to sum a day's readings exactly (integers of
+# 10⁻⁹, billing/ledger/frames.py): five x_GpuUtilizationAvg cells moved by 10⁻⁶, each a day whose true
+# mean lies exactly half-way at the seventh place (0.2514875), which the float sums had rounded by the
+# order the database met the lines in; every other byte is the same (docs/performance.md, 2026-12-06)
 DEMO_MONTH_FOCUS = {
-    ("day", "1.3"): "6c68ff6706ad3b7de0af57ed372632d3a2c07117bd717058337853b1f1f12b9f",
+    ("day", "1.3"): "926bb2813f4a7c74cdb02222b69d3bd271ba225f837350e539d0033ccd717eb5",
     ("hour", "1.3"): "36b2a7d9260b582abb617136eba1026a3947faf845cac0877eff7d477f8c9071",
-    ("day", "1.4"): "c03b3279d6684f0b0c63d70e6c13f7b21fbc85841ff0c2cd3affb57073cdbdd3",
-    ("day", "1.2"): "232ff1ce9fee699cef64a19e3ac55a73c5820852509c59323c6b4bfd2871bd43",
+    ("day", "1.4"): "987742ba881e0108f920f5f4195360493c8ec01e21ca51cfb59fa1efcf8251c1",
+    ("day", "1.2"): "bf56f8d711f202866852c90f955a1bfeccdd15bac814f28be757d3d4a3fad31e",
 }
 RATES = {"NVIDIA H100 80GB HBM3": Decimal("6.88"), "NVIDIA A100-SXM4-40GB": Decimal("3.00")}
 

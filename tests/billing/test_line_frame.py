@@ -4,6 +4,7 @@ on every backend, with money and quantities exact as integers of the stored scal
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 
@@ -19,17 +20,24 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _hours(prices, hours: int) -> list[tuple]:
-    """A MIG A100 (two holders, an idle instance), a time-sliced H100 and an unpriced GPU, per hour."""
+    """A MIG A100 (two holders, an idle instance), a time-sliced H100 and an unpriced GPU, per hour,
+    with utilization readings that move from hour to hour (one holder with its own, one without)."""
     out = []
     for h in range(hours):
         hour = HOUR0 + timedelta(hours=h)
         a100 = gpu_hour(
             "GPU-a",
             A100,
-            [mig("GPU-a", "1", "3g.20gb"), mig("GPU-a", "2", "3g.20gb", seconds=1800)],
+            [
+                replace(mig("GPU-a", "1", "3g.20gb"), utilization=Decimal("0.125") + Decimal(h) / 10),
+                replace(mig("GPU-a", "2", "3g.20gb", seconds=1800), utilization=Decimal("0.75")),
+            ],
             [
                 alloc("GPU-a", "ns-a", f"a-{h}", gi="1", profile="3g.20gb", share="0.333333333"),
-                alloc("GPU-a", "ns-b", "b", gi="2", profile="3g.20gb", seconds=1800),
+                replace(
+                    alloc("GPU-a", "ns-b", "b", gi="2", profile="3g.20gb", seconds=1800),
+                    utilization=Decimal("0.5") - Decimal(h) / 8,
+                ),
             ],
             hour=hour,
         )
@@ -40,6 +48,7 @@ def _hours(prices, hours: int) -> list[tuple]:
             [alloc("GPU-h", "ns-a", "x", share="0.5"), alloc("GPU-h", "ns-c", "y", share="0.5")],
             hour=hour,
         )
+        h100 = replace(h100, device=replace(h100.device, utilization=Decimal("0.33") * (h % 2)))
         other = GpuHour(hour, Device("GPU-z", "NVIDIA VR200", 3600, "node-z", "0", False), [], [])
         facts = [a100, h100, other]
         lines = [line for gh in facts for line in price_gpu_hour(gh, prices, {"ns-a": "team-a"}).lines]
@@ -144,3 +153,30 @@ def test_a_long_range_is_summed_in_day_windows_one_a_core_but_the_scans():
     assert len(windows) == 3 and windows[0][0] == month[0] and windows[-1][1] == month[1]
     assert all(a[1] == b[0] and a[1].hour == 0 for a, b in itertools.pairwise(windows))
     assert len(frames._day_windows(*month, cores=16)) == 4  # at most four connections
+
+
+def test_sqlite_sums_a_sets_places_as_columns_and_the_places_past_them_line_by_line(sql_ledger, tmp_path):
+    """However many of a set's places are summed as columns of its groups (`READING_COLUMNS`), the
+    rest line by line, the frame holds the same lines and readings (PostgreSQL sums line by line)."""
+    tiers = [{"range": [0, 0.3], "efficiency": 0.5}, {"range": [0.3, 1.0], "efficiency": 0.9}]
+    rates = {"A100-40GB": {"hourly_rate": "3.123457"}, "H100-80GB": {"hourly_rate": "6.88"}}
+    prices = book(tmp_path, rates, utilization_tiers=tiers)
+    for hour, facts, lines in _hours(prices, 3):
+        sql_ledger.write_hour(HourRecord(hour, facts, lines, prices), source="test")
+    end = HOUR0 + timedelta(hours=3)
+    engine = sql_ledger.engine
+    widest = frames._widest_set(engine)
+    assert widest >= 3  # the A100's set: so that 1 and 2 leave places to be summed line by line
+    stored = _as_rows(sql_ledger.lines(HOUR0, end))
+    daily, order = None, ["uuid", "kind", "namespace", "pod", "gpu_instance_id"]
+    for columns in (0, 1, 2, widest, frames.READING_COLUMNS):
+        assert _frame_rows(frames.read_sql(engine, HOUR0, end, "hour", reading_columns=columns)) == stored
+        by_day = frames.read_sql(engine, HOUR0, end, "day", reading_columns=columns)
+        by_day = by_day.sort_values(order, ignore_index=True)
+        assert by_day["lines"].sum() == len(stored)
+        if daily is None:
+            daily = by_day
+        else:
+            pd.testing.assert_frame_equal(by_day, daily, check_exact=False, rtol=1e-12)
+    assert daily is not None
+    assert (daily[["uq", "eq", "uw", "ew"]].sum() > 0).all()  # readings of both kinds were summed
