@@ -257,7 +257,7 @@ def _scan_rows(engine: Any, period: Period, grain: str, stop: threading.Event) -
         layouts.load(i for ids in held_ids for i in ids)
         for (start, cluster, uuid, hostname, index, present, _), ids in zip(part, held_ids, strict=True):
             bucket = bucket_of(start)
-            gpus[(bucket, cluster, uuid)] = GpuBucket(hostname, index, Decimal(present).scaleb(-6))
+            gpus[(bucket, cluster, uuid)] = GpuBucket(hostname, index, present * PRESENCE_QUANTUM)
             for layout_id in ids:
                 layout = layouts[layout_id]
                 if (cluster, layout_id) not in held:

@@ -216,19 +216,39 @@ def read_sql(
 
 def _widest_set(engine: Engine) -> int:
     """The number of lines of the ledger's largest set of terms (0 without any)."""
+    from sqlalchemy import text
+
     with engine.connect() as conn:
-        raw: Any = conn.connection.driver_connection
-        cursor = raw.cursor()
-        try:
-            (widest,) = cursor.execute("SELECT coalesce(max(pos) + 1, 0) FROM cost_line_set_terms").fetchone()
-        finally:
-            cursor.close()
-    return int(widest)
+        return int(
+            conn.execute(text("SELECT coalesce(max(pos) + 1, 0) FROM cost_line_set_terms")).scalar_one()
+        )
+
+
+def _exact(reading: str) -> str:
+    """SQL for a reading (JSON text of a decimal, or null) as an integer of 10⁻⁹, its stored places:
+    summed so, a total does not depend on the order in which the database meets the lines."""
+    return f"CAST(round(CAST({reading} AS DOUBLE PRECISION) * {RATIO_SCALE}) AS BIGINT)"
+
+
+def _line_by_line(bucket: str, reading: str, join_readings: str, within: str, places: str = "") -> str:
+    """The lines of each (bucket, term) counted and their readings summed line by line, straight from
+    the line groups and their sets (what the `cost_lines` view expands, without joining each line to
+    its term): (bucket, term_id, first_hour, last_hour, lines, u_known, e_known, u_sum, e_sum).
+    ``reading``: a line's reading by its index in [efficiency, utilization], from ``join_readings``;
+    ``places``: a condition on the sets' places taken (`m.pos`)."""
+    efficiency, utilization = _exact(reading.format(0)), _exact(reading.format(1))
+    return (
+        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, "
+        f"max(g.hour) AS last_hour, count(*) AS lines, count({utilization}) AS u_known, "
+        f"count({efficiency}) AS e_known, sum({utilization}) AS u_sum, sum({efficiency}) AS e_sum "
+        f"FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id{places} "
+        f"{join_readings} WHERE {within} GROUP BY 1, 2"
+    )
 
 
 def _sqlite_line_sums(grain: str, widest: int, reading_columns: int) -> str:
-    """SQLite's sums of the lines per (bucket, term): (bucket, term_id, first_hour, last_hour, lines,
-    u_known, e_known, u_sum, e_sum). Hours are stored as text, "YYYY-MM-DD HH:MM:SS.ffffff".
+    """SQLite's sums of the lines per (bucket, term), as `_line_by_line` gives them. Hours are stored
+    as text, "YYYY-MM-DD HH:MM:SS.ffffff".
 
     SQLite groups by sorting, so the line groups are summed per (bucket, set of terms) first (a GPU
     keeps its set for hours on end: 30,000 rows for the 1,000-GPU month's 720,000 groups), each
@@ -241,8 +261,10 @@ def _sqlite_line_sums(grain: str, widest: int, reading_columns: int) -> str:
     bucket = "g.hour" if grain == "hour" else "substr(g.hour, 1, 10)"
     within = "g.hour >= ?1 AND g.hour < ?2"
     places = range(min(widest, reading_columns))
-    reading = f"CAST(round(CAST(g.readings ->> '$[{{}}][{{}}]' AS REAL) * {RATIO_SCALE}) AS INTEGER)"
-    taken = "".join(f", {reading.format(p, 1)} AS u{p}, {reading.format(p, 0)} AS e{p}" for p in places)
+    reading = "g.readings ->> '$[{}][{}]'"
+    taken = "".join(
+        f", {_exact(reading.format(p, 1))} AS u{p}, {_exact(reading.format(p, 0))} AS e{p}" for p in places
+    )
     # LIMIT: a subquery SQLite cannot merge into the grouping above, so each reading is taken out once
     groups = f"SELECT {bucket} AS bucket, g.set_id AS set_id, g.hour AS hour{taken} FROM cost_line_groups AS g WHERE {within} LIMIT -1"
     summed = "".join(
@@ -269,13 +291,12 @@ def _sqlite_line_sums(grain: str, widest: int, reading_columns: int) -> str:
     )
     if widest <= len(places):
         return spread
-    line = f"CAST(round(CAST(j.value ->> {{}} AS REAL) * {RATIO_SCALE}) AS INTEGER)"
-    by_line = (
-        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, max(g.hour) AS last_hour, "
-        f"count(*) AS lines, count({line.format(1)}) AS u_known, count({line.format(0)}) AS e_known, "
-        f"sum({line.format(1)}) AS u_sum, sum({line.format(0)}) AS e_sum "
-        f"FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id AND m.pos >= {len(places)} "
-        f"LEFT JOIN json_each(g.readings) AS j ON j.key = m.pos WHERE {within} GROUP BY 1, 2"
+    by_line = _line_by_line(
+        bucket,
+        "j.value ->> {}",
+        "LEFT JOIN json_each(g.readings) AS j ON j.key = m.pos",
+        within,
+        f" AND m.pos >= {len(places)}",
     )
     return (
         "SELECT bucket, term_id, min(first_hour) AS first_hour, max(last_hour) AS last_hour, sum(lines) AS lines, "
@@ -285,24 +306,15 @@ def _sqlite_line_sums(grain: str, widest: int, reading_columns: int) -> str:
 
 
 def _postgresql_line_sums(grain: str) -> str:
-    """PostgreSQL's sums of the lines per (bucket, term), as `_sqlite_line_sums`' (hashed, not sorted:
-    line by line). Each line's reading is an element of its group's array: 2.0-2.6 times faster than
+    """PostgreSQL's sums of the lines per (bucket, term), line by line (it groups by hashing, not
+    sorting). Each line's reading is an element of its group's array: 2.0-2.6 times faster than
     `g.readings::json -> m.pos` per line on the 1,000-GPU month (4.0 against 8.1-10.3 s)."""
-    bucket = "g.hour" if grain == "hour" else "date_trunc('day', g.hour)"
-    readings = (
+    return _line_by_line(
+        "g.hour" if grain == "hour" else "date_trunc('day', g.hour)",
+        "j.value ->> {}",
         "LEFT JOIN LATERAL (SELECT e.value FROM json_array_elements(g.readings::json) "
-        "WITH ORDINALITY AS e(value, n) WHERE e.n = m.pos + 1) AS j ON true"
-    )
-    reading = f"CAST(round(CAST(j.value ->> {{}} AS DOUBLE PRECISION) * {RATIO_SCALE}) AS BIGINT)"
-    # the lines of each (bucket, term) counted and their readings summed straight from the line groups
-    # and their sets (what the `cost_lines` view expands, without joining each line to its term)
-    return (
-        f"SELECT {bucket} AS bucket, m.term_id AS term_id, min(g.hour) AS first_hour, "
-        f"max(g.hour) AS last_hour, count(*) AS lines, count({reading.format(1)}) AS u_known, "
-        f"count({reading.format(0)}) AS e_known, sum({reading.format(1)}) AS u_sum, "
-        f"sum({reading.format(0)}) AS e_sum "
-        "FROM cost_line_groups AS g JOIN cost_line_set_terms AS m ON m.set_id = g.set_id "
-        f"{readings} WHERE g.hour >= {{mark}} AND g.hour < {{mark}} GROUP BY 1, 2"
+        "WITH ORDINALITY AS e(value, n) WHERE e.n = m.pos + 1) AS j ON true",
+        "g.hour >= {mark} AND g.hour < {mark}",
     )
 
 
