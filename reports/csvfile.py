@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 LINE_END = "\r\n"
 ROWS_PER_PART = 10_000  # rows of a part of a file written as it is made
 _PLAIN_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+_NEEDS_QUOTES = re.compile('[",\r\n]')  # RFC 4180: a field holding these is quoted
 
 
 _FORMULA_FIRST = frozenset(FORMULA_START)
@@ -33,6 +34,11 @@ def is_formula(value: str) -> bool:
     """Whether a spreadsheet could read ``value`` as a formula: it starts with a formula character
     and is not a plain decimal number."""
     return value.startswith(FORMULA_START) and not _PLAIN_NUMBER.fullmatch(value)
+
+
+def is_plain(value: str) -> bool:
+    """Whether ``value`` is written as it is in any CSV: nothing to quote, nothing to defuse."""
+    return not _NEEDS_QUOTES.search(value) and not is_formula(value)
 
 
 def neutralise(value: str) -> str:
@@ -89,26 +95,38 @@ def column_parts(
     quote_all: bool = True,
     keep_formulas: bool = False,
     rows_per_part: int = ROWS_PER_PART,
+    plain: Collection[int] = (),
 ) -> Iterator[str]:
     """The document `text` makes, from its rows given as chunks of columns (a sequence of cells for each
     column of ``header``, all of one length), in parts of at most ``rows_per_part`` rows, the header
     alone first. The same bytes as Python's csv module writes (a test compares them), made a column
     at a time: a column is looked at whole for what needs quoting or defusing (most cells need
     neither), and each row is joined in one call. Written cell by cell, the csv module's own loop
-    over every character was the larger part of a FOCUS month's writing (~1,450 bytes a row)."""
+    over every character was the larger part of a FOCUS month's writing (~1,450 bytes a row).
+    ``plain``: the places of columns whose cells are text the caller vouches needs neither quoting
+    nor defusing (numbers and times it wrote itself, `is_plain`), written as they are unlooked at."""
     yield _lines([[name] for name in header], quote_all, keep_formulas=True)  # the header as it is
+    plain = frozenset(plain)
     for columns in chunks:
         rows = len(columns[0]) if columns else 0
         if rows and len(columns) != len(header):
             raise ValueError(f"CSV rows of {len(columns)} fields under a header of {len(header)}")
         for start in range(0, rows, rows_per_part):
             part = columns if rows <= rows_per_part else [c[start : start + rows_per_part] for c in columns]
-            yield _lines(part, quote_all, keep_formulas)
+            yield _lines(part, quote_all, keep_formulas, plain)
 
 
-def _lines(columns: Sequence[Sequence[object]], quote_all: bool, keep_formulas: bool) -> str:
+def _lines(
+    columns: Sequence[Sequence[object]],
+    quote_all: bool,
+    keep_formulas: bool,
+    plain: frozenset[int] = frozenset(),
+) -> str:
     """The CSV records of rows given as columns, each ended by LINE_END."""
-    cells = [_cells(values, quote_all, keep_formulas) for values in columns]
+    cells = [
+        values if at in plain else _cells(values, quote_all, keep_formulas)  # type: ignore[misc]
+        for at, values in enumerate(columns)
+    ]
     if not cells or not cells[0]:
         return ""
     if quote_all:
@@ -120,7 +138,6 @@ def _lines(columns: Sequence[Sequence[object]], quote_all: bool, keep_formulas: 
 
 _TEXT_ONLY = frozenset({str})
 _SEPARATOR = "\x1f"  # joins a column's cells to search them at once; a match is then checked cell by cell
-_NEEDS_QUOTES = re.compile('[",\r\n]')  # RFC 4180: a field holding these is quoted
 
 
 def _cells(values: Sequence[object], quote_all: bool, keep_formulas: bool) -> Sequence[str]:

@@ -21,7 +21,7 @@ from typing import Any
 from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES
 from gpumeter.billing.models import LineKind
 from gpumeter.reports import csvfile
-from gpumeter.reports.focus_allocations import Allocations, json_string, json_text
+from gpumeter.reports.focus_allocations import Allocations, json_text
 from gpumeter.reports.focus_check import check_csv as check_csv
 from gpumeter.reports.focus_check import check_file as check_file
 from gpumeter.reports.focus_columns import (
@@ -56,7 +56,14 @@ def _ts(moment: datetime) -> str:
 
 def _ratio_text(weighted: float, quantity: int) -> str:
     """A quantity-weighted mean (utilization, efficiency) over a quantity of 10⁻⁶, to six places."""
-    return num(Decimal(repr(round(weighted / (quantity / QUANTITY_SCALE), 6)))) if quantity else ""
+    if not quantity:
+        return ""
+    mean = round(weighted / (quantity / QUANTITY_SCALE), 6)
+    if not -1e9 < mean < 1e9:  # past 2⁵³ millionths a float has no sixth place to write
+        return num(Decimal(repr(mean)))
+    # below, the six places of "%.6f" are the rounded mean's shortest digits (repr), zeros added
+    text = format(mean, ".6f").rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
 
 
 @lru_cache(maxsize=4096)
@@ -81,6 +88,10 @@ _NEVER_FORMULAS = frozenset(
     for name, (_, kind) in COLUMN_SPEC.items()
     if kind in ("decimal", "datetime", "json", "allocation") or isinstance(kind, (set, frozenset))
 )
+
+
+# columns of figures and times gpumeter writes itself (`scaled`, `num`, `_ts`): never quoted or defused
+_WRITTEN = frozenset(name for name, (_, kind) in COLUMN_SPEC.items() if kind in ("decimal", "datetime"))
 
 
 def rows(report: Report, **options: Any) -> list[dict]:
@@ -116,8 +127,20 @@ def iter_columns(
     rates = Rates(report)
     allocations = Allocations(report, rates) if version != "1.2" else None
     header = HEADERS[version]
+    alike = _alike(report, account, service, keep_formulas)
+    for b in buckets(report.charges):
+        columns = _bucket_columns(report, b, rates, allocations)
+        if not keep_formulas:
+            for name in columns.keys() - _NEVER_FORMULAS:
+                columns[name] = csvfile.neutralise_column(columns[name])
+        n = len(b.kind)
+        yield [columns[name] if name in columns else [alike[name]] * n for name in header]
+
+
+def _alike(report: Report, account: str, service: str, keep_formulas: bool) -> dict[str, str]:
+    """What every row of the report states alike, by column (defused unless ``keep_formulas``)."""
     period = report.period
-    alike = {  # what every row of the report states alike
+    alike = {
         "BillingAccountId": account,
         "BillingAccountName": account,
         "BillingPeriodEnd": _ts(period.end),
@@ -141,13 +164,7 @@ def iter_columns(
     }
     if not keep_formulas:
         alike = {name: csvfile.neutralise(value) for name, value in alike.items()}
-    for b in buckets(report.charges):
-        columns = _bucket_columns(report, b, rates, allocations)
-        if not keep_formulas:
-            for name in columns.keys() - _NEVER_FORMULAS:
-                columns[name] = csvfile.neutralise_column(columns[name])
-        n = len(b.kind)
-        yield [columns[name] if name in columns else [alike[name]] * n for name in header]
+    return alike
 
 
 def _bucket_columns(
@@ -187,6 +204,7 @@ def _bucket_columns(
     listed = [o.list_cost(p) for o, p in zip(origin, part, strict=True)]
     unit_prices = [num(o.rate) for o in origin]
     sub = [subs[key] for key in zip(b.cluster, b.model, strict=True)]
+    sub_ids = [s[0] for s in sub]
     versions = [labels.get(v, "") for v in b.price_version_id]  # type: ignore[arg-type]
     skus = [
         sku_price_id(m, a is None, v, labels)
@@ -210,7 +228,7 @@ def _bucket_columns(
         "ResourceName": [resource_name(*key) for key in zip(b.cluster, b.uuid, b.model, strict=True)],
         "SkuId": [f"gpu-{model.lower()}" for model in b.model],
         "SkuPriceId": skus,
-        "SubAccountId": [s[0] for s in sub],
+        "SubAccountId": sub_ids,
         "SubAccountName": [s[1] for s in sub],
         "SubAccountType": [s[2] for s in sub],
         "Tags": [_origin_tags(m, c) for m, c in zip(b.model, b.cluster, strict=True)],
@@ -239,11 +257,8 @@ def _bucket_columns(
         "x_UtilizationEfficiency": [_ratio_text(w, q) for w, q in zip(b.ew, b.eq, strict=True)],
     }
     if allocations is not None:
-        start_text = json_string(charge_start)
-        allocated = [
-            allocations.columns(b, i, origin[i], part[i], start_text, skus[i], sub[i][0]) for i in range(n)
-        ]
-        columns.update(zip(ALLOCATION_COLUMNS, map(list, zip(*allocated, strict=True)), strict=True))
+        allocated = allocations.columns(b, origin, part, charge_start, skus, sub_ids)
+        columns.update(zip(ALLOCATION_COLUMNS, allocated, strict=True))
     return columns
 
 
@@ -271,7 +286,15 @@ def report_csv_parts(
     focus_columns = iter_columns(
         report, account=account, service=service, version=version, keep_formulas=keep_formulas
     )
-    return csvfile.column_parts(HEADERS[version], focus_columns, quote_all=False, keep_formulas=True)
+    alike = _alike(report, account, service, keep_formulas)
+    plain = [
+        at
+        for at, name in enumerate(HEADERS[version])
+        if name in _WRITTEN or (name in alike and csvfile.is_plain(alike[name]))
+    ]
+    return csvfile.column_parts(
+        HEADERS[version], focus_columns, quote_all=False, keep_formulas=True, plain=plain
+    )
 
 
 # --- the schema check ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from gpumeter.reports.focus_origins import (
     Bucket,
     Origin,
     Rates,
+    rounded,
 )
 from gpumeter.reports.model import Holding, Report
 
@@ -71,10 +72,9 @@ def _method(holding: Holding, body: dict) -> str:
     return holding.mode
 
 
-# a holder's tags in json_text's key order, each key written once as JSON with its colon
-_HOLDER_TAGS = tuple(
-    (name, json_string(f"{TAG_PREFIX}{name}") + ":")
-    for name in sorted(("namespace", "pod", "container", "team"))
+# a holder's tags' keys in json_text's order, each written as JSON with its colon
+_CONTAINER, _NAMESPACE, _POD, _TEAM = (
+    json_string(f"{TAG_PREFIX}{name}") + ":" for name in ("container", "namespace", "pod", "team")
 )
 
 
@@ -82,13 +82,25 @@ def holder_tags(namespace: str, pod: str, container: str, team: str) -> str:
     """A holder's AllocatedTags: `json_text` of its non-empty names under TAG_PREFIX, written without
     the encoder (a month's FOCUS file names ~70,000 holders at 1,000 GPUs, each once a day; a test
     compares the two)."""
-    values = {"namespace": namespace, "pod": pod, "container": container, "team": team}
-    return "{" + ",".join(key + json_string(values[name]) for name, key in _HOLDER_TAGS if values[name]) + "}"
+    tags = []
+    if container:
+        tags.append(_CONTAINER + json_string(container))
+    if namespace:
+        tags.append(_NAMESPACE + json_string(namespace))
+    if pod:
+        tags.append(_POD + json_string(pod))
+    if team:
+        tags.append(_TEAM + json_string(team))
+    return "{" + ",".join(tags) + "}"
+
+
+def _path(first: str, second: str) -> str:
+    """The non-empty of two names joined by "/": a holder's resource id and name."""
+    return f"{first}/{second}" if first and second else first or second
 
 
 HOLDERS_KEPT = 50_000  # holders' names and tags (`Allocations._holder`)
 _NO_HOLDINGS: frozenset[Holding] = frozenset()
-UNSPLIT = ("",) * len(ALLOCATION_COLUMNS)
 # a slot of an allocation's JSON template: the quoted placeholder the template was encoded with
 _SLOT = re.compile('"\ue000([A-Z])\ue001"')
 
@@ -127,50 +139,71 @@ class Allocations:
         self._holders: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
 
     def columns(
-        self, b: Bucket, i: int, origin: Origin, part: int, period_start: str, sku: str, sub_account: str
-    ) -> tuple[str, ...]:
+        self,
+        b: Bucket,
+        origin: list[Origin],
+        part: list[int],
+        period_start: str,
+        skus: list[str],
+        subs: list[str],
+    ) -> list[list[str]]:
         """AllocatedMethodDetails, -Id, -ResourceId, -ResourceName and -Tags (ALLOCATION_COLUMNS) of
-        row ``i`` of bucket ``b`` (all null where it is its origin's only row: nothing was split);
-        ``period_start``: the bucket's ChargePeriodStart as JSON text; ``sku`` and ``sub_account``:
-        the row's SkuPriceId and SubAccountId, which its x_OriginCharge repeats."""
-        if origin.rows == 1:
-            return UNSPLIT
-        kind, version, held = b.kind[i], b.price_version_id[i], b.held[i]
-        tenant = kind in TENANT_KINDS
-        if tenant:  # the holder's holdings
-            key = (b.uuid[i], b.gpu_instance_id[i], b.namespace[i], b.pod[i], b.container[i])
-            holdings = self.splits.get(b.bucket, {}).get(key, _NO_HOLDINGS)  # type: ignore[union-attr]
-            if not isinstance(holdings, frozenset):  # the templates are keyed by it (`Holdings`: any set)
-                holdings = frozenset(holdings)
-        else:  # the holdings of its GPU's split GPU-hours
-            holdings = self.by_gpu.get((b.bucket, b.cluster[i], b.uuid[i]), _NO_HOLDINGS)
-        template = self._templates.get((kind, version, holdings, bool(held)))
-        if template is None:
-            template = self._template(kind, version, holdings, bool(held))
-        text, method_id, weighted = template
-        quantity = b.quantity[i]
-        usage = held if kind == LineKind.TENANT else quantity
-        details = text.format(
-            R=repr(origin.ratio(b.amount[i], part)),
-            Q=repr(usage / QUANTITY_SCALE),
-            U=json_string(b.uuid[i]),
-            S=period_start,
-            B=origin.cost or self._cost(origin),
-            K=json_string(sku),
-            A=json_string(sub_account),
-            W=repr(_weight(quantity, weighted, held)) if weighted and held else "",
-        )
-        if not tenant:  # the platform's part of the origin charge: the unallocated portion
-            return details, method_id, "", "", ""
-        return (
-            details,
-            method_id,
-            *self._holder(b.namespace[i], b.pod[i], b.container[i], b.team[i], b.cluster[i]),
-        )
+        bucket ``b``'s rows, as columns: each row's null where it is its origin's only row (nothing was
+        split). Per row: ``origin`` and ``part`` (`origins`), ``skus`` and ``subs``, its SkuPriceId and
+        SubAccountId, which its x_OriginCharge repeats; ``period_start``: the bucket's
+        ChargePeriodStart."""
+        columns: list[list[str]] = [[] for _ in ALLOCATION_COLUMNS]
+        details_of, method_of, resource_of, name_of, tags_of = (c.append for c in columns)
+        held_by = self.splits.get(b.bucket, {})  # type: ignore[union-attr]
+        for i, (o, kind, version, held, quantity) in enumerate(
+            zip(origin, b.kind, b.price_version_id, b.held, b.quantity, strict=True)
+        ):
+            if o.rows == 1:
+                for add in (details_of, method_of, resource_of, name_of, tags_of):
+                    add("")
+                continue
+            tenant = kind in TENANT_KINDS
+            if tenant:  # the holder's holdings
+                key = (b.uuid[i], b.gpu_instance_id[i], b.namespace[i], b.pod[i], b.container[i])
+                holdings = held_by.get(key, _NO_HOLDINGS)
+                if not isinstance(holdings, frozenset):  # the templates are keyed by it (`Holdings`: any set)
+                    holdings = frozenset(holdings)
+            else:  # the holdings of its GPU's split GPU-hours
+                holdings = self.by_gpu.get((b.bucket, b.cluster[i], b.uuid[i]), _NO_HOLDINGS)
+            template = self._templates.get((kind, version, holdings, bool(held)))
+            if template is None:
+                template = self._template(kind, version, holdings, bool(held))
+            text, method_id, weighted = template
+            details_of(
+                text.format(
+                    R=repr(o.ratio(b.amount[i], part[i])),
+                    Q=repr((held if kind == LineKind.TENANT else quantity) / QUANTITY_SCALE),
+                    C=o.charge or self._charge(o, b.uuid[i], period_start, skus[i], subs[i]),
+                    # x_Weight: the weight the line was priced at, normalisation included: weighted
+                    # GPU-hours per instance-hour held (slice-hours / compute slices)
+                    W=repr(rounded(quantity * weighted, held, 6)) if weighted and held else "",
+                )
+            )
+            method_of(method_id)
+            if tenant:
+                resource, name, tags = self._holder(
+                    b.namespace[i], b.pod[i], b.container[i], b.team[i], b.cluster[i]
+                )
+            else:  # the platform's part of the origin charge: the unallocated portion
+                resource = name = tags = ""
+            resource_of(resource)
+            name_of(name)
+            tags_of(tags)
+        return columns
 
-    def _cost(self, origin: Origin) -> str:
-        origin.cost = json_string(self.report.money(Decimal(origin.billed) * MONEY_UNIT))
-        return origin.cost
+    def _charge(self, origin: Origin, uuid: str, period_start: str, sku: str, sub_account: str) -> str:
+        """x_OriginCharge of an origin's rows, written once for them all (as `json_text` writes it)."""
+        origin.charge = (
+            f'{{"BilledCost":{json_string(self.report.money(Decimal(origin.billed) * MONEY_UNIT))},'
+            f'"ChargePeriodStart":{json_string(period_start)},"ResourceId":{json_string(uuid)},'
+            f'"SkuPriceId":{json_string(sku)},"SubAccountId":{json_string(sub_account)}}}'
+        )
+        return origin.charge
 
     def _holder(
         self, namespace: str, pod: str, container: str, team: str, cluster: str
@@ -184,9 +217,10 @@ class Allocations:
             if len(self._holders) >= HOLDERS_KEPT:
                 self._holders.clear()
             namespace = namespace.removeprefix(f"{cluster}/") if cluster else namespace
+            name = _path(namespace, pod)
             named = self._holders[key] = (
-                "/".join(v for v in (namespace, pod, container) if v),
-                "/".join(v for v in (namespace, pod) if v),
+                _path(name, container),
+                name,
                 holder_tags(namespace, pod, container, team),
             )
         return named
@@ -212,13 +246,7 @@ class Allocations:
                     "UsageQuantity": _slot("Q"),
                 }
             ],
-            "x_OriginCharge": {
-                "ResourceId": _slot("U"),
-                "ChargePeriodStart": _slot("S"),
-                "BilledCost": _slot("B"),
-                "SkuPriceId": _slot("K"),
-                "SubAccountId": _slot("A"),
-            },
+            "x_OriginCharge": _slot("C"),  # one document for all the origin's rows (`_charge`)
             "x_LineKind": kind,
             "x_PriceBookVersion": self.rates.labels.get(version, ""),  # type: ignore[arg-type]
         }
@@ -267,9 +295,3 @@ def _figures(holdings: frozenset[Holding], body: dict) -> tuple[dict[str, object
         efficiency.add(_figure(e))
     figures["x_SharingEfficiency"] = _one(efficiency)
     return {key: value for key, value in figures.items() if value is not None}, weighted
-
-
-def _weight(quantity: int, slices: int, held: int) -> float:
-    """x_Weight: the weight the line was priced at, normalisation included: weighted GPU-hours per
-    instance-hour held (slice-hours / compute slices)."""
-    return float(round(Decimal(quantity * slices) / Decimal(held), 6))

@@ -51,6 +51,19 @@ def scaled(value: int, places: int) -> str:
     return f"{sign}{whole}"
 
 
+def rounded(numerator: int, denominator: int, places: int) -> float:
+    """``numerator / denominator`` rounded half to even at ``places`` decimals, as a float: what
+    ``float(round(Decimal(numerator) / Decimal(denominator), places))`` gives (a test compares them),
+    worked out in integers (a fifth of the time; ~100,000 rows a month at 1,000 GPUs take two each)."""
+    scale = 10**places
+    quotient, rest = divmod(abs(numerator) * scale, abs(denominator))
+    if 2 * rest > abs(denominator) or (2 * rest == abs(denominator) and quotient & 1):
+        quotient += 1
+    # the sign as Decimal gives it, a zero's included (0 / -5 is -0)
+    negative = (numerator < 0) != (denominator < 0) if numerator else denominator < 0
+    return -(quotient / scale) if negative else quotient / scale
+
+
 def split(units: int, weights: list[int]) -> list[int]:
     """``units`` split in proportion to integer ``weights`` into integers that sum to it exactly:
     each part floored, the rest handed out one at a time by largest remainder (first listed first on
@@ -181,7 +194,7 @@ class Origin:
 
     __slots__ = (
         "billed",
-        "cost",
+        "charge",
         "parts",
         "quantity",
         "rate",
@@ -211,7 +224,7 @@ class Origin:
             units = int((present / QUANTITY_QUANTUM).to_integral_value())
             self.quantity = present
         self.parts = split(units, amounts if self.billed else capacity)
-        self.cost = ""  # the billed cost as JSON text, in the currency's minor unit (`Allocations`)
+        self.charge = ""  # x_OriginCharge as JSON text, written once for its rows (`Allocations`)
 
     def list_cost(self, part: int) -> str:
         """The list cost of ``part`` (10⁻⁶ GPU-hours) at the origin's rate, as `num` writes it."""
@@ -223,11 +236,9 @@ class Origin:
         """AllocatedRatio of a row: its share of the billed cost, or where nothing was billed (a rate
         of 0, or unpriced) of the quantity it was given."""
         if self.billed:
-            ratio = Decimal(amount or 0) / Decimal(self.billed)
-        elif self.quantity:
-            ratio = Decimal(part) * QUANTITY_QUANTUM / self.quantity
-        else:
-            ratio = Decimal(1) / self.rows
+            return rounded(amount or 0, self.billed, 12)
+        # the quantity's present GPU-hours need not be a whole number of 10⁻⁶: in Decimal
+        ratio = Decimal(part) * QUANTITY_QUANTUM / self.quantity if self.quantity else Decimal(1) / self.rows
         return float(round(ratio, 12))
 
 

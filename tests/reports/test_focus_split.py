@@ -3,7 +3,8 @@
 time by largest remainder, first listed first on ties. `reports.focus_origins.split` does it in the
 ledger's integers (amounts of 10⁻⁴, quantities of 10⁻⁶); here it is held to the rule worked out with
 exact fractions of the decimals they stand for, for any weights: amounts (negative ones too, a credit)
-or quantities, at any decimal places; and the figures' text (`scaled`) to the decimals' (`num`)."""
+or quantities, at any decimal places; and the figures' text (`scaled`) to the decimals' (`num`), and the
+ratios worked out in integers (`rounded`) to the Decimal ratios they stand for."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from fractions import Fraction
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gpumeter.reports.focus_origins import QUANTITY_QUANTUM, num, scaled, split
+from gpumeter.reports.focus import _ratio_text
+from gpumeter.reports.focus_origins import QUANTITY_QUANTUM, num, rounded, scaled, split
 
 
 def by_fractions(total: Decimal, weights: list[Decimal], quantum: Decimal) -> list[Decimal]:
@@ -76,3 +78,35 @@ def test_the_split_of_integers_is_the_split_of_the_decimals_they_stand_for(units
 @example(value=-(10**6), places=6)  # -1
 def test_an_integer_of_the_ledger_is_written_as_its_decimal(value, places):
     assert scaled(value, places) == num(Decimal(value).scaleb(-places))
+
+
+@given(
+    numerator=st.integers(min_value=-(10**14), max_value=10**14),
+    denominator=st.integers(min_value=-(10**14), max_value=10**14).filter(bool),
+    places=st.integers(min_value=0, max_value=12),
+)
+@example(numerator=5, denominator=10**7, places=6)  # 0.0000005: half-way, to the even 0
+@example(numerator=15, denominator=10**7, places=6)  # 0.0000015: half-way, to the even 0.000002
+@example(numerator=-15, denominator=10**7, places=6)  # the same below zero
+@example(numerator=0, denominator=-7, places=12)  # Decimal's -0
+@example(numerator=1, denominator=3, places=12)
+def test_a_ratio_in_integers_is_the_decimal_ratio_rounded(numerator, denominator, places):
+    """AllocatedRatio and x_Weight are worked out in integers (`rounded`), as the Decimal division
+    rounded half to even that the ledger's figures stand for, down to the sign of a zero."""
+    expected = float(round(Decimal(numerator) / Decimal(denominator), places))
+    assert repr(rounded(numerator, denominator, places)) == repr(expected)
+
+
+@given(
+    weighted=st.floats(min_value=-(10.0**12), max_value=10.0**12, allow_nan=False),
+    quantity=st.integers(min_value=0, max_value=10**12),
+)
+@example(weighted=0.2514875, quantity=10**6)  # a mean half-way at the seventh place, as a float
+@example(weighted=-(10.0**-9), quantity=10**6)  # rounds to -0, written 0
+@example(weighted=10.0**12, quantity=1)  # past a float's sixth place
+@example(weighted=1.0, quantity=0)  # no quantity, no mean
+def test_a_mean_is_written_as_its_rounded_float_reads(weighted, quantity):
+    """x_GpuUtilizationAvg and x_UtilizationEfficiency: the float mean rounded to six places and
+    written as the decimal its shortest form reads (`_ratio_text`, which formats it directly)."""
+    expected = num(Decimal(repr(round(weighted / (quantity / 10**6), 6)))) if quantity else ""
+    assert _ratio_text(weighted, quantity) == expected
