@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -35,11 +34,11 @@ from gpumeter.reports.focus_columns import (
 from gpumeter.reports.focus_columns import COLUMNS as COLUMNS
 from gpumeter.reports.focus_columns import METHODS as METHODS
 from gpumeter.reports.focus_origins import (
-    QUANTITY_SCALE,
     TENANT_KINDS,
     Bucket,
     Rates,
     buckets,
+    mean_text,
     num,
     origins,
     scaled,
@@ -52,18 +51,6 @@ from gpumeter.reports.model import HOUR, Report
 @lru_cache(maxsize=8192)
 def _ts(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _ratio_text(weighted: float, quantity: int) -> str:
-    """A quantity-weighted mean (utilization, efficiency) over a quantity of 10⁻⁶, to six places."""
-    if not quantity:
-        return ""
-    mean = round(weighted / (quantity / QUANTITY_SCALE), 6)
-    if not -1e9 < mean < 1e9:  # past 2⁵³ millionths a float has no sixth place to write
-        return num(Decimal(repr(mean)))
-    # below, the six places of "%.6f" are the rounded mean's shortest digits (repr), zeros added
-    text = format(mean, ".6f").rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
 
 
 @lru_cache(maxsize=4096)
@@ -237,7 +224,7 @@ def _bucket_columns(
         "x_GpuHours": [scaled(q, QUANTITY_PLACES) for q in b.quantity],
         "x_GpuInstanceId": b.gpu_instance_id,
         "x_GpuModel": b.model,
-        "x_GpuUtilizationAvg": [_ratio_text(w, q) for w, q in zip(b.uw, b.uq, strict=True)],
+        "x_GpuUtilizationAvg": list(map(mean_text, b.uw_exact, b.uq)),
         "x_GpuUuid": b.uuid,
         "x_LineKind": [LineKind.UNPRICED.value if u else k for u, k in zip(unpriced, b.kind, strict=True)],
         "x_MigProfile": [p if m else "" for p, m in zip(b.mig_profile, mig, strict=True)],
@@ -254,7 +241,7 @@ def _bucket_columns(
         ],
         "x_Team": b.team,
         "x_Unpriced": ["true" if u else "false" for u in unpriced],
-        "x_UtilizationEfficiency": [_ratio_text(w, q) for w, q in zip(b.ew, b.eq, strict=True)],
+        "x_UtilizationEfficiency": list(map(mean_text, b.ew_exact, b.eq)),
     }
     if allocations is not None:
         allocated = allocations.columns(b, origin, part, charge_start, skus, sub_ids)

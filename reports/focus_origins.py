@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpumeter.billing.ledger.base import LineTotal
-from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES
+from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES, RATIO_PLACES
 from gpumeter.billing.models import LineKind
 from gpumeter.reports.model import Report, version_label
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 QUANTITY_SCALE = 10**QUANTITY_PLACES
+EXACT_SCALE = 10 ** (RATIO_PLACES + QUANTITY_PLACES)  # a reading x a quantity (`Bucket.uw_exact`)
 QUANTITY_QUANTUM = Decimal(1).scaleb(-QUANTITY_PLACES)  # the ledger's, and pricing's, quantity quantum
 MONEY_UNIT = Decimal(1).scaleb(-MONEY_PLACES)
 TENANT_KINDS = frozenset((LineKind.TENANT.value, LineKind.IDLE_SHARE.value))
@@ -62,6 +63,26 @@ def rounded(numerator: int, denominator: int, places: int) -> float:
     # the sign as Decimal gives it, a zero's included (0 / -5 is -0)
     negative = (numerator < 0) != (denominator < 0) if numerator else denominator < 0
     return -(quotient / scale) if negative else quotient / scale
+
+
+def mean_millionths(weighted: int, quantity: int) -> int | None:
+    """A quantity-weighted mean (utilization, efficiency) in millionths, rounded half to even, from its
+    exact sum ``weighted`` (10⁻¹⁵: a reading's 10⁻⁹ x a quantity's 10⁻⁶) over ``quantity`` (10⁻⁶); None
+    without a quantity. In integers, so a mean lying half-way at the seventh place rounds by the rule
+    and not by a float's last bit."""
+    if not quantity:
+        return None
+    divisor = quantity * 10 ** (RATIO_PLACES - 6)  # weighted / (quantity x 10⁹) x 10⁶
+    millionths, rest = divmod(abs(weighted), abs(divisor))
+    if 2 * rest > abs(divisor) or (2 * rest == abs(divisor) and millionths & 1):
+        millionths += 1
+    return -millionths if (weighted < 0) != (divisor < 0) else millionths
+
+
+def mean_text(weighted: int, quantity: int) -> str:
+    """`mean_millionths` as FOCUS writes a decimal (`scaled`); empty without a quantity."""
+    millionths = mean_millionths(weighted, quantity)
+    return "" if millionths is None else scaled(millionths, 6)
 
 
 def split(units: int, weights: list[int]) -> list[int]:
@@ -110,6 +131,9 @@ class Bucket(NamedTuple):
     eq: list[int]
     held: list[int]
     slice_hours: list[int]  # `Report.slices`: held where a tenant's lines held slice-hours, else 0
+    # the readings' weighted sums exactly, integers of 10⁻¹⁵ (billing/ledger/frames.py EXACT)
+    uw_exact: list[int]
+    ew_exact: list[int]
 
     @classmethod
     def of_frame(cls, c: pd.DataFrame) -> Bucket:
@@ -137,6 +161,8 @@ class Bucket(NamedTuple):
             eq=ints("eq"),
             held=ints("held"),
             slice_hours=ints("slice_hours"),
+            uw_exact=ints("uw_exact"),
+            ew_exact=ints("ew_exact"),
         )
 
     @classmethod
@@ -159,6 +185,9 @@ class Bucket(NamedTuple):
             eq=[units_of(c.efficiency_quantity, QUANTITY_QUANTUM) for c in charges],
             held=[units_of(c.held, QUANTITY_QUANTUM) for c in charges],
             slice_hours=[units_of(Report.slices(c), QUANTITY_QUANTUM) for c in charges],
+            # a `LineTotal` carries its weighted sums as floats: as near as they give
+            uw_exact=[round(c.utilization_weighted * EXACT_SCALE) for c in charges],
+            ew_exact=[round(c.efficiency_weighted * EXACT_SCALE) for c in charges],
         )
 
 

@@ -119,6 +119,8 @@ def charges(lines: pd.DataFrame) -> pd.DataFrame:
             uq=("uq", "sum"),
             ew=("ew", "sum"),
             eq=("eq", "sum"),
+            uw_exact=("uw_exact", "sum"),
+            ew_exact=("ew_exact", "sum"),
             held=("held", "sum"),
         )
         .reset_index()
@@ -322,7 +324,7 @@ def money_by(c: pd.DataFrame, keys: list[str]) -> dict[Any, Decimal]:
 
 # the columns a charge is made of (`Charges`), in `LineTotal`'s order of fields
 _CHARGE_COLUMNS: tuple[str, ...] = ("bucket", "first_hour", "last_hour", *KEYS, "lines", "quantity")
-_CHARGE_COLUMNS += ("amount", "uw", "uq", "ew", "eq", "held", "slice_hours")
+_CHARGE_COLUMNS += ("amount", "uw", "uq", "ew", "eq", "held", "slice_hours", "uw_exact", "ew_exact")
 
 
 class Charges(Sequence[LineTotal]):

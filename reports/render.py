@@ -204,6 +204,7 @@ def _line_columns(report: Report, labels: dict[int, str], clustered: bool) -> It
     import pandas as pd  # loaded by a report that writes its lines, not by the CLI's start
 
     from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_SCALE
+    from gpumeter.reports.focus_origins import mean_millionths
     from gpumeter.reports.grouped import Charges, per_distinct
 
     charges = report.charges
@@ -220,10 +221,9 @@ def _line_columns(report: Report, labels: dict[int, str], clustered: bool) -> It
         whole, part = divmod(abs(value), QUANTITY_SCALE)
         return f"{'-' if value < 0 else ''}{whole}.{part:06d}"
 
-    def ratios(weighted: pd.Series, quantity: pd.Series) -> list[str]:
+    def means(weighted: pd.Series, quantity: pd.Series) -> list[str]:  # from the exact sums, as FOCUS
         return [
-            _ratio(w / (q / QUANTITY_SCALE)) if q else ""
-            for w, q in zip(weighted.tolist(), quantity.tolist(), strict=True)
+            "" if m is None else micro(m) for m in map(mean_millionths, weighted.tolist(), quantity.tolist())
         ]
 
     for c in charges.chunks():
@@ -246,8 +246,8 @@ def _line_columns(report: Report, labels: dict[int, str], clustered: bool) -> It
             [micro(held) for held in c["slice_hours"].tolist()],  # `Report.slices`, in columns
             [report.money(a) for a in amounts],
             c["currency"].tolist(),
-            ratios(c["uw"], c["uq"]),
-            ratios(c["ew"], c["eq"]),
+            means(c["uw_exact"], c["uq"]),
+            means(c["ew_exact"], c["eq"]),
             [labels.get(v, "") for v in versions],
             c["lines"].tolist(),
         ]

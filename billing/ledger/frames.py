@@ -12,7 +12,8 @@ int64 and turned back into `Decimal` only by whoever shows them. Utilization and
 report-only ratios: ``uw``/``ew`` are float sums of ratio x GPU-hours, ``uq``/``eq`` the exact
 GPU-hours where the ratio is known, as `LineTotal` carries them. The SQL ledger sums a row's readings
 exactly, as integers of 1e-9 (their stored places), so its ``uw``/``ew`` do not depend on the order in
-which the database met the lines (SQLite and PostgreSQL give the same floats).
+which the database met the lines (SQLite and PostgreSQL give the same floats), and carries those sums
+exactly too (``uw_exact``/``ew_exact``, integers of 1e-15), which a bucket's mean is rounded from.
 
 pandas is imported here and by reports only: the exporter never loads it (tests/exporter/test_imports.py).
 """
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 QUANTITY_SCALE = 10**QUANTITY_PLACES  # quantity, held
 MONEY_SCALE = 10**MONEY_PLACES  # amount
 RATIO_SCALE = 10**RATIO_PLACES  # a reading (utilization, efficiency), as the SQL ledger sums them
+EXACT_SCALE = RATIO_SCALE * QUANTITY_SCALE  # a reading x a quantity (``uw_exact``, ``ew_exact``)
 QUANTITY_UNIT, MONEY_UNIT = Decimal(1).scaleb(-QUANTITY_PLACES), Decimal(1).scaleb(-MONEY_PLACES)
 
 # the text columns, kept as categoricals: a month repeats each name over hundreds of thousands of lines
@@ -61,7 +63,22 @@ TEXT = (
 )
 # integers of the stored scale, summed over the row's lines; amount is nullable (unpriced lines have none)
 SCALED = ("quantity", "amount", "held", "uq", "eq")
-COLUMNS = ("bucket", "first_hour", "last_hour", "lines", *TEXT, "price_version_id", *SCALED, "uw", "ew")
+# the readings' exact sums of ratio x GPU-hours, integers of 10⁻¹⁵ (a reading's 10⁻⁹ x a quantity's
+# 10⁻⁶): what a bucket's mean is rounded from (FOCUS), where the floats ``uw``/``ew`` serve sums across
+# buckets (a month's sum of a fleet's would pass int64). A day's row holds at most 24 x 10⁹ x 10⁶
+EXACT = ("uw_exact", "ew_exact")
+COLUMNS = (
+    "bucket",
+    "first_hour",
+    "last_hour",
+    "lines",
+    *TEXT,
+    "price_version_id",
+    *SCALED,
+    "uw",
+    "ew",
+    *EXACT,
+)
 CHUNK = 50_000  # rows turned into columns at a time: the row tuples of one chunk are all that is held (~1 KiB a row)
 GRAINS = ("hour", "day")
 # SQLite: the places of a set of terms whose readings a line group's row gives as columns of its own
@@ -91,8 +108,10 @@ def _scaled(value: Decimal | None, scale: int) -> int | None:
     )  # SQL's round(): half away from zero
 
 
-def _ratio(value: Decimal | None) -> float:
-    return float("nan") if value is None else float(value)
+def _exact_weighted(reading: Decimal | None, quantity: int | None) -> int:
+    """A line's reading x its quantity, exactly: an integer of 10⁻¹⁵ (EXACT); 0 without a reading."""
+    units = _scaled(reading, RATIO_SCALE)
+    return 0 if units is None or quantity is None else units * quantity
 
 
 def from_lines(lines: Iterable[tuple[Line, int | None]], grain: str = "day") -> pd.DataFrame:
@@ -131,6 +150,8 @@ def from_lines(lines: Iterable[tuple[Line, int | None]], grain: str = "day") -> 
                 0 if e is None else quantity,
                 0.0 if u is None else float(u * hours),
                 0.0 if e is None else float(e * hours),
+                _exact_weighted(u, quantity),
+                _exact_weighted(e, quantity),
             )
         )
     return _frame([_chunk(rows, hours_as="datetime")])
@@ -164,6 +185,9 @@ def from_totals(totals: Iterable[Any]) -> pd.DataFrame:
             _scaled(t.efficiency_quantity, QUANTITY_SCALE),
             t.utilization_weighted,
             t.efficiency_weighted,
+            # a `LineTotal` carries its weighted sums as floats: as near as they give
+            round(t.utilization_weighted * EXACT_SCALE),
+            round(t.efficiency_weighted * EXACT_SCALE),
         )
         for t in totals
     ]
@@ -198,7 +222,8 @@ def read_sql(
         f"CASE WHEN t.amount IS NULL THEN NULL ELSE s.lines * {scaled('t.amount', MONEY_SCALE)} END, "
         f"s.lines * {scaled('t.held', QUANTITY_SCALE)}, s.u_known * {quantity}, s.e_known * {quantity}, "
         f"CAST(coalesce(s.u_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION), "
-        f"CAST(coalesce(s.e_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION) "
+        f"CAST(coalesce(s.e_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION), "
+        f"CAST(coalesce(s.u_sum, 0) * {quantity} AS BIGINT), CAST(coalesce(s.e_sum, 0) * {quantity} AS BIGINT) "
         f"FROM ({sums}) AS s JOIN cost_line_terms AS t ON t.id = s.term_id"
     )
 
@@ -360,7 +385,7 @@ def _chunk(rows: Sequence[Any], *, hours_as: str) -> dict[str, Any]:
             out[name] = pd.Categorical(values)
         elif name in ("price_version_id", "amount"):
             out[name] = pd.array(values, dtype="Int64")
-        elif name in (*SCALED, "lines"):
+        elif name in (*SCALED, *EXACT, "lines"):
             out[name] = pd.array(values, dtype="int64")
         else:
             out[name] = pd.array([0.0 if v is None else v for v in values], dtype="float64")

@@ -57,12 +57,16 @@ DEMO_MONTH_LINES = "0d5ca4a6fc402dc449b34a78d2af18077168bb059f44dba38a4c008df89f
 # The day files were pinned again when the SQL ledger began to sum a day's readings exactly (integers of
 # 10⁻⁹, billing/ledger/frames.py): five x_GpuUtilizationAvg cells moved by 10⁻⁶, each a day whose true
 # mean lies exactly half-way at the seventh place (0.2514875), which the float sums had rounded by the
-# order the database met the lines in; every other byte is the same (docs/performance.md, 2026-12-06)
+# order the database met the lines in; every other byte is the same (docs/performance.md, 2026-12-06).
+# And again when a bucket's mean was rounded from its exact sum (`focus_origins.mean_text`), half to
+# even, no longer from a float: the day files' 24 utilization means that lie exactly half-way at the
+# seventh place (0.2503825, 0.8494375, ...) are each now the half-even one, where the float had gone
+# either way (docs/performance.md, 2026-12-06, near midnight); the hour file did not change
 DEMO_MONTH_FOCUS = {
-    ("day", "1.3"): "926bb2813f4a7c74cdb02222b69d3bd271ba225f837350e539d0033ccd717eb5",
+    ("day", "1.3"): "92a01783799d0ab4238cd069290f702c614aaa7aa2c88ce129ec639e8c8d14f1",
     ("hour", "1.3"): "36b2a7d9260b582abb617136eba1026a3947faf845cac0877eff7d477f8c9071",
-    ("day", "1.4"): "987742ba881e0108f920f5f4195360493c8ec01e21ca51cfb59fa1efcf8251c1",
-    ("day", "1.2"): "bf56f8d711f202866852c90f955a1bfeccdd15bac814f28be757d3d4a3fad31e",
+    ("day", "1.4"): "3c57b594494e7aff63c587dbd7160b18b964c1149f14c6f040d396479c0f0743",
+    ("day", "1.2"): "245bbdc9df7ddd08079b5e3a011b6a49bb127ee1535381c23d7f6efaf6461d22",
 }
 RATES = {"NVIDIA H100 80GB HBM3": Decimal("6.88"), "NVIDIA A100-SXM4-40GB": Decimal("3.00")}
 

@@ -127,6 +127,12 @@ def test_the_frame_holds_exactly_the_lines_the_ledger_returns(ledger, tmp_path):
     for name in ("quantity", "held", "uq", "eq"):
         assert daily[name].sum() == frame[name].sum()
     assert daily["amount"].sum() == frame["amount"].sum()
+    # the readings' exact sums: each line's reading (10⁻⁹) x its quantity (10⁻⁶), to the last unit
+    for name, reading in (("uw_exact", "utilization"), ("ew_exact", "efficiency")):
+        known = [(getattr(x, reading), x.quantity) for x in stored if getattr(x, reading) is not None]
+        expected = sum(int(r.scaleb(9)) * int(q.scaleb(6)) for r, q in known)
+        assert int(frame[name].sum()) == int(daily[name].sum()) == expected
+    assert frame["uw_exact"].sum() > 0  # the hours' utilizations were read
     # a range without lines is an empty frame of the same columns
     none = frames.line_frame(ledger, end, end + timedelta(hours=1), "hour")
     assert len(none) == 0 and list(none.columns) == list(frames.COLUMNS)
@@ -179,4 +185,4 @@ def test_sqlite_sums_a_sets_places_as_columns_and_the_places_past_them_line_by_l
         else:
             pd.testing.assert_frame_equal(by_day, daily, check_exact=False, rtol=1e-12)
     assert daily is not None
-    assert (daily[["uq", "eq", "uw", "ew"]].sum() > 0).all()  # readings of both kinds were summed
+    assert (daily[["uq", "eq", "uw", "ew", "uw_exact", "ew_exact"]].sum() > 0).all()  # both kinds summed

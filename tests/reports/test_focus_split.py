@@ -9,14 +9,13 @@ ratios worked out in integers (`rounded`) to the Decimal ratios they stand for."
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gpumeter.reports.focus import _ratio_text
-from gpumeter.reports.focus_origins import QUANTITY_QUANTUM, num, rounded, scaled, split
+from gpumeter.reports.focus_origins import QUANTITY_QUANTUM, mean_text, num, rounded, scaled, split
 
 
 def by_fractions(total: Decimal, weights: list[Decimal], quantum: Decimal) -> list[Decimal]:
@@ -98,15 +97,19 @@ def test_a_ratio_in_integers_is_the_decimal_ratio_rounded(numerator, denominator
 
 
 @given(
-    weighted=st.floats(min_value=-(10.0**12), max_value=10.0**12, allow_nan=False),
+    weighted=st.integers(min_value=-(10**18), max_value=10**18),
     quantity=st.integers(min_value=0, max_value=10**12),
 )
-@example(weighted=0.2514875, quantity=10**6)  # a mean half-way at the seventh place, as a float
-@example(weighted=-(10.0**-9), quantity=10**6)  # rounds to -0, written 0
-@example(weighted=10.0**12, quantity=1)  # past a float's sixth place
-@example(weighted=1.0, quantity=0)  # no quantity, no mean
-def test_a_mean_is_written_as_its_rounded_float_reads(weighted, quantity):
-    """x_GpuUtilizationAvg and x_UtilizationEfficiency: the float mean rounded to six places and
-    written as the decimal its shortest form reads (`_ratio_text`, which formats it directly)."""
-    expected = num(Decimal(repr(round(weighted / (quantity / 10**6), 6)))) if quantity else ""
-    assert _ratio_text(weighted, quantity) == expected
+@example(weighted=2514875 * 10**8 * 10**6, quantity=10**6 * 10**6)  # 0.2514875 exactly: to the even 0.251488
+@example(weighted=2514865 * 10**8, quantity=10**6)  # 0.2514865 exactly: to the even 0.251486
+@example(weighted=-(10**5), quantity=10**6)  # -10⁻¹⁰ rounds to 0, written 0
+@example(weighted=10**15, quantity=0)  # no quantity, no mean
+def test_a_mean_is_its_exact_sum_over_its_quantity_rounded_half_to_even(weighted, quantity):
+    """x_GpuUtilizationAvg and x_UtilizationEfficiency: the exact weighted sum (10⁻¹⁵) over the
+    quantity (10⁻⁶), rounded half to even at the sixth place (`mean_text`)."""
+    if not quantity:
+        assert mean_text(weighted, quantity) == ""
+        return
+    with localcontext(prec=60):  # the quotient to more places than any half-way point needs
+        mean = (Decimal(weighted) / Decimal(quantity * 10**9)).quantize(Decimal("0.000001"), ROUND_HALF_EVEN)
+    assert mean_text(weighted, quantity) == num(mean)
