@@ -50,6 +50,7 @@ from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.kubeapi import StandInKubeApi
 from gpumeter.simulator.latency import CALL_LATENCY_S
 from gpumeter.simulator.nvml import SimulatedNvml
+from tests.support import loopback
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / ".bench"
@@ -445,7 +446,7 @@ class Process:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
             try:
-                if httpx.get(self.url, timeout=5).status_code == 200:
+                if loopback.get(self.url, timeout=5).status_code == 200:
                     return
             except httpx.HTTPError as exc:
                 last = repr(exc)

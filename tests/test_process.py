@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpumeter.process import wait_until_set
+from tests.support import loopback
 from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,7 +255,7 @@ def test_a_stand_in_servers_handler_error_is_one_log_line_not_a_traceback_on_std
 
     with answering(Failing) as url:
         with caplog.at_level(logging.WARNING), pytest.raises(httpx.HTTPError):
-            httpx.get(f"{url}/", timeout=5)
+            loopback.get(f"{url}/", timeout=5)
         deadline = time.monotonic() + 5
         while not caplog.records and time.monotonic() < deadline:
             time.sleep(0.01)

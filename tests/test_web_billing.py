@@ -21,6 +21,7 @@ from gpumeter.billing.config import Settings
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.cli import main as gpumeter_main
 from gpumeter.service import build_app, serve
+from tests.support import loopback
 from tests.support.servers import free_port
 
 
@@ -102,7 +103,7 @@ def test_healthz_needs_no_password_and_metrics_does(tmp_path):
         deadline = time.monotonic() + 30
         while True:
             try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                health = loopback.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
                 if health.status_code == 200:  # 503 "starting" until the schedule is in place
                     break
             except httpx.HTTPError:
@@ -110,9 +111,10 @@ def test_healthz_needs_no_password_and_metrics_does(tmp_path):
             assert time.monotonic() < deadline and thread.is_alive()
             time.sleep(0.1)
         assert health.text == "ok\n"
-        assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 401
+        assert loopback.get(f"http://127.0.0.1:{port}/metrics").status_code == 401
         assert (
-            httpx.get(f"http://127.0.0.1:{port}/metrics", auth=("prometheus", "finance")).status_code == 200
+            loopback.get(f"http://127.0.0.1:{port}/metrics", auth=("prometheus", "finance")).status_code
+            == 200
         )
     finally:
         stop.set()

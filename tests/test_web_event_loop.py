@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gpumeter.web import Limits, serve
+from tests.support import loopback
 
 BIG = b"x" * (8 << 20)  # far more than the kernel buffers of a client that does not read
 
@@ -123,7 +124,7 @@ def test_a_hundred_idle_connections_hold_no_threads_and_are_closed_at_the_read_t
     idle = [connect(server) for _ in range(100)]
     try:
         # accepted in order: once a later connection is answered, the hundred are held
-        assert httpx.get(url(server), timeout=HANG).text == "GET /metrics HTTP/1.1"
+        assert loopback.get(url(server), timeout=HANG).text == "GET /metrics HTTP/1.1"
         assert threading.active_count() - threads < 5, "a thread per connection"
         assert all(closed_by_server(sock, within=HANG) for sock in idle)  # read_timeout is 1 s
     finally:
@@ -190,7 +191,7 @@ def test_requests_the_loop_does_not_answer_itself_get_the_threaded_answer(
             assert reply.endswith(body)
     finally:
         sock.close()
-    assert httpx.get(url(server), timeout=5).status_code == 200
+    assert loopback.get(url(server), timeout=5).status_code == 200
 
 
 def stall(listener) -> socket.socket:
@@ -306,6 +307,6 @@ def test_an_answer_that_breaks_costs_its_connection_not_the_loop():
             assert closed_by_server(sock, within=3)
         finally:
             sock.close()
-        assert httpx.get(url(listener, "/ok"), timeout=5).text == "fine"
+        assert loopback.get(url(listener, "/ok"), timeout=5).text == "fine"
     finally:
         listener.close()

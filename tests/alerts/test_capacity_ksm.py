@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpumeter.alerts import RULE_FILES
@@ -26,6 +25,7 @@ from gpumeter.simulator.kube_state_metrics import (
     sanitize,
 )
 from gpumeter.simulator.volcano import StandInVolcano, VolcanoQueue
+from tests.support import loopback
 from tests.support.servers import PrometheusServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def served_by_command(command: list[str], banner: str) -> str:
     )
     try:
         assert proc.stdout.readline().startswith(banner)
-        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        return loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
@@ -71,7 +71,7 @@ def test_kube_state_metrics_sanitises_resource_names_like_the_real_one():
 def test_demand_and_quota_rules_on_a_real_scrape(tmp_path: Path):
     ksm = StandInKubeStateMetrics(load_fleet("a100-mixed"), PENDING, QUOTAS).start()
     try:
-        body = httpx.get(f"http://127.0.0.1:{ksm.port}/metrics", timeout=5).text
+        body = loopback.get(f"http://127.0.0.1:{ksm.port}/metrics", timeout=5).text
         assert "# TYPE kube_pod_container_resource_requests gauge" in body
         with PrometheusServer(
             tmp_path / "prometheus",
@@ -178,7 +178,7 @@ def test_volcano_queue_rules_on_a_real_scrape(tmp_path: Path):
     )
     volcano = StandInVolcano(queues).start()
     try:
-        body = httpx.get(f"http://127.0.0.1:{volcano.port}/metrics", timeout=5).text
+        body = loopback.get(f"http://127.0.0.1:{volcano.port}/metrics", timeout=5).text
         assert (
             'volcano_queue_allocated_scalar_resources{queue_name="research",resource="nvidia.com/gpu"} 6000'
             in body

@@ -17,13 +17,13 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from gpumeter.alerts import RULE_FILES
 from gpumeter.deploy.demo import local_alertmanager_config
 from gpumeter.simulator.metrics_server import StandInServer
+from tests.support import loopback
 from tests.support.servers import AlertmanagerServer, PrometheusServer
 
 pytestmark = pytest.mark.slow
@@ -132,11 +132,11 @@ def test_rules_evaluate_cleanly_on_scraped_data(tmp_path: Path, http_server):
 
         # every rule has been evaluated at least once, and none failed
         def all_evaluated(_):
-            groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            groups = loopback.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
             return all(rule["health"] != "unknown" for group in groups for rule in group["rules"])
 
         prom.wait_for("vector(1)", predicate=all_evaluated)
-        groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        groups = loopback.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
         bad = [
             (rule["name"], rule.get("lastError"))
             for group in groups
@@ -193,7 +193,7 @@ def test_alertmanager_routes_and_inhibits(tmp_path: Path, http_server):
         ),
     ]
     with AlertmanagerServer(tmp_path / "am", config) as am:
-        response = httpx.post(f"{am.url}/api/v2/alerts", json=alerts, timeout=10)
+        response = loopback.post(f"{am.url}/api/v2/alerts", json=alerts, timeout=10)
         assert response.status_code == 200
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

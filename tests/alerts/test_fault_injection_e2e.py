@@ -65,7 +65,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -74,6 +73,7 @@ from gpumeter.deploy.demo import local_alertmanager_config
 from gpumeter.exporter.app import build_exporter
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.simulator.kubelet import StandInKubelet
+from tests.support import loopback
 from tests.support.servers import AlertmanagerServer, PrometheusServer, Webhook
 
 pytestmark = pytest.mark.slow
@@ -337,5 +337,5 @@ def test_faults_reach_the_webhook_and_resolve(stack, alert_rules):
     assert prom.query(f'max_over_time(ALERTS{{gpu=~"{"|".join(sorted(HEALTHY))}"}}[{window}])') == []
     assert prom.query(f'max_over_time(ALERTS{{gpu="", alertname!="GpuNvlinkDomainShrank"}}[{window}])') == []
     # every rule evaluated without an error on the exporter's real output
-    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    groups = loopback.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
     assert [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"] == []

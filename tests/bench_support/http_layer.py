@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import loopback
+
 SERVER = r"""
 import sys, time
 kind, port = sys.argv[1], int(sys.argv[2])
@@ -89,7 +91,7 @@ def main() -> int:
     try:
         for _ in range(300):
             try:
-                httpx.get(url)
+                loopback.get(url)
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)

@@ -19,12 +19,12 @@ import time
 from datetime import timedelta
 from decimal import Decimal
 
-import httpx
 import pytest
 
 from gpumeter.billing.ledger import open_ledger
 from tests.billing import test_ingest_prometheus as history
 from tests.billing.factories import write_book
+from tests.support import loopback
 from tests.support.servers import AnswerHandler, PrometheusServer, answering
 
 D = Decimal
@@ -217,7 +217,7 @@ def _slow(upstream: str, delay: float) -> type[AnswerHandler]:
     class Slow(AnswerHandler):
         def answer(self) -> None:
             time.sleep(delay)
-            reply = httpx.post(f"{upstream}{self.path}", data=self.form, timeout=30)
+            reply = loopback.post(f"{upstream}{self.path}", data=self.form, timeout=30)
             self.send_json(reply.content, reply.status_code)
 
     return Slow

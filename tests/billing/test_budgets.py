@@ -26,6 +26,7 @@ from gpumeter.billing.models import HOUR, hour_floor
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.service import build_app, serve
 from tests.billing.factories import A100, alloc, book, gpu_hour, mig
+from tests.support import loopback
 from tests.support.servers import free_port, wait_http_ok
 
 TEAMS = {"ns-a": "alpha", "ns-b": "beta"}
@@ -331,7 +332,7 @@ def test_billing_serve_exports_the_hand_worked_budget_series(sql_ledger, prices,
     thread.start()
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/healthz")
-        exposition = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        exposition = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         stop.set()
         thread.join(20)

@@ -19,7 +19,6 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 from sqlalchemy import text
 
@@ -30,6 +29,7 @@ from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.prom import PrometheusClient
 from tests.billing import test_ingest_prometheus as history
+from tests.support import loopback
 from tests.support.servers import AnswerHandler, PrometheusServer, answering
 
 H0, EXPECTED_TOTAL, _by_namespace = history.H0, history.EXPECTED_TOTAL, history._by_namespace
@@ -98,7 +98,7 @@ def _proxy(upstream: str, query: str, tamper: Tamper) -> type[AnswerHandler]:
 
     class Proxy(AnswerHandler):
         def answer(self) -> None:
-            reply = httpx.post(f"{upstream}{self.path}", data=self.form, timeout=30)
+            reply = loopback.post(f"{upstream}{self.path}", data=self.form, timeout=30)
             body = reply.json()
             if self.form["query"] == query and body.get("status") == "success":
                 tamper(body)

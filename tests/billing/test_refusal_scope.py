@@ -25,7 +25,6 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,6 +39,7 @@ from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.history import write_history
 from tests.billing import factories
 from tests.billing.conftest import serve_history
+from tests.support import loopback
 from tests.support.servers import AnswerHandler, PrometheusServer, answering, free_port
 
 START = datetime(2026, 11, 2, tzinfo=UTC)
@@ -251,7 +251,7 @@ def _negative_count_proxy(upstream: str, uuid: str) -> type[AnswerHandler]:
 
     class Proxy(AnswerHandler):
         def answer(self) -> None:
-            reply = httpx.post(f"{upstream}{self.path}", data=self.form, timeout=60)
+            reply = loopback.post(f"{upstream}{self.path}", data=self.form, timeout=60)
             body = reply.json()
             if self.form["query"] == QUERIES["alloc_count"] and body.get("status") == "success":
                 for item in body["data"]["result"]:

@@ -21,6 +21,7 @@ from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.service import INGEST_LOCK, _grace_seconds, build_app, build_scheduler, hourly_ingest, serve
 from gpumeter.web import ListenError
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
+from tests.support import loopback
 from tests.support.servers import free_port, wait_http_ok
 
 
@@ -139,7 +140,7 @@ def test_serve_answers_healthz_and_metrics_then_stops(sql_ledger, tmp_path):
         wait_http_ok(f"http://127.0.0.1:{port}/healthz")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the catch-up at start runs (and fails: no Prometheus)
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            text = loopback.get(f"http://127.0.0.1:{port}/metrics").text
             if 'gpumeter_billing_ingest_runs_total{status="failed"}' in text:
                 break
             time.sleep(0.2)

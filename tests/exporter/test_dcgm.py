@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -31,6 +30,7 @@ from gpumeter.simulator.device import SimulatedNode
 from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.kubelet import StandInKubelet
 from gpumeter.simulator.nvml import SimulatedNvml
+from tests.support import loopback
 from tests.support.servers import PrometheusServer, require_binary
 
 FLEETS = ("h100-mig", "a100-mixed", "h200", "workstation")
@@ -472,7 +472,7 @@ def test_prometheus_scrapes_dcgm_names_with_pods_on_mig(tmp_path, sock):
             # counters arrive under their bare names, typed counter, whichever format was negotiated
             [energy] = prom.wait_for(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{instance}}}")
             assert float(energy["value"][1]) > 0
-            metadata = httpx.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
+            metadata = loopback.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
             assert metadata["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"][0]["type"] == "counter"
             assert metadata["DCGM_FI_DEV_FB_USED"][0]["type"] == "gauge"
             assert not any(name.endswith("_total") for name in metadata if name.startswith("DCGM_"))

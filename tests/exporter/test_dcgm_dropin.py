@@ -16,13 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from gpumeter.exporter import config as exporter_config
 from gpumeter.exporter.config import ConfigError, ExporterConfig
 from gpumeter.exporter.dcgm_csv import CollectorsFileError, parse_collectors, read_collectors
+from tests.support import loopback
 from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes, wait_http_ok
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dcgm-exporter"
@@ -198,7 +198,7 @@ def test_gpumeter_exporter_f_dcp_metrics_included_a_9400_starts_and_exports_exac
     )
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc=proc)
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        text = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=20)
@@ -288,7 +288,7 @@ def dcgm_stack(tmp_path_factory):
             targets[role] = f"127.0.0.1:{port}"
             if role == "seed":
                 fault = {"fault": "nvlink_crc", "gpu": 0, "link": 0, "rate": 100}
-                answer = httpx.post(f"http://127.0.0.1:{admin}/faults", json=fault, timeout=10)
+                answer = loopback.post(f"http://127.0.0.1:{admin}/faults", json=fault, timeout=10)
                 assert answer.status_code == 200, answer.text
         prom = PrometheusServer(
             workdir / "prom",
@@ -334,7 +334,7 @@ def test_every_panel_of_nvidias_dashboard_returns_data(dcgm_stack, role):
 @pytest.mark.parametrize("role", list(FLEETS))
 def test_every_csv_field_nvml_answers_is_present_with_dcgms_type(dcgm_stack, role, csv_name):
     prom, targets = dcgm_stack
-    metadata = httpx.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
+    metadata = loopback.get(f"{prom.url}/api/v1/metadata", timeout=10).json()["data"]
     rows = csv_fields(DATA / csv_name)
     expected_absent = DCGM_ONLY | (NOT_ON_MIG if role == "mig" else set())
     for name, kind in rows:
@@ -380,14 +380,14 @@ def test_injected_nvlink_crc_errors_make_seed_003s_rule_expression_return_data(d
     alerts = prom.wait_for('ALERTS{alertname="NVLinkErrorRateHigh"}')
     assert alerts[0]["metric"]["alertstate"] == "pending"
     # every seed-003 rule loads and evaluates against dcgm mode's names
-    groups = httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    groups = loopback.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
     health = {r["name"]: r["health"] for g in groups for r in g["rules"]}
     assert set(health) == {r["alert"] for r in rules}
     assert prom.wait_for(
         "count(ALERTS)",
         predicate=lambda _: all(
             r["health"] == "ok"
-            for g in httpx.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            for g in loopback.get(f"{prom.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
             for r in g["rules"]
         ),
     )

@@ -11,13 +11,13 @@ import threading
 import time
 from concurrent import futures
 
-import httpx
 import pynvml as N
 import pytest
 import yaml
 
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 from gpumeter.simulator.fleet import FLEETS_DIR, parse_fleet
+from tests.support import loopback
 
 
 def test_1_thresholds_are_absolute_while_fields_193_196_read_tlimit_offsets(simulate):
@@ -152,9 +152,9 @@ def test_9_healthz_fails_when_the_sampler_has_stopped(simulate):
     sim = simulate("workstation")
     sim.exporter.start()
     url = f"http://127.0.0.1:{sim.exporter.port}/healthz"
-    assert httpx.get(url).status_code == 200
+    assert loopback.get(url).status_code == 200
     sim.sampler.stop()  # the sampling thread is gone; the last sample is still fresh
-    answer = httpx.get(url)
+    answer = loopback.get(url)
     assert answer.status_code == 503 and "sampler" in answer.text
 
 

@@ -16,6 +16,7 @@ from gpumeter.exporter.catalog import CATALOG, render_markdown
 from gpumeter.exporter.config import ExporterConfig
 from gpumeter.exporter.snapshot import SnapshotBuilder, UnknownSeries
 from gpumeter.simulator.fleet import FLEETS_DIR, load_fleet
+from tests.support import loopback
 from tests.support.servers import PrometheusServer, require_binary
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -224,11 +225,11 @@ def test_the_exporter_process_serves_until_sigterm(tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                if loopback.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        body = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "nvidia_gpu_info{" in body and 'hostname="ws-01"' in body
     finally:
         proc.terminate()

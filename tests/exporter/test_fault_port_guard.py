@@ -8,11 +8,11 @@ does not name its listen address and 400, naming the parameter, to a value out o
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from gpumeter.simulator.device import SimulatedNode
 from gpumeter.simulator.fleet import load_fleet
+from tests.support import loopback
 
 
 @pytest.fixture
@@ -32,14 +32,16 @@ def test_a_request_naming_another_host_is_refused(fault_port):
     port = address.rsplit(":", 1)[1]
     fault = {"fault": "overheat", "gpu": 0, "celsius": 40}
     for host in (f"rebind.example:{port}", "127.0.0.1:1", f"10.0.0.1:{port}", "rebind.example"):
-        refused = httpx.post(f"http://{address}/faults", json=fault, headers={"Host": host})
+        refused = loopback.post(f"http://{address}/faults", json=fault, headers={"Host": host})
         assert refused.status_code == 421, (host, refused.text)
         assert repr(host) in refused.json()["error"]
-        listed = httpx.get(f"http://{address}/faults", headers={"Host": host})
+        listed = loopback.get(f"http://{address}/faults", headers={"Host": host})
         assert listed.status_code == 421, host
     assert sim.node.gpus[0].overheat_c == 0.0  # nothing injected
     for host in (address, f"localhost:{port}"):
-        assert httpx.post(f"http://{address}/faults", json=fault, headers={"Host": host}).status_code == 200
+        assert (
+            loopback.post(f"http://{address}/faults", json=fault, headers={"Host": host}).status_code == 200
+        )
     assert sim.node.gpus[0].overheat_c == 40.0
 
 
@@ -60,7 +62,7 @@ def test_a_request_naming_another_host_is_refused(fault_port):
 )
 def test_an_injected_value_out_of_its_bounds_is_refused(fault_port, fault, parameter):
     _, address = fault_port
-    refused = httpx.post(f"http://{address}/faults", json={**fault, "gpu": 0})
+    refused = loopback.post(f"http://{address}/faults", json={**fault, "gpu": 0})
     assert refused.status_code == 400, refused.text
     assert parameter in refused.json()["error"]
 

@@ -11,7 +11,6 @@ import threading
 import tracemalloc
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-import httpx
 import pytest
 
 import gpumeter
@@ -19,6 +18,7 @@ from gpumeter.cli import EscapingFormatter
 from gpumeter.simulator.admin import make_admin_app
 from gpumeter.simulator.device import SimulatedNode
 from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
+from tests.support import loopback
 
 
 def _fleet(group: dict, pod: dict | None = None) -> dict:
@@ -110,27 +110,27 @@ def fault_port(clock):
 def test_the_fault_port_takes_json_from_its_own_origin_only(fault_port):
     fault = {"fault": "overheat", "gpu": 0, "celsius": 95}
     # what a web page can send cross-site without a preflight: refused
-    page = httpx.post(
+    page = loopback.post(
         f"{fault_port}/faults",
         content=b'{"fault": "overheat", "gpu": 0}',
         headers={"Content-Type": "text/plain", "Origin": "https://evil.example"},
     )
     assert page.status_code == 403, page.text
-    plain = httpx.post(
+    plain = loopback.post(
         f"{fault_port}/faults",
         content=b'{"fault": "overheat", "gpu": 0}',
         headers={"Content-Type": "text/plain"},
     )
     assert plain.status_code == 415 and "application/json" in plain.json()["error"]
-    cross = httpx.post(f"{fault_port}/faults", json=fault, headers={"Origin": "http://127.0.0.1:1"})
+    cross = loopback.post(f"{fault_port}/faults", json=fault, headers={"Origin": "http://127.0.0.1:1"})
     assert cross.status_code == 403
-    cleared = httpx.delete(f"{fault_port}/faults", headers={"Origin": "https://evil.example"})
+    cleared = loopback.delete(f"{fault_port}/faults", headers={"Origin": "https://evil.example"})
     assert cleared.status_code == 403
     # the CLI client (no Origin) and a page served by the endpoint's own origin
-    assert httpx.post(f"{fault_port}/faults", json=fault).status_code == 200
+    assert loopback.post(f"{fault_port}/faults", json=fault).status_code == 200
     host = fault_port.removeprefix("http://")
     assert (
-        httpx.post(f"{fault_port}/faults", json=fault, headers={"Origin": f"http://{host}"}).status_code
+        loopback.post(f"{fault_port}/faults", json=fault, headers={"Origin": f"http://{host}"}).status_code
         == 200
     )
 

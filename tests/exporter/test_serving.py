@@ -22,6 +22,7 @@ from gpumeter.cli import main as gpumeter_main
 from gpumeter.exporter.config import ConfigError, add_arguments, resolve
 from gpumeter.simulator.fleet import FleetError, load_fleet, parse_fleet
 from gpumeter.web import WebConfigError
+from tests.support import loopback
 from tests.support.certs import client_context, make_pki
 from tests.support.servers import free_port
 from tests.support.sockets import still_open
@@ -53,26 +54,26 @@ def exporter(simulate):
 
 def test_text_and_openmetrics_by_content_negotiation(exporter):
     _, port = exporter()
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics")
+    text = loopback.get(f"http://127.0.0.1:{port}/metrics")
     assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert "# EOF" not in text.text
-    om = httpx.get(
+    om = loopback.get(
         f"http://127.0.0.1:{port}/metrics",
         headers={"Accept": "application/openmetrics-text; version=1.0.0"},
     )
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     assert om.text.rstrip().endswith("# EOF")
     assert "nvidia_gpu_energy_joules_total" in om.text
-    raw = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"})
+    raw = loopback.get(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"})
     assert raw.headers["content-encoding"] == "gzip"
     assert "nvidia_gpu_info" in raw.text  # httpx undid the gzip
 
 
 def test_healthz_reports_a_stale_sampler(exporter):
     sim, port = exporter()  # a running sampling thread whose samples stop coming
-    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    assert loopback.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     sim.clock.advance(60)  # no sample for 12 intervals
-    answer = httpx.get(f"http://127.0.0.1:{port}/healthz")
+    answer = loopback.get(f"http://127.0.0.1:{port}/healthz")
     assert answer.status_code == 503 and "old" in answer.text
 
 
@@ -90,19 +91,19 @@ def write_web_config(
 def test_basic_auth_with_bcrypt_hashes(exporter, tmp_path):
     _, port = exporter(web_config=write_web_config(tmp_path / "web.yml", "s3cret"))
     url = f"http://127.0.0.1:{port}/metrics"
-    assert httpx.get(url).status_code == 401
-    assert httpx.get(url, auth=("prometheus", "wrong")).status_code == 401
-    assert httpx.get(url, auth=("prometheus", "s3cret")).status_code == 200
-    assert httpx.get(url, auth=("prometheus", "s3cret")).status_code == 200  # the remembered path
+    assert loopback.get(url).status_code == 401
+    assert loopback.get(url, auth=("prometheus", "wrong")).status_code == 401
+    assert loopback.get(url, auth=("prometheus", "s3cret")).status_code == 200
+    assert loopback.get(url, auth=("prometheus", "s3cret")).status_code == 200  # the remembered path
     # the kubelet's probes carry no password: /healthz stays open (docs/security.md)
-    assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    assert loopback.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
 
 
 def test_a_password_over_72_bytes_gets_401_not_500(exporter, tmp_path):
     """bcrypt refuses passwords over 72 bytes; that was a 500 with a traceback."""
     _, port = exporter(web_config=write_web_config(tmp_path / "web.yml", "s3cret"))
     token = base64.b64encode(b"prometheus:" + b"x" * 100).decode()
-    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Basic {token}"})
+    answer = loopback.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Basic {token}"})
     assert answer.status_code == 401
 
 
@@ -139,7 +140,7 @@ def test_tls_from_the_web_config(exporter, tmp_path, pki):
     )
     assert answer.status_code == 200 and "nvidia_gpu_info" in answer.text
     with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
 def test_a_tls_exporter_with_10_idle_connections_still_serves_metrics(exporter, tmp_path, pki):

@@ -15,7 +15,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,6 +30,7 @@ from gpumeter.simulator.kubeapi import StandInKubeApi
 from gpumeter.simulator.kubelet import StandInKubelet
 from gpumeter.simulator.nvml import SimulatedNvml
 from tests.kubelet.helpers import Clock
+from tests.support import loopback
 from tests.support.servers import PrometheusServer, free_port, stop_processes, wait_http_ok
 
 pytestmark = pytest.mark.spawns  # its exporter and stand-ins run as processes
@@ -101,7 +101,7 @@ def served(tmp_path_factory):
         def scrape(naming: str, until=lambda s: True) -> dict[str, list]:
             deadline = time.monotonic() + 30
             while True:
-                samples = _samples(httpx.get(f"http://127.0.0.1:{ports[naming]}/metrics", timeout=10).text)
+                samples = _samples(loopback.get(f"http://127.0.0.1:{ports[naming]}/metrics", timeout=10).text)
                 if until(samples) or time.monotonic() > deadline:
                     return samples
                 time.sleep(0.5)

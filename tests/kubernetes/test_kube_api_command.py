@@ -14,6 +14,7 @@ import pytest
 import gpumeter
 from gpumeter.simulator.fleet import load_fleet
 from gpumeter.simulator.processes import container_id, pod_uid
+from tests.support import loopback
 from tests.support.servers import free_port
 
 
@@ -31,7 +32,7 @@ def _pods(base: str, node: str) -> list[dict]:
     deadline = time.monotonic() + 30
     while True:
         try:
-            answer = httpx.get(f"{base}/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"})
+            answer = loopback.get(f"{base}/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"})
             return answer.json()["items"]
         except httpx.HTTPError:
             if time.monotonic() > deadline:

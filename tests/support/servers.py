@@ -24,7 +24,7 @@ import yaml
 
 from gpumeter.deploy.demo_clusters import import_batches
 from gpumeter.simulator.metrics_server import StandInServer
-from tests.support import needs
+from tests.support import loopback, needs
 
 __all__ = [
     "AlertmanagerServer",
@@ -72,7 +72,7 @@ def wait_http_ok(
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process for {url} exited with {proc.returncode}")
         try:
-            response = httpx.get(url, timeout=2)
+            response = loopback.get(url, timeout=2)
             if response.status_code == 200:
                 return
             last = f"HTTP {response.status_code}"
@@ -149,7 +149,7 @@ class _QueryApi:
         params = {"query": promql}
         if time is not None:
             params["time"] = str(time)
-        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=self.query_timeout).json()
+        body = loopback.get(f"{self.url}/api/v1/query", params=params, timeout=self.query_timeout).json()
         if body.get("status") != "success":
             raise AssertionError(f"query {promql!r} failed: {body}")
         return body["data"]["result"]
@@ -269,7 +269,7 @@ class AlertmanagerServer:
             self._process.stop()
 
     def alerts(self) -> list[dict]:
-        return httpx.get(f"{self.url}/api/v2/alerts", timeout=10).json()
+        return loopback.get(f"{self.url}/api/v2/alerts", timeout=10).json()
 
 
 @contextlib.contextmanager
@@ -335,12 +335,12 @@ class VictoriaMetricsServer(_QueryApi):
         self.flush()
 
     def _post_import(self, body: bytes) -> None:
-        response = httpx.post(f"{self.url}/api/v1/import/prometheus", content=body, timeout=300)
+        response = loopback.post(f"{self.url}/api/v1/import/prometheus", content=body, timeout=300)
         if response.status_code not in (200, 204):
             raise AssertionError(f"import failed: HTTP {response.status_code} {response.text[:500]}")
 
     def flush(self) -> None:
-        httpx.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
+        loopback.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()
 
 
 class VmalertServer:
