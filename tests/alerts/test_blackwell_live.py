@@ -84,6 +84,9 @@ def live(tmp_path_factory) -> Iterator[tuple[PrometheusServer, dict[str, Exporte
             evaluation_interval="1s",
         ) as prom:
             prom.wait_for("count(nvidia_gpu_fabric_info) == 80", timeout=120)
+            # and the rules have seen every GPU: an evaluation between the first and the last node's
+            # first scrape recorded a part of the rack (40 of its 72 GPUs pooled, 2026-12-07)
+            prom.wait_for("sum(pool:nvidia_gpu_info:count) == 80", timeout=120)
             yield prom, exporters
     finally:
         for exporter in exporters.values():
