@@ -26,6 +26,7 @@ from gpumeter.billing.ingest.labels import (
     _alloc_key_labels,
     _allocation_labels,
     _allocation_template,
+    _at_hour,
     _derived,
     _device_labels,
     _fact,
@@ -37,7 +38,6 @@ from gpumeter.billing.ingest.labels import (
     _uuid_gi,
     _whole,
 )
-from gpumeter.billing.ingest.readings import RatioColumns
 from gpumeter.billing.ledger.base import SHARED_MODES
 from gpumeter.billing.ledger.layouts import layout_key
 from gpumeter.billing.models import (
@@ -54,7 +54,6 @@ from gpumeter.billing.models import (
 from gpumeter.billing.refusals import Refused
 
 log = logging.getLogger(__name__)
-_NO_SM = _ratio(0.0)  # a holder's own SM share where its GPU has SM data but it ran no process
 
 
 class RunAnswers:
@@ -98,13 +97,10 @@ class RunAnswers:
         self.devices = [
             (_derived(labels, _device_labels), values) for labels, values in _in_order(col["gpu_count"])
         ]
-        # the utilizations and process SM shares: rows of one matrix, made decimals an hour at a time
-        self.ratios = ratios = RatioColumns(len(hours))
         self.gpu_util = {key[0]: values for key, values in _keyed(col["gpu_util"], _uuid_gi).items()}
-        self.gpu_util_rows = {uuid: ratios.row(values) for uuid, values in self.gpu_util.items()}
         mig_util = _keyed(col["mig_util"], _uuid_gi)
         self.instances = [
-            (found, values, ratios.row(mig_util.get(_derived(labels, _uuid_gi))), _instance_template(found))
+            (found, values, mig_util.get(_derived(labels, _uuid_gi)), _instance_template(found))
             for labels, values in col["mig_count"]
             for found in (_derived(labels, _instance_labels),)
         ]
@@ -139,8 +135,8 @@ class RunAnswers:
                     shares.get(key),
                     memory_shares.get(key),
                     compute_shares.get(key),
-                    ratios.row(mig_util.get((uuid, gi)) if gi else self.gpu_util.get(uuid)),
-                    ratios.row(process_sm.get(process_key)),
+                    mig_util.get((uuid, gi)) if gi else self.gpu_util.get(uuid),
+                    process_sm.get(process_key),
                     process_memory.get(process_key),
                     _allocation_template(found),
                 )
@@ -151,8 +147,8 @@ class RunAnswers:
         self.instances.sort(key=lambda s: (s[0][1], s[0][2]))
         allocations.sort(key=lambda s: (s[0][1], s[0][4], s[0][5], s[0][6], s[0][8]))
         # what `build` reads of each, per hour and per series: (values, uuid, hostname, gpu, namespace,
-        # pod, whether its GPU is shared, share, memory and compute fractions, the rows of its
-        # utilization and process SM in `ratios`, its process memory, the fact's template)
+        # pod, whether its GPU is shared, share, memory and compute fractions, utilization, process SM
+        # and memory, the fact's template)
         self.allocations = [
             (values, found[0], found[2], found[3], found[4], found[5], found[9] in SHARED_MODES, *rest)
             for found, values, *rest in allocations
@@ -168,7 +164,6 @@ class RunAnswers:
             ((found[0], (values,)) for found, values, *_ in self.instances),
             ((a[1], (a[0], a[7], a[8], a[9])) for a in self.allocations),
         )
-        ratios.freeze()
         self._built: tuple | None = None  # (index, config, intervals) of the hour built last
         # per GPU, the hour it was last built in full, which the next hour may be built steady on
         self._templates: dict[str, GpuHour] = {}
@@ -259,8 +254,7 @@ class RunAnswers:
                 entry[1], entry[2] = value, found
 
         hours: dict[str, GpuHour] = {}
-        gpu_util = self.gpu_util_rows
-        ratios = self.ratios.at(i)  # every utilization and process SM share of the hour, by row
+        gpu_util = self.gpu_util
         for uuid, (count, _, (_, model, host, gpu, mig_mode)) in devices.items():
             template = templates.get(uuid)
             if (
@@ -272,7 +266,7 @@ class RunAnswers:
                 # its device series' counts did not move either: the template's device (labels and
                 # seconds), with this hour's utilization
                 fields = template.device.__dict__.copy()
-                fields["utilization"] = None if (row := gpu_util.get(uuid)) is None else ratios[row]
+                fields["utilization"] = _at_hour(gpu_util.get(uuid), i)
                 readings = steady[uuid] = ([], [])
                 hours[uuid] = SteadyGpuHour(hour, with_fields(Device, fields), template, readings, key)
                 continue
@@ -284,19 +278,21 @@ class RunAnswers:
                 hostname=host,
                 gpu=gpu,
                 mig_mode=mig_mode,
-                utilization=None if (row := gpu_util.get(uuid)) is None else ratios[row],
+                utilization=_at_hour(gpu_util.get(uuid), i),
                 cluster=self.cluster,
             )
             hours[uuid] = GpuHour(hour, device)
 
-        for (uuid, gi, _, compute, memory), values, utilization_row, template in self.instances:
+        for (uuid, gi, _, compute, memory), values, utilizations, template in self.instances:
             value = values[i]
             if value is None or uuid not in hours:
                 continue  # a layout without its device: nothing to price it against
             if compute is None or memory is None:
                 log.warning("MIG instance %s/%s without slice counts; skipped", uuid, gi)
                 continue
-            utilization = None if utilization_row is None else ratios[utilization_row]
+            utilization = None if utilizations is None else utilizations[i]
+            if utilization is not None:
+                utilization = _ratio(utilization)
             readings = steady.get(uuid)
             if readings is not None:
                 readings[0].append(utilization)
@@ -322,21 +318,22 @@ class RunAnswers:
             shares,
             memory_shares,
             compute_shares,
-            utilization_row,
-            sm_row,
+            utils,
+            sm,
             used,
             template,
         ) in self.allocations:
             value = values[i]
             if value is None:
                 continue
-            utilization = None if utilization_row is None else ratios[utilization_row]
+            utilization = None if utils is None else utils[i]
+            if utilization is not None:
+                utilization = _ratio(utilization)
             own_sm = own_memory = None
             if uuid in with_data:  # its container's own use: 0 where it ran no process on the GPU (§3.5)
                 if uuid in with_sm:
-                    own_sm = None if sm_row is None else ratios[sm_row]
-                    if own_sm is None:
-                        own_sm = _NO_SM
+                    reading = None if sm is None else sm[i]
+                    own_sm = _ratio(0.0 if reading is None else reading)
                     if shared:  # a shared GPU's holder: its own SM share
                         utilization = own_sm
                 reading = None if used is None else used[i]

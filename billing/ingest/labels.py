@@ -169,6 +169,14 @@ def _keyed(
     return {_derived(labels, derive): values for labels, values in series}
 
 
+def _at_hour(values: Values | None, index: int) -> Decimal | None:
+    """A ratio series' value at the run's ``index``-th hour, if it has one."""
+    if values is None:
+        return None
+    value = values[index]
+    return None if value is None else _ratio(value)
+
+
 _PROCESS_KEY = queries.BILLING_QUERIES["proc_sm"].by  # uuid, gpu_instance_id, namespace, pod, container
 
 
