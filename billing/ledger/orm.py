@@ -66,7 +66,9 @@ class GpuHourRow(Base):
     utilization: Mapped[Decimal | None] = mapped_column(Exact(12, 9))
     # the hour's MIG instances and allocations: their layout, and the hour's readings of them
     # (JSON, billing/ledger/layouts.py); both NULL for a GPU-hour with neither
-    layout_id: Mapped[int | None] = mapped_column(ForeignKey("gpu_layouts.id"))
+    # the layout's row, named without a foreign key: the writer stores or finds it in the same
+    # transaction and no one deletes one (a key checked row by row was half of PostgreSQL's write; 0014)
+    layout_id: Mapped[int | None] = mapped_column(Integer)
     readings: Mapped[str | None] = mapped_column(Text)
 
 
@@ -134,7 +136,7 @@ class CostLineGroup(Base):
     __tablename__ = "cost_line_groups"
     hour: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
     seq: Mapped[int] = mapped_column(primary_key=True)  # the first line's place among the hour's lines
-    set_id: Mapped[int] = mapped_column(ForeignKey("cost_line_sets.id"))
+    set_id: Mapped[int] = mapped_column(Integer)  # its `cost_line_sets` row, likewise without a key (0014)
     # JSON: per line of the set, [efficiency, utilization] as exact decimal text or null (terms.py
     # `readings_text`); NULL when every line has neither
     readings: Mapped[str | None] = mapped_column(Text)
