@@ -28,3 +28,30 @@ VIEW_0009 = (
     + ", h.efficiency, h.utilization "
     "FROM cost_line_hours AS h JOIN cost_line_terms AS t ON t.id = h.term_id"
 )
+
+
+def gpu_hours_sqlite(*, cluster: bool, layout_key: bool = True) -> sa.Table:
+    """`gpu_hours` as SQLite holds it from 0011 (``cluster``: with 0012's column, in the key;
+    ``layout_key``: with the foreign key to `gpu_layouts` that 0014 drops): what a rebuild of the
+    table makes (SQLite changes a key or a constraint only so), its primary key unnamed as 0001
+    created it. Revisions 0012 and 0014 rebuild it so."""
+    return sa.Table(
+        "gpu_hours",
+        sa.MetaData(),
+        sa.Column("hour", UtcDateTime(), primary_key=True),
+        sa.Column("uuid", sa.Text(), primary_key=True),
+        sa.Column("hostname", sa.Text(), nullable=False),
+        sa.Column("gpu", sa.Text(), nullable=False),
+        sa.Column("model", sa.Text(), nullable=False),
+        sa.Column("mig_mode", sa.Boolean(), nullable=False),
+        sa.Column("present_seconds", sa.Integer(), nullable=False),
+        sa.Column("utilization", Exact(12, 9), nullable=True),
+        sa.Column("layout_id", sa.Integer(), nullable=True),
+        sa.Column("readings", sa.Text(), nullable=True),
+        *(
+            [sa.ForeignKeyConstraint(["layout_id"], ["gpu_layouts.id"], name="fk_gpu_hours_layout_id")]
+            if layout_key
+            else []
+        ),
+        *([sa.Column("cluster", sa.Text(), primary_key=True, server_default="")] if cluster else []),
+    )

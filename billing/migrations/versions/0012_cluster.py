@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from gpumeter.billing.ledger import terms
-from gpumeter.billing.ledger.types import Exact, UtcDateTime
+from gpumeter.billing.migrations import shapes
 
 revision = "0012"
 down_revision = "0011"
@@ -32,34 +32,15 @@ def _primary_key(connection) -> str | None:
     return sa.inspect(connection).get_pk_constraint("gpu_hours").get("name")
 
 
-def _gpu_hours(*, cluster: bool) -> sa.Table:
-    """`gpu_hours` as SQLite holds it at 0011 (``cluster``: with 0012's column, in the key): what a
-    rebuild of the table makes (SQLite changes a key only so), its key unnamed as 0001 created it."""
-    return sa.Table(
-        "gpu_hours",
-        sa.MetaData(),
-        sa.Column("hour", UtcDateTime(), primary_key=True),
-        sa.Column("uuid", sa.Text(), primary_key=True),
-        sa.Column("hostname", sa.Text(), nullable=False),
-        sa.Column("gpu", sa.Text(), nullable=False),
-        sa.Column("model", sa.Text(), nullable=False),
-        sa.Column("mig_mode", sa.Boolean(), nullable=False),
-        sa.Column("present_seconds", sa.Integer(), nullable=False),
-        sa.Column("utilization", Exact(12, 9), nullable=True),
-        sa.Column("layout_id", sa.Integer(), nullable=True),
-        sa.Column("readings", sa.Text(), nullable=True),
-        sa.ForeignKeyConstraint(["layout_id"], ["gpu_layouts.id"], name="fk_gpu_hours_layout_id"),
-        *([sa.Column("cluster", sa.Text(), primary_key=True, server_default="")] if cluster else []),
-    )
-
-
 def upgrade() -> None:
     connection = op.get_bind()
     dialect = connection.dialect.name
     if dialect == "sqlite":  # a primary key changes only with the table rebuilt
         op.add_column("gpu_hours", sa.Column("cluster", sa.Text(), nullable=False, server_default=""))
-        # rebuilt as `_gpu_hours` says it now is: the column in the key
-        with op.batch_alter_table("gpu_hours", recreate="always", copy_from=_gpu_hours(cluster=True)):
+        # rebuilt as `shapes.gpu_hours_sqlite` says it now is: the column in the key
+        with op.batch_alter_table(
+            "gpu_hours", recreate="always", copy_from=shapes.gpu_hours_sqlite(cluster=True)
+        ):
             pass
     else:
         name = _primary_key(connection) or "gpu_hours_pkey"
@@ -88,7 +69,7 @@ def downgrade() -> None:
     op.execute(terms.view(dialect, terms.COLUMNS_0011))
     if dialect == "sqlite":
         with op.batch_alter_table(
-            "gpu_hours", recreate="always", copy_from=_gpu_hours(cluster=True)
+            "gpu_hours", recreate="always", copy_from=shapes.gpu_hours_sqlite(cluster=True)
         ) as batch:
             batch.drop_column("cluster")
     else:

@@ -25,7 +25,8 @@ import sqlalchemy as sa
 from alembic import op
 
 from gpumeter.billing.ledger import terms
-from gpumeter.billing.ledger.types import Exact, UtcDateTime
+from gpumeter.billing.ledger.types import UtcDateTime
+from gpumeter.billing.migrations import shapes
 
 revision = "0014"
 down_revision = "0013"
@@ -37,30 +38,6 @@ KEYS = (
     ("gpu_hours", "layout_id", "gpu_layouts", "fk_gpu_hours_layout_id"),
     ("cost_line_groups", "set_id", "cost_line_sets", "cost_line_groups_set_id_fkey"),
 )
-
-
-def _gpu_hours(*, checked: bool) -> sa.Table:
-    """`gpu_hours` as SQLite holds it since 0012 (``checked``: with its key to `gpu_layouts`)."""
-    return sa.Table(
-        "gpu_hours",
-        sa.MetaData(),
-        sa.Column("hour", UtcDateTime(), primary_key=True),
-        sa.Column("uuid", sa.Text(), primary_key=True),
-        sa.Column("hostname", sa.Text(), nullable=False),
-        sa.Column("gpu", sa.Text(), nullable=False),
-        sa.Column("model", sa.Text(), nullable=False),
-        sa.Column("mig_mode", sa.Boolean(), nullable=False),
-        sa.Column("present_seconds", sa.Integer(), nullable=False),
-        sa.Column("utilization", Exact(12, 9), nullable=True),
-        sa.Column("layout_id", sa.Integer(), nullable=True),
-        sa.Column("readings", sa.Text(), nullable=True),
-        *(
-            [sa.ForeignKeyConstraint(["layout_id"], ["gpu_layouts.id"], name="fk_gpu_hours_layout_id")]
-            if checked
-            else []
-        ),
-        sa.Column("cluster", sa.Text(), primary_key=True, server_default=""),
-    )
 
 
 def _cost_line_groups(*, checked: bool) -> sa.Table:
@@ -86,10 +63,13 @@ def _foreign_key(connection, table: str, column: str) -> str | None:
 
 
 def _rebuilt(dialect: str, *, checked: bool) -> None:
-    """SQLite: both tables rebuilt as `_gpu_hours` and `_cost_line_groups` say, with or without the
-    keys (SQLite changes a constraint only so), the view over them made again around it."""
+    """SQLite: both tables rebuilt as `shapes.gpu_hours_sqlite` and `_cost_line_groups` say, with
+    or without the keys (SQLite changes a constraint only so), the view over them made again around
+    it."""
     op.execute("DROP VIEW cost_lines")
-    with op.batch_alter_table("gpu_hours", recreate="always", copy_from=_gpu_hours(checked=checked)):
+    with op.batch_alter_table(
+        "gpu_hours", recreate="always", copy_from=shapes.gpu_hours_sqlite(cluster=True, layout_key=checked)
+    ):
         pass
     with op.batch_alter_table(
         "cost_line_groups", recreate="always", copy_from=_cost_line_groups(checked=checked)
@@ -116,7 +96,8 @@ def downgrade() -> None:
     for table, column, referred, _ in KEYS:
         dangling = connection.execute(
             sa.text(
-                f"SELECT {table}.{column} FROM {table} LEFT JOIN {referred} ON {referred}.id = {table}.{column} "
+                f"SELECT {table}.{column} FROM {table} "
+                f"LEFT JOIN {referred} ON {referred}.id = {table}.{column} "
                 f"WHERE {table}.{column} IS NOT NULL AND {referred}.id IS NULL LIMIT 1"
             )
         ).first()
