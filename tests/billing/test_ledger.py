@@ -367,6 +367,31 @@ def test_a_price_version_is_looked_up_by_the_first_hour_only(sql_ledger, tmp_pat
     assert len({line.hour for line in lines}) == 3 and len({line.price_version for line in lines}) == 1
 
 
+def test_facts_read_their_layouts_five_hundred_to_a_query(db, tmp_path):
+    """A ledger reading facts it did not write reads the layouts they name 500 to a query, not one
+    each (a re-price of 10,000 GPUs named ~10,000 a day), and keeps them: 1,001 GPUs, each held by
+    its own pod, are 1,001 layouts in 3 queries, and the holdings then read none again."""
+    url, schema = db
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    hours = [gpu_hour(f"GPU-{n:04}", A100, [], [alloc(f"GPU-{n:04}", "ns", f"pod-{n}")]) for n in range(1001)]
+    lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+    writer = open_ledger(url, schema=schema)
+    try:
+        writer.write_hour(HourRecord(HOUR0, hours, lines, prices))
+    finally:
+        writer.close()
+    reader = open_ledger(url, schema=schema)
+    try:
+        sent = _statements_on(reader, "gpu_layouts")
+        assert reader.facts(HOUR0) == hours
+        assert len(sent) == 3
+        holdings = reader.holdings(HOUR0, HOUR0 + timedelta(hours=1))
+        assert len(holdings) == 1001 and holdings[0].pod == "pod-0"
+        assert len(sent) == 3  # kept: the holdings read no layout again
+    finally:
+        reader.close()
+
+
 def test_an_hours_billed_total_is_summed_from_its_sets_whatever_the_ledger_kept(
     sql_ledger, tmp_path, monkeypatch
 ):

@@ -8,7 +8,7 @@ import itertools
 import json
 import operator
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -100,8 +100,10 @@ class SqlReads(SqlStore, ReportLedger):
         )
         found: set[tuple[str, str, str, str]] = set()
         with Session(self.engine) as session:
-            for cluster, layout_id in session.execute(query).all():
-                layout = self._layout(session, layout_id)
+            named = session.execute(query).all()
+            parsed = self._layouts(session, {layout_id for _, layout_id in named})
+            for cluster, layout_id in named:
+                layout = parsed.get(layout_id)
                 if layout is not None:
                     held = layouts.holdings_of(layout)
                     if cluster:  # as reports name the namespace (`cluster_namespace`)
@@ -120,6 +122,20 @@ class SqlReads(SqlStore, ReportLedger):
                 self._parsed_layouts.clear()
             parsed = self._parsed_layouts[layout_id] = layouts.parse_layout(body)
         return parsed
+
+    def _layouts(self, session: Session, ids: Iterable[int]) -> dict[int, dict]:
+        """Stored layouts, parsed: those not kept read 500 to a query. One query per layout was an
+        eighth of re-pricing 10,000 GPUs, whose days name ~10,000 layouts each (docs/performance.md)."""
+        kept, ids = self._parsed_layouts, set(ids)
+        found = {layout_id: kept[layout_id] for layout_id in ids if layout_id in kept}
+        missing = sorted(ids - found.keys())
+        for at in range(0, len(missing), 500):  # within every backend's limit on bound parameters
+            query = select(GpuLayout.id, GpuLayout.body).where(GpuLayout.id.in_(missing[at : at + 500]))
+            for layout_id, body in session.execute(query):
+                if len(kept) >= LAYOUTS_KEPT:
+                    kept.clear()
+                found[layout_id] = kept[layout_id] = layouts.parse_layout(body)
+        return found
 
     def facts(self, hour: datetime) -> list[GpuHour]:
         read, parsed = self._facts_rows(hour, hour + HOUR)
@@ -180,7 +196,7 @@ class SqlReads(SqlStore, ReportLedger):
                 .order_by(g.hour, g.cluster, g.uuid)
             ).all()
             named = {row[-2] for row in rows} - {None}
-            parsed = {layout_id: self._layout(session, layout_id) for layout_id in named}
+            parsed = self._layouts(session, named)
         # one hour object per hour, which the pricer knows its price version by
         by_hour = [(hour, [row[1:] for row in group]) for hour, group in itertools.groupby(rows, key=_HOUR)]
         return by_hour, parsed
