@@ -10,9 +10,10 @@ transaction that names them, and never changed or deleted. SQLite never checked 
 `foreign_keys` pragma is off, as the ledger leaves it), so both backends now hold the same promise.
 The keys on rows written once per layout, term or set (`cost_line_set_terms`, `cost_line_terms`) stay.
 
-SQLite drops a constraint only with the table rebuilt: both tables are copied once (about a
-second per million rows), with the view over `cost_line_groups` made again around it. The
-downgrade adds the keys back, after checking that every row names a row that exists.
+SQLite drops a constraint only with the table rebuilt: both tables are copied once (0.66 s for the
+336,000 rows of a week of 1,000 GPUs, about 2 s per million), with the view over `cost_line_groups`
+made again around it; PostgreSQL drops the two constraints in place. The downgrade adds the keys
+back, after checking that every row names a row that exists.
 
 Revision ID: 0014
 Revises: 0013
