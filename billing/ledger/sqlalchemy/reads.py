@@ -116,12 +116,7 @@ class SqlReads(SqlStore, ReportLedger):
         if layout_id is None:
             return None
         parsed = self._parsed_layouts.get(layout_id)
-        if parsed is None:
-            body = session.scalar(select(GpuLayout.body).where(GpuLayout.id == layout_id))
-            if len(self._parsed_layouts) >= LAYOUTS_KEPT:
-                self._parsed_layouts.clear()
-            parsed = self._parsed_layouts[layout_id] = layouts.parse_layout(body)
-        return parsed
+        return parsed if parsed is not None else self._layouts(session, (layout_id,))[layout_id]
 
     def _layouts(self, session: Session, ids: Iterable[int]) -> dict[int, dict]:
         """Stored layouts, parsed: those not kept read 500 to a query. One query per layout was an
