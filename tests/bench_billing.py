@@ -483,14 +483,28 @@ def python_loop_seconds() -> float:
     return best
 
 
+def pg_admin(url: str):
+    """An autocommit connection to the PostgreSQL database of a ledger URL (SQLAlchemy's form)."""
+    import psycopg
+
+    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+
+
+def create_schema(url: str, schema: str) -> None:
+    with pg_admin(url) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+
+
+def drop_schema(url: str, schema: str) -> None:
+    with pg_admin(url) as admin:
+        admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 def _ledger_bytes(db: str, schema: str | None, path: Path | None) -> int:
     """The ledger's size on disk: the SQLite file, or the PostgreSQL schema's tables and indexes."""
     if path is not None:
         return path.stat().st_size
-    import psycopg
-
-    dsn = db.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with pg_admin(db) as conn:
         row = conn.execute(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
@@ -556,15 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     totals = TOTALS.format(days=args.days)
     with tempfile.TemporaryDirectory(dir=BENCH, prefix="billing-run-") as tmp:
         sqlite_file = Path(tmp) / "ledger.db" if not args.db else None
-        db, schema, drop = args.db or f"sqlite:///{sqlite_file}", None, None
+        db, schema = args.db or f"sqlite:///{sqlite_file}", None
         if db.startswith("postgresql"):
-            import psycopg
-
             schema = f"bench_{os.getpid()}"
-            dsn = db.replace("postgresql+psycopg://", "postgresql://")
-            with psycopg.connect(dsn, autocommit=True) as admin:
-                admin.execute(f'CREATE SCHEMA "{schema}"')
-            drop = (dsn, schema)
+            create_schema(db, schema)
         server: PrometheusServer | VictoriaMetricsServer
         if args.store == "victoriametrics":
             server = VictoriaMetricsServer(
@@ -591,11 +600,8 @@ def main(argv: list[str] | None = None) -> int:
             aggregating = _ingest_queries_seconds(server.url, args.days, aggregated=True)
         finally:
             server.stop()
-            if drop:
-                import psycopg
-
-                with psycopg.connect(drop[0], autocommit=True) as admin:
-                    admin.execute(f'DROP SCHEMA "{drop[1]}" CASCADE')
+            if schema is not None:
+                drop_schema(db, schema)
         vm = VictoriaMetricsServer(
             Path(tmp) / "vm", extra_args=[f"-storageDataPath={vm_data}", *VM_QUERY_LIMITS]
         ).start()

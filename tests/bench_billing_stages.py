@@ -21,7 +21,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from tests.bench_billing import ROOT, START, build_stores
+from tests.bench_billing import ROOT, START, build_stores, create_schema, drop_schema
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                 "write (wall)": float("inf"),
             }
             for run in range(args.runs):
-                schema = _fresh_schema(args.db, run) if args.db else None
+                schema = f"bench_stages_{os.getpid()}_{run}" if args.db else None
+                if schema is not None:
+                    create_schema(args.db, schema)
                 ledger, pricer, layouts = (
                     open_ledger(args.db or f"sqlite:///{tmp}/ledger-{run}.db", schema=schema),
                     Pricer(book),
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                             spent["write (wall)"] += wall
                 ledger.close()
                 if schema is not None:
-                    _drop_schema(args.db, schema)
+                    drop_schema(args.db, schema)
                 for stage, seconds in spent.items():
                     best[stage] = min(best[stage], seconds / 24)
     print(f"ms of CPU an hour, day 2 of the billing bench, least of {args.runs} runs, one thread:")
@@ -111,24 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         f"  {'build + price + write (CPU)':<36} {1000 * (best['build'] + best['price'] + best['write']):8.1f}"
     )
     return 0
-
-
-def _admin(url: str):
-    import psycopg
-
-    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
-
-
-def _fresh_schema(url: str, run: int) -> str:
-    schema = f"bench_stages_{os.getpid()}_{run}"
-    with _admin(url) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    return schema
-
-
-def _drop_schema(url: str, schema: str) -> None:
-    with _admin(url) as admin:
-        admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 if __name__ == "__main__":
