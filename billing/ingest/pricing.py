@@ -91,12 +91,22 @@ _UUID, _TERMS, _SIZE = (
 
 
 def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, teams: dict[str, str]) -> int:
-    """Re-price stored facts (e.g. after a price-book change); returns the number of hours re-priced."""
+    """Re-price stored facts (e.g. after a price-book change); returns the number of hours re-priced.
+
+    A re-price changes prices, not who pays: each hour's namespaces keep the teams their lines were
+    billed to (the ingest's team map and labels of that hour), under ``teams`` where it names them;
+    a namespace billed to no team takes the kept labels' (docs/billing.md §6.1)."""
     count = 0
-    merged = team_map_over(ledger.namespace_teams(), teams)
+    labels = ledger.namespace_teams()
+    billed = ledger.billed_teams(start, end)
+    merged: dict[str, str] = {}
+    merged_from: dict[str, str] | None = None
     pricer = Pricer(book)
     with _no_collections():
         for hour, facts in ledger.facts_between(start, end):
+            kept = billed.get(hour, {})
+            if kept != merged_from:  # hours on end bill alike: one map for all of them
+                merged, merged_from = team_map_over({**labels, **kept}, teams), kept
             # priced as ingest prices an hour: each cluster's team map worked out once, and the lines
             # handed over with their groups, so the ledger names again what it stored of a GPU's lines
             # an hour before instead of making and looking up every line

@@ -450,6 +450,17 @@ class ReportLedger(LedgerStore):
                 totals[(line.team, line.currency)] += line.amount
         return dict(totals)
 
+    def billed_teams(self, start: datetime, end: datetime) -> dict[datetime, dict[str, str]]:
+        """Per hour of [start, end), the team each namespace's lines were billed to, keyed as a team
+        map is (`cluster/namespace`, or the namespace where the GPU has no cluster): what a re-price
+        keeps unless its team map says otherwise (docs/billing.md §6.1). Lines without a team are
+        left out; were one namespace's lines of an hour billed to two teams, the first by name."""
+        teams: dict[datetime, dict[str, str]] = defaultdict(dict)
+        for line in sorted(self.lines(start, end), key=lambda line: line.team):
+            if line.team:
+                teams[line.hour].setdefault(cluster_namespace(line.cluster, line.namespace), line.team)
+        return dict(teams)
+
     @abc.abstractmethod
     def price_versions(self, ids: set[int]) -> dict[int, PriceVersionRecord]:
         """Stored price-book versions by id."""

@@ -36,7 +36,9 @@ from gpumeter.billing.ledger.base import (
 from gpumeter.billing.ledger.orm import (
     COST_LINES,
     BillingAudit,
+    CostLineGroup,
     CostLineSet,
+    CostLineSetTerm,
     CostLineTerm,
     GpuHourRow,
     GpuLayout,
@@ -258,6 +260,24 @@ class SqlReads(SqlStore, ReportLedger):
             counted = session.execute(select(IngestRun.status, func.count()).group_by(IngestRun.status))
             runs = {status: n for status, n in counted}
         return summarise(lines, last, runs)
+
+    @_stored("read billed teams")
+    def billed_teams(self, start: datetime, end: datetime) -> dict[datetime, dict[str, str]]:
+        """Grouped in SQL per (hour, cluster, namespace) from the line groups, their sets and terms
+        (not the `cost_lines` view, which takes each line's readings out of its group's JSON)."""
+        g, m, t = CostLineGroup, CostLineSetTerm, CostLineTerm
+        query = (
+            select(g.hour, t.cluster, t.namespace, func.min(t.team))
+            .join(m, m.set_id == g.set_id)
+            .join(t, t.id == m.term_id)
+            .where(g.hour >= start, g.hour < end, t.team != "")
+            .group_by(g.hour, t.cluster, t.namespace)
+        )
+        teams: dict[datetime, dict[str, str]] = {}
+        with self.engine.connect() as conn:
+            for hour, cluster, namespace, team in conn.execute(query):
+                teams.setdefault(hour, {})[cluster_namespace(cluster or "", namespace)] = team
+        return teams
 
     @_stored("sum team costs")
     def team_costs(self, start: datetime, end: datetime) -> dict[tuple[str, str], Decimal]:
