@@ -520,10 +520,11 @@ def _build_report(
     del lines
     charges = grouped.Charges(frame)
     previous_period = period.previous()
-    # the previous period in columns too: a month of 10,000 GPUs has ~1 million distinct charges
+    # the previous period in columns too (a month of 10,000 GPUs has ~1 million distinct charges), a
+    # row a term: its totals are all the comparison reads, not its days or readings
     previous = grouped.before(
         grouped.name_clusters(
-            frames.line_frame(ledger, previous_period.start, previous_period.end)
+            frames.line_frame(ledger, previous_period.start, previous_period.end, "range")
             if compare
             else frames.from_totals([]),
             clusters,

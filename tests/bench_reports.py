@@ -6,7 +6,9 @@ a shared machine move with it.
 
 The ledger is built synthetically through billing's APIs (tests/reports/synthetic.py: seeded fleet,
 `price_gpu_hour` + `Ledger.write_hour`), once, and kept in .bench/ (keyed by its parameters) so that
-re-runs time the report alone. Prints the figure and writes .bench/reports-<gpus>gpu.json.
+re-runs time the report alone. It holds November and October: a monthly report compares with the
+month before, and reads it (until 2026-12-07 the bench's ledger held November alone, so the figures
+left that read out). Prints the figure and writes .bench/reports-<gpus>gpu.json.
 """
 
 from __future__ import annotations
@@ -66,14 +68,23 @@ def main(argv: list[str] | None = None) -> int:
         db_file.unlink()
     ledger = open_ledger(url)
     try:
-        if not ledger.ingested_hours(period.start, period.end):
+        # the month and the one before, which every monthly report compares with (a ledger of an
+        # earlier bench, November alone, gets its October added)
+        previous = period.previous()
+        for month, days in (
+            (previous, min(args.days, (previous.end - previous.start).days)),
+            (period, args.days),
+        ):
+            if ledger.ingested_hours(month.start, month.end):
+                continue
             print(
-                f"building the ledger: {args.gpus} GPUs x {args.days * 24} hours into {url} ...", flush=True
+                f"building the ledger: {args.gpus} GPUs x {days * 24} hours of {month.label} into {url} ...",
+                flush=True,
             )
             started = time.perf_counter()
-            lines = synthetic.fill(ledger, book, period.start, args.days, args.gpus)
-            build_s = time.perf_counter() - started
-            print(f"  {lines:,} lines in {build_s:.1f} s", flush=True)
+            lines = synthetic.fill(ledger, book, month.start, days, args.gpus)
+            build_s = (build_s or 0.0) + time.perf_counter() - started
+            print(f"  {lines:,} lines in {time.perf_counter() - started:.1f} s", flush=True)
         counts = ledger.counts()
         out = scratch / "out"
         started = time.perf_counter()
@@ -106,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (BENCH / f"reports-{args.gpus}gpu.json").write_text(json.dumps(figure, indent=1) + "\n")
     print(
-        f"reports: {args.gpus} GPUs x {args.days * 24} h, {counts['cost_lines']:,} ledger lines -> "
+        f"reports: {args.gpus} GPUs x {args.days * 24} h, {counts['cost_lines']:,} ledger lines (the month and the one before) -> "
         f"{len(result.report.charges):,} charge rows, {len(result.report.groups)} teams: "
         f"all formats in {seconds:.2f} s (target < {target_s:.0f} s: {'met' if seconds < target_s else 'NOT met'}), "
         f"peak RSS {peak_mib:.0f} MiB (target < {target_mib:.0f} MiB: "

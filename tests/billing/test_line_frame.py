@@ -138,6 +138,47 @@ def test_the_frame_holds_exactly_the_lines_the_ledger_returns(ledger, tmp_path):
     assert len(none) == 0 and list(none.columns) == list(frames.COLUMNS)
 
 
+def test_a_range_is_a_row_a_term_whose_totals_are_its_lines(ledger, tmp_path):
+    """What the previous period's comparison reads (reports.grouped.before): each term's lines over the
+    range in one row, bucketed at its start, its money and quantities exactly its lines' sums. The
+    SQL ledger reads no readings for it (zero); the others may."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}, "H100-80GB": {"hourly_rate": "6.88"}})
+    for hour, facts, lines in _hours(prices, 3):
+        ledger.write_hour(HourRecord(hour, facts, lines, prices), source="test")
+    start, end = HOUR0 - timedelta(hours=1), HOUR0 + timedelta(hours=3)  # an hour before the first line
+    stored = ledger.lines(start, end)
+    frame = frames.line_frame(ledger, start, end, "range")
+    assert list(frame.columns) == list(frames.COLUMNS) and (frame["bucket"] == start).all()
+    names = [*frames.TEXT, "price_version_id"]
+    assert not frame.duplicated(names).any()  # a row a term
+    expected: dict[tuple, list] = {}
+    for x in stored:
+        key = (
+            x.kind.value, x.namespace, x.team, x.pod, x.container, x.uuid, x.gpu_instance_id,
+            x.mig_profile, x.model, x.currency, x.held_unit.value, x.cluster,
+        )  # fmt: skip
+        totals = expected.setdefault(key, [0, Decimal(0), Decimal(0), None, x.hour, x.hour])
+        totals[0] += 1
+        totals[1] += x.quantity
+        totals[2] += x.held
+        totals[3] = None if x.amount is None else (totals[3] or Decimal(0)) + x.amount
+        totals[4], totals[5] = min(totals[4], x.hour), max(totals[5], x.hour)
+    got = {
+        tuple(row[name] for name in frames.TEXT): [
+            row["lines"],
+            Decimal(int(row["quantity"])) * frames.QUANTITY_UNIT,
+            Decimal(int(row["held"])) * frames.QUANTITY_UNIT,
+            None if pd.isna(row["amount"]) else Decimal(int(row["amount"])) * frames.MONEY_UNIT,
+            row["first_hour"].to_pydatetime(),
+            row["last_hour"].to_pydatetime(),
+        ]
+        for _, row in frame.iterrows()
+    }
+    assert got == expected and len(got) < len(stored)
+    if hasattr(ledger, "engine"):
+        assert (frame[["uq", "eq", "uw_exact", "ew_exact"]] == 0).all().all() and (frame["uw"] == 0).all()
+
+
 def test_a_ledger_without_a_reader_of_its_own_is_read_through_hourly_totals(tmp_path):
     from gpumeter.billing.ledger.memory import MemoryLedger
 

@@ -69,6 +69,8 @@ class MemoryReads(MemoryStore, ReportLedger):
         """The lines of [start, end) as columns (billing/ledger/frames.py)."""
         from gpumeter.billing.ledger import frames  # pandas: loaded by reports only
 
+        if grain == "range":  # a row a term, as the SQL ledger's
+            return frames.from_totals(self.line_totals(start, end, grain))
         return frames.from_lines(self._stored_lines(start, end), grain)
 
     def counts(self) -> dict[str, int]:
