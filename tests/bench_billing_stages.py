@@ -39,12 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         query_intervals,
         query_run,
     )
-    from gpumeter.billing.ingest.columns import _no_collections
     from gpumeter.billing.ledger.sqlalchemy import open_ledger
     from gpumeter.billing.models import hours_between
     from gpumeter.billing.pricer import Pricer
     from gpumeter.billing.pricing import load_price_book
     from gpumeter.billing.prom import PrometheusClient
+    from gpumeter.process import no_collections
     from tests.support.servers import PrometheusServer
 
     data, _ = build_stores(900, stores=("prometheus",))
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         server = PrometheusServer(Path(tmp) / "prom", data_dir=data).start()
         # the collector paused, as the ingest pauses it, for every stage: with the default
         # thresholds, decoding a day's answers alone took twice the CPU
-        with _no_collections():
+        with no_collections():
             try:
                 with PrometheusClient(server.url) as client:
                     started = time.process_time()

@@ -10,6 +10,7 @@ signal, and that one is not the main thread.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumeter.process import wait_until_set
+from gpumeter.process import no_collections, wait_until_set
 from tests.support import loopback
 from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes
 
@@ -263,3 +264,18 @@ def test_a_stand_in_servers_handler_error_is_one_log_line_not_a_traceback_on_std
         "error answering 127.0.0.1: ConnectionResetError: peer went away"
     ]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_no_collections_pauses_the_collector_and_restores_what_it_found():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), no_collections():
+        assert not gc.isenabled()
+        raise RuntimeError("mid-report")
+    assert gc.isenabled()  # restored on the way out of a failure too
+    gc.disable()
+    try:
+        with no_collections():
+            pass
+        assert not gc.isenabled()  # paused by someone else before: left paused
+    finally:
+        gc.enable()

@@ -3,8 +3,6 @@ one value per hour of the run, screened against the query's bounds (docs/billing
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import operator
 import sys
@@ -177,26 +175,3 @@ def _in_order(series: list[tuple[SeriesLabels, Values]]) -> list[tuple[SeriesLab
     GPU's labels changed inside an hour, one namespace's team), this order decides, whatever order the
     engine listed the raw series in. The other answers need none (sorting them all was ~3 ms an hour)."""
     return sorted(series, key=lambda s: sorted(s[0].items()))
-
-
-@contextlib.contextmanager
-def _no_collections():
-    """The cyclic collector paused, restored after: around an ingest (`ingest_hours`, `reprice`),
-    and around a run's decoding wherever that happens (`FetchedRun.answers`).
-
-    An ingest makes millions of objects that reference counting frees (samples, facts, priced hours,
-    rows) and almost no cycles. The collector's young collections, every 200,000 allocations, found
-    the hours in flight alive and scanned and promoted them again and again: decoding alone (a list
-    per point, held until its answer is made columns) cost 2.0 s of the 1,000-GPU month, and building,
-    pricing and writing 10,000 GPUs' hours cost 7.3 s of the 10,000-GPU bench's 62.7 s of CPU. The
-    few cycles an ingest makes (an HTTP exchange's objects, a caught exception's frames) wait for the
-    collection `_ingest_serially` makes between runs, or for the end. (The pause is the process's:
-    `billing serve`'s other threads go without collections while an ingest runs, and theirs too wait.)
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -10,7 +10,6 @@ from gpumeter import contract
 from gpumeter.billing.ingest.columns import (
     QUERIES,
     _at,
-    _no_collections,
     _query_columns,
 )
 from gpumeter.billing.ingest.config import IngestConfig
@@ -29,6 +28,7 @@ from gpumeter.billing.prom import (
     Sample,
 )
 from gpumeter.billing.refusals import Refused
+from gpumeter.process import no_collections
 
 
 def query_run(
@@ -78,7 +78,7 @@ class FetchedRun:
             at, count = _at(self.hours[0]).timestamp(), len(self.hours)
             columns = {}
             refused: Refused = [{} for _ in self.hours]
-            with _no_collections():
+            with no_collections():
                 for name in QUERIES:
                     columns[name] = _query_columns(
                         name, self._fetched.pop(name)(), at, count, refused, self.cluster_label

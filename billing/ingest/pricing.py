@@ -7,9 +7,6 @@ import logging
 import operator
 from datetime import datetime
 
-from gpumeter.billing.ingest.columns import (
-    _no_collections,
-)
 from gpumeter.billing.ingest.facts import RunAnswers
 from gpumeter.billing.ingest.intervals import (
     HourIntervals,
@@ -23,6 +20,7 @@ from gpumeter.billing.models import (
 )
 from gpumeter.billing.pricer import PricedLines, Pricer
 from gpumeter.billing.pricing.base import PriceBook
+from gpumeter.process import no_collections
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +100,7 @@ def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, tea
     merged: dict[str, str] = {}
     merged_from: dict[str, str] | None = None
     pricer = Pricer(book)
-    with _no_collections():
+    with no_collections():
         for hour, facts in ledger.facts_between(start, end):
             kept = billed.get(hour, {})
             if kept != merged_from:  # hours on end bill alike: one map for all of them

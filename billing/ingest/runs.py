@@ -10,9 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 from gpumeter.billing.ingest.carried import CarriedLayouts
-from gpumeter.billing.ingest.columns import (
-    _no_collections,
-)
 from gpumeter.billing.ingest.config import IngestConfig, IngestResult, failures
 from gpumeter.billing.ingest.facts import ClusterAnswers
 from gpumeter.billing.ingest.fetch import (
@@ -45,6 +42,7 @@ from gpumeter.billing.prom import (
     PrometheusUnreachable,
     QueryClient,
 )
+from gpumeter.process import no_collections
 
 
 def ingest_hour(
@@ -174,7 +172,7 @@ def ingest_hours(
         from gpumeter.billing.ingest.workers import _ingest_in_workers  # workers run `ingest_hours` each
 
         return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
-    with _no_collections():
+    with no_collections():
         return _ingest_serially(client, ledger, pricer or Pricer(book), hours, config, progress, stopping)
 
 
@@ -228,7 +226,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                 (run, future), pending = pending, None
                 answers = None  # the run before's answers let go before this run's are decoded
                 # the cycles the run before made, and what survived one run and died in the next:
-                # the collector is paused (`_no_collections`), so they are collected here, once a run
+                # the collector is paused (`no_collections`), so they are collected here, once a run
                 gc.collect(1)
                 try:
                     fetched, intervals = future.result()

@@ -34,7 +34,7 @@ from gpumeter.billing.ingest import (
     build_hour,
     priced_record,
 )
-from gpumeter.billing.ingest.columns import _at, _no_collections
+from gpumeter.billing.ingest.columns import _at
 from gpumeter.billing.ingest.fetch import FetchedRun
 from gpumeter.billing.ingest.runs import MAX_RUN_HOURS, _run_hours
 from gpumeter.billing.ledger import layouts
@@ -43,6 +43,7 @@ from gpumeter.billing.pricer import Pricer
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.billing.pricing.static import DEFAULT_BOOK
 from gpumeter.billing.prom import PrometheusClient, PrometheusError, Sample
+from gpumeter.process import no_collections
 from tests.billing.factories import H100, HOUR0
 from tests.support.hypothesis_profiles import examples
 from tests.support.servers import AnswerHandler, answering
@@ -386,7 +387,7 @@ def test_a_fetched_range_answer_is_held_by_no_response():
 
 
 def test_the_collector_is_paused_for_what_runs_within_and_restored_when_it_fails():
-    with pytest.raises(RuntimeError, match="mid-ingest"), _no_collections():
+    with pytest.raises(RuntimeError, match="mid-ingest"), no_collections():
         assert not gc.isenabled()
         raise RuntimeError("mid-ingest")
     assert gc.isenabled()
