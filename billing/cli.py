@@ -56,7 +56,12 @@ def register(subparsers):
 
     ingest.add_argument("--reason", default="", help="why, kept in the audit of any billed hour this changes")
 
-    price = sub.add_parser("price", help="re-price stored hours with the current price book")
+    price = sub.add_parser(
+        "price",
+        help="re-price stored hours with the current price book",
+        description="Re-price stored hours with the current price book. Each hour's namespaces keep the "
+        "teams their lines were billed to, but where --teams names them (docs/billing.md §6.1).",
+    )
     common_arguments(price, prometheus=False)
     price.add_argument("--from", dest="start", type=_when, required=True)
     price.add_argument("--to", dest="end", type=_when, required=True)
