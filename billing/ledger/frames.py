@@ -93,8 +93,9 @@ READING_COLUMNS = 12
 def line_frame(ledger: Ledger, start: datetime, end: datetime, grain: str = "day") -> pd.DataFrame:
     """The lines of the hours in [start, end) summed per ``grain`` bucket and term (COLUMNS), in no
     particular order; by "hour", one row a line; by "range", one row a term, bucketed at ``start``,
-    its readings summed by no reader that can leave them out (the SQL ledger's are zero). A ledger answers from its own store where it can
-    (`line_frame` method); any other is read through `Ledger.line_totals`."""
+    without its readings where the ledger can leave them out (the SQL ledger's are zero). A ledger
+    answers from its own store where it can (`line_frame` method); any other is read through
+    `Ledger.line_totals`."""
     if grain not in GRAINS:
         raise ValueError(f"unknown grain {grain!r}")
     own = getattr(ledger, "line_frame", None)
