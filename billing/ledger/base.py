@@ -454,7 +454,9 @@ class ReportLedger(LedgerStore):
         """Per hour of [start, end), the team each namespace's lines were billed to, keyed as a team
         map is (`cluster/namespace`, or the namespace where the GPU has no cluster): what a re-price
         keeps unless its team map says otherwise (docs/billing.md §6.1). Lines without a team are
-        left out; were one namespace's lines of an hour billed to two teams, the first by name."""
+        left out; were one namespace's lines of an hour billed to two teams, the first by name. An
+        hour may also name namespaces it did not bill (the SQL ledger names in every hour each one
+        only ever billed to one team): a re-price looks up only those its facts hold."""
         teams: dict[datetime, dict[str, str]] = defaultdict(dict)
         for line in sorted(self.lines(start, end), key=lambda line: line.team):
             if line.team:

@@ -33,10 +33,10 @@ def _facts(hour: datetime):
 
 def _ingested(ledger, prices) -> None:
     """Two hours as an ingest bills them: train's team relabelled between them, east's train mapped
-    per cluster, batch under no team at all."""
+    per cluster, batch under no team, then under one."""
     maps = {
         HOUR0: {"train": "ml", "east/train": "east-ml"},
-        HOUR1: {"train": "research", "east/train": "east-ml"},
+        HOUR1: {"train": "research", "east/train": "east-ml", "batch": "batch-team"},
     }
     for hour, teams in maps.items():
         facts = _facts(hour)
@@ -66,7 +66,7 @@ def test_a_reprice_keeps_each_hours_billed_teams_and_changes_only_the_price(ledg
     ledger.set_namespace_teams({"train": "label-now", "batch": "data"}, "kube", HOUR0)
     assert ledger.billed_teams(HOUR0, END) == {
         HOUR0: {"train": "ml", "east/train": "east-ml"},
-        HOUR1: {"train": "research", "east/train": "east-ml"},
+        HOUR1: {"train": "research", "east/train": "east-ml", "batch": "batch-team"},
     }
     new = _book(tmp_path, "new", "10.00")
     assert reprice(ledger, new, HOUR0, END, {}) == 2
@@ -76,9 +76,9 @@ def test_a_reprice_keeps_each_hours_billed_teams_and_changes_only_the_price(ledg
         (HOUR1, "", "train"): ("research", D("10.00")),
         (HOUR0, "east", "train"): ("east-ml", D("10.00")),
         (HOUR1, "east", "train"): ("east-ml", D("10.00")),
-        # billed to no team: the label kept since
+        # billed to no team: the label kept since; then to one, which it keeps
         (HOUR0, "", "batch"): ("data", D("10.00")),
-        (HOUR1, "", "batch"): ("data", D("10.00")),
+        (HOUR1, "", "batch"): ("batch-team", D("10.00")),
     }
 
 
@@ -93,7 +93,7 @@ def test_a_team_map_given_to_the_reprice_wins_where_it_names_a_namespace(ledger,
         (HOUR0, "east", "train"): "platform",
         (HOUR1, "east", "train"): "platform",
         (HOUR0, "", "batch"): "",
-        (HOUR1, "", "batch"): "",
+        (HOUR1, "", "batch"): "batch-team",
     }
     # a namespace named in every cluster wins over what each cluster's lines were billed to
     assert reprice(ledger, prices, HOUR0, END, {"train": "everyone"}) == 2

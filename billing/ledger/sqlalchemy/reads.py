@@ -263,29 +263,43 @@ class SqlReads(SqlStore, ReportLedger):
 
     @_stored("read billed teams")
     def billed_teams(self, start: datetime, end: datetime) -> dict[datetime, dict[str, str]]:
-        """Grouped in SQL: each set of terms' (cluster, namespace, team) first, then per (hour,
-        cluster, namespace) over the hour's line groups (not the `cost_lines` view, which takes each
-        line's readings out of its group's JSON). 1.5 s for the 1,000-GPU month's 720,000 groups,
-        against 2.5 s joining every line to its term."""
+        """A namespace whose lines have only ever been billed to one team (the ledger's terms say so
+        in 0.8 s at 10,000 GPUs) is named with it in every hour of the range; only the hours of one
+        billed to several teams, or to a team and to none, are read from the line groups, grouped in
+        SQL per (hour, cluster, namespace): each set of terms' teams first, then the hour's groups.
+        Read so for every namespace, the 10,000-GPU month took 23 s."""
         g, m, t = CostLineGroup, CostLineSetTerm, CostLineTerm
-        of_set = (
-            select(m.set_id, t.cluster, t.namespace, func.min(t.team).label("team"))
-            .join(t, t.id == m.term_id)
-            .where(t.team != "")
-            .group_by(m.set_id, t.cluster, t.namespace)
-            .subquery()
-        )
-        query = (
-            select(g.hour, of_set.c.cluster, of_set.c.namespace, func.min(of_set.c.team))
-            .join(of_set, of_set.c.set_id == g.set_id)
-            .where(g.hour >= start, g.hour < end)
-            .group_by(g.hour, of_set.c.cluster, of_set.c.namespace)
-        )
-        teams: dict[datetime, dict[str, str]] = {}
         with self.engine.connect() as conn:
+            named = conn.execute(
+                select(t.cluster, t.namespace, func.count(t.team.distinct()), func.max(t.team)).group_by(
+                    t.cluster, t.namespace
+                )
+            ).all()
+            steady = {
+                cluster_namespace(c or "", ns): team for c, ns, teams, team in named if teams == 1 and team
+            }
+            moved = sorted({ns for _, ns, teams, _ in named if teams > 1})
+            billed = {hour: steady for hour in hours_between(start, end)}
+            if not moved:
+                return billed
+            of_set = (
+                select(m.set_id, t.cluster, t.namespace, func.min(t.team).label("team"))
+                .join(t, t.id == m.term_id)
+                .where(t.team != "", t.namespace.in_(moved))
+                .group_by(m.set_id, t.cluster, t.namespace)
+                .subquery()
+            )
+            query = (
+                select(g.hour, of_set.c.cluster, of_set.c.namespace, func.min(of_set.c.team))
+                .join(of_set, of_set.c.set_id == g.set_id)
+                .where(g.hour >= start, g.hour < end)
+                .group_by(g.hour, of_set.c.cluster, of_set.c.namespace)
+            )
             for hour, cluster, namespace, team in conn.execute(query):
-                teams.setdefault(hour, {})[cluster_namespace(cluster or "", namespace)] = team
-        return teams
+                if billed[hour] is steady:
+                    billed[hour] = dict(steady)
+                billed[hour][cluster_namespace(cluster or "", namespace)] = team
+        return billed
 
     @_stored("sum team costs")
     def team_costs(self, start: datetime, end: datetime) -> dict[tuple[str, str], Decimal]:
