@@ -14,6 +14,7 @@ from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger import frames
 from gpumeter.billing.ledger.base import HourRecord
 from gpumeter.billing.models import Device, GpuHour
+from gpumeter.billing.pricing.base import version_id
 from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour, mig
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -138,10 +139,10 @@ def test_the_frame_holds_exactly_the_lines_the_ledger_returns(ledger, tmp_path):
     assert len(none) == 0 and list(none.columns) == list(frames.COLUMNS)
 
 
-def test_a_range_is_a_row_a_term_whose_totals_are_its_lines(ledger, tmp_path):
-    """What the previous period's comparison reads (reports.grouped.before): each term's lines over the
-    range in one row, bucketed at its start, its money and quantities exactly its lines' sums. The
-    SQL ledger reads no readings for it (zero); the others may."""
+def test_a_range_is_one_bucket_whose_totals_are_its_lines(ledger, tmp_path):
+    """What the previous period's comparison reads (reports.grouped.before): the range's lines in one
+    bucket at its start, their money and quantities exactly the lines' sums per what the comparison
+    groups by. The SQL ledger sums them per `RANGE_NAMES` and price version and reads no readings."""
     prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.123457"}, "H100-80GB": {"hourly_rate": "6.88"}})
     for hour, facts, lines in _hours(prices, 3):
         ledger.write_hour(HourRecord(hour, facts, lines, prices), source="test")
@@ -149,34 +150,57 @@ def test_a_range_is_a_row_a_term_whose_totals_are_its_lines(ledger, tmp_path):
     stored = ledger.lines(start, end)
     frame = frames.line_frame(ledger, start, end, "range")
     assert list(frame.columns) == list(frames.COLUMNS) and (frame["bucket"] == start).all()
-    names = [*frames.TEXT, "price_version_id"]
-    assert not frame.duplicated(names).any()  # a row a term
-    expected: dict[tuple, list] = {}
-    for x in stored:
-        key = (
-            x.kind.value, x.namespace, x.team, x.pod, x.container, x.uuid, x.gpu_instance_id,
-            x.mig_profile, x.model, x.currency, x.held_unit.value, x.cluster,
-        )  # fmt: skip
-        totals = expected.setdefault(key, [0, Decimal(0), Decimal(0), None, x.hour, x.hour])
-        totals[0] += 1
-        totals[1] += x.quantity
-        totals[2] += x.held
-        totals[3] = None if x.amount is None else (totals[3] or Decimal(0)) + x.amount
-        totals[4], totals[5] = min(totals[4], x.hour), max(totals[5], x.hour)
-    got = {
-        tuple(row[name] for name in frames.TEXT): [
+    versions = ledger.price_versions(set(frame["price_version_id"].dropna().astype(int)))
+
+    def summed(rows) -> dict[tuple, list]:
+        out: dict[tuple, list] = {}
+        for key, lines, quantity, held, amount, first, last in rows:
+            totals = out.setdefault(key, [0, Decimal(0), Decimal(0), None, first, last])
+            totals[0] += lines
+            totals[1] += quantity
+            totals[2] += held
+            totals[3] = None if amount is None else (totals[3] or Decimal(0)) + amount
+            totals[4], totals[5] = min(totals[4], first), max(totals[5], last)
+        return out
+
+    def label(stored_id) -> str | None:  # a version as a line names it, not by its row's id
+        return None if pd.isna(stored_id) else version_id(versions[int(stored_id)].effective_from)
+
+    got = summed(
+        (
+            (*(row[name] for name in frames.RANGE_NAMES), label(row["price_version_id"])),
             row["lines"],
             Decimal(int(row["quantity"])) * frames.QUANTITY_UNIT,
             Decimal(int(row["held"])) * frames.QUANTITY_UNIT,
             None if pd.isna(row["amount"]) else Decimal(int(row["amount"])) * frames.MONEY_UNIT,
             row["first_hour"].to_pydatetime(),
             row["last_hour"].to_pydatetime(),
-        ]
+        )
         for _, row in frame.iterrows()
-    }
-    assert got == expected and len(got) < len(stored)
+    )
+    expected = summed(
+        (
+            (
+                *(
+                    getattr(x, name).value if name in ("kind", "held_unit") else getattr(x, name)
+                    for name in frames.RANGE_NAMES
+                ),
+                x.price_version,
+            ),
+            1,
+            x.quantity,
+            x.held,
+            x.amount,
+            x.hour,
+            x.hour,
+        )
+        for x in stored
+    )
+    assert got == expected and sum(1 for x in stored if x.amount is None) > 0
     if hasattr(ledger, "engine"):
+        assert len(frame) == len(got) < len(stored)  # a row per name, and fewer than the lines
         assert (frame[["uq", "eq", "uw_exact", "ew_exact"]] == 0).all().all() and (frame["uw"] == 0).all()
+        assert (frame[["pod", "uuid"]].astype(object) == "").all().all()
 
 
 def test_a_ledger_without_a_reader_of_its_own_is_read_through_hourly_totals(tmp_path):
