@@ -269,15 +269,14 @@ class SqlReads(SqlStore, ReportLedger):
         SQL per (hour, cluster, namespace): each set of terms' teams first, then the hour's groups.
         Read so for every namespace, the 10,000-GPU month took 23 s."""
         g, m, t = CostLineGroup, CostLineSetTerm, CostLineTerm
+        cluster = func.coalesce(t.cluster, "")  # NULL: no cluster label, as ""
         with self.engine.connect() as conn:
             named = conn.execute(
-                select(t.cluster, t.namespace, func.count(t.team.distinct()), func.max(t.team)).group_by(
-                    t.cluster, t.namespace
+                select(cluster, t.namespace, func.count(t.team.distinct()), func.max(t.team)).group_by(
+                    cluster, t.namespace
                 )
             ).all()
-            steady = {
-                cluster_namespace(c or "", ns): team for c, ns, teams, team in named if teams == 1 and team
-            }
+            steady = {cluster_namespace(c, ns): team for c, ns, teams, team in named if teams == 1 and team}
             moved = sorted({ns for _, ns, teams, _ in named if teams > 1})
             billed = {hour: steady for hour in hours_between(start, end)}
             if not moved:
