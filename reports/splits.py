@@ -18,7 +18,7 @@ import orjson
 
 from gpumeter import contract
 from gpumeter.billing.ledger.base import Ledger, PodHolding
-from gpumeter.billing.ledger.layouts import ALLOCATION_LAYOUT, holdings_of, parse_layout
+from gpumeter.billing.ledger.layouts import ALLOCATION_LAYOUT, holdings_of, parse_layout, stored_bodies
 from gpumeter.billing.models import Allocation, cluster_namespace
 from gpumeter.reports.period import HOUR, Period
 
@@ -307,12 +307,12 @@ class _Layouts:
 
     def load(self, ids: Iterable[int]) -> None:
         """Have every layout of ``ids`` at hand: kept from the generation before, or read."""
-        from gpumeter.billing.ledger import frames
-
         missing = {i for i in ids if i not in self.now}
         for layout_id in missing & self.older.keys():
             self.now[layout_id] = self.older[layout_id]
-        for layout_id, body in frames.layout_bodies(self.engine, missing - self.older.keys()).items():
+        with self.engine.connect() as connection:
+            bodies = stored_bodies(connection, missing - self.older.keys())
+        for layout_id, body in bodies.items():
             self.now[layout_id] = _Layout(body)
 
     def __getitem__(self, layout_id: int) -> _Layout:

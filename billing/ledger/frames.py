@@ -201,6 +201,11 @@ def from_totals(totals: Iterable[Any]) -> pd.DataFrame:
     return _frame([_chunk(rows, hours_as="datetime")])
 
 
+def _scaled_sql(column: str, scale: int) -> str:
+    """SQL for a stored decimal as an integer of its stored ``scale`` (exact on SQLite's decimal text too)."""
+    return f"CAST(round({column} * {scale}) AS BIGINT)"
+
+
 def read_sql(
     engine: Engine, start: datetime, end: datetime, grain: str = "day", reading_columns: int = READING_COLUMNS
 ) -> pd.DataFrame:
@@ -210,16 +215,13 @@ def read_sql(
     integers of their stored scale and hours as epoch seconds (no Decimal or datetime object per
     row), a chunk of rows at a time into columns. (``reading_columns``: `_sqlite_line_sums`'.)"""
 
-    def scaled(column: str, scale: int) -> str:
-        return f"CAST(round({column} * {scale}) AS BIGINT)"
-
     if grain == "range":
         return _read_range(engine, start, end)
     if engine.dialect.name == "sqlite":
         sums = _sqlite_line_sums(grain, _widest_set(engine), reading_columns)
     else:
         sums = _postgresql_line_sums(grain)
-    quantity = scaled("t.quantity", QUANTITY_SCALE)
+    quantity = _scaled_sql("t.quantity", QUANTITY_SCALE)
 
     def epoch(column: str) -> str:
         return _epoch(engine, column)
@@ -228,8 +230,8 @@ def read_sql(
         f"SELECT {epoch('s.bucket')}, {epoch('s.first_hour')}, {epoch('s.last_hour')}, s.lines, "
         + ", ".join(f"t.{name}" for name in TEXT)
         + f", t.price_version_id, s.lines * {quantity}, "
-        f"CASE WHEN t.amount IS NULL THEN NULL ELSE s.lines * {scaled('t.amount', MONEY_SCALE)} END, "
-        f"s.lines * {scaled('t.held', QUANTITY_SCALE)}, s.u_known * {quantity}, s.e_known * {quantity}, "
+        f"CASE WHEN t.amount IS NULL THEN NULL ELSE s.lines * {_scaled_sql('t.amount', MONEY_SCALE)} END, "
+        f"s.lines * {_scaled_sql('t.held', QUANTITY_SCALE)}, s.u_known * {quantity}, s.e_known * {quantity}, "
         f"CAST(coalesce(s.u_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION), "
         f"CAST(coalesce(s.e_sum, 0) AS DOUBLE PRECISION) / {RATIO_SCALE}.0 * CAST(t.quantity AS DOUBLE PRECISION), "
         f"CAST(coalesce(s.u_sum, 0) * {quantity} AS BIGINT), CAST(coalesce(s.e_sum, 0) * {quantity} AS BIGINT) "
@@ -347,7 +349,7 @@ def _read_range(engine: Engine, start: datetime, end: datetime) -> pd.DataFrame:
     1,000-GPU report; 12 s as a row a term at 10,000 GPUs (791,155 rows), where it is a few thousand."""
 
     def total(column: str, scale: int) -> str:
-        return f"CAST(sum(s.lines * CAST(round({column} * {scale}) AS BIGINT)) AS BIGINT)"
+        return f"CAST(sum(s.lines * {_scaled_sql(column, scale)}) AS BIGINT)"
 
     per_set = (
         "SELECT g.set_id AS set_id, min(g.hour) AS first_hour, max(g.hour) AS last_hour, count(*) AS groups "
@@ -535,19 +537,3 @@ def _stream(
                 yield part
         finally:
             cursor.close()
-
-
-def layout_bodies(engine: Engine, ids: Iterable[int]) -> dict[int, str]:
-    """The stored layouts of ``ids`` (billing/ledger/layouts.py), a few queries for any number."""
-    from sqlalchemy import select
-
-    from gpumeter.billing.ledger.orm import GpuLayout
-
-    wanted, out = sorted(set(ids)), dict[int, str]()
-    with engine.connect() as conn:
-        for i in range(0, len(wanted), 500):  # within every backend's limit on bound parameters
-            batch = wanted[i : i + 500]
-            out.update(
-                conn.execute(select(GpuLayout.id, GpuLayout.body).where(GpuLayout.id.in_(batch))).all()
-            )
-    return out

@@ -121,17 +121,14 @@ class SqlReads(SqlStore, ReportLedger):
         return parsed if parsed is not None else self._layouts(session, (layout_id,))[layout_id]
 
     def _layouts(self, session: Session, ids: Iterable[int]) -> dict[int, dict]:
-        """Stored layouts, parsed: those not kept read 500 to a query. One query per layout was an
-        eighth of re-pricing 10,000 GPUs, whose days name ~10,000 layouts each (docs/performance.md)."""
+        """Stored layouts, parsed: those not kept read a few queries for any number
+        (`layouts.stored_bodies`); a re-price of 10,000 GPUs names ~10,000 a day."""
         kept, ids = self._parsed_layouts, set(ids)
         found = {layout_id: kept[layout_id] for layout_id in ids if layout_id in kept}
-        missing = sorted(ids - found.keys())
-        for at in range(0, len(missing), 500):  # within every backend's limit on bound parameters
-            query = select(GpuLayout.id, GpuLayout.body).where(GpuLayout.id.in_(missing[at : at + 500]))
-            for layout_id, body in session.execute(query):
-                if len(kept) >= LAYOUTS_KEPT:
-                    kept.clear()
-                found[layout_id] = kept[layout_id] = layouts.parse_layout(body)
+        for layout_id, body in layouts.stored_bodies(session, ids - found.keys()).items():
+            if len(kept) >= LAYOUTS_KEPT:
+                kept.clear()
+            found[layout_id] = kept[layout_id] = layouts.parse_layout(body)
         return found
 
     def facts(self, hour: datetime) -> list[GpuHour]:
