@@ -7,7 +7,8 @@ the event never runs: that is how Ctrl-C in ``make demo`` left an exporter (gRPC
 service (APScheduler's) running until the demo killed them. `wait_until_set` wakes on the signal itself,
 and `stop_on_signals` installs handlers that never wait for a lock.
 
-Bulk work (an ingest, a re-price, a report) runs with the cyclic collector paused: `no_collections`.
+Bulk work (an ingest, a re-price, a report) runs with the cyclic collector paused: `no_collections`;
+the worker processes it spawns die with the command that started them: `die_with_parent`.
 
 This module imports nothing from the parts.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+import os
 import select
 import signal
 import socket
@@ -23,7 +26,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["SLICE_SECONDS", "no_collections", "stop_on_signals", "wait_until_set"]
+__all__ = ["SLICE_SECONDS", "die_with_parent", "no_collections", "stop_on_signals", "wait_until_set"]
+
+log = logging.getLogger(__name__)
 
 SLICE_SECONDS = 0.5  # how late another thread's set() may be noticed; each slice costs one wake-up
 
@@ -98,3 +103,24 @@ def no_collections() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """In a spawned worker process (an ingest's, a report's scan): ask the kernel for SIGKILL when
+    the parent dies (prctl PR_SET_PDEATHSIG, Linux), so that a killed command leaves no worker
+    writing or reading for minutes after it; exit at once if ``parent`` is gone already."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        log.warning(
+            "worker %s will not die with its parent: prctl failed (errno %s)", os.getpid(), ctypes.get_errno()
+        )
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)

@@ -18,6 +18,7 @@ from decimal import Decimal
 
 from gpumeter import contract
 from gpumeter.billing.config import Budget
+from gpumeter.billing.ledger import reopen_target
 from gpumeter.billing.ledger.base import AuditRecord, Ledger, LineTotal, PriceVersionRecord, SharedUse
 from gpumeter.billing.models import (
     PLATFORM_KINDS,
@@ -36,6 +37,7 @@ from gpumeter.reports.period import ReportError as ReportError
 from gpumeter.reports.period import last_month as last_month
 from gpumeter.reports.period import month_period as month_period
 from gpumeter.reports.period import range_period as range_period
+from gpumeter.reports.scan_worker import ScanWorker, worth_a_process
 from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
 from gpumeter.reports.splits import FactScan, scan_facts
 from gpumeter.reports.splits import GpuBucket as GpuBucket
@@ -464,19 +466,32 @@ def build_report(
     budgets: Mapping[str, Budget] | None = None,
     splits: bool = True,
     clusters: tuple[str, ...] = (),
+    scan_process: bool | None = None,
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
     with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
     ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it); with
-    ``clusters``, the lines of those clusters alone."""
+    ``clusters``, the lines of those clusters alone. ``scan_process``: whether the splits are read
+    by a process of their own (default: where the ledger and the period make it worth it)."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    # The reads of the period side by side: the fact scan, then the shared GPUs' use, in one thread
-    # beside the line sums (all mostly the database's work, done outside the GIL), so on two cores the
-    # report waits for the longer of the two. A report that fails stops the scan at its next chunk
-    # rather than waiting it out, and the shared use is not started.
+    # The reads of the period side by side: the fact scan, then the shared GPUs' use, beside the line
+    # sums, so on two cores the report waits for the longer of the two. In a process of their own where
+    # the ledger can be opened again and the period is large (`reports.scan_worker`), else in a thread.
+    # A report that fails stops the scan (kills its process, or stops its thread at the next chunk)
+    # rather than waiting it out.
+    target = reopen_target(ledger) if splits else None
+    if scan_process is None:
+        scan_process = target is not None and worth_a_process(ledger, period)
+    if scan_process:
+        if target is None:
+            raise ValueError("scan_process: this ledger cannot be opened by another process")
+        with ScanWorker(target, period, grain) as worker:
+            return _build_report(
+                ledger, period, grouping, grain, top, compare, budgets, clusters, worker.facts, worker.shared
+            )
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-facts") as pool:
         scan = pool.submit(scan_facts, ledger, period, grain, splits=splits, stop=stop)

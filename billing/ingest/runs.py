@@ -28,6 +28,7 @@ from gpumeter.billing.ingest.writing import (
     _write_failed,
     _write_priced,
 )
+from gpumeter.billing.ledger import reopen_target
 from gpumeter.billing.ledger.base import Ledger, LedgerError
 from gpumeter.billing.models import (
     HOUR,
@@ -167,11 +168,11 @@ def ingest_hours(
         and config.workers > 1
         and len(hours) > 2 * config.chunk_hours
         and getattr(client, "reopenable", False)
-        and getattr(ledger, "engine", None) is not None
+        and (target := reopen_target(ledger)) is not None
     ):
         from gpumeter.billing.ingest.workers import _ingest_in_workers  # workers run `ingest_hours` each
 
-        return _ingest_in_workers(client, ledger, book, hours, config, progress, stopping)
+        return _ingest_in_workers(client, ledger, target, book, hours, config, progress, stopping)
     with no_collections():
         return _ingest_serially(client, ledger, pricer or Pricer(book), hours, config, progress, stopping)
 

@@ -15,6 +15,7 @@ from gpumeter.billing.ingest.runs import _close, _runs, _ticks, ingest_hours
 from gpumeter.billing.prom import (
     open_client,
 )
+from gpumeter.process import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -29,31 +30,14 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_die_with_parent,
+        initializer=die_with_parent,
         initargs=(os.getpid(),),
     )
 
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with_parent(parent: int) -> None:
-    import ctypes
-    import signal
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        log.warning(
-            "worker %s will not die with its parent: prctl failed (errno %s)", os.getpid(), ctypes.get_errno()
-        )
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=None) -> IngestResult:
+def _ingest_in_workers(
+    client, ledger, target: tuple[str, str | None], book, hours, config, progress, stopping=None
+) -> IngestResult:
     """`ingest_hours` split over ``config.workers`` processes, a few days of hours per task.
 
     Every hour is still one transaction, so the ledger ends up the same as with one process. The
@@ -61,9 +45,7 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
     already have been written; they are reported as ingested, and the failed hour (and the rest of
     its task) is caught up by the next run like any missing hour.
     """
-    engine = ledger.engine
-    schema = engine.dialect.default_schema_name if engine.dialect.name == "postgresql" else None
-    target = (engine.url.render_as_string(hide_password=False), schema, ledger.actor)
+    url, schema = target  # `reopen_target`'s
     # the URL as given (a password in it included) and the other options: the worker's own client
     source = (
         client.url,
@@ -81,7 +63,10 @@ def _ingest_in_workers(client, ledger, book, hours, config, progress, stopping=N
     result = IngestResult()
     ticks = _ticks(progress, hours)
     with worker_pool(config.workers) as pool:
-        futures = [pool.submit(_ingest_task, target, source, book, task, serial) for task in tasks]
+        futures = [
+            pool.submit(_ingest_task, (url, schema, ledger.actor), source, book, task, serial)
+            for task in tasks
+        ]
 
         def merge(part: IngestResult) -> None:
             result.ingested.extend(part.ingested)

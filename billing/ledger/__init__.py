@@ -24,3 +24,20 @@ def open_ledger(url: str, *, schema: str | None = None, migrate: bool = True) ->
     from gpumeter.billing.ledger import sqlalchemy
 
     return sqlalchemy.open_ledger(url, schema=schema, migrate=migrate)
+
+
+def reopen_target(ledger: Ledger) -> tuple[str, str | None] | None:
+    """What another process opens this ledger's database with, (its URL as given, a password in it
+    included; its PostgreSQL schema), for `open_ledger`; None where no other process can: the memory
+    ledger, and a SQLite database in memory."""
+    engine = getattr(ledger, "engine", None)
+    if engine is None:
+        return None
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database in ("", ":memory:") or "mode=memory" in database or url.query.get("mode") == "memory":
+            return None
+        return url.render_as_string(hide_password=False), None
+    schema = engine.dialect.default_schema_name if engine.dialect.name == "postgresql" else None
+    return url.render_as_string(hide_password=False), schema
