@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from gpumeter import contract
 from gpumeter.billing.config import Budget
@@ -37,7 +38,10 @@ from gpumeter.reports.period import ReportError as ReportError
 from gpumeter.reports.period import last_month as last_month
 from gpumeter.reports.period import month_period as month_period
 from gpumeter.reports.period import range_period as range_period
-from gpumeter.reports.scan_worker import ScanWorker, worth_a_process
+from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
+
+if TYPE_CHECKING:
+    import pandas as pd
 from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
 from gpumeter.reports.splits import FactScan, scan_facts
 from gpumeter.reports.splits import GpuBucket as GpuBucket
@@ -466,43 +470,74 @@ def build_report(
     budgets: Mapping[str, Budget] | None = None,
     splits: bool = True,
     clusters: tuple[str, ...] = (),
-    scan_process: bool | None = None,
+    sums_process: bool | None = None,
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
     with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
     ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it); with
-    ``clusters``, the lines of those clusters alone. ``scan_process``: whether the splits are read
+    ``clusters``, the lines of those clusters alone. ``sums_process``: whether the lines are summed
     by a process of their own (default: where the ledger and the period make it worth it)."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
-    # The reads of the period side by side: the fact scan, then the shared GPUs' use, beside the line
-    # sums, so on two cores the report waits for the longer of the two. In a process of their own where
-    # the ledger can be opened again and the period is large (`reports.scan_worker`), else in a thread.
-    # A report that fails stops the scan (kills its process, or stops its thread at the next chunk)
-    # rather than waiting it out.
-    target = reopen_target(ledger) if splits else None
-    if scan_process is None:
-        scan_process = target is not None and worth_a_process(ledger, period)
-    if scan_process:
-        if target is None:
-            raise ValueError("scan_process: this ledger cannot be opened by another process")
-        with ScanWorker(target, period, grain) as worker:
-            return _build_report(
-                ledger, period, grouping, grain, top, compare, budgets, clusters, worker.facts, worker.shared
-            )
-    stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-facts") as pool:
-        scan = pool.submit(scan_facts, ledger, period, grain, splits=splits, stop=stop)
-        shared = pool.submit(ledger.shared_use, period.start, period.end)
-        try:
-            return _build_report(
-                ledger, period, grouping, grain, top, compare, budgets, clusters, scan.result, shared.result
-            )
-        finally:
-            stop.set()
-            shared.cancel()
+    # The reads of the period side by side: the fact scan, then the shared GPUs' use, in a thread
+    # beside the line sums, so on two cores the report waits for the longer of the two. The sums are
+    # the database's, done outside the GIL, but the scan is mostly Python: where the ledger can be
+    # opened again and the period is large, the sums are made by a process of their own
+    # (`reports.sums_worker`) while this one scans. A report that fails stops the scan at its next
+    # chunk and kills the sums' process, rather than waiting either out.
+    target = reopen_target(ledger)
+    if sums_process is None:
+        sums_process = target is not None and worth_a_process(ledger, period)
+    if sums_process and target is None:
+        raise ValueError("sums_process: this ledger cannot be opened by another process")
+    previous = period.previous() if compare else None
+    worker = SumsWorker(target, period, grain, previous) if sums_process and target is not None else None
+    try:
+        read_lines, read_previous = (
+            (worker.lines, worker.previous_lines)
+            if worker is not None
+            else _line_reads(ledger, period, grain, previous)
+        )
+        stop = threading.Event()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-facts") as pool:
+            scan = pool.submit(scan_facts, ledger, period, grain, splits=splits, stop=stop)
+            shared = pool.submit(ledger.shared_use, period.start, period.end)
+            try:
+                return _build_report(
+                    ledger,
+                    period,
+                    grouping,
+                    grain,
+                    top,
+                    budgets,
+                    clusters,
+                    read_lines,
+                    read_previous if previous is not None else None,
+                    scan.result,
+                    shared.result,
+                )
+            finally:
+                stop.set()
+                shared.cancel()
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _line_reads(ledger: Ledger, period: Period, grain: str, previous: Period | None):
+    """The period's line frame and the previous period's as one range, read in this process."""
+    from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
+
+    def read_lines():
+        return frames.line_frame(ledger, period.start, period.end, grain)
+
+    def read_previous():
+        assert previous is not None
+        return frames.line_frame(ledger, previous.start, previous.end, "range")
+
+    return read_lines, read_previous
 
 
 def _build_report(
@@ -511,18 +546,21 @@ def _build_report(
     grouping: Grouping,
     grain: str,
     top: int,
-    compare: bool,
     budgets: Mapping[str, Budget] | None,
     clusters: tuple[str, ...],
+    read_lines: Callable[[], pd.DataFrame],
+    read_previous: Callable[[], pd.DataFrame] | None,
     read_facts: Callable[[], FactScan],
     read_shared: Callable[[], list[SharedUse]],
 ) -> Report:
-    """`build_report`'s work, the period's facts read by ``read_facts`` and the shared GPUs' use by
-    ``read_shared`` where they are needed."""
+    """`build_report`'s work: the period's line frame read by ``read_lines``, the previous period's
+    totals by ``read_previous`` (None: no comparison), its facts by ``read_facts`` and the shared
+    GPUs' use by ``read_shared``, each where it is needed."""
     from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
     from gpumeter.reports import grouped
 
-    lines = frames.line_frame(ledger, period.start, period.end, grain)
+    compare = read_previous is not None
+    lines = read_lines()
     if clusters:  # a misspelt cluster would report $0: name the ones the period's lines have
         known = sorted(set(lines["cluster"].astype(object).unique()) - {""})
         unknown = [c for c in clusters if c not in known]
@@ -539,9 +577,7 @@ def _build_report(
     # row a term: its totals are all the comparison reads, not its days or readings
     previous = grouped.before(
         grouped.name_clusters(
-            frames.line_frame(ledger, previous_period.start, previous_period.end, "range")
-            if compare
-            else frames.from_totals([]),
+            read_previous() if read_previous is not None else frames.from_totals([]),
             clusters,
         ),
         grouping.key,

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {name: (out / name).stat().st_size for name in result.files}
     own_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     worker_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    # the report and its scan's process at once (sampled), never less than the report's own peak
+    # the report and its line sums' process at once (sampled), never less than the report's own peak
     peak_mib = max(own_mib, together.peak_mib)
     figure = {
         "what": "monthly report, all teams, all formats (html, csv, json, focus)",
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_seconds": target_s,
         "peak_rss_mib": round(peak_mib),
         "peak_rss_own_mib": round(own_mib),
-        "peak_rss_scan_process_mib": round(worker_mib),
+        "peak_rss_sums_process_mib": round(worker_mib),
         "target_peak_rss_mib": target_mib,
         "met": seconds < target_s and peak_mib < target_mib,
         "python_10m_loop_seconds": round(loop_s, 3),
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         f"reports: {args.gpus} GPUs x {args.days * 24} h, {counts['cost_lines']:,} ledger lines (the month and the one before) -> "
         f"{len(result.report.charges):,} charge rows, {len(result.report.groups)} teams: "
         f"all formats in {seconds:.2f} s (target < {target_s:.0f} s: {'met' if seconds < target_s else 'NOT met'}), "
-        f"peak RSS {peak_mib:.0f} MiB with its scan's process (target < {target_mib:.0f} MiB: "
-        f"{'met' if peak_mib < target_mib else 'NOT met'}; its own {own_mib:.0f}, the scan's "
+        f"peak RSS {peak_mib:.0f} MiB with its line sums' process (target < {target_mib:.0f} MiB: "
+        f"{'met' if peak_mib < target_mib else 'NOT met'}; its own {own_mib:.0f}, the sums' "
         f"{worker_mib:.0f}); a 10M-step Python loop {loop_s:.2f} s, "
         f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 class TreeMemory:
     """The largest resident memory of this process and its children together, sampled every 50 ms
-    while the block runs (the report's fact scan may run in a process of its own: its memory counts)."""
+    while the block runs (the report's line sums may run in a process of its own: its memory counts)."""
 
     def __init__(self) -> None:
         self.peak_mib = 0.0

@@ -1,5 +1,6 @@
-"""The report's fact scan in a process of its own (reports/scan_worker.py): the same report as the scan
-in a thread, its failure told to the report, and no scan left reading after the report is gone."""
+"""The report's line sums in a process of their own (reports/sums_worker.py): the same report as the
+sums made in the report's process, their failure told to the report, and no worker left reading after
+the report is gone."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gpumeter.billing.ledger import open_ledger, reopen_target
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports.model import ReportError, build_report, month_period
 from gpumeter.reports.render import FORMATS, RenderOptions, render
-from gpumeter.reports.scan_worker import ScanWorker, worth_a_process
+from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.factories import write_book
 from tests.reports import synthetic
@@ -31,7 +32,7 @@ def _files(report, out: Path) -> dict[str, str]:
 
 
 @pytest.mark.spawns
-def test_a_report_scanned_by_its_own_process_is_the_one_scanned_in_a_thread(sql_ledger, tmp_path):
+def test_a_report_summed_by_its_own_process_is_the_one_summed_in_the_reports(sql_ledger, tmp_path):
     """Every file, FOCUS's splits and origin charges included, byte for byte, on SQLite and PostgreSQL."""
     book = load_price_book(write_book(tmp_path, synthetic.BOOK))
     synthetic.fill(sql_ledger, book, NOVEMBER.start, 2, 24)
@@ -41,14 +42,17 @@ def test_a_report_scanned_by_its_own_process_is_the_one_scanned_in_a_thread(sql_
     assert worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_280)
     assert not worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_281)
     assert not worth_a_process(sql_ledger, month_period("2026-12"))  # nothing stored
-    in_thread = build_report(sql_ledger, NOVEMBER, scan_process=False)
-    in_process = build_report(sql_ledger, NOVEMBER, scan_process=True)
-    assert in_process.splits and in_process.splits == in_thread.splits
-    assert in_process.gpus and in_process.gpus == in_thread.gpus
-    assert _files(in_process, tmp_path / "process") == _files(in_thread, tmp_path / "thread")
+    # October's two days too: the comparison reads the month before, the worker's second answer
+    synthetic.fill(sql_ledger, book, NOVEMBER.previous().start, 2, 24)
+    here = build_report(sql_ledger, NOVEMBER, sums_process=False)
+    apart = build_report(sql_ledger, NOVEMBER, sums_process=True)
+    assert apart.total_change.previous and apart.total_change == here.total_change
+    assert _files(apart, tmp_path / "process") == _files(here, tmp_path / "here")
+    alone = build_report(sql_ledger, NOVEMBER, compare=False, sums_process=True)  # one answer only
+    assert alone.total_change.previous is None and alone.total == here.total
 
 
-def test_ledgers_no_other_process_can_open_are_scanned_in_a_thread(tmp_path):
+def test_ledgers_no_other_process_can_open_are_summed_in_the_reports(tmp_path):
     memory, in_memory = open_ledger("memory://"), open_ledger("sqlite://")
     file = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
@@ -56,56 +60,61 @@ def test_ledgers_no_other_process_can_open_are_scanned_in_a_thread(tmp_path):
         assert reopen_target(in_memory) is None
         assert reopen_target(file) == (f"sqlite:///{tmp_path / 'ledger.db'}", None)
         with pytest.raises(ValueError, match="cannot be opened by another process"):
-            build_report(memory, NOVEMBER, scan_process=True)
+            build_report(memory, NOVEMBER, sums_process=True)
     finally:
         for ledger in (memory, in_memory, file):
             ledger.close()
 
 
 @pytest.mark.spawns
-def test_the_scan_process_tells_the_report_what_stopped_it(tmp_path):
-    missing = tmp_path / "no-such-folder" / "ledger.db"
+def test_the_worker_tells_the_report_what_stopped_it(tmp_path):
+    garbled = tmp_path / "ledger.db"
+    garbled.write_bytes(b"not a database, " * 256)
     with (
-        ScanWorker((f"sqlite:///{missing}", None), NOVEMBER, "day") as worker,
-        pytest.raises(Exception, match="unable to open database file"),
+        SumsWorker((f"sqlite:///{garbled}", None), NOVEMBER, "day", None) as worker,
+        pytest.raises(Exception, match="file is not a database"),
     ):
-        worker.result()
+        worker.lines()
+
+
+@pytest.mark.spawns
+def test_a_report_that_fails_on_the_workers_lines_raises_its_own_error(sql_ledger, tmp_path):
+    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    synthetic.fill(sql_ledger, book, NOVEMBER.start, 1, 4)
+    with pytest.raises(ReportError, match="no line of 2026-11 is in cluster 'nowhere'"):
+        build_report(sql_ledger, NOVEMBER, clusters=("nowhere",), sums_process=True)
 
 
 def _locked(schema: str) -> psycopg.Connection:
-    """A transaction holding the schema's gpu_hours locked: a scan of it waits until it ends."""
+    """A transaction holding the schema's line groups locked: sums of them wait until it ends."""
     admin = psycopg.connect(PG_DSN)
-    admin.execute(f'LOCK TABLE "{schema}".gpu_hours IN ACCESS EXCLUSIVE MODE')
+    admin.execute(f'LOCK TABLE "{schema}".cost_line_groups IN ACCESS EXCLUSIVE MODE')
     return admin
 
 
 @pytest.mark.postgres
 @pytest.mark.spawns
-def test_a_report_that_fails_kills_its_scan(pg_schema, tmp_path):
-    """The scan cannot finish while its table is locked: a report that waited for it would hang (the
-    test's timeout); it raises its own error instead, and the scan was killed."""
+def test_a_worker_closed_before_its_answers_is_killed(pg_schema, tmp_path):
+    """The sums cannot finish while their table is locked: a close that waited for them would hang
+    (the test's timeout); the worker is killed instead. (`build_report` closes it whatever happens.)"""
     ledger = open_ledger(PG_URL, schema=pg_schema)
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
-    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
     target = reopen_target(ledger)
+    ledger.close()
     assert target == (PG_URL, pg_schema)
     admin = _locked(pg_schema)
     try:
-        with pytest.raises(ReportError, match="no line of 2026-11 is in cluster 'nowhere'"):
-            build_report(ledger, NOVEMBER, clusters=("nowhere",), scan_process=True)
-        worker = ScanWorker(target, NOVEMBER, "day")
+        worker = SumsWorker(target, NOVEMBER, "day", NOVEMBER.previous())
         worker.close()
         assert worker._process.returncode == -signal.SIGKILL
     finally:
         admin.close()
-        ledger.close()
 
 
 PARENT = """
 import sys
 from gpumeter.reports.model import month_period
-from gpumeter.reports.scan_worker import ScanWorker
-worker = ScanWorker(({url!r}, {schema!r}), month_period("2026-11"), "day")
+from gpumeter.reports.sums_worker import SumsWorker
+worker = SumsWorker(({url!r}, {schema!r}), month_period("2026-11"), "day", None)
 print(worker._process.pid, flush=True)
 sys.stdin.read()  # until killed
 """
@@ -122,8 +131,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.postgres
 @pytest.mark.spawns
-def test_a_killed_report_takes_its_scan_with_it(pg_schema, tmp_path):
-    """The scan waits on a locked table; its report is killed with SIGKILL, and the scan goes too
+def test_a_killed_report_takes_its_worker_with_it(pg_schema, tmp_path):
+    """The sums wait on a locked table; their report is killed with SIGKILL, and the worker goes too
     (waited for until it does: the test's timeout bounds it)."""
     ledger = open_ledger(PG_URL, schema=pg_schema)
     ledger.close()
@@ -134,18 +143,18 @@ def test_a_killed_report_takes_its_scan_with_it(pg_schema, tmp_path):
         stdout=subprocess.PIPE,
         text=True,
     )
-    scan = 0
+    worker = 0
     try:
-        scan = int(parent.stdout.readline())
-        assert _alive(scan)
+        worker = int(parent.stdout.readline())
+        assert _alive(worker)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        while _alive(scan):
+        while _alive(worker):
             time.sleep(0.05)
     finally:
         parent.kill()
         parent.stdout.close()
         parent.stdin.close()
-        if scan and _alive(scan):  # the failure case: do not leave it waiting
-            os.kill(scan, signal.SIGKILL)
+        if worker and _alive(worker):  # the failure case: do not leave it waiting
+            os.kill(worker, signal.SIGKILL)
         admin.close()
