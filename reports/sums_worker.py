@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -114,6 +115,9 @@ class SumsWorker:
 def main() -> None:
     """The worker: what to sum read from stdin; each frame written to stdout pickled as it is made,
     or the exception that stopped the sums. Anything else printed goes to stderr."""
+    # Ctrl-C reaches the terminal's whole process group: the report's process stops and kills this
+    # one (`SumsWorker.close`), which has nothing of its own to say about it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     target, period, grain, previous, parent = pickle.load(sys.stdin.buffer)

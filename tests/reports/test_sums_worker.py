@@ -158,3 +158,61 @@ def test_a_killed_report_takes_its_worker_with_it(pg_schema, tmp_path):
         if worker and _alive(worker):  # the failure case: do not leave it waiting
             os.kill(worker, signal.SIGKILL)
         admin.close()
+
+
+INTERRUPTED = """
+from gpumeter.billing.ledger import open_ledger
+from gpumeter.reports.model import build_report, month_period
+ledger = open_ledger({url!r}, schema={schema!r})
+try:
+    build_report(ledger, month_period("2026-11"), sums_process=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as children:
+            found += [int(child) for child in children.read().split()]
+    return found
+
+
+@pytest.mark.postgres
+@pytest.mark.spawns
+def test_ctrl_c_stops_the_report_and_its_worker_quietly(pg_schema):
+    """Ctrl-C reaches the terminal's whole process group: the report stops with its own
+    KeyboardInterrupt and kills the worker, which says nothing (no second traceback)."""
+    ledger = open_ledger(PG_URL, schema=pg_schema)
+    ledger.close()
+    admin = _locked(pg_schema)  # the worker waits on the lock until it is killed
+    report = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED.format(url=PG_URL, schema=pg_schema)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives a command
+    )
+    worker = 0
+    try:
+        while not (children := _children(report.pid)):
+            time.sleep(0.05)
+        worker = children[0]
+        with psycopg.connect(PG_DSN, autocommit=True) as watcher:  # the worker inside its sums, waiting
+            while not watcher.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                (f'"{pg_schema}".cost_line_groups',),
+            ).fetchone()[0]:
+                time.sleep(0.05)
+        os.killpg(report.pid, signal.SIGINT)
+        out, err = report.communicate()
+        assert out == "interrupted\n"
+        assert "Traceback" not in err, err
+        while _alive(worker):
+            time.sleep(0.05)
+    finally:
+        report.kill()
+        if worker and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        admin.close()
