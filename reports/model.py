@@ -483,8 +483,8 @@ def build_report(
         raise ReportError(f"grain: expected hour or day (value {grain!r})")
     # The reads of the period side by side: the fact scan, then the shared GPUs' use, in a thread
     # beside the line sums, so on two cores the report waits for the longer of the two. The sums are
-    # the database's, done outside the GIL, but the scan is mostly Python: where the ledger can be
-    # opened again and the period is large, the sums are made by a process of their own
+    # the database's, but the scan is mostly Python, and SQLite's work is done in this process: on a
+    # SQLite file and a large period the sums are made by a process of their own
     # (`reports.sums_worker`) while this one scans. A report that fails stops the scan at its next
     # chunk and kills the sums' process, rather than waiting either out.
     target = reopen_target(ledger)
