@@ -68,8 +68,10 @@ class SumsWorker:
     def __init__(
         self, target: tuple[str, str | None], period: Period, grain: str, previous: Period | None
     ) -> None:
+        # -P: the working directory not first on the path, where a source checkout's `gpumeter`
+        # folder would hide the installed package
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-P", "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert self._process.stdin is not None and self._process.stdout is not None
         with self._process.stdin as asked:

@@ -218,3 +218,36 @@ def test_ctrl_c_stops_the_report_and_its_worker_quietly(pg_schema):
         if worker and _alive(worker):
             os.kill(worker, signal.SIGKILL)
         admin.close()
+
+
+IN_A_CHECKOUT = """
+from gpumeter.billing.ledger import open_ledger
+from gpumeter.reports.model import build_report, month_period
+ledger = open_ledger({url!r})
+print(build_report(ledger, month_period("2026-11"), sums_process=True).total.cost)
+"""
+
+
+@pytest.mark.spawns
+def test_a_gpumeter_folder_in_the_working_directory_does_not_hide_the_installed_package(tmp_path):
+    """Run from a source checkout, `python -m` would import the checkout's `gpumeter` folder before
+    the installed package: the worker then died at its imports (seen with the wheel installed; an
+    editable install's finder comes first, so there this passes either way)."""
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
+    here = build_report(ledger, NOVEMBER, sums_process=False).total.cost
+    ledger.close()
+    checkout = tmp_path / "checkout"
+    (checkout / "gpumeter").mkdir(parents=True)
+    (checkout / "gpumeter" / "__init__.py").write_text("raise ImportError('the checkout, not the package')\n")
+    report = subprocess.run(
+        [sys.executable, "-P", "-c", IN_A_CHECKOUT.format(url=f"sqlite:///{tmp_path / 'ledger.db'}")],
+        cwd=checkout,
+        # as a user's shell has it: the tests' own children run with PYTHONSAFEPATH (tests/conftest.py)
+        env={name: value for name, value in os.environ.items() if name != "PYTHONSAFEPATH"},
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stderr
+    assert report.stdout == f"{here}\n"
