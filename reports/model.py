@@ -572,26 +572,8 @@ def _build_report(
     frame = grouped.charges(grouped.name_clusters(lines, clusters))
     del lines
     charges = grouped.Charges(frame)
-    previous_period = period.previous()
-    # the previous period in columns too (a month of 10,000 GPUs has ~1 million distinct charges), a
-    # row a term: its totals are all the comparison reads, not its days or readings
-    previous = grouped.before(
-        grouped.name_clusters(
-            read_previous() if read_previous is not None else frames.from_totals([]),
-            clusters,
-        ),
-        grouping.key,
-    )
-
     charged_versions = {int(v) for v in frame["price_version_id"].dropna().unique()}
-    version_ids = charged_versions | previous.version_ids
-    versions = ledger.price_versions(version_ids)
-    currencies = sorted(set(frame.loc[frame["amount"].notna(), "currency"])) or sorted(
-        {v.currency for v in versions.values()}
-    )
-    if len(currencies) > 1:
-        raise ReportError(f"ledger: lines in several currencies in one period (value {currencies!r})")
-    currency = currencies[0] if currencies else "USD"
+    charged_currencies = set(frame.loc[frame["amount"].notna(), "currency"])
     # the columns the tables below group by and sum, alone: each filter below copies what it keeps
     # (~1 million charges for 10,000 GPUs), and the charges keep their own columns (`Charges`)
     frame = frame[list(grouped.SUMMED)]
@@ -639,6 +621,21 @@ def _build_report(
     team_actual = grouped.money_by(tenant[tenant["team"] != ""], ["team"])
     del frame, priced, tenant, platform_lines, platform_daily, missing
 
+    # the previous period, read last: the sums' worker makes it after this period's lines
+    # (`reports.sums_worker`). In columns too, a row a term: its totals are all the comparison reads
+    previous_period = period.previous()
+    previous = grouped.before(
+        grouped.name_clusters(
+            read_previous() if read_previous is not None else frames.from_totals([]),
+            clusters,
+        ),
+        grouping.key,
+    )
+    versions = ledger.price_versions(charged_versions | previous.version_ids)
+    currencies = sorted(charged_currencies) or sorted({v.currency for v in versions.values()})
+    if len(currencies) > 1:
+        raise ReportError(f"ledger: lines in several currencies in one period (value {currencies!r})")
+    currency = currencies[0] if currencies else "USD"
     before_groups: dict[str, Decimal] = defaultdict(Decimal, previous.groups)
     before_platform: dict[str, Decimal] = defaultdict(Decimal, previous.platform)
     before_total, before_tenants = previous.total, previous.tenants
