@@ -145,12 +145,29 @@ def main() -> None:
             ledger = open_ledger(url, schema=schema, migrate=False)
             try:
                 send(frames.line_frame(ledger, period.start, period.end, grain))
+                _give_back_memory()
                 if previous is not None:
                     send(frames.line_frame(ledger, previous.start, previous.end, "range"))
             finally:
                 ledger.close()
         except Exception as exc:  # the report's own process raises it
             send(exc)
+
+
+def _give_back_memory() -> None:
+    """Hand the heap the sums freed back to the system (glibc's malloc_trim): the month's rows and
+    chunks, ~450 MiB of the 10,000-GPU month that the process would otherwise hold, beside the report's
+    own growth, while it sums the month before."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc: what was freed stays the process's
+        trim = None
+    if trim is not None:
+        trim(0)
 
 
 if __name__ == "__main__":
