@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from tests.support.pids import alive
+
 PARENT = """
 import os, sys, time
 from gpumeter.billing.ingest import worker_pool
@@ -27,30 +29,21 @@ time.sleep(60)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited; only its entry is left
-        return stat.read().split(")")[-1].split()[0] != "Z"
-
-
 @pytest.mark.spawns
 def test_a_killed_ingest_takes_its_busy_workers_with_it():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     worker = 0
     try:
         worker = int(parent.stdout.readline())
-        assert _alive(worker)
+        assert alive(worker)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(worker) and time.monotonic() < deadline:
+        while alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(worker), f"worker {worker} outlived its killed parent"
+        assert not alive(worker), f"worker {worker} outlived its killed parent"
     finally:
         parent.kill()
         parent.stdout.close()
-        if worker and _alive(worker):  # the failure case: do not leave it sleeping
+        if worker and alive(worker):  # the failure case: do not leave it sleeping
             os.kill(worker, signal.SIGKILL)

@@ -23,6 +23,7 @@ from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.factories import write_book
 from tests.reports import synthetic
+from tests.support.pids import alive
 
 NOVEMBER = month_period("2026-11")
 
@@ -122,15 +123,6 @@ sys.stdin.read()  # until killed
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited; only its entry is left
-        return stat.read().split(")")[-1].split()[0] != "Z"
-
-
 @pytest.mark.postgres
 @pytest.mark.spawns
 def test_a_killed_report_takes_its_worker_with_it(pg_schema, tmp_path):
@@ -148,16 +140,16 @@ def test_a_killed_report_takes_its_worker_with_it(pg_schema, tmp_path):
     worker = 0
     try:
         worker = int(parent.stdout.readline())
-        assert _alive(worker)
+        assert alive(worker)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        while _alive(worker):
+        while alive(worker):
             time.sleep(0.05)
     finally:
         parent.kill()
         parent.stdout.close()
         parent.stdin.close()
-        if worker and _alive(worker):  # the failure case: do not leave it waiting
+        if worker and alive(worker):  # the failure case: do not leave it waiting
             os.kill(worker, signal.SIGKILL)
         admin.close()
 
@@ -211,11 +203,11 @@ def test_ctrl_c_stops_the_report_and_its_worker_quietly(pg_schema):
         out, err = report.communicate()
         assert out == "interrupted\n"
         assert "Traceback" not in err, err
-        while _alive(worker):
+        while alive(worker):
             time.sleep(0.05)
     finally:
         report.kill()
-        if worker and _alive(worker):
+        if worker and alive(worker):
             os.kill(worker, signal.SIGKILL)
         admin.close()
 
