@@ -109,7 +109,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def die_with_parent(parent: int) -> None:
-    """In a spawned worker process (an ingest's, a report's scan): ask the kernel for SIGKILL when
+    """In a spawned worker process (an ingest's, a report's line sums): ask the kernel for SIGKILL when
     the parent dies (prctl PR_SET_PDEATHSIG, Linux), so that a killed command leaves no worker
     writing or reading for minutes after it; exit at once if ``parent`` is gone already."""
     import ctypes

@@ -7,6 +7,7 @@ utilization-tier efficiency are report-only ratios and are carried as floats.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections import defaultdict
@@ -38,10 +39,6 @@ from gpumeter.reports.period import ReportError as ReportError
 from gpumeter.reports.period import last_month as last_month
 from gpumeter.reports.period import month_period as month_period
 from gpumeter.reports.period import range_period as range_period
-from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
-
-if TYPE_CHECKING:
-    import pandas as pd
 from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
 from gpumeter.reports.splits import FactScan, scan_facts
 from gpumeter.reports.splits import GpuBucket as GpuBucket
@@ -49,6 +46,10 @@ from gpumeter.reports.splits import Holding as Holding
 from gpumeter.reports.splits import HoldingKey as HoldingKey
 from gpumeter.reports.splits import Holdings as Holdings
 from gpumeter.reports.splits import read_splits as read_splits
+from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CLAIM_PREFIX = contract.CLAIM_RESOURCE_PREFIX
 
@@ -487,19 +488,30 @@ def build_report(
     # SQLite file and a large period the sums are made by a process of their own
     # (`reports.sums_worker`) while this one scans. A report that fails stops the scan at its next
     # chunk and kills the sums' process, rather than waiting either out.
+    from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
+
     target = reopen_target(ledger)
     if sums_process is None:
         sums_process = target is not None and worth_a_process(ledger, period)
-    if sums_process and target is None:
-        raise ValueError("sums_process: this ledger cannot be opened by another process")
     previous = period.previous() if compare else None
-    worker = SumsWorker(target, period, grain, previous) if sums_process and target is not None else None
+    worker = None
+    if sums_process:
+        if target is None:
+            raise ValueError("sums_process: this ledger cannot be opened by another process")
+        worker = SumsWorker(target, period, grain, previous)
     try:
-        read_lines, read_previous = (
-            (worker.lines, worker.previous_lines)
-            if worker is not None
-            else _line_reads(ledger, period, grain, previous)
-        )
+        read_lines: Callable[[], pd.DataFrame]
+        read_previous: Callable[[], pd.DataFrame] | None
+        if worker is not None:
+            read_lines = worker.lines
+            read_previous = None if previous is None else worker.previous_lines
+        else:
+            read_lines = functools.partial(frames.line_frame, ledger, period.start, period.end, grain)
+            read_previous = (
+                None
+                if previous is None
+                else functools.partial(frames.line_frame, ledger, previous.start, previous.end, "range")
+            )
         stop = threading.Event()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-facts") as pool:
             scan = pool.submit(scan_facts, ledger, period, grain, splits=splits, stop=stop)
@@ -514,7 +526,7 @@ def build_report(
                     budgets,
                     clusters,
                     read_lines,
-                    read_previous if previous is not None else None,
+                    read_previous,
                     scan.result,
                     shared.result,
                 )
@@ -524,20 +536,6 @@ def build_report(
     finally:
         if worker is not None:
             worker.close()
-
-
-def _line_reads(ledger: Ledger, period: Period, grain: str, previous: Period | None):
-    """The period's line frame and the previous period's as one range, read in this process."""
-    from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
-
-    def read_lines():
-        return frames.line_frame(ledger, period.start, period.end, grain)
-
-    def read_previous():
-        assert previous is not None
-        return frames.line_frame(ledger, previous.start, previous.end, "range")
-
-    return read_lines, read_previous
 
 
 def _build_report(

@@ -159,13 +159,8 @@ def _give_back_memory() -> None:
     chunks, ~450 MiB of the 10,000-GPU month that the process would otherwise hold, beside the report's
     own growth, while it sums the month before."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc: what was freed stays the process's
-        trim = None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # not glibc: what was freed stays held
     if trim is not None:
         trim(0)
 
