@@ -1,8 +1,9 @@
 """Worker processes of `billing ingest --workers N` die with the ingest that started them.
 
 A killed ingest used to leave its busy workers running (and writing hours) for as long as their task
-took. The parent here starts the real worker pool, gives a worker a minute-long task, reports the
-worker's pid and is killed with SIGKILL; the worker must be gone within seconds.
+took. The parent here starts the real worker pool, gives a worker an hour-long task, reports the
+worker's pid and is killed with SIGKILL; the worker must be gone long before its task would end (the
+test waits for it, bounded by the suite's timeout, not by a clock of its own).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import os, sys, time
 from gpumeter.billing.ingest import worker_pool
 pool = worker_pool(1)
 worker = pool.submit(os.getpid).result()
-pool.submit(time.sleep, 60)
-time.sleep(0.5)  # the worker is now inside its minute-long task
+pool.submit(time.sleep, 3600)
+time.sleep(0.5)  # the worker is now inside its hour-long task
 print(worker, flush=True)
-time.sleep(60)
+time.sleep(3600)
 """
 
 
@@ -37,11 +38,9 @@ def test_a_killed_ingest_takes_its_busy_workers_with_it():
         worker = int(parent.stdout.readline())
         assert alive(worker)
         parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while alive(worker) and time.monotonic() < deadline:
+        parent.wait()
+        while alive(worker):  # the kernel kills it at once; one that outlived it would meet the timeout
             time.sleep(0.05)
-        assert not alive(worker), f"worker {worker} outlived its killed parent"
     finally:
         parent.kill()
         parent.stdout.close()
