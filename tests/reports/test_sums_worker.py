@@ -4,11 +4,13 @@ the report is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -88,11 +90,26 @@ def test_a_report_that_fails_on_the_workers_lines_raises_its_own_error(sql_ledge
         build_report(sql_ledger, NOVEMBER, clusters=("nowhere",), sums_process=True)
 
 
-def _locked(schema: str) -> psycopg.Connection:
-    """A transaction holding the schema's line groups locked: sums of them wait until it ends."""
+@contextlib.contextmanager
+def _locked(schema: str) -> Iterator[Callable[[], int]]:
+    """A transaction holding the schema's line groups locked while the block runs: sums of them wait.
+    Yields how many server processes wait on the lock. A killed worker's server process still waits
+    (the server learns its client is gone only when it next writes to it): let in, it raced the
+    schema's drop at teardown (a deadlock, one run in three), so it is ended before the lock is let go."""
     admin = psycopg.connect(PG_DSN)
-    admin.execute(f'LOCK TABLE "{schema}".cost_line_groups IN ACCESS EXCLUSIVE MODE')
-    return admin
+    table = f'"{schema}".cost_line_groups'
+    admin.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    waiters = "FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
+
+    def waiting() -> int:
+        return admin.execute(f"SELECT count(*) {waiters}", (table,)).fetchone()[0]
+
+    try:
+        yield waiting
+    finally:
+        while admin.execute(f"SELECT count(pg_terminate_backend(pid)) {waiters}", (table,)).fetchone()[0]:
+            time.sleep(0.05)  # until none is left waiting
+        admin.close()
 
 
 @pytest.mark.postgres
@@ -104,13 +121,12 @@ def test_a_worker_closed_before_its_answers_is_killed(pg_schema, tmp_path):
     target = reopen_target(ledger)
     ledger.close()
     assert target == (PG_URL, pg_schema)
-    admin = _locked(pg_schema)
-    try:
+    with _locked(pg_schema) as waiting:
         worker = SumsWorker(target, NOVEMBER, "day", NOVEMBER.previous())
+        while not waiting():  # inside its sums, on the lock
+            time.sleep(0.05)
         worker.close()
         assert worker._process.returncode == -signal.SIGKILL
-    finally:
-        admin.close()
 
 
 PARENT = """
@@ -130,28 +146,29 @@ def test_a_killed_report_takes_its_worker_with_it(pg_schema, tmp_path):
     (waited for until it does: the test's timeout bounds it)."""
     ledger = open_ledger(PG_URL, schema=pg_schema)
     ledger.close()
-    admin = _locked(pg_schema)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT.format(url=PG_URL, schema=pg_schema)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    worker = 0
-    try:
-        worker = int(parent.stdout.readline())
-        assert alive(worker)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        while alive(worker):
-            time.sleep(0.05)
-    finally:
-        parent.kill()
-        parent.stdout.close()
-        parent.stdin.close()
-        if worker and alive(worker):  # the failure case: do not leave it waiting
-            os.kill(worker, signal.SIGKILL)
-        admin.close()
+    with _locked(pg_schema) as waiting:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", PARENT.format(url=PG_URL, schema=pg_schema)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        worker = 0
+        try:
+            worker = int(parent.stdout.readline())
+            while not waiting():  # inside its sums, on the lock
+                time.sleep(0.05)
+            assert alive(worker)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            while alive(worker):
+                time.sleep(0.05)
+        finally:
+            parent.kill()
+            parent.stdout.close()
+            parent.stdin.close()
+            if worker and alive(worker):  # the failure case: do not leave it waiting
+                os.kill(worker, signal.SIGKILL)
 
 
 INTERRUPTED = """
@@ -180,36 +197,31 @@ def test_ctrl_c_stops_the_report_and_its_worker_quietly(pg_schema):
     KeyboardInterrupt and kills the worker, which says nothing (no second traceback)."""
     ledger = open_ledger(PG_URL, schema=pg_schema)
     ledger.close()
-    admin = _locked(pg_schema)  # the worker waits on the lock until it is killed
-    report = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED.format(url=PG_URL, schema=pg_schema)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group of its own, as a terminal gives a command
-    )
-    worker = 0
-    try:
-        while not (children := _children(report.pid)):
-            time.sleep(0.05)
-        worker = children[0]
-        with psycopg.connect(PG_DSN, autocommit=True) as watcher:  # the worker inside its sums, waiting
-            while not watcher.execute(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
-                (f'"{pg_schema}".cost_line_groups',),
-            ).fetchone()[0]:
+    with _locked(pg_schema) as waiting:  # the worker waits on the lock until it is killed
+        report = subprocess.Popen(
+            [sys.executable, "-c", INTERRUPTED.format(url=PG_URL, schema=pg_schema)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a process group of its own, as a terminal gives a command
+        )
+        worker = 0
+        try:
+            while not (children := _children(report.pid)):
                 time.sleep(0.05)
-        os.killpg(report.pid, signal.SIGINT)
-        out, err = report.communicate()
-        assert out == "interrupted\n"
-        assert "Traceback" not in err, err
-        while alive(worker):
-            time.sleep(0.05)
-    finally:
-        report.kill()
-        if worker and alive(worker):
-            os.kill(worker, signal.SIGKILL)
-        admin.close()
+            worker = children[0]
+            while not waiting():  # the worker inside its sums, waiting
+                time.sleep(0.05)
+            os.killpg(report.pid, signal.SIGINT)
+            out, err = report.communicate()
+            assert out == "interrupted\n"
+            assert "Traceback" not in err, err
+            while alive(worker):
+                time.sleep(0.05)
+        finally:
+            report.kill()
+            if worker and alive(worker):
+                os.kill(worker, signal.SIGKILL)
 
 
 IN_A_CHECKOUT = """
