@@ -39,5 +39,11 @@ def reopen_target(ledger: Ledger) -> tuple[str, str | None] | None:
         if database in ("", ":memory:") or "mode=memory" in database or url.query.get("mode") == "memory":
             return None
         return url.render_as_string(hide_password=False), None
-    schema = engine.dialect.default_schema_name if engine.dialect.name == "postgresql" else None
+    schema = None
+    if engine.dialect.name == "postgresql":
+        # the schema the ledger's search path names, which SQLAlchemy learns at the first connection
+        if engine.dialect.default_schema_name is None:
+            with engine.connect():
+                pass
+        schema = engine.dialect.default_schema_name
     return url.render_as_string(hide_password=False), schema

@@ -121,6 +121,12 @@ def test_a_worker_closed_before_its_answers_is_killed(pg_schema, tmp_path):
     target = reopen_target(ledger)
     ledger.close()
     assert target == (PG_URL, pg_schema)
+    # a ledger not yet connected (opened without migrating) names its schema too
+    unconnected = open_ledger(PG_URL, schema=pg_schema, migrate=False)
+    try:
+        assert reopen_target(unconnected) == (PG_URL, pg_schema)
+    finally:
+        unconnected.close()
     with _locked(pg_schema) as waiting:
         worker = SumsWorker(target, NOVEMBER, "day", NOVEMBER.previous())
         while not waiting():  # inside its sums, on the lock
