@@ -16,9 +16,51 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-# what a file is given as: its bytes or text whole, or a function giving its text in parts (a month of
-# 10,000 GPUs is a FOCUS file of ~1.4 GB: written as it is made, it is never held whole)
-Content = str | bytes | Callable[[], Iterable[str]]
+
+class WrittenApart:
+    """A file another process writes (`reports.sums_worker`) to a temporary name beside its final one,
+    made here (`temporary_beside`) so that it is removed here whatever becomes of that process.
+    ``written`` waits for it and gives its SHA-256; `write_files` then renames it into place in its
+    turn, or removes it."""
+
+    def __init__(self, temporary: Path, written: Callable[[], str]):
+        self.temporary, self._written = temporary, written
+
+    def commit(self, path: Path) -> str:
+        digest = self._written()
+        os.replace(self.temporary, path)
+        return digest
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.temporary)
+
+
+# what a file is given as: its bytes or text whole, a function giving its text in parts (a month of
+# 10,000 GPUs is a FOCUS file of ~1.4 GB: written as it is made, it is never held whole), or a file
+# another process writes
+Content = str | bytes | Callable[[], Iterable[str]] | WrittenApart
+
+
+def temporary_beside(path: Path) -> Path:
+    """An empty file of mode 0644 for ``path``'s content, in its folder, named as `write_atomically`
+    names its own."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(fd)
+    os.chmod(temporary, 0o644)  # mkstemp makes it 0600; a report is read by others
+    return Path(temporary)
+
+
+def write_whole(path: Path, data: Iterable[bytes]) -> str:
+    """``data``'s parts in order into the existing file ``path``, fsynced; their SHA-256 (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as file:
+        for part in data:
+            digest.update(part)
+            file.write(part)
+        file.flush()
+        os.fsync(file.fileno())
+    return digest.hexdigest()
 
 
 class ReportWriteError(RuntimeError):
@@ -35,25 +77,18 @@ def write_atomically(path: Path, data: bytes | Iterable[bytes]) -> str:
     """``data`` (bytes, or its parts in order) under ``path``, whole: written to a temporary file
     beside it, fsynced, renamed. Returns its SHA-256 (hex). OSError after removing the temporary file;
     ``path`` is then as it was (so too when making a part raises)."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    digest = hashlib.sha256()
+    temporary = temporary_beside(path)
     try:
-        with os.fdopen(fd, "wb") as file:
-            for part in (data,) if isinstance(data, bytes) else data:
-                digest.update(part)
-                file.write(part)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, 0o644)  # mkstemp makes it 0600; a report is read by others
+        digest = write_whole(temporary, (data,) if isinstance(data, bytes) else data)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    return digest.hexdigest()
+    return digest
 
 
-def _encoded(content: Content) -> bytes | Iterable[bytes]:
+def _encoded(content: str | bytes | Callable[[], Iterable[str]]) -> bytes | Iterable[bytes]:
     if isinstance(content, str):
         return content.encode("utf-8")
     if isinstance(content, bytes):
@@ -62,14 +97,25 @@ def _encoded(content: Content) -> bytes | Iterable[bytes]:
 
 
 def write_files(out: Path, texts: Mapping[str, Content]) -> dict[str, str]:
-    """Write each of ``texts`` (name -> content: text, bytes, or a function giving the text's parts)
-    into ``out`` with `write_atomically`, in order; returns {name: sha256 hex}, sorted.
-    ReportWriteError at the first that cannot be written."""
+    """Write each of ``texts`` (name -> content: text, bytes, a function giving the text's parts, or
+    a file written apart) into ``out`` with `write_atomically`, in order; returns {name: sha256 hex},
+    sorted. ReportWriteError at the first that cannot be written; a file written apart and not put in
+    place is removed, whatever stopped the writing."""
     checksums: dict[str, str] = {}
     names = list(texts)
-    for i, name in enumerate(names):
-        try:
-            checksums[name] = write_atomically(out / name, _encoded(texts[name]))
-        except OSError as exc:
-            raise ReportWriteError(out / name, exc, names[:i], names[i:]) from None
+    try:
+        for i, name in enumerate(names):
+            content = texts[name]
+            try:
+                if isinstance(content, WrittenApart):
+                    checksums[name] = content.commit(out / name)
+                else:
+                    checksums[name] = write_atomically(out / name, _encoded(content))
+            except OSError as exc:
+                raise ReportWriteError(out / name, exc, names[:i], names[i:]) from None
+    finally:
+        for name in names[len(checksums) :]:
+            content = texts[name]
+            if isinstance(content, WrittenApart):
+                content.discard()
     return dict(sorted(checksums.items()))

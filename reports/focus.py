@@ -13,7 +13,7 @@ columns are in `reports.focus_columns`, the schema check in `reports.focus_check
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -46,11 +46,7 @@ from gpumeter.reports.focus_origins import (
     sub_account,
 )
 from gpumeter.reports.model import HOUR, Report
-
-
-@lru_cache(maxsize=8192)
-def _ts(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+from gpumeter.reports.period import utc_text
 
 
 @lru_cache(maxsize=4096)
@@ -77,7 +73,7 @@ _NEVER_FORMULAS = frozenset(
 )
 
 
-# columns of figures and times gpumeter writes itself (`scaled`, `num`, `_ts`): never quoted or defused
+# columns of figures and times gpumeter writes itself (`scaled`, `num`, `utc_text`): never quoted or defused
 _WRITTEN = frozenset(name for name, (_, kind) in COLUMN_SPEC.items() if kind in ("decimal", "datetime"))
 
 
@@ -130,8 +126,8 @@ def _alike(report: Report, account: str, service: str, keep_formulas: bool) -> d
     alike = {
         "BillingAccountId": account,
         "BillingAccountName": account,
-        "BillingPeriodEnd": _ts(period.end),
-        "BillingPeriodStart": _ts(period.start),
+        "BillingPeriodEnd": utc_text(period.end),
+        "BillingPeriodStart": utc_text(period.start),
         "ChargeCategory": "Usage",
         "ChargeClass": "",
         "ChargeFrequency": "Usage-Based",
@@ -162,7 +158,7 @@ def _bucket_columns(
     labels = rates.labels
     origin, part = origins(report, b, rates)
     start, end = _charge_period(report, b.bucket)
-    charge_start = _ts(start)
+    charge_start = utc_text(start)
     unpriced = [o.unpriced for o in origin]
     mig = [bool(gi) for gi in b.gpu_instance_id]
     descriptions: dict[tuple, str] = {}
@@ -201,7 +197,7 @@ def _bucket_columns(
         "BilledCost": billed,
         "BillingCurrency": b.currency,
         "ChargeDescription": [description(i) for i in range(n)],
-        "ChargePeriodEnd": [_ts(end)] * n,
+        "ChargePeriodEnd": [utc_text(end)] * n,
         "ChargePeriodStart": [charge_start] * n,
         "ConsumedQuantity": consumed,
         "ContractedCost": listed,

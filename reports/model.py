@@ -13,6 +13,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING
 
 from gpumeter import contract
 from gpumeter.billing.config import Budget
-from gpumeter.billing.ledger import reopen_target
 from gpumeter.billing.ledger.base import AuditRecord, Ledger, LineTotal, PriceVersionRecord, SharedUse
 from gpumeter.billing.models import (
     PLATFORM_KINDS,
@@ -46,7 +46,7 @@ from gpumeter.reports.splits import Holding as Holding
 from gpumeter.reports.splits import HoldingKey as HoldingKey
 from gpumeter.reports.splits import Holdings as Holdings
 from gpumeter.reports.splits import read_splits as read_splits
-from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
+from gpumeter.reports.sums_worker import SumsWorker, sums_apart
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -382,9 +382,7 @@ class Report:
         return minor_unit(self.currency)
 
     def money(self, value: Decimal | None) -> str:
-        if value is None:
-            return ""
-        return str(value.quantize(Decimal(1).scaleb(-self.exponent)))
+        return money_text(value, self.exponent)
 
     def version_label(self, version_id: int | None) -> str:
         for v in self.price_versions:
@@ -410,6 +408,13 @@ class Report:
     @property
     def group_keys(self) -> list[str]:
         return [g.key for g in self.groups]
+
+
+def money_text(value: Decimal | None, exponent: int) -> str:
+    """An amount as the report's files write it: to the currency's minor unit; empty for none."""
+    if value is None:
+        return ""
+    return str(value.quantize(Decimal(1).scaleb(-exponent)))
 
 
 def version_label(version: PriceVersionRecord) -> str:
@@ -472,12 +477,15 @@ def build_report(
     splits: bool = True,
     clusters: tuple[str, ...] = (),
     sums_process: bool | None = None,
+    sums: SumsWorker | None = None,
 ) -> Report:
     """Read the ledger for ``period`` (and the previous period for the change) into a Report;
     with ``budgets`` (team → monthly budget) and a month, budget against actual per team; with
     ``splits``, how the cost of each shared GPU-hour was split (FOCUS 1.3 reads it); with
     ``clusters``, the lines of those clusters alone. ``sums_process``: whether the lines are summed
-    by a process of their own (default: where the ledger and the period make it worth it)."""
+    by a process of their own (default: where the ledger and the period make it worth it); ``sums``:
+    that process, started by the caller for this period, grain and comparison (`sums_apart`), which
+    then closes it (`reports.run.generate` has it write the lines CSV too)."""
     if isinstance(grouping, str):
         grouping = Grouping.parse(grouping)
     if grain not in ("hour", "day"):
@@ -490,16 +498,9 @@ def build_report(
     # chunk and kills the sums' process, rather than waiting either out.
     from gpumeter.billing.ledger import frames  # pandas: paid for by a report, not by the CLI's start
 
-    target = reopen_target(ledger)
-    if sums_process is None:
-        sums_process = target is not None and worth_a_process(ledger, period)
     previous = period.previous() if compare else None
-    worker = None
-    if sums_process:
-        if target is None:
-            raise ValueError("sums_process: this ledger cannot be opened by another process")
-        worker = SumsWorker(target, period, grain, previous)
-    try:
+    apart = sums_apart(ledger, period, grain, previous, sums_process) if sums is None else nullcontext(sums)
+    with apart as worker:
         read_lines: Callable[[], pd.DataFrame]
         read_previous: Callable[[], pd.DataFrame] | None
         if worker is not None:
@@ -533,9 +534,6 @@ def build_report(
             finally:
                 stop.set()
                 shared.cancel()
-    finally:
-        if worker is not None:
-            worker.close()
 
 
 def _build_report(

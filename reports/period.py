@@ -5,8 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
 
 HOUR = timedelta(hours=1)
+
+
+@lru_cache(maxsize=8192)  # a month's charges name its ~720 hours again and again: three a row
+def utc_text(moment: datetime) -> str:
+    """A moment as every report file writes it: UTC, to the second, ``Z``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ReportError(ValueError):

@@ -11,23 +11,21 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 from gpumeter.billing.models import LineKind
-from gpumeter.reports import csvfile, focus
-from gpumeter.reports.files import Content, write_files
-from gpumeter.reports.model import HOUR, PLATFORM_NAMES, Change, Report, Usage, version_label
+from gpumeter.reports import csvfile, focus, lines_file
+from gpumeter.reports.files import Content, WrittenApart, temporary_beside, write_files
+from gpumeter.reports.lines_file import LinesSpec
+from gpumeter.reports.model import PLATFORM_NAMES, Change, Report, Usage, version_label
+from gpumeter.reports.period import utc_text
 
 FORMATS = ("html", "csv", "json", "focus")
 
@@ -102,33 +100,10 @@ SUMMARY_HEADER = [
     "change_ratio",
     "price_book_versions",
 ]
-LINES_HEADER = [
-    "bucket",
-    "charge_period_start",
-    "charge_period_end",
-    "line",
-    "team",
-    "namespace",
-    "pod",
-    "container",
-    "gpu_model",
-    "mig_profile",
-    "gpu_uuid",
-    "gpu_instance_id",
-    "gpu_hours",
-    "slice_hours",
-    "cost",
-    "currency",
-    "mean_utilization",
-    "efficiency",
-    "price_book_version",
-    "hourly_lines",
-]
+LINES_HEADER = lines_file.HEADER  # the lines CSV's (reports.lines_file)
 
 
-@lru_cache(maxsize=4096)  # a month's charges name its ~720 hours again and again: three a row
-def _ts(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+_ts = utc_text
 
 
 def csv_text(header: list[str], rows: Iterable[list], *, keep_formulas: bool = False) -> str:
@@ -187,73 +162,8 @@ def lines_csv(report: Report, *, keep_formulas: bool = False) -> str:
 
 
 def lines_csv_parts(report: Report, *, keep_formulas: bool = False) -> Iterator[str]:
-    """The charges' CSV (`lines_csv`) in parts, made as the charges are read."""
-    labels = {v.id: version_label(v) for v in report.price_versions}
-    # the cluster column only where the store labels clusters: a single cluster's file is as before
-    clustered = report.has_clusters
-    header = [*LINES_HEADER[:4], "cluster", *LINES_HEADER[4:]] if clustered else LINES_HEADER
-    return csvfile.column_parts(header, _line_columns(report, labels, clustered), keep_formulas=keep_formulas)
-
-
-def _line_columns(report: Report, labels: dict[int, str], clustered: bool) -> Iterator[list[list]]:
-    """The charges' CSV columns, a chunk of charges at a time: no `LineTotal` or
-    datetime per charge (a month of 10,000 GPUs is ~1 million), each distinct time written once. What
-    each charge's figures say, as `_qty`, `Report.money`, `Report.slices` and `_ratio` write them:
-    quantities are integers of 10⁻⁶ GPU-hours, amounts of 10⁻⁴ (billing/ledger/frames.py), slice-hours
-    the charges' own column (`grouped._with_figures`)."""
-    import pandas as pd  # loaded by a report that writes its lines, not by the CLI's start
-
-    from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_SCALE
-    from gpumeter.reports.focus_origins import mean_millionths
-    from gpumeter.reports.grouped import Charges, per_distinct
-
-    charges = report.charges
-    if not isinstance(charges, Charges):
-        raise TypeError(
-            "lines CSV: the report's charges are read from their columns (reports.grouped.Charges)"
-        )
-    unpriced = LineKind.UNPRICED.value
-
-    def times(column: pd.Series, shift: timedelta = timedelta(0)) -> list[str]:
-        return per_distinct(column, lambda moment: _ts(moment.to_pydatetime() + shift))
-
-    def micro(value: int) -> str:  # an integer of 10⁻⁶ as `_qty` writes its Decimal: six places
-        whole, part = divmod(abs(value), QUANTITY_SCALE)
-        return f"{'-' if value < 0 else ''}{whole}.{part:06d}"
-
-    def means(weighted: pd.Series, quantity: pd.Series) -> list[str]:  # from the exact sums, as FOCUS
-        return [
-            "" if m is None else micro(m) for m in map(mean_millionths, weighted.tolist(), quantity.tolist())
-        ]
-
-    for c in charges.chunks():
-        amounts = [None if a is pd.NA else a * MONEY_UNIT for a in c["amount"].astype(object).tolist()]
-        versions = [None if v is pd.NA else v for v in c["price_version_id"].astype(object).tolist()]
-        columns = [
-            times(c["bucket"]),
-            times(c["first_hour"]),
-            times(c["last_hour"], HOUR),
-            [unpriced if a is None else k for a, k in zip(amounts, c["kind"].tolist(), strict=True)],
-            c["team"].tolist(),
-            c["namespace"].tolist(),
-            c["pod"].tolist(),
-            c["container"].tolist(),
-            c["model"].tolist(),
-            c["mig_profile"].tolist(),
-            c["uuid"].tolist(),
-            c["gpu_instance_id"].tolist(),
-            [micro(q) for q in c["quantity"].tolist()],
-            [micro(held) for held in c["slice_hours"].tolist()],  # `Report.slices`, in columns
-            [report.money(a) for a in amounts],
-            c["currency"].tolist(),
-            means(c["uw_exact"], c["uq"]),
-            means(c["ew_exact"], c["eq"]),
-            [labels.get(v, "") for v in versions],
-            c["lines"].tolist(),
-        ]
-        if clustered:
-            columns.insert(4, c["cluster"].tolist())
-        yield columns
+    """The charges' CSV (`lines_csv`) in parts, made as the charges are read (`reports.lines_file`)."""
+    return lines_file.parts(report.charges, LinesSpec.of(report, keep_formulas=keep_formulas))  # type: ignore[arg-type]
 
 
 BUDGETS_HEADER = [
@@ -707,10 +617,22 @@ def html_text(report: Report, options: RenderOptions | None = None) -> str:
 # --- writing files ------------------------------------------------------------------------------------
 
 
+# what has another process write the lines CSV of the report's period (`SumsWorker.write_lines`): into
+# a temporary file, for the report's clusters; returns what waits for it and gives its SHA-256
+LinesApart = Callable[[Path, LinesSpec, tuple[str, ...]], Callable[[], str]]
+
+
 def render(
-    report: Report, out_dir: str | Path, formats: tuple[str, ...] = FORMATS, options=None
+    report: Report,
+    out_dir: str | Path,
+    formats: tuple[str, ...] = FORMATS,
+    options=None,
+    *,
+    lines_apart: LinesApart | None = None,
 ) -> dict[str, str]:
-    """Write the report's files into ``out_dir``; returns {file name: sha256 hex}."""
+    """Write the report's files into ``out_dir``; returns {file name: sha256 hex}. With
+    ``lines_apart``, the lines CSV is written by another process from the same lines while this one
+    makes the other files, and put in place after them."""
     options = options or RenderOptions()
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
@@ -718,18 +640,34 @@ def render(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = file_names(report, formats, options.focus_version)
+    keep = options.keep_formulas
     texts: dict[str, Content] = {}
-    for fmt in formats:
-        if fmt == "html":
-            texts[names["html"][0]] = html_text(report, options)
-        elif fmt == "csv":
-            keep = options.keep_formulas
-            texts[names["csv"][0]] = summary_csv(report, keep_formulas=keep)
-            texts[names["csv"][1]] = functools.partial(lines_csv_parts, report, keep_formulas=keep)
-            if report.budgets:
-                texts[names["csv"][2]] = budgets_csv(report, keep_formulas=keep)
-        elif fmt == "json":
-            texts[names["json"][0]] = json_text(report)
-        elif fmt == "focus":
-            texts[names["focus"][0]] = functools.partial(focus_csv_parts, report, options)
-    return write_files(out, texts)
+    apart: dict[str, WrittenApart] = {}
+    if lines_apart is not None and "csv" in formats:  # asked first: it is written beside all the rest
+        name = names["csv"][1]
+        temporary = temporary_beside(out / name)
+        try:
+            spec = LinesSpec.of(report, keep_formulas=keep)
+            apart[name] = WrittenApart(temporary, lines_apart(temporary, spec, report.only_clusters))
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    try:
+        for fmt in formats:
+            if fmt == "html":
+                texts[names["html"][0]] = html_text(report, options)
+            elif fmt == "csv":
+                texts[names["csv"][0]] = summary_csv(report, keep_formulas=keep)
+                if names["csv"][1] not in apart:
+                    texts[names["csv"][1]] = functools.partial(lines_csv_parts, report, keep_formulas=keep)
+                if report.budgets:
+                    texts[names["csv"][2]] = budgets_csv(report, keep_formulas=keep)
+            elif fmt == "json":
+                texts[names["json"][0]] = json_text(report)
+            elif fmt == "focus":
+                texts[names["focus"][0]] = functools.partial(focus_csv_parts, report, options)
+    except BaseException:
+        for file in apart.values():
+            file.discard()
+        raise
+    return write_files(out, {**texts, **apart})

@@ -17,6 +17,7 @@ from gpumeter.process import no_collections
 from gpumeter.reports.files import ReportWriteError, write_atomically
 from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
 from gpumeter.reports.render import FORMATS, RenderOptions, render
+from gpumeter.reports.sums_worker import sums_apart
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -61,9 +62,10 @@ def generate(
     record: bool = True,
     budgets: Mapping[str, Budget] | None = None,
     clusters: tuple[str, ...] = (),
+    sums_process: bool | None = None,
 ) -> RunResult:
     """Build the report, write its files and a manifest, and record the run (period, price-book
-    versions, ingest runs, checksums) in ``report_runs``."""
+    versions, ingest runs, checksums) in ``report_runs``. ``sums_process``: as `build_report`'s."""
     now = now or datetime.now(UTC)
     options = options or RenderOptions(generated_at=now)
     if isinstance(grouping, str):
@@ -73,8 +75,19 @@ def generate(
         raise ReportError(f"format: expected some of {', '.join(FORMATS)} (value {','.join(unknown)!r})")
     out = output_directory(out_dir)
     # the report's charges, frames and rows are freed by reference counting; the collector's passes
-    # over them were 13 % of the 10,000-GPU report (docs/performance.md)
-    with no_collections():
+    # over them were 13 % of the 10,000-GPU report (docs/performance.md). Where the lines are summed
+    # by a process of their own, it writes the lines CSV too, while this one writes FOCUS
+    with (
+        no_collections(),
+        sums_apart(
+            ledger,
+            period,
+            grain,
+            period.previous(),
+            sums_process,
+            lines_file=out if "csv" in formats else None,
+        ) as sums,
+    ):
         report = build_report(
             ledger,
             period,
@@ -86,8 +99,9 @@ def generate(
             # FOCUS (origin charges, ResourceName, and 1.3's allocation columns)
             splits="focus" in formats,
             clusters=clusters,
+            sums=sums,
         )
-        files = render(report, out, formats, options)
+        files = render(report, out, formats, options, lines_apart=sums.write_lines if sums else None)
     versions = [
         {"id": v.id, "label": version_label(v), "digest": v.digest, "path": v.path}
         for v in report.price_versions

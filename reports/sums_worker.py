@@ -13,19 +13,33 @@ report: 12.99-13.19 s summed in the report's process, 13.27-13.69 s with the wor
 opens the ledger's database again (`reopen_target`), so SQLite in memory is summed in the report's
 process as before, and so is a small period, where starting a process (~1 s of CPU) would cost more
 than it saves (`worth_a_process`).
+
+The worker holds the same lines the report's charges are made from, so it also writes the lines CSV
+(`reports.lines_file`, ~5 s of one core for that month) while the report's process writes FOCUS, when
+`generate` asks for it (`write_lines`); the file is put in place by the report's process with the
+others (`reports.files.WrittenApart`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import pickle
 import signal
 import subprocess
 import sys
-from typing import Any
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
+from gpumeter.billing.ledger import reopen_target
 from gpumeter.billing.ledger.base import Ledger
 from gpumeter.reports.period import HOUR, Period
+
+if TYPE_CHECKING:
+    from gpumeter.reports.lines_file import LinesSpec
 
 # GPU-hours in the period (its last stored hour's times its hours) from which the sums get a
 # process: ~140 GPUs over a month, ~4,000 over a day. Below it both reads take a second or two.
@@ -55,18 +69,54 @@ def worth_a_process(ledger: Ledger, period: Period, from_gpu_hours: int = SUMS_P
     return (gpus or 0) * ((period.end - period.start) // HOUR) >= from_gpu_hours
 
 
+@contextlib.contextmanager
+def sums_apart(
+    ledger: Ledger,
+    period: Period,
+    grain: str,
+    previous: Period | None,
+    sums_process: bool | None = None,
+    *,
+    lines_file: Path | None = None,
+) -> Iterator[SumsWorker | None]:
+    """A `SumsWorker` for the report of ``period`` (``previous``: the period it compares with, or
+    None), closed at the end of the block; None where the lines are summed in the report's process:
+    ``sums_process`` False, or None and not `worth_a_process`. ValueError where ``sums_process`` is
+    True and no other process can open the ledger."""
+    target = reopen_target(ledger)
+    if sums_process is None:
+        sums_process = target is not None and worth_a_process(ledger, period)
+    if not sums_process:
+        yield None
+        return
+    if target is None:
+        raise ValueError("sums_process: this ledger cannot be opened by another process")
+    with SumsWorker(target, period, grain, previous, lines_file=lines_file) as worker:
+        yield worker
+
+
 class SumsWorker:
     """The line sums of ``period`` by ``grain``, then those of ``previous`` (or None) as one range,
     summed by a process of its own from the ledger at ``target`` (`reopen_target`'s (URL, schema)),
-    each sent back as soon as it is made; `lines` and `previous_lines` wait for them in turn.
+    each sent back as soon as it is made; `lines` and `previous_lines` wait for them in turn. With
+    ``lines_file`` (the folder the report's files go to), the process keeps the period's lines there,
+    in a file without a name (the report's process groups them meanwhile: not in memory then, and not
+    in a /tmp that a pod may keep small), and writes the report's lines CSV from them when asked
+    (`write_lines`).
 
     The process is this module run by the same interpreter (``python -m``), not a `multiprocessing`
     child, which would import the caller's own ``__main__`` again. It dies with this one
-    (`die_with_parent`), and `close` kills it if it is still summing: a report that failed does not
+    (`die_with_parent`), and `close` kills it if it is still at work: a report that failed does not
     wait it out."""
 
     def __init__(
-        self, target: tuple[str, str | None], period: Period, grain: str, previous: Period | None
+        self,
+        target: tuple[str, str | None],
+        period: Period,
+        grain: str,
+        previous: Period | None,
+        *,
+        lines_file: Path | None = None,
     ) -> None:
         # -P: the working directory not first on the path, where a source checkout's `gpumeter`
         # folder would hide the installed package
@@ -74,11 +124,22 @@ class SumsWorker:
             [sys.executable, "-P", "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert self._process.stdin is not None and self._process.stdout is not None
-        with self._process.stdin as asked:
-            asked.write(pickle.dumps((target, period, grain, previous, os.getpid())))
+        self._asks: IO[bytes] | None = self._process.stdin
+        self._ask((target, period, grain, previous, os.getpid(), lines_file))
+        if lines_file is None:  # nothing more to ask
+            self._asks.close()
+            self._asks = None
         self._answers = self._process.stdout
         self._received: list[Any] = []
         self._expected = 1 if previous is None else 2
+
+    def _ask(self, request: tuple) -> None:
+        assert self._asks is not None
+        try:
+            self._asks.write(pickle.dumps(request))
+            self._asks.flush()
+        except BrokenPipeError:  # it stopped: its answers say why (`_answer`)
+            pass
 
     def _answer(self, index: int) -> Any:
         """The ``index``-th answer; the exception that stopped the worker where it failed."""
@@ -103,7 +164,24 @@ class SumsWorker:
         """The previous period's line frame, one range (`frames.line_frame(…, "range")`)."""
         return self._answer(1)
 
+    def write_lines(self, temporary: Path, spec: LinesSpec, clusters: tuple[str, ...]) -> Callable[[], str]:
+        """Have the process write the lines CSV (`reports.lines_file`) of the period's lines of
+        ``clusters`` (all: none named) into the existing file ``temporary``; returns what waits for it
+        to be written and gives its SHA-256. Once only, and only with ``lines_file``."""
+        if self._asks is None:
+            raise RuntimeError("write_lines: asked of a worker not started with lines_file, or twice")
+        self._ask((temporary, spec, clusters))
+        self._asks.close()
+        self._asks = None
+        index = self._expected
+        self._expected += 1
+        return functools.partial(self._answer, index)
+
     def close(self) -> None:
+        if self._asks is not None:  # the lines CSV not asked for: the process ends on reading that
+            with contextlib.suppress(BrokenPipeError):
+                self._asks.close()
+            self._asks = None
         if len(self._received) < self._expected:
             self._process.kill()
         self._process.wait()
@@ -124,7 +202,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    target, period, grain, previous, parent = pickle.load(sys.stdin.buffer)
+    asks = sys.stdin.buffer
+    target, period, grain, previous, parent, lines_file = pickle.load(asks)
 
     from gpumeter.billing.ledger import frames, open_ledger
     from gpumeter.process import die_with_parent, no_collections
@@ -132,26 +211,55 @@ def main() -> None:
     die_with_parent(parent)
     url, schema = target
 
-    def send(answer: Any) -> None:
-        try:
-            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # an exception that does not pickle: its text
-            data = pickle.dumps(RuntimeError(f"the report's line sums failed: {answer}"))
+    def send(data: bytes) -> None:
         answers.write(data)
         answers.flush()
 
-    with answers, no_collections():
+    with answers, no_collections(), contextlib.ExitStack() as closing:
         try:
+            # the lines kept for the lines CSV, in the report's folder, nameless: gone whatever happens
+            kept = (
+                None if lines_file is None else closing.enter_context(tempfile.TemporaryFile(dir=lines_file))
+            )
             ledger = open_ledger(url, schema=schema, migrate=False)
             try:
-                send(frames.line_frame(ledger, period.start, period.end, grain))
+                lines = pickled(frames.line_frame(ledger, period.start, period.end, grain))
+                send(lines)
+                if kept is not None:  # for the lines CSV: on disk while the report's process groups
+                    kept.write(lines)
+                del lines
                 _give_back_memory()
                 if previous is not None:
-                    send(frames.line_frame(ledger, previous.start, previous.end, "range"))
+                    send(pickled(frames.line_frame(ledger, previous.start, previous.end, "range")))
             finally:
                 ledger.close()
+            if kept is not None:
+                try:
+                    temporary, spec, clusters = pickle.load(asks)
+                except EOFError:  # not asked for
+                    return
+                kept.seek(0)
+                send(pickled(_write_lines(pickle.load(kept), temporary, spec, clusters)))
         except Exception as exc:  # the report's own process raises it
-            send(exc)
+            send(pickled(exc))
+
+
+def pickled(answer: Any) -> bytes:
+    try:
+        return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle: its text
+        return pickle.dumps(RuntimeError(f"the report's line sums failed: {answer}"))
+
+
+def _write_lines(lines: Any, temporary: Path, spec: LinesSpec, clusters: tuple[str, ...]) -> str:
+    """The lines CSV of ``lines`` (the period's line frame) into ``temporary``: its charges made as
+    the report's process makes them (`reports.model._build_report`); the file's SHA-256."""
+    from gpumeter.reports import grouped, lines_file
+    from gpumeter.reports.files import write_whole
+
+    charges = grouped.Charges(grouped.charges(grouped.name_clusters(lines, clusters)))
+    del lines
+    return write_whole(temporary, (part.encode("utf-8") for part in lines_file.parts(charges, spec)))
 
 
 def _give_back_memory() -> None:

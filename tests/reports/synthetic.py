@@ -11,7 +11,7 @@ their device for the whole day, so each (GPU, day) is priced once and its lines 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -130,15 +130,28 @@ def _day_hour(gpu: Gpu, day: int, start: datetime, rng: random.Random) -> GpuHou
     return GpuHour(hour, device, instances, allocations)
 
 
-def fill(ledger, book: PriceBook, start: datetime, days: int, gpus: int, seed: int = 7, progress=None) -> int:
-    """Write ``days`` x 24 hours of the fleet into ``ledger``; returns the number of lines written."""
+def fill(
+    ledger,
+    book: PriceBook,
+    start: datetime,
+    days: int,
+    gpus: int,
+    seed: int = 7,
+    progress=None,
+    clusters: tuple[str, ...] = ("",),
+) -> int:
+    """Write ``days`` x 24 hours of the fleet into ``ledger``, in each of ``clusters`` (the same
+    fleet in each: a GPU is its cluster and uuid; "": no cluster label); returns the number of lines
+    written."""
     rng = random.Random(seed)
     devices = fleet(gpus, seed)
     written = 0
     for day in range(days):
         priced: list[tuple[GpuHour, list[Line]]] = []
-        for gpu in devices:
+        for cluster, gpu in ((cluster, gpu) for cluster in clusters for gpu in devices):
             gh = _day_hour(gpu, day, start, rng)
+            if cluster:
+                gh = GpuHour(gh.hour, replace(gh.device, cluster=cluster), gh.instances, gh.allocations)
             priced.append((gh, price_gpu_hour(gh, book, NAMESPACE_TEAMS).lines))
         for h in range(24):
             hour = start + timedelta(days=day, hours=h)

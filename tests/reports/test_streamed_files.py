@@ -53,6 +53,43 @@ def test_parts_that_fail_half_way_leave_the_old_file_and_no_temporary_one(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lines.csv"]
 
 
+def test_a_file_written_apart_is_put_in_place_in_its_turn_or_removed(tmp_path):
+    """A file another process wrote to its temporary name (`WrittenApart`) is renamed into place with
+    the digest that process gave, readable by others; where a file before it fails, it is removed
+    with the rest unwritten; where waiting for it fails, it is removed and the error is the caller's."""
+    from gpumeter.reports.files import WrittenApart, temporary_beside
+
+    text = b"bucket,line\r\n"
+
+    def apart(name: str) -> WrittenApart:
+        temporary = temporary_beside(tmp_path / name)
+        temporary.write_bytes(text)
+        return WrittenApart(temporary, lambda: hashlib.sha256(text).hexdigest())
+
+    checksums = write_files(tmp_path, {"summary.csv": "a\r\n", "lines.csv": apart("lines.csv")})
+    assert checksums["lines.csv"] == hashlib.sha256(text).hexdigest()
+    assert (tmp_path / "lines.csv").read_bytes() == text
+    assert (tmp_path / "lines.csv").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lines.csv", "summary.csv"]
+
+    def full():
+        yield "a,b\r\n"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ReportWriteError) as failed:
+        write_files(tmp_path, {"focus.csv": full, "lines-2.csv": apart("lines-2.csv")})
+    assert (failed.value.written, failed.value.unwritten) == ([], ["focus.csv", "lines-2.csv"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lines.csv", "summary.csv"]
+
+    def died() -> str:
+        raise RuntimeError("the report's line sums (process 1) ended without an answer, exit code -9")
+
+    temporary = temporary_beside(tmp_path / "lines-3.csv")
+    with pytest.raises(RuntimeError, match="ended without an answer"):
+        write_files(tmp_path, {"lines-3.csv": WrittenApart(temporary, died)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lines.csv", "summary.csv"]
+
+
 def test_charges_read_a_chunk_at_a_time_are_the_same_charges(worked_ledger, monkeypatch):
     report = build_report(worked_ledger, NOVEMBER, "team", grain="hour")
     charges = report.charges

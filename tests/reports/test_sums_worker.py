@@ -21,7 +21,8 @@ from gpumeter.billing.ledger import open_ledger, reopen_target
 from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports.model import ReportError, build_report, month_period
 from gpumeter.reports.render import FORMATS, RenderOptions, render
-from gpumeter.reports.sums_worker import SumsWorker, worth_a_process
+from gpumeter.reports.run import generate
+from gpumeter.reports.sums_worker import SumsWorker, sums_apart, worth_a_process
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.factories import write_book
 from tests.reports import synthetic
@@ -55,6 +56,100 @@ def test_a_report_summed_by_its_own_process_is_the_one_summed_in_the_reports(sql
     assert _files(apart, tmp_path / "process") == _files(here, tmp_path / "here")
     alone = build_report(sql_ledger, NOVEMBER, compare=False, sums_process=True)  # one answer only
     assert alone.total_change.previous is None and alone.total == here.total
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("clusters", [(), ("west",)])
+def test_the_lines_csv_the_worker_writes_is_the_one_written_here(sql_ledger, tmp_path, clusters):
+    """`generate` with the sums apart has the worker write the lines CSV while this process writes
+    the rest: every file is the one written here, with a cluster named too (the worker limits the
+    lines to it as the report does), and no temporary file is left."""
+    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    for month in (NOVEMBER.previous(), NOVEMBER):
+        synthetic.fill(sql_ledger, book, month.start, 2, 6, clusters=("west", "east"))
+    asked: list[tuple] = []
+
+    def files(name: str, sums_process: bool) -> dict[str, str]:
+        out = tmp_path / name
+        options = RenderOptions(generated_at=datetime(2026, 12, 1, tzinfo=UTC))
+        with sums_apart(
+            sql_ledger, NOVEMBER, "day", NOVEMBER.previous(), sums_process, lines_file=tmp_path
+        ) as worker:
+            report = build_report(sql_ledger, NOVEMBER, clusters=clusters, sums=worker)
+
+            def lines_apart(*args):
+                asked.append(args)
+                assert worker is not None
+                return worker.write_lines(*args)
+
+            written = render(report, out, FORMATS, options, lines_apart=lines_apart if worker else None)
+        assert not [p.name for p in out.iterdir() if p.name.endswith(".part")]
+        return written
+
+    here, apart = files("here", False), files("apart", True)
+    assert [args[2] for args in asked] == [clusters]  # the worker was asked, for the report's clusters
+    assert apart == here and "gpumeter-2026-11-lines.csv" in here
+    lines = (tmp_path / "apart" / "gpumeter-2026-11-lines.csv").read_text()
+    assert ('"east"' in lines) is not bool(clusters)
+    # through `generate`, which the CLI and the schedule run
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    generated = {
+        process: generate(
+            sql_ledger,
+            NOVEMBER,
+            "team",
+            FORMATS,
+            tmp_path / f"generated-{process}",
+            now=now,
+            record=False,
+            clusters=clusters,
+            sums_process=process,
+        ).files
+        for process in (False, True)
+    }
+    assert generated[True] == generated[False] == here
+
+
+@pytest.mark.spawns
+def test_a_worker_that_dies_writing_the_lines_csv_leaves_no_part_of_it(tmp_path):
+    """Killed once asked: the report fails saying so, and neither the lines CSV nor its temporary
+    file is in the folder."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = open_ledger(url)
+    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
+    out = tmp_path / "out"
+    out.mkdir()
+    with SumsWorker((url, None), NOVEMBER, "day", None, lines_file=out) as worker:
+        report = build_report(ledger, NOVEMBER, compare=False, sums=worker)
+
+        def killed(*args):
+            written = worker.write_lines(*args)
+            worker._process.kill()
+            return written
+
+        with pytest.raises(RuntimeError, match=r"ended without an answer, exit code -9"):
+            render(report, out, FORMATS, lines_apart=killed)
+    ledger.close()
+    assert "gpumeter-2026-11-lines.csv" not in {p.name for p in out.iterdir()}
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".part")]
+
+
+@pytest.mark.spawns
+def test_a_worker_never_asked_for_the_lines_csv_ends_on_its_own(tmp_path):
+    """A report without the CSV (or one that failed first) closes the worker: it reads the end of its
+    asks and exits, not killed."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = open_ledger(url)
+    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
+    ledger.close()
+    worker = SumsWorker((url, None), NOVEMBER, "day", NOVEMBER.previous(), lines_file=tmp_path)
+    assert len(worker.lines()) and worker.previous_lines() is not None
+    worker.close()
+    assert worker._process.returncode == 0
+    with pytest.raises(RuntimeError, match="not started with lines_file, or twice"):
+        worker.write_lines(tmp_path / "lines.csv", None, ())  # type: ignore[arg-type]
 
 
 def test_ledgers_no_other_process_can_open_are_summed_in_the_reports(tmp_path):
