@@ -24,7 +24,8 @@ from gpumeter.billing.ledger.base import Ledger
 from gpumeter.billing.models import HOUR, LineKind, hours_between
 from gpumeter.reports.files import write_files
 from gpumeter.reports.model import Period
-from gpumeter.reports.render import _environment, _ts, csv_text
+from gpumeter.reports.period import utc_text
+from gpumeter.reports.render import _environment, csv_text
 
 FORMATS = ("csv", "html")
 # How well an end of a holding is known (`Holding.start_known`, `end_known`)
@@ -229,8 +230,8 @@ def rows(report: AllocationReport) -> Iterable[list[str]]:
             h.mig_profile,
             h.sharing,
             str(h.share),
-            _ts(h.start),
-            _ts(h.end),
+            utc_text(h.start),
+            utc_text(h.end),
             h.start_known,
             h.end_known,
             str(h.hours),
@@ -248,8 +249,8 @@ def html_text(report: AllocationReport, generated_at: datetime | None = None) ->
         r=report,
         header=header(report),
         rows=list(rows(report)),
-        ts=_ts,
-        generated_at=generated_at and _ts(generated_at),
+        ts=utc_text,
+        generated_at=generated_at and utc_text(generated_at),
     )
 
 

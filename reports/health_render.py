@@ -21,11 +21,11 @@ from gpumeter.reports.health import (
     Incidents,
     PoolCapacity,
 )
+from gpumeter.reports.period import utc_text
 from gpumeter.reports.render import (
     PALETTE,
     _environment,
     _layout,
-    _ts,
     chart_text,
     csv_text,
     plotly_js,
@@ -110,8 +110,8 @@ def _report_dict(report: HealthReport) -> dict:
         "schema": "gpumeter.health/1",
         "period": {
             "label": report.period.label,
-            "start": _ts(report.period.start),
-            "end": _ts(report.period.end),
+            "start": utc_text(report.period.start),
+            "end": utc_text(report.period.end),
         },
         "prometheus": report.source,
         "currency": report.currency,
@@ -205,7 +205,7 @@ POOL_HEADER = [
 
 
 def pools_csv(report: HealthReport) -> str:
-    head = [_ts(report.period.start), _ts(report.period.end)]
+    head = [utc_text(report.period.start), utc_text(report.period.end)]
     rows = [("pool", n, i) for n, i in report.pools] + [("node", n, i) for n, i in report.nodes]
     capacity = {("pool", name): c for name, c in report.capacity.items()}
     return csv_text(
@@ -404,10 +404,10 @@ def html_text(report: HealthReport, generated_at: datetime | None = None) -> str
         idle_below=IDLE_BELOW,
         goal=UTILIZATION_GOAL,
         charts=_charts(report),
-        generated_at=_ts(generated_at) if generated_at else None,
+        generated_at=utc_text(generated_at) if generated_at else None,
         plotly_js=plotly_js(),
         script_json=script_json,
-        ts=_ts,
+        ts=utc_text,
         money=lambda v: f"{Decimal(report.money(v)):,}",
         qty=lambda v: "–" if v is None else f"{v:,.2f}",
         pct=lambda v: "–" if v is None else f"{v * 100:.1f} %",

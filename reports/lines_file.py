@@ -9,7 +9,7 @@ hand over.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -22,7 +22,7 @@ from gpumeter.reports.period import HOUR, utc_text
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gpumeter.reports.grouped import Charges
+    from gpumeter.billing.ledger.base import LineTotal
     from gpumeter.reports.model import Report
 
 HEADER = [
@@ -68,13 +68,13 @@ class LinesSpec:
         return cls(labels, report.has_clusters, report.exponent, keep_formulas)
 
 
-def parts(charges: Charges, spec: LinesSpec) -> Iterator[str]:
+def parts(charges: Sequence[LineTotal], spec: LinesSpec) -> Iterator[str]:
     """The lines CSV in parts, made a chunk of charges at a time."""
     header = [*HEADER[:4], "cluster", *HEADER[4:]] if spec.clustered else HEADER
     return csvfile.column_parts(header, _columns(charges, spec), keep_formulas=spec.keep_formulas)
 
 
-def _columns(charges: Charges, spec: LinesSpec) -> Iterator[list[list]]:
+def _columns(charges: Sequence[LineTotal], spec: LinesSpec) -> Iterator[list[list]]:
     """The CSV's columns, a chunk of charges at a time: no `LineTotal` or datetime per charge (a month
     of 10,000 GPUs is ~1 million), each distinct time written once. What each charge's figures say,
     as the report writes a `Usage`'s (`reports.render`): quantities are integers of 10⁻⁶ GPU-hours,

@@ -103,9 +103,6 @@ SUMMARY_HEADER = [
 LINES_HEADER = lines_file.HEADER  # the lines CSV's (reports.lines_file)
 
 
-_ts = utc_text
-
-
 def csv_text(header: list[str], rows: Iterable[list], *, keep_formulas: bool = False) -> str:
     """A report's CSV: a header row, then the rows, every field quoted (`reports.csvfile`)."""
     return csvfile.text(header, rows, keep_formulas=keep_formulas)
@@ -114,7 +111,7 @@ def csv_text(header: list[str], rows: Iterable[list], *, keep_formulas: bool = F
 def summary_csv(report: Report, *, keep_formulas: bool = False) -> str:
     out: list[list] = []
     versions = " ".join(version_label(v) for v in report.price_versions)
-    head = [_ts(report.period.start), _ts(report.period.end), report.grouping.name]
+    head = [utc_text(report.period.start), utc_text(report.period.end), report.grouping.name]
 
     def row(group: str, line: str, usage: Usage, change: Change, cost: str | None = None):
         out.append(
@@ -163,7 +160,7 @@ def lines_csv(report: Report, *, keep_formulas: bool = False) -> str:
 
 def lines_csv_parts(report: Report, *, keep_formulas: bool = False) -> Iterator[str]:
     """The charges' CSV (`lines_csv`) in parts, made as the charges are read (`reports.lines_file`)."""
-    return lines_file.parts(report.charges, LinesSpec.of(report, keep_formulas=keep_formulas))  # type: ignore[arg-type]
+    return lines_file.parts(report.charges, LinesSpec.of(report, keep_formulas=keep_formulas))
 
 
 BUDGETS_HEADER = [
@@ -185,8 +182,8 @@ def budgets_csv(report: Report, *, keep_formulas: bool = False) -> str:
         BUDGETS_HEADER,
         (
             [
-                _ts(report.period.start),
-                _ts(report.period.end),
+                utc_text(report.period.start),
+                utc_text(report.period.end),
                 row.team,
                 report.money(row.budget),
                 report.money(row.actual),
@@ -289,13 +286,13 @@ def _report_dict(report: Report) -> dict:
         "schema": "gpumeter.report/1",
         "period": {
             "label": report.period.label,
-            "start": _ts(report.period.start),
-            "end": _ts(report.period.end),
+            "start": utc_text(report.period.start),
+            "end": utc_text(report.period.end),
         },
         "previous_period": {
             "label": report.previous_period.label,
-            "start": _ts(report.previous_period.start),
-            "end": _ts(report.previous_period.end),
+            "start": utc_text(report.previous_period.start),
+            "end": utc_text(report.previous_period.end),
         },
         "group_by": report.grouping.name,
         "currency": report.currency,
@@ -346,8 +343,8 @@ def _report_dict(report: Report) -> dict:
                     "label": version_label(v),
                     "digest": v.digest,
                     "path": v.path,
-                    "effective_from": _ts(v.effective_from),
-                    "effective_to": None if v.effective_to is None else _ts(v.effective_to),
+                    "effective_from": utc_text(v.effective_from),
+                    "effective_to": None if v.effective_to is None else utc_text(v.effective_to),
                     "source": v.source,
                     "rates": v.body.get("rates", {}),
                     "slice_weight": v.body.get("slice_weight"),
@@ -600,7 +597,7 @@ def html_text(report: Report, options: RenderOptions | None = None) -> str:
     return template.render(
         r=report,
         options=options,
-        generated_at=_ts(options.generated_at) if options.generated_at else None,
+        generated_at=utc_text(options.generated_at) if options.generated_at else None,
         summary_charts=summary_charts,
         group_charts=group_charts,
         chart_count=len(summary_charts) + sum(len(c) for c in group_charts.values()),
@@ -610,7 +607,7 @@ def html_text(report: Report, options: RenderOptions | None = None) -> str:
         qty=lambda v: f"{v:,.2f}",
         pct=lambda v: "–" if v is None else f"{v * 100:.1f} %",
         version_label=version_label,
-        ts=_ts,
+        ts=utc_text,
     )
 
 

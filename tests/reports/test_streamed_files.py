@@ -16,6 +16,7 @@ import pytest
 from gpumeter.reports import focus, grouped, render
 from gpumeter.reports.files import ReportWriteError, write_atomically, write_files
 from gpumeter.reports.model import build_report, month_period
+from gpumeter.reports.period import utc_text
 
 NOVEMBER = month_period("2026-11")
 
@@ -172,9 +173,9 @@ def _lines_csv_from_line_totals(report) -> str:
     rows = []
     for c in report.charges:
         row = [
-            render._ts(c.bucket),
-            render._ts(c.first_hour),
-            render._ts(c.last_hour + HOUR),
+            utc_text(c.bucket),
+            utc_text(c.first_hour),
+            utc_text(c.last_hour + HOUR),
             LineKind.UNPRICED.value if c.amount is None else c.kind,
             *(c.team, c.namespace, c.pod, c.container, c.model, c.mig_profile, c.uuid, c.gpu_instance_id),
             render._qty(c.quantity),
