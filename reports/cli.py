@@ -160,6 +160,7 @@ def cmd_report(args) -> int:
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
     from gpumeter.reports.render import FORMATS, RenderOptions
     from gpumeter.reports.run import generate, load_labels
+    from gpumeter.reports.sums_worker import SumsLost
 
     now = datetime.now(UTC)
     try:
@@ -236,7 +237,8 @@ def cmd_report(args) -> int:
         where = f"{args.teams}: " if str(exc).startswith("budgets.") else ""  # name the budgets' file
         print(f"error: {where}{exc}", file=sys.stderr)
         return 2
-    except (LedgerError, ReportWriteError) as exc:  # the database lost past its retries; a full disk
+    # the database lost past its retries; a full disk; the sums' process killed
+    except (LedgerError, ReportWriteError, SumsLost) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:

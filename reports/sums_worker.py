@@ -95,6 +95,18 @@ def sums_apart(
         yield worker
 
 
+class SumsLost(RuntimeError):
+    """The sums' process ended without the answer waited for: killed (the system out of memory kills
+    with SIGKILL) or dead at start. The report cannot be made; nothing of it was put in place."""
+
+    def __init__(self, pid: int, code: int):
+        how = f"exit code {code}"
+        if code < 0:
+            name = signal.Signals(-code).name
+            how += f" ({name}{': out of memory?' if name == 'SIGKILL' else ''})"
+        super().__init__(f"the report's line sums (process {pid}) ended without an answer, {how}")
+
+
 class SumsWorker:
     """The line sums of ``period`` by ``grain``, then those of ``previous`` (or None) as one range,
     summed by a process of its own from the ledger at ``target`` (`reopen_target`'s (URL, schema)),
@@ -147,10 +159,7 @@ class SumsWorker:
             try:
                 answer = pickle.load(self._answers)
             except EOFError:
-                raise RuntimeError(
-                    f"the report's line sums (process {self._process.pid}) ended without an answer, "
-                    f"exit code {self._process.wait()}"
-                ) from None
+                raise SumsLost(self._process.pid, self._process.wait()) from None
             if isinstance(answer, BaseException):
                 raise answer
             self._received.append(answer)

@@ -22,7 +22,7 @@ from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports.model import ReportError, build_report, month_period
 from gpumeter.reports.render import FORMATS, RenderOptions, render
 from gpumeter.reports.run import generate
-from gpumeter.reports.sums_worker import SumsWorker, sums_apart, worth_a_process
+from gpumeter.reports.sums_worker import SumsLost, SumsWorker, sums_apart, worth_a_process
 from tests.billing.conftest import PG_DSN, PG_URL
 from tests.billing.factories import write_book
 from tests.reports import synthetic
@@ -128,7 +128,9 @@ def test_a_worker_that_dies_writing_the_lines_csv_leaves_no_part_of_it(tmp_path)
             worker._process.kill()
             return written
 
-        with pytest.raises(RuntimeError, match=r"ended without an answer, exit code -9"):
+        with pytest.raises(
+            SumsLost, match=r"ended without an answer, exit code -9 \(SIGKILL: out of memory\?\)"
+        ):
             render(report, out, FORMATS, lines_apart=killed)
     ledger.close()
     assert "gpumeter-2026-11-lines.csv" not in {p.name for p in out.iterdir()}
