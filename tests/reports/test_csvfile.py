@@ -49,7 +49,8 @@ def tables(draw):
     # columns of one type, as a report's are, and columns of mixed cells
     kinds = draw(
         st.lists(
-            st.sampled_from([TEXT, CELL, st.sampled_from(["", "x", "=1+1", "-2.5"])]),
+            # the last: a column of a few texts again and again, some to quote (tags, descriptions)
+            st.sampled_from([TEXT, CELL, st.sampled_from(["", "x", "=1+1", "-2.5", "a,b", '{"k":"v"}'])]),
             min_size=width,
             max_size=width,
         )
@@ -63,6 +64,7 @@ def tables(draw):
 @example((["a"], [("",), (None,), ("x",)]), False, False, 2)  # a record of one empty field
 @example((["a", "b"], [("=SUM(A1,B1)", '"q"'), ("-1.5", "@x\r\ny")]), True, False, 1)
 @example((["n"], [(Decimal("1.50"),), (Decimal("1.5"),), (1,), (1.0,), (True,)]), False, True, 10)
+@example((["t"], [('{"k":"v"}',), ("x",), ('{"k":"v"}',), ("a,b",)]), False, False, 4)  # few texts, quoted
 def test_the_same_bytes_as_the_csv_module(table, quote_all, keep_formulas, rows_per_part):
     header, rows = table
     expected = _by_csv_module(header, rows, quote_all=quote_all, keep_formulas=keep_formulas)
