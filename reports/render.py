@@ -364,7 +364,39 @@ def json_text(report: Report) -> str:
         doc["budgets"] = [_budget(report, row) for row in report.budgets]
     if report.billed_changes:  # likewise only for a period changed after billing
         doc["provenance"]["billed_hours_changed"] = [c.as_dict() for c in report.billed_changes]
-    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    # Each sharing mode lists every pod that held a GPU so (~760,000 in a month of 10,000 GPUs, 94 % of
+    # the file). `indent` makes json use its Python encoder, one generator step a token: the lists are
+    # written apart, each name by json's own string encoder, and put in their places' indentation.
+    listed: list[list[dict[str, str]]] = []
+    for mode in doc["sharing_modes"]:
+        if mode["pods"]:
+            listed.append(mode["pods"])
+            mode["pods"] = _POD_LIST.format(len(listed) - 1)
+    text = json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False)
+    where = text.find('\n "sharing_modes": ')  # the slots are in this key's value, in order
+    for at, pods in enumerate(listed):
+        slot = json.encoder.encode_basestring(_POD_LIST.format(at))
+        where = text.index(slot, where)
+        indent = where - text.rindex("\n", 0, where) - 1 - len('"pods": ')
+        written = _pod_list(pods, indent)
+        text = text[:where] + written + text[where + len(slot) :]
+        where += len(written)
+    return text + "\n"
+
+
+_POD_LIST = "\ue000pods {}\ue001"  # a list's place in the document, as no name is written
+
+
+def _pod_list(pods: list[dict[str, str]], indent: int) -> str:
+    """``[{"namespace": …, "pod": …}, …]`` as `json.dumps(…, indent=1, sort_keys=True,
+    ensure_ascii=False)` writes it as the value of a key indented ``indent`` spaces."""
+    quoted = json.encoder.encode_basestring  # what ensure_ascii=False encodes a string with
+    item, key = " " * (indent + 1), " " * (indent + 2)
+    rows = ",\n".join(
+        f'{item}{{\n{key}"namespace": {quoted(p["namespace"])},\n{key}"pod": {quoted(p["pod"])}\n{item}}}'
+        for p in pods
+    )
+    return f"[\n{rows}\n{' ' * indent}]"
 
 
 # --- HTML -----------------------------------------------------------------------------------------------

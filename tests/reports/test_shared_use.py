@@ -69,3 +69,33 @@ def test_a_report_shows_each_shared_pods_own_memory_and_utilization(ledger, tmp_
         "mean_memory_bytes": 20 * GIB,
         "mean_sm_utilization": 0.15,
     }
+
+
+def test_the_json_lists_each_sharing_modes_pods_as_json_would_write_them(ledger, tmp_path):
+    """The pods of each sharing mode are written apart from the rest of the JSON (a month of 10,000
+    GPUs lists ~760,000): the bytes are `json.dumps`' of the whole document, whatever the names hold
+    (quotes, backslashes, other scripts, the text that marks a list's place) and with a mode of none."""
+    from gpumeter.reports.model import SharingRow
+    from gpumeter.reports.render import _POD_LIST, report_dict
+
+    prices = book(tmp_path, {"H100-80GB": {"hourly_rate": "6.88"}})
+    gpu_hours = _hour(HOUR0, True)
+    lines = [line for gh in gpu_hours for line in price_gpu_hour(gh, prices).lines]
+    ledger.write_hour(HourRecord(HOUR0, gpu_hours, lines, prices), source="test")
+    report = build_report(ledger, range_period(HOUR0, HOUR0 + timedelta(hours=1)), "namespace", compare=False)
+    assert [m.sharing for m in report.sharing_modes] == ["exclusive", "time_slicing"]
+    expected = json.dumps(report_dict(report), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    assert json_text(report) == expected
+
+    odd = [("data-eng", 'etl-"0"\\x'), ("données", "tâche-ü"), ("team", _POD_LIST.format(0))]
+    report = dataclasses.replace(
+        report,
+        sharing_modes=[SharingRow("exclusive", []), SharingRow("mps", odd), *report.sharing_modes],
+        groups=[dataclasses.replace(report.groups[0], key=_POD_LIST.format(1)), *report.groups[1:]],
+    )
+    expected = json.dumps(report_dict(report), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    assert json_text(report) == expected
+    assert json.loads(json_text(report))["sharing_modes"][1]["pods"][0] == {
+        "namespace": "data-eng",
+        "pod": 'etl-"0"\\x',
+    }
