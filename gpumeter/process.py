@@ -124,3 +124,15 @@ def die_with_parent(parent: int) -> None:
         )
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def give_back_memory() -> None:
+    """Hand what the heap has freed back to the system (glibc's malloc_trim), where a process's
+    large, short-lived work is over and a long one follows beside another process: freed memory
+    otherwise stays resident (a report's grouping, its sums' worker's month of rows). Elsewhere than
+    glibc, nothing."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

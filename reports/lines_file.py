@@ -9,7 +9,7 @@ hand over.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -70,11 +70,23 @@ class LinesSpec:
 
 def parts(charges: Sequence[LineTotal], spec: LinesSpec) -> Iterator[str]:
     """The lines CSV in parts, made a chunk of charges at a time."""
+    from gpumeter.reports.grouped import Charges
+
+    if not isinstance(charges, Charges):
+        raise TypeError(
+            "lines CSV: the report's charges are read from their columns (reports.grouped.Charges)"
+        )
+    return parts_of(charges.chunks(), spec)
+
+
+def parts_of(chunks: Iterable[pd.DataFrame], spec: LinesSpec) -> Iterator[str]:
+    """The lines CSV in parts from the charges' columns (`grouped.Charges`' frame) given as chunks of
+    rows in order, of any length: the same file however they are cut."""
     header = [*HEADER[:4], "cluster", *HEADER[4:]] if spec.clustered else HEADER
-    return csvfile.column_parts(header, _columns(charges, spec), keep_formulas=spec.keep_formulas)
+    return csvfile.column_parts(header, _columns(chunks, spec), keep_formulas=spec.keep_formulas)
 
 
-def _columns(charges: Sequence[LineTotal], spec: LinesSpec) -> Iterator[list[list]]:
+def _columns(chunks: Iterable[pd.DataFrame], spec: LinesSpec) -> Iterator[list[list]]:
     """The CSV's columns, a chunk of charges at a time: no `LineTotal` or datetime per charge (a month
     of 10,000 GPUs is ~1 million), each distinct time written once. What each charge's figures say,
     as the report writes a `Usage`'s (`reports.render`): quantities are integers of 10⁻⁶ GPU-hours,
@@ -84,13 +96,9 @@ def _columns(charges: Sequence[LineTotal], spec: LinesSpec) -> Iterator[list[lis
 
     from gpumeter.billing.ledger.frames import MONEY_UNIT, QUANTITY_SCALE
     from gpumeter.reports.focus_origins import mean_millionths
-    from gpumeter.reports.grouped import Charges, per_distinct
+    from gpumeter.reports.grouped import per_distinct
     from gpumeter.reports.model import money_text
 
-    if not isinstance(charges, Charges):
-        raise TypeError(
-            "lines CSV: the report's charges are read from their columns (reports.grouped.Charges)"
-        )
     unpriced = LineKind.UNPRICED.value
     labels, exponent = spec.labels, spec.exponent
 
@@ -106,7 +114,7 @@ def _columns(charges: Sequence[LineTotal], spec: LinesSpec) -> Iterator[list[lis
             "" if m is None else micro(m) for m in map(mean_millionths, weighted.tolist(), quantity.tolist())
         ]
 
-    for c in charges.chunks():
+    for c in chunks:
         amounts: list[Decimal | None] = [
             None if a is pd.NA else a * MONEY_UNIT for a in c["amount"].astype(object).tolist()
         ]

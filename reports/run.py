@@ -13,7 +13,7 @@ import yaml
 
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, ReportRunRecord
-from gpumeter.process import no_collections
+from gpumeter.process import give_back_memory, no_collections
 from gpumeter.reports.files import ReportWriteError, write_atomically
 from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
 from gpumeter.reports.render import FORMATS, RenderOptions, render
@@ -101,6 +101,9 @@ def generate(
             clusters=clusters,
             sums=sums,
         )
+        # the grouping's freed memory handed back (10,000 GPUs: ~300 MiB) before FOCUS is written
+        # beside the worker's lines CSV
+        give_back_memory()
         files = render(report, out, formats, options, lines_apart=sums.write_lines if sums else None)
     versions = [
         {"id": v.id, "label": version_label(v), "digest": v.digest, "path": v.path}
