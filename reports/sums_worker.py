@@ -97,7 +97,8 @@ def sums_apart(
 
 class SumsLost(RuntimeError):
     """The sums' process ended without the answer waited for: killed (the system out of memory kills
-    with SIGKILL) or dead at start. The report cannot be made; nothing of it was put in place."""
+    with SIGKILL) or dead at start. The report fails: its manifest is not written, nor the file the
+    process was making."""
 
     def __init__(self, pid: int, code: int):
         how = f"exit code {code}"
@@ -180,7 +181,8 @@ class SumsWorker:
         if self._asks is None:
             raise RuntimeError("write_lines: asked of a worker not started with lines_file, or twice")
         self._ask((temporary, spec, clusters))
-        self._asks.close()
+        with contextlib.suppress(BrokenPipeError):  # it stopped: its answer says why
+            self._asks.close()
         self._asks = None
         index = self._expected
         self._expected += 1
