@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             (previous, min(args.days, (previous.end - previous.start).days)),
             (period, args.days),
         ):
-            if ledger.ingested_hours(month.start, month.end):
+            # a month whose build was cut short is written again whole (each hour replaces its own)
+            if len(ledger.ingested_hours(month.start, month.end)) >= days * 24:
                 continue
             print(
                 f"building the ledger: {args.gpus} GPUs x {days * 24} hours of {month.label} into {url} ...",
