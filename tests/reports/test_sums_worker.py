@@ -320,7 +320,7 @@ def test_ctrl_c_stops_the_report_and_its_worker_quietly(pg_schema):
             os.killpg(report.pid, signal.SIGINT)
             try:
                 # under the suite's own timeout (300 s): only to say where a hang is, which happened once
-                # on a VM loaded far past its two cores, and never again in 15 runs
+                # on a VM loaded far past its two cores, and not in the 11 runs after
                 out, err = report.communicate(timeout=240)
             except subprocess.TimeoutExpired:
                 os.kill(report.pid, signal.SIGUSR1)
