@@ -140,8 +140,7 @@ class SumsWorker:
         self._asks: IO[bytes] | None = self._process.stdin
         self._ask((target, period, grain, previous, os.getpid(), lines_file))
         if lines_file is None:  # nothing more to ask
-            self._asks.close()
-            self._asks = None
+            self._done_asking()
         self._answers = self._process.stdout
         self._received: list[Any] = []
         self._expected = 1 if previous is None else 2
@@ -153,6 +152,13 @@ class SumsWorker:
             self._asks.flush()
         except BrokenPipeError:  # it stopped: its answers say why (`_answer`)
             pass
+
+    def _done_asking(self) -> None:
+        """Close the process's input: it reads its end (the lines CSV not asked for: it exits)."""
+        if self._asks is not None:
+            with contextlib.suppress(BrokenPipeError):  # it stopped: its answers say why
+                self._asks.close()
+            self._asks = None
 
     def _answer(self, index: int) -> Any:
         """The ``index``-th answer; the exception that stopped the worker where it failed."""
@@ -181,18 +187,13 @@ class SumsWorker:
         if self._asks is None:
             raise RuntimeError("write_lines: asked of a worker not started with lines_file, or twice")
         self._ask((temporary, spec, clusters))
-        with contextlib.suppress(BrokenPipeError):  # it stopped: its answer says why
-            self._asks.close()
-        self._asks = None
+        self._done_asking()
         index = self._expected
         self._expected += 1
         return functools.partial(self._answer, index)
 
     def close(self) -> None:
-        if self._asks is not None:  # the lines CSV not asked for: the process ends on reading that
-            with contextlib.suppress(BrokenPipeError):
-                self._asks.close()
-            self._asks = None
+        self._done_asking()
         if len(self._received) < self._expected:
             self._process.kill()
         self._process.wait()
