@@ -31,6 +31,18 @@ from tests.support.pids import alive
 NOVEMBER = month_period("2026-11")
 
 
+def _book(tmp_path: Path):
+    return load_price_book(write_book(tmp_path, synthetic.BOOK))
+
+
+def _day_of_four_gpus(tmp_path: Path):
+    """(URL, ledger): a SQLite file holding November's first day of 4 GPUs."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = open_ledger(url)
+    synthetic.fill(ledger, _book(tmp_path), NOVEMBER.start, 1, 4)
+    return url, ledger
+
+
 def _files(report, out: Path) -> dict[str, str]:
     return render(report, out, FORMATS, RenderOptions(generated_at=datetime(2026, 12, 1, tzinfo=UTC)))
 
@@ -38,7 +50,7 @@ def _files(report, out: Path) -> dict[str, str]:
 @pytest.mark.spawns
 def test_a_report_summed_by_its_own_process_is_the_one_summed_in_the_reports(sql_ledger, tmp_path):
     """Every file, FOCUS's splits and origin charges included, byte for byte, on SQLite and PostgreSQL."""
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    book = _book(tmp_path)
     synthetic.fill(sql_ledger, book, NOVEMBER.start, 2, 24)
     assert reopen_target(sql_ledger) is not None
     # 24 GPUs in the last hour, over November's 720 hours: 17,280 GPU-hours, so by default summed
@@ -64,7 +76,7 @@ def test_the_lines_csv_the_worker_writes_is_the_one_written_here(sql_ledger, tmp
     """`generate` with the sums apart has the worker write the lines CSV while this process writes
     the rest: every file is the one written here, with a cluster named too (the worker limits the
     lines to it as the report does), and no temporary file is left."""
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    book = _book(tmp_path)
     for month in (NOVEMBER.previous(), NOVEMBER):
         synthetic.fill(sql_ledger, book, month.start, 2, 6, clusters=("west", "east"))
     asked: list[tuple] = []
@@ -114,10 +126,7 @@ def test_the_lines_csv_the_worker_writes_is_the_one_written_here(sql_ledger, tmp
 def test_a_worker_that_dies_writing_the_lines_csv_leaves_no_part_of_it(tmp_path):
     """Killed once asked: the report fails saying so, and neither the lines CSV nor its temporary
     file is in the folder."""
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    ledger = open_ledger(url)
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
-    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
+    url, ledger = _day_of_four_gpus(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     with SumsWorker((url, None), NOVEMBER, "day", None, lines_file=out) as worker:
@@ -141,10 +150,7 @@ def test_a_worker_that_dies_writing_the_lines_csv_leaves_no_part_of_it(tmp_path)
 def test_a_worker_never_asked_for_the_lines_csv_ends_on_its_own(tmp_path):
     """A report without the CSV (or one that failed first) closes the worker: it reads the end of its
     asks and exits, not killed."""
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    ledger = open_ledger(url)
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
-    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
+    url, ledger = _day_of_four_gpus(tmp_path)
     ledger.close()
     worker = SumsWorker((url, None), NOVEMBER, "day", NOVEMBER.previous(), lines_file=tmp_path)
     assert len(worker.lines()) and worker.previous_lines() is not None
@@ -181,7 +187,7 @@ def test_the_worker_tells_the_report_what_stopped_it(tmp_path):
 
 @pytest.mark.spawns
 def test_a_report_that_fails_on_the_workers_lines_raises_its_own_error(sql_ledger, tmp_path):
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
+    book = _book(tmp_path)
     synthetic.fill(sql_ledger, book, NOVEMBER.start, 1, 4)
     with pytest.raises(ReportError, match="no line of 2026-11 is in cluster 'nowhere'"):
         build_report(sql_ledger, NOVEMBER, clusters=("nowhere",), sums_process=True)
@@ -353,9 +359,7 @@ def test_a_gpumeter_folder_in_the_working_directory_does_not_hide_the_installed_
     """Run from a source checkout, `python -m` would import the checkout's `gpumeter` folder before
     the installed package: the worker then died at its imports (seen with the wheel installed; an
     editable install's finder comes first, so there this passes either way)."""
-    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    book = load_price_book(write_book(tmp_path, synthetic.BOOK))
-    synthetic.fill(ledger, book, NOVEMBER.start, 1, 4)
+    _, ledger = _day_of_four_gpus(tmp_path)
     here = build_report(ledger, NOVEMBER, sums_process=False).total.cost
     ledger.close()
     checkout = tmp_path / "checkout"
