@@ -39,6 +39,7 @@ from gpumeter.reports.period import ReportError as ReportError
 from gpumeter.reports.period import last_month as last_month
 from gpumeter.reports.period import month_period as month_period
 from gpumeter.reports.period import range_period as range_period
+from gpumeter.reports.period import utc_text
 from gpumeter.reports.splits import PRESENCE_QUANTUM as PRESENCE_QUANTUM
 from gpumeter.reports.splits import FactScan, scan_facts
 from gpumeter.reports.splits import GpuBucket as GpuBucket
@@ -252,7 +253,7 @@ class IngestSummary:
         return {
             "hours_in_period": self.hours_in_period,
             "hours_ingested": self.hours_ingested,
-            "missing_hours": [[_iso(a), _iso(b)] for a, b in self.missing],
+            "missing_hours": [[utc_text(a), utc_text(b)] for a, b in self.missing],
             "runs_used": self.runs_used,
             "failed_runs": self.failed_runs,
             "first_run_id": self.first_run_id,
@@ -280,7 +281,7 @@ class BilledChange:
         # the totals of rounded hourly lines (docs/billing.md §5): exact in the currency's minor unit
         unit = Decimal(1).scaleb(-minor_unit(self.currency))
         return {
-            "at": _iso(self.at),
+            "at": utc_text(self.at),
             "command": self.command,
             "operator": self.operator,
             "reason": self.reason,
@@ -422,10 +423,6 @@ def version_label(version: PriceVersionRecord) -> str:
     return f"{version.digest[:12]}@{version.effective_from.strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
 
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # --- building -------------------------------------------------------------------------------------
 
 
@@ -452,7 +449,7 @@ def _ingest_summary(ledger: Ledger, period: Period) -> IngestSummary:
         elif run.status == contract.INGEST_FAILED:  # an "empty" run is a retry to come, not a failure
             failed += 1
     used = sorted((run_id, hour) for hour, run_id in latest_ok.items())
-    digest = hashlib.sha256("\n".join(f"{i}:{_iso(h)}" for i, h in used).encode()).hexdigest()
+    digest = hashlib.sha256("\n".join(f"{i}:{utc_text(h)}" for i, h in used).encode()).hexdigest()
     return IngestSummary(
         hours_in_period=period.hours,
         hours_ingested=len(latest_ok),
