@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from gpumeter.billing.arguments import _count, _when, common_arguments
 
 # the composition root's `serve` and reports' commands take these from here
@@ -20,6 +18,7 @@ from gpumeter.billing.commands import (
     cmd_status,
 )
 from gpumeter.billing.commands import load_inputs as load_inputs
+from gpumeter.process import usable_cpus
 
 
 def register(subparsers):
@@ -49,8 +48,8 @@ def register(subparsers):
     ingest.add_argument(
         "--workers",
         type=_count(1),
-        default=min(2, os.cpu_count() or 1),
-        help="processes ingesting runs of hours side by side (default: 2, or 1 on a single CPU)",
+        default=min(2, usable_cpus()),
+        help="processes ingesting runs of hours side by side (default: 2, or 1 where one CPU is usable, a container's CPU limit included)",
     )
     ingest.set_defaults(func=cmd_ingest)
 

@@ -8,7 +8,8 @@ service (APScheduler's) running until the demo killed them. `wait_until_set` wak
 and `stop_on_signals` installs handlers that never wait for a lock.
 
 Bulk work (an ingest, a re-price, a report) runs with the cyclic collector paused: `no_collections`;
-the worker processes it spawns die with the command that started them: `die_with_parent`.
+the worker processes it spawns die with the command that started them: `die_with_parent`; how many
+run side by side follows the CPUs the process may use, its container's limit included: `usable_cpus`.
 
 This module imports nothing from the parts.
 """
@@ -18,15 +19,24 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import select
 import signal
 import socket
 import threading
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["SLICE_SECONDS", "die_with_parent", "no_collections", "stop_on_signals", "wait_until_set"]
+__all__ = [
+    "SLICE_SECONDS",
+    "die_with_parent",
+    "no_collections",
+    "stop_on_signals",
+    "usable_cpus",
+    "wait_until_set",
+]
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +146,67 @@ def give_back_memory() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup"), proc_self: Path = Path("/proc/self")) -> int:
+    """The CPUs this process can keep busy: those it may run on (``sched_getaffinity``), no more than
+    its cgroups' CPU quota, rounded up (a container's CPU limit: cgroup v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, the least along the cgroup's path).
+
+    ``os.cpu_count()`` counts the node's CPUs: in a pod limited to 1 CPU on a 64-core node it said 64,
+    and the work sized by it (a report's day windows, ingest's default workers) ran side by side on
+    one CPU's time, throttled, each holding its own memory."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cpu_quota(cgroup_root, proc_self)
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota))
+    return max(1, cpus)
+
+
+def _cpu_quota(root: Path, proc_self: Path) -> float | None:
+    """The least CPU quota (in CPUs) of the process's cgroup and its parents; None: none set, or no
+    cgroup file to read it from."""
+    try:
+        memberships = (proc_self / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    quotas: list[float] = []
+    for line in memberships:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2, alone or beside v1 (hybrid: mounted at unified/)
+            mount = root if (root / "cgroup.controllers").exists() else root / "unified"
+            quotas += _along(mount, path, _v2_quota)
+        elif "cpu" in controllers.split(","):  # v1's cpu controller, mounted as cpu/ (a link)
+            quotas += _along(root / "cpu", path, _v1_quota)
+    return min(quotas, default=None)
+
+
+def _along(mount: Path, path: str, quota_of) -> list[float]:
+    """The quotas set on the cgroup at ``path`` under ``mount`` and on each of its parents."""
+    found = []
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), -1, -1):
+        quota = quota_of(mount.joinpath(*parts[:depth]))
+        if quota is not None:
+            found.append(quota)
+    return found
+
+
+def _v2_quota(group: Path) -> float | None:
+    try:
+        limit, period = (group / "cpu.max").read_text().split()
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(group: Path) -> float | None:
+    try:
+        quota = int((group / "cpu.cfs_quota_us").read_text())
+        period = int((group / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None

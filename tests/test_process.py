@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumeter.process import no_collections, wait_until_set
+from gpumeter.process import no_collections, usable_cpus, wait_until_set
 from tests.support import loopback
 from tests.support.servers import DUMP_ON_ABORT, free_port, stop_processes
 
@@ -279,3 +279,59 @@ def test_no_collections_pauses_the_collector_and_restores_what_it_found():
         assert not gc.isenabled()  # paused by someone else before: left paused
     finally:
         gc.enable()
+
+
+def _cgroups(tmp_path: Path, memberships: str, files: dict[str, str], v2_root: bool) -> tuple[Path, Path]:
+    """A cgroup file tree and a /proc/self holding ``memberships``, as the kernel shows them."""
+    root, proc_self = tmp_path / "cgroup", tmp_path / "self"
+    proc_self.mkdir()
+    (proc_self / "cgroup").write_text(memberships)
+    root.mkdir()
+    if v2_root:
+        (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root, proc_self
+
+
+def test_usable_cpus_follows_the_least_cpu_quota_along_the_cgroup_path_v2(tmp_path):
+    """A pod's CPU limit, cgroup v2: its own cgroup allows 4 CPUs, its parent (the pod's) 0.5; what
+    the scheduler lets the process run on is the other bound."""
+    affinity = len(os.sched_getaffinity(0))
+    root, proc_self = _cgroups(
+        tmp_path,
+        "0::/kubepods/pod1/ctr\n",
+        {
+            "kubepods/pod1/ctr/cpu.max": "400000 100000\n",
+            "kubepods/pod1/cpu.max": "50000 100000\n",
+            "kubepods/cpu.max": "max 100000\n",
+        },
+        v2_root=True,
+    )
+    assert usable_cpus(root, proc_self) == 1
+    (root / "kubepods/pod1/cpu.max").write_text("max 100000\n")
+    assert usable_cpus(root, proc_self) == min(affinity, 4)
+    (root / "kubepods/pod1/ctr/cpu.max").write_text("max 100000\n")
+    assert usable_cpus(root, proc_self) == affinity  # no quota anywhere
+
+
+def test_usable_cpus_reads_cgroup_v1s_cpu_controller_and_a_hybrid_trees_unified_one(tmp_path):
+    root, proc_self = _cgroups(
+        tmp_path,
+        "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n0::/docker/abc\n",
+        {
+            "cpu/docker/abc/cpu.cfs_quota_us": "150000\n",  # 1.5 CPUs: rounded up
+            "cpu/docker/abc/cpu.cfs_period_us": "100000\n",
+            "unified/docker/abc/cpu.max": "max 100000\n",
+        },
+        v2_root=False,
+    )
+    assert usable_cpus(root, proc_self) == min(len(os.sched_getaffinity(0)), 2)
+    (root / "cpu/docker/abc/cpu.cfs_quota_us").write_text("-1\n")  # v1's "no quota"
+    (root / "unified/docker/abc/cpu.max").write_text("100000 100000\n")
+    assert usable_cpus(root, proc_self) == 1
+
+
+def test_usable_cpus_without_cgroup_files_is_what_the_process_may_run_on(tmp_path):
+    assert usable_cpus(tmp_path / "none", tmp_path / "none") == len(os.sched_getaffinity(0))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -33,6 +32,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES, RATIO_PLACES
+from gpumeter.process import usable_cpus
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -406,7 +406,7 @@ def _day_windows(
     7.7 s) and `build_report` slower (13.5 against 11.2 s), the scan and the two windows sharing two
     cores."""
     days = (end - start).days
-    workers = min(most, (cores or os.cpu_count() or 1) - 1)
+    workers = min(most, (cores or usable_cpus()) - 1)
     if days < 4 or workers < 2:
         return [(start, end)]
     first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)

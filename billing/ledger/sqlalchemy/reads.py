@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import json
 import operator
-import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -59,6 +58,7 @@ from gpumeter.billing.models import (
     hours_between,
 )
 from gpumeter.billing.pricing.base import version_id
+from gpumeter.process import usable_cpus
 
 _HOUR = operator.itemgetter(0)
 
@@ -382,7 +382,7 @@ class SqlReads(SqlStore, ReportLedger):
         chunks = [(start, end)]
         days = (end - start).days
         if grain != "range" and days >= 4:
-            workers = min(4, os.cpu_count() or 1)
+            workers = min(4, usable_cpus())
             first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
             step = max(1, -(-days // workers))
             cuts = [start] + [first_day + timedelta(days=step * i) for i in range(1, workers)] + [end]
