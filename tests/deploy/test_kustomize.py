@@ -38,6 +38,7 @@ def test_every_overlay_is_covered():
     overlays = sorted(p.parent.name for p in (KUSTOMIZE / "overlays").glob("*/kustomization.yaml"))
     assert overlays == [
         "postgresql",
+        "postgresql-large-fleet",
         "postgresql-long-term-store",
         "postgresql-process-usage",
         "sqlite-single-replica",

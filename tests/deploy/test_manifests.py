@@ -5,6 +5,7 @@ match their sources in the repository."""
 from __future__ import annotations
 
 import base64
+import copy
 
 import pytest
 import yaml
@@ -292,6 +293,25 @@ def test_process_usage_overlay_puts_only_the_exporter_in_the_host_pid_namespace(
     assert "CKV_K8S_17=" in daemonset["metadata"]["annotations"]["checkov.io/skip4"]
     plain = rendered("overlays/postgresql").one("DaemonSet", "gpumeter-exporter")
     assert "hostPID" not in plain["spec"]["template"]["spec"]
+
+
+def test_large_fleet_overlay_gives_billing_two_cpus_and_two_gib_and_changes_nothing_else(rendered):
+    """The large-fleet component (docs/kubernetes.md, "Sizing"): a 10,000-GPU month's catch-up and
+    report need more than the base's 1 CPU and 1 GiB; every other object is the postgresql overlay's."""
+    large, plain = rendered("overlays/postgresql-large-fleet"), rendered("overlays/postgresql")
+    resources = _container(large.one("Deployment", "gpumeter-billing"))["resources"]
+    assert resources == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+    base = _container(plain.one("Deployment", "gpumeter-billing"))["resources"]
+    assert base["limits"] == {"cpu": "1", "memory": "1Gi"}
+
+    def without_billing_resources(docs: list[dict]) -> list[dict]:
+        docs = copy.deepcopy(docs)
+        for doc in docs:
+            if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpumeter-billing":
+                del doc["spec"]["template"]["spec"]["containers"][0]["resources"]
+        return docs
+
+    assert without_billing_resources(large.docs) == without_billing_resources(plain.docs)
 
 
 def _config_map_of(deployment: dict, prefix: str) -> str:
