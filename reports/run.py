@@ -100,6 +100,7 @@ def generate(
             splits="focus" in formats,
             clusters=clusters,
             sums=sums,
+            sums_process=sums is not None,  # decided above: None is summed here, not decided again
         )
         # the grouping's freed memory handed back (10,000 GPUs: ~300 MiB) before FOCUS is written
         # beside the worker's lines CSV

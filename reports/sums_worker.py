@@ -12,7 +12,7 @@ report's thread waits on a socket, so there the two reads ran side by side alrea
 report: 12.99-13.19 s summed in the report's process, 13.27-13.69 s with the worker). The worker
 opens the ledger's database again (`reopen_target`), so SQLite in memory is summed in the report's
 process as before, and so is a small period, where starting a process (~1 s of CPU) would cost more
-than it saves (`worth_a_process`).
+than it saves, and any period where the report may use one CPU only (`worth_a_process`).
 
 The worker holds the same lines the report's charges are made from, so it also writes the lines CSV
 (`reports.lines_file`, ~5 s of one core for that month) while the report's process writes FOCUS, when
@@ -46,16 +46,24 @@ if TYPE_CHECKING:
 SUMS_PROCESS_FROM = 100_000
 
 
-def worth_a_process(ledger: Ledger, period: Period, from_gpu_hours: int = SUMS_PROCESS_FROM) -> bool:
+def worth_a_process(
+    ledger: Ledger, period: Period, from_gpu_hours: int = SUMS_PROCESS_FROM, cpus: int | None = None
+) -> bool:
     """Whether a SQLite ledger's period holds enough GPU-hours for its sums to be worth a process:
-    the GPU-hours of its last stored hour, times its hours (two index look-ups)."""
+    the GPU-hours of its last stored hour, times its hours (two index look-ups), with a second CPU to
+    run it on (``cpus``: default `usable_cpus`, a container's CPU limit included). On one CPU the two
+    processes only take turns: the 1,000-GPU report took 18.3-19.1 s so, 13.8-13.9 s in one process,
+    and 640 MiB against 390 (docs/performance.md)."""
     from sqlalchemy import func, select
     from sqlalchemy.exc import SQLAlchemyError
 
     from gpumeter.billing.ledger.orm import GpuHourRow
+    from gpumeter.process import usable_cpus
 
     engine = getattr(ledger, "engine", None)
     if engine is None or engine.dialect.name != "sqlite":
+        return False
+    if (usable_cpus() if cpus is None else cpus) < 2:
         return False
     hour = GpuHourRow.hour
     try:

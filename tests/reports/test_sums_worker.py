@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -56,10 +57,13 @@ def test_a_report_summed_by_its_own_process_is_the_one_summed_in_the_reports(sql
     # 24 GPUs in the last hour, over November's 720 hours: 17,280 GPU-hours, so by default summed
     # here; on PostgreSQL whatever the size (its server sums)
     sqlite = sql_ledger.engine.dialect.name == "sqlite"
-    assert not worth_a_process(sql_ledger, NOVEMBER)
-    assert worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_280) is sqlite
-    assert not worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_281)
-    assert not worth_a_process(sql_ledger, month_period("2026-12"), from_gpu_hours=1)  # nothing stored
+    assert not worth_a_process(sql_ledger, NOVEMBER, cpus=2)
+    assert worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_280, cpus=2) is sqlite
+    assert not worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_281, cpus=2)
+    assert not worth_a_process(sql_ledger, NOVEMBER, from_gpu_hours=17_280, cpus=1)  # they would take turns
+    assert not worth_a_process(
+        sql_ledger, month_period("2026-12"), from_gpu_hours=1, cpus=2
+    )  # nothing stored
     # October's two days too: the comparison reads the month before, the worker's second answer
     synthetic.fill(sql_ledger, book, NOVEMBER.previous().start, 2, 24)
     here = build_report(sql_ledger, NOVEMBER, sums_process=False)
@@ -68,6 +72,20 @@ def test_a_report_summed_by_its_own_process_is_the_one_summed_in_the_reports(sql
     assert _files(apart, tmp_path / "process") == _files(here, tmp_path / "here")
     alone = build_report(sql_ledger, NOVEMBER, compare=False, sums_process=True)  # one answer only
     assert alone.total_change.previous is None and alone.total == here.total
+
+
+def test_generate_told_to_sum_here_starts_no_process_however_large_the_period(tmp_path):
+    """`generate(sums_process=False)` sums in the report's process. It used to hand `build_report`
+    no worker and let it decide again: a period past `SUMS_PROCESS_FROM` got a worker anyway."""
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    synthetic.fill(ledger, _book(tmp_path), NOVEMBER.end - timedelta(days=1), 1, 140)
+    assert worth_a_process(ledger, NOVEMBER, cpus=2)  # 140 GPUs in its last hour, times 720 hours
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    generate(ledger, NOVEMBER, "team", ("csv",), tmp_path / "out", record=False, sums_process=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # a worker costs a second of CPU at least (an interpreter and pandas), reaped by `close`
+    assert after.ru_utime + after.ru_stime == children.ru_utime + children.ru_stime
+    ledger.close()
 
 
 @pytest.mark.spawns
