@@ -175,6 +175,8 @@ def _cpu_quota(root: Path, proc_self: Path) -> float | None:
         return None
     quotas: list[float] = []
     for line in memberships:
+        if line.count(":") < 2:  # not a membership line
+            continue
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2, alone or beside v1 (hybrid: mounted at unified/)
             mount = root if (root / "cgroup.controllers").exists() else root / "unified"

@@ -335,3 +335,5 @@ def test_usable_cpus_reads_cgroup_v1s_cpu_controller_and_a_hybrid_trees_unified_
 
 def test_usable_cpus_without_cgroup_files_is_what_the_process_may_run_on(tmp_path):
     assert usable_cpus(tmp_path / "none", tmp_path / "none") == len(os.sched_getaffinity(0))
+    root, proc_self = _cgroups(tmp_path, "\nnonsense\n0::/\n", {"cpu.max": "100000 100000\n"}, v2_root=True)
+    assert usable_cpus(root, proc_self) == 1  # a line it cannot read passed over, the rest read
