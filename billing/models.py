@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,20 @@ def hours_between(start: datetime, end: datetime) -> list[datetime]:
         out.append(hour)
         hour += HOUR
     return out
+
+
+def day_windows(start: datetime, end: datetime, windows: int) -> list[tuple[datetime, datetime]]:
+    """[start, end) cut at UTC midnights into at most ``windows`` windows of about as many days each,
+    for reads made on parallel connections (a day's bucket never straddles two); one window where
+    the range is under four days or ``windows`` under two."""
+    days = (end - start).days
+    if days < 4 or windows < 2:
+        return [(start, end)]
+    first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    step = -(-days // windows)
+    cuts = sorted({min(max(first_day + timedelta(days=step * i), start), end) for i in range(1, windows)})
+    edges = [start, *cuts, end]
+    return [(a, b) for a, b in itertools.pairwise(edges) if a < b]
 
 
 class LineKind(enum.StrEnum):

@@ -20,11 +20,10 @@ pandas is imported here and by reports only: the exporter never loads it (tests/
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES, RATIO_PLACES
+from gpumeter.billing.models import day_windows
 from gpumeter.process import usable_cpus
 
 if TYPE_CHECKING:
@@ -405,15 +405,7 @@ def _day_windows(
     own. On two cores a second window made the 1,000-GPU month's sums 40 % dearer in CPU (10.7 against
     7.7 s) and `build_report` slower (13.5 against 11.2 s), the scan and the two windows sharing two
     cores."""
-    days = (end - start).days
-    workers = min(most, (cores or usable_cpus()) - 1)
-    if days < 4 or workers < 2:
-        return [(start, end)]
-    first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
-    step = -(-days // workers)
-    cuts = sorted({min(max(first_day + timedelta(days=step * i), start), end) for i in range(1, workers)})
-    edges = [start, *cuts, end]
-    return [(a, b) for a, b in itertools.pairwise(edges) if a < b]
+    return day_windows(start, end, min(most, (cores or usable_cpus()) - 1))
 
 
 def _chunk(rows: Sequence[Any], *, hours_as: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import json
 import operator
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -55,6 +55,7 @@ from gpumeter.billing.models import (
     LineKind,
     QuantityUnit,
     cluster_namespace,
+    day_windows,
     hours_between,
 )
 from gpumeter.billing.pricing.base import version_id
@@ -379,15 +380,7 @@ class SqlReads(SqlStore, ReportLedger):
         qty_unit, money_unit = Decimal(1).scaleb(-6), Decimal(1).scaleb(-4)
         # Buckets never straddle a UTC day, so a long range is summed in day-aligned chunks on
         # parallel connections (the database works outside the GIL); results are simply concatenated.
-        chunks = [(start, end)]
-        days = (end - start).days
-        if grain != "range" and days >= 4:
-            workers = min(4, usable_cpus())
-            first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
-            step = max(1, -(-days // workers))
-            cuts = [start] + [first_day + timedelta(days=step * i) for i in range(1, workers)] + [end]
-            cuts = sorted({min(max(c, start), end) for c in cuts})
-            chunks = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
+        chunks = [(start, end)] if grain == "range" else day_windows(start, end, min(4, usable_cpus()))
 
         def fetch(window: tuple[datetime, datetime]) -> list:
             with self.engine.connect() as conn:
