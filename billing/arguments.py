@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpumeter.billing.ingest import IngestConfig
 from gpumeter.billing.pricing.base import UTILIZATION_TIERS_USES
+from gpumeter.process import usable_cpus
 
 # The span a ledger's hours can plausibly lie in (docs/billing.md §6.5): nothing was billed per GPU-hour
 # from Prometheus before 2000 (Prometheus itself dates from 2012), and one command covers at most a
@@ -236,7 +237,8 @@ def settings_from(args):
         scrape_interval=getattr(args, "scrape_interval", IngestConfig.scrape_interval),
         gap_grace_intervals=getattr(args, "gap_grace_intervals", IngestConfig.gap_grace_intervals),
         catchup_hours=getattr(args, "catchup_hours", IngestConfig.catchup_hours),
-        workers=getattr(args, "workers", IngestConfig.workers),
+        # `billing ingest --workers`' default: 2, or 1 where one CPU is usable (read only here)
+        workers=getattr(args, "workers", IngestConfig.workers) or min(2, usable_cpus()),
         utilization_tiers=getattr(args, "utilization_tiers", "report"),
         cluster_label=getattr(args, "cluster_label", defaults.cluster_label),
     )

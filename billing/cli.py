@@ -18,7 +18,6 @@ from gpumeter.billing.commands import (
     cmd_status,
 )
 from gpumeter.billing.commands import load_inputs as load_inputs
-from gpumeter.process import usable_cpus
 
 
 def register(subparsers):
@@ -48,7 +47,7 @@ def register(subparsers):
     ingest.add_argument(
         "--workers",
         type=_count(1),
-        default=min(2, usable_cpus()),
+        default=None,  # min(2, usable_cpus()), worked out by the ingest that needs it (`settings_from`)
         help="processes ingesting runs of hours side by side (default: 2, or 1 where one CPU is usable, a container's CPU limit included)",
     )
     ingest.set_defaults(func=cmd_ingest)
