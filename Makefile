@@ -185,6 +185,7 @@ BENCH_PG = postgresql+psycopg://postgres@127.0.0.1:5432/test
 BENCHES = "tests.bench" \
 	"tests.bench_billing --reprice" \
 	"tests.bench_billing --store victoriametrics" \
+	"tests.bench_ledger_floor" \
 	"tests.bench_billing --scale 10 --days 3 --db $(BENCH_PG)" \
 	"tests.bench_billing --scale 10 --days 3 --db $(BENCH_PG) --store victoriametrics" \
 	"tests.bench_billing --scale 100 --days 1 --db $(BENCH_PG) --store victoriametrics" \
