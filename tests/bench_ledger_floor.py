@@ -151,6 +151,25 @@ def day_rows(path: Path, fleet: list[tuple], days: int) -> dict:
     return {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall, "rows": rows}
 
 
+# every line reading of the month (efficiency and utilization) counted and summed by SQLite, as a
+# report's line sums read them: per GPU-hour from each group's JSON, or per GPU-day from its arrays
+READ_TODAYS = (
+    "SELECT count(v.value), sum(CAST(v.value AS REAL)) FROM cost_line_groups AS g, json_each(g.readings) AS l,"
+    " json_each(l.value) AS v WHERE v.value IS NOT NULL"
+)
+READ_DAYS = "SELECT count(v.value), sum(v.value) FROM gpu_days AS d, json_each(d.line_readings) AS l, json_each(l.value) AS v"
+
+
+def read_back(path: Path, query: str) -> dict:
+    """A query's time over a written ledger, the page cache warmed by a first run (as a report after an
+    ingest finds it): (its wall time, the readings it met)."""
+    with sqlite3.connect(path) as connection:
+        connection.execute(query).fetchone()
+        wall = time.perf_counter()
+        (values, _) = connection.execute(query).fetchone()
+    return {"read_s": time.perf_counter() - wall, "readings": values}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.bench_ledger_floor", description=__doc__.split("\n")[0]
@@ -168,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ledger.close()
         today["bytes"] = Path(scratch, "ledger.db").stat().st_size
+        today.update(read_back(Path(scratch, "ledger.db"), READ_TODAYS))
         days = day_rows(Path(scratch, "days.db"), fleet, args.days)
         days["bytes"] = Path(scratch, "days.db").stat().st_size
+        days.update(read_back(Path(scratch, "days.db"), READ_DAYS))
     gpu_months = args.gpus * args.days / 30
     billing = BENCH / "billing-victoriametrics.json"
     store = json.loads(billing.read_text()) if billing.exists() else {}
@@ -179,15 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         f"ledger floor: {args.gpus:,} GPUs x {24 * args.days} hours (tests/reports/synthetic.py,"
         f" {lines:.1f} lines a GPU-hour); a 10M-step Python loop {python_loop_seconds():.2f} s"
     )
-    print(f"{'what':58} {'CPU':>8} {'wall':>8} {'rows':>11} {'KiB/GPU-month':>14}")
+    print(f"{'what':52} {'CPU':>7} {'wall':>7} {'rows':>10} {'KiB/GPU-month':>14} {'read back':>10}")
     for name, run in (
         ("today's rows: 2 a GPU-hour, readings as JSON text", today),
         ("a GPU's day as one row, readings as arrays", days),
     ):
         print(
-            f"{name:58} {run['cpu_s']:7.2f}s {run['wall_s']:7.2f}s {run['rows']:11,}"
-            f" {run['bytes'] / 1024 / gpu_months:14.1f}"
+            f"{name:52} {run['cpu_s']:6.2f}s {run['wall_s']:6.2f}s {run['rows']:10,}"
+            f" {run['bytes'] / 1024 / gpu_months:14.1f} {run['read_s']:9.2f}s"
         )
+    print(
+        f"(read back: every line reading of the month summed by SQLite; {today['readings']:,} and"
+        f" {days['readings']:,} readings)"
+    )
     if busy and args.gpus == 1000 and args.days == 30:
         print(
             f"the store answering the month's ingest ({billing}, {store.get('when')}): {busy:.1f} s;"
