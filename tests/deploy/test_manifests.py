@@ -295,20 +295,27 @@ def test_process_usage_overlay_puts_only_the_exporter_in_the_host_pid_namespace(
     assert "hostPID" not in plain["spec"]["template"]["spec"]
 
 
-def test_large_fleet_overlay_gives_billing_two_cpus_and_two_gib_and_changes_nothing_else(rendered):
+def test_large_fleet_overlay_gives_billing_two_cpus_two_gib_and_50_gib_and_changes_nothing_else(rendered):
     """The large-fleet component (docs/kubernetes.md, "Sizing"): a 10,000-GPU month's catch-up and
-    report need more than the base's 1 CPU and 1 GiB; every other object is the postgresql overlay's."""
+    report need more than the base's 1 CPU and 1 GiB, and its reports (~1.7 GB a month) more than the
+    base's 10 GiB volume; every other object is the postgresql overlay's."""
     large, plain = rendered("overlays/postgresql-large-fleet"), rendered("overlays/postgresql")
     resources = _container(large.one("Deployment", "gpumeter-billing"))["resources"]
     assert resources == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
     base = _container(plain.one("Deployment", "gpumeter-billing"))["resources"]
     assert base["limits"] == {"cpu": "1", "memory": "1Gi"}
+    claim = "PersistentVolumeClaim", "gpumeter-billing-data"
+    assert large.one(*claim)["spec"]["resources"] == {"requests": {"storage": "50Gi"}}
+    assert plain.one(*claim)["spec"]["resources"] == {"requests": {"storage": "10Gi"}}
+    assert large.one(*claim)["spec"]["accessModes"] == ["ReadWriteMany"]  # the overlay's, kept
 
     def without_billing_resources(docs: list[dict]) -> list[dict]:
         docs = copy.deepcopy(docs)
         for doc in docs:
             if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpumeter-billing":
                 del doc["spec"]["template"]["spec"]["containers"][0]["resources"]
+            if doc["kind"] == "PersistentVolumeClaim":
+                del doc["spec"]["resources"]
         return docs
 
     assert without_billing_resources(large.docs) == without_billing_resources(plain.docs)
