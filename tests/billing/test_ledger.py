@@ -476,3 +476,27 @@ def test_two_writers_storing_one_new_layout_at_once_both_succeed(db, tmp_path):
     finally:
         for writer in writers:
             writer.close()
+
+
+def test_counted_lines_are_the_views_rows(sql_ledger, tmp_path):
+    """`counts()["cost_lines"]` sums each group's set of terms instead of reading the view (whose
+    every line takes its readings out of JSON): the same number as the view's rows, over hours whose
+    GPUs share sets, an hour rewritten with other lines, and an hour re-priced without any."""
+    prices = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    (tmp_path / "dearer").mkdir()
+    dearer = book(tmp_path / "dearer", {"A100-40GB": {"hourly_rate": "4.00"}})
+    hours = [_hour(f"GPU-{i}") for i in range(3)]
+    for h in range(3):
+        at = HOUR0 + timedelta(hours=h)
+        facts = [dataclasses.replace(gh, hour=at) for gh in hours]
+        lines = [line for gh in facts for line in price_gpu_hour(gh, prices).lines]
+        sql_ledger.write_hour(HourRecord(at, facts, lines, prices))
+    again = [dataclasses.replace(gh, hour=HOUR0) for gh in hours[:2]]
+    sql_ledger.write_hour(
+        HourRecord(HOUR0, again, [line for gh in again for line in price_gpu_hour(gh, dearer).lines], dearer)
+    )
+    sql_ledger.replace_lines(HOUR0 + timedelta(hours=2), [], prices)
+    with sql_ledger.engine.connect() as connection:
+        (in_view,) = connection.execute(sa.select(sa.func.count()).select_from(COST_LINES)).one()
+    assert in_view == 5 * len(price_gpu_hour(hours[0], prices).lines)  # 2 + 3 GPU-hours' lines
+    assert sql_ledger.counts()["cost_lines"] == in_view
