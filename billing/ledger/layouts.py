@@ -142,13 +142,16 @@ def parse_layout(body: str) -> dict[str, list[list[Any]]]:
     return orjson.loads(body)
 
 
-def shared_holders(layout: dict[str, list[list[Any]]], stored: str) -> list[tuple[str, str, str, str | None]]:
+def shared_holders(
+    layout: dict[str, list[list[Any]]], held: list[list[Any]]
+) -> list[tuple[str, str, str, str | None]]:
     """(namespace, pod, process memory, process SM) of each time-sliced, MPS or fractional holder
     with process data in one GPU-hour, as exact decimal text (`Ledger.shared_use`), without
-    rebuilding the hour's facts."""
+    rebuilding the hour's facts. ``held``: the hour's stored readings' second part (`readings`), one
+    [utilization, process SM, process memory] a holder."""
     return [
         (values[_NAMESPACE_AT], values[_POD_AT], memory, sm)
-        for values, (_, sm, memory) in zip(layout["allocations"], orjson.loads(stored)[1], strict=True)
+        for values, (_, sm, memory) in zip(layout["allocations"], held, strict=True)
         if values[_SHARING_AT] in SHARED_MODES and memory is not None
     ]
 
