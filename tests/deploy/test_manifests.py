@@ -295,13 +295,13 @@ def test_process_usage_overlay_puts_only_the_exporter_in_the_host_pid_namespace(
     assert "hostPID" not in plain["spec"]["template"]["spec"]
 
 
-def test_large_fleet_overlay_gives_billing_two_cpus_two_gib_and_50_gib_and_changes_nothing_else(rendered):
+def test_large_fleet_overlay_gives_billing_two_cpus_three_gib_and_50_gib_and_changes_nothing_else(rendered):
     """The large-fleet component (docs/kubernetes.md, "Sizing"): a 10,000-GPU month's catch-up and
     report need more than the base's 1 CPU and 1 GiB, and its reports (~1.7 GB a month) more than the
     base's 10 GiB volume; every other object is the postgresql overlay's."""
     large, plain = rendered("overlays/postgresql-large-fleet"), rendered("overlays/postgresql")
     resources = _container(large.one("Deployment", "gpumeter-billing"))["resources"]
-    assert resources == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+    assert resources == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "3Gi"}}
     base = _container(plain.one("Deployment", "gpumeter-billing"))["resources"]
     assert base["limits"] == {"cpu": "1", "memory": "1Gi"}
     claim = "PersistentVolumeClaim", "gpumeter-billing-data"
