@@ -14,8 +14,8 @@ whether the ledger's schema allows that at all, apart from the queries, the fact
 2. **A GPU's day as one row.** The same GPUs, one row per GPU and day naming its layout and set, its
    hours' readings as JSON arrays of integers of 10⁻⁹ (exact, like `Exact(12, 9)`; JSON so that SQL
    reads them, as `json_each` and `jsonb_array_elements` do) made column-wise with numpy from the
-   floats a store answers (orjson writes numpy arrays itself), in a scratch table beside it, one
-   transaction a day.
+   floats a store answers (orjson writes numpy arrays itself), in a scratch table beside it, inserted
+   by the same `_bulk_insert`, one transaction a day.
 
 It prints both beside the store's own time answering the month's ingest, from the billing bench's
 last run on this machine (.bench/billing-victoriametrics.json), and writes .bench/ledger-floor.json.
@@ -30,11 +30,11 @@ import sqlite3
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import orjson
+from sqlalchemy import Column, Integer, MetaData, PrimaryKeyConstraint, Table, Text, create_engine
 from sqlalchemy.orm import Session
 
 from gpumeter.billing.allocate import price_gpu_hour
@@ -73,20 +73,17 @@ def _fleet_hours(gpus: int, book) -> list[tuple]:
 
 def todays_rows(ledger, fleet: list[tuple], hours: int) -> dict:
     """Each hour's rows made and written as `SqlWrites.write_hour` makes and writes them."""
-    hour_type = GpuHourRow.__table__.c.hour.type.dialect_impl(ledger.engine.dialect)
-    stored = hour_type.bind_processor(ledger.engine.dialect)
     facts_text, lines_text = layouts.readings_text, terms.readings_text
     cpu, wall, rows = time.process_time(), time.perf_counter(), 0
     for h in range(hours):
-        hour = stored(START + timedelta(hours=h))
+        hour, exact = ledger._driver_values(START + timedelta(hours=h))  # as `write_hour` converts them
         facts, groups, seq = [], [], 0
         for layout_id, (device, readings, efficiencies, utilizations, lines) in enumerate(fleet):
-            utilization = device[-1]
             facts.append(
                 [
                     hour,
                     *device[:-1],
-                    None if utilization is None else str(utilization),
+                    exact(device[-1]),  # the GPU's utilization
                     layout_id,
                     facts_text(readings),
                 ]
@@ -100,14 +97,36 @@ def todays_rows(ledger, fleet: list[tuple], hours: int) -> dict:
     return {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall, "rows": rows}
 
 
+# a GPU's day: its layout and set of terms, and per hour (arrays) presence and readings
+DAY_COLUMNS = (
+    "day",
+    "cluster",
+    "uuid",
+    "first_hour",
+    "hours",
+    "layout_id",
+    "set_id",
+    "present",
+    "utilization",
+    "readings",
+    "line_readings",
+)
+GPU_DAYS = Table(
+    "gpu_days",
+    MetaData(),
+    *(
+        Column(name, Integer if name in ("first_hour", "hours", "layout_id", "set_id") else Text)
+        for name in DAY_COLUMNS
+    ),
+    PrimaryKeyConstraint("day", "cluster", "uuid", "first_hour"),
+    sqlite_with_rowid=False,
+)
+
+
 def day_rows(path: Path, fleet: list[tuple], days: int) -> dict:
     """Each GPU's day as one row, its hours' readings as arrays made column-wise."""
-    connection = sqlite3.connect(path, isolation_level=None)
-    connection.execute(
-        "CREATE TABLE gpu_days (day TEXT, cluster TEXT, uuid TEXT, first_hour INTEGER, hours INTEGER,"
-        " layout_id INTEGER, set_id INTEGER, present TEXT, utilization TEXT, readings TEXT,"
-        " line_readings TEXT, PRIMARY KEY (day, cluster, uuid, first_hour)) WITHOUT ROWID"
-    )
+    engine = create_engine(f"sqlite:///{path}")
+    GPU_DAYS.metadata.create_all(engine)
     # per GPU, the width of its facts' and lines' readings: what a store's answers fill each hour
     fact_width = [len(r[0]) + 3 * len(r[1]) + 1 for _, r, *_ in fleet]
     line_width = [2 * lines for *_, lines in fleet]
@@ -137,17 +156,10 @@ def day_rows(path: Path, fleet: list[tuple], days: int) -> dict:
             )
             for i, (device, *_) in enumerate(fleet)
         ]
-        connection.execute("BEGIN IMMEDIATE")
-        marks = "(" + ", ".join("?" * 11) + ")"
-        for at in range(0, len(made), 512):
-            part = made[at : at + 512]
-            connection.execute(
-                "INSERT INTO gpu_days VALUES " + ", ".join([marks] * len(part)),
-                list(chain.from_iterable(part)),
-            )
-        connection.execute("COMMIT")
+        with Session(engine) as session, session.begin():  # as today's rows: the ledger's own insert
+            SqlHourRows._bulk_insert(session, GPU_DAYS, DAY_COLUMNS, made)
         rows += len(made)
-    connection.close()
+    engine.dispose()
     return {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall, "rows": rows}
 
 
@@ -196,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     store = json.loads(billing.read_text()) if billing.exists() else {}
     busy = store.get("store_busy_seconds") if store.get("workers") == 1 else None
     lines = sum(f[-1] for f in fleet) / len(fleet)
+    loop = python_loop_seconds()
     print(
         f"ledger floor: {args.gpus:,} GPUs x {24 * args.days} hours (tests/reports/synthetic.py,"
-        f" {lines:.1f} lines a GPU-hour); a 10M-step Python loop {python_loop_seconds():.2f} s"
+        f" {lines:.1f} lines a GPU-hour); a 10M-step Python loop {loop:.2f} s"
     )
     print(f"{'what':52} {'CPU':>7} {'wall':>7} {'rows':>10} {'KiB/GPU-month':>14} {'read back':>10}")
     for name, run in (
@@ -231,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "todays_rows": today,
         "day_rows": days,
         "store_busy_seconds": busy,
-        "python_loop_seconds": python_loop_seconds(),
+        "python_loop_seconds": loop,
     }
     (BENCH / "ledger-floor.json").write_text(json.dumps(out, indent=2) + "\n")
     return 0
