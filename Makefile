@@ -184,6 +184,7 @@ demo: tools venv
 BENCH_PG = postgresql+psycopg://postgres@127.0.0.1:5432/test
 BENCHES = "tests.bench" \
 	"tests.bench_billing --reprice" \
+	"tests.bench_billing --db $(BENCH_PG) --store victoriametrics" \
 	"tests.bench_billing --store victoriametrics" \
 	"tests.bench_ledger_floor" \
 	"tests.bench_billing --scale 10 --days 3 --db $(BENCH_PG)" \
