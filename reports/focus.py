@@ -185,7 +185,10 @@ def _bucket_columns(
     billed = [scaled(a or 0, MONEY_PLACES) for a in b.amount]
     consumed = [scaled(p, QUANTITY_PLACES) for p in part]
     listed = [o.list_cost(p) for o, p in zip(origin, part, strict=True)]
-    unit_prices = [num(o.rate) for o in origin]
+    # an unpriced row's list cost is 0 (`Origin.list_cost`), so is its unit price: FOCUS 1.2-1.4 allow
+    # neither null on a Usage row (ListUnitPrice, ContractedUnitPrice: "MUST NOT be null when
+    # ChargeCategory is Usage"); PricingCategory "Other" and x_Unpriced say it is no price
+    unit_prices = ["0" if o.rate is None else num(o.rate) for o in origin]
     sub = [subs[key] for key in zip(b.cluster, b.model, strict=True)]
     sub_ids = [s[0] for s in sub]
     versions = [labels.get(v, "") for v in b.price_version_id]  # type: ignore[arg-type]

@@ -176,7 +176,7 @@ class Allocations:
             text, method_id, weighted = template
             details_of(
                 text.format(
-                    R=repr(o.ratio(b.amount[i], part[i])),
+                    R=repr(o.ratio(i)),
                     Q=repr((held if kind == LineKind.TENANT else quantity) / QUANTITY_SCALE),
                     C=o.charge or self._charge(o, b.uuid[i], period_start, skus[i], subs[i]),
                     # x_Weight: the weight the line was priced at, normalisation included: weighted

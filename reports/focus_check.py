@@ -135,6 +135,14 @@ def check_row(row: dict, line: int) -> list[str]:
             bad(cost, f"must equal {price} x PricingQuantity = {unit_price * quantity}")
     if category in ("Usage", "Purchase") and not correction and quantity is None:
         bad("PricingQuantity", f"must not be null on {category} rows")
+    for price in (
+        "ListUnitPrice",
+        "ContractedUnitPrice",
+    ):  # FOCUS 1.2-1.4 listunitprice.md, contractedunitprice.md
+        if get(price) is None and (
+            (category in ("Usage", "Purchase") and not correction) or row.get("SkuPriceId")
+        ):
+            bad(price, f"must not be null on {category} rows or where SkuPriceId is set")
     if category == "Tax" and quantity is not None:
         bad("PricingQuantity", "must be null on Tax rows")
     if bool(row.get("PricingUnit")) != (quantity is not None):
@@ -212,16 +220,14 @@ def allocation_details_problems(value: str) -> list[str]:
     return problems
 
 
-RATIO_TOLERANCE = 1e-9  # the ratios are rounded to 12 places: their sum is 1 to this
-
-
 def check_ratios(focus_rows: list[dict]) -> list[str]:
     """The AllocatedRatio of the rows of one origin charge (a GPU's split lines of one bucket, named
-    by each row's ``x_OriginCharge``) sum to 1 (FOCUS 1.3 AllocatedMethodDetails)."""
-    sums: dict[tuple[str, str, str, str], float] = defaultdict(float)
+    by each row's ``x_OriginCharge``) sum to exactly 1 (FOCUS 1.3 AllocatedMethodDetails: "MUST be
+    equal to 1"), added as the decimals written, not as floats."""
+    sums: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
     for row in focus_rows:
         if row.get("AllocatedMethodId"):
-            details = json.loads(row["AllocatedMethodDetails"])
+            details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal)
             origin = details.get("x_OriginCharge") or {}
             key = (
                 str(origin.get("ResourceId")),
@@ -229,13 +235,11 @@ def check_ratios(focus_rows: list[dict]) -> list[str]:
                 str(origin.get("SkuPriceId")),
                 str(origin.get("SubAccountId")),
             )
-            sums[key] += sum(
-                e.get("AllocatedRatio", 0) for e in json.loads(row["AllocatedMethodDetails"])["Elements"]
-            )
+            sums[key] += sum((Decimal(e.get("AllocatedRatio", 0)) for e in details["Elements"]), Decimal(0))
     return [
-        f"origin charge {uuid} at {start}: AllocatedRatio sums to {total!r}, not 1"
+        f"origin charge {uuid} at {start}: AllocatedRatio sums to {total}, not 1"
         for (uuid, start, *_), total in sorted(sums.items())
-        if abs(total - 1) > RATIO_TOLERANCE
+        if total != 1
     ]
 
 

@@ -89,6 +89,9 @@ def mean_text(weighted: int, quantity: int) -> str:
     return "" if millionths is None else scaled(millionths, 6)
 
 
+RATIO_UNITS = 10**12  # AllocatedRatio's places
+
+
 def split(units: int, weights: list[int]) -> list[int]:
     """``units`` split in proportion to integer ``weights`` into integers that sum to it exactly:
     each part floored, the rest handed out one at a time by largest remainder (first listed first on
@@ -226,6 +229,7 @@ class Origin:
     of 10⁻⁶."""
 
     __slots__ = (
+        "_ratios",
         "billed",
         "charge",
         "parts",
@@ -257,6 +261,11 @@ class Origin:
             units = int((present / QUANTITY_QUANTUM).to_integral_value())
             self.quantity = present
         self.parts = split(units, amounts if self.billed else capacity)
+        # each row's AllocatedRatio in 10⁻¹², split so that the origin's ratios sum to exactly 1 (FOCUS
+        # 1.3 AllocatedMethodDetails: "MUST be equal to 1"), not each rounded on its own
+        self._ratios = dict(
+            zip(rows, split(RATIO_UNITS, amounts if self.billed else self.parts), strict=True)
+        )
         self.charge = ""  # x_OriginCharge as JSON text, written once for its rows (`Allocations`)
 
     def list_cost(self, part: int) -> str:
@@ -265,14 +274,10 @@ class Origin:
             "0" if self.rate is None else scaled(self.rate_units * part, self.rate_places + QUANTITY_PLACES)
         )
 
-    def ratio(self, amount: int | None, part: int) -> float:
-        """AllocatedRatio of a row: its share of the billed cost, or where nothing was billed (a rate
-        of 0, or unpriced) of the quantity it was given."""
-        if self.billed:
-            return rounded(amount or 0, self.billed, 12)
-        # the quantity's present GPU-hours need not be a whole number of 10⁻⁶: in Decimal
-        ratio = Decimal(part) * QUANTITY_QUANTUM / self.quantity if self.quantity else Decimal(1) / self.rows
-        return float(round(ratio, 12))
+    def ratio(self, row: int) -> float:
+        """AllocatedRatio of the bucket's ``row``: its share of the origin's billed cost, or where
+        nothing was billed (a rate of 0, or unpriced) of the quantity it was given, to 12 places."""
+        return self._ratios[row] / RATIO_UNITS
 
 
 def origins(report: Report, b: Bucket, rates: Rates) -> tuple[list[Origin], list[int]]:

@@ -22,6 +22,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,7 @@ def schema_problems(path: Path, version: str = "1.3") -> list[str]:
         for c in header
         if not c.startswith("x_") and c not in columns
     ]
-    ratios: dict[tuple, float] = defaultdict(float)
+    ratios: dict[tuple, Decimal] = defaultdict(Decimal)
     for number, row in enumerate(rows, start=2):
 
         def bad(column: str, what: str, row=row, number=number) -> None:
@@ -193,6 +194,12 @@ def schema_problems(path: Path, version: str = "1.3") -> list[str]:
             bad("AllocatedResourceId", "must be null on the unallocated portion")
         if row["ContractApplied"]:
             bad("ContractApplied", "must be null: no ContractID")
+        # listunitprice.md, contractedunitprice.md: "MUST NOT be null when ChargeCategory is "Usage" or
+        # "Purchase" and ChargeClass is not "Correction"", and ListUnitPrice "when SkuPriceId is not null"
+        usage = row["ChargeCategory"] in ("Usage", "Purchase") and row["ChargeClass"] != "Correction"
+        for price in ("ListUnitPrice", "ContractedUnitPrice"):
+            if row[price] == "" and (usage or (price == "ListUnitPrice" and row["SkuPriceId"])):
+                bad(price, "null on a Usage row or beside a SkuPriceId")
         if row["AllocatedTags"] and set(json.loads(row["AllocatedTags"])) & set(
             json.loads(row["Tags"] or "{}")
         ):
@@ -201,7 +208,7 @@ def schema_problems(path: Path, version: str = "1.3") -> list[str]:
             found = _details_problems(row["AllocatedMethodDetails"], COLUMNS["AllocatedMethodDetails"])
             for problem in found:
                 bad("AllocatedMethodDetails", problem)
-            details = json.loads(row["AllocatedMethodDetails"])
+            details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal)
             origin = details.get("x_OriginCharge")  # the export names the origin charge of each row
             if not found and origin:
                 ratios[
@@ -215,6 +222,6 @@ def schema_problems(path: Path, version: str = "1.3") -> list[str]:
     problems += [
         f"origin {key}: AllocatedRatio sums to {total!r}"
         for key, total in ratios.items()
-        if abs(total - 1) > 1e-9
+        if total != 1  # "MUST be equal to 1", as the decimals written add up
     ]
     return problems

@@ -221,7 +221,11 @@ def test_focus_to_the_cent_and_schema_check(rendered):
     unallocated = [r for r in rows if r["x_LineKind"] == "unallocated"]
     assert unallocated and all(r["SubAccountId"].startswith("pool/") for r in unallocated)
     unpriced = [r for r in rows if r["x_Unpriced"] == "true"]
-    assert [(r["BilledCost"], r["ListUnitPrice"], r["PricingQuantity"]) for r in unpriced] == [("0", "", "1")]
+    # no price, so a list cost and unit prices of 0: FOCUS allows no null unit price on a Usage row
+    assert [
+        (r["BilledCost"], r["ListCost"], r["ListUnitPrice"], r["ContractedUnitPrice"], r["PricingQuantity"])
+        for r in unpriced
+    ] == [("0", "0", "0", "0", "1")]
 
 
 def test_focus_hourly_grain_is_one_row_per_ledger_line(worked_ledger, tmp_path):
