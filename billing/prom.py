@@ -106,6 +106,34 @@ class Sample(NamedTuple):
 RangeAnswer = Callable[[], Iterable[tuple[dict[str, str], list[list]]]]
 
 
+class NotANumber(float):
+    """A sample whose text is no number ("abc"): a NaN, so that billing refuses that reading's
+    GPU-hour alone, as it does a NaN's (billing/refusals.py `screen_values`), not the whole answer;
+    it names its text when the refusal says why."""
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> NotANumber:
+        value = super().__new__(cls, "nan")
+        value.text = text
+        return value
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+
+def reading(text: str) -> float:
+    """``float(text)``, or a `NotANumber` for text that is not a number. Any other value (a list, an
+    object, null) is an answer of the wrong shape and raises."""
+    try:
+        return float(text)
+    except ValueError:
+        if text.__class__ is not str:
+            raise
+        return NotANumber(text[:60])
+
+
 class PrometheusClient:
     """``url`` may carry a user and password (``http://user:pass@host``): httpx sends them as basic
     auth, and only the redacted URL (`base_url`) is ever shown or stored.
@@ -152,7 +180,7 @@ class PrometheusClient:
         if data.get("resultType") != "vector":
             raise BadAnswer(f"expected an instant vector from {promql!r}, got {data.get('resultType')!r}")
         try:
-            return [Sample(item["metric"], float(item["value"][1])) for item in _result(data)]
+            return [Sample(item["metric"], reading(item["value"][1])) for item in _result(data)]
         except (TypeError, ValueError, KeyError, IndexError) as exc:
             raise BadAnswer(
                 f"{self.base_url}: an answer of the wrong shape to {promql!r}: {_why(exc)}"

@@ -16,6 +16,7 @@ from gpumeter.billing.models import (
 )
 from gpumeter.billing.prom import (
     BadAnswer,
+    reading,
 )
 from gpumeter.billing.refusals import Refused, screen_values
 
@@ -110,24 +111,10 @@ def _columns(
     slots = {first + 3600 * i: i for i in range(count)}  # a step's time -> its hour, as Prometheus writes it
     convert = _Repeated().__getitem__ if repeated else float
     for labels, points in answer:
-        # a series with a point at each step from its first to its last (held all run, or by a pod
-        # that started or stopped within it): its values in one slice, not point by point
-        start = slots.get(points[0][0]) if points else None
-        if start is not None and slots.get(points[-1][0]) == start + len(points) - 1:
-            if len(points) == count:
-                values: Values = list(map(convert, map(_VALUE, points)))
-            else:
-                values = [None] * count
-                values[start : start + len(points)] = map(convert, map(_VALUE, points))
-        else:
-            values = [None] * count
-            for t, value in points:
-                index = slots.get(t)
-                if index is None:  # an engine that wrote the time otherwise: the nearest hour
-                    index = round((t - first) / 3600)
-                    if not 0 <= index < count:
-                        continue
-                values[index] = convert(value)
+        try:
+            values = _series_values(points, slots, first, count, convert)
+        except ValueError:  # a value's text is no number: that reading is refused, not the answer
+            values = _series_values(points, slots, first, count, reading)
         key = tuple(map(labels.get, keep, itertools.repeat("")))  # absent and empty are one to PromQL
         kept = out.get(key)
         if kept is None:  # neither is kept
@@ -141,6 +128,28 @@ def _columns(
         else:
             kept[1][:] = map(_larger, kept[1], values)
     return list(out.values())
+
+
+def _series_values(points: list, slots: dict[float, int], first: float, count: int, convert) -> Values:
+    """One series' points as its values per hour of the run, each converted by ``convert``."""
+    # a series with a point at each step from its first to its last (held all run, or by a pod
+    # that started or stopped within it): its values in one slice, not point by point
+    start = slots.get(points[0][0]) if points else None
+    if start is not None and slots.get(points[-1][0]) == start + len(points) - 1:
+        if len(points) == count:
+            return list(map(convert, map(_VALUE, points)))
+        values: Values = [None] * count
+        values[start : start + len(points)] = map(convert, map(_VALUE, points))
+        return values
+    values = [None] * count
+    for t, value in points:
+        index = slots.get(t)
+        if index is None:  # an engine that wrote the time otherwise: the nearest hour
+            index = round((t - first) / 3600)
+            if not 0 <= index < count:
+                continue
+        values[index] = convert(value)
+    return values
 
 
 def _query_columns(

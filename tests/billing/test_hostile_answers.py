@@ -153,11 +153,8 @@ CASES = [
     ("gpu_count", _every_value("1e308"), "value 1e+308 is not a number in [0, 3601]"),
     ("alloc_share", _every_value("NaN"), "value nan is not a number in [0, 1]"),
     ("alloc_share", _every_value("+Inf"), "value inf is not a number in [0, 1]"),
-    (
-        "alloc_share",
-        _every_value("abc"),
-        "wrong shape to 'avg_over_time(nvidia_gpu_allocation[1h]) != 1': ValueError",
-    ),
+    # text that is no number is a bad reading, refused as a NaN is (tests/billing/test_refusal_scope.py)
+    ("alloc_share", _every_value("abc"), "value 'abc' is not a number in [0, 1]"),
     ("gpu_util", _every_value("NaN"), "value nan is not a number in [0, 1]"),
     ("gpu_util", _every_value("-12"), "value -12.0 is not a number in [0, 1]"),
     ("mig_util", _every_value("11.5"), "value 11.5 is not a number in [0, 1]"),
@@ -229,20 +226,24 @@ def test_an_answer_with_an_error_text_of_control_characters_is_shown_escaped(bil
 
 
 def test_a_wrong_shaped_instant_answer_is_a_bad_answer(billed):
-    """The instant path (the service's hourly job) checks shapes too."""
+    """The instant path (the service's hourly job) checks shapes too; a value whose text is no number
+    is a reading (a NaN that names its text), refused with its GPU-hour as the range path refuses it."""
     from gpumeter.billing.prom import BadAnswer
+
+    result: list = []
 
     class Shaped(AnswerHandler):
         def answer(self) -> None:
-            result = [{"metric": {}, "value": [1, "x"]}]
             self.send_json({"status": "success", "data": {"resultType": "vector", "result": result}})
 
-    with (
-        answering(Shaped) as url,
-        PrometheusClient(url) as client,
-        pytest.raises(BadAnswer, match="wrong shape"),
-    ):
-        client.query("up", H0)
+    with answering(Shaped) as url, PrometheusClient(url) as client:
+        result[:] = [{"metric": {"uuid": "GPU-1"}, "value": [1, "x"]}]
+        (sample,) = client.query("up", H0)
+        assert sample.value != sample.value and repr(sample.value) == "'x'"
+        for value in ([1], [1, None], [1, ["2"]]):
+            result[:] = [{"metric": {}, "value": value}]
+            with pytest.raises(BadAnswer, match="wrong shape"):
+                client.query("up", H0)
 
 
 def test_billing_serve_bills_the_rest_and_counts_the_refused_gpu_hours(real_prometheus, book, tmp_path):

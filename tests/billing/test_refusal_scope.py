@@ -244,9 +244,9 @@ def test_a_gpus_nan_utilization_for_one_hour_costs_that_gpu_hour_only(with_nan, 
         ledger.close()
 
 
-def _negative_count_proxy(upstream: str, uuid: str) -> type[AnswerHandler]:
+def _negative_count_proxy(upstream: str, uuid: str, value: str = "-3") -> type[AnswerHandler]:
     """Forwards every query to the real Prometheus; answers ``uuid``'s allocation counts for
-    NEGATIVE_HOUR as -3 (what a broken query frontend or recording rule could serve)."""
+    NEGATIVE_HOUR as ``value`` (what a broken query frontend or recording rule could serve)."""
     at = NEGATIVE_HOUR.timestamp() + 3600  # the hour's step: its end (billing asks 1 ms before it)
 
     class Proxy(AnswerHandler):
@@ -259,7 +259,7 @@ def _negative_count_proxy(upstream: str, uuid: str) -> type[AnswerHandler]:
                         continue
                     for point in item.get("values", [item.get("value")]):
                         if point and abs(float(point[0]) - at) < 1:
-                            point[1] = "-3"
+                            point[1] = value
             self.send_json(body, reply.status_code)
 
     return Proxy
@@ -275,4 +275,16 @@ def test_a_gpus_negative_allocation_count_for_one_hour_costs_that_gpu_hour_only(
         outcome = _catch_up(proxy, book, url, END + timedelta(minutes=5))
     assert outcome == "ingested 168", outcome
     reading = f"alloc_count ({QUERIES['alloc_count']!r}): value -3.0 is not a number in [0, 3601]"
+    _check_scoped(url, reference, NEGATIVE_HOUR, uuid, reading, tmp_path)
+
+
+def test_a_gpus_allocation_count_that_is_no_number_costs_that_gpu_hour_only(clean, book, reference, tmp_path):
+    """Text that is no number, in one series of a well-formed answer, is a bad reading like -3 or NaN:
+    before, it made the whole answer "of the wrong shape" and refused the hour of every GPU."""
+    uuid = next(line[1] for line in reference if line[0] == NEGATIVE_HOUR and line[2] == "tenant")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with answering(_negative_count_proxy(clean.url, uuid, "abc")) as proxy:
+        outcome = _catch_up(proxy, book, url, END + timedelta(minutes=5))
+    assert outcome == "ingested 168", outcome
+    reading = f"alloc_count ({QUERIES['alloc_count']!r}): value 'abc' is not a number in [0, 3601]"
     _check_scoped(url, reference, NEGATIVE_HOUR, uuid, reading, tmp_path)
