@@ -145,6 +145,8 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             raise ConfigError(f"{config_path}: cannot read config: {exc}") from None
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{config_path}: not UTF-8 text (byte at offset {exc.start})") from None
+        except (ValueError, OverflowError) as exc:  # PyYAML's readers raise these bare: a date 2026-13-01
+            raise ConfigError(f"{config_path}: a value YAML cannot read: {exc}") from None
         data = {} if data is None else data
         if not isinstance(data, dict):
             raise ConfigError(

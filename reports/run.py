@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ledger.base import Ledger, ReportRunRecord
+from gpumeter.billing.pricing.yamlload import YamlRefused, load_yaml
 from gpumeter.process import give_back_memory, no_collections
 from gpumeter.reports.files import ReportWriteError, write_atomically
 from gpumeter.reports.model import Grouping, Period, Report, ReportError, build_report, version_label
@@ -37,9 +36,11 @@ def load_labels(path: str | Path | None) -> dict[str, dict[str, str]]:
         return {}
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ReportError(f"{path}: (file): cannot load labels: {exc}") from None
+        doc = load_yaml(path.read_bytes())
+    except OSError as exc:
+        raise ReportError(f"{path}: (file): cannot load labels: {exc.strerror or exc}") from None
+    except YamlRefused as exc:  # the strict reader of every input file: field, value, what is wrong
+        raise ReportError(f"{path}: {exc}") from None
     namespaces = doc.get("namespaces") if isinstance(doc, dict) else None
     if not isinstance(namespaces, dict) or not all(
         isinstance(v, dict) and all(isinstance(x, str) for x in v.values()) for v in namespaces.values()

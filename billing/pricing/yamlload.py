@@ -110,8 +110,38 @@ def load_yaml(raw: bytes | str, *, max_bytes: int = MAX_BYTES) -> Any:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "?"
             raise YamlRefused("(yaml)", where, f"malformed YAML: {getattr(exc, 'problem', exc)}") from None
+        except (ValueError, OverflowError) as exc:  # PyYAML's readers raise these bare: 2026-13-01
+            raise _unreadable_scalar(loader, node, exc) from None
     finally:
         loader.dispose()
+
+
+def _unreadable_scalar(loader: yaml.SafeLoader, node: yaml.Node, exc: Exception) -> YamlRefused:
+    """The refusal of the first scalar whose tag's reader fails (a date that is none, 2026-13-01),
+    named by its place in the file and its text."""
+    for scalar in _scalars(node):
+        reader = type(loader)("")  # the failed loader holds the half-built document
+        try:
+            reader.construct_object(scalar)
+        except (ValueError, OverflowError) as why:
+            where = f"line {scalar.start_mark.line + 1} column {scalar.start_mark.column + 1}"
+            kind = scalar.tag.rsplit(":", 1)[-1]
+            return YamlRefused("(yaml)", scalar.value, f"{where}: not a valid {kind}: {why}")
+        finally:
+            reader.dispose()
+    return YamlRefused("(yaml)", "?", f"malformed YAML: {exc}")
+
+
+def _scalars(node: yaml.Node):
+    if isinstance(node, yaml.ScalarNode):
+        yield node
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _scalars(item)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            yield from _scalars(key)
+            yield from _scalars(value)
 
 
 def _refuse_duplicate_keys(node: yaml.Node, where: str) -> None:

@@ -934,6 +934,8 @@ def load_fleet(path: str | Path) -> Fleet:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise FleetError(f"{candidate}: malformed YAML: {exc}") from None
+    except (ValueError, OverflowError) as exc:  # PyYAML's readers raise these bare: a date 2026-13-01
+        raise FleetError(f"{candidate}: a value YAML cannot read: {exc}") from None
     return parse_fleet(data, source=str(candidate))
 
 

@@ -159,6 +159,8 @@ def load_web_config(path: str | os.PathLike) -> WebConfig:
         data = yaml.safe_load(_read_text(path, "web config"))
     except yaml.YAMLError as exc:
         raise WebConfigError(f"{source}: malformed YAML: {exc}") from None
+    except (ValueError, OverflowError) as exc:  # PyYAML's readers raise these bare: a date 2026-13-01
+        raise WebConfigError(f"{source}: a value YAML cannot read: {exc}") from None
     top = _section(data, "", fail)
     tls = _tls_settings(_section(top.get("tls_server_config"), "tls_server_config", fail), path, fail)
     http = _section(top.get("http_server_config"), "http_server_config", fail)
