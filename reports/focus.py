@@ -36,6 +36,7 @@ from gpumeter.reports.focus_columns import METHODS as METHODS
 from gpumeter.reports.focus_origins import (
     TENANT_KINDS,
     Bucket,
+    Origin,
     Rates,
     buckets,
     mean_text,
@@ -158,7 +159,26 @@ def _bucket_columns(
     labels = rates.labels
     origin, part = origins(report, b, rates)
     start, end = _charge_period(report, b.bucket)
-    charge_start = utc_text(start)
+    bucket_period = (utc_text(start), utc_text(end))
+    periods: dict[tuple, tuple[str, str]] = {}
+
+    def charge_period(o: Origin) -> tuple[str, str]:
+        # where two price versions split a GPU's bucket, each origin's period is the hours its version
+        # priced, so that the two origin charges are told apart by their columns (and their periods add
+        # up to the bucket); else the bucket's
+        if o.span is None:
+            return bucket_period
+        period = periods.get(o.span)
+        if period is None:
+            first, last = o.span
+            period = periods[o.span] = (
+                utc_text(max(start, first)),
+                utc_text(end if last is None else min(end, last)),
+            )
+        return period
+
+    charge_periods = [charge_period(o) for o in origin]
+    charge_starts = [p[0] for p in charge_periods]
     unpriced = [o.unpriced for o in origin]
     mig = [bool(gi) for gi in b.gpu_instance_id]
     descriptions: dict[tuple, str] = {}
@@ -200,8 +220,8 @@ def _bucket_columns(
         "BilledCost": billed,
         "BillingCurrency": b.currency,
         "ChargeDescription": [description(i) for i in range(n)],
-        "ChargePeriodEnd": [utc_text(end)] * n,
-        "ChargePeriodStart": [charge_start] * n,
+        "ChargePeriodEnd": [p[1] for p in charge_periods],
+        "ChargePeriodStart": charge_starts,
         "ConsumedQuantity": consumed,
         "ContractedCost": listed,
         "ContractedUnitPrice": unit_prices,
@@ -243,7 +263,7 @@ def _bucket_columns(
         "x_UtilizationEfficiency": list(map(mean_text, b.ew_exact, b.eq)),
     }
     if allocations is not None:
-        allocated = allocations.columns(b, origin, part, charge_start, skus, sub_ids)
+        allocated = allocations.columns(b, origin, part, charge_starts, skus, sub_ids)
         columns.update(zip(ALLOCATION_COLUMNS, allocated, strict=True))
     return columns
 

@@ -143,14 +143,14 @@ class Allocations:
         b: Bucket,
         origin: list[Origin],
         part: list[int],
-        period_start: str,
+        period_starts: list[str],
         skus: list[str],
         subs: list[str],
     ) -> list[list[str]]:
         """AllocatedMethodDetails, -Id, -ResourceId, -ResourceName and -Tags (ALLOCATION_COLUMNS) of
         bucket ``b``'s rows, as columns: each row's null where it is its origin's only row (nothing was
         split). Per row: ``origin`` and ``part`` (`origins`), ``skus`` and ``subs``, its SkuPriceId and
-        SubAccountId, which its x_OriginCharge repeats; ``period_start``: the bucket's
+        SubAccountId, which its x_OriginCharge repeats; ``period_starts``, each row's
         ChargePeriodStart."""
         columns: list[list[str]] = [[] for _ in ALLOCATION_COLUMNS]
         details_of, method_of, resource_of, name_of, tags_of = (c.append for c in columns)
@@ -178,7 +178,7 @@ class Allocations:
                 text.format(
                     R=repr(o.ratio(i)),
                     Q=repr((held if kind == LineKind.TENANT else quantity) / QUANTITY_SCALE),
-                    C=o.charge or self._charge(o, b.uuid[i], period_start, skus[i], subs[i]),
+                    C=o.charge or self._charge(o, b.uuid[i], period_starts[i], skus[i], subs[i]),
                     # x_Weight: the weight the line was priced at, normalisation included: weighted
                     # GPU-hours per instance-hour held (slice-hours / compute slices)
                     W=repr(rounded(quantity * weighted, held, 6)) if weighted and held else "",

@@ -10,7 +10,7 @@ import itertools
 import operator
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -238,6 +238,7 @@ class Origin:
         "rate_places",
         "rate_units",
         "rows",
+        "span",
         "unpriced",
     )
 
@@ -267,6 +268,9 @@ class Origin:
             zip(rows, split(RATIO_UNITS, amounts if self.billed else self.parts), strict=True)
         )
         self.charge = ""  # x_OriginCharge as JSON text, written once for its rows (`Allocations`)
+        # ChargePeriodStart/End where its GPU's bucket has the origins of two price versions: the hours
+        # its version priced (`origins`); None: the bucket's
+        self.span: tuple[datetime, datetime | None] | None = None
 
     def list_cost(self, part: int) -> str:
         """The list cost of ``part`` (10⁻⁶ GPU-hours) at the origin's rate, as `num` writes it."""
@@ -301,6 +305,8 @@ def origins(report: Report, b: Bucket, rates: Rates) -> tuple[list[Origin], list
         # a bucket two price versions share: each origin's quantity is what its own lines state
         present = gpu.present if gpu is not None and versions[(cluster, uuid)] == 1 else None
         o = Origin(b, rows, rates.rate(version, b.model[rows[0]]), present)
+        if versions[(cluster, uuid)] > 1:  # told apart by their periods: each its version's hours
+            o.span = rates.span(version)
         for i, share in zip(rows, o.parts, strict=True):
             origin[i], part[i] = o, share
     return origin, part
@@ -312,6 +318,12 @@ class Rates:
     def __init__(self, report: Report):
         self.labels = {v.id: version_label(v) for v in report.price_versions}
         self.bodies = {v.id: v.body for v in report.price_versions}
+        # the hours each version priced: an hour takes the version in effect at its start
+        # (`PriceBook.version_at`), so from the first whole hour of its effective_from on
+        self.spans = {
+            v.id: (_hour_ceiling(v.effective_from), _hour_ceiling(v.effective_to) if v.effective_to else None)
+            for v in report.price_versions
+        }
         self._rates: dict[tuple[int | None, str], Decimal | None] = {}
 
     def rate(self, version: int | None, model: str) -> Decimal | None:
@@ -320,6 +332,15 @@ class Rates:
             rate = self.bodies.get(version, {}).get("rates", {}).get(model)  # type: ignore[arg-type]
             self._rates[key] = Decimal(rate) if rate is not None else None
         return self._rates[key]
+
+    def span(self, version: int | None) -> tuple[datetime, datetime | None] | None:
+        """[start, end) of the hours ``version`` priced (end None: open), or None where unknown."""
+        return self.spans.get(version)  # type: ignore[arg-type]
+
+
+def _hour_ceiling(at: datetime) -> datetime:
+    floor = at.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == at else floor + timedelta(hours=1)
 
 
 def sku_price_id(model: str, unpriced: bool, version: int | None, labels: dict[int, str]) -> str:

@@ -343,3 +343,59 @@ def test_a_holders_tags_are_the_json_encoders_text(namespace, pod, container, te
     assert holder_tags(namespace, pod, container, team) == json_text(
         {f"{TAG_PREFIX}{k}": v for k, v in holder.items() if v}
     )
+
+
+def test_a_price_change_inside_a_day_gives_two_origin_charges_each_its_hours(ledger, tmp_path):
+    """A version from 13:30 prices the day's hours from 14:00 on (an hour takes the version in effect at
+    its start): at day grain the GPU-day is two origin charges, told apart by their periods,
+    [00:00, 14:00) at 3.00 and [14:00, 24:00) at 4.00, each of whose rows name it and sum to it.
+    Before, both claimed the whole day, and an unpriced GPU's two were told apart by nothing."""
+    from gpumeter.billing.pricing import load_price_book
+    from tests.billing.factories import write_book
+
+    doc = {
+        "currency": "USD",
+        "versions": [
+            {"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": {"hourly_rate": "3.00"}}},
+            {"effective_from": "2026-11-01T13:30:00Z", "gpus": {"A100-40GB": {"hourly_rate": "4.00"}}},
+        ],
+    }
+    prices = load_price_book(write_book(tmp_path, doc))
+    for h in range(24):
+        hour = HOUR0 + HOUR * h
+        hours = [
+            gpu_hour("GPU-a", A100, allocations=[alloc("GPU-a", "ml", "p", seconds=1800)], hour=hour),
+            gpu_hour("GPU-u", "NVIDIA VR200", allocations=[alloc("GPU-u", "ml", "q")], hour=hour),
+        ]
+        lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+        ledger.write_hour(HourRecord(hour, hours, lines, prices))
+    path = _export(ledger, tmp_path / "out", "day")
+    assert schema_problems(path) == [] and focus.check_file(path) == []
+    _header, rows = rows_of(path)
+
+    origins: dict[tuple[str, str, str], list[dict]] = {}
+    for row in rows:
+        origins.setdefault((row["ResourceId"], row["ChargePeriodStart"], row["ChargePeriodEnd"]), []).append(
+            row
+        )
+    assert sorted(origins) == [
+        ("GPU-a", "2026-11-01T00:00:00Z", "2026-11-01T14:00:00Z"),
+        ("GPU-a", "2026-11-01T14:00:00Z", "2026-11-02T00:00:00Z"),
+        ("GPU-u", "2026-11-01T00:00:00Z", "2026-11-01T14:00:00Z"),
+        ("GPU-u", "2026-11-01T14:00:00Z", "2026-11-02T00:00:00Z"),
+    ]
+
+    def billed(uuid: str, start: str) -> Decimal:
+        (key,) = [k for k in origins if k[:2] == (uuid, start)]
+        group = origins[key]
+        for row in group:  # each row names its own origin charge
+            if row["AllocatedMethodDetails"]:
+                charge = json.loads(row["AllocatedMethodDetails"])["x_OriginCharge"]
+                assert (charge["ResourceId"], charge["ChargePeriodStart"]) == (uuid, start)
+        assert len({r["ListUnitPrice"] for r in group}) == 1
+        return sum((Decimal(r["BilledCost"]) for r in group), Decimal(0))
+
+    # 14 hours x 3.00 and 10 hours x 4.00, half held by the pod and half the platform's
+    assert billed("GPU-a", "2026-11-01T00:00:00Z") == Decimal("42.00")
+    assert billed("GPU-a", "2026-11-01T14:00:00Z") == Decimal("40.00")
+    assert billed("GPU-u", "2026-11-01T00:00:00Z") == billed("GPU-u", "2026-11-01T14:00:00Z") == 0
