@@ -249,7 +249,9 @@ def _price_gpu_hour(
             if price is None
             else f"MIG profile {strange!r} is not one {model_key} offers"
         )
-        message = f"unpriced GPU model {dev.model!r} (uuid {dev.uuid}, hour {hour.isoformat()}): {reason}"
+        # a GPU is (cluster, uuid): name its cluster where the store has one, so the GPU can be found
+        where = f"cluster {dev.cluster}, uuid {dev.uuid}" if dev.cluster else f"uuid {dev.uuid}"
+        message = f"unpriced GPU model {dev.model!r} ({where}, hour {hour.isoformat()}): {reason}"
         log.warning(message)
         line = Line(
             kind=LineKind.UNPRICED,

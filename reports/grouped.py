@@ -234,10 +234,13 @@ def pods(
     keys = ["namespace", "pod"]
     if tenant.empty:
         return Pods([], {}, [], {}, {}, {}, {})
-    # each pod's sums and its first charge's team (a pod is one namespace's: one team)
+    # each pod's sums and its first charge's team and cluster (a pod is one namespace's: one team; a
+    # namespace named by `name_clusters` is one cluster's)
     ranked = (
         tenant.groupby(keys, sort=False)
-        .agg(**{name: (name, "sum") for name in FIGURES}, team=("team", "first"))
+        .agg(
+            **{name: (name, "sum") for name in FIGURES}, team=("team", "first"), cluster=("cluster", "first")
+        )
         .reset_index()
     )
     ranked = ranked.sort_values(
@@ -249,8 +252,9 @@ def pods(
 
     top_pods = listed(ranked.head(top))
     per_group: dict[str, list[PodKey]] = {}
-    if group_key is not None:  # a pod's group as a line of its namespace and team names it
-        probes = ranked[["team", "namespace"]].assign(model="", mig_profile="", cluster="")
+    if group_key is not None:  # a pod's group as a line of its namespace, team and cluster names it
+        # the cluster too: `Grouping.key` reads a `cluster/namespace`'s labels by the name without it
+        probes = ranked[["team", "namespace"]].assign(model="", mig_profile="", cluster=ranked["cluster"])
         ranked["group"] = group_keys(probes, group_key).to_numpy()
         for key, rows in ranked.groupby("group", sort=False).head(top).groupby("group", sort=False):
             per_group[key] = listed(rows)

@@ -325,7 +325,8 @@ class HealthReport:
     gpus: list[GpuHealth]
     teams: list[TeamHealth]
     node_outages: list[NodeOutages] = field(default_factory=list)
-    capacity: dict[str, PoolCapacity] = field(default_factory=dict)  # pool -> its capacity (the ledger's)
+    # `pool_key` -> its capacity (the ledger's)
+    capacity: dict[str, PoolCapacity] = field(default_factory=dict)
     spare_policy: float = SPARE_POLICY
 
     def by(self, key) -> list[tuple[str, Incidents]]:
@@ -342,8 +343,9 @@ class HealthReport:
     def pools(self) -> list[tuple[str, Incidents]]:
         """A pool is what the pool rules make it (docs/capacity.md, "Pools"): the node's pool label,
         GPU feature discovery's product by default, and without it the GPU model (what the price book,
-        the scheduler's node pools and MIG profiles are defined by)."""
-        return self.by(lambda g: g.pool or g.model)
+        the scheduler's node pools and MIG profiles are defined by); one cluster's, as the rules keep
+        pools per (cluster, pool): two clusters' nodes of one label are two pools (`pool_key`)."""
+        return self.by(lambda g: pool_key(g.cluster, g.pool or g.model))
 
     @property
     def nodes(self) -> list[tuple[str, Incidents]]:
@@ -463,6 +465,13 @@ class _Window:
 def gpu_key(cluster: str, name: str) -> str:
     """A GPU's (or node's) name in the report: ``cluster/name`` for one of a named cluster."""
     return f"{cluster}/{name}" if cluster else name
+
+
+def pool_key(cluster: str, pool: str) -> str:
+    """A pool's name in the report: ``cluster/pool`` for one of a named cluster. A pool is one
+    cluster's, as the rules compute it (``pool:… by (cluster, pool)``): a spare GPU of west is no spare
+    for east's workloads, so two clusters' pools of one name never merge."""
+    return gpu_key(cluster, pool)
 
 
 def _key(window: _Window, labels: dict[str, str], uuid: str = "uuid") -> str:
@@ -678,19 +687,20 @@ def read_ledger(
     held, utilization where it is known, and the waste: GPU-hours of lines whose hour's utilization was
     below IDLE_BELOW, and what they cost. Per pool (``pool_of``: GPU UUID -> pool, for the GPUs
     Prometheus saw; a GPU it did not see pools by the price book's model name its lines carry), its
-    capacity (PoolCapacity). A GPU is named by its `gpu_key` (its cluster too, where lines have one)."""
+    capacity (PoolCapacity), keyed by `pool_key`: a pool is one cluster's. A GPU is named by its
+    `gpu_key` (its cluster too, where lines have one)."""
     pool_of = pool_of or {}
     teams: dict[str, TeamHealth] = {}
     capacity: dict[str, PoolCapacity] = {}
     currencies: set[str] = set()
     for day in _days(ledger, period):
         held: dict[tuple[datetime, str], Decimal] = {}  # (hour, GPU) -> GPU-hours held; billed if here
-        pools: dict[str, str] = {}  # GPU -> pool
+        pools: dict[str, str] = {}  # GPU -> `pool_key`
         for line in day:
             gpu = gpu_key(line.cluster, line.uuid)
             key = (line.bucket, gpu)
             held.setdefault(key, Decimal(0))
-            pools.setdefault(gpu, pool_of.get(gpu) or line.model)
+            pools.setdefault(gpu, pool_key(line.cluster, pool_of.get(gpu) or line.model))
             if line.kind != LineKind.TENANT or line.amount is None:
                 continue
             held[key] += line.quantity

@@ -604,13 +604,14 @@ def _build_report(
     by_group = grouping.name in ("team", "namespace") or grouping.name.startswith("label:")
     pods = grouped.pods(tenant, top=top, shared=set(shared), group_key=grouping.key if by_group else None)
     platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))
-    unpriced: dict[str, tuple[Decimal, set]] = {}
+    unpriced: dict[str, tuple[Decimal, int]] = {}
     missing = frame[~frame["priced_line"]]
     if not missing.empty:
-        by_model = missing.groupby("model", sort=True)
-        hours, gpus = by_model["quantity"].sum(), by_model["uuid"].unique()
+        hours = missing.groupby("model", sort=True)["quantity"].sum()
+        # a GPU is (cluster, uuid): two clusters' GPUs of one UUID are two GPUs (docs/billing.md §2.3)
+        gpus = missing[["model", "cluster", "uuid"]].drop_duplicates().groupby("model").size()
         for model in hours.index:
-            unpriced[model] = (Decimal(int(hours[model])) * frames.QUANTITY_UNIT, set(gpus[model]))
+            unpriced[model] = (Decimal(int(hours[model])) * frames.QUANTITY_UNIT, int(gpus[model]))
     team_actual = grouped.money_by(tenant[tenant["team"] != ""], ["team"])
     del frame, priced, tenant, platform_lines, platform_daily, missing
 
@@ -710,7 +711,7 @@ def _build_report(
         grain=grain,
         groups=rows,
         platform=platform_rows,
-        unpriced=[UnpricedRow(m, h, len(g)) for m, (h, g) in sorted(unpriced.items())],
+        unpriced=[UnpricedRow(m, h, n) for m, (h, n) in sorted(unpriced.items())],
         total=total,
         tenants=tenants,
         total_change=change(total.cost, before_total),

@@ -459,6 +459,32 @@ def test_a_namespace_named_in_one_cluster_wins_there_over_the_same_name_in_every
     assert teams_in_cluster(plain, "east") is plain  # no key names a cluster: the map itself
 
 
+def test_an_unpriced_gpus_warning_names_its_cluster(tmp_path):
+    """A GPU is (cluster, uuid): the warning for an unpriced GPU-hour names the cluster where the
+    store has one, and reads as before where it has none."""
+    from gpumeter.billing.allocate import price_gpu_hour
+    from gpumeter.billing.models import Device, GpuHour
+
+    prices = factories.book(tmp_path, {"A100-40GB": "3.00"})
+    warnings = {
+        cluster: price_gpu_hour(
+            GpuHour(START, Device("GPU-VR", "NVIDIA VR200", 3600, "vr-1", "0", cluster=cluster), [], []),
+            prices,
+        ).warnings
+        for cluster in ("east", "")
+    }
+    assert warnings == {
+        "east": [
+            "unpriced GPU model 'NVIDIA VR200' (cluster east, uuid GPU-VR, hour 2026-11-01T00:00:00+00:00): "
+            "model missing from the price book"
+        ],
+        "": [
+            "unpriced GPU model 'NVIDIA VR200' (uuid GPU-VR, hour 2026-11-01T00:00:00+00:00): "
+            "model missing from the price book"
+        ],
+    }
+
+
 def test_billings_own_series_carry_the_cluster_under_the_stores_label(billed):
     """/metrics of the clustered ledger: each cost series names its cluster, under the label name the
     store uses; the clusters' costs are the month's, by hand."""
