@@ -43,7 +43,6 @@ from gpumeter.reports.focus_origins import (
     num,
     origins,
     scaled,
-    sku_price_id,
     sub_account,
 )
 from gpumeter.reports.model import HOUR, Report
@@ -213,7 +212,7 @@ def _bucket_columns(
     sub_ids = [s[0] for s in sub]
     versions = [labels.get(v, "") for v in b.price_version_id]  # type: ignore[arg-type]
     skus = [
-        sku_price_id(m, a is None, v, labels)
+        rates.sku_price_id(m, a is None, v)
         for m, a, v in zip(b.model, b.amount, b.price_version_id, strict=True)
     ]
     columns: dict[str, list[str]] = {

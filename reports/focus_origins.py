@@ -6,7 +6,9 @@ the currency, as the ledger stores them, written as the decimals they stand for 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import operator
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -324,7 +326,9 @@ class Rates:
             v.id: (_hour_ceiling(v.effective_from), _hour_ceiling(v.effective_to) if v.effective_to else None)
             for v in report.price_versions
         }
+        self.currencies = {v.id: v.currency for v in report.price_versions}
         self._rates: dict[tuple[int | None, str], Decimal | None] = {}
+        self._sku_prices: dict[tuple[int | None, str], str] = {}
 
     def rate(self, version: int | None, model: str) -> Decimal | None:
         key = (version, model)
@@ -333,20 +337,41 @@ class Rates:
             self._rates[key] = Decimal(rate) if rate is not None else None
         return self._rates[key]
 
+    def sku_price_id(self, model: str, unpriced: bool, version: int | None) -> str:
+        """SkuPriceId: ``<model>:<12 hex digits>``, a digest of the terms that price the model under
+        ``version`` (its currency and rate, and the version's idle policy, slice weight, sharing
+        efficiencies and utilization tiers). FOCUS: it "MUST remain consistent over time", so a new
+        version or an edit of the book that leaves the model's terms as they were keeps it, where the
+        version's own digest (`x_PriceBookVersion`) changes with any byte of the file. An unpriced row
+        names no price: ``<model>:unpriced``."""
+        key = (version, model)
+        known = self._sku_prices.get(key)
+        if known is None:
+            body = self.bodies.get(version)  # type: ignore[arg-type]
+            rate = None if body is None else body.get("rates", {}).get(model)
+            if rate is None:
+                known = f"{model.lower()}:unpriced"
+            else:
+                terms = {k: v for k, v in body.items() if k not in _NOT_A_MODELS_TERMS}  # type: ignore[union-attr]
+                terms.update(currency=self.currencies.get(version), rate=str(rate))  # type: ignore[arg-type]
+                digest = hashlib.sha256(json.dumps(terms, sort_keys=True).encode()).hexdigest()
+                known = f"{model.lower()}:{digest[:12]}"
+            self._sku_prices[key] = known
+        return f"{model.lower()}:unpriced" if unpriced else known
+
     def span(self, version: int | None) -> tuple[datetime, datetime | None] | None:
         """[start, end) of the hours ``version`` priced (end None: open), or None where unknown."""
         return self.spans.get(version)  # type: ignore[arg-type]
 
 
+# what a version body holds that is not a term of one model's price: the other models' rates, the
+# names it knows them by, and which of its rates were derived (the rate itself is taken apart)
+_NOT_A_MODELS_TERMS = frozenset({"rates", "aliases", "derived"})
+
+
 def _hour_ceiling(at: datetime) -> datetime:
     floor = at.replace(minute=0, second=0, microsecond=0)
     return floor if floor == at else floor + timedelta(hours=1)
-
-
-def sku_price_id(model: str, unpriced: bool, version: int | None, labels: dict[int, str]) -> str:
-    # an unpriced row names no price, even where a version was in effect (x_PriceBookVersion)
-    label = "unpriced" if unpriced else labels.get(version, "unpriced")  # type: ignore[arg-type]
-    return f"{model.lower()}:{label}"
 
 
 POOL_ACCOUNT_TYPE, CLUSTER_ACCOUNT_TYPE = "GPU Pool", "Cluster"

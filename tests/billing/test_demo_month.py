@@ -66,11 +66,14 @@ DEMO_MONTH_LINES = "0d5ca4a6fc402dc449b34a78d2af18077168bb059f44dba38a4c008df89f
 # remainder so that they sum to exactly 1 (FOCUS's "MUST be equal to 1"), not each rounded on its own:
 # 8,640 of the hour file's AllocatedMethodDetails cells and 360 of each day file's moved, each ratio by
 # at most 10⁻¹², and no other cell (compared cell by cell, 2026-12-07); the 1.2 file has no ratios
+# All four again when SkuPriceId became a digest of the model's price terms (FOCUS: "MUST remain
+# consistent over time"): compared cell by cell, only SkuPriceId and its echo in x_OriginCharge moved,
+# one to one (a100-40gb:2da10028efd7@2026-01-01T00:00:00Z -> a100-40gb:acae64f6db0e, and the H100's)
 DEMO_MONTH_FOCUS = {
-    ("day", "1.3"): "c6c542bc9bb31a88be339b323578b0c3de10ad8265ce9355dd09bf3f1caf095c",
-    ("hour", "1.3"): "763ade38cab3abf59bc5cbc43522bb29bfd46c3cf0ffc1fe0147e8be113a98ce",
-    ("day", "1.4"): "b9ae14021f868eeb656d00712f7d62c35708fe972567206965c800cc07e4df2d",
-    ("day", "1.2"): "245bbdc9df7ddd08079b5e3a011b6a49bb127ee1535381c23d7f6efaf6461d22",
+    ("day", "1.3"): "e44780209d57b35d3a607e8037e099798fea2f9f138876be854e97809f24266d",
+    ("hour", "1.3"): "91a0161fdd04e0ab234e2915252e47781494b72b98a2faab84d9589abf62bd13",
+    ("day", "1.4"): "3c3de2c393c2909ca531988cbd6628bb1e85dbb8ee657da0c0b9107bced00448",
+    ("day", "1.2"): "41ac41a1ecd44c868b4423833125b2df7e6134a207e2b804fa97c828ede0c1a8",
 }
 RATES = {"NVIDIA H100 80GB HBM3": Decimal("6.88"), "NVIDIA A100-SXM4-40GB": Decimal("3.00")}
 

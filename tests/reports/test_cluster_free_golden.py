@@ -44,18 +44,22 @@ CHARGEBACK_RUNS = [
 # The FOCUS files were re-pinned when an unpriced row's ListUnitPrice and ContractedUnitPrice became 0
 # (FOCUS allows no null unit price on a Usage row): a diff of the files shows those two cells of the one
 # unpriced row, and nothing else.
+# And again when SkuPriceId became a digest of the model's price terms (stable over time, as FOCUS asks)
+# instead of the book's digest and the version's start: a diff shows SkuPriceId, and its echo in
+# x_OriginCharge, mapped one to one (a100-40gb:622c36b8f674@2026-01-01T00:00:00Z -> a100-40gb:d02e68bdef5a),
+# and nothing else.
 GOLDEN = {
     "by-team/gpumeter-2026-11-budgets.csv": "d637463b0aa2edb6050f377d85bb49cfa0c9623f0e543e83970923a9683416bb",
     "by-team/gpumeter-2026-11-by-team.csv": "24283ebc7bfed5f446961e74c53361f549359ffd41da1c6ec91be4f8471a54b1",
     "by-team/gpumeter-2026-11-by-team.html": "3f76ef45316cad6e570393b854c0abfb81c35b2e96ce030eeb182e1cbafa0b6b",
     "by-team/gpumeter-2026-11-by-team.json": "17b52a7bbbcecc7e9c9cc2be81afc8689a705493ac83edd2246261ccefa7f8a5",
-    "by-team/gpumeter-2026-11-focus-1.3.csv": "c5205c50ec989704a994ce4415aff2abc12645ec89fc64586175c4a5d0a453e8",
+    "by-team/gpumeter-2026-11-focus-1.3.csv": "0add407394b334276d3c790757e8f3b4593c0766036b9c265f2a96c694a83d50",
     "by-team/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-team/manifest.json": "7a6260bb7ed30bbbcafc4d534ba5cc9a05af6d41d5215b0096fc21ee7d017b14",
     "by-namespace/gpumeter-2026-11-by-namespace.csv": "3bcf0e7f49d2303cfe252170b89071730fea1931279949bda79abde1851071ea",
     "by-namespace/gpumeter-2026-11-by-namespace.html": "634e29ab5999bc825586c544063b02f2e8a7acae9856c2bfcfe3ee4fe2051f07",
     "by-namespace/gpumeter-2026-11-by-namespace.json": "f1c53a66cdb59ae0976d9b3a3dd7f40e71d6a5620ffbed6518e8836e3b7d3cba",
-    "by-namespace/gpumeter-2026-11-focus-1.2.csv": "448fc3986b11a6fa42da87079926a1201f946e422467e502bdd78b5bbc38c0d1",
+    "by-namespace/gpumeter-2026-11-focus-1.2.csv": "6d35d97816ba1aa6c4eea6b7a393f19f42d0e4017422de13e72f113d22359781",
     "by-namespace/gpumeter-2026-11-lines.csv": "c35ebc2809ac4c6925228c5e18727c336d0031baa7810888f5e414677640445a",
     "by-namespace/manifest.json": "72d9b383ed8bfe1ee15510da6abcfd31c540551a9948e2870a8bc5d674f5a5d4",
     "by-model/gpumeter-2026-11-by-model.csv": "60acc759bebd0727dd57d3597cbead04b7be0e28e10c7c20061a451b20f574ca",

@@ -399,3 +399,42 @@ def test_a_price_change_inside_a_day_gives_two_origin_charges_each_its_hours(led
     assert billed("GPU-a", "2026-11-01T00:00:00Z") == Decimal("42.00")
     assert billed("GPU-a", "2026-11-01T14:00:00Z") == Decimal("40.00")
     assert billed("GPU-u", "2026-11-01T00:00:00Z") == billed("GPU-u", "2026-11-01T14:00:00Z") == 0
+
+
+def test_a_sku_price_id_stays_while_its_models_terms_do(ledger, tmp_path):
+    """FOCUS: SkuPriceId "MUST remain consistent over time". It was the book file's digest and the
+    version's start, so a comment added to the book, or a new version for another model, gave every
+    SKU a new one. Day 1 is priced by a book, day 2 by the same book with a comment added and a version
+    from Nov 2 that changes the H100's rate only: the A100 keeps its SkuPriceId, the H100 gets a new one,
+    and x_PriceBookVersion still tells the two days' versions apart."""
+    from gpumeter.billing.pricing import load_price_book
+    from tests.billing.factories import write_book
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = {"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": {"hourly_rate": "3.00"}}}
+    first["gpus"]["H100-80GB"] = {"hourly_rate": "6.88"}
+    day1 = load_price_book(write_book(tmp_path / "a", {"currency": "USD", "versions": [first]}))
+    second = {"effective_from": "2026-11-02T00:00:00Z", "gpus": {**first["gpus"]}}
+    second["gpus"]["H100-80GB"] = {"hourly_rate": "4.90"}
+    path = write_book(tmp_path / "b", {"currency": "USD", "versions": [first, second]})
+    path.write_text("# the same prices, and a comment\n" + path.read_text())
+    day2 = load_price_book(path)
+    for h in range(48):
+        hour, prices = HOUR0 + HOUR * h, (day1 if h < 24 else day2)
+        hours = [gpu_hour("GPU-a", A100, hour=hour), gpu_hour("GPU-h", H100, hour=hour)]
+        lines = [line for gh in hours for line in price_gpu_hour(gh, prices).lines]
+        ledger.write_hour(HourRecord(hour, hours, lines, prices))
+    path = _export(ledger, tmp_path / "out", "day")
+    assert schema_problems(path) == [] and focus.check_file(path) == []
+    _header, rows = rows_of(path)
+    skus = {(r["ResourceId"], r["ChargePeriodStart"][:10]): r["SkuPriceId"] for r in rows}
+    assert skus[("GPU-a", "2026-11-01")] == skus[("GPU-a", "2026-11-02")]
+    assert skus[("GPU-h", "2026-11-01")] != skus[("GPU-h", "2026-11-02")]
+    # each day's version is still named apart: another file's digest, another start
+    assert len({r["x_PriceBookVersion"] for r in rows}) == 2
+    assert {(r["ResourceId"], r["ListUnitPrice"]) for r in rows} == {
+        ("GPU-a", "3"),
+        ("GPU-h", "6.88"),
+        ("GPU-h", "4.9"),
+    }

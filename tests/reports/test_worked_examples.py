@@ -217,6 +217,8 @@ def test_focus_to_the_cent_and_schema_check(rendered):
     assert {(r["ListUnitPrice"], r["BilledCost"]) for r in research} == {("6.88", "165.12"), ("4.9", "117.6")}
     assert research[0]["ChargePeriodStart"] == "2026-11-01T00:00:00Z"
     assert research[0]["ChargePeriodEnd"] == "2026-11-02T00:00:00Z"
+    # SkuPriceId names the terms that price the model (tests/reports/test_focus13.py: stable over time)
+    assert {r["SkuPriceId"] for r in research} == {"h100-80gb:646555eed861", "h100-80gb:3a085df5f3e0"}
     # the platform's lines are told apart by x_LineKind alone: their sub-account is the GPU's pool
     unallocated = [r for r in rows if r["x_LineKind"] == "unallocated"]
     assert unallocated and all(r["SubAccountId"].startswith("pool/") for r in unallocated)
