@@ -4,6 +4,7 @@ Kubernetes API, kube-state-metrics, volcano-scheduler, dcgm-exporter) and write 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 __all__ = ["register"]
@@ -77,8 +78,16 @@ def run_inject(args: argparse.Namespace) -> int:
         if args.fault == "clear":
             response = httpx.delete(url, params={} if args.gpu is None else {"gpu": args.gpu}, timeout=10)
         else:
-            body = {"fault": args.fault, "gpu": args.gpu, **dict(_parameter(p) for p in args.set)}
-            response = httpx.post(url, json=body, timeout=10)
+            params = dict(_parameter(p) for p in args.set)
+            # JSON has no NaN or infinity: refused here, naming the value, not a traceback from the encoder
+            for key, value in params.items():
+                if isinstance(value, float) and not math.isfinite(value):
+                    print(
+                        f"gpumeter simulate inject: --set {key}: not a finite number (value {value!r})",
+                        file=sys.stderr,
+                    )
+                    return 2
+            response = httpx.post(url, json={"fault": args.fault, "gpu": args.gpu, **params}, timeout=10)
     except httpx.HTTPError as exc:
         print(f"gpumeter simulate inject: cannot reach {url}: {exc}", file=sys.stderr)
         return 1

@@ -505,6 +505,15 @@ def test_inject_takes_the_fault_port_as_host_and_port(simulate, capsys):
         assert gpumeter_main(["simulate", "inject", "--admin", f"{host}:{port}", "clear"]) == 0
         assert gpumeter_main(["simulate", "inject", "--admin", f"http://{host}:{port}/", "clear"]) == 0
         assert capsys.readouterr().err == ""
+        # JSON has no NaN or infinity: refused naming the value (it was a traceback from the encoder)
+        for value in ("nan", "1e400"):
+            argv = ["simulate", "inject", "--admin", f"{host}:{port}", "overheat", "--gpu", "0", "--set"]
+            assert gpumeter_main([*argv, f"celsius={value}"]) == 2
+            err = capsys.readouterr().err
+            assert (
+                err
+                == f"gpumeter simulate inject: --set celsius: not a finite number (value {float(value)!r})\n"
+            )
     finally:
         sim.exporter.stop()
 
