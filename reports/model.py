@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING
 
 from gpumeter import contract
 from gpumeter.billing.config import Budget
-from gpumeter.billing.ledger.base import AuditRecord, Ledger, LineTotal, PriceVersionRecord, SharedUse
+from gpumeter.billing.ledger.base import (
+    AuditRecord,
+    Ledger,
+    LineTotal,
+    PriceVersionRecord,
+    RefusedGpuHour,
+    SharedUse,
+)
 from gpumeter.billing.models import (
     PLATFORM_KINDS,
     PLATFORM_NAMES,
@@ -248,6 +255,9 @@ class IngestSummary:
     first_run_id: int | None
     last_run_id: int | None
     digest: str  # sha256 over "id:hour" of the runs whose lines the report used
+    # GPU-hours a refused reading left unbilled, still outstanding (docs/billing.md §6.5): their hours
+    # are billed but for them, so the report names each, as `billing status` does
+    refused: list[RefusedGpuHour] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
@@ -260,6 +270,12 @@ class IngestSummary:
             "last_run_id": self.last_run_id,
             "digest": self.digest,
         }
+
+    def refused_dicts(self) -> list[dict]:
+        return [
+            {"hour": utc_text(r.hour), "cluster": r.cluster or "", "uuid": r.uuid, "reason": r.reason}
+            for r in self.refused
+        ]
 
 
 @dataclass(frozen=True)
@@ -439,7 +455,9 @@ def _missing_ranges(period: Period, have: set[datetime]) -> list[tuple[datetime,
     return out
 
 
-def _ingest_summary(ledger: Ledger, period: Period) -> IngestSummary:
+def _ingest_summary(ledger: Ledger, period: Period, clusters: tuple[str, ...] = ()) -> IngestSummary:
+    """The runs the report's lines come from; ``clusters``: --cluster, whose refused GPU-hours alone
+    are named (a run is the whole store's hour)."""
     runs = ledger.ingest_runs(period.start, period.end)
     latest_ok: dict[datetime, int] = {}
     failed = 0
@@ -459,6 +477,11 @@ def _ingest_summary(ledger: Ledger, period: Period) -> IngestSummary:
         first_run_id=used[0][0] if used else None,
         last_run_id=used[-1][0] if used else None,
         digest=digest,
+        refused=[
+            r
+            for r in ledger.refused_gpu_hours(period.start, period.end)
+            if not clusters or (r.cluster or "") in clusters
+        ],
     )
 
 
@@ -719,7 +742,7 @@ def _build_report(
         top_pods=[pod_row(p) for p in pods.top],
         daily=[(day, dict(sorted(daily.get(day, {}).items()))) for day in period.days()],
         price_versions=[versions[i] for i in sorted(versions) if i in charged_versions],
-        ingest=_ingest_summary(ledger, period),
+        ingest=_ingest_summary(ledger, period, clusters),
         charges=charges,
         shared_use=[pod_row(p) for p in pods.shared],
         sharing_modes=[

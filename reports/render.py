@@ -379,6 +379,8 @@ def json_text(report: Report) -> str:
         doc["budgets"] = [_budget(report, row) for row in report.budgets]
     if report.billed_changes:  # likewise only for a period changed after billing
         doc["provenance"]["billed_hours_changed"] = [c.as_dict() for c in report.billed_changes]
+    if report.ingest.refused:  # and for one with GPU-hours a refused reading left unbilled
+        doc["provenance"]["ingest_runs"]["refused_gpu_hours"] = report.ingest.refused_dicts()
     text = json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False)
     where = text.find('\n "sharing_modes": ')  # the slots are in this key's value, in order
     for at, pods in enumerate(listed):
