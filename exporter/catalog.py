@@ -782,9 +782,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(contract.SAMPLE_DURATION, X, "sampler"),
     MetricSpec(contract.NVML_CALLS, X, "sampler"),
     MetricSpec(contract.BUILD_INFO, X, ""),
-    MetricSpec(
-        contract.MIG_XIDS_VISIBLE, X, "process privileges (root or CAP_SYS_ADMIN), nvmlDeviceRegisterEvents"
-    ),
+    MetricSpec(contract.MIG_XIDS_VISIBLE, X, "process privileges (CAP_SYS_ADMIN), nvmlDeviceRegisterEvents"),
 )
 
 _BY_NAME = {spec.name: spec for spec in CATALOG}

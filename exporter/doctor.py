@@ -598,7 +598,7 @@ def _gpu(index: int, chosen, report: Report) -> GpuReport:
             gpu.xid_events += (
                 "; MIG instances' XIDs reach this process"
                 if report.privileged
-                else "; MIG instances' XIDs are withheld (not root, no CAP_SYS_ADMIN): only whole-GPU XIDs"
+                else "; MIG instances' XIDs are withheld (no CAP_SYS_ADMIN): only whole-GPU XIDs"
             )
     gpu.fabric = _fabric(device)
     gpm = next(a for a in gpu.calls if a.what == "nvmlGpmQueryDeviceSupport")
@@ -694,7 +694,7 @@ def _confirm_with_a_cycle(session: NvmlSession, report: Report, clock):
 def render_text(report: Report) -> str:
     out = ["gpumeter doctor", ""]
     out.append(f"NVML {report.nvml or '-'}, driver {report.driver or '-'}, CUDA {report.cuda or '-'}")
-    out.append(f"process privileged (root or CAP_SYS_ADMIN): {'yes' if report.privileged else 'no'}")
+    out.append(f"process privileged (CAP_SYS_ADMIN): {'yes' if report.privileged else 'no'}")
     out.append(f"GPUs: {len(report.gpus)}")
     for gpu in report.gpus:
         out += [
@@ -769,7 +769,10 @@ def add_parser(subparsers) -> None:
     )
     doctor.add_argument("--kube-api-token-file", default=None, help="bearer token file for --kube-api URL")
     doctor.add_argument(
-        "--node-name", default=None, help="this node's Kubernetes name (default: the hostname)"
+        "--node-name",
+        default=None,
+        help="this node's Kubernetes name (default: $NODE_NAME, which the DaemonSet sets, else the hostname: "
+        "in a pod without host networking that is the pod's name)",
     )
     doctor.add_argument("--json", action="store_true", help="the report as JSON")
     doctor.add_argument(
@@ -807,6 +810,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def this_node(flag: str | None, environ) -> str:
+    """The node whose DRA ResourceSlices are read: --node-name, else $NODE_NAME (the DaemonSet's, from
+    the downward API, as the exporter takes it), else the hostname, which in a pod without host
+    networking is the pod's name and finds no slices."""
+    return flag or environ.get("NODE_NAME") or socket.gethostname()
+
+
 def run(args: argparse.Namespace, *, instant: bool = False) -> int:
     """The command. ``instant``: the stand-in answers at once instead of taking the driver's time per
     call (for tests of what doctor reports, which need not wait out each call's cost)."""
@@ -827,7 +837,7 @@ def run(args: argparse.Namespace, *, instant: bool = False) -> int:
             kubelet_required=args.kubelet_socket is not None,
             kube_api=args.kube_api,
             kube_api_token_file=args.kube_api_token_file,
-            node_name=args.node_name,
+            node_name=this_node(args.node_name, os.environ),
             kernel_log=lambda: read_kmsg(args.kernel_log),
             **options,
         )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,10 +68,11 @@ CAP_SYS_ADMIN = 21  # linux/capability.h
 
 
 def process_is_privileged(status: Path = Path("/proc/self/status")) -> bool:
-    """Root or CAP_SYS_ADMIN: what NVML wants before it reports MIG instances' events (and some other
-    MIG queries) to a caller."""
-    if os.geteuid() == 0:
-        return True
+    """CAP_SYS_ADMIN in the process's effective set: what NVML wants before it reports MIG instances'
+    events (and some other MIG queries) to a caller. The driver asks the capability, not the user
+    (`os_is_administrator` is `capable(CAP_SYS_ADMIN)`, open-gpu-kernel-modules
+    kernel-open/common/inc/nv-linux.h), so root with its capabilities dropped, as the shipped
+    DaemonSet runs, is not privileged to it."""
     try:
         for line in status.read_text().splitlines():
             if line.startswith("CapEff:"):
@@ -204,9 +204,7 @@ class NvmlSession:
             if code in _UNSUPPORTED:
                 self.unsupported.add((uuid, key))
                 if code == N.NVML_ERROR_NO_PERMISSION:
-                    self.warn_once(
-                        key, f"{key}: no permission (needs root or CAP_SYS_ADMIN); not asked again"
-                    )
+                    self.warn_once(key, f"{key}: no permission (needs CAP_SYS_ADMIN); not asked again")
                 elif code == N.NVML_ERROR_FUNCTION_NOT_FOUND:
                     self.warn_once(key, f"{key}: the driver lacks this NVML function; using fallbacks")
                 return None

@@ -603,7 +603,7 @@ MIG_XIDS_VISIBLE = _exporter(
     "gpumeter_exporter_mig_xids_visible",
     G,
     "",
-    "1 when the exporter runs with the privileges (root or CAP_SYS_ADMIN) NVML needs to report MIG "
+    "1 when the exporter runs with the privilege (CAP_SYS_ADMIN; root without it is not enough) NVML needs to report MIG "
     "instances' XIDs to it; 0: it sees only XIDs that affect a whole GPU, and misses the rest.",
 )
 
