@@ -82,7 +82,7 @@ def test_exporter_security_posture(rendered, target):
 @pytest.mark.parametrize("target", OVERLAY_TARGETS)
 def test_exporter_reads_only_pods_from_the_api_with_a_short_lived_token(rendered, target):
     """The pod lister (HAMi/gpushare grants, docs/pod-attribution.md §8): get/list pods, and for DRA
-    (§8a) get/list/watch ResourceSlices and ResourceClaims, nothing else; a projected one-hour token
+    (§8a) get/list ResourceSlices and ResourceClaims (no watch: it lists on a period), nothing else; a projected one-hour token
     rather than an automounted one, egress to the API server's ports only."""
     out = rendered(target)
     role = out.one("ClusterRole", "gpumeter-exporter-pods")
@@ -91,7 +91,7 @@ def test_exporter_reads_only_pods_from_the_api_with_a_short_lived_token(rendered
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices", "resourceclaims"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["get", "list"],
         },
     ]
     binding = out.one("ClusterRoleBinding", "gpumeter-exporter-pods")
