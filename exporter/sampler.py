@@ -37,6 +37,11 @@ __all__ = ["Sampler"]
 log = logging.getLogger(__name__)
 
 
+# While a GPU stays lost, NVML is initialised again (to find it back after a reset) every this many
+# re-discoveries: each start drops the XIDs that arrive while the event set is re-made.
+LOST_RETRY_FACTOR = 10
+
+
 class Sampler:
     def __init__(
         self,
@@ -68,6 +73,9 @@ class Sampler:
         self._known: dict[int, DeviceIdentity] = {}  # index -> last identity, so a lost GPU keeps labels
         self._driver_version = self._cuda_version = ""
         self._discovered_at = float("-inf")
+        self._listed = -1  # the GPUs NVML listed at the last start, readable or not
+        self._lost_at_start: set[int] = set()  # their indices lost or unreadable then
+        self._started_at = float("-inf")
         self._retry_at = float("-inf")
         self._retry_delay = retry_seconds[0]
         self._snapshot = Snapshot.empty(self.hostname)
@@ -253,11 +261,19 @@ class Sampler:
         if not self.session.up and now < self._retry_at:
             return
         self._discovered_at = now
-        if self.session.up and self.devices and not any(d.lost for d in self.devices):
-            # Healthy: look for GPUs that came or went without tearing NVML (and the XID thread) down.
+        lost = {d.index for d in self.devices if d.lost}
+        if self.session.up and self.devices and lost <= self._lost_at_start:
+            # Healthy, or lost only what was lost at the last start: look for GPUs that came or went
+            # without tearing NVML (and the XID thread) down. A GPU newly lost is worth starting over
+            # for (docs/nvml.md §11.3). One lost already comes back only through a new initialisation
+            # (its handles stay lost), which is tried every LOST_RETRY_FACTOR re-discoveries, not each:
+            # starting over every minute dropped the other GPUs' XIDs each time for as long as it stayed lost.
             try:
                 self.session.calls += 1
-                if N.nvmlDeviceGetCount() == len(self.devices):
+                if N.nvmlDeviceGetCount() == self._listed and (
+                    not self._lost_at_start
+                    or now - self._started_at < LOST_RETRY_FACTOR * self.rediscover_seconds
+                ):
                     return
             except N.NVMLError as exc:
                 self._lose_nvml(now, exc)
@@ -275,6 +291,7 @@ class Sampler:
         except N.NVMLError as exc:
             self._lose_nvml(now, exc)
             return
+        self._listed, self._started_at = count, now
         self._retry_delay = self.retry_seconds[0]
         devices = []
         for index in range(count):
@@ -283,6 +300,9 @@ class Sampler:
             except N.NVMLError as exc:
                 log.warning("GPU %d not readable at discovery: %s", index, exc)
         self.devices = devices
+        self._lost_at_start = {d.index for d in devices if d.lost} | (
+            set(range(count)) - {d.index for d in devices}
+        )
         if self.xid_watcher:
             self.xid_watcher.attach(devices)
 

@@ -79,11 +79,22 @@ class XidWatcher:
                 log.warning("XID thread did not stop; leaving its event set allocated")
                 eventset = None
         if eventset is not None:
+            self._drain(eventset)
             try:
                 N.nvmlEventSetFree(eventset)
             except N.NVMLError:
                 pass
         self._thread = self._eventset = None
+
+    def _drain(self, eventset) -> None:
+        """Record the events the set holds still unread: freeing it (a re-initialisation of NVML) would
+        drop them."""
+        for _ in range(10_000):  # a bound: a set the driver keeps filling must not hold detach up
+            try:
+                event = N.nvmlEventSetWait_v2(eventset, 0)
+            except N.NVMLError:
+                return  # NVML_ERROR_TIMEOUT: empty
+            self._record_event(event)
 
     def _run(self, eventset) -> None:
         while not self._stop.is_set():
@@ -96,13 +107,16 @@ class XidWatcher:
                 log.debug("nvmlEventSetWait: %s", exc)
                 self._stop.wait(1.0)  # NVML went away: the sampler re-attaches after re-init
                 continue
-            if event.eventType & N.nvmlEventTypeXidCriticalError:
-                self.record(
-                    self._uuid_of(event.device),
-                    int(event.eventData),
-                    event.gpuInstanceId,
-                    event.computeInstanceId,
-                )
+            self._record_event(event)
+
+    def _record_event(self, event) -> None:
+        if event.eventType & N.nvmlEventTypeXidCriticalError:
+            self.record(
+                self._uuid_of(event.device),
+                int(event.eventData),
+                event.gpuInstanceId,
+                event.computeInstanceId,
+            )
 
     def _uuid_of(self, handle) -> str | None:
         # The event carries a new handle object: match its address (a lost GPU cannot tell its UUID).

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpumeter.exporter.render import SnapshotCollector
+from gpumeter.exporter.sampler import LOST_RETRY_FACTOR
 from gpumeter.exporter.snapshot import Snapshot
 
 
@@ -237,8 +238,10 @@ def test_gpu_lost_between_two_samples_leaves_the_others_exported(simulate):
     # after the periodic re-discovery it is still lost, and still labelled
     sim.sample(61)
     assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 0
-    sim.node.clear(6)  # back after a reset: found again at the next re-discovery
-    sim.sample(61)
+    sim.node.clear(6)  # back after a reset: its handles stay lost until NVML is initialised again,
+    sim.sample(61)  # which a GPU lost already gets every LOST_RETRY_FACTOR re-discoveries, not each
+    assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 0
+    sim.sample(61 * LOST_RETRY_FACTOR)
     assert sim.value("nvidia_gpu_up", gpu="6", uuid=uuid) == 1
     assert "nvidia_gpu_temperature_celsius" in device_series(sim, 6)
 
@@ -392,6 +395,16 @@ def test_a_healthy_rediscovery_keeps_nvml_and_the_xid_thread_up(simulate):
     sim.sample()
     sim.sample(61)  # a lost GPU is worth starting over for
     assert sim.lib.calls["nvmlInitWithFlags"] == inits + 1
+    # once: while it stays lost NVML and the XID thread stay up for the others (starting over every
+    # minute dropped their XIDs each time), until LOST_RETRY_FACTOR re-discoveries have passed
+    uuid = sim.node.gpus[0].spec.uuid
+    for _ in range(LOST_RETRY_FACTOR - 2):
+        sim.node.inject("xid", 0, code=31)
+        sim.sample(61)
+    assert sim.lib.calls["nvmlInitWithFlags"] == inits + 1
+    assert wait_until(lambda: sim.sampler.xid_watcher.counts(uuid).get(31, (0,))[0] == LOST_RETRY_FACTOR - 2)
+    sim.sample(61 * 2)
+    assert sim.lib.calls["nvmlInitWithFlags"] == inits + 2  # looking for it again
 
 
 def test_the_exposition_is_rendered_once_per_snapshot_for_the_formats_asked_for(simulate):
@@ -501,3 +514,16 @@ def test_counter_interval_zero_reads_every_counter_every_cycle(simulate):
         sim.sample(5)
         energies.append(sim.value("nvidia_gpu_energy_joules_total", **labels))
     assert energies == sorted(energies) and len(set(energies)) == 3
+
+
+def test_xids_still_queued_when_nvml_starts_over_are_counted(simulate):
+    """A re-initialisation frees the event set: the XIDs it still held unread are read out first."""
+    sim = simulate("h200")
+    sim.sampler.sample_once()
+    watcher, uuid = sim.sampler.xid_watcher, sim.node.gpus[1].spec.uuid
+    watcher._stop.set()  # the reading thread stops after its slice: the next XID stays in the set
+    watcher._thread.join(timeout=5)
+    sim.node.inject("xid", 1, code=48)
+    assert 48 not in watcher.counts(uuid)
+    watcher.detach()  # what a re-discovery that starts NVML over does first
+    assert watcher.counts(uuid)[48][0] == 1
