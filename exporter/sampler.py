@@ -300,9 +300,7 @@ class Sampler:
             except N.NVMLError as exc:
                 log.warning("GPU %d not readable at discovery: %s", index, exc)
         self.devices = devices
-        self._lost_at_start = {d.index for d in devices if d.lost} | (
-            set(range(count)) - {d.index for d in devices}
-        )
+        self._lost_at_start = set(range(count)) - {d.index for d in devices if not d.lost}
         if self.xid_watcher:
             self.xid_watcher.attach(devices)
 

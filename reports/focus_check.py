@@ -135,10 +135,8 @@ def check_row(row: dict, line: int) -> list[str]:
             bad(cost, f"must equal {price} x PricingQuantity = {unit_price * quantity}")
     if category in ("Usage", "Purchase") and not correction and quantity is None:
         bad("PricingQuantity", f"must not be null on {category} rows")
-    for price in (
-        "ListUnitPrice",
-        "ContractedUnitPrice",
-    ):  # FOCUS 1.2-1.4 listunitprice.md, contractedunitprice.md
+    # FOCUS 1.2-1.4 listunitprice.md, contractedunitprice.md
+    for price in ("ListUnitPrice", "ContractedUnitPrice"):
         if get(price) is None and (
             (category in ("Usage", "Purchase") and not correction) or row.get("SkuPriceId")
         ):

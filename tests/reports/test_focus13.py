@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 from gpumeter import contract
 from gpumeter.billing.allocate import price_gpu_hour
 from gpumeter.billing.ledger.base import HourRecord
+from gpumeter.billing.pricing import load_price_book
 from gpumeter.reports import focus
 from gpumeter.reports.focus_allocations import holder_tags, json_text
 from gpumeter.reports.focus_columns import TAG_PREFIX
 from gpumeter.reports.model import HOUR, build_report, month_period, range_period
 from gpumeter.reports.render import render
-from tests.billing.factories import A100, H100, HOUR0, alloc, book, gpu_hour, mig
+from tests.billing.factories import A100, H100, HOUR0, alloc, book, gpu_hour, mig, write_book
 from tests.reports.focus_checks import COLUMNS, rows_of, schema_problems
 
 NOVEMBER = month_period("2026-11")
@@ -350,9 +351,6 @@ def test_a_price_change_inside_a_day_gives_two_origin_charges_each_its_hours(led
     its start): at day grain the GPU-day is two origin charges, told apart by their periods,
     [00:00, 14:00) at 3.00 and [14:00, 24:00) at 4.00, each of whose rows name it and sum to it.
     Before, both claimed the whole day, and an unpriced GPU's two were told apart by nothing."""
-    from gpumeter.billing.pricing import load_price_book
-    from tests.billing.factories import write_book
-
     doc = {
         "currency": "USD",
         "versions": [
@@ -407,9 +405,6 @@ def test_a_sku_price_id_stays_while_its_models_terms_do(ledger, tmp_path):
     SKU a new one. Day 1 is priced by a book, day 2 by the same book with a comment added and a version
     from Nov 2 that changes the H100's rate only: the A100 keeps its SkuPriceId, the H100 gets a new one,
     and x_PriceBookVersion still tells the two days' versions apart."""
-    from gpumeter.billing.pricing import load_price_book
-    from tests.billing.factories import write_book
-
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = {"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": {"hourly_rate": "3.00"}}}
