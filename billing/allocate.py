@@ -91,6 +91,11 @@ class PricedHour:
         """The price version its (first) line names."""
         return self.lines[0].price_version if self.lines else None
 
+    @property
+    def cluster(self) -> str:
+        """The cluster of the GPU its lines bill ("" where the store has none, or no lines)."""
+        return self.lines[0].cluster if self.lines else ""
+
     def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
         """The lines' efficiencies and utilizations, in order."""
         return line_readings(self.lines)

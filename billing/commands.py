@@ -56,6 +56,10 @@ def currency_error(ledger: ReportLedger, book, path: str, start: datetime, end: 
     )
 
 
+# how the audit names a record written before revision 0015: its totals are the hour's over every cluster
+AUDIT_EVERY_CLUSTER = "(every cluster)"
+
+
 def _money(amount: Decimal, currency: str) -> str:
     """An amount at its currency's minor unit (the ledger keeps 4 decimals)."""
     from gpumeter.billing.pricing.currency import MINOR_UNITS
@@ -71,10 +75,11 @@ def _changed(ledger: ReportLedger, run: str) -> str | None:
     old = sum((r.old_total for r in records), Decimal(0))
     new = sum((r.new_total for r in records), Decimal(0))
     currency = records[0].currency
+    hours = sorted({r.hour for r in records})  # a record per cluster whose total changed
     return (
-        f"{len(records)} already-billed hour(s) changed from {_money(old, currency)} to "
+        f"{len(hours)} already-billed hour(s) changed from {_money(old, currency)} to "
         f"{_money(new, currency)} {currency} "
-        f"({records[0].hour.isoformat()}..{records[-1].hour.isoformat()}); `gpumeter billing audit` lists them"
+        f"({hours[0].isoformat()}..{hours[-1].isoformat()}); `gpumeter billing audit` lists them"
     )
 
 
@@ -316,11 +321,18 @@ def cmd_audit(args) -> int:
     if not records:
         print("no billed hour was changed")
         return 0
-    print("at\tcommand\toperator\treason\tbook\thour\told\tnew\tcurrency")
+    # a cluster column only where the store labels clusters: a single cluster's audit reads as it did
+    clustered = any(r.cluster != "" for r in records)
+    print(
+        "at\tcommand\toperator\treason\tbook\thour\t"
+        + ("cluster\t" if clustered else "")
+        + "old\tnew\tcurrency"
+    )
     for r in records:
+        cluster = f"{AUDIT_EVERY_CLUSTER if r.cluster is None else r.cluster}\t" if clustered else ""
         print(
             f"{r.at.isoformat(timespec='seconds')}\t{r.command}\t{r.operator!r}\t{r.reason!r}\t"
-            f"{r.book_digest[:12]}\t{r.hour.isoformat()}\t{_money(r.old_total, r.currency)}\t"
+            f"{r.book_digest[:12]}\t{r.hour.isoformat()}\t{cluster}{_money(r.old_total, r.currency)}\t"
             f"{_money(r.new_total, r.currency)}\t{r.currency}"
         )
     runs: dict[str, list] = {}
@@ -330,8 +342,9 @@ def cmd_audit(args) -> int:
         old = sum((r.old_total for r in rows), Decimal(0))
         new = sum((r.new_total for r in rows), Decimal(0))
         first = rows[0]
+        hours = len({r.hour for r in rows})
         print(
-            f"{first.at.isoformat(timespec='seconds')} {first.command} by {first.operator!r}: {len(rows)} hour(s), "
+            f"{first.at.isoformat(timespec='seconds')} {first.command} by {first.operator!r}: {hours} hour(s), "
             f"total {_money(old, first.currency)} -> {_money(new, first.currency)} {first.currency}"
             + (f" ({first.reason!r})" if first.reason else "")
         )

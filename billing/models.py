@@ -293,7 +293,7 @@ class GpuHour:
 _UTILIZATION = operator.attrgetter("utilization")
 _ALLOCATION_READINGS = operator.attrgetter("utilization", "process_sm", "process_memory")
 _EFFICIENCY = operator.attrgetter("efficiency")
-# what a line bills: (amount, currency), the pair an hour's audited total sums (`hour_total`)
+# what a line bills: (amount, currency), the pair an hour's audited totals sum (`hour_totals`)
 line_billed = operator.attrgetter("amount", "currency")
 
 

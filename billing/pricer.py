@@ -54,7 +54,7 @@ class _ReusedHour(PricedHour):
         # the cluster too: the ledger carries terms per GPU uuid, which two clusters may share
         self.terms = (kept, tuple(teams), chosen, cluster) if cluster else (kept, tuple(teams), chosen)
         self._kept, self._hour, self._uuid, self._teams = kept, hour, uuid, teams
-        self._cluster = cluster
+        self._cluster = self.cluster = cluster
         self.size = len(kept.sources)
         self.uuid = uuid if kept.sources else None
         self.version_id = kept.version_id
@@ -103,13 +103,14 @@ class _ReusedHour(PricedHour):
     size: int = 0
     uuid: str | None = None
     version_id: str | None = None
+    cluster: str = ""
 
     def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
         return self._efficiencies, self._utilizations
 
     def billed(self) -> list[tuple[Decimal | None, str]]:
         """The kept lines' amounts, a tie's turn taken, without making the lines: a re-price sums
-        every hour it replaces (`hour_total`), and making the lines was an eighth of its time."""
+        every hour it replaces (`hour_totals`), and making the lines was an eighth of its time."""
         if self._lines is not None:
             return PricedHour.billed(self)
         billed = self._kept.billed.copy()
@@ -152,11 +153,12 @@ class PricedLines(Sequence[Line]):
     def __iter__(self) -> Iterator[Line]:
         return iter(self._all())
 
-    def billed(self) -> Iterator[tuple[Decimal | None, str]]:
-        """Every line's amount and currency, in order, from the priced hours (`_ReusedHour.billed`)."""
+    def billed(self) -> Iterator[tuple[str, list[tuple[Decimal | None, str]]]]:
+        """Per priced hour, its cluster and its lines' amounts and currencies (`_ReusedHour.billed`):
+        what `hour_totals` sums."""
         if self._lines is not None:
-            return map(line_billed, self._lines)
-        return (pair for priced in self.hours for pair in priced.billed())
+            return ((line.cluster, [line_billed(line)]) for line in self._lines)
+        return ((priced.cluster, priced.billed()) for priced in self.hours)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PricedLines):

@@ -308,10 +308,14 @@ class BilledChange:
         }
 
 
-def billed_changes(records: list[AuditRecord]) -> list[BilledChange]:
-    """The audit records of a period, one row per run that wrote them (per currency), oldest first."""
+def billed_changes(records: list[AuditRecord], clusters: tuple[str, ...] = ()) -> list[BilledChange]:
+    """The audit records of a period, one row per run that wrote them (per currency), oldest first.
+    With ``clusters`` (a `--cluster` report), their records only, and those written before the audit
+    named clusters (revision 0015), whose totals are the hour's over every cluster."""
     runs: dict[tuple[str, str], list[AuditRecord]] = {}
     for record in sorted(records, key=lambda r: r.id):
+        if clusters and record.cluster is not None and record.cluster not in clusters:
+            continue
         runs.setdefault((record.run, record.currency), []).append(record)
     return [
         BilledChange(
@@ -755,7 +759,7 @@ def _build_report(
             for (namespace, claim), (modes, holders) in sorted(by_claim.items())
         ],
         budgets=budget_rows(charges, budgets or {}, currency, team_actual) if period.is_month else [],
-        billed_changes=billed_changes(ledger.audit_records(period.start, period.end)),
+        billed_changes=billed_changes(ledger.audit_records(period.start, period.end), tuple(clusters)),
         splits=facts.splits,
         gpus=facts.gpus,
         clusters=sorted(by_cluster.items(), key=lambda kv: (-kv[1].cost, kv[0])),

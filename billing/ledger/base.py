@@ -73,7 +73,8 @@ class Actor:
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """An already-billed hour whose amounts a re-ingest or re-price changed (``billing_audit``)."""
+    """An already-billed hour whose amounts a re-ingest or re-price changed in one cluster
+    (``billing_audit``)."""
 
     id: int
     at: datetime
@@ -86,47 +87,67 @@ class AuditRecord:
     currency: str
     old_total: Decimal
     new_total: Decimal
+    # the cluster whose lines these totals sum: "" where the store has no cluster label; None for a
+    # record written before revision 0015, whose totals are the hour's over every cluster
+    cluster: str | None = ""
 
 
-def hour_total(lines: Iterable[Line]) -> tuple[Decimal, str] | None:
-    """(the hour's billed amount, its currency), None for an hour without priced lines. Lines that
-    say what they bill (ingest's `PricedLines.billed`) are summed without being made."""
+# per cluster of an hour's lines ("" where the store has none), (what it bills, its currency); a
+# cluster without a priced line is absent, and an hour without one is empty
+BilledTotals = dict[str, tuple[Decimal, str]]
+
+
+def hour_totals(lines: Iterable[Line]) -> BilledTotals:
+    """What the hour's lines bill, per cluster (`BilledTotals`). Lines that say what they bill
+    (ingest's `PricedLines.billed`) are summed without being made."""
     billed = getattr(lines, "billed", None)
-    pairs = billed() if billed is not None else map(line_billed, lines)
-    total, currency, priced = Decimal(0), "", False
-    for amount, line_currency in pairs:
-        if amount is not None:
-            total += amount
-            currency = currency or line_currency
-            priced = True
-    return (total, currency) if priced else None
+    groups = billed() if billed is not None else ((line.cluster, [line_billed(line)]) for line in lines)
+    totals: BilledTotals = {}
+    for cluster, pairs in groups:
+        for amount, currency in pairs:
+            if amount is not None:
+                total, first = totals.get(cluster or "", (Decimal(0), currency))
+                totals[cluster or ""] = (total + amount, first)
+    return totals
 
 
-def audited_change(
+def audited_changes(
     actor: Actor,
     book: PriceBook | None,
     hour: datetime,
-    old: tuple[Decimal, str] | None,
-    new: tuple[Decimal, str] | None,
+    old: BilledTotals,
+    new: BilledTotals,
     at: datetime,
-) -> AuditRecord | None:
-    """The audit record of replacing an hour billed ``old`` by lines totalling ``new`` (each
-    `hour_total`), or None: an hour billed for the first time, or to the same total, needs none."""
-    if old is None or (new is not None and old[0] == new[0] and old[1] == new[1]):
-        return None
-    return AuditRecord(
-        0,
-        at,
-        actor.run,
-        actor.command,
-        actor.operator,
-        actor.reason,
-        (book.digest if book is not None else "") or "inline",
-        hour,
-        old[1],
-        old[0],
-        new[0] if new is not None else Decimal(0),
-    )
+) -> list[AuditRecord]:
+    """The audit records of replacing an hour billed ``old`` by lines billing ``new`` (each
+    `hour_totals`): one per cluster whose total changed, a cluster absent from either side at 0. An
+    hour billed for the first time needs none, nor one billed again to the same totals."""
+    if not old:
+        return []
+    digest = (book.digest if book is not None else "") or "inline"
+    records = []
+    for cluster in sorted(old.keys() | new.keys()):
+        before, after = old.get(cluster), new.get(cluster)
+        if before == after:
+            continue
+        currency = (before or after)[1]  # type: ignore[index]  # one of them is there
+        records.append(
+            AuditRecord(
+                0,
+                at,
+                actor.run,
+                actor.command,
+                actor.operator,
+                actor.reason,
+                digest,
+                hour,
+                currency,
+                before[0] if before is not None else Decimal(0),
+                after[0] if after is not None else Decimal(0),
+                cluster,
+            )
+        )
+    return records
 
 
 # per GPU-hour of an hour's lines, in their order: (uuid, its `PricedHour.terms`, how many lines it has)

@@ -172,8 +172,8 @@ class BillingLock(Base):
 
 
 class BillingAudit(Base):
-    """An already-billed hour whose amounts a re-ingest or re-price changed: who, when, with which
-    book, old and new totals (revision 0011, docs/billing.md §6.6)."""
+    """An already-billed hour whose amounts a re-ingest or re-price changed in one cluster: who, when,
+    with which book, old and new totals (revisions 0011 and 0015, docs/billing.md §6.6)."""
 
     __tablename__ = "billing_audit"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
@@ -187,6 +187,9 @@ class BillingAudit(Base):
     currency: Mapped[str] = mapped_column(String(3))
     old_total: Mapped[Decimal] = mapped_column(Money())
     new_total: Mapped[Decimal] = mapped_column(Money())
+    # whose lines the totals sum: "" where the store has no cluster label; NULL for a row written
+    # before 0015, whose totals are the hour's over every cluster
+    cluster: Mapped[str | None] = mapped_column(Text)
 
 
 class RefusedGpuHourRow(Base):

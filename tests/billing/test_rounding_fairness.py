@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpumeter.billing.allocate import price_gpu_hour
-from gpumeter.billing.ledger.base import hour_total
+from gpumeter.billing.ledger.base import hour_totals
 from gpumeter.billing.pricer import PricedLines, Pricer
 from gpumeter.billing.rounding import rotate
 from tests.billing.factories import H100, alloc, book, gpu_hour
@@ -51,7 +51,7 @@ def test_three_identical_pods_pay_the_same_month_within_a_cent(tmp_path):
         # what an audited hour sums, read before the re-used lines are made: the tie's turn taken
         billed = [(line.amount, line.currency) for line in priced.lines]
         assert remembered.billed() == billed, hour.hour
-        assert hour_total(PricedLines([remembered])) == (D("6.88"), "USD"), hour.hour
+        assert hour_totals(PricedLines([remembered])) == {"": (D("6.88"), "USD")}, hour.hour
         assert remembered.lines == priced.lines, hour.hour
         assert sum(line.amount for line in priced.lines) == priced.device_cost == D("6.88"), hour.hour
         for line in priced.lines:

@@ -18,8 +18,8 @@ from gpumeter.billing.ledger.base import (
     LineGroups,
     PriceVersionRecord,
     RefusedGpuHour,
-    audited_change,
-    hour_total,
+    audited_changes,
+    hour_totals,
     refuse_duplicate_lines,
     run_status,
 )
@@ -95,9 +95,8 @@ class MemoryWrites(MemoryStore, IngestLedger):
         kept = self._lines.get(hour)
         if not kept:
             return
-        old = hour_total(line for line, _ in kept)
-        change = audited_change(self.actor, book, hour, old, hour_total(lines), datetime.now(UTC))
-        if change is not None:
+        old = hour_totals(line for line, _ in kept)
+        for change in audited_changes(self.actor, book, hour, old, hour_totals(lines), datetime.now(UTC)):
             self._audit.append(replace(change, id=len(self._audit) + 1))
 
     def record_run(

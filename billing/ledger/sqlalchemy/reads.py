@@ -535,6 +535,7 @@ class SqlReads(SqlStore, ReportLedger):
             a.currency,
             a.old_total,
             a.new_total,
+            a.cluster,
         ).order_by(a.id)
         if start is not None:
             query = query.where(a.hour >= start)
