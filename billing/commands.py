@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from gpumeter.billing.arguments import _range_error, settings_from
-from gpumeter.billing.models import hour_floor, hours_between
+from gpumeter.billing.models import hour_floor, hours_between, whole_hours
 
 if TYPE_CHECKING:  # the ledger is opened only by the commands that use it
     from gpumeter.billing.ledger.base import ReportLedger
@@ -83,6 +83,13 @@ def _changed(ledger: ReportLedger, run: str) -> str | None:
     )
 
 
+def _say_whole_hours(args) -> None:
+    """--from/--to as the whole hours billing counts (`whole_hours`), saying so where one moved."""
+    args.start, args.end, notes = whole_hours(args.start, args.end)
+    for note in notes:
+        print(note, file=sys.stderr)
+
+
 def load_inputs(args):
     """Price book and team map, validated before any database is opened (errors write nothing)."""
     from gpumeter.billing.config import ConfigError, load_team_file
@@ -144,6 +151,7 @@ def cmd_ingest(args) -> int:
 
     logging.getLogger(FAILURES_LOGGER).setLevel(logging.CRITICAL + 1)  # printed below, one line each
 
+    _say_whole_hours(args)
     wrong = _range_error(args.start, args.end)
     if wrong:
         print(f"error: {wrong}", file=sys.stderr)
@@ -224,6 +232,7 @@ def cmd_price(args) -> int:
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
 
+    _say_whole_hours(args)
     wrong = _range_error(args.start, args.end)
     if wrong:
         print(f"error: {wrong}", file=sys.stderr)
@@ -289,6 +298,7 @@ def _read_ledger(args, read):
 
 def cmd_status(args) -> int:
     """The newest hour billed, the runs by status, and the refused GPU-hours still outstanding."""
+    _say_whole_hours(args)
     read = _read_ledger(
         args, lambda ledger: (ledger.summary(), ledger.refused_gpu_hours(args.start, args.end))
     )
@@ -307,6 +317,7 @@ def cmd_status(args) -> int:
 
 def cmd_audit(args) -> int:
     """One line per changed hour, then one per run: when, which command, who, why, which book."""
+    _say_whole_hours(args)
     read = _read_ledger(
         args,
         lambda ledger: (

@@ -71,6 +71,26 @@ def hour_floor(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
+def whole_hours(
+    start: datetime | None, end: datetime | None
+) -> tuple[datetime | None, datetime | None, list[str]]:
+    """--from/--to as the UTC hours they touch, billing's unit: --from rounded down, --to up (the
+    hours `hours_between` names), with a note for each bound moved, so that a mid-hour bound is never
+    taken silently (`--from 10:30` bills, re-prices and reports the hour from 10:00)."""
+    notes = []
+    if start is not None and start != hour_floor(start):
+        notes.append(
+            f"note: billing counts whole hours: --from {start.isoformat()} starts at {hour_floor(start).isoformat()}"
+        )
+        start = hour_floor(start)
+    if end is not None and end != hour_floor(end):
+        notes.append(
+            f"note: billing counts whole hours: --to {end.isoformat()} ends at {(hour_floor(end) + HOUR).isoformat()}"
+        )
+        end = hour_floor(end) + HOUR
+    return start, end, notes
+
+
 def hours_between(start: datetime, end: datetime) -> list[datetime]:
     """Hour starts in the half-open window [start, end), start rounded down to the hour."""
     hour, end = hour_floor(start), end if end.tzinfo else end.replace(tzinfo=UTC)

@@ -157,6 +157,7 @@ def cmd_report(args) -> int:
     from gpumeter.billing.config import ConfigError, load_budgets
     from gpumeter.billing.ledger import open_ledger
     from gpumeter.billing.ledger.base import LedgerError
+    from gpumeter.billing.models import whole_hours
     from gpumeter.reports.model import Grouping, ReportError, last_month, month_period, range_period
     from gpumeter.reports.render import FORMATS, RenderOptions
     from gpumeter.reports.run import generate, load_labels
@@ -170,6 +171,9 @@ def cmd_report(args) -> int:
                 raise ReportError("period: give --period or --from/--to, not both (value --period)")
             if not (args.start and args.end):
                 raise ReportError("period: --from and --to go together (value missing)")
+            args.start, args.end, notes = whole_hours(args.start, args.end)
+            for note in notes:
+                print(note, file=sys.stderr)
             period = range_period(args.start, args.end)
         else:
             period = month_period(args.period) if args.period else last_month(now)
