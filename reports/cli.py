@@ -32,7 +32,9 @@ def _formats(text: str) -> tuple[str, ...]:
         return FORMATS
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(FORMATS)} or 'all'")
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of {', '.join(FORMATS)} or 'all' (value {text!r})"
+        )
     return formats
 
 
