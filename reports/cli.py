@@ -38,6 +38,22 @@ def _formats(text: str) -> tuple[str, ...]:
     return formats
 
 
+# the FOCUS identity flags: each names a column FOCUS requires (BillingAccountId, ProviderName,
+# InvoiceIssuerName, ServiceName ...; InvoiceId is `<account>-<period>`), which must not be null
+FOCUS_IDENTITY = (("--account", "account"), ("--service-name", "service_name"))
+
+
+def _focus_identity(args) -> None:
+    """Refuses an empty or whitespace-only FOCUS identity flag: the FOCUS file would fail its own
+    checker (`focus_check`) on every row; caught before anything is opened or written."""
+    from gpumeter.reports.model import ReportError
+
+    for flag, dest in FOCUS_IDENTITY:
+        value = getattr(args, dest)
+        if not value.strip():
+            raise ReportError(f"focus: {flag} must name something, not be empty (value {value!r})")
+
+
 def register(subparsers) -> None:
     import os
 
@@ -167,6 +183,7 @@ def cmd_report(args) -> int:
 
     now = datetime.now(UTC)
     try:
+        _focus_identity(args)
         args.start, args.end = _when("--from", args.start), _when("--to", args.end)
         if args.start or args.end:
             if args.period:
