@@ -305,8 +305,15 @@ def cmd_status(args) -> int:
     if read is None:
         return 1
     summary, refused = read
+    # the summary holds the END of the newest hour billed (when billing was done to); an hour is
+    # named by its start everywhere else (the refused rows below, reports, --from), so it is here
+    from gpumeter.billing.models import HOUR
+
     last = summary.last_success
-    print(f"last hour billed: {last.isoformat() if last is not None else 'none'}")
+    print(
+        "last hour billed: "
+        + (f"the hour starting {(last - HOUR).isoformat()}" if last is not None else "none")
+    )
     print("ingest runs: " + (", ".join(f"{s} {n}" for s, n in sorted(summary.runs.items())) or "none"))
     if refused:
         _print_refused(refused)
