@@ -8,6 +8,7 @@ HTML carries the generation time, given by the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -25,7 +26,7 @@ from gpumeter.billing.models import LineKind
 from gpumeter.reports import csvfile, focus, lines_file
 from gpumeter.reports.files import Content, WrittenApart, temporary_beside, write_files
 from gpumeter.reports.lines_file import LinesSpec
-from gpumeter.reports.model import PLATFORM_NAMES, Change, Report, Usage, version_label
+from gpumeter.reports.model import PLATFORM_NAMES, ZERO, Change, Report, Usage, version_label
 from gpumeter.reports.period import utc_text
 
 FORMATS = ("html", "csv", "json", "focus")
@@ -151,7 +152,11 @@ def summary_csv(report: Report, *, keep_formulas: bool = False) -> str:
             + [""] * 6  # slice-hours, utilization, efficiency and the change: none for an unpriced model
             + [versions]
         )
-    row("__total__", "total", report.total, report.total_change)
+    # the total row's gpu_hours counts every GPU-hour the rows above count, the unpriced ones too, so
+    # the column adds up; its cost is the priced lines' (an unpriced GPU-hour is billed nothing)
+    unpriced_hours = sum((u.gpu_hours for u in report.unpriced), ZERO)
+    total = dataclasses.replace(report.total, gpu_hours=report.total.gpu_hours + unpriced_hours)
+    row("__total__", "total", total, report.total_change)
     return csv_text(SUMMARY_HEADER, out, keep_formulas=keep_formulas)
 
 

@@ -48,26 +48,29 @@ CHARGEBACK_RUNS = [
 # instead of the book's digest and the version's start: a diff shows SkuPriceId, and its echo in
 # x_OriginCharge, mapped one to one (a100-40gb:622c36b8f674@2026-01-01T00:00:00Z -> a100-40gb:d02e68bdef5a),
 # and nothing else.
+# The four summary CSVs were re-pinned when the total row's gpu_hours came to count the unpriced GPU-hours
+# listed above it (the column did not add up): a cell-by-cell diff of each file shows the __total__ row's
+# gpu_hours, 723.218748 -> 724.218748 (+ the VR200's 1.000000), and nothing else.
 GOLDEN = {
     "by-team/gpumeter-2026-11-budgets.csv": "d637463b0aa2edb6050f377d85bb49cfa0c9623f0e543e83970923a9683416bb",
-    "by-team/gpumeter-2026-11-by-team.csv": "24283ebc7bfed5f446961e74c53361f549359ffd41da1c6ec91be4f8471a54b1",
+    "by-team/gpumeter-2026-11-by-team.csv": "00829bafbb37b705505c1c92a15a4e87a329ada0cb8804d2b55f0410880f4672",
     "by-team/gpumeter-2026-11-by-team.html": "3f76ef45316cad6e570393b854c0abfb81c35b2e96ce030eeb182e1cbafa0b6b",
     "by-team/gpumeter-2026-11-by-team.json": "17b52a7bbbcecc7e9c9cc2be81afc8689a705493ac83edd2246261ccefa7f8a5",
     "by-team/gpumeter-2026-11-focus-1.3.csv": "0add407394b334276d3c790757e8f3b4593c0766036b9c265f2a96c694a83d50",
     "by-team/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-team/manifest.json": "7a6260bb7ed30bbbcafc4d534ba5cc9a05af6d41d5215b0096fc21ee7d017b14",
-    "by-namespace/gpumeter-2026-11-by-namespace.csv": "3bcf0e7f49d2303cfe252170b89071730fea1931279949bda79abde1851071ea",
+    "by-namespace/gpumeter-2026-11-by-namespace.csv": "e9620a2b14c2f4496f79edc45f52f7e84b4f50692449e8ef63e914fcb8d7b330",
     "by-namespace/gpumeter-2026-11-by-namespace.html": "634e29ab5999bc825586c544063b02f2e8a7acae9856c2bfcfe3ee4fe2051f07",
     "by-namespace/gpumeter-2026-11-by-namespace.json": "f1c53a66cdb59ae0976d9b3a3dd7f40e71d6a5620ffbed6518e8836e3b7d3cba",
     "by-namespace/gpumeter-2026-11-focus-1.2.csv": "6d35d97816ba1aa6c4eea6b7a393f19f42d0e4017422de13e72f113d22359781",
     "by-namespace/gpumeter-2026-11-lines.csv": "c35ebc2809ac4c6925228c5e18727c336d0031baa7810888f5e414677640445a",
     "by-namespace/manifest.json": "72d9b383ed8bfe1ee15510da6abcfd31c540551a9948e2870a8bc5d674f5a5d4",
-    "by-model/gpumeter-2026-11-by-model.csv": "60acc759bebd0727dd57d3597cbead04b7be0e28e10c7c20061a451b20f574ca",
+    "by-model/gpumeter-2026-11-by-model.csv": "791c0b4c10afb87e164d605438fa855bae1346619e93d76468417b8cec1d674c",
     "by-model/gpumeter-2026-11-by-model.html": "113087d7f4087b0feb7b2fb6cf5676b860ade176b095bb98c5ec7f2cc2d6782f",
     "by-model/gpumeter-2026-11-by-model.json": "d568dfcbfd05e01d9b9181d99bdb66e1dca3f373ff9bd6ebf71aa34aa8796009",
     "by-model/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-model/manifest.json": "0994b0bc2e4a67e102d2d41f7dfdf3b416b1b2c709ea5d4d00375f0c5fb9794a",
-    "by-mig_profile/gpumeter-2026-11-by-mig_profile.csv": "1508b49bf654a2ddcccc9ea8eb10e6dd0a9432c0fe1eef79ce9b441fee9abb00",
+    "by-mig_profile/gpumeter-2026-11-by-mig_profile.csv": "950d448c8ec38bbfe4b3e395dc91cec2666a0d52c7f9f11ca369bef3944b3719",
     "by-mig_profile/gpumeter-2026-11-by-mig_profile.json": "847dc99e00c45864443b161cbff6dd582b7b200f1da0ef7506da2e722716d731",
     "by-mig_profile/gpumeter-2026-11-lines.csv": "75bd5d5f340d2e018f0e1340a5adf765a1c61ef5addca0d774c923c9c51b2b4c",
     "by-mig_profile/manifest.json": "4f722bf9cccda828a959af3e8cb89dd36dde5867589dd485bcae7476dd117ccf",
