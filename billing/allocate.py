@@ -100,8 +100,12 @@ class PricedHour:
         """The lines' efficiencies and utilizations, in order."""
         return line_readings(self.lines)
 
+    def teams(self) -> list[str]:
+        """The lines' teams, in order (what an hour's audited totals are kept per)."""
+        return [line.team for line in self.lines]
+
     def billed(self) -> list[tuple[Decimal | None, str]]:
-        """The lines' amounts and currencies, in order (what an hour's audited total sums)."""
+        """The lines' amounts and currencies, in order (what an hour's audited totals sum)."""
         return list(map(line_billed, self.lines))
 
 

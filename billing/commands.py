@@ -56,8 +56,9 @@ def currency_error(ledger: ReportLedger, book, path: str, start: datetime, end: 
     )
 
 
-# how the audit names a record written before revision 0015: its totals are the hour's over every cluster
-AUDIT_EVERY_CLUSTER = "(every cluster)"
+# how the audit names a record written before revision 0015, whose totals are the hour's over every
+# cluster and team, and lines billed to no team (the platform's, a namespace without one)
+AUDIT_EVERY_CLUSTER, AUDIT_EVERY_TEAM, AUDIT_NO_TEAM = "(every cluster)", "(every team)", "(no team)"
 
 
 def _money(amount: Decimal, currency: str) -> str:
@@ -323,7 +324,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    """One line per changed hour, then one per run: when, which command, who, why, which book."""
+    """One line per changed hour, cluster and team, then one per run: when, which command, who, why,
+    which book."""
     _say_whole_hours(args)
     read = _read_ledger(
         args,
@@ -339,19 +341,20 @@ def cmd_audit(args) -> int:
     if not records:
         print("no billed hour was changed")
         return 0
-    # a cluster column only where the store labels clusters: a single cluster's audit reads as it did
+    # a cluster column only where the store labels clusters: a single cluster's audit needs none
     clustered = any(r.cluster != "" for r in records)
     print(
         "at\tcommand\toperator\treason\tbook\thour\t"
         + ("cluster\t" if clustered else "")
-        + "old\tnew\tcurrency"
+        + "team\told\tnew\tcurrency"
     )
     for r in records:
         cluster = f"{AUDIT_EVERY_CLUSTER if r.cluster is None else r.cluster}\t" if clustered else ""
+        team = AUDIT_EVERY_TEAM if r.team is None else r.team or AUDIT_NO_TEAM
         print(
             f"{r.at.isoformat(timespec='seconds')}\t{r.command}\t{r.operator!r}\t{r.reason!r}\t"
-            f"{r.book_digest[:12]}\t{r.hour.isoformat()}\t{cluster}{_money(r.old_total, r.currency)}\t"
-            f"{_money(r.new_total, r.currency)}\t{r.currency}"
+            f"{r.book_digest[:12]}\t{r.hour.isoformat()}\t{cluster}{team}\t"
+            f"{_money(r.old_total, r.currency)}\t{_money(r.new_total, r.currency)}\t{r.currency}"
         )
     runs: dict[str, list] = {}
     for r in records:

@@ -108,6 +108,16 @@ class _ReusedHour(PricedHour):
     def readings(self) -> tuple[list[Decimal | None], list[Decimal | None]]:
         return self._efficiencies, self._utilizations
 
+    def teams(self) -> list[str]:
+        """The lines' teams, in order, without making them: a holder's is the hour's own."""
+        if self._lines is not None:
+            return PricedHour.teams(self)
+        teams = iter(self._teams)
+        return [
+            next(teams) if source is not None else line.team
+            for line, source in zip(self._kept.priced.lines, self._kept.sources, strict=True)
+        ]
+
     def billed(self) -> list[tuple[Decimal | None, str]]:
         """The kept lines' amounts, a tie's turn taken, without making the lines: a re-price sums
         every hour it replaces (`hour_totals`), and making the lines was an eighth of its time."""
@@ -153,12 +163,12 @@ class PricedLines(Sequence[Line]):
     def __iter__(self) -> Iterator[Line]:
         return iter(self._all())
 
-    def billed(self) -> Iterator[tuple[str, list[tuple[Decimal | None, str]]]]:
-        """Per priced hour, its cluster and its lines' amounts and currencies (`_ReusedHour.billed`):
-        what `hour_totals` sums."""
+    def billed(self) -> Iterator[tuple[str, list[str], list[tuple[Decimal | None, str]]]]:
+        """Per priced hour, its cluster, its lines' teams and their amounts and currencies
+        (`_ReusedHour.billed`): what `hour_totals` sums."""
         if self._lines is not None:
-            return ((line.cluster, [line_billed(line)]) for line in self._lines)
-        return ((priced.cluster, priced.billed()) for priced in self.hours)
+            return ((line.cluster, [line.team], [line_billed(line)]) for line in self._lines)
+        return ((priced.cluster, priced.teams(), priced.billed()) for priced in self.hours)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PricedLines):

@@ -74,8 +74,8 @@ class Actor:
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """An already-billed hour whose amounts a re-ingest or re-price changed in one cluster
-    (``billing_audit``)."""
+    """What a re-ingest or re-price changed of an already-billed hour: one team's amounts in one
+    cluster (``billing_audit``)."""
 
     id: int
     at: datetime
@@ -91,24 +91,32 @@ class AuditRecord:
     # the cluster whose lines these totals sum: "" where the store has no cluster label; None for a
     # record written before revision 0015, whose totals are the hour's over every cluster
     cluster: str | None = ""
+    # and the team they are billed to: "" for lines billed to none (the platform's, a namespace
+    # without a team); None for a record written before 0015, whose totals are every team's
+    team: str | None = ""
 
 
-# per cluster of an hour's lines ("" where the store has none), (what it bills, its currency); a
-# cluster without a priced line is absent, and an hour without one is empty
-BilledTotals = dict[str, tuple[Decimal, str]]
+# per (cluster, team) of an hour's lines ("" where the store has no cluster, or the line no team):
+# what they bill and its currency; a pair without a priced line is absent, an hour without one empty
+BilledTotals = dict[tuple[str, str], tuple[Decimal, str]]
 
 
 def hour_totals(lines: Iterable[Line]) -> BilledTotals:
-    """What the hour's lines bill, per cluster (`BilledTotals`). Lines that say what they bill
-    (ingest's `PricedLines.billed`) are summed without being made."""
+    """What the hour's lines bill, per cluster and team (`BilledTotals`). Lines that say what they
+    bill (ingest's `PricedLines.billed`) are summed without being made."""
     billed = getattr(lines, "billed", None)
-    groups = billed() if billed is not None else ((line.cluster, [line_billed(line)]) for line in lines)
+    groups = (
+        billed()
+        if billed is not None
+        else ((line.cluster, [line.team], [line_billed(line)]) for line in lines)
+    )
     totals: BilledTotals = {}
-    for cluster, pairs in groups:
-        for amount, currency in pairs:
+    for cluster, teams, pairs in groups:
+        for team, (amount, currency) in zip(teams, pairs, strict=True):
             if amount is not None:
-                total, first = totals.get(cluster or "", (Decimal(0), currency))
-                totals[cluster or ""] = (total + amount, first)
+                key = (cluster or "", team or "")
+                total, first = totals.get(key, (Decimal(0), currency))
+                totals[key] = (total + amount, first)
     return totals
 
 
@@ -121,14 +129,15 @@ def audited_changes(
     at: datetime,
 ) -> list[AuditRecord]:
     """The audit records of replacing an hour billed ``old`` by lines billing ``new`` (each
-    `hour_totals`): one per cluster whose total changed, a cluster absent from either side at 0. An
-    hour billed for the first time needs none, nor one billed again to the same totals."""
+    `hour_totals`): one per cluster and team whose total changed, one absent from either side at
+    0, so money moved between teams or clusters is seen even where the hour's total stays. An hour
+    billed for the first time needs none, nor one billed again to the same totals."""
     if not old:
         return []
     digest = (book.digest if book is not None else "") or "inline"
     records = []
-    for cluster in sorted(old.keys() | new.keys()):
-        before, after = old.get(cluster), new.get(cluster)
+    for cluster, team in sorted(old.keys() | new.keys()):
+        before, after = old.get((cluster, team)), new.get((cluster, team))
         if before == after:
             continue
         currency = (before or after)[1]  # type: ignore[index]  # one of them is there
@@ -146,6 +155,7 @@ def audited_changes(
                 before[0] if before is not None else Decimal(0),
                 after[0] if after is not None else Decimal(0),
                 cluster,
+                team,
             )
         )
     return records

@@ -172,8 +172,8 @@ class BillingLock(Base):
 
 
 class BillingAudit(Base):
-    """An already-billed hour whose amounts a re-ingest or re-price changed in one cluster: who, when,
-    with which book, old and new totals (revisions 0011 and 0015, docs/billing.md §6.6)."""
+    """What a re-ingest or re-price changed of an already-billed hour, one team's in one cluster: who,
+    when, with which book, old and new totals (revisions 0011 and 0015, docs/billing.md §6.6)."""
 
     __tablename__ = "billing_audit"
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
@@ -190,6 +190,8 @@ class BillingAudit(Base):
     # whose lines the totals sum: "" where the store has no cluster label; NULL for a row written
     # before 0015, whose totals are the hour's over every cluster
     cluster: Mapped[str | None] = mapped_column(Text)
+    # and the team they are billed to: "" none; NULL before 0015, every team's
+    team: Mapped[str | None] = mapped_column(Text)
 
 
 class RefusedGpuHourRow(Base):

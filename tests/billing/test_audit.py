@@ -108,6 +108,20 @@ def _audit(db):
         ledger.close()
 
 
+# What book B changes, per hour and team (test_ingest_prometheus' hand-computed lines; team-a's
+# namespace is labelled team alpha, the rest bill no team). Book A: alpha 1.29, 1.28, 1.29 and no
+# team the rest of 9.88: 8.59, 8.60, 8.59. Book B (A100 1.50): team-a 3/7 x 1.50 = 0.642857 -> 0.64
+# every hour (its remainder .2857 never gets a residue cent: b-0's .8571 and b-1's .7142 or .4285
+# come first); no team 4.94 - 0.64 = 4.30 (hour 0: b-0 0.43 + b-1 0.11 + unallocated 0.32 + H's p1
+# 0.86 + p2 0.86 + p3 0.43 + unallocated 1.29). Records per team, no team ("") first.
+BY_TEAM = {
+    hour: [
+        (hour, "", D(none), D("4.30"), "USD", "price"),
+        (hour, "alpha", D(alpha), D("0.64"), "USD", "price"),
+    ]
+    for hour, alpha, none in zip(HOURS, ("1.29", "1.28", "1.29"), ("8.59", "8.60", "8.59"), strict=True)
+}
+
 INGEST_TAIL = ["--to", END.isoformat(), "--scrape-interval", "30", "--no-progress", "--workers", "1"]
 
 
@@ -125,8 +139,8 @@ def test_a_re_price_is_audited_and_listed_with_old_and_new_totals(prometheus, db
     assert _hour_totals(db) == dict.fromkeys(HOURS, D("4.94"))
     assert "3 already-billed hour(s) changed from 29.64" in priced.stderr and "to 14.82 USD" in priced.stderr
     records = _audit(db)
-    assert [(r.hour, r.old_total, r.new_total, r.currency, r.command) for r in records] == [
-        (hour, D("9.88"), D("4.94"), "USD", "price") for hour in HOURS
+    assert [(r.hour, r.team, r.old_total, r.new_total, r.currency, r.command) for r in records] == [
+        row for hour in HOURS for row in BY_TEAM[hour]
     ]
     assert {r.reason for r in records} == {"contract renegotiated"} and len({r.run for r in records}) == 1
     assert all(len(r.book_digest) == 64 and r.operator for r in records)
@@ -141,17 +155,20 @@ def test_a_re_price_is_audited_and_listed_with_old_and_new_totals(prometheus, db
         "reason",
         "book",
         "hour",
+        "team",
         "old",
         "new",
         "currency",
     ]
-    assert [row.split("\t")[5:] for row in rows[1:4]] == [
-        [hour.isoformat(), "9.88", "4.94", "USD"] for hour in HOURS
+    assert [row.split("\t")[5:] for row in rows[1:7]] == [
+        [hour.isoformat(), team or "(no team)", f"{old:.2f}", f"{new:.2f}", "USD"]
+        for hour in HOURS
+        for _, team, old, new, _, _ in BY_TEAM[hour]
     ]
     assert (
-        "price by" in rows[4]
-        and "3 hour(s), total 29.64" in rows[4]
-        and "-> 14.82 USD ('contract renegotiated')" in rows[4]
+        "price by" in rows[7]
+        and "3 hour(s), total 29.64" in rows[7]
+        and "-> 14.82 USD ('contract renegotiated')" in rows[7]
     )
 
     # the month's report says its hours were re-priced after billing: who, why, the totals (issue 42)
@@ -172,14 +189,14 @@ def test_a_re_price_is_audited_and_listed_with_old_and_new_totals(prometheus, db
 
     again = _billing("price", *_db_args(db), "--prices", str(book_b), *_span())
     assert again.returncode == 0 and "changed" not in again.stderr
-    assert len(_audit(db)) == 3  # the same totals: nothing changed, nothing recorded
+    assert len(_audit(db)) == 6  # the same totals: nothing changed, nothing recorded
 
     back = _billing(*_ingest_args(db, prometheus.url, book_a), *INGEST_TAIL, "--reason", "undo")
     assert back.returncode == 0, back.stderr
     assert "note: 3 already-billed hour(s) changed from 14.82 to 29.64 USD" in back.stderr
-    assert [(r.command, r.old_total, r.new_total, r.reason) for r in _audit(db)[3:]] == [
-        ("ingest", D("4.94"), D("9.88"), "undo")
-    ] * 3
+    assert [(r.command, r.team, r.old_total, r.new_total, r.reason) for r in _audit(db)[6:]] == [
+        ("ingest", team, new, old, "undo") for hour in HOURS for _, team, old, new, _, _ in BY_TEAM[hour]
+    ]
     changes = _report_changes(db, tmp_path / "after-undo")
     assert [(c["command"], c["hours"], c["old_total"], c["new_total"], c["reason"]) for c in changes] == [
         ("price", 3, "29.64", "14.82", "contract renegotiated"),

@@ -1,27 +1,35 @@
-"""The audit holds per cluster (docs/billing.md §2.3, §6.6): a re-ingest that moves money from one
-cluster to another within an hour, the hour's total unchanged, is recorded, once per cluster it
-changed; a `--cluster` report shows its own clusters' changes only. On every ledger.
+"""The audit holds per cluster and team (docs/billing.md §2.3, §6.6): a re-ingest or re-price that
+moves money between clusters or teams within an hour, the hour's total unchanged, is recorded, once
+per cluster and team it changed; a `--cluster` report shows its own clusters' changes only. On every
+ledger.
 
-By hand: one A100 at 3.00 an hour in each of east and west, of one UUID (two clusters may hold one).
-First billed: east's present the whole hour (3.00), west's half of it (1.50): 4.50. Re-ingested:
-east's half (1.50), west's whole (3.00): still 4.50, so an audit of the hour's total saw nothing.
-Per cluster: east 3.00 -> 1.50 and west 1.50 -> 3.00. Re-priced at 4.00 an hour: east 1.50 -> 2.00,
-west 3.00 -> 4.00. Written again as it stands: nothing."""
+By hand: one A100 at 3.00 an hour in each of east and west, of one UUID (two clusters may hold one),
+idle, so their lines are the platform's (no team). First billed: east's present the whole hour
+(3.00), west's half of it (1.50): 4.50. Re-ingested: east's half (1.50), west's whole (3.00): still
+4.50, so an audit of the hour's total saw nothing. Per cluster: east 3.00 -> 1.50 and west 1.50 ->
+3.00. Re-priced at 4.00 an hour: east 1.50 -> 2.00, west 3.00 -> 4.00. Written again as it stands:
+nothing.
+
+Teams: an A100 at 3.00 held the whole hour by analytics/notebook, billed with no team map: 3.00 to no
+team. Re-priced with the same book and a map naming analytics' team cv: no team 3.00 -> 0, cv 0 ->
+3.00, the hour's 3.00 unchanged (before, `billing audit` said "no billed hour was changed")."""
 
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from decimal import Decimal
 
 import gpumeter
 from gpumeter.billing.allocate import price_gpu_hour
+from gpumeter.billing.ingest import reprice
 from gpumeter.billing.ledger import open_ledger
 from gpumeter.billing.ledger.base import Actor, HourRecord
 from gpumeter.billing.ledger.orm import BillingAudit
 from gpumeter.billing.ledger.sqlalchemy import make_engine
 from gpumeter.reports.model import build_report
 from gpumeter.reports.period import month_period
-from tests.billing.factories import A100, HOUR0, book, gpu_hour
+from tests.billing.factories import A100, HOUR0, alloc, book, gpu_hour
 
 D = Decimal
 
@@ -77,6 +85,18 @@ def test_one_cluster_gone_from_a_billed_hour_is_audited_at_zero(ledger, tmp_path
     assert _changes(ledger) == [("west", D("1.50"), D("0"))]
 
 
+def test_money_moved_between_teams_is_audited_per_team(ledger, tmp_path):
+    three = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
+    held = gpu_hour("GPU-1", A100, allocations=[alloc("GPU-1", "analytics", "notebook")])
+    ledger.write_hour(HourRecord(HOUR0, [held], price_gpu_hour(held, three).lines, three))
+    ledger.actor = Actor(command="price", operator="ops", reason="analytics moved to cv", run="teams")
+    assert reprice(ledger, three, HOUR0, HOUR0 + timedelta(hours=1), {"analytics": "cv"}) == 1
+    assert [(r.cluster, r.team, r.old_total, r.new_total) for r in ledger.audit_records()] == [
+        ("", "", D("3.00"), D("0")),
+        ("", "cv", D("0"), D("3.00")),
+    ]
+
+
 def test_the_audit_command_and_a_cluster_report_name_the_cluster(db, tmp_path, capsys):
     """`billing audit` gains a cluster column where the audit names clusters, a record from before
     revision 0015 showing as every cluster's; `--cluster east` reports east's change and that one."""
@@ -106,6 +126,7 @@ def test_the_audit_command_and_a_cluster_report_name_the_cluster(db, tmp_path, c
                         old_total=D("9.00"),
                         new_total=D("4.50"),
                         cluster=None,
+                        team=None,
                     )
                 ],
             )
@@ -115,13 +136,13 @@ def test_the_audit_command_and_a_cluster_report_name_the_cluster(db, tmp_path, c
     argv = ["billing", "audit", "--db", url] + (["--db-schema", schema] if schema else [])
     assert gpumeter.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
-    header = out.index("at\tcommand\toperator\treason\tbook\thour\tcluster\told\tnew\tcurrency")
+    header = out.index("at\tcommand\toperator\treason\tbook\thour\tcluster\tteam\told\tnew\tcurrency")
     rows = [line.split("\t")[5:] for line in out[header + 1 : header + 4]]
     hour = HOUR0.isoformat()
-    assert rows == [
-        [hour, "east", "3.00", "1.50", "USD"],
-        [hour, "west", "1.50", "3.00", "USD"],
-        [hour, "(every cluster)", "9.00", "4.50", "USD"],
+    assert rows == [  # the idle GPUs' lines are the platform's: billed to no team
+        [hour, "east", "(no team)", "3.00", "1.50", "USD"],
+        [hour, "west", "(no team)", "1.50", "3.00", "USD"],
+        [hour, "(every cluster)", "(every team)", "9.00", "4.50", "USD"],
     ]
     assert any("ingest by 'ops': 1 hour(s), total 4.50 -> 4.50 USD" in line for line in out)
 

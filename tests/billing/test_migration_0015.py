@@ -1,8 +1,10 @@
-"""Revision 0015 on SQLite and PostgreSQL: `billing_audit` gains `cluster`. A record written before
-keeps NULL (its totals are the hour's over every cluster, which cannot be split now), one written
-after names its cluster, and the downgrade drops the column and keeps every record.
+"""Revision 0015 on SQLite and PostgreSQL: `billing_audit` gains `cluster` and `team`. A record
+written before keeps NULL in both (its totals are the hour's over every cluster and team, which
+cannot be split now), one written after names them, and the downgrade drops the columns and keeps
+every record.
 
-By hand, as revision 0011's test: hour A bills 3.99; re-priced at half its amounts, 1.995."""
+By hand, as revision 0011's test: hour A bills 3.99, ml's 1.71 and no team's 2.28; re-priced at half
+its amounts, 0.855 and 1.14."""
 
 from __future__ import annotations
 
@@ -47,7 +49,11 @@ def test_0015_names_the_cluster_of_new_records_and_keeps_old_ones(db):
         before = _rows(engine, AUDIT)
 
         upgrade(engine, "0015")
-        assert [c["name"] for c in sa.inspect(engine).get_columns("billing_audit")] == [*COLUMNS, "cluster"]
+        assert [c["name"] for c in sa.inspect(engine).get_columns("billing_audit")] == [
+            *COLUMNS,
+            "cluster",
+            "team",
+        ]
         assert _rows(engine, AUDIT) == before
 
         halved = [
@@ -62,10 +68,12 @@ def test_0015_names_the_cluster_of_new_records_and_keeps_old_ones(db):
             records = ledger.audit_records(HOUR_A, HOUR_A + timedelta(hours=1))
         finally:
             ledger.close()
-        # the old record over every cluster; the new one of the lines' cluster, none: ""
-        assert [(r.run, r.cluster, r.old_total, r.new_total) for r in records] == [
-            ("before-0015", None, D("7.98"), D("3.99")),
-            ("run-1", "", D("3.99"), D("1.995")),
+        # the old record over every cluster and team; the new ones of the lines' cluster (none: "")
+        # and each team
+        assert [(r.run, r.cluster, r.team, r.old_total, r.new_total) for r in records] == [
+            ("before-0015", None, None, D("7.98"), D("3.99")),
+            ("run-1", "", "", D("2.28"), D("1.14")),
+            ("run-1", "", "ml", D("1.71"), D("0.855")),
         ]
         after = _rows(engine, AUDIT)
 

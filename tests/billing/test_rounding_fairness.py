@@ -51,7 +51,8 @@ def test_three_identical_pods_pay_the_same_month_within_a_cent(tmp_path):
         # what an audited hour sums, read before the re-used lines are made: the tie's turn taken
         billed = [(line.amount, line.currency) for line in priced.lines]
         assert remembered.billed() == billed, hour.hour
-        assert hour_totals(PricedLines([remembered])) == {"": (D("6.88"), "USD")}, hour.hour
+        assert remembered.teams() == [line.team for line in priced.lines], hour.hour
+        assert hour_totals(PricedLines([remembered])) == {("", ""): (D("6.88"), "USD")}, hour.hour
         assert remembered.lines == priced.lines, hour.hour
         assert sum(line.amount for line in priced.lines) == priced.device_cost == D("6.88"), hour.hour
         for line in priced.lines:

@@ -537,6 +537,7 @@ class SqlReads(SqlStore, ReportLedger):
             a.old_total,
             a.new_total,
             a.cluster,
+            a.team,
         ).order_by(a.id)
         if start is not None:
             query = query.where(a.hour >= start)

@@ -62,8 +62,8 @@ class SqlWrites(SqlHourRows, IngestLedger):
         self.actor = Actor()  # who writes: named in the audit records (`_audit_change`)
         # price_book_versions rows are never changed once stored either: (book digest, effective from) -> id
         self._version_ids: dict[tuple[str, datetime], int] = {}
-        # and cost_line_sets neither: set id -> its amounts per (cluster, currency) (`_hour_totals`)
-        self._set_totals: dict[int, list[tuple[str, str, int]]] = {}
+        # and cost_line_sets neither: set id -> its amounts per (cluster, team, currency) (`_hour_totals`)
+        self._set_totals: dict[int, list[tuple[str, str, str, int]]] = {}
 
     def _version_rows(
         self, session: Session, book: PriceBook | None, named: set[str | None]
@@ -125,9 +125,9 @@ class SqlWrites(SqlHourRows, IngestLedger):
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     def _hour_totals(self, session: Session, hour: datetime) -> BilledTotals:
-        """What the hour is billed now, per cluster (`hour_totals`): each set of terms its groups
-        name, summed once at the stored scale and kept (a set's terms never change), times the
-        groups naming it.
+        """What the hour is billed now, per cluster and team (`hour_totals`): each set of terms its
+        groups name, summed once at the stored scale and kept (a set's terms never change), times
+        the groups naming it.
 
         The sum over the lines' view was planned anew every hour, with parallel workers and a join
         of every set's terms: ~9 ms for an hour without lines (an ingest's first write) and ~18 ms for
@@ -141,47 +141,47 @@ class SqlWrites(SqlHourRows, IngestLedger):
             return {}
         known = self._set_totals
         found = self._set_totals_of(session, [set_id for set_id, _ in held if set_id not in known])
-        scaled: dict[str, dict[str, int]] = {}  # cluster -> currency -> ten-thousandths
+        scaled: dict[tuple[str, str], dict[str, int]] = {}  # (cluster, team) -> currency -> 10^-4
         for set_id, groups in held:
-            for cluster, currency, total in found[set_id] if set_id in found else known[set_id]:
-                amounts = scaled.setdefault(cluster, {})
+            for cluster, team, currency, total in found[set_id] if set_id in found else known[set_id]:
+                amounts = scaled.setdefault((cluster, team), {})
                 amounts[currency] = amounts.get(currency, 0) + groups * total
         if len(known) + len(found) > memory_room(TERMS_KEPT, self._gpus_written):  # a set per GPU-hour
             known.clear()
         known.update(found)
         return {
-            cluster: (Decimal(sum(amounts.values())).scaleb(-4), min(amounts))
-            for cluster, amounts in scaled.items()
+            key: (Decimal(sum(amounts.values())).scaleb(-4), min(amounts)) for key, amounts in scaled.items()
         }
 
     @staticmethod
-    def _set_totals_of(session: Session, set_ids: list[int]) -> dict[int, list[tuple[str, str, int]]]:
-        """Each set's priced amount per (cluster, currency), in ten-thousandths (Money() is
+    def _set_totals_of(session: Session, set_ids: list[int]) -> dict[int, list[tuple[str, str, str, int]]]:
+        """Each set's priced amount per (cluster, team, currency), in ten-thousandths (Money() is
         NUMERIC(20, 4)), as the lines of a group naming it sum; "" for lines without a cluster."""
         members, terms_table = CostLineSetTerm.__table__, CostLineTerm.__table__
         m, t = members.c, terms_table.c
-        found: dict[int, list[tuple[str, str, int]]] = {set_id: [] for set_id in set_ids}
+        found: dict[int, list[tuple[str, str, str, int]]] = {set_id: [] for set_id in set_ids}
         for at in range(0, len(set_ids), 500):
             query = (
                 select(
                     m.set_id,
                     t.cluster,
+                    t.team,
                     t.currency,
                     func.sum(cast(func.round(t.amount * literal_column("10000")), BigInteger)),
                 )
                 .select_from(members.join(terms_table, t.id == m.term_id))
                 .where(m.set_id.in_(set_ids[at : at + 500]), t.amount.isnot(None))
-                .group_by(m.set_id, t.cluster, t.currency)
+                .group_by(m.set_id, t.cluster, t.team, t.currency)
             )
-            for set_id, cluster, currency, total in session.execute(query):
-                found[set_id].append((cluster or "", currency, int(total)))
+            for set_id, cluster, team, currency, total in session.execute(query):
+                found[set_id].append((cluster or "", team or "", currency, int(total)))
         return found
 
     def _audit_change(
         self, session: Session, hour: datetime, old: BilledTotals, lines, book, now: datetime
     ) -> None:
-        """An audit row for each cluster whose billed total the hour's new lines change, where the
-        hour was billed before."""
+        """An audit row for each cluster and team whose billed total the hour's new lines change,
+        where the hour was billed before."""
         if not old:
             return
         for change in audited_changes(self.actor, book, hour, old, hour_totals(lines), now):
