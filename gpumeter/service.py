@@ -10,6 +10,7 @@ This module sits above the parts: it imports billing and reports, and none of th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.base import Actor, LedgerError, ServiceLedger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, create_table, one_line
 from gpumeter.billing.ledger.sqlalchemy import open_ledger as open_sql_ledger
-from gpumeter.billing.metrics import BillingCollector, family
+from gpumeter.billing.metrics import SCRAPE_READ_SECONDS, BillingCollector, ScrapeReads, family
 from gpumeter.billing.prom import open_client
 from gpumeter.billing.secrets import redact_url
 from gpumeter.process import stop_on_signals, wait_until_set
@@ -115,10 +116,21 @@ JOBS = JobStatus()  # the jobs below are plain functions APScheduler calls by re
 
 class JobCollector:
     """contract.BILLING_JOB_* at scrape time. A report's last success is also read from the ledger's
-    report runs, so it survives a restart and is the same on every replica."""
+    report runs, so it survives a restart and is the same on every replica. Those runs are read as the
+    scrape reads the ledger (``reads``: one try, bounded); while the ledger cannot be read the runs
+    read last are used, and every series here is still served: they say what the jobs did while the
+    database was lost."""
 
-    def __init__(self, jobs: JobStatus, ledger: ServiceLedger, clock: Callable[[], datetime]):
+    def __init__(
+        self,
+        jobs: JobStatus,
+        ledger: ServiceLedger,
+        clock: Callable[[], datetime],
+        reads: ScrapeReads | None = None,
+    ):
         self.jobs, self.ledger, self.clock = jobs, ledger, clock
+        self.reads = reads or ScrapeReads(ledger)  # type: ignore[arg-type]
+        self._recorded: dict[str, float] = {}  # the newest report runs read, by task
 
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         return iter(())
@@ -141,17 +153,29 @@ class JobCollector:
         yield from (success, due, failures, unwritten)
 
     def _recorded_reports(self) -> dict[str, float]:
+        try:
+            runs = self.reads.read(lambda ledger: ledger.report_runs())
+        except LedgerError:  # logged by BillingCollector, which says so on contract.BILLING_LEDGER_UP
+            return self._recorded
         newest: dict[str, float] = {}
-        for run in self.ledger.report_runs():
+        for run in runs:
             if run.status == "ok":
                 task = "health_report" if run.grouping == "health" else "chargeback_report"
                 created = run.created_at if run.created_at.tzinfo else run.created_at.replace(tzinfo=UTC)
                 newest[task] = max(newest.get(task, 0.0), created.timestamp())
+        self._recorded = newest
         return newest
 
 
+# A random token per process: two containers sharing one hostname (hostNetwork) and each running as
+# PID 1 would otherwise share one holder id, and both would hold the ingest lock at once.
+PROCESS_TOKEN = uuid.uuid4().hex[:12]
+
+
 def holder_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's name on the lock row: ``host:pid:token``, the token random per process (the
+    same for every job of the process, and for the release at stop)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{PROCESS_TOKEN}"
 
 
 def hourly_ingest(settings: dict, now: datetime | None = None, holder: str | None = None) -> str:
@@ -179,7 +203,8 @@ def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
     try:
         with (
             ledger.lock(INGEST_LOCK, holder, now),
-            ledger.serialised(shared=True),  # a `billing price` running now finishes first
+            # a `billing price` running now finishes first
+            _LeavingQuietly(ledger.serialised(shared=True), "release the re-price lock"),
             open_client(cfg.prometheus, **cfg.client_options()) as client,
         ):
             result = catch_up(client, ledger, book, now, cfg.ingest_config(), stopping=STOPPING.is_set)
@@ -200,6 +225,27 @@ def _catch_up(cfg: Settings, now: datetime, holder: str) -> str:
             result.refused[0][1],
         )
     return f"ingested {len(result.ingested)}"
+
+
+class _LeavingQuietly(contextlib.AbstractContextManager):
+    """Enter ``inner``; an error while leaving it is logged in one line, not raised: with the database
+    lost mid catch-up, the session's advisory lock goes with its connection, and the error the caller
+    must see is the one that stopped the run (or none), not the failed unlock."""
+
+    def __init__(self, inner: contextlib.AbstractContextManager, what: str):
+        self.inner, self.what = inner, what
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        try:
+            return bool(self.inner.__exit__(kind, error, traceback))
+        except (SQLAlchemyError, LedgerError, OSError) as leaving:  # the database's, or flock's
+            if leaving is error:
+                raise
+            log.warning("could not %s (it goes with its connection): %s", self.what, one_line(leaving))
+            return False  # the body's own error, if any, goes on
 
 
 def monthly_report(settings: dict, report: dict | None = None, now: datetime | None = None) -> str:
@@ -233,14 +279,18 @@ def build_app(
     budgets: Mapping[str, Budget] | None = None,
     ready: threading.Event | None = None,
     cluster_label: str = contract.CLUSTER_LABEL,
+    read_seconds: float = SCRAPE_READ_SECONDS,
 ):
     """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database
     answers. ``ready``: until it is set, /healthz answers 503 "starting" (serve sets it once the
-    scheduler holds its jobs, so a probe that passes means the schedule is there)."""
+    scheduler holds its jobs, so a probe that passes means the schedule is there). A scrape reads the
+    ledger once per read, no retries, each given up after ``read_seconds``: a lost database leaves its
+    series out and gpumeter_billing_ledger_up at 0, and the jobs' series are served all the same."""
     registry = CollectorRegistry(auto_describe=False)
     clock = clock or (lambda: datetime.now(UTC))
-    registry.register(BillingCollector(ledger, clock, budgets, cluster_label))
-    registry.register(JobCollector(JOBS, ledger, clock))
+    reads = ScrapeReads(ledger, read_seconds)
+    registry.register(BillingCollector(ledger, clock, budgets, cluster_label, reads))
+    registry.register(JobCollector(JOBS, ledger, clock, reads))
     metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):

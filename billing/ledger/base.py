@@ -568,12 +568,20 @@ class ServiceLedger(LedgerStore):
 
     @contextlib.contextmanager
     def lock(self, name: str, holder: str, now: datetime, ttl_seconds: int = 1800) -> Iterator[None]:
+        """Hold the lock row for the block (LockNotAcquired: another holder has it). Freeing it is
+        best effort: with the database lost, the failed release is logged in one line and the block's
+        own error (or none) goes on; the row expires on its own after ``ttl_seconds``."""
         if not self.acquire_lock(name, holder, now, ttl_seconds):
             raise LockNotAcquired(name)
         try:
             yield
         finally:
-            self.release_lock(name, holder)
+            try:
+                self.release_lock(name, holder)
+            except LedgerError as exc:
+                import logging  # here: this method is the module's only logger
+
+                logging.getLogger(__name__).warning("%s lock left to expire: %s", name, exc)
 
 
 class Ledger(IngestLedger, ReportLedger, ServiceLedger):

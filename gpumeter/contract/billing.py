@@ -144,6 +144,16 @@ BILLING_REPORT_UNWRITTEN_FILES = _billing(
     FILE,
 )
 
+# Whether the scrape could read the ledger (one try, bounded: gpumeter/billing/metrics.py ScrapeReads).
+# At 0 the series rendered from the ledger are left out of that scrape; the jobs' series stay.
+BILLING_LEDGER_UP = _billing(
+    "gpumeter_billing_ledger_up",
+    G,
+    "",
+    "1 when this scrape read the ledger's database, 0 when it could not (refused, lost or not answering "
+    "within the scrape's bound): the series rendered from the ledger are then left out.",
+)
+
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
     BILLING_GPU_HOURS,
@@ -160,4 +170,5 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_JOB_LAST_DUE,
     BILLING_JOB_FAILURES,
     BILLING_REPORT_UNWRITTEN_FILES,
+    BILLING_LEDGER_UP,
 )

@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gpumeter.billing.ledger.base import ReportRunRecord, ServiceLedger
+from gpumeter.billing.ledger.base import LedgerError, ReportRunRecord, ServiceLedger
 from gpumeter.billing.ledger.orm import BillingLock, NamespaceTeam, ReportRun
-from gpumeter.billing.ledger.sqlalchemy.store import SqlStore, _stored
+from gpumeter.billing.ledger.sqlalchemy.store import SqlStore, _stored, one_line
 
 
 class SqlService(SqlStore, ServiceLedger):
@@ -110,7 +110,14 @@ class SqlService(SqlStore, ServiceLedger):
             )
             return taken.rowcount == 1
 
-    @_stored("release lock")
     def release_lock(self, name: str, holder: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(delete(BillingLock).where(BillingLock.name == name, BillingLock.holder == holder))
+        """One try, not retried (`_stored`'s 15 s): it is called as a job ends or the service stops,
+        when the database may be gone, and an unreleased row expires on its own. LedgerError when the
+        database refuses or is lost."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    delete(BillingLock).where(BillingLock.name == name, BillingLock.holder == holder)
+                )
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"{self.name}: release lock: {one_line(exc)}") from exc
