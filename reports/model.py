@@ -243,6 +243,7 @@ class UnpricedRow:
     model: str
     gpu_hours: Decimal
     gpus: int
+    cluster: str = ""  # in `Report.unpriced_by_cluster`: the cluster of its lines (empty elsewhere)
 
 
 @dataclass
@@ -391,12 +392,24 @@ class Report:
     gpus: dict[tuple[datetime, str, str], GpuBucket] | None = None
     # per cluster, what its lines cost (tenants and platform): empty where the store has no cluster
     # label, and then no report shows a cluster anywhere (their bytes are as before clusters)
+    # (a cluster whose GPUs are all unpriced too, costing nothing: its GPU-hours are in
+    # `unpriced_by_cluster`)
     clusters: list[tuple[str, Usage]] = field(default_factory=list)
     only_clusters: tuple[str, ...] = ()  # --cluster: the clusters the report was limited to
+    # the unpriced GPU-hours per (model, cluster), where the lines name clusters (else empty)
+    unpriced_by_cluster: list[UnpricedRow] = field(default_factory=list)
 
     @property
     def has_clusters(self) -> bool:
         return bool(self.clusters)
+
+    @property
+    def cluster_unpriced(self) -> dict[str, Decimal]:
+        """Per cluster, its unpriced GPU-hours (none: not in it)."""
+        out: dict[str, Decimal] = defaultdict(Decimal)
+        for row in self.unpriced_by_cluster:
+            out[row.cluster] += row.gpu_hours
+        return dict(out)
 
     @property
     def exponent(self) -> int:
@@ -632,6 +645,7 @@ def _build_report(
     pods = grouped.pods(tenant, top=top, shared=set(shared), group_key=grouping.key if by_group else None)
     platform: dict[str, Usage] = defaultdict(Usage, grouped.usage_by(platform_lines, ["kind"], Usage))
     unpriced: dict[str, tuple[Decimal, int]] = {}
+    unpriced_by_cluster: list[UnpricedRow] = []
     missing = frame[~frame["priced_line"]]
     if not missing.empty:
         hours = missing.groupby("model", sort=True)["quantity"].sum()
@@ -639,6 +653,21 @@ def _build_report(
         gpus = missing[["model", "cluster", "uuid"]].drop_duplicates().groupby("model").size()
         for model in hours.index:
             unpriced[model] = (Decimal(int(hours[model])) * frames.QUANTITY_UNIT, int(gpus[model]))
+        if (missing["cluster"] != "").any():  # lines naming clusters: each cluster's unpriced GPUs
+            keys = ["model", "cluster"]
+            in_cluster = missing.groupby(keys, sort=True, observed=True)["quantity"].sum()
+            gpus_in = (
+                missing[["model", "cluster", "uuid"]].drop_duplicates().groupby(keys, observed=True).size()
+            )
+            unpriced_by_cluster = [
+                UnpricedRow(
+                    str(model),
+                    Decimal(int(quantity)) * frames.QUANTITY_UNIT,
+                    int(gpus_in[(model, cluster)]),
+                    str(cluster),
+                )
+                for (model, cluster), quantity in in_cluster.items()
+            ]
     team_actual = grouped.money_by(tenant[tenant["team"] != ""], ["team"])
     del frame, priced, tenant, platform_lines, platform_daily, missing
 
@@ -762,8 +791,13 @@ def _build_report(
         billed_changes=billed_changes(ledger.audit_records(period.start, period.end), tuple(clusters)),
         splits=facts.splits,
         gpus=facts.gpus,
-        clusters=sorted(by_cluster.items(), key=lambda kv: (-kv[1].cost, kv[0])),
+        # a cluster whose GPUs are all unpriced is one too, costing nothing
+        clusters=sorted(
+            {**{u.cluster: Usage() for u in unpriced_by_cluster if u.cluster}, **by_cluster}.items(),
+            key=lambda kv: (-kv[1].cost, kv[0]),
+        ),
         only_clusters=tuple(clusters),
+        unpriced_by_cluster=unpriced_by_cluster,
     )
 
 

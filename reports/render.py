@@ -284,8 +284,19 @@ def report_dict(report: Report, pod_list: Callable[[list[tuple[str, str]]], Any]
     ``{"namespace", "pod"}``; `json_text` leaves a place for each list instead)."""
     out = _report_dict(report, pod_list or _pod_dicts)
     if report.has_clusters:  # a store without a cluster label: the document as before clusters
-        out["clusters"] = [{"cluster": name, **_usage(report, usage)} for name, usage in report.clusters]
+        # each cluster's unpriced GPU-hours beside its priced ones (a cluster of unpriced GPUs alone
+        # costs 0), and each unpriced entry per (model, cluster), naming its cluster
+        unpriced = report.cluster_unpriced
+        out["clusters"] = [
+            {"cluster": name, **_usage(report, usage), "unpriced_gpu_hours": _qty(unpriced.get(name, ZERO))}
+            for name, usage in report.clusters
+        ]
         out["only_clusters"] = list(report.only_clusters)
+        if report.unpriced_by_cluster:
+            out["unpriced"] = [
+                {"gpu_model": u.model, "cluster": u.cluster, "gpu_hours": _qty(u.gpu_hours), "gpus": u.gpus}
+                for u in report.unpriced_by_cluster
+            ]
     return out
 
 
