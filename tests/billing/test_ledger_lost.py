@@ -38,9 +38,7 @@ from gpumeter.billing.ledger.sqlalchemy import SqlLedger, make_engine
 from gpumeter.service import JOBS, build_app, hourly_ingest
 from tests.billing.conftest import PG_DSN, PG_URL, prometheus_holding
 from tests.billing.factories import H100, alloc, book, gpu_hour, write_book
-from tests.support import loopback
 from tests.support.cuttable import cuttable
-from tests.support.servers import AnswerHandler, answering
 
 pytestmark = pytest.mark.postgres
 
@@ -212,20 +210,6 @@ def _openmetrics() -> str:
     return "\n".join([*lines, "# EOF"]) + "\n"
 
 
-def _cutting_on_first_query(upstream: str, proxy) -> type[AnswerHandler]:
-    """Forwards every query to the real Prometheus; the first of the hour's own queries (after the
-    `vector(1)` probe) cuts the database first: the lock is held and the hour is being fetched."""
-
-    class Forward(AnswerHandler):
-        def answer(self) -> None:
-            if self.form.get("query") != "vector(1)":
-                proxy.cut()
-            reply = loopback.post(f"{upstream}{self.path}", data=self.form, timeout=60)
-            self.send_json(reply.content, reply.status_code)
-
-    return Forward
-
-
 @pytest.mark.prometheus
 def test_the_hourly_job_reports_the_failed_write_not_the_lock_release(pg_schema, tmp_path, monkeypatch, jobs):
     open_ledger(PG_URL, schema=pg_schema).close()
@@ -236,19 +220,27 @@ def test_the_hourly_job_reports_the_failed_write_not_the_lock_release(pg_schema,
     slept: list[float] = []
     opened: list[SqlLedger] = []
 
-    def open_recorded(url, *, schema=None):
-        ledger = SqlLedger(make_engine(url, schema=schema), sleep=slept.append)
-        opened.append(ledger)
-        return ledger
+    with prometheus_holding(_openmetrics(), tmp_path) as prometheus, cuttable(POSTGRES) as proxy:
 
-    monkeypatch.setattr(service, "open_ledger", open_recorded)
-    with (
-        prometheus_holding(_openmetrics(), tmp_path) as prometheus,
-        cuttable(POSTGRES) as proxy,
-        answering(_cutting_on_first_query(prometheus.url, proxy)) as url,
-    ):
+        class LostBeforeTheWrite(SqlLedger):
+            """The job's ledger: the database goes as the hour, fetched and priced, is written."""
+
+            def write_hour(self, record, **kwargs):
+                proxy.cut()
+                return super().write_hour(record, **kwargs)
+
+        def open_recorded(url, *, schema=None):
+            ledger = LostBeforeTheWrite(make_engine(url, schema=schema), sleep=slept.append)
+            opened.append(ledger)
+            return ledger
+
+        monkeypatch.setattr(service, "open_ledger", open_recorded)
         settings = Settings(
-            db=proxy.url(PG_URL), schema=pg_schema, prices=str(prices), prometheus=url, catchup_hours=1
+            db=proxy.url(PG_URL),
+            schema=pg_schema,
+            prices=str(prices),
+            prometheus=prometheus.url,
+            catchup_hours=1,
         )
         outcome = hourly_ingest(
             settings.as_dict(), now=H0 + timedelta(hours=1, minutes=5), holder="replica-1"
