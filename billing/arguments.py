@@ -241,4 +241,5 @@ def settings_from(args):
         workers=getattr(args, "workers", IngestConfig.workers) or min(2, usable_cpus()),
         utilization_tiers=getattr(args, "utilization_tiers", "report"),
         cluster_label=getattr(args, "cluster_label", defaults.cluster_label),
+        drop_missing_clusters=getattr(args, "drop_missing_clusters", False),
     )

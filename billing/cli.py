@@ -53,6 +53,12 @@ def register(subparsers):
     ingest.set_defaults(func=cmd_ingest)
 
     ingest.add_argument("--reason", default="", help="why, kept in the audit of any billed hour this changes")
+    ingest.add_argument(
+        "--drop-missing-clusters",
+        action="store_true",
+        help="replace an already-billed hour even where a cluster billed in it has no series now, its lines "
+        "going (a renamed cluster label); by default such an hour is kept as billed and the run fails",
+    )
 
     price = sub.add_parser(
         "price",

@@ -44,6 +44,8 @@ class Settings:
     max_answer_mib: int = MAX_ANSWER_BYTES >> 20  # MiB one answer may hold; a larger one is refused
     # the label naming each series' cluster in a global store (docs/billing.md §2.3)
     cluster_label: str = os.environ.get("GPUMETER_CLUSTER_LABEL", IngestConfig.cluster_label)
+    # `billing ingest --drop-missing-clusters`: replace an hour even where a cluster billed in it is gone
+    drop_missing_clusters: bool = IngestConfig.drop_missing_clusters
     # Prometheus authentication (docs/security.md): paths of files holding the secrets, never the
     # secrets themselves, so neither the job store nor a log line ever holds one
     prometheus_bearer_token_file: str | None = os.environ.get("GPUMETER_PROMETHEUS_BEARER_TOKEN_FILE")
@@ -71,6 +73,7 @@ class Settings:
             deadline=self.deadline,
             teams=load_team_map(self.teams_file) if self.teams_file else {},
             cluster_label=self.cluster_label,
+            drop_missing_clusters=self.drop_missing_clusters,
         )
 
     def auth(self) -> Auth:

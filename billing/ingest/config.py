@@ -36,6 +36,9 @@ class IngestConfig:
     # the label a global store's series name their cluster by (docs/billing.md §2.3); a store whose
     # series carry none is one cluster, billed as before
     cluster_label: str = contract.CLUSTER_LABEL
+    # re-ingest an hour even where a cluster billed in it before has no series now, its lines going
+    # (a cluster's label renamed); by default such an hour is kept as billed (docs/billing.md §2.3)
+    drop_missing_clusters: bool = False
 
 
 @dataclass

@@ -3,6 +3,7 @@ answers, one cluster at a time where the store holds several (docs/billing.md §
 
 from __future__ import annotations
 
+import itertools
 import logging
 from datetime import datetime
 
@@ -176,6 +177,16 @@ class RunAnswers:
                 for i, value in enumerate(values):
                     if value is not None:
                         self.teams[i][namespace] = team
+
+    def clusters_by_hour(self) -> list[set[str]]:
+        """Per hour of the run, {its cluster} where it has any GPU or allocation sample then, else
+        empty: where a global store's cluster went missing (`runs.cluster_gaps`)."""
+        absent = set(range(len(self.hours)))
+        for values in itertools.chain((v for _, v in self.devices), (a[0] for a in self.allocations)):
+            if not absent:  # a steady fleet: the first GPU's series covers every hour
+                break
+            absent.difference_update([i for i in absent if values[i] is not None])
+        return [set() if i in absent else {self.cluster} for i in range(len(self.hours))]
 
     def refused_at(self, index: int) -> list[tuple[str, str, str]]:
         """The run's ``index``-th hour's refused GPU-hours: (their cluster, uuid, why)."""
@@ -453,6 +464,11 @@ class ClusterAnswers:
             built += gpu_hours
             teams.update((f"{cluster}/{ns}" if cluster else ns, team) for ns, team in kube_teams.items())
         return built, teams
+
+    def clusters_by_hour(self) -> list[set[str]]:
+        """Per hour of the run, the clusters with any GPU or allocation sample then."""
+        present = {cluster: part.clusters_by_hour() for cluster, part in self.parts.items()}
+        return [set().union(*(hours[i] for hours in present.values())) for i in range(len(self.hours))]
 
     def refused_at(self, index: int) -> list[tuple[str, str, str]]:
         """The run's ``index``-th hour's refused GPU-hours of every cluster: (cluster, uuid, why)."""

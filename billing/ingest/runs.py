@@ -3,6 +3,7 @@ asked while the run before is built, priced and written, every hour its own tran
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Iterable
@@ -87,9 +88,24 @@ def _ingest_one(client, ledger: Ledger, pricer: Pricer, hour: datetime, config, 
         _record_empty(ledger, hour, client.base_url, started, result)
         return
     try:
-        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result)
+        billed = None if config.drop_missing_clusters else ledger.billed_clusters(hour, hour + HOUR).get(hour)
+        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result, billed)
     except LedgerError as exc:
         _write_failed(ledger, hour, exc, client.base_url, started, result)
+
+
+def cluster_gaps(present: list[set[str]]) -> list[tuple[str, ...]]:
+    """Per hour of a run, the clusters with no series that hour though they have some in an hour
+    before it and one after it in the run: a store that answered without them (a remote write
+    behind, one store of a federation down), not a cluster that came or went (docs/billing.md §2.3)."""
+    after: list[set[str]] = [set() for _ in present]
+    for i in range(len(present) - 2, -1, -1):
+        after[i] = after[i + 1] | present[i + 1]
+    gaps, before = [], set()
+    for i, here in enumerate(present):
+        gaps.append(tuple(sorted((before & after[i]) - here)))
+        before |= here
+    return gaps
 
 
 MAX_RUN_HOURS = 744  # a 31-day month; Prometheus answers at most 11,000 steps a series
@@ -249,6 +265,11 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                     answers = intervals = None
                 # the next run's requests, sized by this run's series, answered while its hours are built
                 pending = submit(_run_hours(config, asked, series))
+                if answers is not None:  # what each hour held before, and which clusters went missing
+                    billed = (
+                        {} if config.drop_missing_clusters else ledger.billed_clusters(run[0], run[-1] + HOUR)
+                    )
+                    gaps = cluster_gaps(answers.clusters_by_hour())
                 for index, hour in enumerate(run):
                     if stop_here():
                         return result
@@ -278,9 +299,20 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
                         _record_empty(ledger, hour, client.base_url, started, result)
                         tick()
                         continue
+                    if gaps[index]:
+                        record = dataclasses.replace(record, missing_clusters=gaps[index])
                     known_teams.update(kube_teams)
                     try:
-                        _write_priced(ledger, record, kube_teams, client.base_url, started, unpriced, result)
+                        _write_priced(
+                            ledger,
+                            record,
+                            kube_teams,
+                            client.base_url,
+                            started,
+                            unpriced,
+                            result,
+                            billed.get(hour),
+                        )
                     except LedgerError as exc:  # recorded as failed: the range stops here
                         _write_failed(ledger, hour, exc, client.base_url, started, result)
                         return result

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from gpumeter import contract
 from gpumeter.billing.ingest.config import IngestResult, failures
-from gpumeter.billing.ledger.base import HourRecord, Ledger, LedgerError
+from gpumeter.billing.ledger.base import HourRecord, Ledger, LedgerError, missing_clusters_text
 from gpumeter.billing.models import (
     HOUR,
 )
@@ -23,21 +23,47 @@ def _write_hour(ledger: Ledger, record: HourRecord, kube_teams, source: str, sta
 
 
 def _write_priced(
-    ledger: Ledger, record: HourRecord, kube_teams, source: str, started: datetime, unpriced: int, result
+    ledger: Ledger,
+    record: HourRecord,
+    kube_teams,
+    source: str,
+    started: datetime,
+    unpriced: int,
+    result,
+    billed_before: set[str] | None = None,
 ) -> None:
-    """Write the hour, unless a reading of it was refused and the ledger holds it billed already: a
-    refused reading never takes away what an earlier ingest billed (the attempt is recorded failed)."""
-    if record.refused and ledger.ingested_hours(record.hour, record.hour + HOUR):
+    """Write the hour, unless the ledger holds it billed already and the write would take away what
+    was billed: a refused reading, or a cluster billed before (``billed_before``: the clusters of its
+    stored GPU-hours, or None for a hour whose writer allows dropping them) with no series now. The
+    attempt is then recorded failed, and the hour stays as billed."""
+    dropped = sorted(billed_before - _clusters_of(record)) if billed_before else []
+    if dropped:
+        reason = (
+            f"cluster(s) {', '.join(dropped)}: billed in this hour before, but the store has no GPU or "
+            "allocation series of them now (their retention ended, or the store answered without them); "
+            "the hour as billed before is kept (--drop-missing-clusters replaces it)"
+        )
+    elif record.refused and ledger.ingested_hours(record.hour, record.hour + HOUR):
         reason = refusal_text(record.refused) + "; the hour as billed before is kept"
-        failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
-        ledger.record_failure(record.hour, reason, source=source, started_at=started)
-        result.refused.append((record.hour, reason))
+    else:
+        _write_hour(ledger, record, kube_teams, source, started)
+        _count_written(record, unpriced, result)
         return
-    _write_hour(ledger, record, kube_teams, source, started)
-    _count_written(record, unpriced, result)
+    failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
+    ledger.record_failure(record.hour, reason, source=source, started_at=started)
+    result.refused.append((record.hour, reason))
+
+
+def _clusters_of(record: HourRecord) -> set[str]:
+    """The clusters the hour's answers had GPU-hours of, refused ones included."""
+    return {gh.device.cluster for gh in record.gpu_hours} | {cluster for cluster, _, _ in record.refused}
 
 
 def _count_written(record: HourRecord, unpriced: int, result: IngestResult) -> None:
+    if record.missing_clusters:
+        reason = missing_clusters_text(record.missing_clusters) + "; catch-up retries the hour"
+        failures.error("ingest of %s: %s", record.hour.isoformat(), reason)
+        result.refused.append((record.hour, reason))
     if record.refused:
         reason = refusal_text(record.refused) + "; the rest of the hour is billed and catch-up retries it"
         failures.error("ingest of %s: %s", record.hour.isoformat(), reason)

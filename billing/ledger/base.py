@@ -184,6 +184,9 @@ class HourRecord:
     # GPU-hours left out because a reading of theirs was refused, (cluster, uuid, why): the run is recorded
     # "partial", they are stored (`Ledger.refused_gpu_hours`), and catch-up retries the hour
     refused: tuple[tuple[str, str, str], ...] = ()
+    # clusters with no series this hour though the run has them in an hour before and one after (a
+    # store that answered without them): the run is recorded "partial", and catch-up retries the hour
+    missing_clusters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,13 +354,25 @@ class RefusedGpuHour:
 
 def run_status(record: HourRecord) -> tuple[str, str | None]:
     """The ingest run's status and error text for a written hour."""
-    if record.refused:
-        shown = "; ".join(f"{f'{c}/' if c else ''}{uuid}: {why}" for c, uuid, why in record.refused)
-        text = f"{len(record.refused)} GPU-hour(s) refused, not billed: {shown}"
-        return contract.INGEST_PARTIAL, "; ".join((text, *record.warnings))[:4000]
+    if record.refused or record.missing_clusters:
+        texts = []
+        if record.missing_clusters:
+            texts.append(missing_clusters_text(record.missing_clusters))
+        if record.refused:
+            shown = "; ".join(f"{f'{c}/' if c else ''}{uuid}: {why}" for c, uuid, why in record.refused)
+            texts.append(f"{len(record.refused)} GPU-hour(s) refused, not billed: {shown}")
+        return contract.INGEST_PARTIAL, "; ".join((*texts, *record.warnings))[:4000]
     if record.warnings:
         return contract.INGEST_SUSPECT, "; ".join(record.warnings)[:4000]
     return contract.INGEST_OK, None
+
+
+def missing_clusters_text(clusters: Sequence[str]) -> str:
+    """Why an hour written without some clusters is partial (`HourRecord.missing_clusters`)."""
+    return (
+        f"cluster(s) {', '.join(clusters)}: no GPU or allocation series this hour, though the store has "
+        "them in the hours before and after it; not billed for them yet"
+    )
 
 
 @dataclass(frozen=True)
@@ -427,6 +442,11 @@ class IngestLedger(LedgerStore):
     @abc.abstractmethod
     def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
         """Hours in [start, end) with a successful ingest run (status in contract.INGEST_DONE)."""
+
+    @abc.abstractmethod
+    def billed_clusters(self, start: datetime, end: datetime) -> dict[datetime, set[str]]:
+        """Per hour of [start, end) with stored GPU-hours, the clusters they are in ("" where the store
+        had no cluster label): what a re-ingest must not drop unnoticed (docs/billing.md §2.3)."""
 
     @contextlib.contextmanager
     def serialised(self, *, shared: bool) -> Iterator[bool]:

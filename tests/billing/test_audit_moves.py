@@ -80,6 +80,8 @@ def test_one_cluster_gone_from_a_billed_hour_is_audited_at_zero(ledger, tmp_path
     """West's GPU-hour dropped by a re-ingest (its series gone): west 1.50 -> 0, east unchanged."""
     three = book(tmp_path, {"A100-40GB": {"hourly_rate": "3.00"}})
     _write(ledger, three, 3600, 1800)
+    # what an ingest reads before replacing an hour (tests/billing/test_cluster_gaps.py)
+    assert ledger.billed_clusters(HOUR0, HOUR0 + timedelta(hours=2)) == {HOUR0: {"east", "west"}}
     gpus = [_gpu("east", 3600)]
     ledger.write_hour(HourRecord(HOUR0, gpus, price_gpu_hour(gpus[0], three).lines, three))
     assert _changes(ledger) == [("west", D("1.50"), D("0"))]

@@ -114,3 +114,11 @@ class MemoryWrites(MemoryStore, IngestLedger):
     def ingested_hours(self, start: datetime, end: datetime) -> set[datetime]:
         with self._guard:
             return {r.hour for r in self._runs if r.status in contract.INGEST_DONE and start <= r.hour < end}
+
+    def billed_clusters(self, start: datetime, end: datetime) -> dict[datetime, set[str]]:
+        with self._guard:
+            return {
+                hour: {gh.device.cluster for gh in facts}
+                for hour, facts in self._facts.items()
+                if facts and start <= hour < end
+            }

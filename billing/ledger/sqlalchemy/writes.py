@@ -306,6 +306,18 @@ class SqlWrites(SqlHourRows, IngestLedger):
             )
             return set(rows)
 
+    @_stored("read billed clusters")
+    def billed_clusters(self, start: datetime, end: datetime) -> dict[datetime, set[str]]:
+        g = GpuHourRow
+        with Session(self.engine) as session:
+            rows = session.execute(
+                select(g.hour, g.cluster).where(g.hour >= start, g.hour < end).group_by(g.hour, g.cluster)
+            )
+            found: dict[datetime, set[str]] = {}
+            for hour, cluster in rows:
+                found.setdefault(hour if hour.tzinfo else hour.replace(tzinfo=UTC), set()).add(cluster or "")
+            return found
+
     @contextlib.contextmanager
     def serialised(self, *, shared: bool) -> Iterator[bool]:
         """PostgreSQL: a session advisory lock, shared by ingests, exclusive for a re-price, held on
