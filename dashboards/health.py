@@ -208,7 +208,18 @@ PANELS: tuple[Section | Panel, ...] = (
         thresholds=UP_STEPS,
         kind=STAT,
         mappings=UP_DOWN,
-        w=6,
+        w=3,
+        h=5,
+    ),
+    Panel(
+        "Ledger readable",
+        Query(f"min({contract.BILLING_LEDGER_UP.name})"),
+        thresholds=UP_STEPS,
+        kind=STAT,
+        mappings=UP_DOWN,
+        description="Whether each billing replica could read its ledger at the last scrape: 0 while the "
+        "database is lost (GpumeterBillingLedgerUnreadable after 10 minutes).",
+        w=3,
         h=5,
     ),
     Panel(
