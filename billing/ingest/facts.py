@@ -21,6 +21,7 @@ from gpumeter.billing.ingest.config import IngestConfig
 from gpumeter.billing.ingest.intervals import (
     ASSUMED_INTERVAL,
     HourIntervals,
+    mismatch_text,
     seconds_from_count,
 )
 from gpumeter.billing.ingest.labels import (
@@ -210,6 +211,15 @@ class RunAnswers:
             intervals = HourIntervals({}, config.scrape_interval or ASSUMED_INTERVAL)
         if problems is not None:
             problems.extend(intervals.problems)
+        if intervals.mismatched:
+            # this cluster's exporters disagree with --scrape-interval: all of its GPU-hours are refused
+            # (one not seen steady would be billed at the wrong interval), the other clusters' billed
+            why, refused = mismatch_text(intervals.mismatched), self.refused[i]
+            for found, values in self.devices:
+                if values[i] is not None:
+                    refused.setdefault(found[0], why)
+            self._built = None  # the next hour is built in full
+            return [], dict(self.teams[i])
 
         by_host, fleet = intervals.by_host, intervals.fleet
         # (count, host) -> (seconds, the interval when the count is more than an hour holds at it,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gpumeter import contract
@@ -49,6 +49,9 @@ class HourIntervals:
     by_host: dict[str, float]
     fleet: float
     problems: tuple[str, ...] = ()  # what makes the hour doubtful (suspect) or, given an interval, refused
+    # given an interval: the exporters whose samples show another, and why; their GPU-hours are refused
+    # (`RunAnswers.build`), the rest of the hour billed
+    mismatched: dict[str, str] = field(default_factory=dict)
 
     def of(self, host: str) -> float:
         return self.by_host.get(host, self.fleet)
@@ -57,15 +60,25 @@ class HourIntervals:
         """One cluster's intervals, from a store's counted per cluster (`query_intervals`, hosts named
         ``cluster/host``): two clusters' nodes of one name are two exporters. Counted per hostname
         alone, the same for every cluster."""
-        if not any("/" in host for host in self.by_host):
+        if not any("/" in host for host in (*self.by_host, *self.mismatched)):
             return self
         prefix = f"{cluster}/"
-        own = {
-            host.removeprefix(prefix): seconds
-            for host, seconds in self.by_host.items()
-            if (host.startswith(prefix) if cluster else "/" not in host)
-        }
-        return HourIntervals(own, self.fleet, self.problems)
+
+        def own(by_host: dict) -> dict:
+            return {
+                host.removeprefix(prefix): value
+                for host, value in by_host.items()
+                if (host.startswith(prefix) if cluster else "/" not in host)
+            }
+
+        return HourIntervals(own(self.by_host), self.fleet, self.problems, own(self.mismatched))
+
+
+def mismatch_text(mismatched: dict[str, str], shown: int = 3) -> str:
+    """Why a cluster's GPU-hours are refused where its exporters disagree with the interval given."""
+    texts = [mismatched[host] for host in sorted(mismatched)]
+    more = f"; and {len(texts) - shown} more" if len(texts) > shown else ""
+    return "samples disagree with the scrape interval given: " + "; ".join(texts[:shown]) + more
 
 
 def seconds_from_count(count: float, config: IngestConfig, interval: float | None = None) -> int:
@@ -131,14 +144,14 @@ def detect_intervals(
                     f"{host or '(no hostname)'}: scrape interval changed from {found[before]:g} s "
                     f"to {found[after]:g} s around this hour; {detected[host]:g} s used"
                 )
-        if config.scrape_interval > 0:
+        if config.scrape_interval > 0:  # each exporter that disagrees costs its own GPU-hours only
             given = config.scrape_interval
-            mismatches = tuple(
-                f"{host or '(no hostname)'}: samples every {interval:g} s, but --scrape-interval is {given:g} s"
+            mismatched = {
+                host: f"{host or '(no hostname)'}: samples every {interval:g} s, but --scrape-interval is {given:g} s"
                 for host, interval in detected.items()
                 if not _near(interval, given)
-            )
-            out[hour] = HourIntervals({}, given, mismatches)
+            }
+            out[hour] = HourIntervals({}, given, (), mismatched)
             continue
         problems = changes
         if detected:

@@ -48,14 +48,14 @@ def prices(tmp_path_factory):
     )
 
 
-def _history(cluster: str, spans: list[tuple[int, int]]) -> str:
+def _history(cluster: str, spans: list[tuple[int, int]], step: int = STEP) -> str:
     """``cluster``'s history over the hour spans given, labelled with its cluster."""
     out = StringIO()
     fleet = parse_fleet(FLEETS[cluster], source=f"<{cluster}>")
     start = START.timestamp()
     for first, end in spans:
         write_history(
-            [fleet], start + first * 3600, start + end * 3600, STEP, out, processes=False, cluster=cluster
+            [fleet], start + first * 3600, start + end * 3600, step, out, processes=False, cluster=cluster
         )
     return out.getvalue().replace("# EOF\n", "") + "# EOF\n"
 
@@ -154,4 +154,26 @@ def test_a_re_ingest_never_drops_a_billed_cluster_unless_told(prices, tmp_path, 
         assert len(ledger.audit_records()) == 24
     finally:
         east_only.stop()
+        ledger.close()
+
+
+def test_a_scrape_interval_one_cluster_contradicts_costs_that_clusters_gpu_hours(prices, tmp_path):
+    """--scrape-interval 1200 where west's exporter was scraped every 600 s: west's GPU-hours are
+    refused, each hour recorded partial naming west's node, and east is billed its 72.00. Before, every
+    hour of both clusters was refused."""
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    texts = [_history("east", [(0, 24)]), _history("west", [(0, 24)], step=600)]
+    store = _serve("prometheus", _one_store(texts), tmp_path / "store")
+    try:
+        result = _ingest(store, ledger, prices, DAY, scrape_interval=1200)
+        assert result.ingested == DAY and result.failed == [] and [h for h, _ in result.refused] == DAY
+        assert _billed(ledger) == {"east": D("72.00")}
+        refused = ledger.refused_gpu_hours(DAY[0], DAY[-1] + timedelta(hours=1))
+        assert {(r.cluster, r.hour) for r in refused} == {("west", hour) for hour in DAY}
+        assert {r.reason for r in refused} == {
+            "samples disagree with the scrape interval given: west/gpu-01: samples every 600 s, but "
+            "--scrape-interval is 1200 s"
+        }
+    finally:
+        store.stop()
         ledger.close()

@@ -153,9 +153,12 @@ def test_every_scrape_interval_bills_the_same_without_the_flag(tmp_path, book, c
 
 @pytest.mark.prometheus
 def test_a_given_interval_the_samples_contradict_is_refused(tmp_path, book, capsys):
-    """--scrape-interval 30 over data scraped every 60 s would bill half of every GPU: every hour is
-    refused on its own (one hour's refusal never stops the next, docs/billing.md), each recorded failed
-    with the reason, and nothing is written."""
+    """--scrape-interval 30 over data scraped every 60 s would bill half of every GPU: every GPU-hour
+    of the cluster is refused, each hour on its own (one hour's refusal never stops the next,
+    docs/billing.md), recorded partial with the reason, and nothing is billed. node-2, which joined at
+    2:15, is never steady enough to show its interval, and is refused with its cluster: billed at 30 s
+    it would have been billed half. (A global store's other clusters are billed:
+    tests/billing/test_cluster_gaps.py.)"""
     with PrometheusServer(tmp_path / "prom", data_dir=_backfill(tmp_path, 60)) as prometheus:
         assert _ingest(tmp_path, prometheus, book, "--scrape-interval", "30") == 1
     err = capsys.readouterr().err
@@ -164,11 +167,20 @@ def test_a_given_interval_the_samples_contradict_is_refused(tmp_path, book, caps
     try:
         runs = ledger.ingest_runs(H0, H0 + timedelta(hours=HOURS))
         assert ledger.counts()["cost_lines"] == 0
+        refused = ledger.refused_gpu_hours(H0, H0 + timedelta(hours=HOURS))
     finally:
         ledger.close()
     assert [(run.hour, run.status) for run in runs] == [
-        (H0 + timedelta(hours=h), "failed") for h in range(HOURS)
+        (H0 + timedelta(hours=h), "partial") for h in range(HOURS)
     ]
+    # GPU-a and GPU-b every hour, GPU-c from 2:15: 2 + 2 + 3 + 3 + 3
+    assert sorted((r.hour.hour, r.uuid) for r in refused) == sorted(
+        [(h, u) for h in range(HOURS) for u in ("GPU-a", "GPU-b")] + [(h, "GPU-c") for h in (2, 3, 4)]
+    )
+    assert {r.reason for r in refused} == {
+        "samples disagree with the scrape interval given: node-1: samples every 60 s, but "
+        "--scrape-interval is 30 s"
+    }
 
 
 @pytest.mark.prometheus
