@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -21,8 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from gpumeter import contract
 from gpumeter.billing.budget import TeamMonth, team_months
 from gpumeter.billing.config import Budget
+from gpumeter.billing.ingest.config import IngestConfig
 from gpumeter.billing.ledger.base import Ledger, LedgerError, LedgerSummary, RefusedGpuHour
-from gpumeter.billing.models import PLATFORM_KINDS
+from gpumeter.billing.models import PLATFORM_KINDS, hour_floor, hours_between
 
 __all__ = ["SCRAPE_READ_SECONDS", "BillingCollector", "ScrapeReads", "family"]
 
@@ -91,6 +92,7 @@ class _Read:
     summary: LedgerSummary
     refused: list[RefusedGpuHour]
     months: list[TeamMonth]
+    unbilled: dict[str, int]  # the catch-up window's hours without a successful ingest, by latest status
 
 
 class BillingCollector:
@@ -105,8 +107,10 @@ class BillingCollector:
         budgets: Mapping[str, Budget] | None = None,
         cluster_label: str = contract.CLUSTER_LABEL,
         reads: ScrapeReads | None = None,
+        catchup_hours: int = IngestConfig.catchup_hours,
     ):
         self.ledger, self.clock, self.budgets = ledger, clock, dict(budgets or {})
+        self.catchup_hours = catchup_hours  # the window of contract.BILLING_UNBILLED_HOURS
         # the cost series name their lines' cluster by the store's own label (docs/billing.md §2.3),
         # so a dashboard's cluster variable selects billing's series as it does the exporter's
         self.cluster_label = cluster_label
@@ -135,7 +139,26 @@ class BillingCollector:
         summary = ledger.summary()
         refused = ledger.refused_gpu_hours()
         months = team_months(ledger, self.budgets, self.clock(), summary.last_success)
-        return _Read(summary, refused, months)
+        return _Read(summary, refused, months, self._unbilled(ledger))
+
+    def _unbilled(self, ledger: Ledger) -> dict[str, int]:
+        """The hours catch-up would ingest now (`missing_hours`), counted by their latest run's status."""
+        end = hour_floor(self.clock() - IngestConfig.settle)
+        start = end - timedelta(hours=self.catchup_hours)
+        latest: dict[datetime, str] = {}
+        done: set[datetime] = set()
+        for run in ledger.ingest_runs(start, end):  # oldest first: the last one of an hour is its latest
+            latest[run.hour] = run.status
+            if run.status in contract.INGEST_DONE:
+                done.add(run.hour)
+        counts = dict.fromkeys(
+            (contract.INGEST_FAILED, contract.INGEST_PARTIAL, contract.INGEST_EMPTY, "none"), 0
+        )
+        for hour in hours_between(start, end):
+            if hour not in done:
+                status = latest.get(hour, "none")
+                counts[status] = counts.get(status, 0) + 1
+        return counts
 
     def _render(self, read: _Read) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         summary = read.summary
@@ -175,6 +198,10 @@ class BillingCollector:
         for status, count in sorted(summary.runs.items()):
             runs.add_metric([status], count)
         yield runs
+        unbilled = family(contract.BILLING_UNBILLED_HOURS)
+        for status, count in sorted(read.unbilled.items()):
+            unbilled.add_metric([status], float(count))
+        yield unbilled
         if summary.last_success is not None:
             last = family(contract.BILLING_LAST_SUCCESS)
             last.add_metric([], summary.last_success.timestamp())

@@ -296,6 +296,15 @@ PANELS: tuple[Section | Panel, ...] = (
         h=5,
     ),
     Panel(
+        "Unbilled hours in the catch-up window",
+        Query(f"max by (status) ({contract.BILLING_UNBILLED_HOURS.name})", "{{status}}"),
+        unit="h",
+        description="Closed hours no ingest has billed yet, by their latest run's status (none: never "
+        "run). Catch-up retries them hourly until they leave the window; failed or partial ones still "
+        "there after 3 hours fire GpumeterBillingHoursUnbilled.",
+        h=6,
+    ),
+    Panel(
         "Refused GPU-hours",
         Query(contract.BILLING_REFUSED_GPU_HOURS.name, "refused"),
         unit="h",

@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpumeter import contract, web
 from gpumeter.billing import cli as billing_cli
 from gpumeter.billing.config import Budget, ConfigError, Settings, load_budgets
-from gpumeter.billing.ingest import catch_up
+from gpumeter.billing.ingest import IngestConfig, catch_up
 from gpumeter.billing.ledger import Ledger, LockNotAcquired, open_ledger
 from gpumeter.billing.ledger.base import Actor, LedgerError, ServiceLedger
 from gpumeter.billing.ledger.sqlalchemy import SqlLedger, create_table, one_line
@@ -280,6 +280,7 @@ def build_app(
     ready: threading.Event | None = None,
     cluster_label: str = contract.CLUSTER_LABEL,
     read_seconds: float = SCRAPE_READ_SECONDS,
+    catchup_hours: int = IngestConfig.catchup_hours,
 ):
     """WSGI app: /metrics from the ledger (and the teams' budgets), /healthz checks the database
     answers. ``ready``: until it is set, /healthz answers 503 "starting" (serve sets it once the
@@ -289,7 +290,7 @@ def build_app(
     registry = CollectorRegistry(auto_describe=False)
     clock = clock or (lambda: datetime.now(UTC))
     reads = ScrapeReads(ledger, read_seconds)
-    registry.register(BillingCollector(ledger, clock, budgets, cluster_label, reads))
+    registry.register(BillingCollector(ledger, clock, budgets, cluster_label, reads, catchup_hours))
     registry.register(JobCollector(JOBS, ledger, clock, reads))
     metrics = make_wsgi_app(registry)
 
@@ -400,7 +401,9 @@ def serve(
     ready = threading.Event()
     try:
         server = web.serve(
-            build_app(ledger, clock, budgets, ready, settings.cluster_label),
+            build_app(
+                ledger, clock, budgets, ready, settings.cluster_label, catchup_hours=settings.catchup_hours
+            ),
             listen,
             web_settings,
             name="billing",

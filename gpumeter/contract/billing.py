@@ -154,6 +154,18 @@ BILLING_LEDGER_UP = _billing(
     "within the scrape's bound): the series rendered from the ledger are then left out.",
 )
 
+# The closed hours of the catch-up window that no ingest has billed, by their latest run's status
+# (failed, partial, empty; none: never run). Catch-up retries them; one still here when it leaves
+# the window is never retried again, so a failed or partial hour that stays is a hole in the bill.
+BILLING_UNBILLED_HOURS = _billing(
+    "gpumeter_billing_unbilled_hours",
+    G,
+    "hours",
+    "Closed hours of the catch-up window without a successful ingest, by their latest run's status "
+    "(none: never run): catch-up retries them until they leave the window.",
+    STATUS,
+)
+
 BILLING_SERIES: tuple[Series, ...] = (
     BILLING_COST,
     BILLING_GPU_HOURS,
@@ -171,4 +183,5 @@ BILLING_SERIES: tuple[Series, ...] = (
     BILLING_JOB_FAILURES,
     BILLING_REPORT_UNWRITTEN_FILES,
     BILLING_LEDGER_UP,
+    BILLING_UNBILLED_HOURS,
 )
