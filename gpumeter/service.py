@@ -254,7 +254,7 @@ def monthly_report(settings: dict, report: dict | None = None, now: datetime | N
     Each report's success or failure goes to JOBS (/metrics); a failure is logged, not raised."""
     now = now or datetime.now(UTC)
     try:
-        outcome = run_monthly(settings, report, now)
+        outcome = run_monthly(settings, report, now, holder_id())
     except Exception:  # before either report could start (the ledger cannot be opened)
         for kind in _listed_kinds(report):
             JOBS.failed(f"{kind}_report")

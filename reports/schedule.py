@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -130,6 +131,10 @@ def _listed(setting: str) -> list[str]:
     return [item.strip() for item in setting.split(",") if item.strip()]
 
 
+# the ledger's lock row the monthly job holds (`billing serve`'s ingest holds "ingest")
+REPORT_LOCK = "report"
+
+
 @dataclass(frozen=True)
 class MonthlyOutcome:
     """What the monthly job did: its one-line message, and the reports that failed with why
@@ -141,62 +146,120 @@ class MonthlyOutcome:
     unwritten: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per failed report: its files
 
 
-def run_monthly(settings: dict, schedule: dict | None = None, now: datetime | None = None) -> MonthlyOutcome:
+def run_monthly(
+    settings: dict, schedule: dict | None = None, now: datetime | None = None, holder: str | None = None
+) -> MonthlyOutcome:
     """Render last month (relative to ``now``) for every configured grouping; record each run. Each
     report is attempted whatever happened to the other: a chargeback that fails does not keep the
-    fleet-health report from being written, and each failure is logged and returned."""
-    from gpumeter.billing.config import load_budgets
+    fleet-health report from being written, and each failure is logged and returned.
+
+    The ledger's report lock is held throughout (``holder``: this replica), and a report a scheduled
+    run already rendered for the month into the same folder is not rendered again: two replicas of
+    `billing serve` both run the job, and both used to render and record the month into the one
+    shared folder, at once."""
     from gpumeter.billing.ledger import open_ledger
-    from gpumeter.reports.model import Grouping, last_month
-    from gpumeter.reports.render import RenderOptions
-    from gpumeter.reports.run import generate, load_labels
+    from gpumeter.billing.ledger.base import LockNotAcquired
+    from gpumeter.reports.model import last_month
 
     cfg = ReportSchedule(**(schedule or {}))
     now = now or datetime.now(UTC)
     period = last_month(now)
+    ledger = open_ledger(settings["db"], schema=settings.get("schema"))
+    try:
+        with ledger.lock(REPORT_LOCK, holder or f"{socket.gethostname()}:{os.getpid()}", now):
+            return _render_month(settings, cfg, ledger, period, now)
+    except LockNotAcquired:
+        message = f"skipped {period.label}: another replica is rendering the monthly reports"
+        log.info("monthly report: %s", message)
+        return MonthlyOutcome(message, (), {})
+    finally:
+        ledger.close()
+
+
+def _rendered(ledger, period, groupings: list[str], out_dir: Path) -> set[str]:
+    """The reports of ``period`` a scheduled run rendered into ``out_dir`` and recorded already
+    (contract.BILLING_JOBS names): the chargeback once every grouping has one, the health report once
+    it has one."""
+    folder = str(out_dir.resolve())
+    done = {
+        run.grouping
+        for run in ledger.report_runs(period.start)
+        if run.trigger == "schedule"
+        and run.status == "ok"
+        and run.period_end == period.end
+        and run.out_dir == folder
+    }
+    tasks = {"health_report"} if "health" in done else set()
+    if groupings and all(by in done for by in groupings):
+        tasks.add("chargeback_report")
+    return tasks
+
+
+def _grouping_names(by: str) -> list[str]:
+    """The names the configured groupings' runs are recorded under (none where one does not parse:
+    the chargeback then runs, and says why it fails)."""
+    from gpumeter.reports.model import Grouping, ReportError
+
+    try:
+        return [Grouping.parse(text).name for text in _listed(by)]
+    except ReportError:
+        return []
+
+
+def _render_month(settings: dict, cfg: ReportSchedule, ledger, period, now: datetime) -> MonthlyOutcome:
+    from gpumeter.billing.config import load_budgets
+    from gpumeter.reports.model import Grouping
+    from gpumeter.reports.render import RenderOptions
+    from gpumeter.reports.run import generate, load_labels
+
     formats = tuple(_listed(cfg.formats))
     out_dir = Path(cfg.out_dir) / period.label
     kinds = set(_listed(cfg.kinds))
     written, succeeded, failed = 0, [], {}
     unwritten: dict[str, tuple[str, ...]] = {}
-    ledger = open_ledger(settings["db"], schema=settings.get("schema"))
-    try:
-        if "chargeback" in kinds:
-            try:
-                labels = load_labels(cfg.labels) if cfg.labels else {}
-                # the billing service's team map file holds the teams' budgets: the report shows them
-                budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
-                for by in _listed(cfg.by):
-                    result = generate(
-                        ledger,
-                        period,
-                        Grouping.parse(by, labels),
-                        formats,
-                        out_dir,
-                        trigger="schedule",
-                        options=RenderOptions(generated_at=now),
-                        now=now,
-                        budgets=budgets,
-                    )
-                    written += len(result.files)
-                succeeded.append("chargeback_report")
-            except (
-                Exception
-            ) as exc:  # any failure: logged with its traceback, counted, the health report still tried
-                failed["chargeback_report"] = _failure(exc, "chargeback_report", unwritten)
-                written += len(getattr(exc, "written", ()))
-                _log_failure(exc, "chargeback", period.label)
-        if "health" in kinds:
-            try:
-                written += _health(settings, ledger, period, formats, out_dir, now, cfg.spare_policy)
-                succeeded.append("health_report")
-            except Exception as exc:
-                failed["health_report"] = _failure(exc, "health_report", unwritten)
-                written += len(getattr(exc, "written", ()))
-                _log_failure(exc, "health", period.label)
-    finally:
-        ledger.close()
+    done = _rendered(ledger, period, _grouping_names(cfg.by), out_dir)
+    if "chargeback" in kinds and "chargeback_report" in done:
+        succeeded.append("chargeback_report")
+    elif "chargeback" in kinds:
+        try:
+            labels = load_labels(cfg.labels) if cfg.labels else {}
+            # the billing service's team map file holds the teams' budgets: the report shows them
+            budgets = load_budgets(settings["teams_file"]) if settings.get("teams_file") else {}
+            for by in _listed(cfg.by):
+                result = generate(
+                    ledger,
+                    period,
+                    Grouping.parse(by, labels),
+                    formats,
+                    out_dir,
+                    trigger="schedule",
+                    options=RenderOptions(generated_at=now),
+                    now=now,
+                    budgets=budgets,
+                )
+                written += len(result.files)
+            succeeded.append("chargeback_report")
+        except (
+            Exception
+        ) as exc:  # any failure: logged with its traceback, counted, the health report still tried
+            failed["chargeback_report"] = _failure(exc, "chargeback_report", unwritten)
+            written += len(getattr(exc, "written", ()))
+            _log_failure(exc, "chargeback", period.label)
+    if "health" in kinds and "health_report" in done:
+        succeeded.append("health_report")
+    elif "health" in kinds:
+        try:
+            written += _health(settings, ledger, period, formats, out_dir, now, cfg.spare_policy)
+            succeeded.append("health_report")
+        except Exception as exc:
+            failed["health_report"] = _failure(exc, "health_report", unwritten)
+            written += len(getattr(exc, "written", ()))
+            _log_failure(exc, "health", period.label)
     message = f"rendered {written} file(s) for {period.label} into {out_dir}"
+    if done:
+        message += (
+            f" ({', '.join(sorted(t.replace('_', ' ') for t in done))} rendered before: left as they are)"
+        )
     message += "".join(f"; {task.replace('_', ' ')} failed: {why}" for task, why in failed.items())
     (log.error if failed else log.info)("monthly report: %s", message)
     return MonthlyOutcome(message, tuple(succeeded), failed, unwritten)
