@@ -13,7 +13,6 @@ columns are in `reports.focus_columns`, the schema check in `reports.focus_check
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -38,6 +37,7 @@ from gpumeter.reports.focus_origins import (
     Bucket,
     Origin,
     Rates,
+    bucket_bounds,
     buckets,
     mean_text,
     num,
@@ -45,7 +45,7 @@ from gpumeter.reports.focus_origins import (
     scaled,
     sub_account,
 )
-from gpumeter.reports.model import HOUR, Report
+from gpumeter.reports.model import Report
 from gpumeter.reports.period import utc_text
 
 
@@ -56,12 +56,6 @@ def _origin_tags(model: str, cluster: str) -> str:
     if cluster:
         tags["cluster"] = cluster
     return json_text({f"{TAG_PREFIX}{k}": v for k, v in tags.items()})
-
-
-def _charge_period(report: Report, bucket: datetime) -> tuple[datetime, datetime]:
-    """The origin charge's period: its bucket (an hour, or a UTC day), within the report's period."""
-    length = HOUR if report.grain == "hour" else timedelta(days=1)
-    return max(bucket, report.period.start), min(bucket + length, report.period.end)
 
 
 # columns whose cells gpumeter writes from figures, times, JSON documents or its own allowed values:
@@ -157,7 +151,7 @@ def _bucket_columns(
     n = len(b.kind)
     labels = rates.labels
     origin, part = origins(report, b, rates)
-    start, end = _charge_period(report, b.bucket)
+    start, end = bucket_bounds(report, b.bucket)
     bucket_period = (utc_text(start), utc_text(end))
     periods: dict[tuple, tuple[str, str]] = {}
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from gpumeter.billing.ledger.base import LineTotal
 from gpumeter.billing.ledger.types import MONEY_PLACES, QUANTITY_PLACES, RATIO_PLACES
 from gpumeter.billing.models import LineKind
-from gpumeter.reports.model import Report, version_label
+from gpumeter.reports.model import HOUR, Report, version_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -296,22 +296,69 @@ def origins(report: Report, b: Bucket, rates: Rates) -> tuple[list[Origin], list
             grouped[key] = [i]
         else:
             rows.append(i)
-    versions: dict[tuple[str, str], int] = defaultdict(int)
-    for cluster, uuid, *_ in grouped:
-        versions[(cluster, uuid)] += 1
+    versions: dict[tuple[str, str], set[int | None]] = defaultdict(set)
+    for cluster, uuid, version, _ in grouped:
+        versions[(cluster, uuid)].add(version)
     gpus = report.gpus or {}
     origin: list[Origin] = [None] * len(b.kind)  # type: ignore[list-item]
     part = [0] * len(b.kind)
+    bounds = bucket_bounds(report, b.bucket)
+    spanned: dict[tuple[str, str], dict[int | None, Decimal] | None] = {}
     for (cluster, uuid, version, _), rows in grouped.items():
         gpu = gpus.get((b.bucket, cluster, uuid))
-        # a bucket two price versions share: each origin's quantity is what its own lines state
-        present = gpu.present if gpu is not None and versions[(cluster, uuid)] == 1 else None
+        split = len(versions[(cluster, uuid)]) > 1
+        if gpu is None:
+            present = None
+        elif not split:
+            present = gpu.present
+        else:
+            # a bucket two price versions share: each origin's quantity is the GPU's presence in the
+            # hours its version priced (`_span_presence`), else what its own lines state
+            if (cluster, uuid) not in spanned:
+                spanned[(cluster, uuid)] = _span_presence(
+                    gpu.present, bounds, versions[(cluster, uuid)], rates
+                )
+            known = spanned[(cluster, uuid)]
+            present = None if known is None else known[version]
         o = Origin(b, rows, rates.rate(version, b.model[rows[0]]), present)
-        if versions[(cluster, uuid)] > 1:  # told apart by their periods: each its version's hours
+        if split:  # told apart by their periods: each its version's hours
             o.span = rates.span(version)
         for i, share in zip(rows, o.parts, strict=True):
             origin[i], part[i] = o, share
     return origin, part
+
+
+def bucket_bounds(report: Report, bucket: datetime) -> tuple[datetime, datetime]:
+    """A grain bucket (an hour, or a UTC day) within the report's period: its origin charges' period."""
+    length = HOUR if report.grain == "hour" else timedelta(days=1)
+    return max(bucket, report.period.start), min(bucket + length, report.period.end)
+
+
+def _span_presence(
+    present: Decimal, bounds: tuple[datetime, datetime], versions: set[int | None], rates: Rates
+) -> dict[int | None, Decimal] | None:
+    """Per version of a GPU's bucket that ``versions`` split, the GPU-hours it was present in the
+    hours the version priced (`Rates.span`, within ``bounds``), from its presence over the bucket
+    (each hour's present seconds / 3600 to 6 places, summed: `reports.splits.GpuBucket`). The bucket's
+    sum tells each hour's apart where the GPU was present the whole of every hour of it (the sum is
+    the bucket's hours: each hour's is 1, so each version's is its hours) or of none (0); None where it
+    does not (present part of the bucket), or where the versions' hours do not make up the bucket's."""
+    start, end = bounds
+    hours: dict[int | None, Decimal] = {}
+    for version in versions:
+        span = rates.span(version)
+        if span is None:
+            return None
+        first, last = max(start, span[0]), end if span[1] is None else min(end, span[1])
+        hours[version] = Decimal(max(0, (last - first) // HOUR))
+    whole = Decimal((end - start) // HOUR)
+    if sum(hours.values()) != whole:
+        return None
+    if present == whole:
+        return hours
+    if present == 0:
+        return dict.fromkeys(hours, Decimal(0))
+    return None
 
 
 class Rates:
