@@ -27,12 +27,9 @@ from decimal import Decimal
 
 import pytest
 
-from gpumeter.billing.allocate import price_gpu_hour
-from gpumeter.billing.ledger import open_ledger
-from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.models import Device, GpuHour
 from gpumeter.reports.model import Grouping, build_report, range_period
-from tests.billing.factories import A100, HOUR0, alloc, book
+from tests.billing.factories import A100, HOUR0
+from tests.reports.helpers import two_hours
 
 D = Decimal
 VR200 = "NVIDIA VR200"
@@ -54,27 +51,14 @@ LABELS = {
 
 def _ledger(tmp_path, clusters: tuple[str, ...]):
     """The hours of ``clusters``' GPUs; ``("",)``: east's GPUs in a store without a cluster label."""
-    prices = book(tmp_path, {"A100-40GB": "3.00"})
-    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    gpus = {
-        ("" if clusters == ("",) else cluster, uuid, model): held
-        for (cluster, uuid, model), held in GPUS.items()
-        if cluster in clusters or (clusters == ("",) and cluster == "east")
-    }
-    for h in range(2):
-        hour = HOUR0 + timedelta(hours=h)
-        hours = [
-            GpuHour(
-                hour,
-                Device(uuid, model, 3600, f"node-{uuid}", "0", cluster=cluster),
-                [],
-                [alloc(uuid, *held[h])] if h in held else [],
-            )
-            for (cluster, uuid, model), held in gpus.items()
-        ]
-        lines = [line for gh in hours for line in price_gpu_hour(gh, prices, {}).lines]
-        ledger.write_hour(HourRecord(hour, hours, lines, prices))
-    return ledger
+    return two_hours(
+        tmp_path,
+        {
+            ("" if clusters == ("",) else cluster, uuid, model): held
+            for (cluster, uuid, model), held in GPUS.items()
+            if cluster in clusters or (clusters == ("",) and cluster == "east")
+        },
+    )
 
 
 def _groups(report):

@@ -21,36 +21,13 @@ import io
 import json
 from datetime import timedelta
 
-from gpumeter.billing.allocate import price_gpu_hour
-from gpumeter.billing.ledger import open_ledger
-from gpumeter.billing.ledger.base import HourRecord
-from gpumeter.billing.models import Device, GpuHour
 from gpumeter.reports.model import build_report, range_period
 from gpumeter.reports.render import RenderOptions, html_text, json_text, summary_csv
-from tests.billing.factories import A100, HOUR0, alloc, book
+from tests.billing.factories import A100, HOUR0
+from tests.reports.helpers import two_hours
 
 VR200 = "NVIDIA VR200"
 PERIOD = range_period(HOUR0, HOUR0 + timedelta(hours=2))
-
-
-def _ledger(tmp_path, gpus: dict):
-    """``gpus``: (cluster, uuid, model) -> {hour index: (namespace, pod) held}, for hours 0 and 1."""
-    prices = book(tmp_path, {"A100-40GB": "3.00"})
-    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    for h in range(2):
-        hour = HOUR0 + timedelta(hours=h)
-        hours = [
-            GpuHour(
-                hour,
-                Device(uuid, model, 3600, f"node-{uuid}", "0", cluster=cluster),
-                [],
-                [alloc(uuid, *held[h])] if h in held else [],
-            )
-            for (cluster, uuid, model), held in gpus.items()
-        ]
-        lines = [line for gh in hours for line in price_gpu_hour(gh, prices, {}).lines]
-        ledger.write_hour(HourRecord(hour, hours, lines, prices))
-    return ledger
 
 
 def _summary_rows(report) -> list[dict[str, str]]:
@@ -60,7 +37,7 @@ def _summary_rows(report) -> list[dict[str, str]]:
 def test_the_summary_csv_total_counts_the_unpriced_gpu_hours(tmp_path):
     """The total row's gpu_hours is 4.000000 (before: 2.000000, the priced lines' alone) and equals
     the sum of the rows above it; its cost stays 6.00."""
-    ledger = _ledger(
+    ledger = two_hours(
         tmp_path,
         {
             ("", "GPU-1", A100): {0: ("ml-training", "trainer")},
@@ -99,7 +76,7 @@ def test_a_cluster_of_unpriced_gpus_alone_is_listed_and_each_unpriced_entry_name
     of east and of lab are two GPUs). Before, lab was in neither the JSON `clusters` nor the HTML
     "Cost per cluster" table, and the one unpriced entry (VR200, 6 GPU-hours on 3 GPUs) named no
     cluster. The summary CSV's total counts 1 + 1 + 6 = 8 GPU-hours, its cost 6.00."""
-    ledger = _ledger(
+    ledger = two_hours(
         tmp_path,
         {
             ("east", "GPU-1", A100): {0: ("ml-training", "trainer")},
@@ -141,7 +118,7 @@ def test_a_cluster_of_unpriced_gpus_alone_is_listed_and_each_unpriced_entry_name
 def test_without_clusters_the_unpriced_entries_and_the_html_table_are_as_before(tmp_path):
     """The same GPUs in a store without a cluster label (east's alone): one unpriced entry, no
     `cluster` key, no `clusters` list, no cost-per-cluster table."""
-    ledger = _ledger(
+    ledger = two_hours(
         tmp_path, {("", "GPU-1", A100): {0: ("ml-training", "trainer")}, ("", "GPU-VR", VR200): {}}
     )
     try:
