@@ -146,6 +146,7 @@ SAME_IN_BOTH = {
     "gpumeter-health: panel 'NVML down' / A": "no NVML outage in either cluster",
     "gpumeter-health: panel 'Kubelet attribution down' / A": "no kubelet outage in either cluster",
     "gpumeter-health: panel 'Exporters blind to MIG XIDs' / A": "every exporter reads MIG XIDs",
+    "gpumeter-health: panel 'Ledger readable' / A": "both billing services read their ledgers",
     "gpumeter-mig: panel 'Idle allocations (< 5 % over the range)' / A": "no MIG pod idle for the range",
     "gpumeter-capacity: panel 'MIG slices per node' / C": "no stranded slice in either layout",
     "gpumeter-capacity: panel 'Memory fragmentation (fractional GPUs)' / A": "no fractional request pending",
