@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from gpumeter.billing.arguments import _range_error, settings_from
-from gpumeter.billing.models import hour_floor, hours_between, whole_hours
+from gpumeter.billing.models import HOUR, hours_between, whole_hours
 
 if TYPE_CHECKING:  # the ledger is opened only by the commands that use it
     from gpumeter.billing.ledger.base import ReportLedger
@@ -179,12 +179,13 @@ def cmd_ingest(args) -> int:
         return tqdm(hours, unit="h", desc="ingest", disable=args.no_progress, file=sys.stderr)
 
     ledger.actor = actor_of("ingest", args.reason)
-    closed = hour_floor(now - config.settle)  # the open hour and the future are not billable yet
+    window = config.catchup_window(now)
+    closed = window[1]  # the open hour and the future are not billable yet
     if args.start or args.end:
         end = min(args.end or closed, closed)
         start = min(args.start or end, end)
     else:
-        start, end = closed - timedelta(hours=config.catchup_hours), closed
+        start, end = window
     try:
         with client:
             wrong = currency_error(ledger, book, args.prices, start, max(end, start + timedelta(hours=1)))
@@ -308,8 +309,6 @@ def cmd_status(args) -> int:
     summary, refused = read
     # the summary holds the END of the newest hour billed (when billing was done to); an hour is
     # named by its start everywhere else (the refused rows below, reports, --from), so it is here
-    from gpumeter.billing.models import HOUR
-
     last = summary.last_success
     print(
         "last hour billed: "

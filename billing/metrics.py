@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,7 +23,7 @@ from gpumeter.billing.budget import TeamMonth, team_months
 from gpumeter.billing.config import Budget
 from gpumeter.billing.ingest.config import IngestConfig
 from gpumeter.billing.ledger.base import Ledger, LedgerError, LedgerSummary, RefusedGpuHour
-from gpumeter.billing.models import PLATFORM_KINDS, hour_floor, hours_between
+from gpumeter.billing.models import PLATFORM_KINDS, hours_between
 
 __all__ = ["SCRAPE_READ_SECONDS", "BillingCollector", "ScrapeReads", "family"]
 
@@ -143,8 +143,7 @@ class BillingCollector:
 
     def _unbilled(self, ledger: Ledger) -> dict[str, int]:
         """The hours catch-up would ingest now (`missing_hours`), counted by their latest run's status."""
-        end = hour_floor(self.clock() - IngestConfig.settle)
-        start = end - timedelta(hours=self.catchup_hours)
+        start, end = IngestConfig(catchup_hours=self.catchup_hours).catchup_window(self.clock())
         latest: dict[datetime, str] = {}
         done: set[datetime] = set()
         for run in ledger.ingest_runs(start, end):  # oldest first: the last one of an hour is its latest

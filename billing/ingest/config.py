@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpumeter import contract
+from gpumeter.billing.models import hour_floor
 
 # Hours that failed or were refused: the service's log keeps them; `billing ingest` states each itself
 # in one line on stderr and silences this logger (FAILURES_LOGGER), so none is said twice.
@@ -39,6 +40,12 @@ class IngestConfig:
     # re-ingest an hour even where a cluster billed in it before has no series now, its lines going
     # (a cluster's label renamed); by default such an hour is kept as billed (docs/billing.md §2.3)
     drop_missing_clusters: bool = False
+
+    def catchup_window(self, now: datetime) -> tuple[datetime, datetime]:
+        """[start, end) of the closed hours catch-up looks back over at ``now``: the open hour and
+        the future are not billable yet (``settle``), and it reaches ``catchup_hours`` back."""
+        end = hour_floor(now - self.settle)
+        return end - timedelta(hours=self.catchup_hours), end
 
 
 @dataclass

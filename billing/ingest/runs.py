@@ -8,7 +8,7 @@ import gc
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from gpumeter.billing.ingest.carried import CarriedLayouts
 from gpumeter.billing.ingest.config import IngestConfig, IngestResult, failures
@@ -326,8 +326,7 @@ def _ingest_serially(client, ledger, pricer: Pricer, hours, config, progress, st
 
 def missing_hours(ledger: Ledger, now: datetime, config: IngestConfig) -> list[datetime]:
     """Closed hours of the catch-up window without a successful ingest, oldest first."""
-    end = hour_floor(now - config.settle)
-    start = end - timedelta(hours=config.catchup_hours)
+    start, end = config.catchup_window(now)
     done = ledger.ingested_hours(start, end)
     return [h for h in hours_between(start, end) if h not in done]
 
