@@ -15,6 +15,7 @@ from gpumeter.billing.ingest.intervals import (
 from gpumeter.billing.ledger.base import HourRecord, Ledger
 from gpumeter.billing.models import (
     GpuHour,
+    hour_floor,
     team_map_over,
     teams_in_cluster,
 )
@@ -95,6 +96,7 @@ def reprice(ledger: Ledger, book: PriceBook, start: datetime, end: datetime, tea
     billed to (the ingest's team map and labels of that hour), under ``teams`` where it names them;
     a namespace billed to no team takes the kept labels' (docs/billing.md §6.1)."""
     count = 0
+    start = hour_floor(start)  # the hour it is in: the hours `facts_between` reads, and their teams
     labels = ledger.namespace_teams()
     billed = ledger.billed_teams(start, end)
     merged: dict[str, str] = {}

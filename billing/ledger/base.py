@@ -20,7 +20,6 @@ from gpumeter.billing.models import (
     Line,
     LineKind,
     cluster_namespace,
-    hour_floor,
     hours_between,
     line_billed,
     line_key,
@@ -510,8 +509,7 @@ class ReportLedger(LedgerStore):
         hour may also name namespaces it did not bill (the SQL ledger names in every hour each one
         only ever billed to one team): a re-price looks up only those its facts hold."""
         teams: dict[datetime, dict[str, str]] = defaultdict(dict)
-        # from the hour ``start`` is in, as `facts_between` reads the hours a re-price writes
-        for line in sorted(self.lines(hour_floor(start), end), key=lambda line: line.team):
+        for line in sorted(self.lines(start, end), key=lambda line: line.team):
             if line.team:
                 teams[line.hour].setdefault(cluster_namespace(line.cluster, line.namespace), line.team)
         return dict(teams)

@@ -57,7 +57,6 @@ from gpumeter.billing.models import (
     QuantityUnit,
     cluster_namespace,
     day_windows,
-    hour_floor,
     hours_between,
 )
 from gpumeter.billing.pricing.base import version_id
@@ -309,7 +308,7 @@ class SqlReads(SqlStore, ReportLedger):
             query = (
                 select(g.hour, of_set.c.cluster, of_set.c.namespace, func.min(of_set.c.team))
                 .join(of_set, of_set.c.set_id == g.set_id)
-                .where(g.hour >= hour_floor(start), g.hour < end)  # the hours `hours_between` names
+                .where(g.hour >= start, g.hour < end)
                 .group_by(g.hour, of_set.c.cluster, of_set.c.namespace)
             )
             for hour, cluster, namespace, team in conn.execute(query):
