@@ -54,7 +54,7 @@ class _ReusedHour(PricedHour):
         # the cluster too: the ledger carries terms per GPU uuid, which two clusters may share
         self.terms = (kept, tuple(teams), chosen, cluster) if cluster else (kept, tuple(teams), chosen)
         self._kept, self._hour, self._uuid, self._teams = kept, hour, uuid, teams
-        self._cluster = self.cluster = cluster
+        self.cluster = cluster
         self.size = len(kept.sources)
         self.uuid = uuid if kept.sources else None
         self.version_id = kept.version_id
@@ -81,7 +81,7 @@ class _ReusedHour(PricedHour):
             fields = line.__dict__.copy()
             fields["hour"] = hour
             fields["uuid"] = uuid
-            fields["cluster"] = self._cluster  # the kept lines may be another cluster's GPU's
+            fields["cluster"] = self.cluster  # the kept lines may be another cluster's GPU's
             if source is not None:
                 fields["team"] = next(teams)
                 fields["utilization"] = utilizations[at]
