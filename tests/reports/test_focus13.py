@@ -346,19 +346,22 @@ def test_a_holders_tags_are_the_json_encoders_text(namespace, pod, container, te
     )
 
 
+# an A100 at 3.00, then 4.00 from 13:30 on 2026-11-01: the day's hours from 14:00 on take the second
+MID_DAY_CHANGE = {
+    "currency": "USD",
+    "versions": [
+        {"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": {"hourly_rate": "3.00"}}},
+        {"effective_from": "2026-11-01T13:30:00Z", "gpus": {"A100-40GB": {"hourly_rate": "4.00"}}},
+    ],
+}
+
+
 def test_a_price_change_inside_a_day_gives_two_origin_charges_each_its_hours(ledger, tmp_path):
     """A version from 13:30 prices the day's hours from 14:00 on (an hour takes the version in effect at
     its start): at day grain the GPU-day is two origin charges, told apart by their periods,
     [00:00, 14:00) at 3.00 and [14:00, 24:00) at 4.00, each of whose rows name it and sum to it.
     Before, both claimed the whole day, and an unpriced GPU's two were told apart by nothing."""
-    doc = {
-        "currency": "USD",
-        "versions": [
-            {"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": {"hourly_rate": "3.00"}}},
-            {"effective_from": "2026-11-01T13:30:00Z", "gpus": {"A100-40GB": {"hourly_rate": "4.00"}}},
-        ],
-    }
-    prices = load_price_book(write_book(tmp_path, doc))
+    prices = load_price_book(write_book(tmp_path, MID_DAY_CHANGE))
     for h in range(24):
         hour = HOUR0 + HOUR * h
         hours = [

@@ -14,6 +14,7 @@ from gpumeter.reports.model import HOUR, build_report, month_period
 from gpumeter.reports.render import render
 from tests.billing.factories import A100, HOUR0, alloc, gpu_hour, mig, write_book
 from tests.reports.focus_checks import rows_of, schema_problems
+from tests.reports.test_focus13 import MID_DAY_CHANGE
 
 NOVEMBER = month_period("2026-11")
 DAY = "2026-11-01T00:00:00Z"
@@ -39,14 +40,7 @@ def test_a_price_change_inside_a_day_prices_each_origin_at_the_gpus_hours(ledger
       a negative discount.
 
     A GPU held whole by one pod the same day (capacity lines exact: 14 and 10) keeps 14 and 10."""
-    doc = {
-        "currency": "USD",
-        "versions": [
-            {"effective_from": "2026-01-01T00:00:00Z", "gpus": {"A100-40GB": {"hourly_rate": "3.00"}}},
-            {"effective_from": "2026-11-01T13:30:00Z", "gpus": {"A100-40GB": {"hourly_rate": "4.00"}}},
-        ],
-    }
-    prices = load_price_book(write_book(tmp_path, doc))
+    prices = load_price_book(write_book(tmp_path, MID_DAY_CHANGE))
     slices = [str(i) for i in range(1, 8)]
     for h in range(24):
         hour = HOUR0 + HOUR * h
